@@ -1,0 +1,73 @@
+"""Pure: the seam between the control socket and the agent.
+
+The control server only decodes requests and calls these methods; the agent
+implements them. Tests drive the server with a fake implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sglang_farm.views import FarmView, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    applied: bool
+    problems: tuple[str, ...] = ()  # config problems when not applied
+    restarted: tuple[int, ...] = ()  # workers whose command line changed
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    index: int
+    used_bytes: int
+    total_bytes: int
+
+
+class FarmOps(Protocol):
+    """What the control socket can ask of the agent. Worker ids are validated by the caller."""
+
+    def view(self) -> FarmView:
+        """The latest farm view (never blocks)."""
+        ...
+
+    def gpu_memory(self) -> Sequence[GpuMemory]:
+        """Latest VRAM per GPU, empty when unknown (never blocks)."""
+        ...
+
+    async def start(self, worker_ids: Sequence[int]) -> None:
+        """Ask for these workers to run; returns once the request is recorded."""
+        ...
+
+    async def stop(self, worker_ids: Sequence[int]) -> None:
+        """Stop these workers; returns once they have exited."""
+        ...
+
+    async def restart(self, worker_ids: Sequence[int]) -> None:
+        """Restart these workers one wave at a time (never all at once); returns when issued."""
+        ...
+
+    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
+        """Wait until the worker is ready or failed, or the timeout passes; the view then."""
+        ...
+
+    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+        """The worker's last `lines` output lines (journal or captured output)."""
+        ...
+
+    def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        """New output lines of the worker as they come."""
+        ...
+
+    def reset_oom(self, worker_id: int) -> None:
+        """Return the worker to step 0 of the OOM ladder (takes effect at its next start)."""
+        ...
+
+    async def reload(self) -> ReloadResult:
+        """Re-read the config; apply it only if valid."""
+        ...

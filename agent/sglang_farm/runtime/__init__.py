@@ -1,0 +1,79 @@
+"""Pure: the seam between the supervisor and whatever runs worker processes.
+
+Two implementations obey it: `runtime.process` (child processes, each in its own
+session) and `runtime.systemd` (units `sglang@N` over D-Bus). Both report what they
+observe as `RuntimeEvent`s through the `emit` callback they are built with; neither
+decides anything (the supervisor does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from sglang_farm.cmdline import Command
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The worker's main process exited (or its unit left active/activating for failed/inactive)."""
+
+    worker: int
+    pid: int | None
+    # Exit status: >= 0 an exit code, < 0 the signal number that killed it (-9 = SIGKILL).
+    status: int | None
+    # systemd's Result= ("exit-code", "signal", "oom-kill", "timeout", ...), or None.
+    result: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    worker: int
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    worker: int
+    text: str
+
+
+RuntimeEvent = Exited | Started | LogLine
+Emit = Callable[[RuntimeEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A worker found running when the agent starts (adoption)."""
+
+    worker: int
+    pid: int
+    active: bool  # systemd: active (ready gate passed) vs activating
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def start(self, worker: int, command: Command) -> None:
+        """Launch the worker. Returns once launched (not once ready); emits Started."""
+        ...
+
+    async def stop(self, worker: int, timeout: float) -> None:
+        """Stop the worker's whole process tree: SIGTERM, then SIGKILL after `timeout`.
+
+        Returns when nothing of it is left; emits Exited.
+        """
+        ...
+
+    async def adopt(self) -> Mapping[int, Running]:
+        """Workers already running (systemd units survive the agent); empty for processes."""
+        ...
+
+    def log_tail(self, worker: int, lines: int) -> list[str]:
+        """The worker's last output lines, oldest first."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources; does not stop workers under systemd, does under process."""
+        ...

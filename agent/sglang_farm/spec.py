@@ -1,0 +1,173 @@
+"""Pure: the validated, frozen shape of a farm (what `config.load_spec` returns).
+
+Every other module reads a `FarmSpec`; none reads TOML. Defaults live here, on the
+dataclasses, and `etc/sglang-farm/farm.toml` spells them out with comments.
+Durations are seconds (floats); the config accepts "30s", "5m", "1h30m" or numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+# A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
+# a list becomes several argv items (argparse nargs="+").
+FlagValue = bool | int | float | str | tuple[str | int | float, ...]
+
+
+def _frozen(d: Mapping[str, object] | None = None) -> Mapping[str, object]:
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class FarmSection:
+    """`[farm]`: who the farm is and where its workers' SGLang lives."""
+
+    name: str = "sglang-farm"
+    # The SGLang environment's interpreter: workers run `<python> -m sglang.launch_server`.
+    python: str = "/opt/sglang/bin/python3"
+    # The module the interpreter runs; the demo points it at the simulator.
+    module: str = "sglang.launch_server"
+    user: str = "sglang"
+    group: str = "sglang"
+    state_dir: str = "/var/lib/sglang-farm"
+    # Extra environment for every worker (per-worker `env` overrides these).
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class StartupPolicy:
+    """`[startup]`: rollout order and the load deadline."""
+
+    canary: int | None = 0  # worker id started alone first; None = no canary
+    parallel: int = 4  # at most this many workers loading at once after the canary
+    # SGLang binds its HTTP port only after weights, KV pool and CUDA graphs: minutes.
+    load_timeout: float = 1200.0
+    # Between health polls while a worker loads (connection refused until bound).
+    poll_interval: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """`[health]`: liveness of ready workers.
+
+    SGLang's `/health` runs a 1-token generation, sleeps 1 s first and times out
+    server-side after 20 s (SGLANG_HEALTH_CHECK_TIMEOUT), so the client timeout
+    must exceed 20 s and probes of one worker never overlap.
+    """
+
+    period: float = 10.0
+    timeout: float = 25.0
+    failure_threshold: int = 3
+    path: str = "/health"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """`[restart]`: exponential back-off, its reset, and the crash-loop limit."""
+
+    backoff_initial: float = 5.0
+    backoff_max: float = 300.0
+    reset_after: float = 600.0  # ready this long => back-off starts over
+    max_failures: int = 5  # consecutive failures (no stable period between) => failed
+    stop_timeout: float = 60.0  # SIGTERM drain has no bound in SGLang: SIGKILL after this
+
+
+@dataclass(frozen=True, slots=True)
+class OomAdjust:
+    """One flag change of a ladder step.
+
+    `set` replaces the value; `add`/`multiply` adjust the current numeric value,
+    clamped to [min, max] where given. Exactly one of set/add/multiply is not None.
+    """
+
+    flag: str  # snake_case SGLang flag name
+    set: FlagValue | None = None
+    add: float | None = None
+    multiply: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OomStep:
+    name: str
+    adjust: tuple[OomAdjust, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OomPolicy:
+    """`[oom]`: the ladder walked down on out-of-memory failures (issue 6)."""
+
+    enabled: bool = True
+    scope: str = "worker"  # "worker" or "all"
+    steps: tuple[OomStep, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSpec:
+    """`[metrics]`: the Prometheus exporter."""
+
+    listen: str = "127.0.0.1:9840"
+    gpu_poll_interval: float = 5.0
+    worker_poll_interval: float = 5.0
+    worker_poll_timeout: float = 2.0
+    # "nvml" (real GPUs), "fake" (simulated GPUs for the demo), "none"
+    gpu_source: str = "nvml"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSpec:
+    """`[control]`: the local control socket."""
+
+    socket: str = "/run/sglang-farm/control.sock"
+    group: str = "sglang-farm"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """One resolved worker: everything needed to build its command line."""
+
+    id: int
+    gpus: tuple[int, ...]
+    host: str
+    port: int
+    nccl_port: int
+    # Merged `[sglang]` + per-worker flags (snake_case keys), after farm-owned ones
+    # (host, port, nccl_port, tp_size) are removed: those come from the fields above.
+    flags: Mapping[str, FlagValue]
+    env: Mapping[str, str]
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class FarmSpec:
+    """The whole validated config. `workers` is ordered by id."""
+
+    source: str
+    farm: FarmSection
+    workers: tuple[WorkerSpec, ...]
+    startup: StartupPolicy = StartupPolicy()
+    health: HealthPolicy = HealthPolicy()
+    restart: RestartPolicy = RestartPolicy()
+    oom: OomPolicy = OomPolicy()
+    metrics: MetricsSpec = MetricsSpec()
+    control: ControlSpec = ControlSpec()
+
+    def worker(self, worker_id: int) -> WorkerSpec:
+        """The worker with this id; KeyError if there is none."""
+        for w in self.workers:
+            if w.id == worker_id:
+                return w
+        raise KeyError(worker_id)
+
+    @property
+    def worker_ids(self) -> tuple[int, ...]:
+        return tuple(w.id for w in self.workers)
