@@ -49,7 +49,14 @@ def build_command(
     argv = [farm.python, "-m", farm.module]
     for key, value in (worker.flags if flags is None else flags).items():
         argv += flag_argv(key, value)
-    argv += ["--host", worker.host, "--port", str(worker.port), "--nccl-port", str(worker.nccl_port)]
+    argv += [
+        "--host",
+        worker.host,
+        "--port",
+        str(worker.port),
+        "--nccl-port",
+        str(worker.nccl_port),
+    ]
     if len(worker.gpus) > 1:
         argv += ["--tp-size", str(len(worker.gpus))]
     env = dict(worker.env)

@@ -1,11 +1,11 @@
 """Pure: the farm's error tree. Adapters translate foreign errors into these with `raise ... from`.
 
-    FarmError
-    ├── ConfigError        a config file that does not validate (all problems at once)
-    ├── ProtocolError      a control-socket request or reply that does not parse
-    ├── RuntimeFailure     systemd or a child process refused an operation
-    ├── GpuError           NVML failed as a whole (per-field failures are absent values)
-    └── HealthError        a worker's HTTP API did not answer as expected
+FarmError
+├── ConfigError        a config file that does not validate (all problems at once)
+├── ProtocolError      a control-socket request or reply that does not parse
+├── RuntimeFailure     systemd or a child process refused an operation
+├── GpuError           NVML failed as a whole (per-field failures are absent values)
+└── HealthError        a worker's HTTP API did not answer as expected
 """
 
 from __future__ import annotations

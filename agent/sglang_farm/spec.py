@@ -7,9 +7,9 @@ Durations are seconds (floats); the config accepts "30s", "5m", "1h30m" or numbe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 # A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
 # a list becomes several argv items (argparse nargs="+").

@@ -7,10 +7,10 @@ NVML or systemd, so a hung worker can slow nothing but itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping
 
 from sglang_farm.failures import Failure
 

@@ -1,0 +1,541 @@
+"""I/O: the agent. Wires the runtime, health probes, log classification and the pure supervisor.
+
+Events flow one way: the runtime and the probes report into one queue; `_pump` feeds
+them to the `Supervisor`; the returned actions are carried out as tasks (launch, stop)
+and notes are logged. After every change a fresh immutable `FarmView` is swapped in,
+which the control socket and the exporter read without ever waiting on a worker.
+
+Liveness: every `health.period` each ready worker must have answered its probe. A probe
+still outstanding when the period ends counts as a failed beat (the request is left to
+finish, never duplicated: SGLang's `/health` runs a generation and piles up when polled
+concurrently, sgl-project/sglang#35884). So a hung worker is caught within
+`failure_threshold x period` plus at most one period, however long `health.timeout` is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+import structlog
+
+from sglang_farm import state as state_store
+from sglang_farm.classify import LogClassifier
+from sglang_farm.cmdline import Command, build_command
+from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.health import probe
+from sglang_farm.ladder import apply_ladder, next_step
+from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
+from sglang_farm.spec import FarmSpec
+from sglang_farm.supervisor import (
+    Action,
+    Event,
+    FailureSeen,
+    HealthFailed,
+    HealthPassed,
+    Launch,
+    Launched,
+    Note,
+    Policy,
+    ProcessExited,
+    RestartRequested,
+    Rollout,
+    StopRequested,
+    Supervisor,
+    Terminate,
+    WorkerState,
+)
+from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+
+log = structlog.get_logger("sglang_farm.agent")
+
+_WARNINGS = frozenset({"worker_failed", "worker_gave_up", "canary_failed", "rollout_halted",
+                       "health_failed", "worker_terminating"})
+TICK_S = 0.25  # how often time-based rules (back-off end, load deadline) are evaluated
+PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True if nothing listens on host:port (we can bind it ourselves)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class Agent:
+    """One farm: its supervisor, runtime, probes and views. Implements `ops.FarmOps`."""
+
+    def __init__(
+        self,
+        spec: FarmSpec,
+        runtime_factory: Callable[[Emit], Runtime],
+        *,
+        config_loader: Callable[[], FarmSpec] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self._config_loader = config_loader
+        self._clock = clock
+        self._wall = wall
+        self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self.runtime = runtime_factory(self._emit)
+        self.sup = Supervisor(spec.worker_ids, self._policy(spec))
+        self._classifiers: dict[int, LogClassifier] = {}
+        self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
+        self._any_change = asyncio.Condition()
+        self._followers: dict[int, set[asyncio.Queue[str]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._worker_tasks: dict[int, asyncio.Task[None]] = {}
+        self._busy: set[int] = set()
+        self._started_at = wall()
+        self._persisted: dict[int, dict[str, Any]] = {}
+        self._state_path = Path(spec.farm.state_dir) / "state.json"
+        self.gpu_memory_source: Callable[[], Sequence[GpuMemory]] = lambda: ()
+        self.on_view: list[Callable[[FarmView], None]] = []
+        self._view = self._build_view()
+
+    # ---- wiring --------------------------------------------------------------------------
+
+    @staticmethod
+    def _policy(spec: FarmSpec) -> Policy:
+        steps = spec.oom.steps
+
+        def oom_next(current: int, failure: Failure) -> int | None:
+            return next_step(current, steps, failure)
+
+        return Policy.from_spec(spec, oom_next)
+
+    def _emit(self, event: RuntimeEvent) -> None:
+        """Runtime callback; safe from any thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("agent_task_failed", error=repr(exc), exc_info=exc)
+
+    def _bind(self, worker: int) -> structlog.typing.FilteringBoundLogger:
+        w = self.spec.worker(worker)
+        gpu = w.gpus[0] if len(w.gpus) == 1 else ",".join(map(str, w.gpus))
+        return log.bind(worker=worker, gpu=gpu)  # type: ignore[no-any-return]
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, ready: Callable[[], None] | None = None) -> None:
+        """Adopt or start the farm, supervise until `stop` is set, then shut down."""
+        self._restore_state()
+        adopted = await self.runtime.adopt()
+        now = self._clock()
+        for wid, running in adopted.items():
+            if wid in self.sup.workers:
+                self.sup.workers[wid] = self.sup.workers[wid].enter(
+                    Phase.STARTING, now, pid=running.pid, launched_at=now
+                )
+                self._bind(wid).info("worker_adopted", pid=running.pid, active=running.active)
+        pump = self._spawn(self._pump())
+        ticker = self._spawn(self._ticker())
+        for wid in self.spec.worker_ids:
+            self._worker_tasks[wid] = self._spawn(self._watch(wid))
+        log.info("farm_starting", farm=self.spec.farm.name, runtime=self.runtime.name,
+                 workers=len(self.spec.workers), canary=self.spec.startup.canary,
+                 parallel=self.spec.startup.parallel)
+        self._apply_actions(self.sup.start(list(self.spec.worker_ids), self._clock()))
+        if ready is not None:
+            ready()
+        await stop.wait()
+        log.info("farm_stopping", runtime=self.runtime.name)
+        if self.runtime.name == "process":
+            await self._stop_all()
+        for t in (ticker, *self._worker_tasks.values()):
+            t.cancel()
+        pump.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runtime.close()
+        log.info("farm_stopped")
+
+    async def _stop_all(self) -> None:
+        ids = [w for w, s in self.sup.workers.items() if s.phase is not Phase.STOPPED]
+        for wid in ids:
+            self._feed(wid, StopRequested())
+        # Stops run concurrently; wait until every process tree is gone (bounded by stop_timeout).
+        deadline = self._clock() + self.spec.restart.stop_timeout + 10
+        while self._clock() < deadline and any(
+            s.phase is Phase.STOPPING for s in self.sup.workers.values()
+        ):
+            await self._drain_once(0.1)
+
+    async def _drain_once(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            ev = await asyncio.wait_for(self._queue.get(), timeout)
+            self._on_runtime_event(ev)
+
+    async def _pump(self) -> None:
+        while True:
+            ev = await self._queue.get()
+            self._on_runtime_event(ev)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._apply_actions(self.sup.tick(self._clock()))
+
+    def _on_runtime_event(self, ev: RuntimeEvent) -> None:
+        if ev.worker not in self.sup.workers:
+            return
+        match ev:
+            case Started(worker=w, pid=pid):
+                if self.sup.workers[w].phase is Phase.STARTING:
+                    self._feed(w, Launched(pid))
+            case LogLine(worker=w, text=text):
+                for q in self._followers.get(w, ()):
+                    with contextlib.suppress(asyncio.QueueFull):
+                        q.put_nowait(text)
+                failure = self._classifier(w).feed(text)
+                if failure is not None:
+                    self._bind(w).warning("worker_failure_seen", kind=str(failure.kind),
+                                          summary=failure.summary)
+                    self._feed(w, FailureSeen(failure))
+            case Exited(worker=w, status=status, result=result):
+                failure = self._classifier(w).finish(status, result)
+                self._classifiers.pop(w, None)
+                self._bind(w).info("worker_exited", status=status, result=result,
+                                   failure=str(failure.kind) if failure else None)
+                self._feed(w, ProcessExited(status, failure))
+
+    def _classifier(self, worker: int) -> LogClassifier:
+        c = self._classifiers.get(worker)
+        if c is None:
+            c = self._classifiers[worker] = LogClassifier()
+        return c
+
+    def _feed(self, worker: int, event: Event) -> None:
+        self._apply_actions(self.sup.handle(worker, event, self._clock()))
+
+    def _apply_actions(self, actions: list[Action]) -> None:
+        for a in actions:
+            match a:
+                case Launch(worker=w):
+                    self._spawn(self._launch(w))
+                case Terminate(worker=w):
+                    self._spawn(self.runtime.stop(w, self.spec.restart.stop_timeout))
+                case Note(event=event, fields=fields):
+                    self._log_note(event, dict(fields))
+        self._refresh()
+
+    def _log_note(self, event: str, fields: dict[str, object]) -> None:
+        wid = fields.pop("worker", None)
+        logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
+        level = "warning" if event in _WARNINGS else "info"
+        getattr(logger, level)(event, **fields)
+
+    # ---- launching -----------------------------------------------------------------------
+
+    def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
+        """The exact command line the worker runs now (its OOM-ladder step applied)."""
+        spec = spec or self.spec
+        w = spec.worker(worker)
+        step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
+        flags, _changes = apply_ladder(w.flags, spec.oom.steps, step)
+        return build_command(spec.farm, w, flags)
+
+    async def _launch(self, worker: int) -> None:
+        blog = self._bind(worker)
+        w = self.spec.worker(worker)
+        step = self.sup.workers[worker].oom_step
+        flags, changes = apply_ladder(w.flags, self.spec.oom.steps, step)
+        for ch in changes:
+            blog.warning("oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name)
+        cmd = build_command(self.spec.farm, w, flags)
+        self._classifiers[worker] = LogClassifier()
+        # SGLang binds its port only after a full model load: a clash found then costs minutes.
+        deadline = self._clock() + PORT_FREE_WAIT_S
+        while not port_is_free(w.host, w.port) and self._clock() < deadline:
+            await asyncio.sleep(0.2)
+        if not port_is_free(w.host, w.port):
+            blog.error("worker_port_busy", port=w.port)
+            self._feed(worker, ProcessExited(None, Failure(
+                FailureKind.PORT_IN_USE,
+                f"port {w.port} on {w.host} is in use by another process; not started",
+                f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, or give worker "
+                f"{worker} another port in the config",
+            )))
+            return
+        blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
+        try:
+            await self.runtime.start(worker, cmd)
+        except Exception as exc:  # task root: any runtime error becomes this worker's failure
+            blog.error("worker_launch_failed", error=str(exc))
+            self._feed(worker, ProcessExited(None, Failure(
+                FailureKind.CRASH, f"could not be started: {exc}",
+                "check farm.python in the config and the runtime's log",
+            )))
+
+    # ---- probes --------------------------------------------------------------------------
+
+    async def _watch(self, worker: int) -> None:
+        """Health probes for one worker: readiness while loading, liveness once ready."""
+        w = self.spec.worker(worker)
+        url = w.base_url + self.spec.health.path
+        hp = self.spec.health
+        async with httpx.AsyncClient(trust_env=False) as client:
+            pending: asyncio.Task[Any] | None = None
+            while True:
+                s = self.sup.workers.get(worker)
+                if s is None:
+                    return
+                launched = s.launched_at
+                if s.phase is Phase.STARTING:
+                    if pending is not None and not pending.done():
+                        await asyncio.wait({pending})
+                    pending = None
+                    res = await probe(client, url, hp.timeout)
+                    cur = self.sup.workers.get(worker)
+                    if res.ok and cur is not None and cur.launched_at == launched:
+                        self._feed(worker, HealthPassed())
+                        continue
+                    await self._wait_change(worker, self.spec.startup.poll_interval)
+                elif s.phase in (Phase.READY, Phase.UNHEALTHY):
+                    if pending is None:
+                        pending = asyncio.create_task(probe(client, url, hp.timeout))
+                    started = self._clock()
+                    done, _ = await asyncio.wait({pending}, timeout=hp.period)
+                    cur = self.sup.workers.get(worker)
+                    if cur is None or cur.launched_at != launched or cur.phase not in (
+                        Phase.READY, Phase.UNHEALTHY
+                    ):
+                        continue
+                    if done:
+                        res = pending.result()
+                        pending = None
+                        self._feed(worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+                        rest = hp.period - (self._clock() - started)
+                        if rest > 0:
+                            await self._wait_change(worker, rest)
+                    else:
+                        self._feed(worker, HealthFailed(f"no answer within {hp.period:g} s"))
+                else:
+                    await self._wait_change(worker, None)
+
+    async def _wait_change(self, worker: int, timeout: float | None) -> None:
+        ev = self._changed[worker]
+        ev.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout)
+
+    # ---- views and state -----------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        old = {w.id: w for w in self._view.workers}
+        self._view = self._build_view()
+        for w in self._view.workers:
+            prev = old.get(w.id)
+            if prev is None or prev.phase != w.phase or prev.pid != w.pid or prev.since != w.since:
+                if prev is not None and prev.phase != w.phase:
+                    self._bind(w.id).info("worker_state", state=str(w.phase), was=str(prev.phase))
+                ev = self._changed.get(w.id)
+                if ev is not None:
+                    ev.set()
+        self._save_state()
+        for cb in self.on_view:
+            cb(self._view)
+        self._spawn(self._notify_all())
+
+    async def _notify_all(self) -> None:
+        async with self._any_change:
+            self._any_change.notify_all()
+
+    def _build_view(self) -> FarmView:
+        now_m, now_w = self._clock(), self._wall()
+        offset = now_w - now_m
+        workers = []
+        for ws in self.spec.workers:
+            s = self.sup.workers.get(ws.id) or WorkerState(ws.id)
+            step = s.oom_step
+            workers.append(WorkerView(
+                id=ws.id, gpus=ws.gpus, port=ws.port, base_url=ws.base_url, phase=s.phase,
+                since=s.since + offset if s.since else self._started_at, pid=s.pid,
+                restarts=tuple(RestartRecord(at + offset, r) for at, r in s.restarts),
+                restarts_by_reason=MappingProxyType(dict(s.restarts_by_reason)),
+                oom_events_by_kind=MappingProxyType(dict(s.oom_events)),
+                last_failure=s.last_failure,
+                last_failure_at=s.last_failure_at + offset if s.last_failure_at else None,
+                last_action=s.last_action, oom_step=step,
+                oom_step_name=self.spec.oom.steps[step - 1].name if 0 < step <= len(self.spec.oom.steps) else None,
+                last_load_seconds=s.last_load_seconds,
+            ))
+        return FarmView(
+            name=self.spec.farm.name, runtime=self.runtime.name if hasattr(self, "runtime") else "",
+            workers=tuple(workers), config_source=self.spec.source, started_at=self._started_at,
+            rollout=str(self.sup.rollout), rollout_reason=self.sup.rollout_reason,
+        )
+
+    def _restore_state(self) -> None:
+        saved = state_store.load(self._state_path)
+        offset = self._clock() - self._wall()
+        for wid, d in saved.items():
+            if wid in self.sup.workers:
+                self.sup.workers[wid] = state_store.restore_worker(self.sup.workers[wid], d, offset)
+        self._persisted = saved
+        if saved:
+            log.info("state_restored", path=str(self._state_path), workers=len(saved))
+
+    def _save_state(self) -> None:
+        offset = self._wall() - self._clock()
+        data = {w: state_store.worker_to_dict(s, offset) for w, s in self.sup.workers.items()}
+        # Wall-clock conversions drift by microseconds; compare without the times.
+        def key(d: dict[int, dict[str, Any]]) -> object:
+            return {w: (v["failures"], v["oom_step"], len(v["restarts"]), v["restarts_by_reason"],
+                        v["oom_events"], v["last_action"], v["last_load_seconds"])
+                    for w, v in d.items()}
+        if key(data) == key(self._persisted):
+            return
+        try:
+            state_store.save(self._state_path, data)
+            self._persisted = data
+        except OSError as exc:
+            log.error("state_save_failed", path=str(self._state_path), error=str(exc),
+                      hint="check state_dir in the config and its permissions")
+
+    # ---- FarmOps -------------------------------------------------------------------------
+
+    def view(self) -> FarmView:
+        return self._view
+
+    def gpu_memory(self) -> Sequence[GpuMemory]:
+        return self.gpu_memory_source()
+
+    async def start(self, worker_ids: Sequence[int]) -> None:
+        self._apply_actions(self.sup.start(list(worker_ids), self._clock()))
+
+    async def stop(self, worker_ids: Sequence[int]) -> None:
+        for wid in worker_ids:
+            self._feed(wid, StopRequested())
+        await self._wait_until(lambda: all(
+            self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED) for w in worker_ids
+        ), self.spec.restart.stop_timeout + 15)
+
+    async def restart(self, worker_ids: Sequence[int]) -> None:
+        if len(worker_ids) == 1:
+            self._feed(worker_ids[0], RestartRequested(RestartReason.MANUAL))
+            return
+        self._spawn(self._rolling_restart(list(worker_ids), RestartReason.MANUAL))
+
+    async def _rolling_restart(self, ids: list[int], reason: RestartReason) -> None:
+        """Restart in waves of `startup.parallel`, so the rest of the farm keeps serving."""
+        wave = max(1, min(self.spec.startup.parallel, len(ids) - 1))
+        for i in range(0, len(ids), wave):
+            chunk = ids[i : i + wave]
+            for wid in chunk:
+                if wid in self.sup.workers:
+                    self._feed(wid, RestartRequested(reason))
+            await self._wait_until(lambda c=chunk: all(  # type: ignore[misc]
+                self.sup.workers[w].phase in (Phase.READY, Phase.FAILED, Phase.STOPPED)
+                for w in c if w in self.sup.workers
+            ), self.spec.startup.load_timeout + self.spec.restart.stop_timeout)
+
+    async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
+        async def waiter() -> None:
+            async with self._any_change:
+                await self._any_change.wait_for(cond)
+
+        try:
+            await asyncio.wait_for(waiter(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
+        def settled() -> bool:
+            s = self.sup.workers[worker_id]
+            return s.phase in (Phase.READY, Phase.FAILED, Phase.STOPPED)
+
+        await self._wait_until(settled, timeout)
+        return self._view.worker(worker_id)
+
+    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+        return self.runtime.log_tail(worker_id, lines)
+
+    async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        q: asyncio.Queue[str] = asyncio.Queue(maxsize=10000)
+        self._followers.setdefault(worker_id, set()).add(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._followers[worker_id].discard(q)
+
+    def reset_oom(self, worker_id: int) -> None:
+        self.sup.reset_oom(worker_id)
+        self._bind(worker_id).info("oom_ladder_reset")
+        self._refresh()
+
+    async def reload(self) -> ReloadResult:
+        from sglang_farm.errors import ConfigError
+
+        if self._config_loader is None:
+            return ReloadResult(applied=False, problems=("this agent was started without a config file",))
+        try:
+            new = self._config_loader()
+        except ConfigError as exc:
+            log.error("reload_rejected", problems=list(exc.problems))
+            return ReloadResult(applied=False, problems=exc.problems)
+        old_ids, new_ids = set(self.spec.worker_ids), set(new.worker_ids)
+        shared = sorted(old_ids & new_ids)
+        changed = [w for w in shared if self.command_for(w) != self.command_for(w, new)]
+        added, removed = sorted(new_ids - old_ids), sorted(old_ids - new_ids)
+        if removed:
+            await self.stop(removed)
+        old_spec = self.spec
+        self.spec = new
+        self.sup.policy = self._policy(new)
+        for wid in removed:
+            self.sup.workers.pop(wid, None)
+            t = self._worker_tasks.pop(wid, None)
+            if t:
+                t.cancel()
+        for wid in added:
+            self.sup.workers[wid] = WorkerState(wid)
+            self._changed[wid] = asyncio.Event()
+            self._worker_tasks[wid] = self._spawn(self._watch(wid))
+        # Probe loops hold the old worker address; restart them for changed workers.
+        for wid in changed:
+            if old_spec.worker(wid).base_url != new.worker(wid).base_url:
+                self._worker_tasks[wid].cancel()
+                self._worker_tasks[wid] = self._spawn(self._watch(wid))
+        log.info("reload_applied", restarted=changed, added=added, removed=removed)
+        if added:
+            await self.start(added)
+        if changed:
+            self._spawn(self._rolling_restart(changed, RestartReason.CONFIG))
+        self._refresh()
+        return ReloadResult(applied=True, restarted=tuple(changed), added=tuple(added),
+                            removed=tuple(removed))
+
+    def rollout(self) -> Rollout:
+        return self.sup.rollout
+

@@ -1,0 +1,560 @@
+"""I/O: `farmctl`, the command line for a running sglang-farm agent.
+
+It talks to the agent's control socket (docs/control-protocol.md). Imports are
+kept to click, the standard library and the control client so that it starts in
+a few tens of milliseconds: no httpx, prometheus_client or structlog here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import IO, Any, NoReturn
+
+import click
+
+from sglang_farm import __version__
+from sglang_farm.control.client import (
+    CHANGE_TIMEOUT,
+    DEFAULT_SOCKET,
+    AgentError,
+    AgentUnreachable,
+    Client,
+    SocketPermissionDenied,
+)
+from sglang_farm.control.codec import Reply
+
+
+class Exit(IntEnum):
+    """farmctl's exit codes (stable; documented in docs/control-protocol.md)."""
+
+    OK = 0
+    FAILED = 1  # the agent refused the command or the operation failed
+    USAGE = 2  # bad command line, unknown worker, unreadable --config
+    NOT_RUNNING = 3  # the named worker is not running / ended failed
+    UNREACHABLE = 4  # no agent answers at the socket
+
+
+class FarmctlError(click.ClickException):
+    """An expected error: one line on stderr, no traceback. Subclasses set the exit code."""
+
+    exit_code = Exit.FAILED
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"farmctl: {self.format_message()}", file=file or sys.stderr)
+
+
+class Failed(FarmctlError):
+    exit_code = Exit.FAILED
+
+
+class BadUsage(FarmctlError):
+    exit_code = Exit.USAGE
+
+
+class NotRunning(FarmctlError):
+    exit_code = Exit.NOT_RUNNING
+
+
+class Unreachable(FarmctlError):
+    exit_code = Exit.UNREACHABLE
+
+
+def _unreachable(exc: AgentUnreachable) -> FarmctlError:
+    return Unreachable(f"{exc}; is sglang-farm running? (systemctl status sglang-farm)")
+
+
+def _denied(exc: SocketPermissionDenied) -> FarmctlError:
+    return Failed(
+        f"permission denied on {exc.path}: only root and members of the farm's group "
+        "(default sglang-farm) may use farmctl; use sudo or ask for 'usermod -aG sglang-farm'"
+    )
+
+
+def _agent_error(cmd: str, exc: AgentError, as_json: bool) -> FarmctlError:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message}}))
+    cls = BadUsage if exc.code in ("unknown_worker", "bad_request") else Failed
+    what = {
+        "forbidden": f"{cmd} refused",
+        "busy": f"{cmd} refused (busy)",
+        "failed": f"{cmd} failed",
+        "unknown_worker": f"{cmd}",
+    }.get(exc.code, f"{cmd} failed ({exc.code})")
+    return cls(f"{what}: {exc.message}")
+
+
+@dataclass
+class Ctl:
+    """What the root command hands to its subcommands (`ctx.obj`)."""
+
+    socket: str
+    as_json: bool
+    client: Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = Client(self.socket)
+
+    def call(
+        self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        try:
+            return self.client.call(cmd, args, timeout=timeout)
+        except AgentUnreachable as exc:
+            raise _unreachable(exc) from None
+        except SocketPermissionDenied as exc:
+            raise _denied(exc) from None
+        except AgentError as exc:
+            raise _agent_error(cmd, exc, self.as_json) from None
+
+    def stream(
+        self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
+    ) -> Iterator[Reply]:
+        try:
+            yield from self.client.stream(cmd, args, timeout=timeout)
+        except AgentUnreachable as exc:
+            raise _unreachable(exc) from None
+        except SocketPermissionDenied as exc:
+            raise _denied(exc) from None
+        except AgentError as exc:
+            raise _agent_error(cmd, exc, self.as_json) from None
+
+    def emit_json(self, obj: object) -> None:
+        click.echo(json.dumps(obj, indent=None if isinstance(obj, dict) and "stream" in obj else 2))
+
+
+pass_ctl = click.make_pass_decorator(Ctl)
+
+
+def _target(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    """A worker id or `all` (a callback: works with click's 8.1 and later ParamType alike)."""
+    if value == "all":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a worker id or 'all', got {value!r}") from None
+    if n < 0:
+        raise click.BadParameter(f"expected a worker id (>= 0), got {n}")
+    return n
+
+
+WORKER = click.IntRange(min=0)
+
+
+def _socket_from_config(path: str) -> str:
+    import tomllib  # only when --config is given
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise BadUsage(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadUsage(
+            f"{path} is not valid TOML ({exc}); check it with 'sglang-farm check'"
+        ) from None
+    control = data.get("control", {})
+    sock = control.get("socket") if isinstance(control, dict) else None
+    return sock if isinstance(sock, str) and sock else DEFAULT_SOCKET
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--socket",
+    "socket_path",
+    envvar="FARMCTL_SOCKET",
+    metavar="PATH",
+    help=f"Control socket (default: [control].socket of --config, else {DEFAULT_SOCKET}).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="Read the socket path from this farm.toml's [control].socket.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the agent's raw results as JSON.")
+@click.pass_context
+def cli(
+    ctx: click.Context, socket_path: str | None, config_path: str | None, as_json: bool
+) -> None:
+    """Operate a running sglang-farm: status, restarts, logs, failures.
+
+    Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
+    failed, 4 agent unreachable.
+    """
+    if socket_path is None:
+        socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
+    ctx.obj = Ctl(socket_path, as_json)
+
+
+# --- status ------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def _restarts(w: Mapping[str, Any]) -> str:
+    total = int(w.get("restarts_total") or 0)
+    by = w.get("restarts_by_reason") or {}
+    if not total:
+        return "0"
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v)
+    return f"{total} ({parts})" if parts else str(total)
+
+
+def _vram(w: Mapping[str, Any], gpus: Mapping[int, Mapping[str, Any]]) -> str:
+    mine = [gpus[g] for g in w.get("gpus", []) if g in gpus]
+    if not mine:
+        return "-"
+    used = sum(g["used_bytes"] for g in mine)
+    total = sum(g["total_bytes"] for g in mine)
+    return f"{_gib(used)}/{_gib(total)} GiB"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(wd) for c, wd in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def format_status(st: Mapping[str, Any]) -> str:
+    """The `farmctl status` text: a header line, a table, and one line per failure."""
+    now = float(st.get("now") or time.time())
+    workers: list[Mapping[str, Any]] = st.get("workers", [])
+    gpus = {int(g["index"]): g for g in st.get("gpus", [])}
+    has_queue = any("queue_depth" in w for w in workers)
+    head = (
+        f"farm {st.get('farm')} · {st.get('runtime')} runtime · rollout {st.get('rollout')}"
+        + (f" ({st['rollout_reason']})" if st.get("rollout_reason") else "")
+        + f" · {st.get('ready', 0)}/{len(workers)} ready"
+    )
+    cols = ["WORKER", "GPU", "PORT", "STATE", "FOR", "PID", "RESTARTS"]
+    if has_queue:
+        cols.append("QUEUE")
+    if gpus:
+        cols.append("VRAM")
+    rows: list[list[str]] = [cols]
+    notes: list[str] = []
+    for w in workers:
+        row = [
+            str(w["id"]),
+            ",".join(str(g) for g in w.get("gpus", [])),
+            str(w.get("port", "")),
+            str(w.get("state", "")),
+            _duration(now - float(w["since"])) if w.get("since") else "-",
+            str(w["pid"]) if w.get("pid") else "-",
+            _restarts(w),
+        ]
+        if has_queue:
+            q = w.get("queue_depth")
+            row.append("-" if q is None else str(q))
+        if gpus:
+            row.append(_vram(w, gpus))
+        rows.append(row)
+        f = w.get("last_failure")
+        if f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
+            step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
+            notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
+    out = [head, "", _table(rows)]
+    if notes:
+        out += ["", *notes]
+    return "\n".join(out)
+
+
+@cli.command()
+@pass_ctl
+def status(ctl: Ctl) -> None:
+    """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM."""
+    st = ctl.call("status")
+    if ctl.as_json:
+        ctl.emit_json(st)
+        return
+    click.echo(format_status(st))
+
+
+# --- state changes -------------------------------------------------------------------
+
+
+def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) -> None:
+    """Wait for each worker in turn (one deadline for all), printing phase changes."""
+    deadline = time.monotonic() + timeout
+    for wid in ids:
+        left = max(deadline - time.monotonic(), 0.001)
+        args = {"worker": wid, "timeout": min(left, 3600.0), "after": issued_at}
+        final: Mapping[str, Any] = {}
+        # The server sends a line only on a phase change: the read bound is the wait's own.
+        for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
+            if ctl.as_json:
+                ctl.emit_json(
+                    {"stream": reply.stream, **(reply.payload or {})}
+                    if not reply.final
+                    else reply.result
+                )
+            elif not reply.final and reply.payload is not None:
+                p = reply.payload
+                elapsed = p.get("elapsed_s")
+                secs = float(elapsed) if isinstance(elapsed, int | float) else 0.0
+                click.echo(f"worker {wid}: {p.get('state')} ({secs:.1f}s)")
+            if reply.final and isinstance(reply.result, dict):
+                final = reply.result
+        if final.get("ready"):
+            if not ctl.as_json:
+                click.echo(f"worker {wid}: ready after {float(final.get('waited_s', 0)):.1f}s")
+            continue
+        if final.get("timed_out"):
+            raise Failed(
+                f"worker {wid} is not ready after {timeout:g}s (state {final.get('state')}); "
+                f"see farmctl logs {wid}, or wait longer with --timeout"
+            )
+        f = final.get("last_failure") or {}
+        summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
+        raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+
+
+def _change(ctl: Ctl, cmd: str, target: int | str) -> tuple[list[int], float]:
+    res = ctl.call(cmd, {"worker": target}, timeout=CHANGE_TIMEOUT)
+    if ctl.as_json:
+        ctl.emit_json(res)
+    return list(res.get("workers", [])), float(res.get("issued_at", 0.0))
+
+
+def _who(ids: Sequence[int]) -> str:
+    return f"worker{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids) or '(none)'}"
+
+
+@cli.command()
+@click.argument("target", metavar="N|all", callback=_target)
+@click.option("--no-wait", is_flag=True, help="Return once the restart is issued.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=3600),
+    default=1200.0,
+    show_default=True,
+    help="Seconds to wait for ready (for 'all': for every worker together).",
+)
+@pass_ctl
+def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float) -> None:
+    """Restart worker TARGET (an id, or 'all' in waves) and wait until it is ready.
+
+    Exits 3 if a worker ends failed, 1 if it is not ready within --timeout.
+    """
+    ids, issued_at = _change(ctl, "restart", target)
+    if not ctl.as_json:
+        click.echo(f"restart issued for {_who(ids)}")
+    if not no_wait:
+        _wait_ready(ctl, ids, issued_at, timeout)
+
+
+@cli.command()
+@click.argument("target", metavar="N|all", callback=_target)
+@click.option("--wait", is_flag=True, help="Wait until the worker(s) are ready.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=3600),
+    default=1200.0,
+    show_default=True,
+    help="Seconds to wait for ready with --wait.",
+)
+@pass_ctl
+def start(ctl: Ctl, target: int | str, wait: bool, timeout: float) -> None:
+    """Start worker TARGET (an id, or 'all'); returns once the start is recorded."""
+    ids, issued_at = _change(ctl, "start", target)
+    if not ctl.as_json:
+        click.echo(f"start requested for {_who(ids)}")
+    if wait:
+        _wait_ready(ctl, ids, issued_at, timeout)
+
+
+@cli.command()
+@click.argument("target", metavar="N|all", callback=_target)
+@pass_ctl
+def stop(ctl: Ctl, target: int | str) -> None:
+    """Stop worker TARGET (an id, or 'all'); returns once it has exited."""
+    ids, _ = _change(ctl, "stop", target)
+    if not ctl.as_json:
+        click.echo(f"stopped {_who(ids)}")
+
+
+@cli.command("reset-oom")
+@click.argument("worker", type=WORKER)
+@pass_ctl
+def reset_oom(ctl: Ctl, worker: int) -> None:
+    """Put WORKER back on its configured flags (OOM ladder step 0) at its next start."""
+    res = ctl.call("reset-oom", {"worker": worker}, timeout=CHANGE_TIMEOUT)
+    if ctl.as_json:
+        ctl.emit_json(res)
+        return
+    click.echo(
+        f"worker {worker}: OOM ladder reset to step 0; takes effect at its next start "
+        f"(farmctl restart {worker})"
+    )
+
+
+@cli.command()
+@pass_ctl
+def reload(ctl: Ctl) -> None:
+    """Re-read and validate the config; apply it only if valid.
+
+    Only workers whose command line changed are restarted, in waves. Exits 1
+    (and the old config keeps running) when the new one has problems.
+    """
+    res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
+    if ctl.as_json:
+        ctl.emit_json(res)
+    if not res.get("applied"):
+        problems = list(res.get("problems", []))
+        if not ctl.as_json:
+            for p in problems:
+                click.echo(f"  {p}", err=True)
+        n = len(problems)
+        raise Failed(
+            f"reload rejected: {n} problem{'s' if n != 1 else ''} in the config; "
+            "the old config keeps running; fix them and run farmctl reload again"
+        )
+    if ctl.as_json:
+        return
+    parts = [
+        f"{label} {_who(res[key])}"
+        for key, label in (("restarted", "restarted"), ("added", "added"), ("removed", "removed"))
+        if res.get(key)
+    ]
+    click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+
+
+# --- read-only ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("worker", type=WORKER)
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(0, 10_000),
+    default=100,
+    show_default=True,
+    help="How many recent lines.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
+@pass_ctl
+def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
+    """Print WORKER's recent output (journal or captured output)."""
+    args = {"worker": worker, "lines": lines, "follow": follow}
+    if not follow:
+        res = ctl.call("logs", args)
+        if ctl.as_json:
+            ctl.emit_json(res)
+            return
+        for ln in res.get("lines", []):
+            click.echo(ln)
+        return
+    try:
+        for reply in ctl.stream("logs", args, timeout=0):
+            if reply.final:
+                break
+            line = (reply.payload or {}).get("line", "")
+            if ctl.as_json:
+                click.echo(json.dumps({"line": line}))
+            else:
+                click.echo(line)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a follow ends
+
+
+@cli.command()
+@click.argument("worker", type=WORKER)
+@pass_ctl
+def why(ctl: Ctl, worker: int) -> None:
+    """Explain WORKER's last failure: the log lines, what the farm did, what to do."""
+    r = ctl.call("why", {"worker": worker})
+    if ctl.as_json:
+        ctl.emit_json(r)
+        return
+    click.echo(f"worker {worker}: {r.get('state')}")
+    f = r.get("last_failure")
+    if not f:
+        click.echo("no failure recorded")
+        return
+    when = ""
+    if r.get("last_failure_at"):
+        when = f" ({_duration(time.time() - float(r['last_failure_at']))} ago)"
+    click.echo(f"last failure{when}: {f.get('summary')} [{f.get('kind')}]")
+    for ln in f.get("lines", []):
+        click.echo(f"  | {ln}")
+    if r.get("last_action"):
+        click.echo(f"what the farm did: {r['last_action']}")
+    if r.get("advice"):
+        click.echo(f"what to do: {r['advice']}")
+    if r.get("oom_step"):
+        name = f" ({r['oom_step_name']})" if r.get("oom_step_name") else ""
+        click.echo(f"OOM ladder step: {r['oom_step']}{name}; farmctl reset-oom {worker} undoes it")
+    by = r.get("restarts_by_reason") or {}
+    if any(by.values()):
+        click.echo("restarts: " + ", ".join(f"{k} {v}" for k, v in by.items() if v))
+
+
+@cli.command()
+@pass_ctl
+def endpoints(ctl: Ctl) -> None:
+    """Print the base URL of every ready worker, one per line."""
+    r = ctl.call("endpoints")
+    if ctl.as_json:
+        ctl.emit_json(r)
+        return
+    for e in r.get("endpoints", []):
+        click.echo(e["base_url"])
+
+
+@cli.command()
+@pass_ctl
+def version(ctl: Ctl) -> None:
+    """Print farmctl's version, and the agent's with its protocol version."""
+    try:
+        r = ctl.call("version")
+    except FarmctlError:
+        click.echo(f"farmctl {__version__}")
+        raise
+    if ctl.as_json:
+        ctl.emit_json({"farmctl_version": __version__, **r})
+        return
+    click.echo(f"farmctl {__version__}")
+    click.echo(f"agent {r.get('agent_version')} (protocol {r.get('protocol_version')})")
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]), default="bash")
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script for SHELL (bash by default).
+
+    Load it with: eval "$(farmctl completion bash)", or install it as
+    /usr/share/bash-completion/completions/farmctl.
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice above only names shells click knows
+    root = ctx.find_root().command
+    click.echo(cls(root, {}, "farmctl", "_FARMCTL_COMPLETE").source())
+
+
+def main() -> NoReturn:
+    """The `farmctl` entry point."""
+    sys.exit(cli.main(prog_name="farmctl"))

@@ -1,0 +1,144 @@
+"""I/O: the `sglang-farm` command: run the agent, check and render config, the simulator, explain.
+
+Thin: each command parses its options, calls one module, and turns the farm's errors
+into one-line messages and exit statuses. Imports happen inside the commands so that
+`sglang-farm wait-ready` and `explain` start fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+from sglang_farm import __version__
+
+DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    envvar="SGLANG_FARM_CONFIG",
+    help="The farm's TOML config.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sglang-farm")
+def cli() -> None:
+    """Run one SGLang server per GPU, supervised (see `farmctl` to operate a running farm)."""
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--runtime",
+    type=click.Choice(["auto", "process", "systemd"]),
+    default="auto",
+    show_default=True,
+    help="systemd units when systemd is PID 1 (auto), else child processes.",
+)
+@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+              show_default=True, help="auto: console on a terminal, JSON otherwise (journald).")
+def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None:
+    """Start the farm and supervise it until SIGTERM or Ctrl-C (SIGHUP reloads the config)."""
+    from sglang_farm import logsetup
+    from sglang_farm.daemon import serve
+    from sglang_farm.errors import ConfigError, FarmError
+
+    logsetup.configure(log_level, json=None if log_format == "auto" else log_format == "json")
+    try:
+        code = asyncio.run(serve(config_path, runtime, gpu_count=_gpu_count_if_all(config_path)))
+    except ConfigError as exc:
+        raise click.ClickException(f"{exc}\nFix the config, then check it with: "
+                                   f"sglang-farm check-config --config {config_path}") from exc
+    except FarmError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
+
+
+def _gpu_count_if_all(config_path: str) -> int | None:
+    """NVML's GPU count when the config says gpus = "all" (None when NVML is unavailable)."""
+    try:
+        text = Path(config_path).read_text()
+    except OSError:
+        return None
+    if '"all"' not in text and "'all'" not in text:
+        return None
+    from sglang_farm.gpu import count_gpus
+
+    return count_gpus()
+
+
+@cli.command("check-config")
+@config_option
+def check_config(config_path: str) -> None:
+    """Validate the config and print every problem with its line; exit 1 if there are any."""
+    from sglang_farm.config import load_spec_file
+    from sglang_farm.errors import ConfigError
+
+    try:
+        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    click.echo(f"{config_path}: OK, {len(spec.workers)} workers "
+               f"(ports {spec.workers[0].port}-{spec.workers[-1].port})" if spec.workers else
+               f"{config_path}: OK, no workers")
+
+
+@cli.command()
+@config_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write the units into (e.g. /run/systemd/system).")
+@click.option("--agent-bin", default="/usr/bin/sglang-farm", show_default=True,
+              help="Path of sglang-farm inside the units (the readiness gate runs it).")
+def render(config_path: str, out: Path, agent_bin: str) -> None:
+    """Write the systemd units for this config: template, one drop-in per worker, agent, target."""
+    from sglang_farm.config import load_spec_file
+    from sglang_farm.errors import ConfigError
+    from sglang_farm.units import render as render_units
+    from sglang_farm.units import write_units
+
+    try:
+        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    files = render_units(spec, agent_bin=agent_bin, config_path=str(Path(config_path).resolve()))
+    changes = write_units(out, files)
+    for p in changes.written:
+        click.echo(f"wrote    {out / p}")
+    for p in changes.removed:
+        click.echo(f"removed  {out / p}")
+    click.echo(f"{len(changes.unchanged)} unchanged")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                               "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sim(args: tuple[str, ...]) -> None:
+    """The SGLang simulator: takes SGLang's flags (SGLANG_SIM_* variables select failures)."""
+    from sglang_farm.sim import main as sim_main
+
+    sys.exit(sim_main(list(args)))
+
+
+def _add_optional_commands() -> None:
+    from sglang_farm.explain import explain
+    from sglang_farm.waitready import wait_ready_command
+
+    cli.add_command(explain)
+    cli.add_command(wait_ready_command)
+
+
+_add_optional_commands()
+
+
+def main() -> None:
+    cli(prog_name="sglang-farm")

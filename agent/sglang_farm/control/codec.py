@@ -1,0 +1,469 @@
+"""Pure: the control socket's wire format (protocol version 1).
+
+One UTF-8 JSON object per line, at most `MAX_LINE` bytes before the newline.
+
+    → {"id": 7, "cmd": "restart", "args": {"worker": 3}}
+    ← {"id": 7, "ok": true, "result": {...}}
+    ← {"id": 7, "ok": false, "error": {"code": "unknown_worker", "message": "..."}}
+    ← {"id": 7, "ok": true, "stream": "line", "line": "..."}      (streams, then a final reply)
+
+This module only turns bytes into typed requests (raising `RequestError`, a
+`ProtocolError` that remembers the request id when one was readable) and views
+into JSON-ready results. No sockets, no clock: `now` is passed in.
+docs/control-protocol.md is the user-facing description; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Final, Literal
+
+from sglang_farm.errors import ProtocolError
+
+if TYPE_CHECKING:  # annotations only: farmctl imports this module and must start fast
+    from sglang_farm.ops import GpuMemory, ReloadResult
+    from sglang_farm.views import FarmView, WorkerView
+
+PROTOCOL_VERSION: Final = 1
+# Bytes before the newline. A status of 8 workers with full failures is ~10 KiB.
+MAX_LINE: Final = 64 * 1024
+# `logs lines=K` bound: the agent keeps a bounded tail; more is a mistake, not a wish.
+MAX_LOG_LINES: Final = 10_000
+# `wait-ready timeout=T` bound: a model load is minutes; an hour is past any deadline.
+MAX_WAIT_SECONDS: Final = 3600.0
+
+RequestId = int | str | None
+
+
+class ErrorCode(StrEnum):
+    """The closed set of error codes a reply can carry."""
+
+    BAD_JSON = "bad_json"  # not UTF-8, not JSON, or not a JSON object
+    BAD_REQUEST = "bad_request"  # well-formed JSON but a bad shape, bad args, or too long
+    UNKNOWN_COMMAND = "unknown_command"
+    UNKNOWN_WORKER = "unknown_worker"
+    FORBIDDEN = "forbidden"  # the peer's uid/gid may not run this command
+    BUSY = "busy"  # another state change on the same worker is in progress
+    FAILED = "failed"  # the agent tried and the runtime refused or failed
+    INTERNAL = "internal"  # a bug in the agent; details only in its log
+
+
+class Command(StrEnum):
+    STATUS = "status"
+    START = "start"
+    STOP = "stop"
+    RESTART = "restart"
+    LOGS = "logs"
+    WHY = "why"
+    RELOAD = "reload"
+    ENDPOINTS = "endpoints"
+    VERSION = "version"
+    RESET_OOM = "reset-oom"
+    WAIT_READY = "wait-ready"
+
+
+READ_ONLY: Final = frozenset(
+    {
+        Command.STATUS,
+        Command.LOGS,
+        Command.WHY,
+        Command.ENDPOINTS,
+        Command.VERSION,
+        Command.WAIT_READY,
+    }
+)
+STATE_CHANGING: Final = frozenset(set(Command) - READ_ONLY)
+
+
+class RequestError(ProtocolError):
+    """A request that cannot be served; `request_id` is echoed in the error reply."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id: RequestId = None) -> None:
+        super().__init__(str(code), message)
+        self.error_code = code
+        self.request_id = request_id
+
+
+# --- typed arguments -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NoArgs:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TargetArgs:
+    """`start`/`stop`/`restart`: one worker id, or every worker."""
+
+    worker: int | Literal["all"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerArgs:
+    """`why`/`reset-oom`: one worker id."""
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogsArgs:
+    worker: int
+    lines: int = 100
+    follow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WaitArgs:
+    """`wait-ready`: `after` (epoch seconds) ignores a ready/failed phase entered before it."""
+
+    worker: int
+    timeout: float = 300.0
+    after: float = 0.0
+
+
+Args = NoArgs | TargetArgs | WorkerArgs | LogsArgs | WaitArgs
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: RequestId
+    cmd: Command
+    args: Args
+
+    @property
+    def changes_state(self) -> bool:
+        return self.cmd in STATE_CHANGING
+
+
+# --- decoding requests -----------------------------------------------------------
+
+
+def decode_request(line: bytes) -> Request:
+    """Parse one request line (newline optional). Raises `RequestError`."""
+    if len(line.rstrip(b"\r\n")) > MAX_LINE:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"request longer than {MAX_LINE} bytes")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(ErrorCode.BAD_JSON, f"request is not UTF-8 ({exc.reason})") from exc
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        where = f" at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise RequestError(ErrorCode.BAD_JSON, f"request is not valid JSON{where}") from exc
+    if not isinstance(obj, dict):
+        raise RequestError(
+            ErrorCode.BAD_JSON, f"request must be a JSON object, got {_json_type(obj)}"
+        )
+    return _request_from_obj(obj)
+
+
+def _request_from_obj(obj: dict[str, object]) -> Request:
+    raw_id = obj.get("id")
+    if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, int | str)):
+        raise RequestError(
+            ErrorCode.BAD_REQUEST, f"'id' must be an integer or a string, got {_json_type(raw_id)}"
+        )
+    rid: RequestId = raw_id if isinstance(raw_id, int | str) else None
+    extra = sorted(set(obj) - {"id", "cmd", "args"})
+    if extra:
+        raise RequestError(
+            ErrorCode.BAD_REQUEST,
+            f"unknown request keys {extra}; a request has 'id', 'cmd' and 'args'",
+            rid,
+        )
+    cmd_raw = obj.get("cmd")
+    if not isinstance(cmd_raw, str):
+        raise RequestError(ErrorCode.BAD_REQUEST, "'cmd' must be a string", rid)
+    try:
+        cmd = Command(cmd_raw)
+    except ValueError:
+        raise RequestError(
+            ErrorCode.UNKNOWN_COMMAND,
+            f"unknown command {cmd_raw[:64]!r}; commands are {', '.join(c.value for c in Command)}",
+            rid,
+        ) from None
+    args_raw = obj.get("args", {})
+    if args_raw is None:
+        args_raw = {}
+    if not isinstance(args_raw, dict):
+        raise RequestError(
+            ErrorCode.BAD_REQUEST, f"'args' must be an object, got {_json_type(args_raw)}", rid
+        )
+    try:
+        args = _parse_args(cmd, args_raw)
+    except _ArgError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"{cmd}: {exc}", rid) from None
+    return Request(rid, cmd, args)
+
+
+class _ArgError(Exception):
+    pass
+
+
+_ALLOWED: Final[Mapping[Command, frozenset[str]]] = {
+    Command.START: frozenset({"worker"}),
+    Command.STOP: frozenset({"worker"}),
+    Command.RESTART: frozenset({"worker"}),
+    Command.WHY: frozenset({"worker"}),
+    Command.RESET_OOM: frozenset({"worker"}),
+    Command.LOGS: frozenset({"worker", "lines", "follow"}),
+    Command.WAIT_READY: frozenset({"worker", "timeout", "after"}),
+}
+
+
+def _parse_args(cmd: Command, args: dict[str, object]) -> Args:
+    allowed = _ALLOWED.get(cmd, frozenset())
+    extra = sorted(set(args) - allowed)
+    if extra:
+        accepted = f"accepted: {', '.join(sorted(allowed))}" if allowed else "it takes no arguments"
+        raise _ArgError(f"unknown arguments {extra}; {accepted}")
+    if cmd in (Command.START, Command.STOP, Command.RESTART):
+        return TargetArgs(_target(args))
+    if cmd in (Command.WHY, Command.RESET_OOM):
+        return WorkerArgs(_worker(args))
+    if cmd is Command.LOGS:
+        lines = _int(args, "lines", 100, 0, MAX_LOG_LINES)
+        follow = args.get("follow", False)
+        if not isinstance(follow, bool):
+            raise _ArgError(f"'follow' must be true or false, got {follow!r}")
+        return LogsArgs(_worker(args), lines, follow)
+    if cmd is Command.WAIT_READY:
+        timeout = _number(args, "timeout", 300.0)
+        if not 0 < timeout <= MAX_WAIT_SECONDS:
+            raise _ArgError(
+                f"'timeout' must be in (0, {MAX_WAIT_SECONDS:g}] seconds, got {timeout}"
+            )
+        after = _number(args, "after", 0.0)
+        return WaitArgs(_worker(args), timeout, after)
+    return NoArgs()
+
+
+def _worker(args: Mapping[str, object]) -> int:
+    if "worker" not in args:
+        raise _ArgError("missing 'worker' (a worker id)")
+    w = args["worker"]
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise _ArgError(f"'worker' must be a worker id (an integer >= 0), got {w!r}")
+    return w
+
+
+def _target(args: Mapping[str, object]) -> int | Literal["all"]:
+    if args.get("worker") == "all":
+        return "all"
+    try:
+        return _worker(args)
+    except _ArgError:
+        raise _ArgError(
+            f"'worker' must be a worker id or \"all\", got {args.get('worker')!r}"
+        ) from None
+
+
+def _int(args: Mapping[str, object], key: str, default: int, lo: int, hi: int) -> int:
+    v = args.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _ArgError(f"{key!r} must be an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _number(args: Mapping[str, object], key: str, default: float) -> float:
+    v = args.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v:  # NaN != NaN
+        raise _ArgError(f"{key!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def _json_type(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+# --- encoding requests and replies ------------------------------------------------
+
+
+def _line(obj: Mapping[str, object]) -> bytes:
+    # ensure_ascii keeps every reply plain ASCII whatever bytes a log line held.
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def encode_request(rid: RequestId, cmd: str, args: Mapping[str, object] | None = None) -> bytes:
+    return _line({"id": rid, "cmd": cmd, "args": dict(args or {})})
+
+
+def encode_ok(rid: RequestId, result: object) -> bytes:
+    return _line({"id": rid, "ok": True, "result": result})
+
+
+def encode_error(rid: RequestId, code: ErrorCode, message: str) -> bytes:
+    return _line({"id": rid, "ok": False, "error": {"code": str(code), "message": message}})
+
+
+def encode_stream(rid: RequestId, kind: str, payload: Mapping[str, object]) -> bytes:
+    """One stream message: `{"id", "ok": true, "stream": kind, **payload}`."""
+    return _line({"id": rid, "ok": True, "stream": kind, **payload})
+
+
+# --- decoding replies (the client side) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One reply line. `stream` is set on stream messages; `error` on failures."""
+
+    id: RequestId
+    ok: bool
+    result: object = None
+    stream: str | None = None
+    payload: Mapping[str, object] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.stream is None
+
+
+def decode_reply(line: bytes) -> Reply:
+    """Parse one reply line. Raises `ProtocolError` (bad_json) on anything malformed."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(str(ErrorCode.BAD_JSON), f"reply is not JSON: {exc}") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+        raise ProtocolError(str(ErrorCode.BAD_JSON), "reply is not an object with 'ok'")
+    rid = obj.get("id")
+    rid = rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None
+    if not obj["ok"]:
+        err = obj.get("error")
+        if not isinstance(err, dict):
+            raise ProtocolError(str(ErrorCode.BAD_JSON), "error reply without 'error'")
+        return Reply(
+            rid,
+            False,
+            error_code=str(err.get("code", "")),
+            error_message=str(err.get("message", "")),
+        )
+    stream = obj.get("stream")
+    if isinstance(stream, str):
+        payload = {k: v for k, v in obj.items() if k not in ("id", "ok", "stream")}
+        return Reply(rid, True, stream=stream, payload=payload)
+    return Reply(rid, True, result=obj.get("result"))
+
+
+# --- results (views → JSON-ready data) --------------------------------------------
+
+
+def worker_result(w: WorkerView) -> dict[str, object]:
+    by_reason = {str(k): int(v) for k, v in w.restarts_by_reason.items()}
+    return {
+        "id": w.id,
+        "gpus": list(w.gpus),
+        "port": w.port,
+        "base_url": w.base_url,
+        "state": str(w.phase),
+        "since": w.since,
+        "pid": w.pid,
+        "restarts": [{"at": r.at, "reason": r.reason} for r in w.restarts],
+        "restarts_total": sum(by_reason.values()),
+        "restarts_by_reason": by_reason,
+        "oom_events_by_kind": {str(k): int(v) for k, v in w.oom_events_by_kind.items()},
+        "last_failure": w.last_failure.to_dict() if w.last_failure else None,
+        "last_failure_at": w.last_failure_at,
+        "last_action": w.last_action,
+        "oom_step": w.oom_step,
+        "oom_step_name": w.oom_step_name,
+        "last_load_seconds": w.last_load_seconds,
+    }
+
+
+def status_result(
+    view: FarmView, gpus: Sequence[GpuMemory], *, version: str, now: float
+) -> dict[str, object]:
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "agent_version": version,
+        "farm": view.name,
+        "runtime": view.runtime,
+        "config_source": view.config_source,
+        "started_at": view.started_at,
+        "now": now,
+        "rollout": view.rollout,
+        "rollout_reason": view.rollout_reason,
+        "ready": view.ready_count,
+        "workers": [worker_result(w) for w in view.workers],
+        "gpus": [
+            {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
+            for g in gpus
+        ],
+    }
+
+
+def why_result(w: WorkerView) -> dict[str, object]:
+    f = w.last_failure
+    return {
+        "worker": w.id,
+        "state": str(w.phase),
+        "since": w.since,
+        "last_failure": f.to_dict() if f else None,
+        "last_failure_at": w.last_failure_at,
+        "last_action": w.last_action,
+        "advice": f.advice if f else None,
+        "oom_step": w.oom_step,
+        "oom_step_name": w.oom_step_name,
+        "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
+    }
+
+
+def endpoints_result(view: FarmView) -> dict[str, object]:
+    return {
+        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready]
+    }
+
+
+def reload_result(r: ReloadResult) -> dict[str, object]:
+    return {
+        "applied": r.applied,
+        "problems": list(r.problems),
+        "restarted": list(r.restarted),
+        "added": list(r.added),
+        "removed": list(r.removed),
+    }
+
+
+def version_result(version: str) -> dict[str, object]:
+    return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
+
+
+def phase_payload(w: WorkerView, elapsed: float) -> dict[str, object]:
+    """A `wait-ready` progress message's body."""
+    return {"worker": w.id, "state": str(w.phase), "since": w.since, "elapsed_s": round(elapsed, 3)}
+
+
+def describe_ids(ids: Sequence[int]) -> str:
+    """`[0,1,2,3,5]` → "0-3, 5": for messages such as "no worker 9; workers are 0-7"."""
+    if not ids:
+        return "none"
+    s = sorted(ids)
+    parts: list[str] = []
+    start = prev = s[0]
+    for i in [*s[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)

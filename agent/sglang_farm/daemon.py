@@ -1,0 +1,151 @@
+"""I/O: `sglang-farm run` — builds the agent and everything around it, then runs until told to stop.
+
+Picks the runtime (systemd when it is PID 1, else plain processes), starts the control
+socket and the exporter with its pollers, talks sd_notify (READY=1 once the rollout has
+begun or the units are adopted, STATUS= "6/8 ready", WATCHDOG=1), and handles signals:
+SIGTERM/SIGINT stop, SIGHUP reloads the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from sglang_farm import __version__
+from sglang_farm.agent import Agent
+from sglang_farm.config import load_spec_file
+from sglang_farm.notify import notify, watchdog_interval
+from sglang_farm.runtime import Emit, Runtime
+from sglang_farm.spec import FarmSpec
+from sglang_farm.views import FarmView
+
+if TYPE_CHECKING:
+    from sglang_farm.telemetry import Telemetry
+
+log = structlog.get_logger("sglang_farm.daemon")
+
+
+def systemd_is_pid1() -> bool:
+    """sd_booted(): systemd creates /run/systemd/system/ early at boot, and only then."""
+    return os.path.isdir("/run/systemd/system")
+
+
+def choose_runtime(requested: str) -> tuple[str, str]:
+    """(runtime, why) for `--runtime auto|process|systemd`."""
+    if requested != "auto":
+        return requested, "asked for with --runtime"
+    if systemd_is_pid1():
+        return "systemd", "systemd is PID 1 (/run/systemd/system exists)"
+    return "process", "systemd is not running here (/run/systemd/system is missing)"
+
+
+def runtime_factory(kind: str, spec: FarmSpec) -> Callable[[Emit], Runtime]:
+    if kind == "systemd":
+        from sglang_farm.runtime.systemd import SystemdRuntime
+
+        return lambda emit: SystemdRuntime(emit)
+    from sglang_farm.runtime.process import ProcessRuntime
+
+    return lambda emit: ProcessRuntime(emit)
+
+
+def status_line(view: FarmView) -> str:
+    ready = view.ready_count
+    failed = sum(1 for w in view.workers if w.phase == "failed")
+    text = f"{ready}/{len(view.workers)} ready"
+    if failed:
+        text += f", {failed} failed"
+    if view.rollout == "halted" and view.rollout_reason:
+        text += f"; rollout halted: {view.rollout_reason}"
+    return text
+
+
+async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = None) -> int:
+    """Run the farm until SIGTERM/SIGINT. Returns the process exit status."""
+    spec = load_spec_file(config_path, gpu_count=gpu_count)
+    kind, why = choose_runtime(runtime_kind)
+    log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
+    agent = Agent(
+        spec,
+        runtime_factory(kind, spec),
+        config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
+    )
+    if kind == "systemd":
+        await install_units(agent, config_path)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    def on_hup() -> None:
+        asyncio.ensure_future(agent.reload())
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+
+    from sglang_farm.control.server import ControlServer
+
+    control = ControlServer(agent, spec.control.socket, spec.control.group, version=__version__)
+    await control.start()
+    log.info("control_listening", socket=spec.control.socket)
+
+    telemetry = await start_telemetry(agent, spec)
+
+    last_status: list[str] = [""]
+
+    def on_view(view: FarmView) -> None:
+        text = status_line(view)
+        if text != last_status[0]:
+            last_status[0] = text
+            notify(f"STATUS={text}")
+
+    agent.on_view.append(on_view)
+    extra: list[asyncio.Task[None]] = []
+    interval = watchdog_interval()
+    if interval:
+        extra.append(asyncio.create_task(_watchdog(interval)))
+    try:
+        await agent.run(stop, ready=lambda: notify("READY=1", f"STATUS={status_line(agent.view())}"))
+    finally:
+        notify("STOPPING=1")
+        for t in extra:
+            t.cancel()
+        await telemetry.close()
+        await control.close()
+    return 0
+
+
+async def _watchdog(interval: float) -> None:
+    """Ping systemd's watchdog from the event loop: a stuck loop stops the pings."""
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
+
+
+async def install_units(agent: Agent, config_path: str) -> None:
+    """Render the units from the config into /run/systemd/system; daemon-reload only on change."""
+    from sglang_farm.runtime.systemd import SystemdRuntime
+    from sglang_farm.units import render, write_units
+
+    agent_bin = shutil.which("sglang-farm") or "/usr/bin/sglang-farm"
+    files = render(agent.spec, config_path=config_path, agent_bin=agent_bin, static=False)
+    changes = write_units(Path("/run/systemd/system"), files)
+    if changes.changed and isinstance(agent.runtime, SystemdRuntime):
+        await agent.runtime.daemon_reload()
+    log.info("units_installed", written=list(changes.written), removed=list(changes.removed))
+
+
+async def start_telemetry(agent: Agent, spec: FarmSpec) -> Telemetry:
+    from sglang_farm.telemetry import Telemetry
+
+    t = Telemetry(agent, spec)
+    await t.start()
+    return t
+

@@ -1,0 +1,487 @@
+"""I/O: NVML snapshots of every GPU; the only module that imports `pynvml`.
+
+`NvmlPoller.snapshot()` reads every GPU once and returns an immutable
+`FleetSnapshot`. It blocks (NVML is a C library; the agent runs it in a thread)
+and it never raises:
+
+- a field that raises NotSupported (or NoPermission, FunctionNotFound) is `None`;
+- a GPU-level failure (GpuIsLost, Unknown, ...) gives an unhealthy `GpuSnapshot`
+  carrying the error, and the other GPUs are still read;
+- NVML that cannot be initialised at all gives `nvml_up=False`, one warning in
+  the log, and a new `nvmlInit` attempt only every `retry_init_s` seconds.
+
+XID critical errors arrive through an NVML event set registered at init; every
+snapshot drains it with zero-timeout waits and adds the codes to running totals.
+
+Also here, pure: `attribute_memory` (a worker's GPU memory = the NVML per-process
+memory of its process tree) and `process_tree`; and `read_ppid_map` (reads /proc).
+
+Measured on an H200 (field notes §2): `nvmlInit` 10 ms once; memory, utilisation,
+temperature, power and processes of one GPU 21 µs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class GpuProcess(NamedTuple):
+    """One compute process on a GPU, as NVML lists it (host pid namespace)."""
+
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """One GPU at one instant. Any field is None when the GPU does not support it."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None  # driver/firmware reserve (memory info v2)
+    utilization_gpu_ratio: float | None = None  # 0..1, time a kernel ran in the last sample period
+    utilization_memory_ratio: float | None = None  # 0..1, time memory was read or written
+    temperature_c: float | None = None
+    power_w: float | None = None
+    energy_j: float | None = None  # since the driver loaded
+    sm_clock_hz: float | None = None
+    throttle_reasons: int | None = None  # NVML clocks-event-reasons bitmask
+    ecc_corrected_volatile_total: int | None = None
+    ecc_uncorrected_volatile_total: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    healthy: bool = True
+    error: str | None = None
+
+
+def _empty_xids() -> Mapping[tuple[int, int], int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Every GPU of the host at one instant, plus the XID totals since the agent started."""
+
+    taken_at: float  # wall clock (time.time) when the read began
+    duration_s: float  # how long the read took
+    nvml_up: bool
+    gpus: tuple[GpuSnapshot, ...] = ()
+    # (gpu index, XID code) -> events counted since the poller started
+    xid_events_total: Mapping[tuple[int, int], int] = field(default_factory=_empty_xids)
+    error: str | None = None
+    simulated: bool = False
+    driver_version: str | None = None
+
+    def gpu(self, index: int) -> GpuSnapshot | None:
+        """The snapshot of GPU `index`, or None when it was not read."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+
+class GpuPoller(Protocol):
+    """What the agent needs from a GPU source: a blocking snapshot, and a close."""
+
+    def snapshot(self) -> FleetSnapshot: ...
+
+    def close(self) -> None: ...
+
+
+# --- pure helpers -------------------------------------------------------------
+
+
+def process_tree(root_pid: int, ppid_map: Mapping[int, int]) -> frozenset[int]:
+    """`root_pid` and all its descendants, from a pid -> parent-pid map.
+
+    SGLang's scheduler (a spawned child) holds the GPU memory, not the main
+    process, so a worker's memory is the memory of its whole tree.
+    """
+    children: dict[int, list[int]] = {}
+    for pid, ppid in ppid_map.items():
+        children.setdefault(ppid, []).append(pid)
+    seen = {root_pid}
+    todo = [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return frozenset(seen)
+
+
+def attribute_memory(
+    snapshot: FleetSnapshot, pids_by_worker: Mapping[int, Iterable[int]]
+) -> dict[int, int]:
+    """Worker id -> bytes of GPU memory held by the worker's processes, on all GPUs.
+
+    A worker with no process on any GPU maps to 0. NVML reports host pids: an
+    agent in its own pid namespace must pass host pids.
+    """
+    by_pid: dict[int, int] = {}
+    for gpu in snapshot.gpus:
+        for proc in gpu.processes:
+            by_pid[proc.pid] = by_pid.get(proc.pid, 0) + proc.used_bytes
+    return {
+        worker: sum(by_pid.get(pid, 0) for pid in set(pids))
+        for worker, pids in pids_by_worker.items()
+    }
+
+
+def read_ppid_map(proc: str = "/proc") -> dict[int, int]:
+    """pid -> parent pid for every process in `proc`; processes exiting mid-read are skipped."""
+    out: dict[int, int] = {}
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "stat"), "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited between listdir and open
+        # The command name (2nd field) is in parentheses and may itself contain
+        # spaces and ')': the fields after the LAST ')' are "state ppid ...".
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) >= 2 and rest[1].isdigit():
+            out[int(entry)] = int(rest[1])
+    return out
+
+
+# --- the NVML poller ----------------------------------------------------------
+
+# Field-level NVML errors: the GPU answers, it just does not have this reading.
+_ABSENT = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
+# Errors that mean NVML itself is gone (driver unloaded, library shut down): re-init later.
+_NVML_GONE = (
+    "NVML_ERROR_UNINITIALIZED",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+)
+# Bound on XID events drained per snapshot, so a storm cannot stall the poll.
+_MAX_EVENTS_PER_POLL = 256
+
+
+class _GpuFailed(Exception):
+    """Internal: a GPU-level NVML error while reading one GPU."""
+
+
+class _NvmlGone(Exception):
+    """Internal: NVML as a whole stopped answering."""
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _default_nvml() -> Any:
+    import pynvml  # the one import of pynvml in the project
+
+    return pynvml
+
+
+class NvmlPoller:
+    """Reads every GPU through NVML. Blocking; never raises from `snapshot()`.
+
+    `nvml` is the seam: a module-like object with pynvml's names (tests pass a
+    fake; the default imports `pynvml`, the module of the nvidia-ml-py package).
+    """
+
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        *,
+        retry_init_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml_given = nvml
+        self._nvml: Any = nvml  # None until the first init attempt imports pynvml
+        self._retry_init_s = retry_init_s
+        self._clock = clock
+        self._monotonic = monotonic
+        self._up = False
+        self._last_init_at: float | None = None
+        self._init_error: str | None = None
+        self._warned = False
+        self._driver: str | None = None
+        self._event_set: Any | None = None
+        self._xids: dict[tuple[int, int], int] = {}
+        # Static identity per index, kept so an unhealthy GPU still carries its uuid.
+        self._identity: dict[int, tuple[str | None, str | None, str | None]] = {}
+
+    # -- lifecycle --
+
+    def _codes(self, names: tuple[str, ...]) -> set[int]:
+        nvml = self._nvml
+        return {getattr(nvml, n) for n in names if hasattr(nvml, n)}
+
+    def _try_init(self) -> None:
+        self._last_init_at = self._monotonic()
+        try:
+            if self._nvml is None:
+                self._nvml = _default_nvml()
+            nvml = self._nvml
+            nvml.nvmlInit()
+        except Exception as exc:  # ImportError, OSError or NVMLError: all mean "no NVML"
+            self._init_error = f"NVML unavailable: {type(exc).__name__}: {exc}"
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "nvml_unavailable",
+                    error=self._init_error,
+                    retry_in_s=self._retry_init_s,
+                    advice="GPU metrics are absent (sglang_farm_nvml_up 0); check the NVIDIA "
+                    'driver (nvidia-smi), or set [metrics] gpu_source = "fake" or "none"',
+                )
+            return
+        self._up = True
+        self._init_error = None
+        if self._warned:
+            log.info("nvml_available")
+        self._warned = False
+        try:
+            self._driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except Exception:  # optional reading
+            self._driver = None
+        self._register_events()
+
+    def _register_events(self) -> None:
+        nvml = self._nvml
+        assert nvml is not None
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as exc:  # XID counting is best effort
+            self._event_set = None
+            log.warning("nvml_xid_events_unavailable", error=str(exc))
+            return
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+                )
+            except Exception as exc:  # e.g. NotSupported on some boards
+                log.warning("nvml_xid_events_unavailable", gpu=index, error=str(exc))
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down. Safe to call twice."""
+        nvml = self._nvml
+        if nvml is None or not self._up:
+            return
+        self._up = False
+        if self._event_set is not None:
+            with contextlib.suppress(Exception):  # teardown; nothing to do about it
+                nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        with contextlib.suppress(Exception):  # teardown
+            nvml.nvmlShutdown()
+
+    # -- reading --
+
+    def snapshot(self) -> FleetSnapshot:
+        """Read every GPU now. Never raises; see the module docstring for failure shapes."""
+        taken_at = self._clock()
+        t0 = self._monotonic()
+        if not self._up and (
+            self._last_init_at is None or t0 - self._last_init_at >= self._retry_init_s
+        ):
+            self._try_init()
+        if not self._up:
+            return self._down(taken_at, t0, self._init_error or "NVML not initialised")
+        nvml = self._nvml
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as exc:  # NVML as a whole failed
+            self._lost_nvml(exc)
+            return self._down(taken_at, t0, f"NVML stopped answering: {exc}")
+        try:
+            self._drain_xids()
+            gpus = tuple(self._read_gpu(i) for i in range(count))
+        except _NvmlGone as exc:
+            self._lost_nvml(exc.__cause__ or exc)
+            return self._down(taken_at, t0, f"NVML stopped answering: {exc}")
+        return FleetSnapshot(
+            taken_at=taken_at,
+            duration_s=self._monotonic() - t0,
+            nvml_up=True,
+            gpus=gpus,
+            xid_events_total=MappingProxyType(dict(self._xids)),
+            driver_version=self._driver,
+        )
+
+    def _down(self, taken_at: float, t0: float, error: str) -> FleetSnapshot:
+        return FleetSnapshot(
+            taken_at=taken_at,
+            duration_s=self._monotonic() - t0,
+            nvml_up=False,
+            xid_events_total=MappingProxyType(dict(self._xids)),
+            error=error,
+        )
+
+    def _lost_nvml(self, exc: BaseException) -> None:
+        log.warning("nvml_lost", error=str(exc), retry_in_s=self._retry_init_s)
+        self.close()
+        self._up = False
+        self._warned = True  # already said it; the next failing init stays quiet
+        self._last_init_at = self._monotonic()
+
+    def _classify(self, exc: Exception) -> str:
+        """'absent', 'gone' or 'gpu' for an exception raised by an NVML call."""
+        nvml = self._nvml
+        err_cls = getattr(nvml, "NVMLError", None)
+        if err_cls is None or not isinstance(exc, err_cls):
+            return "gpu"
+        value = getattr(exc, "value", None)
+        if value in self._codes(_ABSENT):
+            return "absent"
+        if value in self._codes(_NVML_GONE):
+            return "gone"
+        return "gpu"
+
+    def _field(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call one NVML getter: its value, None if unsupported; GPU or NVML failures raise."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            kind = self._classify(exc)
+            if kind == "absent":
+                return None
+            if kind == "gone":
+                raise _NvmlGone(str(exc)) from exc
+            raise _GpuFailed(f"{fn.__name__}: {exc}") from exc
+
+    def _drain_xids(self) -> None:
+        nvml = self._nvml
+        if self._event_set is None:
+            return
+        timeout_code = getattr(nvml, "NVML_ERROR_TIMEOUT", 10)
+        for _ in range(_MAX_EVENTS_PER_POLL):
+            try:
+                # Timeout 0: return at once; NVML raises Timeout when nothing is pending.
+                event = nvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except Exception as exc:  # Timeout is the normal "no event"
+                if getattr(exc, "value", None) != timeout_code:
+                    log.warning("nvml_xid_wait_failed", error=str(exc))
+                return
+            if int(event.eventType) & int(nvml.nvmlEventTypeXidCriticalError) == 0:
+                continue
+            try:
+                index = int(nvml.nvmlDeviceGetIndex(event.device))
+            except Exception:  # a GPU that lost itself may not say its index
+                index = -1
+            key = (index, int(event.eventData))
+            self._xids[key] = self._xids.get(key, 0) + 1
+            log.warning("gpu_xid_error", gpu=index, xid=key[1])
+
+    def _read_gpu(self, index: int) -> GpuSnapshot:
+        nvml = self._nvml
+        uuid, name, bus = self._identity.get(index, (None, None, None))
+        try:
+            h = self._field(nvml.nvmlDeviceGetHandleByIndex, index)
+            if h is None:
+                raise _GpuFailed("nvmlDeviceGetHandleByIndex: not supported")
+            raw_uuid = self._field(nvml.nvmlDeviceGetUUID, h)
+            raw_name = self._field(nvml.nvmlDeviceGetName, h)
+            pci = self._field(nvml.nvmlDeviceGetPciInfo, h)
+            uuid = _text(raw_uuid) if raw_uuid is not None else None
+            name = _text(raw_name) if raw_name is not None else None
+            bus = _text(pci.busId) if pci is not None else None
+            self._identity[index] = (uuid, name, bus)
+            cc = self._field(nvml.nvmlDeviceGetCudaComputeCapability, h)
+            mem = self._memory(h)
+            util = self._field(nvml.nvmlDeviceGetUtilizationRates, h)
+            temp = self._field(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+            power_mw = self._field(nvml.nvmlDeviceGetPowerUsage, h)
+            energy_mj = self._field(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+            sm_mhz = self._field(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+            # Renamed in newer bindings ("throttle" -> "clocks event"); take what exists.
+            reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            if reasons_fn is None:
+                reasons_fn = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            reasons = self._field(reasons_fn, h)
+            ecc_c = self._field(
+                nvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            )
+            ecc_u = self._field(
+                nvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            )
+            rows = self._field(nvml.nvmlDeviceGetRemappedRows, h)
+            procs = self._field(nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        except _GpuFailed as exc:
+            log.warning("gpu_unhealthy", gpu=index, uuid=uuid, error=str(exc))
+            return GpuSnapshot(
+                index=index, uuid=uuid, name=name, pci_bus_id=bus, healthy=False, error=str(exc)
+            )
+        total, used, free, reserved = mem
+        return GpuSnapshot(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=bus,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=free,
+            memory_reserved_bytes=reserved,
+            utilization_gpu_ratio=util.gpu / 100.0 if util is not None else None,
+            utilization_memory_ratio=util.memory / 100.0 if util is not None else None,
+            temperature_c=float(temp) if temp is not None else None,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            energy_j=energy_mj / 1000.0 if energy_mj is not None else None,
+            sm_clock_hz=sm_mhz * 1e6 if sm_mhz is not None else None,
+            throttle_reasons=int(reasons) if reasons is not None else None,
+            ecc_corrected_volatile_total=int(ecc_c) if ecc_c is not None else None,
+            ecc_uncorrected_volatile_total=int(ecc_u) if ecc_u is not None else None,
+            remapped_rows_correctable=int(rows[0]) if rows is not None else None,
+            remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
+            remapped_rows_pending=bool(rows[2]) if rows is not None else None,
+            remapped_rows_failure=bool(rows[3]) if rows is not None else None,
+            # usedGpuMemory is None only under Windows WDDM; count it as 0 there.
+            processes=tuple(
+                GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in (procs or ())
+            ),
+        )
+
+    def _memory(self, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
+        nvml = self._nvml
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        mem = None
+        if v2 is not None:
+            # v2 adds `reserved` (645 MB on an H200); older drivers lack it: fall back to v1.
+            mem = self._field(nvml.nvmlDeviceGetMemoryInfo, h, version=v2)
+        if mem is None:
+            mem = self._field(nvml.nvmlDeviceGetMemoryInfo, h)
+            if mem is None:
+                return None, None, None, None
+            return int(mem.total), int(mem.used), int(mem.free), None
+        return int(mem.total), int(mem.used), int(mem.free), int(mem.reserved)

@@ -1,0 +1,410 @@
+"""Pure: Prometheus collectors over the agent's latest snapshots.
+
+The agent keeps one `MetricsState` reference and swaps in a new one whenever a
+poll finishes. A scrape calls `collect()`, which reads that reference once and
+only formats it: no NVML call, no HTTP request to a worker, no lock. A hung
+worker or GPU therefore cannot slow a scrape.
+
+Conventions (docs/metrics.md lists every family):
+- names start `sglang_farm_`, carry their unit, counters end `_total`;
+- `gpu` is the GPU index; a worker spanning several GPUs (tensor parallel) has
+  `gpu` = its indices joined with commas in worker order, e.g. "0,1";
+- `worker` is the worker id; `uuid` the GPU UUID;
+- a reading that is unknown (NotSupported, worker not polled yet) is absent,
+  never 0 or NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from sglang_farm import __version__
+from sglang_farm.failures import OomKind, RestartReason
+from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
+from sglang_farm.views import FarmView, Phase
+from sglang_farm.workerstats import WorkerStats
+
+ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
+# Phases in which a worker serves HTTP, so its polled figures mean something.
+_SERVING = (Phase.READY, Phase.UNHEALTHY)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStatus:
+    """The outcome of the latest poll of one source ("gpu", "workers", "runtime", ...)."""
+
+    success: bool
+    duration_s: float
+    last_success_at: float | None = None  # wall clock
+
+
+def _no_stats() -> Mapping[int, WorkerStats]:
+    return MappingProxyType({})
+
+
+def _no_pids() -> Mapping[int, frozenset[int]]:
+    return MappingProxyType({})
+
+
+def _no_probes() -> Mapping[str, ProbeStatus]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsState:
+    """Everything a scrape shows. Immutable; the agent replaces it as a whole."""
+
+    snapshot_at: float  # wall clock when the agent built this state
+    farm: FarmView | None = None
+    fleet: FleetSnapshot | None = None  # None when [metrics] gpu_source = "none"
+    workers: Mapping[int, WorkerStats] = field(default_factory=_no_stats)
+    # Worker id -> its main pid and descendants (gpu.process_tree), for memory attribution.
+    worker_pids: Mapping[int, frozenset[int]] = field(default_factory=_no_pids)
+    probes: Mapping[str, ProbeStatus] = field(default_factory=_no_probes)
+
+
+def gpu_label(gpus: tuple[int, ...]) -> str:
+    """The `gpu` label of a worker: "3", or "0,1" for a worker spanning GPUs 0 and 1."""
+    return ",".join(str(g) for g in gpus)
+
+
+def model_from_argv(argv: tuple[str, ...]) -> str | None:
+    """The model name on a worker's command line: --served-model-name, else --model-path."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        for flag in ("--served-model-name", "--model-path", "--model"):
+            if arg == flag and i + 1 < len(argv):
+                found.setdefault(flag, argv[i + 1])
+            elif arg.startswith(flag + "="):
+                found.setdefault(flag, arg.split("=", 1)[1])
+    return found.get("--served-model-name") or found.get("--model-path") or found.get("--model")
+
+
+def _g(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels or [])
+
+
+def _c(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    # CounterMetricFamily appends `_total` to the sample name.
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+class FarmCollector(Collector):
+    """Formats the current `MetricsState`; registered on a dedicated registry."""
+
+    def __init__(self, state_getter: Callable[[], MetricsState], version: str) -> None:
+        self._get = state_getter
+        self._version = version
+
+    def describe(self) -> Iterator[Metric]:
+        # Nothing to pre-declare; returning empty keeps any registry from calling
+        # collect() at registration time.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._get()  # the one read of the shared reference
+        yield from self._agent(st)
+        if st.fleet is not None:
+            yield from _gpus(st.fleet)
+        if st.farm is not None:
+            yield from _workers(st)
+
+    def _agent(self, st: MetricsState) -> Iterator[Metric]:
+        m = _g("sglang_farm_build_info", "The agent's version; always 1.", ["version"])
+        m.add_metric([self._version], 1)
+        yield m
+        m = _g(
+            "sglang_farm_snapshot_timestamp_seconds",
+            "When the agent last rebuilt the state scrapes read (Unix time); old = stuck loop.",
+        )
+        m.add_metric([], st.snapshot_at)
+        yield m
+        ok = _g(
+            "sglang_farm_probe_success", "1 if the latest poll of a source succeeded.", ["source"]
+        )
+        dur = _g(
+            "sglang_farm_probe_duration_seconds",
+            "How long the latest poll of a source took.",
+            ["source"],
+        )
+        last = _g(
+            "sglang_farm_probe_last_success_timestamp_seconds",
+            "When a poll of the source last succeeded (Unix time).",
+            ["source"],
+        )
+        for source in sorted(st.probes):
+            p = st.probes[source]
+            ok.add_metric([source], 1 if p.success else 0)
+            dur.add_metric([source], p.duration_s)
+            if p.last_success_at is not None:
+                last.add_metric([source], p.last_success_at)
+        yield ok
+        yield dur
+        yield last
+        if st.farm is not None:
+            farm = st.farm
+            m = _g(
+                "sglang_farm_info", "The farm's name and runtime; always 1.", ["farm", "runtime"]
+            )
+            m.add_metric([farm.name, farm.runtime], 1)
+            yield m
+            m = _g("sglang_farm_start_time_seconds", "When the agent started (Unix time).")
+            m.add_metric([], farm.started_at)
+            yield m
+            m = _g("sglang_farm_rollout_state", "The rollout's state (a state set).", ["state"])
+            for s in ROLLOUT_STATES:
+                m.add_metric([s], 1 if farm.rollout == s else 0)
+            yield m
+
+
+def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:
+    up = _g("sglang_farm_nvml_up", "1 if NVML answered the latest GPU snapshot.")
+    up.add_metric([], 1 if fleet.nvml_up else 0)
+    yield up
+    sim = _g(
+        "sglang_farm_gpu_simulated", "1 if the GPUs are simulated (demo), 0 if read through NVML."
+    )
+    sim.add_metric([], 1 if fleet.simulated else 0)
+    yield sim
+
+    gl = ["gpu", "uuid"]
+    info = _g(
+        "sglang_farm_gpu_info",
+        "Identity of a GPU; always 1.",
+        [*gl, "name", "pci_bus_id", "compute_capability", "driver_version"],
+    )
+    healthy = _g(
+        "sglang_farm_gpu_healthy", "0 if NVML failed on this GPU (lost, unknown error).", gl
+    )
+    g: list[tuple[GaugeMetricFamily, Callable[[GpuSnapshot], float | int | bool | None]]] = [
+        (
+            _g("sglang_farm_gpu_memory_total_bytes", "GPU memory size.", gl),
+            lambda s: s.memory_total_bytes,
+        ),
+        (
+            _g("sglang_farm_gpu_memory_used_bytes", "GPU memory in use.", gl),
+            lambda s: s.memory_used_bytes,
+        ),
+        (
+            _g("sglang_farm_gpu_memory_free_bytes", "GPU memory free.", gl),
+            lambda s: s.memory_free_bytes,
+        ),
+        (
+            _g("sglang_farm_gpu_memory_reserved_bytes", "GPU memory reserved by the driver.", gl),
+            lambda s: s.memory_reserved_bytes,
+        ),
+        (
+            _g("sglang_farm_gpu_utilization_ratio", "Fraction of time a kernel ran (0-1).", gl),
+            lambda s: s.utilization_gpu_ratio,
+        ),
+        (
+            _g(
+                "sglang_farm_gpu_memory_utilization_ratio",
+                "Fraction of time device memory was read or written (0-1).",
+                gl,
+            ),
+            lambda s: s.utilization_memory_ratio,
+        ),
+        (
+            _g("sglang_farm_gpu_temperature_celsius", "GPU core temperature.", gl),
+            lambda s: s.temperature_c,
+        ),
+        (_g("sglang_farm_gpu_power_watts", "Power draw.", gl), lambda s: s.power_w),
+        (_g("sglang_farm_gpu_sm_clock_hertz", "SM clock.", gl), lambda s: s.sm_clock_hz),
+        (
+            _g(
+                "sglang_farm_gpu_clock_event_reasons",
+                "NVML clocks-event (throttle) reasons bitmask; 0 = not throttled.",
+                gl,
+            ),
+            lambda s: s.throttle_reasons,
+        ),
+        (
+            _g(
+                "sglang_farm_gpu_remapped_rows_pending",
+                "1 if row remapping is pending (needs a GPU reset).",
+                gl,
+            ),
+            lambda s: s.remapped_rows_pending,
+        ),
+        (
+            _g(
+                "sglang_farm_gpu_remapped_rows_failure",
+                "1 if a row remapping failed (replace the GPU).",
+                gl,
+            ),
+            lambda s: s.remapped_rows_failure,
+        ),
+        (
+            _g("sglang_farm_gpu_compute_processes", "Compute processes on the GPU.", gl),
+            lambda s: len(s.processes) if s.healthy else None,
+        ),
+    ]
+    energy = _c("sglang_farm_gpu_energy_joules", "Energy used since the driver loaded.", gl)
+    ecc = _c(
+        "sglang_farm_gpu_ecc_errors",
+        "Volatile ECC errors since the driver loaded, by type (corrected, uncorrected).",
+        [*gl, "type"],
+    )
+    rows = _g("sglang_farm_gpu_remapped_rows", "Rows remapped, by kind.", [*gl, "kind"])
+    uuids: dict[int, str] = {}
+    for s in fleet.gpus:
+        lv = [str(s.index), s.uuid or ""]
+        uuids[s.index] = s.uuid or ""
+        cc = f"{s.compute_capability[0]}.{s.compute_capability[1]}" if s.compute_capability else ""
+        info.add_metric([*lv, s.name or "", s.pci_bus_id or "", cc, fleet.driver_version or ""], 1)
+        healthy.add_metric(lv, 1 if s.healthy else 0)
+        for fam, get in g:
+            v = get(s)
+            if v is not None:
+                fam.add_metric(lv, float(v))
+        if s.energy_j is not None:
+            energy.add_metric(lv, s.energy_j)
+        if s.ecc_corrected_volatile_total is not None:
+            ecc.add_metric([*lv, "corrected"], s.ecc_corrected_volatile_total)
+        if s.ecc_uncorrected_volatile_total is not None:
+            ecc.add_metric([*lv, "uncorrected"], s.ecc_uncorrected_volatile_total)
+        if s.remapped_rows_correctable is not None:
+            rows.add_metric([*lv, "correctable"], s.remapped_rows_correctable)
+        if s.remapped_rows_uncorrectable is not None:
+            rows.add_metric([*lv, "uncorrectable"], s.remapped_rows_uncorrectable)
+    yield info
+    yield healthy
+    for fam, _ in g:
+        yield fam
+    yield energy
+    yield ecc
+    yield rows
+    xid = _c(
+        "sglang_farm_gpu_xid_errors",
+        "XID critical errors seen through NVML events since the agent started, by code.",
+        [*gl, "xid"],
+    )
+    for (index, code), n in sorted(fleet.xid_events_total.items()):
+        gpu = str(index) if index >= 0 else "unknown"
+        xid.add_metric([gpu, uuids.get(index, ""), str(code)], n)
+    yield xid
+
+
+def _workers(st: MetricsState) -> Iterator[Metric]:
+    assert st.farm is not None
+    wl = ["worker", "gpu"]
+    state = _g("sglang_farm_worker_state", "The worker's phase (a state set).", [*wl, "state"])
+    since = _g(
+        "sglang_farm_worker_state_since_timestamp_seconds",
+        "When the worker entered its phase (Unix time).",
+        wl,
+    )
+    info = _g(
+        "sglang_farm_worker_info",
+        "A worker's port, model and SGLang version; always 1.",
+        [*wl, "port", "model_name", "sglang_version"],
+    )
+    up = _g(
+        "sglang_farm_worker_up",
+        "1 if the worker is serving and answered the latest stats poll.",
+        wl,
+    )
+    restarts = _c("sglang_farm_worker_restarts", "Restarts by reason.", [*wl, "reason"])
+    ooms = _c("sglang_farm_worker_oom_events", "Out-of-memory failures by kind.", [*wl, "kind"])
+    step = _g(
+        "sglang_farm_worker_oom_ladder_step", "OOM-ladder step in force (0 = as configured).", wl
+    )
+    load = _g(
+        "sglang_farm_worker_last_load_duration_seconds",
+        "How long the last start took from launch to ready.",
+        wl,
+    )
+    queued = _g("sglang_farm_worker_queued_requests", "Requests waiting in the worker's queue.", wl)
+    running = _g("sglang_farm_worker_running_requests", "Requests the worker is running.", wl)
+    kv = _g("sglang_farm_worker_kv_cache_usage_ratio", "KV-cache pool usage (0-1).", wl)
+    tput = _g(
+        "sglang_farm_worker_generation_throughput_tokens_per_second",
+        "Decode throughput as SGLang last reported it.",
+        wl,
+    )
+    hit = _g(
+        "sglang_farm_worker_prefix_cache_hit_ratio", "Prefix (radix) cache hit ratio (0-1).", wl
+    )
+    mem = _g(
+        "sglang_farm_worker_gpu_memory_bytes",
+        "GPU memory held by the worker's process tree (NVML per-process memory).",
+        wl,
+    )
+    stale = _g(
+        "sglang_farm_worker_stats_stale",
+        "1 if the worker's figures are stale: no answer, or frozen while requests run.",
+        wl,
+    )
+    polled = _g(
+        "sglang_farm_worker_stats_timestamp_seconds", "When the worker's figures were read.", wl
+    )
+    poll_dur = _g(
+        "sglang_farm_worker_stats_poll_duration_seconds", "How long the latest stats poll took.", wl
+    )
+    fleet = st.fleet
+    memory: dict[int, int] = {}
+    if fleet is not None and fleet.nvml_up:
+        memory = attribute_memory(fleet, st.worker_pids)
+    for w in st.farm.workers:
+        lv = [str(w.id), gpu_label(w.gpus)]
+        for p in Phase:
+            state.add_metric([*lv, str(p)], 1 if w.phase is p else 0)
+        since.add_metric(lv, w.since)
+        stats = st.workers.get(w.id)
+        model = (stats.model_name if stats else None) or model_from_argv(w.argv) or ""
+        version = (stats.sglang_version if stats else None) or ""
+        info.add_metric([*lv, str(w.port), model, version], 1)
+        _add_counts(restarts, lv, w.restarts_by_reason, [str(r) for r in RestartReason])
+        _add_counts(ooms, lv, w.oom_events_by_kind, [str(k) for k in OomKind])
+        step.add_metric(lv, w.oom_step)
+        if w.last_load_seconds is not None:
+            load.add_metric(lv, w.last_load_seconds)
+        if w.id in memory and w.id in st.worker_pids:
+            mem.add_metric(lv, memory[w.id])
+        serving = w.phase in _SERVING
+        up.add_metric(lv, 1 if serving and stats is not None and stats.up else 0)
+        if not serving or stats is None:
+            continue
+        stale.add_metric(lv, 1 if stats.stale else 0)
+        polled.add_metric(lv, stats.taken_at)
+        poll_dur.add_metric(lv, stats.poll_duration_s)
+        if not stats.up:
+            continue
+        for fam, v in (
+            (queued, stats.queued),
+            (running, stats.running),
+            (kv, stats.token_usage),
+            (tput, stats.gen_throughput),
+            (hit, stats.cache_hit_rate),
+        ):
+            if v is not None:
+                fam.add_metric(lv, v)
+    yield from (state, since, info, up, restarts, ooms, step, load)
+    yield from (queued, running, kv, tput, hit, mem, stale, polled, poll_dur)
+
+
+def _add_counts(
+    fam: CounterMetricFamily, lv: list[str], counts: Mapping[str, int], known: list[str]
+) -> None:
+    # Every known key is exported, 0 included, so rate()/increase() see the first event.
+    for key in [*known, *sorted(k for k in counts if k not in known)]:
+        fam.add_metric([*lv, key], counts.get(key, 0))
+
+
+def build_registry(
+    state_getter: Callable[[], MetricsState], *, version: str = __version__
+) -> CollectorRegistry:
+    """A dedicated registry whose one collector formats `state_getter()` at each scrape.
+
+    Dedicated, not the global REGISTRY: no process/platform collectors mixed in,
+    and tests can build as many as they like.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FarmCollector(state_getter, version))
+    return registry

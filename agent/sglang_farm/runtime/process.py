@@ -1,0 +1,135 @@
+"""I/O: workers as plain child processes, for hosts and containers without systemd, and the demo.
+
+Each worker runs in its own session (so its process group holds SGLang's scheduler and
+detokenizer children, and SGLang's optional `killpg` cannot reach the agent). A stop
+signals the whole group: SIGTERM, then SIGKILL after the deadline, since SGLang's drain
+has no upper bound. When the main process exits on its own, whatever it left in its group
+is killed too: orphaned schedulers otherwise keep holding GPU memory (sglang#23627).
+Output (stdout and stderr, merged) is kept in a ring buffer per worker and emitted line
+by line for the classifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections import deque
+from collections.abc import Mapping
+
+import structlog
+
+from sglang_farm.cmdline import Command
+from sglang_farm.errors import RuntimeFailure
+from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+
+log = structlog.get_logger("sglang_farm.runtime.process")
+
+_GROUP_GONE_WAIT = 5.0  # seconds to wait for a SIGKILLed group to disappear
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> bool:
+    """Signal a process group; False if it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _wait_group_gone(pgid: int, deadline: float) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while loop.time() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        await asyncio.sleep(0.02)
+    return False
+
+
+class ProcessRuntime:
+    """Runtime over child processes. Workers die with the agent (see `close`)."""
+
+    name = "process"
+
+    def __init__(self, emit: Emit, *, log_lines: int = 5000) -> None:
+        self._emit = emit
+        self._log_lines = log_lines
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._readers: dict[int, asyncio.Task[None]] = {}
+        self._logs: dict[int, deque[str]] = {}
+
+    async def start(self, worker: int, command: Command) -> None:
+        if worker in self._procs:
+            raise RuntimeFailure(f"worker {worker} is already running (pid {self._procs[worker].pid})")
+        env = {**os.environ, **command.env_dict}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command.argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot run {command.argv[0]}: {exc.strerror}") from exc
+        self._procs[worker] = proc
+        self._logs.setdefault(worker, deque(maxlen=self._log_lines))
+        self._emit(Started(worker, proc.pid))
+        self._readers[worker] = asyncio.create_task(self._follow(worker, proc))
+
+    async def _follow(self, worker: int, proc: asyncio.subprocess.Process) -> None:
+        buf = self._logs[worker]
+        assert proc.stdout is not None
+        while True:
+            raw = await proc.stdout.readline()
+            if not raw:
+                break
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            buf.append(text)
+            self._emit(LogLine(worker, text))
+        status = await proc.wait()
+        # The main process is gone; its group may still hold children (the scheduler): kill them.
+        if _killpg(proc.pid, signal.SIGKILL):
+            await _wait_group_gone(proc.pid, _GROUP_GONE_WAIT)
+        self._procs.pop(worker, None)
+        self._emit(Exited(worker, proc.pid, status))
+
+    async def stop(self, worker: int, timeout: float) -> None:
+        proc = self._procs.get(worker)
+        reader = self._readers.get(worker)
+        if proc is None or reader is None:
+            return
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), timeout)
+        except TimeoutError:
+            log.warning("worker_stop_timeout", worker=worker, pid=proc.pid, after_s=timeout)
+            _killpg(proc.pid, signal.SIGKILL)
+        await asyncio.shield(reader)
+
+    async def adopt(self) -> Mapping[int, Running]:
+        return {}  # children do not outlive the agent
+
+    def log_tail(self, worker: int, lines: int) -> list[str]:
+        buf = self._logs.get(worker)
+        if not buf:
+            return []
+        return list(buf)[-lines:] if lines > 0 else []
+
+    def pid(self, worker: int) -> int | None:
+        proc = self._procs.get(worker)
+        return proc.pid if proc else None
+
+    async def close(self) -> None:
+        """Kill every worker that is left (the agent is going away; so do its children)."""
+        for worker, proc in list(self._procs.items()):
+            _killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._readers[worker]), _GROUP_GONE_WAIT)

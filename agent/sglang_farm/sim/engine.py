@@ -1,0 +1,312 @@
+"""I/O: the simulated scheduler: a running batch capped by --max-running-requests and a queue.
+
+Each request waits in the queue until a running slot is free, then produces one
+token every `token_seconds`. What the scheduler publishes (`/v1/loads`, the
+scheduler gauges of `/metrics`) is a snapshot refreshed by `publish()`; once the
+engine hangs, nothing moves and the snapshot stays frozen, as SGLang's file-backed
+metrics do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# SGLang's default buckets (observability/metrics_collector.py), interface sheet §3.
+E2E_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+    600.0,
+    1200.0,
+    1800.0,
+    2400.0,
+)
+TTFT_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+)
+QUEUE_BUCKETS = (
+    0.0,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    3.0,
+    4.0,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    70.0,
+    80.0,
+    90.0,
+    100.0,
+    200.0,
+    300.0,
+    400.0,
+    500.0,
+    600.0,
+    700.0,
+    800.0,
+    900.0,
+    1000.0,
+    1200.0,
+    1400.0,
+    1600.0,
+    1800.0,
+    2000.0,
+    2500.0,
+    3000.0,
+)
+THROUGHPUT_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Upper bounds (without +Inf), per-bucket counts (last one is +Inf), sum and count."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    @classmethod
+    def empty(cls, bounds: Sequence[float]) -> HistogramSnapshot:
+        return cls(tuple(bounds), (0,) * (len(bounds) + 1), 0.0)
+
+    def observe(self, value: float) -> HistogramSnapshot:
+        i = bisect.bisect_left(self.bounds, value)
+        counts = list(self.counts)
+        counts[i] += 1
+        return HistogramSnapshot(self.bounds, tuple(counts), self.total + value)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """What the scheduler last published: the LoadSnapshot core and the scheduler gauges."""
+
+    timestamp: float
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_waiting_uncached_tokens: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    token_usage: float
+    gen_throughput: float
+    cache_hit_rate: float
+    utilization: float
+    queue_time: HistogramSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerStats:
+    """Tokenizer-side counters and histograms (updated as requests finish)."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    num_requests: int
+    num_aborted: int
+    e2e: HistogramSnapshot
+    ttft: HistogramSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    prompt_tokens: int
+    completion_tokens: int
+    e2e_s: float
+    ttft_s: float
+    queue_s: float
+
+
+class QueueFull(Exception):
+    """--max-queued-requests reached; SGLang answers 503 "The request queue is full."."""
+
+
+class Engine:
+    """Thread-safe request accounting; `generate` blocks its caller for the simulated time."""
+
+    def __init__(
+        self,
+        *,
+        max_running: int,
+        max_queued: int | None,
+        max_total_tokens: int,
+        token_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._max_running = max_running
+        self._max_queued = max_queued
+        self._max_total = max_total_tokens
+        self._token_s = token_seconds
+        self._clock = clock
+        self._wall = wall
+        self._sleep = sleep
+        self._cond = threading.Condition()
+        self._hung = False
+        self._running = 0
+        self._queued = 0
+        self._waiting_tokens = 0
+        self._used = 0
+        self._generated = 0
+        self._history: deque[tuple[float, int]] = deque()
+        self._queue_hist = HistogramSnapshot.empty(QUEUE_BUCKETS)
+        self._tok = TokenizerStats(
+            0, 0, 0, 0, HistogramSnapshot.empty(E2E_BUCKETS), HistogramSnapshot.empty(TTFT_BUCKETS)
+        )
+        self._published = self._compute()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def generate(self, prompt_tokens: int, max_new_tokens: int) -> Completion:
+        """Queue, run and finish one request; raises QueueFull when the queue limit is reached."""
+        t0 = self._clock()
+        with self._cond:
+            busy = self._running >= self._max_running or self._hung
+            if busy and self._max_queued is not None and self._queued >= self._max_queued:
+                self._tok = _replace_tok(self._tok, num_aborted=self._tok.num_aborted + 1)
+                raise QueueFull("The request queue is full.")
+            self._queued += 1
+            self._waiting_tokens += prompt_tokens
+            while self._running >= self._max_running or self._hung:
+                self._cond.wait()
+            self._queued -= 1
+            self._waiting_tokens -= prompt_tokens
+            self._running += 1
+            self._used += prompt_tokens
+            queue_s = self._clock() - t0
+            self._queue_hist = self._queue_hist.observe(queue_s)
+        ttft = 0.0
+        try:
+            for i in range(max_new_tokens):
+                self._sleep(self._token_s)
+                with self._cond:
+                    while self._hung:
+                        self._cond.wait()
+                    self._used += 1
+                    self._generated += 1
+                if i == 0:
+                    ttft = self._clock() - t0
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._used -= prompt_tokens + max_new_tokens
+                self._cond.notify_all()
+        e2e = self._clock() - t0
+        if max_new_tokens == 0:
+            ttft = e2e
+        with self._cond:
+            t = self._tok
+            self._tok = TokenizerStats(
+                prompt_tokens=t.prompt_tokens + prompt_tokens,
+                generation_tokens=t.generation_tokens + max_new_tokens,
+                num_requests=t.num_requests + 1,
+                num_aborted=t.num_aborted,
+                e2e=t.e2e.observe(e2e),
+                ttft=t.ttft.observe(ttft),
+            )
+        return Completion(prompt_tokens, max_new_tokens, e2e, ttft, queue_s)
+
+    def hang(self) -> None:
+        """Freeze the scheduler for good: no token, no dequeue, no publish."""
+        with self._cond:
+            self._hung = True
+
+    @property
+    def hung(self) -> bool:
+        return self._hung
+
+    def inflight(self) -> int:
+        """Running plus queued requests."""
+        with self._cond:
+            return self._running + self._queued
+
+    # -- what the scheduler publishes ------------------------------------------------------
+
+    def publish(self) -> None:
+        """Refresh the published snapshot (the scheduler's periodic write); a no-op once hung."""
+        with self._cond:
+            if self._hung:
+                return
+            self._published = self._compute()
+
+    def _compute(self) -> SchedulerStats:
+        now = self._clock()
+        self._history.append((now, self._generated))
+        while len(self._history) > 1 and now - self._history[0][0] > THROUGHPUT_WINDOW_S:
+            self._history.popleft()
+        t_old, g_old = self._history[0]
+        throughput = (self._generated - g_old) / (now - t_old) if now > t_old else 0.0
+        return SchedulerStats(
+            timestamp=self._wall(),
+            num_running_reqs=self._running,
+            num_waiting_reqs=self._queued,
+            num_waiting_uncached_tokens=self._waiting_tokens,
+            num_used_tokens=self._used,
+            max_total_num_tokens=self._max_total,
+            max_running_requests=self._max_running,
+            token_usage=round(self._used / self._max_total, 4) if self._max_total else 0.0,
+            gen_throughput=round(throughput, 2),
+            cache_hit_rate=0.0,
+            utilization=round(self._running / self._max_running, 4) if self._max_running else 0.0,
+            queue_time=self._queue_hist,
+        )
+
+    def scheduler_stats(self) -> SchedulerStats:
+        return self._published
+
+    def tokenizer_stats(self) -> TokenizerStats:
+        return self._tok
+
+
+def _replace_tok(t: TokenizerStats, *, num_aborted: int) -> TokenizerStats:
+    return TokenizerStats(
+        t.prompt_tokens, t.generation_tokens, t.num_requests, num_aborted, t.e2e, t.ttft
+    )

@@ -1,0 +1,524 @@
+"""I/O: the HTTP side of the simulator: SGLang's routes on a ThreadingHTTPServer.
+
+Each route answers the way SGLang 0.5.23's does (interface sheet §2): `/health`
+is 503 while starting or exiting and otherwise takes `health_delay` (SGLang sleeps
+1 s before its first check); when the scheduler hangs it waits
+SGLANG_HEALTH_CHECK_TIMEOUT, logs SGLang's "Health check failed" line and answers
+503, so a probe with a shorter timeout simply times out. `/server_info` blocks
+while the scheduler hangs; `/metrics` and `/v1/loads` keep answering frozen values.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+from sglang_farm.sim.engine import Completion, Engine, QueueFull
+from sglang_farm.sim.exposition import (
+    MetricContext,
+    load_snapshot,
+    loads_body,
+    loads_prometheus,
+    parse_include,
+    render_metrics,
+)
+from sglang_farm.sim.log import SimLog
+from sglang_farm.sim.options import ServerOptions, SimSettings
+
+SGLANG_VERSION = "0.5.23"
+DEFAULT_MAX_NEW_TOKENS = 128
+_PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")  # no API key needed (§2.3)
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Status(StrEnum):
+    STARTING = "Starting"
+    UP = "Up"
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Shared by the launcher and the HTTP threads (mutable on purpose: it is the live server)."""
+
+    opts: ServerOptions
+    settings: SimSettings
+    engine: Engine
+    ctx: MetricContext
+    log: SimLog
+    launch_command: str
+    startup_time: float
+    status: Status = Status.STARTING
+    exiting: threading.Event = field(default_factory=threading.Event)
+    busy_lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: int = 0  # generation requests whose response is not written yet
+
+    def generation_in_flight(self) -> int:
+        with self.busy_lock:
+            return self.busy
+
+
+class BadRequest(Exception):
+    """A request body SGLang would answer with 400."""
+
+
+def _error(message: str, status: HTTPStatus, err_type: str = "BadRequestError") -> dict[str, Any]:
+    return {
+        "object": "error",
+        "message": message,
+        "type": err_type,
+        "param": None,
+        "code": int(status),
+    }
+
+
+def _int_field(body: dict[str, Any], *names: str) -> int:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
+        return value
+    return DEFAULT_MAX_NEW_TOKENS
+
+
+def _prompt_tokens(text: str) -> int:
+    return max(1, len(text) // 4)  # about four characters per token
+
+
+def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
+    """A handler class bound to `state` (http.server wants a class, not an instance)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "uvicorn"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # access lines are written by _send, in uvicorn's format
+
+        def do_GET(self) -> None:
+            self._route("GET")
+
+        def do_POST(self) -> None:
+            self._route("POST")
+
+        # -- plumbing --------------------------------------------------------------------
+
+        def _send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+            except OSError:
+                self.close_connection = True  # the client gave up; nothing to tell it
+            self._access(status)
+
+        def _json(self, status: int, obj: Any) -> None:
+            self._send(status, json.dumps(obj).encode())
+
+        def _access(self, status: int) -> None:
+            opts = state.opts
+            if (opts.log_level_http or opts.log_level).lower() not in ("info", "debug"):
+                return
+            path = self.path.split("?", 1)[0]
+            if any(path.startswith(p) for p in opts.uvicorn_access_log_exclude_prefixes):
+                return
+            host, port = self.client_address[:2]
+            phrase = HTTPStatus(status).phrase
+            state.log.uvicorn("INFO", f'{host}:{port} - "{self.requestline}" {status} {phrase}')
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError as exc:
+                raise BadRequest(f"Invalid JSON body: {exc}") from None
+            if not isinstance(body, dict):
+                raise BadRequest("The request body must be a JSON object")
+            return body
+
+        def _authorized(self, path: str) -> bool:
+            key = state.opts.api_key
+            if key is None or path.startswith(_PUBLIC_PREFIXES):
+                return True
+            return self.headers.get("Authorization", "") == f"Bearer {key}"
+
+        def _route(self, method: str) -> None:
+            path, _, query = self.path.partition("?")
+            body: dict[str, Any] = {}
+            try:
+                if method == "POST":
+                    body = self._body()
+            except BadRequest as exc:
+                self._json(400, _error(str(exc), HTTPStatus.BAD_REQUEST))
+                return
+            if not self._authorized(path):
+                self._json(401, {"error": "Unauthorized"})
+                return
+            route = _ROUTES.get((method, path))
+            if route is None and method == "GET" and path.startswith("/v1/models/"):
+                self._model(path.removeprefix("/v1/models/"))
+                return
+            if route is None:
+                self._json(404, {"detail": "Not Found"})
+                return
+            route(self, parse_qs(query), body)
+
+        # -- routes ----------------------------------------------------------------------
+
+        def health(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if state.exiting.is_set() or state.status is Status.STARTING:
+                self._send(503)
+                return
+            tic = time.time()
+            deadline = time.monotonic() + max(
+                state.settings.health_timeout, state.settings.health_delay
+            )
+            # SGLang sleeps 1 s before it first looks for the probe's output.
+            time.sleep(state.settings.health_delay)
+            while state.engine.hung and time.monotonic() < deadline and not state.exiting.is_set():
+                time.sleep(0.1)
+            if state.engine.hung or state.exiting.is_set():
+                if state.engine.hung:
+                    state.log.info(
+                        "Health check failed. Server couldn't get a response from detokenizer "
+                        "for last "
+                        f"{state.settings.health_timeout:g} seconds. tic start time: {tic:.2f}. "
+                        f"last_heartbeat time: {state.engine.scheduler_stats().timestamp:.2f}"
+                    )
+                self._send(503)
+                return
+            self._send(200)
+
+        def ready(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            up = state.status is Status.UP and not state.exiting.is_set()
+            self._send(200 if up else 503)
+
+        def ping(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            self._send(503 if state.exiting.is_set() else 200)
+
+        def model_info(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if self.path.startswith("/get_model_info"):
+                state.log.info(
+                    "WARNING: Endpoint '/get_model_info' is deprecated and will be removed "
+                    "in a future version. Please use '/model_info' instead."
+                )
+            o = state.opts
+            self._json(
+                200,
+                {
+                    "model_path": o.model_path,
+                    "tokenizer_path": o.tokenizer_path,
+                    "is_generation": True,
+                    "preferred_sampling_params": None,
+                    "weight_version": "default",
+                    "load_format": "auto",
+                    "reasoning_parser": None,
+                    "tool_call_parser": None,
+                    "disaggregation_mode": "null",
+                    "has_image_understanding": False,
+                    "has_audio_understanding": False,
+                    "model_type": "llama",
+                    "architectures": ["LlamaForCausalLM"],
+                    "served_model_name": o.served_model_name,
+                },
+            )
+
+        def server_info(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if self.path.startswith("/get_server_info"):
+                state.log.info(
+                    "WARNING: Endpoint '/get_server_info' is deprecated and will be removed "
+                    "in a future version. Please use '/server_info' instead."
+                )
+            # A scheduler round-trip with no server-side timeout: it hangs with the scheduler.
+            while state.engine.hung and not state.exiting.wait(0.5):
+                pass
+            if state.engine.hung:
+                self._send(503)
+                return
+            info: dict[str, Any] = {}
+            for key, value in asdict(state.opts).items():
+                info[key] = list(value) if isinstance(value, tuple) else value
+            info["extra_metric_labels"] = dict(state.opts.extra_metric_labels) or None
+            if state.opts.api_key is not None:
+                info["api_key"] = "<redacted>"
+            sched = state.engine.scheduler_stats()
+            info.update(
+                {
+                    "launch_command": state.launch_command,
+                    "max_total_num_tokens": sched.max_total_num_tokens,
+                    "max_req_input_len": state.opts.context_length - 1,
+                    "startup_time": state.startup_time,
+                    "internal_states": [
+                        {
+                            "world_size": state.opts.tp_size,
+                            "effective_max_running_requests_per_dp": (
+                                state.opts.max_running_requests
+                            ),
+                            "last_gen_throughput": sched.gen_throughput,
+                            "memory_usage": {
+                                "weight": state.ctx.weight_gb,
+                                "kvcache": state.ctx.kv_cache_gb,
+                                "graph": state.ctx.graph_gb,
+                                "token_capacity": sched.max_total_num_tokens,
+                            },
+                        }
+                    ],
+                    "version": SGLANG_VERSION,
+                    "frontend": "python",
+                    "simulated": True,
+                }
+            )
+            self._json(200, info)
+
+        def models(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            self._json(200, {"object": "list", "data": [self._model_card()]})
+
+        def _model_card(self) -> dict[str, Any]:
+            o = state.opts
+            return {
+                "id": o.served_model_name,
+                "object": "model",
+                "created": int(state.startup_time),
+                "owned_by": "sglang",
+                "root": o.served_model_name,
+                "parent": None,
+                "max_model_len": o.context_length,
+            }
+
+        def _model(self, model_id: str) -> None:
+            if model_id == state.opts.served_model_name:
+                self._json(200, self._model_card())
+                return
+            self._json(
+                404,
+                {
+                    "error": {
+                        "message": f"The model '{model_id}' does not exist",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+            )
+
+        def loads(self, q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            try:
+                include = parse_include(q.get("include", [""])[0])
+            except ValueError as exc:
+                self._json(400, {"detail": str(exc)})
+                return
+            dp_rank = q.get("dp_rank", [None])[0]
+            sched = state.engine.scheduler_stats()
+            if q.get("format", [""])[0] == "prometheus":
+                text = loads_prometheus(load_snapshot(state.ctx, sched, include))
+                self._send(200, text.encode(), _METRICS_TYPE)
+                return
+            body = loads_body(
+                datetime.now(UTC).isoformat(),
+                SGLANG_VERSION,
+                state.ctx,
+                sched,
+                include,
+                state.opts.tp_size * state.opts.pp_size,
+            )
+            if dp_rank not in (None, "0"):
+                body["loads"] = []
+            self._json(200, body)
+
+        def metrics(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if not state.opts.enable_metrics:
+                self._json(404, {"detail": "Not Found"})
+                return
+            text = render_metrics(
+                state.ctx, state.engine.scheduler_stats(), state.engine.tokenizer_stats()
+            )
+            self._send(200, text.encode(), _METRICS_TYPE)
+
+        def flush_cache(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if state.engine.inflight():
+                self._send(
+                    400,
+                    b"Cache not flushed. Please check backend logs for more details. "
+                    b"(When there are running or waiting requests, the operation will not "
+                    b"be performed.)\n",
+                    "text/plain",
+                )
+                return
+            self._send(
+                200,
+                b"Cache flushed.\nPlease check backend logs for more details. (When there "
+                b"are running or waiting requests, the operation will not be performed.)\n",
+                "text/plain",
+            )
+
+        def _run(self, prompt_tokens: int, max_new: int) -> Completion | None:
+            """Run a generation; returns None when an error response was already sent."""
+            if state.exiting.is_set():
+                self._json(
+                    503,
+                    _error(
+                        "The server is shutting down.",
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                        "ServiceUnavailableError",
+                    ),
+                )
+                return None
+            try:
+                return state.engine.generate(prompt_tokens, max_new)
+            except QueueFull as exc:
+                self._json(
+                    503, _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError")
+                )
+                return None
+
+        def generate(self, _q: dict[str, list[str]], body: dict[str, Any]) -> None:
+            self._tracked(self._generate, body)
+
+        def chat(self, _q: dict[str, list[str]], body: dict[str, Any]) -> None:
+            self._tracked(self._chat, body)
+
+        def _tracked(self, fn: Callable[[dict[str, Any]], None], body: dict[str, Any]) -> None:
+            with state.busy_lock:
+                state.busy += 1
+            try:
+                fn(body)
+            except BadRequest as exc:
+                self._json(400, _error(str(exc), HTTPStatus.BAD_REQUEST))
+            finally:
+                with state.busy_lock:
+                    state.busy -= 1
+
+        def _generate(self, body: dict[str, Any]) -> None:
+            if body.get("stream"):
+                raise BadRequest("stream=true is not supported by the sglang-farm simulator")
+            params = body.get("sampling_params") or {}
+            if not isinstance(params, dict):
+                raise BadRequest("sampling_params must be an object")
+            max_new = _int_field(params, "max_new_tokens")
+            ids = body.get("input_ids")
+            text = body.get("text")
+            if isinstance(ids, list) and ids:
+                prompt = len(ids)
+            elif isinstance(text, str):
+                prompt = _prompt_tokens(text)
+            else:
+                raise BadRequest("Either text or input_ids should be provided.")
+            c = self._run(prompt, max_new)
+            if c is None:
+                return
+            self._json(
+                200,
+                {
+                    "text": " sim" * c.completion_tokens,
+                    "output_ids": [1] * c.completion_tokens,
+                    "meta_info": {
+                        "id": uuid.uuid4().hex,
+                        "finish_reason": {"type": "length", "length": c.completion_tokens},
+                        "prompt_tokens": c.prompt_tokens,
+                        "completion_tokens": c.completion_tokens,
+                        "cached_tokens": 0,
+                        "e2e_latency": round(c.e2e_s, 4),
+                    },
+                },
+            )
+
+        def _chat(self, body: dict[str, Any]) -> None:
+            if body.get("stream"):
+                raise BadRequest("stream=true is not supported by the sglang-farm simulator")
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("messages must be a non-empty list")
+            max_new = _int_field(body, "max_completion_tokens", "max_tokens")
+            text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            c = self._run(_prompt_tokens(text) + 4 * len(messages), max_new)
+            if c is None:
+                return
+            self._json(
+                200,
+                {
+                    "id": uuid.uuid4().hex,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model") or state.opts.served_model_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": ("sim " * c.completion_tokens).strip(),
+                            },
+                            "finish_reason": "length",
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": c.prompt_tokens,
+                        "completion_tokens": c.completion_tokens,
+                        "total_tokens": c.prompt_tokens + c.completion_tokens,
+                    },
+                },
+            )
+
+    _ROUTES: dict[
+        tuple[str, str], Callable[[Handler, dict[str, list[str]], dict[str, Any]], None]
+    ] = {
+        ("GET", "/health"): Handler.health,
+        ("GET", "/health_generate"): Handler.health,
+        ("GET", "/ready"): Handler.ready,
+        ("GET", "/ping"): Handler.ping,
+        ("GET", "/model_info"): Handler.model_info,
+        ("GET", "/get_model_info"): Handler.model_info,
+        ("GET", "/server_info"): Handler.server_info,
+        ("GET", "/get_server_info"): Handler.server_info,
+        ("GET", "/v1/models"): Handler.models,
+        ("GET", "/v1/loads"): Handler.loads,
+        ("GET", "/metrics"): Handler.metrics,
+        ("GET", "/flush_cache"): Handler.flush_cache,
+        ("POST", "/flush_cache"): Handler.flush_cache,
+        ("POST", "/generate"): Handler.generate,
+        ("POST", "/v1/chat/completions"): Handler.chat,
+    }
+    return Handler
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    """uvicorn-like listener: big backlog, daemon threads, no reverse DNS at bind."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 2048  # uvicorn's default backlog
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup that can stall startup.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+
+class SimHTTPServer6(SimHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def bind(host: str, port: int, state: ServerState) -> SimHTTPServer:
+    """Bind the listener; raises OSError (EADDRINUSE ...) as uvicorn would meet it."""
+    cls = SimHTTPServer6 if ":" in host else SimHTTPServer
+    return cls((host, port), make_handler(state))

@@ -1,0 +1,104 @@
+"""What the agent must not forget across its own restarts, and where it keeps it.
+
+Restart counts, back-off position, failure history and the OOM-ladder step in force
+live in `<state_dir>/state.json`. Converting to and from that JSON is pure; `save`
+writes atomically (temp file + rename) and `load` treats a missing or unreadable file
+as "nothing remembered", logging why, so a broken file never stops the farm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.supervisor import WorkerState
+
+log = structlog.get_logger("sglang_farm.state")
+FORMAT = 1
+
+
+def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
+    """The persisted part of a worker's state; monotonic times become wall-clock times."""
+    return {
+        "failures": s.failures,
+        "oom_step": s.oom_step,
+        "restarts": [[at + mono_to_wall, reason] for at, reason in s.restarts],
+        "restarts_by_reason": dict(s.restarts_by_reason),
+        "oom_events": dict(s.oom_events),
+        "last_failure": s.last_failure.to_dict() if s.last_failure else None,
+        "last_failure_at": s.last_failure_at + mono_to_wall if s.last_failure_at else None,
+        "last_action": s.last_action,
+        "last_load_seconds": s.last_load_seconds,
+    }
+
+
+def _failure(d: Any) -> Failure | None:
+    if not isinstance(d, dict):
+        return None
+    try:
+        kind = FailureKind(d["kind"])
+    except (KeyError, ValueError):
+        return None
+    return Failure(kind, str(d.get("summary", "")), str(d.get("advice", "")),
+                   tuple(str(x) for x in d.get("lines", ())))
+
+
+def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> WorkerState:
+    """`s` with the remembered fields of `d` (bad fields are skipped, not fatal)."""
+    def num(key: str, default: float) -> float:
+        v = d.get(key, default)
+        return float(v) if isinstance(v, (int, float)) else default
+
+    at = d.get("last_failure_at")
+    return replace(
+        s,
+        failures=int(num("failures", 0)),
+        oom_step=int(num("oom_step", 0)),
+        restarts=tuple(
+            (float(r[0]) + wall_to_mono, str(r[1]))
+            for r in d.get("restarts", ())
+            if isinstance(r, list) and len(r) == 2 and isinstance(r[0], (int, float))
+        ),
+        restarts_by_reason={str(k): int(v) for k, v in dict(d.get("restarts_by_reason", {})).items()},
+        oom_events={str(k): int(v) for k, v in dict(d.get("oom_events", {})).items()},
+        last_failure=_failure(d.get("last_failure")),
+        last_failure_at=float(at) + wall_to_mono if isinstance(at, (int, float)) else None,
+        last_action=d.get("last_action") if isinstance(d.get("last_action"), str) else None,
+        last_load_seconds=d.get("last_load_seconds") if isinstance(d.get("last_load_seconds"), (int, float)) else None,
+    )
+
+
+def save(path: Path, workers: dict[int, dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps({"format": FORMAT, "workers": {str(k): v for k, v in workers.items()}},
+                      indent=1, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> dict[int, dict[str, Any]]:
+    try:
+        raw = json.loads(path.read_text())
+        workers = raw["workers"]
+        return {int(k): v for k, v in workers.items() if isinstance(v, dict)}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("state_unreadable", path=str(path), error=str(exc),
+                    hint="starting with no remembered restarts; the file is overwritten")
+        return {}

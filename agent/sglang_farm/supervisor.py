@@ -1,0 +1,587 @@
+"""Pure: the supervisor's decisions. Events and a clock reading in, new state and actions out.
+
+One state machine per worker (`step`), and a farm-level `Supervisor` that owns the
+rollout (canary first, then at most `parallel` workers loading at once) and turns
+PENDING workers into launches. Nothing here awaits, reads a clock or touches a
+process: the agent (`agent.py`) feeds events from the runtime and the health
+probes, passes `now` (monotonic seconds), and carries out the returned actions.
+Both runtimes (process, systemd) share these rules.
+
+Worker phases (views.Phase):
+
+    STOPPED --start--> PENDING --launch--> STARTING --health ok--> READY
+                         ^                    |  \\                 | health fails
+                         |                    |   load timeout      v
+                   back-off elapsed           |     \\---------> UNHEALTHY --threshold--> STOPPING
+                         |                  exit                 (hang)                    |
+                      BACKOFF <------- failure handling <----------------------------- exit
+                                              |
+                                        FAILED (crash loop, deterministic failure, failed canary)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
+from sglang_farm.views import Phase
+
+RESTART_HISTORY = 20  # restart records kept per worker (status shows them; totals are separate)
+
+
+class Rollout(StrEnum):
+    IDLE = "idle"  # the farm has not been started
+    CANARY = "canary"  # only the canary may load
+    ROLLING = "rolling"  # the others load, at most `parallel` at once
+    DONE = "done"  # every wanted worker has settled (ready or failed)
+    HALTED = "halted"  # the canary failed: nothing else starts until an operator starts again
+
+
+class StopIntent(StrEnum):
+    STOP = "stop"  # operator stop: stay stopped
+    RESTART = "restart"  # operator or config restart: start again at once
+    FAILURE = "failure"  # the farm stopped it (hang, load timeout, OOM while serving)
+
+
+# ---- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """The runtime launched the worker's process."""
+
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """The worker's process tree is gone. `failure` is the classifier's verdict, if any."""
+
+    status: int | None
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPassed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFailed:
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureSeen:
+    """The log shows a failure while the process still runs (SGLang survives some CUDA OOMs)."""
+
+    failure: Failure
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequested:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRequested:
+    reason: RestartReason
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    pass
+
+
+Event = (
+    Launched
+    | ProcessExited
+    | HealthPassed
+    | HealthFailed
+    | FailureSeen
+    | StartRequested
+    | StopRequested
+    | RestartRequested
+    | Tick
+)
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start the worker's process with the command line of its current OOM step."""
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """Stop the worker's whole process tree (SIGTERM, SIGKILL after the stop timeout)."""
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A fact to log: a snake_case `event` and its `fields` (the agent adds worker and gpu)."""
+
+    event: str
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+
+Action = Launch | Terminate | Note
+
+
+# ---- state ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    startup: StartupPolicy
+    health: HealthPolicy
+    restart: RestartPolicy
+    # The OOM ladder: (current step, failure) -> the next step, or None when it does not apply.
+    oom_next: Callable[[int, Failure], int | None] = lambda _step, _failure: None
+
+    @classmethod
+    def from_spec(
+        cls, spec: FarmSpec, oom_next: Callable[[int, Failure], int | None] | None = None
+    ) -> Policy:
+        if oom_next is None or not spec.oom.enabled:
+            return cls(spec.startup, spec.health, spec.restart)
+        return cls(spec.startup, spec.health, spec.restart, oom_next)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    id: int
+    phase: Phase = Phase.STOPPED
+    since: float = 0.0
+    pid: int | None = None
+    failures: int = 0  # consecutive failures with no stable period in between
+    health_failures: int = 0
+    launched_at: float | None = None
+    ready_since: float | None = None
+    retry_at: float | None = None
+    stop_intent: StopIntent | None = None
+    next_reason: RestartReason | None = None  # why the next launch is a restart; None = first start
+    pending_failure: Failure | None = None  # the failure that made the farm stop it
+    halt_on_failure: bool = False  # the canary of a rollout: a failure halts the rollout
+    ever_ready: bool = False
+    last_failure: Failure | None = None
+    last_failure_at: float | None = None
+    last_action: str | None = None
+    restarts: tuple[tuple[float, str], ...] = ()
+    restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
+    oom_events: Mapping[str, int] = field(default_factory=dict)
+    oom_step: int = 0
+    last_load_seconds: float | None = None
+
+    def enter(self, phase: Phase, now: float, **changes: object) -> WorkerState:
+        return replace(self, phase=phase, since=now, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: WorkerState
+    actions: tuple[Action, ...] = ()
+
+
+class IllegalTransition(ValueError):
+    """An event that makes no sense in the worker's phase; the state is left unchanged."""
+
+
+_RUNNING = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY})
+
+
+def backoff_delay(failures: int, policy: RestartPolicy) -> float:
+    """Exponential back-off: initial, 2x, 4x ... capped at backoff_max."""
+    exponent = max(0, failures - 1)
+    return float(min(policy.backoff_max, policy.backoff_initial * (2**exponent)))
+
+
+def _bump(counts: Mapping[str, int], key: str) -> dict[str, int]:
+    out = dict(counts)
+    out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy) -> Decision:
+    """Record a failure of a worker whose process is gone, and decide what comes next."""
+    oom = failure.oom_kind
+    s = replace(
+        s,
+        pid=None,
+        failures=s.failures + 1,
+        health_failures=0,
+        last_failure=failure,
+        last_failure_at=now,
+        pending_failure=None,
+        stop_intent=None,
+        oom_events=_bump(s.oom_events, str(oom)) if oom is not None else s.oom_events,
+    )
+    notes: list[Action] = [
+        Note("worker_failed", {"kind": str(failure.kind), "summary": failure.summary})
+    ]
+    next_step = policy.oom_next(s.oom_step, failure) if oom is not None else None
+    if s.failures > policy.restart.max_failures:
+        # BACKOFF -> FAILED: crash loop; restarting again would only repeat it.
+        action = f"gave up after {s.failures} failures in a row (restart.max_failures)"
+        return Decision(
+            s.enter(Phase.FAILED, now, last_action=action),
+            (*notes, Note("worker_gave_up", {"why": action})),
+        )
+    if next_step is not None:
+        # -> PENDING: the OOM ladder has a next step; start again at once with the new flags.
+        action = f"stepped the OOM ladder to step {next_step} and restarted"
+        s = s.enter(
+            Phase.PENDING,
+            now,
+            oom_step=next_step,
+            next_reason=RestartReason.OOM,
+            last_action=action,
+            retry_at=None,
+        )
+        return Decision(s, (*notes, Note("oom_ladder_step", {"step": next_step})))
+    if failure.deterministic:
+        # -> FAILED: the same command line fails the same way; retrying burns a model load.
+        action = "not restarted: the same command line would fail the same way"
+        return Decision(
+            s.enter(Phase.FAILED, now, last_action=action),
+            (*notes, Note("worker_gave_up", {"why": action})),
+        )
+    if s.halt_on_failure and not s.ever_ready:
+        # -> FAILED: the canary failed before it was ever ready; the rollout halts here.
+        action = "canary failed: the rollout is halted and no other worker was started"
+        return Decision(
+            s.enter(Phase.FAILED, now, last_action=action),
+            (*notes, Note("canary_failed", {"why": failure.summary})),
+        )
+    delay = backoff_delay(s.failures, policy.restart)
+    action = (
+        f"restart scheduled in {delay:g} s (failure {s.failures} of {policy.restart.max_failures})"
+    )
+    s = s.enter(
+        Phase.BACKOFF,
+        now,
+        retry_at=now + delay,
+        next_reason=failure.restart_reason,
+        last_action=action,
+    )
+    return Decision(s, (*notes, Note("restart_scheduled", {"in_s": delay, "failures": s.failures})))
+
+
+def _terminate_for(s: WorkerState, failure: Failure, now: float) -> Decision:
+    # RUNNING -> STOPPING: the farm stops it; its exit is then handled as this failure.
+    s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.FAILURE, pending_failure=failure)
+    return Decision(s, (Terminate(s.id), Note("worker_terminating", {"kind": str(failure.kind)})))
+
+
+def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
+    """One worker's transition. Raises IllegalTransition for events that make no sense now."""
+    match event:
+        case StartRequested():
+            if s.phase in (Phase.STOPPED, Phase.FAILED):
+                # STOPPED/FAILED -> PENDING: wanted again; the rollout planner launches it.
+                return Decision(
+                    s.enter(
+                        Phase.PENDING,
+                        now,
+                        failures=0,
+                        retry_at=None,
+                        next_reason=s.next_reason if s.phase is Phase.FAILED else None,
+                    )
+                )
+            if s.phase is Phase.BACKOFF:
+                # BACKOFF -> PENDING: an operator asked; skip the rest of the wait.
+                return Decision(s.enter(Phase.PENDING, now, retry_at=None))
+            return Decision(s)  # already wanted
+        case StopRequested():
+            if s.phase in _RUNNING:
+                # RUNNING -> STOPPING: operator stop.
+                return Decision(
+                    s.enter(Phase.STOPPING, now, stop_intent=StopIntent.STOP), (Terminate(s.id),)
+                )
+            if s.phase is Phase.STOPPING:
+                return Decision(replace(s, stop_intent=StopIntent.STOP))
+            # PENDING/BACKOFF/FAILED -> STOPPED: nothing runs; forget the scheduled start.
+            return Decision(
+                s.enter(Phase.STOPPED, now, retry_at=None) if s.phase is not Phase.STOPPED else s
+            )
+        case RestartRequested(reason=reason):
+            if s.phase in _RUNNING:
+                # RUNNING -> STOPPING: restart = stop, then start at once.
+                s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.RESTART, next_reason=reason)
+                return Decision(s, (Terminate(s.id),))
+            if s.phase is Phase.STOPPING:
+                return Decision(replace(s, stop_intent=StopIntent.RESTART, next_reason=reason))
+            # STOPPED/BACKOFF/FAILED/PENDING -> PENDING: nothing to stop; start it.
+            return Decision(
+                s.enter(
+                    Phase.PENDING,
+                    now,
+                    retry_at=None,
+                    failures=0 if s.phase is Phase.FAILED else s.failures,
+                    next_reason=reason,
+                )
+            )
+        case Launched(pid=pid):
+            if s.phase is not Phase.STARTING:
+                raise IllegalTransition(f"worker {s.id}: launched while {s.phase}")
+            return Decision(replace(s, pid=pid), (Note("worker_launched", {"pid": pid}),))
+        case HealthPassed():
+            if s.phase is Phase.STARTING:
+                # STARTING -> READY: /health answered 200 within the load deadline.
+                load = now - s.launched_at if s.launched_at is not None else None
+                s = s.enter(
+                    Phase.READY,
+                    now,
+                    ready_since=now,
+                    ever_ready=True,
+                    health_failures=0,
+                    last_load_seconds=load,
+                    halt_on_failure=False,
+                )
+                return Decision(s, (Note("worker_ready", {"load_s": round(load or 0.0, 3)}),))
+            if s.phase is Phase.UNHEALTHY:
+                # UNHEALTHY -> READY: a probe passed again before the threshold.
+                return Decision(
+                    s.enter(Phase.READY, now, health_failures=0), (Note("worker_recovered"),)
+                )
+            return Decision(replace(s, health_failures=0))
+        case HealthFailed(detail=detail):
+            if s.phase in (Phase.READY, Phase.UNHEALTHY):
+                n = s.health_failures + 1
+                if n >= policy.health.failure_threshold:
+                    # UNHEALTHY -> STOPPING: `failure_threshold` failed probes in a row: a hang.
+                    failure = Failure(
+                        FailureKind.HANG,
+                        f"health probe failed {n} times in a row ({detail})",
+                        "the farm restarts it; if it recurs, look at `farmctl logs` for a stuck "
+                        "scheduler and at GPU health (XID errors)",
+                    )
+                    return _terminate_for(replace(s, health_failures=n), failure, now)
+                # READY -> UNHEALTHY: a probe failed, below the threshold.
+                ns = (
+                    s.enter(Phase.UNHEALTHY, now, health_failures=n)
+                    if s.phase is Phase.READY
+                    else replace(s, health_failures=n)
+                )
+                return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
+            return Decision(s)  # while loading, a refused connection is normal
+        case FailureSeen(failure=failure):
+            if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
+                # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts
+                # (with the next OOM-ladder step, decided when the exit is handled).
+                return _terminate_for(s, failure, now)
+            return Decision(
+                replace(s, last_failure=failure, last_failure_at=now) if s.phase in _RUNNING else s
+            )
+        case ProcessExited(status=status, failure=failure):
+            if s.phase is Phase.STOPPING:
+                intent = s.stop_intent
+                if intent is StopIntent.STOP:
+                    # STOPPING -> STOPPED: operator stop done.
+                    return Decision(
+                        s.enter(Phase.STOPPED, now, pid=None, stop_intent=None, health_failures=0),
+                        (Note("worker_stopped"),),
+                    )
+                if intent is StopIntent.RESTART:
+                    # STOPPING -> PENDING: restart; start again at once.
+                    return Decision(
+                        s.enter(Phase.PENDING, now, pid=None, stop_intent=None, health_failures=0)
+                    )
+                return _after_failure(s, s.pending_failure or _crash(status), now, policy)
+            if s.phase in _RUNNING:
+                # RUNNING -> failure handling: it exited on its own.
+                return _after_failure(s, failure or _crash(status), now, policy)
+            return Decision(s)  # a late exit report for a process already accounted for
+        case Tick():
+            if (
+                s.phase is Phase.STARTING
+                and s.launched_at is not None
+                and now - s.launched_at > policy.startup.load_timeout
+            ):
+                # STARTING -> STOPPING: not ready within startup.load_timeout.
+                failure = Failure(
+                    FailureKind.LOAD_TIMEOUT,
+                    f"not ready {policy.startup.load_timeout:g} s after launch "
+                    "(startup.load_timeout)",
+                    "look at `farmctl logs` for where loading stopped; raise "
+                    "startup.load_timeout if the model simply needs longer",
+                )
+                return _terminate_for(s, failure, now)
+            if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
+                # BACKOFF -> PENDING: the back-off delay has passed.
+                return Decision(s.enter(Phase.PENDING, now, retry_at=None))
+            if (
+                s.phase is Phase.READY
+                and s.failures
+                and s.ready_since is not None
+                and now - s.ready_since >= policy.restart.reset_after
+            ):
+                # READY, stable for reset_after: the back-off starts over.
+                return Decision(replace(s, failures=0), (Note("backoff_reset"),))
+            return Decision(s)
+    raise IllegalTransition(f"worker {s.id}: unknown event {event!r}")
+
+
+def _crash(status: int | None) -> Failure:
+    how = (
+        "with no exit status"
+        if status is None
+        else (f"killed by signal {-status}" if status < 0 else f"with exit status {status}")
+    )
+    return Failure(
+        FailureKind.CRASH,
+        f"the process exited {how} and its log shows no known failure",
+        "read `farmctl logs` for the last lines before the exit",
+    )
+
+
+def launch(s: WorkerState, now: float) -> Decision:
+    """PENDING -> STARTING: the planner gave this worker a loading slot."""
+    if s.phase is not Phase.PENDING:
+        raise IllegalTransition(f"worker {s.id}: launch while {s.phase}")
+    restarts, by_reason = s.restarts, s.restarts_by_reason
+    notes: list[Action] = []
+    if s.next_reason is not None:
+        restarts = (*s.restarts, (now, str(s.next_reason)))[-RESTART_HISTORY:]
+        by_reason = _bump(s.restarts_by_reason, str(s.next_reason))
+        notes.append(Note("worker_restarting", {"reason": str(s.next_reason)}))
+    s = s.enter(
+        Phase.STARTING,
+        now,
+        launched_at=now,
+        ready_since=None,
+        health_failures=0,
+        pid=None,
+        next_reason=None,
+        restarts=restarts,
+        restarts_by_reason=by_reason,
+    )
+    return Decision(s, (*notes, Launch(s.id)))
+
+
+def _tag(worker_id: int, actions: Sequence[Action]) -> list[Action]:
+    """Notes name their worker, so every logged event does."""
+    return [
+        Note(a.event, {"worker": worker_id, **a.fields}) if isinstance(a, Note) else a
+        for a in actions
+    ]
+
+
+class Supervisor:
+    """The farm: worker states plus the rollout. Deterministic; the clock comes in as `now`."""
+
+    def __init__(self, worker_ids: Sequence[int], policy: Policy) -> None:
+        self.policy = policy
+        self.workers: dict[int, WorkerState] = {w: WorkerState(w) for w in worker_ids}
+        self.rollout = Rollout.IDLE
+        self.rollout_reason: str | None = None
+
+    # -- commands ---------------------------------------------------------------------
+
+    def start(self, worker_ids: Sequence[int], now: float) -> list[Action]:
+        """Want these workers running; from idle or a halt, this begins a rollout."""
+        canary = self.policy.startup.canary
+        begin = self.rollout in (Rollout.IDLE, Rollout.HALTED) or (
+            canary is not None
+            and canary in worker_ids
+            and self.workers[canary].phase in (Phase.STOPPED, Phase.FAILED)
+        )
+        actions: list[Action] = []
+        for w in worker_ids:
+            actions += self._apply(w, StartRequested(), now)
+        if begin:
+            if (
+                canary is not None
+                and canary in self.workers
+                and self.workers[canary].phase is Phase.PENDING
+            ):
+                self.rollout = Rollout.CANARY
+                self.workers[canary] = replace(self.workers[canary], halt_on_failure=True)
+            else:
+                self.rollout = Rollout.ROLLING
+            self.rollout_reason = None
+            actions.append(Note("rollout_started", {"phase": str(self.rollout), "canary": canary}))
+        return actions + self._plan(now)
+
+    def handle(self, worker_id: int, event: Event, now: float) -> list[Action]:
+        """Feed one event about one worker."""
+        return self._apply(worker_id, event, now) + self._plan(now)
+
+    def tick(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for w in list(self.workers):
+            actions += self._apply(w, Tick(), now)
+        return actions + self._plan(now)
+
+    def reset_oom(self, worker_id: int) -> None:
+        self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _apply(self, worker_id: int, event: Event, now: float) -> list[Action]:
+        decision = step(self.workers[worker_id], event, now, self.policy)
+        self.workers[worker_id] = decision.state
+        return _tag(worker_id, decision.actions)
+
+    def _plan(self, now: float) -> list[Action]:
+        """Advance the rollout and give loading slots to PENDING workers."""
+        actions: list[Action] = []
+        canary = self.policy.startup.canary
+        if self.rollout is Rollout.CANARY and canary is not None:
+            c = self.workers[canary]
+            if c.phase is Phase.READY:
+                self.rollout = Rollout.ROLLING
+                actions.append(Note("rollout_canary_ready", {"canary": canary}))
+            elif c.phase in (Phase.FAILED, Phase.STOPPED):
+                self.rollout = Rollout.HALTED
+                why = c.last_failure.summary if c.last_failure else "the canary was stopped"
+                self.rollout_reason = f"canary worker {canary} {c.phase}: {why}"
+                actions.append(
+                    Note("rollout_halted", {"canary": canary, "why": self.rollout_reason})
+                )
+        if self.rollout is Rollout.IDLE:
+            return actions
+        loading = sum(1 for s in self.workers.values() if s.phase is Phase.STARTING)
+        for wid in sorted(self.workers):
+            s = self.workers[wid]
+            if s.phase is not Phase.PENDING:
+                continue
+            if self.rollout in (Rollout.CANARY, Rollout.HALTED) and wid != canary:
+                continue  # nothing but the canary loads until it is ready
+            if loading >= max(1, self.policy.startup.parallel):
+                break
+            decision = launch(s, now)
+            self.workers[wid] = decision.state
+            actions += _tag(wid, decision.actions)
+            loading += 1
+        if self.rollout is Rollout.ROLLING and not any(
+            s.phase in (Phase.PENDING, Phase.STARTING) for s in self.workers.values()
+        ):
+            self.rollout = Rollout.DONE
+            ready = sum(1 for s in self.workers.values() if s.phase is Phase.READY)
+            actions.append(Note("rollout_done", {"ready": ready, "workers": len(self.workers)}))
+        return actions
+
+    def next_deadline(self, now: float) -> float | None:
+        """The earliest time a Tick could change something (back-off end, load deadline)."""
+        times: list[float] = []
+        for s in self.workers.values():
+            if s.phase is Phase.BACKOFF and s.retry_at is not None:
+                times.append(s.retry_at)
+            if s.phase is Phase.STARTING and s.launched_at is not None:
+                times.append(s.launched_at + self.policy.startup.load_timeout)
+        return min(times) if times else None

@@ -1,0 +1,144 @@
+"""I/O: the readiness gate `sglang-farm wait-ready N`, run as a worker unit's ExecStartPost=.
+
+systemd keeps a unit `activating` until its ExecStartPost= commands have exited, and
+fails the start if one fails or the unit's TimeoutStartSec= passes. So a gate that
+returns only once the worker's `/health` answers 200 makes systemd's own view tell the
+truth: `systemctl is-active sglang@3` says `activating` while the model loads and
+`active` once the worker can serve, and `systemctl start sglang@3` returns then.
+
+The gate polls `[health] path` with the `[health] timeout` per request (SGLang's
+/health can take up to 20 s server-side), every `[startup] poll_interval`, until
+the deadline (default `[startup] load_timeout`, the same value the unit's
+TimeoutStartSec= holds). Connection refused is normal meanwhile: SGLang binds its
+port only after the full model load.
+
+Exit status (`WaitExit`): 0 ready, 1 not ready by the deadline, 2 bad config or
+unknown worker. If the worker's main process dies while loading, systemd stops the
+unit and kills the gate itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from enum import IntEnum
+from pathlib import Path
+
+import click
+import httpx
+import structlog
+
+from sglang_farm.health import probe
+from sglang_farm.spec import FarmSpec
+
+log = structlog.get_logger("sglang_farm.waitready")
+
+DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
+
+
+class WaitExit(IntEnum):
+    READY = 0
+    NOT_READY = 1
+    USAGE = 2
+
+
+async def _wait(url: str, timeout: float, interval: float, budget: float) -> tuple[bool, str]:
+    """Poll `url` until 200 or `budget` seconds pass; returns (ready, last detail)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + budget
+    last = "not probed"
+    # trust_env=False: an HTTP(S)_PROXY in the unit's environment must not catch loopback.
+    async with httpx.AsyncClient(trust_env=False) as client:
+        while True:
+            left = end - loop.time()
+            if left <= 0:
+                return False, last
+            result = await probe(client, url, min(timeout, left))
+            if result.ok:
+                return True, result.detail
+            last = result.detail
+            pause = min(interval, end - loop.time())
+            if pause <= 0:
+                return False, last
+            await asyncio.sleep(pause)
+
+
+def wait_ready(spec: FarmSpec, worker_id: int, deadline: float) -> int:
+    """Block until worker `worker_id`'s health endpoint answers 200, at most `deadline` seconds.
+
+    Returns a `WaitExit` value (0 ready, 1 not ready in time, 2 no such worker).
+    """
+    try:
+        worker = spec.worker(worker_id)
+    except KeyError:
+        ids = ", ".join(str(i) for i in spec.worker_ids) or "none"
+        log.error("wait_ready_unknown_worker", worker=worker_id, config=spec.source, workers=ids)
+        return WaitExit.USAGE
+    url = worker.base_url + spec.health.path
+    t0 = time.monotonic()
+    log.info("wait_ready_start", worker=worker_id, url=url, deadline_s=deadline)
+    ready, detail = asyncio.run(
+        _wait(url, spec.health.timeout, spec.startup.poll_interval, deadline)
+    )
+    after = round(time.monotonic() - t0, 3)
+    if ready:
+        log.info("wait_ready_ok", worker=worker_id, url=url, after_s=after)
+        return WaitExit.READY
+    log.error("wait_ready_timeout", worker=worker_id, url=url, after_s=after, last=detail)
+    return WaitExit.NOT_READY
+
+
+def _gpu_count_if_all(config_path: str) -> int | None:
+    """NVML's GPU count when the config says gpus = "all" (workers depend on it)."""
+    try:
+        text = Path(config_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # load_spec_file reports it
+    if '"all"' not in text and "'all'" not in text:
+        return None
+    from sglang_farm.gpu import count_gpus
+
+    return count_gpus()
+
+
+@click.command("wait-ready")
+@click.option(
+    "--config",
+    "config_path",
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    envvar="SGLANG_FARM_CONFIG",
+    help="The farm's TOML config.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds to wait [default: startup.load_timeout].",
+)
+@click.argument("worker", type=int)
+def wait_ready_command(config_path: str, timeout: float | None, worker: int) -> None:
+    """Wait until worker WORKER answers its health check (a unit's ExecStartPost= gate).
+
+    Exit 0 when ready, 1 when the deadline passed, 2 for a bad config or unknown worker.
+    """
+    from sglang_farm.config import load_spec_file
+    from sglang_farm.errors import ConfigError
+
+    try:
+        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+    except ConfigError as exc:
+        click.echo(f"wait-ready: {exc}", err=True)
+        sys.exit(WaitExit.USAGE)
+    if worker not in spec.worker_ids:
+        ids = ", ".join(str(i) for i in spec.worker_ids) or "none"
+        click.echo(
+            f"wait-ready: no worker {worker} in {config_path}; its workers are {ids}", err=True
+        )
+        sys.exit(WaitExit.USAGE)
+    sys.exit(wait_ready(spec, worker, spec.startup.load_timeout if timeout is None else timeout))
+
+
+if __name__ == "__main__":
+    wait_ready_command(prog_name="sglang-farm wait-ready")

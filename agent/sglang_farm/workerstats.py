@@ -1,0 +1,296 @@
+"""I/O: one SGLang worker's load figures (`poll_worker`); pure: staleness (`WorkerStatsTracker`).
+
+`poll_worker` reads the worker's `/metrics` (Prometheus text, `sglang:` names; only
+with `--enable-metrics`) and falls back to `/v1/loads` (JSON) when `/metrics` is 404.
+It never raises: a worker that does not answer gives a sample with `ok=False`.
+
+Both endpoints keep answering while SGLang's scheduler hangs: `/metrics` is
+file-backed (multiprocess mode) and `/v1/loads` is read from /dev/shm, so they
+serve frozen values (interface sheet §2.4, §3). The tracker therefore compares
+each sample's *progress fingerprint* (scheduler-side values and counters, or the
+LoadSnapshot timestamps) with the previous one: unchanged for longer than
+`window_s` while requests are running means stale. A worker that does not
+answer is `up=False` and stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Samples whose values move whenever the scheduler does work. Tokenizer-side HTTP
+# counters (`sglang:http_requests_total`, ...) are left out on purpose: they keep
+# counting incoming requests (and our own scrapes) while the scheduler is hung.
+PROGRESS_SAMPLES = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:num_used_tokens",
+    "sglang:gen_throughput",
+    "sglang:realtime_tokens_total",
+    "sglang:forward_execution_seconds_total",
+    "sglang:generation_tokens_total",
+    "sglang:prompt_tokens_total",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSample:
+    """What one poll of a worker returned. Figures are summed over DP ranks (ratios: max/mean)."""
+
+    worker: int
+    taken_at: float  # wall clock
+    ok: bool
+    duration_s: float = 0.0
+    source: str | None = None  # "metrics" or "loads"
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None  # KV-cache usage ratio 0..1 (fullest DP rank)
+    gen_throughput: float | None = None  # tokens/s
+    cache_hit_rate: float | None = None  # prefix-cache hit ratio 0..1 (mean over ranks)
+    model_name: str | None = None
+    sglang_version: str | None = None
+    progress: tuple[tuple[str, float], ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """A worker's latest figures, with the staleness verdict. What metrics export."""
+
+    worker: int
+    taken_at: float
+    up: bool  # answered the last poll
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None
+    gen_throughput: float | None = None
+    cache_hit_rate: float | None = None
+    model_name: str | None = None
+    sglang_version: str | None = None
+    source: str | None = None
+    stale: bool = False
+    stale_reason: str | None = None
+    error: str | None = None
+    poll_duration_s: float = 0.0
+    progress: tuple[tuple[str, float], ...] = ()
+    changed_at: float | None = None  # wall clock when `progress` last changed
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatsTracker:
+    """Pure: folds samples into `WorkerStats`, deciding staleness.
+
+    `window_s`: SGLang publishes load snapshots at least every 15 decode steps and
+    updates gen_throughput every 40 (`--decode-log-interval`), well under a second
+    each on a healthy GPU; 30 s of no change while requests run is a hang, not a
+    slow batch.
+    """
+
+    window_s: float = 30.0
+
+    def update(self, prev: WorkerStats | None, new: WorkerSample, now: float) -> WorkerStats:
+        model = new.model_name or (prev.model_name if prev else None)
+        version = new.sglang_version or (prev.sglang_version if prev else None)
+        if not new.ok:
+            return WorkerStats(
+                worker=new.worker,
+                taken_at=new.taken_at,
+                up=False,
+                model_name=model,
+                sglang_version=version,
+                stale=True,
+                stale_reason=f"no answer: {new.error}",
+                error=new.error,
+                poll_duration_s=new.duration_s,
+                # Keep the last fingerprint: values frozen across an outage still count as frozen.
+                progress=prev.progress if prev else (),
+                changed_at=prev.changed_at if prev else None,
+            )
+        if prev is not None and prev.changed_at is not None and prev.progress == new.progress:
+            changed_at = prev.changed_at
+        else:
+            changed_at = now
+        frozen_for = now - changed_at
+        stale = bool(new.running) and frozen_for > self.window_s
+        reason = (
+            f"values unchanged for {frozen_for:.0f}s while {new.running:g} requests run "
+            "(SGLang's endpoints answer frozen values while its scheduler hangs)"
+            if stale and new.running is not None
+            else None
+        )
+        return WorkerStats(
+            worker=new.worker,
+            taken_at=new.taken_at,
+            up=True,
+            running=new.running,
+            queued=new.queued,
+            token_usage=new.token_usage,
+            gen_throughput=new.gen_throughput,
+            cache_hit_rate=new.cache_hit_rate,
+            model_name=model,
+            sglang_version=version,
+            source=new.source,
+            stale=stale,
+            stale_reason=reason,
+            poll_duration_s=new.duration_s,
+            progress=new.progress,
+            changed_at=changed_at,
+        )
+
+
+# --- parsing (pure) -------------------------------------------------------------
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def parse_metrics_text(worker: int, taken_at: float, text: str) -> WorkerSample:
+    """A sample from SGLang's Prometheus text. Raises ValueError on text that does not parse."""
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    hit_rates: list[float] = []
+    model: str | None = None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("sglang:") or s.name.endswith("_created"):
+                continue
+            model = model or s.labels.get("model_name")
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+            maxes[s.name] = max(maxes.get(s.name, s.value), s.value)
+            if s.name == "sglang:cache_hit_rate":
+                hit_rates.append(s.value)
+    return WorkerSample(
+        worker=worker,
+        taken_at=taken_at,
+        ok=True,
+        source="metrics",
+        running=sums.get("sglang:num_running_reqs"),
+        queued=sums.get("sglang:num_queue_reqs"),
+        token_usage=maxes.get("sglang:token_usage"),
+        gen_throughput=sums.get("sglang:gen_throughput"),
+        cache_hit_rate=_mean(hit_rates),
+        model_name=model,
+        progress=tuple((n, sums[n]) for n in PROGRESS_SAMPLES if n in sums),
+    )
+
+
+def _num(d: Mapping[str, object], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def parse_loads_json(worker: int, taken_at: float, body: object) -> WorkerSample:
+    """A sample from `/v1/loads` JSON. Raises ValueError when it is not a loads document."""
+    if not isinstance(body, dict) or not isinstance(body.get("loads"), list):
+        raise ValueError("not a /v1/loads document (no 'loads' list)")
+    loads = [x for x in body["loads"] if isinstance(x, dict)]
+
+    def col(key: str) -> list[float]:
+        return [v for x in loads if (v := _num(x, key)) is not None]
+
+    def total(key: str) -> float | None:
+        vs = col(key)
+        return sum(vs) if vs else None
+
+    usage = col("token_usage")
+    version = body.get("version")
+    # Each LoadSnapshot's own timestamp moves whenever the scheduler publishes
+    # (at least every 15 decode steps); the top-level one is the response time.
+    stamps = tuple((f"timestamp[{i}]", v) for i, v in enumerate(col("timestamp")))
+    return WorkerSample(
+        worker=worker,
+        taken_at=taken_at,
+        ok=True,
+        source="loads",
+        running=total("num_running_reqs"),
+        queued=total("num_waiting_reqs"),
+        token_usage=max(usage) if usage else None,
+        gen_throughput=total("gen_throughput"),
+        cache_hit_rate=_mean(col("cache_hit_rate")),
+        sglang_version=str(version) if isinstance(version, str) else None,
+        progress=stamps,
+    )
+
+
+# --- polling (I/O) ----------------------------------------------------------------
+
+
+async def poll_worker(
+    client: httpx.AsyncClient,
+    base_url: str,
+    timeout: float,
+    *,
+    worker: int,
+    known_version: str | None = None,
+    api_key: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> WorkerSample:
+    """Poll one worker within `timeout` seconds in all. Never raises.
+
+    `/metrics` first; on 404 (no `--enable-metrics`) `/v1/loads`. While the SGLang
+    version is unknown (`known_version` None), `/v1/loads` is also read once for
+    its `version`. `api_key` is sent to `/v1/loads` (SGLang's `/metrics` is always open).
+    """
+    taken_at = clock()
+    t0 = time.monotonic()
+    base = base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with asyncio.timeout(timeout):
+            r = await client.get(f"{base}/metrics", timeout=timeout)
+            if r.status_code == 404:
+                r = await client.get(f"{base}/v1/loads", headers=headers, timeout=timeout)
+                r.raise_for_status()
+                sample = parse_loads_json(worker, taken_at, json.loads(r.text))
+            else:
+                r.raise_for_status()
+                sample = parse_metrics_text(worker, taken_at, r.text)
+                if known_version is None:
+                    sample = await _with_version(client, base, headers, timeout, sample)
+    except TimeoutError:
+        return _failed(worker, taken_at, t0, f"no answer within {timeout:g}s from {base}")
+    except httpx.HTTPStatusError as exc:
+        return _failed(
+            worker, taken_at, t0, f"{exc.request.url} answered {exc.response.status_code}"
+        )
+    except httpx.HTTPError as exc:
+        return _failed(worker, taken_at, t0, f"{base}: {type(exc).__name__}: {exc}")
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError; so are parser errors
+        return _failed(worker, taken_at, t0, f"{base}: unreadable answer: {exc}")
+    return replace(sample, duration_s=time.monotonic() - t0)
+
+
+async def _with_version(
+    client: httpx.AsyncClient,
+    base: str,
+    headers: Mapping[str, str],
+    timeout: float,
+    sample: WorkerSample,
+) -> WorkerSample:
+    try:
+        r = await client.get(f"{base}/v1/loads?include=core", headers=headers, timeout=timeout)
+        body = json.loads(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return sample  # the version is a nicety; the figures already came from /metrics
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, str):
+        return sample
+    return replace(sample, sglang_version=version)
+
+
+def _failed(worker: int, taken_at: float, t0: float, error: str) -> WorkerSample:
+    return WorkerSample(
+        worker=worker,
+        taken_at=taken_at,
+        ok=False,
+        duration_s=time.monotonic() - t0,
+        error=error,
+    )

@@ -1,0 +1,187 @@
+"""A scripted `FarmOps` for control-socket tests: a farm of N workers that move
+through phases on their own (restart → stopping → starting → ready, or failed),
+recording every call. Time is real but short (`step` seconds per phase).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+
+
+def make_worker(i: int, phase: Phase = Phase.READY, **kw: object) -> WorkerView:
+    base = WorkerView(
+        id=i,
+        gpus=(i,),
+        port=30000 + i,
+        base_url=f"http://127.0.0.1:{30000 + i}",
+        phase=phase,
+        since=time.time() - 3600,
+        pid=1000 + i if phase is Phase.READY else None,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+OOM_FAILURE = Failure(
+    kind=FailureKind.CUDA_OOM_LOAD,
+    summary="CUDA out of memory while loading the model",
+    advice="lower --mem-fraction-static or use more GPUs (tp)",
+    lines=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",),
+)
+
+
+class FakeOps:
+    """Implements `sglang_farm.ops.FarmOps`.
+
+    Knobs: `issue_delay` (seconds `start`/`restart`/`stop` hold before returning),
+    `step` (seconds per phase after a restart), `fail_next` (worker ids whose next
+    start ends FAILED with `OOM_FAILURE`), `raise_on` (command → exception to raise),
+    `reload_result`, `gpus`.
+    """
+
+    def __init__(self, n: int = 4, *, step: float = 0.05) -> None:
+        self.workers: dict[int, WorkerView] = {i: make_worker(i) for i in range(n)}
+        self.step = step
+        self.issue_delay = 0.0
+        self.fail_next: set[int] = set()
+        self.raise_on: dict[str, BaseException] = {}
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+        self.reload_result = ReloadResult(applied=True, restarted=(1,))
+        self.gpus: list[GpuMemory] = [
+            GpuMemory(i, used_bytes=60 * 2**30, total_bytes=80 * 2**30) for i in range(n)
+        ]
+        self.log_lines: dict[int, list[str]] = {
+            i: [f"w{i} line {k}" for k in range(50)] for i in range(n)
+        }
+        self.follow_queues: list[asyncio.Queue[str | None]] = []
+        self.oom_resets: list[int] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- FarmOps ---
+
+    def view(self) -> FarmView:
+        if "view" in self.raise_on:
+            raise self.raise_on["view"]
+        return FarmView(
+            name="test-farm",
+            runtime="process",
+            workers=tuple(self.workers[i] for i in sorted(self.workers)),
+            config_source="/etc/sglang-farm/farm.toml",
+            started_at=time.time() - 7200,
+            rollout="done",
+        )
+
+    def gpu_memory(self) -> Sequence[GpuMemory]:
+        return list(self.gpus)
+
+    async def _issue(self, name: str, ids: Sequence[int]) -> None:
+        self.calls.append((name, tuple(ids)))
+        if name in self.raise_on:
+            raise self.raise_on[name]
+        if self.issue_delay:
+            await asyncio.sleep(self.issue_delay)
+
+    def _set(self, i: int, phase: Phase, **kw: object) -> None:
+        self.workers[i] = replace(self.workers[i], phase=phase, since=time.time(), **kw)  # type: ignore[arg-type]
+
+    async def start(self, worker_ids: Sequence[int]) -> None:
+        await self._issue("start", worker_ids)
+        for i in worker_ids:
+            self._set(i, Phase.STARTING, pid=None)
+            self._spawn(self._come_up(i, stop_first=False))
+
+    async def stop(self, worker_ids: Sequence[int]) -> None:
+        await self._issue("stop", worker_ids)
+        for i in worker_ids:
+            self._set(i, Phase.STOPPED, pid=None)
+
+    async def restart(self, worker_ids: Sequence[int]) -> None:
+        await self._issue("restart", worker_ids)
+        for i in worker_ids:
+            self._set(i, Phase.STOPPING)
+            w = self.workers[i]
+            by = dict(w.restarts_by_reason)
+            by["manual"] = by.get("manual", 0) + 1
+            self.workers[i] = replace(
+                w,
+                restarts=(*w.restarts, RestartRecord(time.time(), "manual")),
+                restarts_by_reason=MappingProxyType(by),
+            )
+            self._spawn(self._come_up(i, stop_first=True))
+
+    async def _come_up(self, i: int, *, stop_first: bool) -> None:
+        if stop_first:
+            await asyncio.sleep(self.step)
+            self._set(i, Phase.STARTING, pid=None)
+        await asyncio.sleep(self.step)
+        if i in self.fail_next:
+            self.fail_next.discard(i)
+            self._set(
+                i,
+                Phase.FAILED,
+                pid=None,
+                last_failure=OOM_FAILURE,
+                last_failure_at=time.time(),
+                last_action="moved to OOM ladder step 1 and gave up after 5 failures",
+                oom_step=1,
+                oom_step_name="less-static-memory",
+            )
+        else:
+            self._set(i, Phase.READY, pid=2000 + i, last_load_seconds=self.step)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            w = self.workers[worker_id]
+            if w.phase in (Phase.READY, Phase.FAILED):
+                return w
+            await asyncio.sleep(0.01)
+        return self.workers[worker_id]
+
+    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+        return self.log_lines[worker_id][-lines:] if lines else []
+
+    async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        q: asyncio.Queue[str | None] = asyncio.Queue()
+        self.follow_queues.append(q)
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            self.follow_queues.remove(q)
+
+    def reset_oom(self, worker_id: int) -> None:
+        self.oom_resets.append(worker_id)
+        self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0, oom_step_name=None)
+
+    async def reload(self) -> ReloadResult:
+        await self._issue("reload", ())
+        return self.reload_result
+
+    # --- test helpers ---
+
+    async def aclose(self) -> None:
+        """Cancel the phase changes still scheduled."""
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def push_log(self, line: str | None) -> None:
+        """Deliver a line (None ends the stream) to every follower."""
+        for q in list(self.follow_queues):
+            q.put_nowait(line)

@@ -1,0 +1,209 @@
+"""Test helper: run `sglang-farm run --runtime process` on a generated config, read its JSON log.
+
+Every process the farm starts inherits a unique marker in its environment, so a test
+can find all of them in /proc (the simulators and their scheduler children) and prove
+that nothing is left after shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SGLANG_FARM = [sys.executable, "-m", "sglang_farm.cli.main"]
+
+
+def free_port_block(n: int) -> int:
+    """A base port with n consecutive ports free on 127.0.0.1 (best effort, retried)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def farm_config(
+    tmp: Path,
+    *,
+    workers: int = 8,
+    parallel: int = 4,
+    load_seconds: float = 1.0,
+    marker: str,
+    extra: str = "",
+    worker_env: dict[int, dict[str, str]] | None = None,
+    health: str = 'period = "0.5s"\ntimeout = "2s"\nfailure_threshold = 3',
+    restart: str = 'backoff_initial = "0.5s"\nbackoff_max = "5s"\nmax_failures = 5\n'
+    'stop_timeout = "5s"',
+) -> Path:
+    base = free_port_block(workers * 2)
+    overrides = ""
+    for wid, env in (worker_env or {}).items():
+        pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+        overrides += f"\n[workers.overrides.{wid}]\nenv = {{ {pairs} }}\n"
+    text = f"""
+[farm]
+name = "test-farm"
+python = "{sys.executable}"
+module = "sglang_farm.sim"
+user = "root"
+group = "root"
+state_dir = "{tmp}/state"
+env = {{ SGLANG_SIM_LOAD_SECONDS = "{load_seconds}", SGLANG_SIM_HEALTH_DELAY = "0.05",
+         SGLANG_FARM_TEST_MARKER = "{marker}" }}
+
+[workers]
+gpus = {list(range(workers))}
+host = "127.0.0.1"
+base_port = {base}
+nccl_base_port = {base + workers}
+{overrides}
+[startup]
+canary = 0
+parallel = {parallel}
+load_timeout = "60s"
+poll_interval = "0.1s"
+
+[health]
+{health}
+
+[restart]
+{restart}
+
+[metrics]
+listen = "127.0.0.1:0"
+gpu_source = "fake"
+gpu_poll_interval = "1s"
+worker_poll_interval = "1s"
+
+[control]
+socket = "{tmp}/control.sock"
+group = "root"
+
+[sglang]
+model_path = "sim/Qwen3.6-27B"
+enable_metrics = true
+{extra}
+"""
+    path = tmp / "farm.toml"
+    path.write_text(text)
+    return path
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries the marker."""
+    needle = f"SGLANG_FARM_TEST_MARKER={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and ") Z " not in stat:
+            found.append(int(entry))
+    return found
+
+
+class Farm:
+    """A running `sglang-farm run`; `events` are its parsed JSON log lines."""
+
+    def __init__(self, config: Path, marker: str, *, runtime: str = "process") -> None:
+        self.config = config
+        self.marker = marker
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [*SGLANG_FARM, "run", "--config", str(config), "--runtime", runtime,
+             "--log-format", "json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+        )
+        self.events: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.raw.append(line)
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict):
+                    ev["_t"] = time.monotonic()
+                    self.events.append(ev)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events)
+
+    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0,
+                 *, after: int = 0) -> dict[str, Any]:
+        """The first event (from index `after`) matching `pred`; fails with the log tail."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for ev in self.snapshot()[after:]:
+                if pred(ev):
+                    return ev
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = "\n".join(self.raw[-40:])
+        raise AssertionError(f"no matching event within {timeout} s; agent log tail:\n{tail}")
+
+    def named(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        return [e for e in self.snapshot()
+                if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def farmctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sglang_farm.cli.farmctl", "--config", str(self.config), *args],
+            capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        )
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+def tmpdir() -> Path:
+    # Short: the control socket path must stay under 107 bytes.
+    return Path(tempfile.mkdtemp(prefix="sf"))

@@ -1,0 +1,143 @@
+"""Hand-built snapshots shared by the metrics, exporter and Prometheus tests."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
+from sglang_farm.metrics import MetricsState, ProbeStatus
+from sglang_farm.views import FarmView, Phase, WorkerView
+from sglang_farm.workerstats import WorkerStats
+
+GiB = 1024**3
+NOW = 1_700_000_000.0
+
+
+def gpu(index: int, **kw: object) -> GpuSnapshot:
+    base: dict[str, object] = dict(
+        index=index,
+        uuid=f"GPU-{index:04d}",
+        name="NVIDIA H200",
+        pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+        compute_capability=(9, 0),
+        memory_total_bytes=140 * GiB,
+        memory_used_bytes=10 * GiB,
+        memory_free_bytes=129 * GiB,
+        memory_reserved_bytes=1 * GiB,
+        utilization_gpu_ratio=0.5,
+        utilization_memory_ratio=0.25,
+        temperature_c=40.0,
+        power_w=300.0,
+        energy_j=1e6,
+        sm_clock_hz=1.98e9,
+        throttle_reasons=0,
+        ecc_corrected_volatile_total=0,
+        ecc_uncorrected_volatile_total=0,
+        remapped_rows_correctable=0,
+        remapped_rows_uncorrectable=0,
+        remapped_rows_pending=False,
+        remapped_rows_failure=False,
+    )
+    base.update(kw)
+    return GpuSnapshot(**base)  # type: ignore[arg-type]
+
+
+def fleet() -> FleetSnapshot:
+    return FleetSnapshot(
+        taken_at=NOW - 1,
+        duration_s=0.0004,
+        nvml_up=True,
+        gpus=(
+            gpu(0, memory_used_bytes=71 * GiB, processes=(GpuProcess(101, 70 * GiB),)),
+            gpu(1, processes=(GpuProcess(201, 5 * GiB),)),
+            gpu(2, ecc_corrected_volatile_total=None, ecc_uncorrected_volatile_total=None),
+            GpuSnapshot(3, uuid="GPU-0003", healthy=False, error="GPU is lost"),
+        ),
+        xid_events_total=MappingProxyType({(0, 79): 2, (-1, 48): 1}),
+        driver_version="580.159.04",
+    )
+
+
+def farm() -> FarmView:
+    return FarmView(
+        name="lab",
+        runtime="process",
+        config_source="/etc/sglang-farm/farm.toml",
+        started_at=NOW - 3600,
+        rollout="done",
+        workers=(
+            WorkerView(
+                id=0,
+                gpus=(0,),
+                port=30000,
+                base_url="http://127.0.0.1:30000",
+                phase=Phase.READY,
+                since=NOW - 600,
+                pid=100,
+                restarts_by_reason=MappingProxyType({"crash": 2, "oom": 1}),
+                oom_events_by_kind=MappingProxyType({"cuda": 1}),
+                oom_step=1,
+                oom_step_name="lower-mem-fraction",
+                last_load_seconds=41.5,
+                argv=("python", "-m", "sglang.launch_server", "--model-path", "/models/qwen3-8b"),
+            ),
+            WorkerView(
+                id=1,
+                gpus=(1, 2),
+                port=30001,
+                base_url="http://127.0.0.1:30001",
+                phase=Phase.STARTING,
+                since=NOW - 30,
+                pid=200,
+                argv=("python", "-m", "sglang.launch_server", "--model-path", "/m/big"),
+            ),
+            WorkerView(
+                id=2,
+                gpus=(3,),
+                port=30002,
+                base_url="http://127.0.0.1:30002",
+                phase=Phase.FAILED,
+                since=NOW - 100,
+                pid=None,
+                restarts_by_reason=MappingProxyType({"crash": 5}),
+            ),
+        ),
+    )
+
+
+def stats() -> dict[int, WorkerStats]:
+    return {
+        0: WorkerStats(
+            worker=0,
+            taken_at=NOW - 2,
+            up=True,
+            running=3,
+            queued=7,
+            token_usage=0.42,
+            gen_throughput=1234.5,
+            cache_hit_rate=0.3,
+            model_name="qwen3-8b",
+            sglang_version="0.5.23",
+            source="metrics",
+            poll_duration_s=0.004,
+        ),
+        # A FAILED worker's last stats must not be exported as if it served.
+        2: WorkerStats(worker=2, taken_at=NOW - 200, up=True, running=9, queued=9),
+    }
+
+
+def state() -> MetricsState:
+    return MetricsState(
+        snapshot_at=NOW,
+        farm=farm(),
+        fleet=fleet(),
+        workers=MappingProxyType(stats()),
+        worker_pids=MappingProxyType({0: frozenset({100, 101}), 1: frozenset({200})}),
+        probes=MappingProxyType(
+            {
+                "gpu": ProbeStatus(True, 0.0004, NOW - 1),
+                "workers": ProbeStatus(False, 2.0, NOW - 60),
+                "runtime": ProbeStatus(False, 0.1, None),
+            }
+        ),
+    )

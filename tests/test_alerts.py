@@ -1,0 +1,113 @@
+"""Shipped alert rules and dashboard: promtool runs the rule tests and parses every expression,
+and every metric they name is one the exporter really exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from metrics_fixtures import state
+from sglang_farm.metrics import build_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "etc" / "prometheus" / "alerts.yml"
+ALERTS_TEST = ROOT / "etc" / "prometheus" / "alerts_test.yml"
+DASHBOARD = ROOT / "etc" / "grafana" / "sglang-farm.json"
+
+# Grafana's template variables, replaced by what they expand to so promtool can parse.
+GRAFANA_VARS = {"$__rate_interval": "5m", "$instance": ".+"}
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'); CI installs it")
+    return path
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_promtool(), *args], capture_output=True, text=True, timeout=60, cwd=cwd, check=False
+    )
+
+
+def _dashboard_exprs() -> list[str]:
+    exprs: list[str] = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            exprs.append(target["expr"])
+    return exprs
+
+
+def _exported_names() -> set[str]:
+    text = generate_latest(build_registry(lambda: state())).decode()
+    names: set[str] = set()
+    for fam in text_string_to_metric_families(text):
+        names.add(fam.name)
+        names.update(s.name for s in fam.samples)
+    return names
+
+
+def test_alert_rules_parse() -> None:
+    r = _run("check", "rules", str(ALERTS))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_alert_rule_unit_tests_pass() -> None:
+    r = _run("test", "rules", ALERTS_TEST.name, cwd=ALERTS_TEST.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_has_a_rule_test() -> None:
+    alerts = set(re.findall(r"^\s*- alert: (\w+)", ALERTS.read_text(), re.M))
+    tested = set(re.findall(r"^\s*alertname: (\w+)", ALERTS_TEST.read_text(), re.M))
+    assert alerts and alerts == tested, f"untested: {alerts - tested}; unknown: {tested - alerts}"
+
+
+def test_every_dashboard_expression_parses(tmp_path: Path) -> None:
+    exprs = _dashboard_exprs()
+    assert len(exprs) >= 15
+    rules = []
+    for i, expr in enumerate(exprs):
+        for var, value in GRAFANA_VARS.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, f"unhandled Grafana variable in {expr!r}"
+        rules.append({"record": f"dashboard:expr_{i}", "expr": expr})
+    # JSON is YAML: promtool reads this as a rules file.
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    r = _run("check", "rules", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dashboard_panels_have_unique_ids_and_cover_the_issue_views() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    text = " ".join(_dashboard_exprs())
+    for needed in (
+        "sglang_farm_gpu_memory_used_bytes",
+        "sglang_farm_gpu_utilization_ratio",
+        "sglang_farm_worker_queued_requests",
+        "sglang_farm_worker_generation_throughput_tokens_per_second",
+        "sglang_farm_worker_state",
+        "sglang_farm_worker_restarts_total",
+        "sglang_farm_worker_oom_events_total",
+    ):
+        assert needed in text, needed
+
+
+@pytest.mark.parametrize("source", [ALERTS, DASHBOARD], ids=["alerts", "dashboard"])
+def test_every_metric_named_is_exported(source: Path) -> None:
+    named = set(re.findall(r"\bsglang_farm_[a-z0-9_]+", source.read_text()))
+    assert named
+    missing = named - _exported_names()
+    assert not missing, f"{source.name} names metrics the exporter does not export: {missing}"

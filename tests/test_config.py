@@ -1,0 +1,633 @@
+"""config: TOML text to FarmSpec, and every problem at once with its line."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from sglang_farm.cmdline import build_command
+from sglang_farm.config import load_spec, load_spec_file, parse_duration
+from sglang_farm.errors import ConfigError
+from sglang_farm.spec import (
+    ControlSpec,
+    FarmSection,
+    FarmSpec,
+    HealthPolicy,
+    MetricsSpec,
+    OomAdjust,
+    RestartPolicy,
+    StartupPolicy,
+)
+
+ETC = Path(__file__).resolve().parent.parent / "etc" / "sglang-farm"
+
+MINIMAL = """\
+[workers]
+gpus = [0, 1]
+
+[sglang]
+model_path = "/models/m"
+"""
+
+
+def load(text: str, *, gpu_count: int | None = None) -> FarmSpec:
+    return load_spec(dedent(text), source="farm.toml", gpu_count=gpu_count)
+
+
+def problems(text: str, *, gpu_count: int | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(text, gpu_count=gpu_count)
+    assert info.value.source == "farm.toml"
+    return list(info.value.problems)
+
+
+def only_problem(text: str, *, gpu_count: int | None = None) -> str:
+    found = problems(text, gpu_count=gpu_count)
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- the shipped files ----------------------------------------------------------------
+
+
+def test_shipped_farm_toml_reproduces_the_seed_host() -> None:
+    spec = load_spec((ETC / "farm.toml").read_text(), source="farm.toml", gpu_count=8)
+    assert spec.farm == FarmSection()  # every [farm] value is the spelled-out default
+    assert spec.startup == StartupPolicy()
+    assert spec.health == HealthPolicy()
+    assert spec.restart == RestartPolicy()
+    assert spec.metrics == MetricsSpec()
+    assert spec.control == ControlSpec()
+    assert spec.worker_ids == tuple(range(8))
+    for w in spec.workers:
+        assert w.gpus == (w.id,)
+        assert (w.host, w.port, w.nccl_port) == ("0.0.0.0", 30000 + w.id, 31000 + w.id)
+    assert dict(spec.workers[0].flags) == {
+        "model_path": "/dev/shm/Qwen3.6-27B",
+        "reasoning_parser": "qwen3",
+        "attention_backend": "flashinfer",
+        "mem_fraction_static": 0.88,
+        "max_running_requests": 64,
+        "context_length": 8192,
+        "trust_remote_code": True,
+        "chunked_prefill_size": 4096,
+        "mamba_radix_cache_strategy": "extra_buffer",
+        "mamba_ssm_dtype": "bfloat16",
+        "enable_metrics": True,
+        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics"),
+    }
+    assert spec.oom.enabled and spec.oom.scope == "worker"
+    assert [(s.name, s.adjust) for s in spec.oom.steps] == [
+        ("mamba_no_buffer", (
+            OomAdjust("mamba_radix_cache_strategy", set="no_buffer"),
+            OomAdjust("disable_overlap_schedule", set=True),
+        )),
+        ("less_static_memory", (OomAdjust("mem_fraction_static", add=-0.02, min=0.70),)),
+        ("fewer_requests", (OomAdjust("max_running_requests", multiply=0.5, min=8.0),)),
+    ]
+    # The seed's command line, with 0.5.23's flag name and the farm's own flags.
+    argv = build_command(spec.farm, spec.workers[3]).argv
+    assert "--mamba-radix-cache-strategy" in argv and "--mamba-scheduler-strategy" not in argv
+    assert argv[-6:] == ("--host", "0.0.0.0", "--port", "30003", "--nccl-port", "31003")
+
+
+def test_shipped_farm_toml_documents_every_key_with_a_comment() -> None:
+    lines = (ETC / "farm.toml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[a-z_]+ = ", line):
+            # The nearest line above that is not a key or a table header is a comment.
+            j = i - 1
+            while re.match(r"^([a-z_]+ = |\[)", lines[j]):
+                j -= 1
+            assert lines[j].startswith("#"), f"farm.toml:{i + 1}: {line!r} has no comment"
+
+
+def test_shipped_demo_toml_runs_eight_simulated_workers() -> None:
+    spec = load_spec_file(ETC / "demo.toml")  # "@agent" -> this interpreter
+    assert spec.farm.python == sys.executable
+    assert spec.farm.module == "sglang_farm.sim"
+    assert spec.farm.state_dir.startswith("/tmp/")
+    assert dict(spec.farm.env) == {"SGLANG_SIM_LOAD_SECONDS": "3"}
+    assert [w.gpus for w in spec.workers] == [(g,) for g in range(8)]
+    assert [w.port for w in spec.workers] == list(range(30000, 30008))
+    assert all(w.env["SGLANG_SIM_LOAD_SECONDS"] == "3" for w in spec.workers)
+    assert dict(spec.workers[0].flags) == {"model_path": "sim/Qwen3.6-27B", "enable_metrics": True}
+    assert (spec.startup.canary, spec.startup.parallel) == (0, 4)
+    assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (1, 5, 3)
+    assert (spec.restart.backoff_initial, spec.restart.backoff_max) == (1, 30)
+    assert spec.metrics.listen == "127.0.0.1:9840" and spec.metrics.gpu_source == "fake"
+    assert spec.control.socket.startswith("/tmp/")
+
+
+def test_demo_without_agent_python_says_what_at_agent_means() -> None:
+    text = (ETC / "demo.toml").read_text()
+    with pytest.raises(ConfigError) as info:
+        load_spec(text, source="demo.toml")
+    (problem,) = info.value.problems
+    assert problem.startswith("demo.toml:18: farm.python: '@agent' means the interpreter")
+
+
+# --- resolution -----------------------------------------------------------------------
+
+
+def test_minimal_config_takes_the_dataclass_defaults() -> None:
+    spec = load(MINIMAL)
+    assert spec.farm == FarmSection()
+    assert spec.startup == StartupPolicy()
+    w1 = spec.workers[1]
+    assert (w1.gpus, w1.host, w1.port, w1.nccl_port) == ((1,), "127.0.0.1", 30001, 31001)
+
+
+def test_gpus_all_uses_the_counted_gpus_in_order() -> None:
+    spec = load(MINIMAL.replace("[0, 1]", '"all"'), gpu_count=3)
+    assert [w.gpus for w in spec.workers] == [(0,), (1,), (2,)]
+
+
+def test_listed_gpus_give_worker_ids_in_list_order() -> None:
+    spec = load(MINIMAL.replace("[0, 1]", "[6, 2]"))
+    assert [(w.id, w.gpus) for w in spec.workers] == [(0, (6,)), (1, (2,))]
+
+
+def test_tensor_parallel_workers_get_consecutive_gpus() -> None:
+    spec = load("""\
+        [workers]
+        gpus = "all"
+        gpus_per_worker = 2
+        [sglang]
+        model_path = "/m"
+    """, gpu_count=8)
+    workers = spec.workers
+    assert [w.gpus for w in workers] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [w.port for w in workers] == [30000, 30001, 30002, 30003]
+    argv = build_command(spec.farm, workers[1]).argv
+    assert argv[-2:] == ("--tp-size", "2")
+    assert dict(build_command(spec.farm, workers[1]).env)["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_overrides_merge_flags_env_and_ports_over_the_farm_ones() -> None:
+    spec = load("""\
+        [farm]
+        env = { A = "farm", B = "farm" }
+        [workers]
+        gpus = [0, 1, 2]
+        base_port = 40000
+        [workers.overrides.1]
+        port = 45000
+        nccl_port = 46000
+        host = "10.0.0.1"
+        env = { B = "one", C = "one" }
+        sglang = { mem_fraction_static = 0.8, trust_remote_code = false, tool_call_parser = "qwen" }
+        [sglang]
+        model_path = "/m"
+        mem_fraction_static = 0.9
+        trust_remote_code = true
+    """)
+    w0, w1, w2 = spec.workers
+    assert (w0.port, w0.nccl_port, w0.host) == (40000, 31000, "127.0.0.1")
+    assert (w1.port, w1.nccl_port, w1.host) == (45000, 46000, "10.0.0.1")
+    assert (w2.port, w2.nccl_port) == (40002, 31002)
+    assert dict(w0.env) == {"A": "farm", "B": "farm"}
+    assert dict(w1.env) == {"A": "farm", "B": "one", "C": "one"}
+    assert dict(w0.flags) == {"model_path": "/m", "mem_fraction_static": 0.9,
+                              "trust_remote_code": True}
+    assert dict(w1.flags) == {"model_path": "/m", "mem_fraction_static": 0.8,
+                              "trust_remote_code": False, "tool_call_parser": "qwen"}
+    assert "--trust-remote-code" not in build_command(spec.farm, w1).argv
+
+
+def test_override_can_move_a_worker_to_a_free_gpu() -> None:
+    spec = load("""\
+        [workers]
+        gpus = [0, 1]
+        [workers.overrides.1]
+        gpus = [5]
+        [sglang]
+        model_path = "/m"
+    """)
+    assert [w.gpus for w in spec.workers] == [(0,), (5,)]
+
+
+def test_canary_false_means_no_canary() -> None:
+    spec = load(MINIMAL + "[startup]\ncanary = false\n")
+    assert spec.startup.canary is None
+
+
+def test_model_path_is_optional_for_another_module() -> None:
+    spec = load('[farm]\nmodule = "sglang_farm.sim"\n[workers]\ngpus = [0]\n')
+    assert dict(spec.workers[0].flags) == {}
+
+
+def test_sglang_values_keep_their_types_and_lists_become_tuples() -> None:
+    spec = load(MINIMAL + 'context_length = "32k"\ncuda_graph_bs_decode = [1, 2, 4]\n')
+    flags = spec.workers[0].flags
+    assert flags["context_length"] == "32k" and flags["cuda_graph_bs_decode"] == (1, 2, 4)
+
+
+# --- durations ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (30, 30.0), (2.5, 2.5), ("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0),
+    ("1.5s", 1.5), ("1h", 3600.0), ("2m30s", 150.0),
+])
+def test_durations_parse_numbers_and_unit_strings(value: object, seconds: float) -> None:
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["", "ten", "5 m", "30", "1x", "s", "1h 30m", True, [1]])
+def test_durations_reject_what_does_not_parse(value: object) -> None:
+    with pytest.raises(ValueError, match="expected a duration"):
+        parse_duration(value)
+
+
+def test_durations_in_the_file_resolve_to_seconds() -> None:
+    spec = load(MINIMAL + '[health]\nperiod = "1m30s"\ntimeout = 7\n'
+                '[restart]\nbackoff_initial = 0\n')
+    assert (spec.health.period, spec.health.timeout) == (90.0, 7.0)
+    assert spec.restart.backoff_initial == 0.0
+
+
+def test_bad_and_non_positive_durations_are_problems() -> None:
+    found = problems(MINIMAL + '[health]\nperiod = "often"\ntimeout = 0\n'
+                     '[restart]\nreset_after = -5\n')
+    assert found == [
+        "farm.toml:7: health.period: expected a duration (seconds as a number, or a string like "
+        "'500ms', '30s', '5m', '1h30m'), got 'often'",
+        "farm.toml:8: health.timeout: expected a duration > 0 (seconds as a number, or a string "
+        "like '500ms', '30s', '5m', '1h30m'), got 0",
+        "farm.toml:10: restart.reset_after: expected a duration > 0 (seconds as a number, or a "
+        "string like '500ms', '30s', '5m', '1h30m'), got -5",
+    ]
+
+
+def test_short_health_timeout_is_allowed() -> None:
+    spec = load(MINIMAL + "[health]\ntimeout = 2\n")
+    assert spec.health.timeout == 2.0
+
+
+# --- each class of problem ------------------------------------------------------------
+
+
+def test_syntax_error_names_the_line() -> None:
+    problem = only_problem(MINIMAL + "[health\nperiod = 3\n")
+    assert problem.startswith("farm.toml:6: TOML syntax: ")
+
+
+def test_unknown_keys_suggest_the_close_one() -> None:
+    found = problems(MINIMAL + "[startup]\nparalel = 2\n[metrcs]\nlisten = '127.0.0.1:1'\n")
+    assert found[0].startswith("farm.toml:7: startup.paralel: unknown key (did you mean "
+                               "'parallel'?); [startup] accepts: canary, parallel,")
+    assert found[1].startswith("farm.toml:8: metrcs: unknown key (did you mean 'metrics'?)")
+
+
+def test_workers_env_points_to_farm_env() -> None:
+    problem = only_problem(MINIMAL.replace("gpus = [0, 1]", "gpus = [0, 1]\nenv = {A = '1'}"))
+    assert problem.startswith("farm.toml:3: workers.env: unknown key (the farm-wide environment "
+                              "goes in [farm] env")
+
+
+def test_wrong_types_say_what_is_accepted() -> None:
+    found = problems(MINIMAL + "[startup]\nparallel = '4'\ncanary = true\n[oom]\nenabled = 1\n")
+    assert found == [
+        "farm.toml:7: startup.parallel: expected an integer >= 1, got '4'",
+        "farm.toml:8: startup.canary: expected a worker id (an integer) or false for no canary, "
+        "got True",
+        "farm.toml:10: oom.enabled: expected true or false, got 1",
+    ]
+
+
+def test_env_values_must_be_strings_and_cuda_visible_devices_is_the_farms() -> None:
+    found = problems(MINIMAL + '[farm]\nenv = { N = 3, CUDA_VISIBLE_DEVICES = "1" }\n')
+    assert found == [
+        'farm.toml:7: farm.env.N: expected a string (quote it: N = "3"), got 3',
+        "farm.toml:7: farm.env.CUDA_VISIBLE_DEVICES: the farm sets CUDA_VISIBLE_DEVICES from "
+        "workers.gpus (one worker: workers.overrides.N.gpus); remove it here",
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.1", '"0.9"'])
+def test_mem_fraction_outside_zero_one_is_a_problem(value: str) -> None:
+    problem = only_problem(MINIMAL + f"mem_fraction_static = {value}\n")
+    assert problem.startswith("farm.toml:6: sglang.mem_fraction_static: expected a number in "
+                              "(0, 1)")
+
+
+def test_chunked_prefill_size_must_be_a_plain_int() -> None:
+    problem = only_problem(MINIMAL + 'chunked_prefill_size = "8k"\n')
+    assert problem == ("farm.toml:6: sglang.chunked_prefill_size: expected an integer > 0, or -1 "
+                       "to disable (SGLang rejects '8k'), got '8k'")
+
+
+def test_gpu_used_twice_names_both_workers() -> None:
+    problem = only_problem("""\
+        [workers]
+        gpus = [0, 1, 2, 3]
+        [workers.overrides.2]
+        gpus = [3]
+        [sglang]
+        model_path = "/m"
+    """)
+    assert problem == ("farm.toml:4: workers.overrides.2.gpus: GPU 3 is already used by worker 3; "
+                       "each GPU belongs to one worker")
+
+
+def test_gpu_listed_twice_or_missing_from_the_host() -> None:
+    found = problems(MINIMAL.replace("[0, 1]", "[0, 1, 1, 9]"), gpu_count=8)
+    assert found == [
+        "farm.toml:2: workers.gpus: GPU 1 is listed twice; each GPU belongs to one worker",
+        "farm.toml:2: workers.gpus: GPU 9 does not exist; this host has 8 GPU(s), 0..7",
+    ]
+
+
+def test_gpus_all_without_a_count_asks_for_a_list() -> None:
+    problem = only_problem(MINIMAL.replace("[0, 1]", '"all"'))
+    assert problem.startswith('farm.toml:2: workers.gpus: gpus = "all" needs NVML to count GPUs')
+    assert "list them instead" in problem
+
+
+def test_gpus_that_do_not_split_into_tp_workers() -> None:
+    problem = only_problem(MINIMAL.replace("[0, 1]", "[0, 1, 2]\ngpus_per_worker = 2"))
+    assert problem == ("farm.toml:3: workers.gpus_per_worker: 3 GPU(s) do not split into workers "
+                       "of 2; list a multiple of 2 GPUs in workers.gpus")
+
+
+def test_http_and_nccl_ports_share_one_namespace() -> None:
+    found = problems("""\
+        [workers]
+        gpus = [0, 1, 2]
+        base_port = 30000
+        nccl_base_port = 30001
+        [sglang]
+        model_path = "/m"
+    """)
+    assert found == [
+        "farm.toml:4: workers.nccl_base_port: port 30001 for worker 0 (NCCL) is already used by "
+        "worker 1 (HTTP); every HTTP, NCCL and metrics port must be distinct",
+        "farm.toml:4: workers.nccl_base_port: port 30002 for worker 1 (NCCL) is already used by "
+        "worker 2 (HTTP); every HTTP, NCCL and metrics port must be distinct",
+    ]
+
+
+def test_override_port_clash_is_reported_on_the_override() -> None:
+    problem = only_problem(MINIMAL + "[workers.overrides.1]\nport = 30000\n")
+    assert problem.startswith("farm.toml:7: workers.overrides.1.port: port 30000 for worker 1 "
+                              "(HTTP) is already used by worker 0 (HTTP)")
+
+
+def test_worker_port_clashing_with_metrics_listener() -> None:
+    problem = only_problem(MINIMAL + '[metrics]\nlisten = "0.0.0.0:30001"\n')
+    assert "port 30001 for worker 1 (HTTP) is already used by the metrics listener" in problem
+
+
+def test_ports_out_of_range() -> None:
+    found = problems(MINIMAL.replace("gpus = [0, 1]", "gpus = [0, 1]\nbase_port = 65535\n"
+                                     "nccl_base_port = 0"))
+    assert found == [
+        "farm.toml:3: workers.base_port: 65535 + 1 (the last worker) exceeds 65535; choose a "
+        "base port <= 65534",
+        "farm.toml:4: workers.nccl_base_port: expected an integer in 1..65535, got 0",
+    ]
+
+
+def test_override_for_a_worker_that_does_not_exist() -> None:
+    found = problems(MINIMAL + "[workers.overrides.2]\nport = 40000\n[workers.overrides.x]\n")
+    assert found == [
+        "farm.toml:6: workers.overrides.2: no worker 2; workers are 0..1 (2 GPU(s), 1 per worker)",
+        "farm.toml:8: workers.overrides.x: expected a worker id (an integer 0..1), got 'x'",
+    ]
+
+
+def test_canary_that_is_not_a_worker() -> None:
+    problem = only_problem(MINIMAL + "[startup]\ncanary = 2\n")
+    assert problem == ("farm.toml:7: startup.canary: no worker 2; workers are 0..1 (or write "
+                       "canary = false for none)")
+
+
+def test_parallel_and_failure_threshold_below_one() -> None:
+    found = problems(MINIMAL + "[startup]\nparallel = 0\n[health]\nfailure_threshold = 0\n")
+    assert found == [
+        "farm.toml:7: startup.parallel: expected an integer >= 1, got 0",
+        "farm.toml:9: health.failure_threshold: expected an integer >= 1, got 0",
+    ]
+
+
+def test_sglang_keys_must_be_snake_case() -> None:
+    problem = only_problem(MINIMAL + "mem-fraction-static = 0.8\n")
+    assert problem == ("farm.toml:6: sglang.mem-fraction-static: SGLang flags are written in "
+                       "snake_case (mem_fraction_static for --mem-fraction-static), got "
+                       "'mem-fraction-static'; write 'mem_fraction_static'")
+
+
+@pytest.mark.parametrize(("key", "where"), [
+    ("host", "workers.host"), ("port", "workers.base_port"),
+    ("nccl_port", "workers.nccl_base_port"),
+    ("tp_size", "workers.gpus_per_worker"), ("tensor_parallel_size", "workers.gpus_per_worker"),
+    ("base_gpu_id", "workers.gpus"),
+])
+def test_farm_owned_flags_in_sglang_name_where_to_set_them(key: str, where: str) -> None:
+    problem = only_problem(MINIMAL + f"{key} = 1\n")
+    assert problem.startswith(f"farm.toml:6: sglang.{key}: not allowed here: ")
+    assert where in problem
+
+
+def test_farm_owned_flags_are_refused_in_overrides_too() -> None:
+    problem = only_problem(MINIMAL + "[workers.overrides.0.sglang]\nport = 1\n")
+    assert problem.startswith("farm.toml:7: workers.overrides.0.sglang.port: not allowed here")
+
+
+def test_model_path_is_required_for_sglang() -> None:
+    problem = only_problem("[workers]\ngpus = [0]\n[sglang]\nlog_level = 'info'\n")
+    assert problem == ("farm.toml:3: sglang.model_path: missing: SGLang requires --model-path; "
+                       "set model_path = '/path/to/model' in [sglang]")
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("mamba_scheduler_strategy = 'extra_buffer'",
+     "SGLang 0.5.23 renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
+     "(sgl-project/sglang#27418); write mamba_radix_cache_strategy"),
+    ("cuda_graph_max_bs = 8",
+     "SGLang 0.5.23 removed --cuda-graph-max-bs; write cuda_graph_max_bs_decode and/or "
+     "cuda_graph_max_bs_prefill"),
+    ("disable_cuda_graph = true",
+     "--disable-cuda-graph is deprecated in SGLang 0.5.23; write cuda_graph_backend_decode = "
+     "'disabled' and cuda_graph_backend_prefill = 'disabled'"),
+])
+def test_renamed_sglang_flags_give_precise_messages(key: str, says: str) -> None:
+    problem = only_problem(MINIMAL + key + "\n")
+    assert problem == f"farm.toml:6: sglang.{key.split(' ')[0]}: {says}"
+
+
+def test_no_buffer_needs_overlap_schedule_disabled() -> None:
+    problem = only_problem(MINIMAL + "mamba_radix_cache_strategy = 'no_buffer'\n")
+    assert problem.startswith("farm.toml:6: sglang.mamba_radix_cache_strategy: 'no_buffer' makes "
+                              "SGLang 0.5.23 assert --disable-overlap-schedule")
+    load(MINIMAL + "mamba_radix_cache_strategy = 'no_buffer'\ndisable_overlap_schedule = true\n")
+
+
+def test_sglang_values_that_cannot_become_argv() -> None:
+    found = problems(MINIMAL + "cuda_graph_config = { decode = 1 }\nwarmups = []\n")
+    assert found[0].startswith("farm.toml:6: sglang.cuda_graph_config: expected a flag value")
+    assert "JSON flags take a string" in found[0]
+    assert found[1].startswith("farm.toml:7: sglang.warmups: expected at least one item")
+
+
+def test_metrics_listen_and_control_socket_shapes() -> None:
+    found = problems(MINIMAL + '[metrics]\nlisten = "9840"\ngpu_source = "dcgm"\n'
+                     f'[control]\nsocket = "/{"x" * 120}"\n')
+    assert found[0].startswith("farm.toml:7: metrics.listen: expected 'host:port'")
+    assert found[1] == ("farm.toml:8: metrics.gpu_source: expected one of 'nvml', 'fake', 'none', "
+                        "got 'dcgm'")
+    assert found[2].startswith("farm.toml:10: control.socket: a Unix socket path must be at most "
+                               "107 bytes")
+
+
+# --- the OOM ladder's shape -----------------------------------------------------------
+
+
+def test_oom_step_needs_a_name_and_a_change() -> None:
+    found = problems(MINIMAL + "[[oom.steps]]\nmin = { max_running_requests = 8 }\n")
+    assert found == [
+        "farm.toml:6: oom.steps[0].name: missing: each step needs a name (shown in status and "
+        "metrics), e.g. name = 'no_buffer'",
+        "farm.toml:6: oom.steps[0]: a step needs at least one of set, add, multiply (e.g. set = "
+        "{ mamba_radix_cache_strategy = 'no_buffer' })",
+        "farm.toml:7: oom.steps[0].min.max_running_requests: min bounds a flag this step adds to "
+        "or multiplies; 'max_running_requests' is in neither add nor multiply of this step",
+    ]
+
+
+def test_oom_flag_changed_two_ways_in_one_step() -> None:
+    problem = only_problem(MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
+                           "set = { max_running_requests = 8 }\n"
+                           "multiply = { max_running_requests = 0.5 }\n")
+    assert problem == ("farm.toml:10: oom.steps[0].multiply.max_running_requests: flag is also in "
+                       "set of this step; a step changes a flag one way (set, add or multiply)")
+
+
+def test_oom_adjust_needs_a_configured_number_and_a_unique_name() -> None:
+    found = problems(MINIMAL + "[[oom.steps]]\nname = 'a'\nadd = { mem_fraction_static = -0.02 }\n"
+                     "[[oom.steps]]\nname = 'a'\nset = { log_level = 'debug' }\n"
+                     "[[oom.steps]]\nname = 'b'\n"
+                     "set = { mamba_scheduler_strategy = 'no_buffer' }\n")
+    assert found == [
+        "farm.toml:8: oom.steps[0].add.mem_fraction_static: add changes the configured value, but "
+        "mem_fraction_static is not set to a number in [sglang]; set it there, e.g. "
+        "mem_fraction_static = <number>",
+        "farm.toml:10: oom.steps[1].name: step name 'a' is already used by oom.steps[0]; each step "
+        "needs its own name",
+        "farm.toml:14: oom.steps[2].set.mamba_scheduler_strategy: SGLang 0.5.23 renamed "
+        "--mamba-scheduler-strategy to --mamba-radix-cache-strategy (sgl-project/sglang#27418); "
+        "write mamba_radix_cache_strategy",
+    ]
+
+
+def test_oom_min_above_max_and_non_positive_factor() -> None:
+    found = problems(MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
+                     "multiply = { max_running_requests = 0 }\n[[oom.steps]]\nname = 'b'\n"
+                     "add = { max_running_requests = -8 }\nmin = { max_running_requests = 16 }\n"
+                     "max = { max_running_requests = 8 }\n")
+    assert found == [
+        "farm.toml:9: oom.steps[0].multiply.max_running_requests: expected a factor > 0, got 0",
+        "farm.toml:14: oom.steps[1].max.max_running_requests: max 8 is below min 16",
+    ]
+
+
+def test_oom_no_buffer_step_needs_overlap_schedule_disabled() -> None:
+    problem = only_problem(MINIMAL + "[[oom.steps]]\nname = 'nb'\n"
+                           "set = { mamba_radix_cache_strategy = 'no_buffer' }\n")
+    assert problem.startswith("farm.toml:8: oom.steps[0].set.mamba_radix_cache_strategy: "
+                              "'no_buffer' makes SGLang 0.5.23 assert --disable-overlap-schedule")
+
+
+# --- all at once ----------------------------------------------------------------------
+
+SEVERAL_MISTAKES = """\
+[farm]
+python = "python3"
+
+[workers]
+gpus = [0, 1, 2, 3]
+
+[workers.overrides.2]
+gpus = [3]
+
+[startup]
+canary = 7
+
+[health]
+period = "ten seconds"
+
+[sglang]
+model_path = "/m"
+mamba_scheduler_strategy = "extra_buffer"
+mem_fraction_static = 1.2
+"""
+
+
+def test_several_mistakes_are_reported_together_with_their_lines() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_spec(SEVERAL_MISTAKES, source="/etc/sglang-farm/farm.toml")
+    found = [p.split(": ", 2)[:2] for p in info.value.problems]
+    assert found == [
+        ["/etc/sglang-farm/farm.toml:2", "farm.python"],
+        ["/etc/sglang-farm/farm.toml:8", "workers.overrides.2.gpus"],
+        ["/etc/sglang-farm/farm.toml:11", "startup.canary"],
+        ["/etc/sglang-farm/farm.toml:14", "health.period"],
+        ["/etc/sglang-farm/farm.toml:18", "sglang.mamba_scheduler_strategy"],
+        ["/etc/sglang-farm/farm.toml:19", "sglang.mem_fraction_static"],
+    ]
+    assert str(info.value).startswith("/etc/sglang-farm/farm.toml: 6 problems\n  /etc/sglang-farm/")
+
+
+def test_lines_are_found_for_dotted_keys_quoted_keys_and_multiline_values() -> None:
+    found = problems("""\
+        [workers]
+        gpus = [
+            0, 1,
+        ]
+        overrides."1".port = 0
+        [sglang]
+        model_path = '''
+        not = a key
+        '''
+        "mem_fraction_static" = 2
+    """)
+    assert found == [
+        "farm.toml:5: workers.overrides.1.port: expected an integer in 1..65535, got 0",
+        "farm.toml:10: sglang.mem_fraction_static: expected a number in (0, 1), the fraction of "
+        "GPU memory, got 2",
+    ]
+
+
+# --- the file shell -------------------------------------------------------------------
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_spec_file(path)
+    assert info.value.problems == (
+        f"{path}: no such file; write one (the package ships /etc/sglang-farm/farm.toml) or pass "
+        "--config PATH",
+    )
+
+
+def test_unreadable_and_non_utf8_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_spec_file(tmp_path)  # a directory
+    latin = tmp_path / "latin1.toml"
+    latin.write_bytes(b"[farm]\nname = 'caf\xe9'\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_spec_file(latin)
+
+
+def test_file_problems_name_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "farm.toml"
+    path.write_text(MINIMAL + "[startup]\ncanary = 9\n")
+    with pytest.raises(ConfigError) as info:
+        load_spec_file(path)
+    assert info.value.problems[0].startswith(f"{path}:7: startup.canary: no worker 9")

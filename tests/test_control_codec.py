@@ -1,0 +1,227 @@
+"""The control wire codec: every error class, typed args, and reply round trips (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_farm.control import codec
+from sglang_farm.control.codec import (
+    Command,
+    ErrorCode,
+    LogsArgs,
+    NoArgs,
+    RequestError,
+    TargetArgs,
+    WaitArgs,
+    WorkerArgs,
+    decode_reply,
+    decode_request,
+)
+from sglang_farm.errors import ProtocolError
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+
+
+def req(obj: object) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def err(line: bytes) -> RequestError:
+    with pytest.raises(RequestError) as ei:
+        decode_request(line)
+    return ei.value
+
+
+def test_decodes_restart_with_worker_id() -> None:
+    r = decode_request(req({"id": 7, "cmd": "restart", "args": {"worker": 3}}))
+    assert (r.id, r.cmd, r.args) == (7, Command.RESTART, TargetArgs(3))
+    assert r.changes_state
+
+
+def test_decodes_all_target_string_id_and_missing_args() -> None:
+    assert decode_request(req({"id": "a", "cmd": "stop", "args": {"worker": "all"}})).args == (
+        TargetArgs("all")
+    )
+    r = decode_request(b'{"cmd":"status"}')  # no id, no args, no newline
+    assert (r.id, r.cmd, r.args, r.changes_state) == (None, Command.STATUS, NoArgs(), False)
+
+
+def test_logs_and_wait_ready_defaults_and_values() -> None:
+    assert decode_request(req({"cmd": "logs", "args": {"worker": 2}})).args == LogsArgs(
+        2, 100, False
+    )
+    a = decode_request(req({"cmd": "logs", "args": {"worker": 2, "lines": 5, "follow": True}})).args
+    assert a == LogsArgs(2, 5, True)
+    w = decode_request(
+        req({"cmd": "wait-ready", "args": {"worker": 1, "timeout": 2, "after": 10.5}})
+    )
+    assert w.args == WaitArgs(1, 2.0, 10.5)
+    assert decode_request(req({"cmd": "why", "args": {"worker": 0}})).args == WorkerArgs(0)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"\xff\xfe{}\n",
+        b"not json\n",
+        b'{"cmd": "status"\n',
+        b"[1,2]\n",
+        b'"status"\n',
+        b"null\n",
+        b"[" * 60_000 + b"\n",
+    ],
+    ids=["not-utf8", "garbage", "truncated", "array", "string", "null", "deep-nesting"],
+)
+def test_malformed_lines_are_bad_json(line: bytes) -> None:
+    e = err(line)
+    assert e.error_code is ErrorCode.BAD_JSON and e.code == "bad_json"
+    assert e.request_id is None
+    assert isinstance(e, ProtocolError)
+
+
+def test_unknown_command_keeps_id_and_lists_commands() -> None:
+    e = err(req({"id": 9, "cmd": "explode"}))
+    assert e.error_code is ErrorCode.UNKNOWN_COMMAND and e.request_id == 9
+    assert "'explode'" in e.message and "restart" in e.message
+
+
+@pytest.mark.parametrize(
+    ("obj", "fragment"),
+    [
+        ({"id": 1, "cmd": 5}, "'cmd' must be a string"),
+        ({"id": 1}, "'cmd' must be a string"),
+        ({"id": 1, "cmd": "status", "args": [1]}, "'args' must be an object"),
+        ({"id": 1, "cmd": "status", "extra": 1}, "unknown request keys ['extra']"),
+        ({"id": 1, "cmd": "status", "args": {"x": 1}}, "it takes no arguments"),
+        ({"id": 1, "cmd": "restart", "args": {}}, "'worker' must be a worker id or \"all\""),
+        ({"id": 1, "cmd": "restart", "args": {"worker": -1}}, 'or "all", got -1'),
+        ({"id": 1, "cmd": "why", "args": {"worker": "all"}}, "'worker' must be a worker id"),
+        ({"id": 1, "cmd": "why", "args": {}}, "missing 'worker'"),
+        ({"id": 1, "cmd": "why", "args": {"worker": True}}, "got True"),
+        ({"id": 1, "cmd": "logs", "args": {"worker": 1, "lines": 10**6}}, "'lines' must be"),
+        ({"id": 1, "cmd": "logs", "args": {"worker": 1, "follow": "yes"}}, "'follow' must be"),
+        ({"id": 1, "cmd": "wait-ready", "args": {"worker": 1, "timeout": 0}}, "'timeout' must be"),
+        ({"id": 1, "cmd": "wait-ready", "args": {"worker": 1, "timeout": "x"}}, "must be a number"),
+        ({"id": 1, "cmd": "start", "args": {"worker": 1, "force": True}}, "accepted: worker"),
+    ],
+)
+def test_bad_shapes_and_args_are_bad_request_with_id(obj: object, fragment: str) -> None:
+    e = err(req(obj))
+    assert e.error_code is ErrorCode.BAD_REQUEST
+    assert e.request_id == 1
+    assert fragment in e.message
+
+
+@pytest.mark.parametrize("bad_id", [True, 1.5, [1], {"a": 1}])
+def test_id_must_be_int_or_string(bad_id: object) -> None:
+    e = err(req({"id": bad_id, "cmd": "status"}))
+    assert e.error_code is ErrorCode.BAD_REQUEST and e.request_id is None
+
+
+def test_oversized_line_is_bad_request() -> None:
+    line = req({"id": 1, "cmd": "status", "args": {}})[:-2] + b" " * codec.MAX_LINE + b"}\n"
+    assert err(line).error_code is ErrorCode.BAD_REQUEST
+
+
+def test_every_command_is_classified_once() -> None:
+    assert set(Command) == codec.READ_ONLY | codec.STATE_CHANGING
+    assert not codec.READ_ONLY & codec.STATE_CHANGING
+    assert {
+        Command.START,
+        Command.STOP,
+        Command.RESTART,
+        Command.RELOAD,
+        Command.RESET_OOM,
+    } == codec.STATE_CHANGING
+
+
+def test_replies_round_trip_and_are_single_ascii_lines() -> None:
+    ok = codec.encode_ok(3, {"x": "é\nnext"})
+    assert ok.endswith(b"\n") and ok.count(b"\n") == 1 and ok.isascii()
+    r = decode_reply(ok)
+    assert (r.id, r.ok, r.result, r.final) == (3, True, {"x": "é\nnext"}, True)
+
+    e = decode_reply(codec.encode_error("q", ErrorCode.BUSY, "worker 3 is busy"))
+    assert (e.id, e.ok, e.error_code, e.error_message) == ("q", False, "busy", "worker 3 is busy")
+
+    s = decode_reply(codec.encode_stream(4, "line", {"line": "hello"}))
+    assert (s.stream, s.payload, s.final) == ("line", {"line": "hello"}, False)
+
+    line = codec.encode_request(5, "logs", {"worker": 1})
+    assert decode_request(line).args == LogsArgs(1)
+
+
+@pytest.mark.parametrize("line", [b"nope\n", b'{"id":1}\n', b'{"ok":false}\n', b"\xff\n"])
+def test_malformed_replies_raise_protocol_error(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_reply(line)
+
+
+def _view() -> FarmView:
+    f = Failure(FailureKind.CUDA_OOM_LOAD, "OOM while loading", "lower mem fraction", ("l1", "l2"))
+    w0 = WorkerView(0, (0,), 30000, "http://127.0.0.1:30000", Phase.READY, 100.0, 11)
+    w1 = WorkerView(
+        1,
+        (1, 2),
+        30001,
+        "http://127.0.0.1:30001",
+        Phase.FAILED,
+        200.0,
+        None,
+        restarts=(RestartRecord(150.0, "oom"), RestartRecord(190.0, "crash")),
+        restarts_by_reason={"oom": 2, "crash": 1},
+        last_failure=f,
+        last_failure_at=199.0,
+        last_action="gave up after 5 failures",
+        oom_step=2,
+        oom_step_name="fewer-graphs",
+    )
+    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, "halted", "canary failed")
+
+
+def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
+    st = codec.status_result(_view(), [GpuMemory(0, 1, 2)], version="9.9", now=300.0)
+    json.dumps(st)  # JSON-ready
+    assert st["protocol_version"] == codec.PROTOCOL_VERSION == 1
+    assert (st["agent_version"], st["farm"], st["rollout"], st["ready"]) == (
+        "9.9",
+        "f",
+        "halted",
+        1,
+    )
+    w1 = st["workers"][1]  # type: ignore[index]
+    assert w1["state"] == "failed" and w1["gpus"] == [1, 2] and w1["restarts_total"] == 3
+    assert w1["restarts"] == [{"at": 150.0, "reason": "oom"}, {"at": 190.0, "reason": "crash"}]
+    assert w1["last_failure"]["kind"] == "cuda_oom_load" and w1["oom_step"] == 2
+    assert st["gpus"] == [{"index": 0, "used_bytes": 1, "total_bytes": 2}]
+
+
+def test_why_endpoints_reload_results() -> None:
+    v = _view()
+    why = codec.why_result(v.worker(1))
+    assert (
+        why["advice"] == "lower mem fraction" and why["last_action"] == "gave up after 5 failures"
+    )
+    assert why["last_failure"]["lines"] == ["l1", "l2"]  # type: ignore[index]
+    assert codec.why_result(v.worker(0))["last_failure"] is None
+    assert codec.endpoints_result(v) == {
+        "endpoints": [{"worker": 0, "base_url": "http://127.0.0.1:30000"}]
+    }
+    rr = codec.reload_result(ReloadResult(False, problems=("workers[1].gpu: bad",)))
+    assert rr == {
+        "applied": False,
+        "problems": ["workers[1].gpu: bad"],
+        "restarted": [],
+        "added": [],
+        "removed": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("ids", "text"), [([], "none"), ([3], "3"), ([0, 1, 2, 3, 5], "0-3, 5"), ([7, 1, 2], "1-2, 7")]
+)
+def test_describe_ids(ids: list[int], text: str) -> None:
+    assert codec.describe_ids(ids) == text

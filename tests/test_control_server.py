@@ -1,0 +1,558 @@
+"""The control socket server over real Unix sockets, against FakeOps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from fake_ops import FakeOps
+from sglang_farm.control import codec
+from sglang_farm.control.server import ControlServer, ControlSocketError
+from sglang_farm.errors import RuntimeFailure
+
+
+@pytest.fixture
+def sockdir() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="sf")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ops() -> FakeOps:
+    return FakeOps(4)
+
+
+@pytest.fixture
+async def server(ops: FakeOps, sockdir: str) -> AsyncIterator[ControlServer]:
+    srv = ControlServer(
+        ops, os.path.join(sockdir, "control.sock"), None, version="1.2.3", idle_timeout=0.5
+    )
+    await srv.start()
+    yield srv
+    await srv.close()
+    await ops.aclose()
+
+
+class Conn:
+    def __init__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.r, self.w = r, w
+
+    @classmethod
+    async def open(cls, path: str) -> Conn:
+        r, w = await asyncio.open_unix_connection(path, limit=2**24)
+        return cls(r, w)
+
+    async def send(self, obj: object) -> None:
+        self.w.write(obj if isinstance(obj, bytes) else json.dumps(obj).encode() + b"\n")
+        await self.w.drain()
+
+    async def recv(self, timeout: float = 5.0) -> dict[str, object]:
+        line = await asyncio.wait_for(self.r.readline(), timeout)
+        assert line, "server closed the connection"
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    async def eof(self, timeout: float = 5.0) -> bool:
+        return await asyncio.wait_for(self.r.read(), timeout) == b""
+
+    async def close(self) -> None:
+        self.w.close()
+        with contextlib.suppress(ConnectionError):
+            await self.w.wait_closed()
+
+
+async def call(
+    path: str, cmd: str, args: dict[str, object] | None = None, rid: object = 1
+) -> dict[str, object]:
+    c = await Conn.open(path)
+    try:
+        await c.send({"id": rid, "cmd": cmd, "args": args or {}})
+        return await c.recv()
+    finally:
+        await c.close()
+
+
+def error_code(reply: dict[str, object]) -> str:
+    assert reply["ok"] is False, reply
+    return reply["error"]["code"]  # type: ignore[index,no-any-return]
+
+
+async def test_status_reports_protocol_version_workers_and_vram(server: ControlServer) -> None:
+    r = await call(server.path, "status", rid="s1")
+    assert r["id"] == "s1" and r["ok"] is True
+    st = r["result"]
+    assert st["protocol_version"] == 1 and st["agent_version"] == "1.2.3"  # type: ignore[index]
+    assert [w["id"] for w in st["workers"]] == [0, 1, 2, 3]  # type: ignore[index]
+    assert st["workers"][2]["state"] == "ready" and st["workers"][2]["port"] == 30002  # type: ignore[index]
+    assert st["gpus"][0]["total_bytes"] == 80 * 2**30  # type: ignore[index]
+    assert (await call(server.path, "version"))["result"] == {
+        "protocol_version": 1,
+        "agent_version": "1.2.3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        (b"this is not json\n", "bad_json"),
+        (bytes(range(256)).replace(b"\n", b"") + b"\n", "bad_json"),  # binary garbage
+        (b"\xc3\x28\n", "bad_json"),  # invalid UTF-8
+        (b"[1, 2, 3]\n", "bad_json"),
+        (b'{"id": 4, "cmd": "launch-missiles"}\n', "unknown_command"),
+        (b'{"id": 4, "cmd": "restart", "args": {"worker": "three"}}\n', "bad_request"),
+        (b'{"id": 4, "cmd": "restart", "args": {"worker": 9}}\n', "unknown_worker"),
+    ],
+    ids=[
+        "garbage",
+        "binary",
+        "bad-utf8",
+        "not-object",
+        "unknown-cmd",
+        "bad-args",
+        "unknown-worker",
+    ],
+)
+async def test_malformed_input_gets_error_and_connection_keeps_serving(
+    server: ControlServer, line: bytes, code: str
+) -> None:
+    c = await Conn.open(server.path)
+    await c.send(line)
+    r = await c.recv()
+    assert error_code(r) == code
+    await c.send({"id": 5, "cmd": "version"})  # same connection still works
+    assert (await c.recv())["ok"] is True
+    await c.close()
+
+
+async def test_unknown_worker_names_the_known_ones(server: ControlServer) -> None:
+    r = await call(server.path, "why", {"worker": 9}, rid=3)
+    assert r["id"] == 3 and error_code(r) == "unknown_worker"
+    assert r["error"]["message"] == "no worker 9; workers are 0-3"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("newline", [True, False])
+async def test_oversized_line_gets_bad_request_then_close(
+    server: ControlServer, newline: bool
+) -> None:
+    c = await Conn.open(server.path)
+    c.w.write(
+        b'{"id":1,"cmd":"status","pad":"'
+        + b"x" * (codec.MAX_LINE + 10)
+        + b'"}'
+        + (b"\n" if newline else b"")
+    )
+    r = await c.recv()
+    assert error_code(r) == "bad_request" and "65536" in r["error"]["message"]  # type: ignore[index]
+    assert await c.eof()
+    await c.close()
+    assert (await call(server.path, "version"))["ok"] is True
+
+
+async def test_line_at_the_limit_is_accepted(server: ControlServer) -> None:
+    head = b'{"id":1,"cmd":"status"}'
+    c = await Conn.open(server.path)
+    await c.send(head + b" " * (codec.MAX_LINE - len(head)) + b"\n")
+    assert (await c.recv())["ok"] is True
+    await c.close()
+
+
+async def test_idle_client_does_not_block_others_and_is_dropped(server: ControlServer) -> None:
+    idle = await Conn.open(server.path)
+    half = await Conn.open(server.path)
+    await half.send(b'{"id":1,"cmd":"sta')  # half a line, then silence
+    t0 = time.monotonic()
+    r = await call(server.path, "status")
+    assert r["ok"] is True and time.monotonic() - t0 < 0.4  # idle_timeout is 0.5 s
+    assert await idle.eof(timeout=3.0)  # dropped after the idle timeout
+    assert await half.eof(timeout=3.0)
+    await idle.close()
+    await half.close()
+
+
+async def test_request_without_trailing_newline_is_served_at_eof(server: ControlServer) -> None:
+    c = await Conn.open(server.path)
+    await c.send(b'{"id":8,"cmd":"version"}')
+    c.w.write_eof()
+    assert (await c.recv())["id"] == 8
+    await c.close()
+
+
+async def test_client_that_disconnects_mid_reply_does_not_hurt_the_server(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.log_lines[1] = ["y" * 2000] * 10_000  # a ~20 MB reply
+    for _ in range(5):
+        c = await Conn.open(server.path)
+        await c.send({"id": 1, "cmd": "logs", "args": {"worker": 1, "lines": 10_000}})
+        await c.r.read(100)
+        c.w.transport.abort()
+    assert (await call(server.path, "version"))["ok"] is True
+
+
+async def test_logs_tail_and_follow_stream_until_the_client_leaves(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    r = await call(server.path, "logs", {"worker": 2, "lines": 3})
+    assert r["result"] == {"worker": 2, "lines": ["w2 line 47", "w2 line 48", "w2 line 49"]}
+
+    c = await Conn.open(server.path)
+    await c.send({"id": 6, "cmd": "logs", "args": {"worker": 2, "lines": 2, "follow": True}})
+    assert [(await c.recv())["line"] for _ in range(2)] == ["w2 line 48", "w2 line 49"]
+    for _ in range(100):
+        if ops.follow_queues:
+            break
+        await asyncio.sleep(0.01)
+    ops.push_log("fresh line")
+    m = await c.recv()
+    assert m == {"id": 6, "ok": True, "stream": "line", "line": "fresh line"}
+    await c.close()  # disconnect mid-stream: the follower is released
+    for _ in range(200):
+        if not ops.follow_queues:
+            break
+        await asyncio.sleep(0.01)
+    assert ops.follow_queues == []
+    assert (await call(server.path, "status"))["ok"] is True
+
+
+async def test_follow_ends_with_final_reply_when_the_source_ends(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    c = await Conn.open(server.path)
+    await c.send({"id": 2, "cmd": "logs", "args": {"worker": 0, "lines": 0, "follow": True}})
+    for _ in range(100):
+        if ops.follow_queues:
+            break
+        await asyncio.sleep(0.01)
+    ops.push_log("a")
+    ops.push_log(None)
+    assert (await c.recv())["line"] == "a"
+    assert await c.recv() == {"id": 2, "ok": True, "result": {"worker": 0, "ended": True}}
+    await c.close()
+
+
+async def test_300_concurrent_clients_are_all_answered(server: ControlServer) -> None:
+    async def one(i: int) -> dict[str, object]:
+        return await call(server.path, "status", rid=i)
+
+    t0 = time.monotonic()
+    replies = await asyncio.gather(*(one(i) for i in range(300)))
+    assert sorted(r["id"] for r in replies) == list(range(300))  # type: ignore[type-var]
+    assert all(r["ok"] is True for r in replies)
+    assert time.monotonic() - t0 < 10
+
+
+async def test_concurrent_restarts_of_one_worker_second_is_busy(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.issue_delay = 0.3
+    a, b, other = await asyncio.gather(
+        call(server.path, "restart", {"worker": 1}, rid="a"),
+        call(server.path, "restart", {"worker": 1}, rid="b"),
+        call(server.path, "restart", {"worker": 2}, rid="c"),
+    )
+    assert {a["ok"], b["ok"]} == {False, True}
+    busy = a if a["ok"] is False else b
+    assert error_code(busy) == "busy" and "worker 1" in busy["error"]["message"]  # type: ignore[index]
+    assert other["ok"] is True  # a different worker is not serialized behind worker 1
+    assert ops.calls.count(("restart", (1,))) == 1  # never a double restart
+
+
+async def test_restart_all_is_busy_while_one_worker_changes(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.issue_delay = 0.3
+    one = asyncio.ensure_future(call(server.path, "stop", {"worker": 3}))
+    await asyncio.sleep(0.1)
+    r = await call(server.path, "restart", {"worker": "all"})
+    assert error_code(r) == "busy" and "worker 3" in r["error"]["message"]  # type: ignore[index]
+    assert (await one)["ok"] is True
+    r2 = await call(server.path, "restart", {"worker": "all"})
+    assert r2["result"]["workers"] == [0, 1, 2, 3]  # type: ignore[index]
+    assert ops.calls[-1] == ("restart", (0, 1, 2, 3))  # one call: the agent does the waves
+
+
+async def _wait_stream(path: str, args: dict[str, object]) -> list[dict[str, object]]:
+    c = await Conn.open(path)
+    await c.send({"id": 1, "cmd": "wait-ready", "args": args})
+    out = []
+    while True:
+        m = await c.recv()
+        out.append(m)
+        if "stream" not in m:
+            break
+    await c.close()
+    return out
+
+
+async def test_restart_then_wait_ready_streams_phases_to_ready(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    r = await call(server.path, "restart", {"worker": 2})
+    issued = r["result"]["issued_at"]  # type: ignore[index]
+    msgs = await _wait_stream(server.path, {"worker": 2, "timeout": 5, "after": issued})
+    phases = [m["state"] for m in msgs[:-1]]
+    assert phases[0] in ("stopping", "starting") and phases[-1] == "ready"
+    assert all(m["stream"] == "phase" for m in msgs[:-1])
+    final = msgs[-1]["result"]
+    assert final["ready"] is True and final["timed_out"] is False and final["pid"] == 2002  # type: ignore[index]
+
+
+async def test_wait_ready_reports_failure_and_timeout(server: ControlServer, ops: FakeOps) -> None:
+    ops.fail_next.add(1)
+    r = await call(server.path, "restart", {"worker": 1})
+    msgs = await _wait_stream(
+        server.path,
+        {"worker": 1, "timeout": 5, "after": r["result"]["issued_at"]},  # type: ignore[index]
+    )
+    final = msgs[-1]["result"]
+    assert final["state"] == "failed" and final["ready"] is False and final["timed_out"] is False  # type: ignore[index]
+    assert final["last_failure"]["kind"] == "cuda_oom_load"  # type: ignore[index]
+
+    # A ready phase from before `after` does not count: the wait times out.
+    msgs = await _wait_stream(server.path, {"worker": 0, "timeout": 0.3, "after": time.time() + 60})
+    final = msgs[-1]["result"]
+    assert final["timed_out"] is True and final["ready"] is False  # type: ignore[index]
+
+
+async def test_runtime_failure_is_failed_and_bug_is_internal_without_details(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.raise_on["restart"] = RuntimeFailure("systemd refused sglang@1.service: unit masked")
+    r = await call(server.path, "restart", {"worker": 1})
+    assert error_code(r) == "failed" and "unit masked" in r["error"]["message"]  # type: ignore[index]
+
+    ops.raise_on["stop"] = ValueError("secret internal detail")
+    with capture_logs() as logs:
+        r = await call(server.path, "stop", {"worker": 1}, rid="req-42")
+    assert error_code(r) == "internal"
+    msg = r["error"]["message"]  # type: ignore[index]
+    assert "secret" not in msg and "Traceback" not in msg and "req-42" in msg
+    ev = [e for e in logs if e["event"] == "control_internal_error"]
+    assert ev and ev[0]["request_id"] == "req-42" and ev[0]["log_level"] == "error"
+    assert (await call(server.path, "status"))["ok"] is True
+
+
+async def test_state_changes_are_logged_with_peer_uid_and_pid(server: ControlServer) -> None:
+    with capture_logs() as logs:
+        await call(server.path, "start", {"worker": 0}, rid=11)
+        await call(server.path, "status")
+    ev = [e for e in logs if e["event"] == "control_command"]
+    assert len(ev) == 1  # status is read-only: not logged as a change
+    assert ev[0]["cmd"] == "start" and ev[0]["uid"] == os.getuid() and ev[0]["pid"] == os.getpid()
+    assert ev[0]["args"] == {"worker": 0} and ev[0]["request_id"] == 11
+
+
+async def test_reload_reset_oom_and_endpoints(server: ControlServer, ops: FakeOps) -> None:
+    r = await call(server.path, "reload")
+    assert r["result"] == {
+        "applied": True,
+        "problems": [],
+        "restarted": [1],
+        "added": [],
+        "removed": [],
+    }
+    r = await call(server.path, "reset-oom", {"worker": 3})
+    assert r["result"] == {"worker": 3, "oom_step": 0} and ops.oom_resets == [3]
+    await call(server.path, "stop", {"worker": 1})
+    r = await call(server.path, "endpoints")
+    assert [e["worker"] for e in r["result"]["endpoints"]] == [0, 2, 3]  # type: ignore[index]
+
+
+async def test_why_returns_failure_lines_action_and_advice(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.fail_next.add(0)
+    await call(server.path, "start", {"worker": 0})
+    await _wait_stream(server.path, {"worker": 0, "timeout": 5})
+    w = (await call(server.path, "why", {"worker": 0}))["result"]
+    assert w["state"] == "failed" and w["advice"].startswith("lower")  # type: ignore[index]
+    assert w["last_failure"]["lines"][0].startswith("torch.OutOfMemoryError")  # type: ignore[index]
+    assert "gave up" in w["last_action"] and w["oom_step"] == 1  # type: ignore[index]
+
+
+# --- socket file: stale, in use, mode and group -------------------------------------
+
+
+async def test_stale_socket_file_is_replaced(ops: FakeOps, sockdir: str) -> None:
+    path = os.path.join(sockdir, "c.sock")
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(path)
+    dead.close()  # the file stays, nobody listens
+    srv = ControlServer(ops, path, None, version="x")
+    await srv.start()
+    assert (await call(path, "version"))["ok"] is True
+    await srv.close()
+    assert not os.path.exists(path)  # noqa: ASYNC240 -- a local stat, instant
+
+
+async def test_live_agent_on_the_path_is_not_displaced(ops: FakeOps, sockdir: str) -> None:
+    path = os.path.join(sockdir, "c.sock")
+    first = ControlServer(ops, path, None, version="x")
+    await first.start()
+    second = ControlServer(ops, path, None, version="x")
+    with pytest.raises(ControlSocketError, match="already listening"):
+        await second.start()
+    assert (await call(path, "version"))["ok"] is True
+    await first.close()
+
+
+async def test_regular_file_at_the_path_is_refused(ops: FakeOps, sockdir: str) -> None:
+    path = os.path.join(sockdir, "c.sock")
+    Path(path).write_text("important")  # noqa: ASYNC240 -- a tiny tmp file
+    with pytest.raises(ControlSocketError, match="not a socket"):
+        await ControlServer(ops, path, None, version="x").start()
+    assert Path(path).read_text() == "important"  # noqa: ASYNC240 -- a tiny tmp file
+
+
+async def test_mode_is_0660_with_group_and_0600_when_group_is_missing(
+    ops: FakeOps, sockdir: str
+) -> None:
+    g = grp.getgrgid(os.getgid() if os.getgid() else 0)
+    path = os.path.join(sockdir, "a.sock")
+    srv = ControlServer(ops, path, g.gr_name, version="x")
+    await srv.start()
+    st = os.stat(path)
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == g.gr_gid
+    await srv.close()
+
+    path2 = os.path.join(sockdir, "b.sock")
+    with capture_logs() as logs:
+        srv2 = ControlServer(ops, path2, "no-such-group-" + uuid.uuid4().hex[:6], version="x")
+        await srv2.start()
+    assert stat.S_IMODE(os.stat(path2).st_mode) == 0o600 and srv2.group_gid is None
+    assert any(e["event"] == "control_group_missing" and e["log_level"] == "warning" for e in logs)
+    await srv2.close()
+
+
+# --- permissions, with real unprivileged users ---------------------------------------
+
+CLIENT = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print(json.dumps({"connect": "permission_denied"})); sys.exit(0)
+s.sendall(sys.argv[2].encode() + b"\n")
+f = s.makefile("rb")
+print(f.readline().decode().strip())
+"""
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("needs root, useradd and setpriv")
+    tag = uuid.uuid4().hex[:6]
+    names = {"group": f"sfg{tag}", "member": f"sfm{tag}", "outsider": f"sfo{tag}"}
+    subprocess.run(["groupadd", names["group"]], check=True)
+    try:
+        subprocess.run(["useradd", "-M", "-N", "-G", names["group"], names["member"]], check=True)
+        subprocess.run(["useradd", "-M", "-N", names["outsider"]], check=True)
+        yield names
+    finally:
+        for u in (names["member"], names["outsider"]):
+            subprocess.run(["userdel", u], check=False, capture_output=True)
+        subprocess.run(["groupdel", names["group"]], check=False, capture_output=True)
+
+
+async def as_user(user: str, path: str, cmd: str, args: Mapping[str, object]) -> dict[str, object]:
+    """Connect from a subprocess running as `user` with its group-database groups."""
+    pw = pwd.getpwnam(user)
+    proc = await asyncio.create_subprocess_exec(
+        "setpriv",
+        f"--reuid={pw.pw_uid}",
+        f"--regid={pw.pw_gid}",
+        "--init-groups",
+        sys.executable,
+        "-I",
+        "-c",
+        CLIENT,
+        path,
+        json.dumps({"id": 1, "cmd": cmd, "args": args}),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, errb = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, errb.decode()
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def group_server(users: dict[str, str]) -> AsyncIterator[tuple[ControlServer, FakeOps]]:
+    d = tempfile.mkdtemp(prefix="sf")
+    os.chmod(d, 0o755)  # let the test users reach the socket; its own mode is the gate
+    ops = FakeOps(2)
+    srv = ControlServer(ops, os.path.join(d, "control.sock"), users["group"], version="x")
+    await srv.start()
+    yield srv, ops
+    await srv.close()
+    await ops.aclose()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_group_member_may_read_and_change_state(
+    group_server: tuple[ControlServer, FakeOps], users: dict[str, str]
+) -> None:
+    srv, ops = group_server
+    r = await as_user(users["member"], srv.path, "status", {})
+    assert r["ok"] is True
+    r = await as_user(users["member"], srv.path, "restart", {"worker": 1})
+    assert r["ok"] is True and ("restart", (1,)) in ops.calls
+
+
+async def test_outsider_cannot_open_the_socket(
+    group_server: tuple[ControlServer, FakeOps], users: dict[str, str]
+) -> None:
+    srv, _ = group_server
+    assert await as_user(users["outsider"], srv.path, "status", {}) == {
+        "connect": "permission_denied"
+    }
+
+
+async def test_outsider_is_forbidden_even_if_the_mode_is_loosened(
+    group_server: tuple[ControlServer, FakeOps], users: dict[str, str]
+) -> None:
+    srv, ops = group_server
+    os.chmod(srv.path, 0o666)  # an admin's mistake: peer credentials still hold
+    for cmd, args in (("status", {}), ("restart", {"worker": 0}), ("logs", {"worker": 0})):
+        r = await as_user(users["outsider"], srv.path, cmd, args)
+        assert error_code(r) == "forbidden", (cmd, r)
+        assert f"members of the group {users['group']}" in r["error"]["message"]  # type: ignore[index]
+    assert not any(c[0] == "restart" for c in ops.calls)
+
+
+async def test_connections_beyond_the_cap_get_busy_and_others_still_work(
+    ops: FakeOps, sockdir: str
+) -> None:
+    path = os.path.join(sockdir, "cap.sock")
+    srv = ControlServer(ops, path, None, version="x", max_clients=2, idle_timeout=5)
+    await srv.start()
+    held = [await Conn.open(path), await Conn.open(path)]
+    await asyncio.sleep(0.05)
+    extra = await Conn.open(path)
+    r = await extra.recv()
+    assert error_code(r) == "busy" and "too many control connections" in r["error"]["message"]  # type: ignore[index]
+    assert await extra.eof()
+    await held[0].send({"id": 1, "cmd": "version"})
+    assert (await held[0].recv())["ok"] is True
+    for c in (*held, extra):
+        await c.close()
+    await srv.close()

@@ -1,0 +1,141 @@
+"""The exporter's HTTP server on a real socket: /metrics, /sd, /, errors, listen parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from metrics_fixtures import farm, state
+from sglang_farm.exporter import Exporter, parse_listen, sd_targets
+from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.views import Phase
+
+
+@pytest.fixture
+def exporter() -> Iterator[Exporter]:
+    st = state()
+    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0") as exp:
+        yield exp
+
+
+def test_metrics_are_served_in_the_prometheus_text_format(exporter: Exporter) -> None:
+    r = httpx.get(f"{exporter.url}/metrics", timeout=5)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert 'sglang_farm_worker_state{gpu="0",state="ready",worker="0"} 1.0' in r.text
+
+
+def test_openmetrics_is_served_when_asked_for(exporter: Exporter) -> None:
+    r = httpx.get(
+        f"{exporter.url}/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        timeout=5,
+    )
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.endswith("# EOF\n")
+
+
+def test_sd_lists_ready_workers_own_metrics_targets(exporter: Exporter) -> None:
+    r = httpx.get(f"{exporter.url}/sd", timeout=5)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json() == [
+        {"targets": ["127.0.0.1:30000"], "labels": {"gpu": "0", "worker": "0", "farm": "lab"}}
+    ]
+
+
+def test_sd_target_groups_follow_the_farm_view() -> None:
+    view = farm()
+    both = dataclasses.replace(view.workers[1], phase=Phase.READY)
+    groups = sd_targets(dataclasses.replace(view, workers=(view.workers[0], both)))
+    assert [g["labels"] for g in groups] == [
+        {"gpu": "0", "worker": "0", "farm": "lab"},
+        {"gpu": "1,2", "worker": "1", "farm": "lab"},
+    ]
+    assert sd_targets(None) == []
+
+
+def test_index_and_unknown_paths(exporter: Exporter) -> None:
+    index = httpx.get(f"{exporter.url}/", timeout=5)
+    assert index.status_code == 200 and 'href="/metrics"' in index.text
+    assert httpx.get(f"{exporter.url}/nope", timeout=5).status_code == 404
+
+
+def test_a_failing_collector_answers_500_and_the_server_keeps_serving() -> None:
+    good = state()
+    current: list[MetricsState | None] = [None]
+
+    def getter() -> MetricsState:
+        st = current[0]
+        if st is None:
+            raise RuntimeError("bug in the agent")
+        return st
+
+    with Exporter(build_registry(getter), lambda: good, "127.0.0.1:0") as exp:
+        assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 500
+        current[0] = good
+        assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200
+
+
+def test_concurrent_scrapes_all_succeed(exporter: Exporter) -> None:
+    with httpx.Client(timeout=5) as client, ThreadPoolExecutor(8) as pool:
+
+        def scrape(_: int) -> int:
+            return client.get(f"{exporter.url}/metrics").status_code
+
+        assert set(pool.map(scrape, range(32))) == {200}
+
+
+def test_a_taken_port_fails_at_once_naming_the_address() -> None:
+    st = state()
+    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0") as first:
+        taken = f"127.0.0.1:{first.port}"
+        with pytest.raises(OSError, match=rf"cannot listen on {taken} for metrics"):
+            Exporter(build_registry(lambda: st), lambda: st, taken)
+
+
+def test_close_frees_the_port() -> None:
+    st = state()
+    exp = Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0")
+    port = exp.port
+    exp.close()
+    exp.close()  # twice is fine
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_ipv6_loopback_listen() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    st = state()
+    try:
+        exp = Exporter(build_registry(lambda: st), lambda: st, "[::1]:0")
+    except OSError as exc:
+        pytest.skip(f"::1 not bindable here: {exc}")
+    with exp:
+        assert exp.url.startswith("http://[::1]:")
+        assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("listen", "want"),
+    [
+        ("127.0.0.1:9840", ("127.0.0.1", 9840)),
+        (":9840", ("0.0.0.0", 9840)),
+        ("[::1]:9840", ("::1", 9840)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+    ],
+)
+def test_parse_listen_accepts_host_port_forms(listen: str, want: tuple[str, int]) -> None:
+    assert parse_listen(listen) == want
+
+
+@pytest.mark.parametrize("listen", ["9840", "host:", "host:http", "h:70000"])
+def test_parse_listen_rejects_bad_addresses_saying_what_is_accepted(listen: str) -> None:
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        parse_listen(listen)

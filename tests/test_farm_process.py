@@ -1,0 +1,110 @@
+"""End to end with real processes: the agent, the process runtime and simulator workers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tmp() -> Iterator[Path]:
+    d = tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _intervals(farm: Farm) -> dict[int, list[tuple[float, float]]]:
+    """Per worker, (launching, ready-or-exit) intervals from the agent's own log."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    open_: dict[int, float] = {}
+    for ev in farm.snapshot():
+        w = ev.get("worker")
+        if not isinstance(w, int):
+            continue
+        if ev["event"] == "worker_launching":
+            open_[w] = ev["_t"]
+        elif ev["event"] in ("worker_ready", "worker_exited") and w in open_:
+            out.setdefault(w, []).append((open_.pop(w), ev["_t"]))
+    return out
+
+
+def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(tmp: Path) -> None:
+    marker = new_marker()
+    farm = Farm(farm_config(tmp, workers=8, parallel=4, load_seconds=1.0, marker=marker), marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
+        ready = {e["worker"]: e["_t"] for e in farm.named("worker_ready")}
+        launching = {e["worker"]: e["_t"] for e in farm.named("worker_launching")}
+        assert sorted(ready) == list(range(8))
+        # The canary was ready before any other worker was launched.
+        assert all(launching[w] > ready[0] for w in range(1, 8))
+        # Never more than `parallel` loading at once.
+        spans = [s for w, ss in _intervals(farm).items() for s in ss]
+        for t, _ in spans:
+            loading = sum(1 for a, b in spans if a <= t < b)
+            assert loading <= 4, f"{loading} workers loading at once"
+        # farmctl sees it too.
+        out = farm.farmctl("status", "--json")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count('"ready"') >= 8
+        # Each simulator has a scheduler child: two processes per worker.
+        assert len(marked_pids(marker)) >= 16
+    finally:
+        code = farm.stop(signal.SIGINT)
+    assert code == 0
+    deadline = time.monotonic() + 10
+    while marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_pids(marker) == []
+
+
+def test_worker_killed_with_sigkill_comes_back_with_reason_crash(tmp: Path) -> None:
+    marker = new_marker()
+    farm = Farm(farm_config(tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker), marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        pid = farm.named("worker_launched", worker=2)[-1]["pid"]
+        n = len(farm.snapshot())
+        os.kill(pid, signal.SIGKILL)
+        exited = farm.wait_for(lambda e: e.get("event") == "worker_exited" and e.get("worker") == 2,
+                               after=n, timeout=20)
+        assert exited["status"] == -9
+        farm.wait_for(lambda e: e.get("event") == "worker_restarting" and e.get("worker") == 2
+                      and e.get("reason") == "crash", after=n, timeout=20)
+        again = farm.wait_for(lambda e: e.get("event") == "worker_ready" and e.get("worker") == 2,
+                              after=n, timeout=30)
+        assert again["_t"] > exited["_t"]
+        new_pid = farm.named("worker_launched", worker=2)[-1]["pid"]
+        assert new_pid != pid
+        # The other workers were not touched.
+        assert len(farm.named("worker_launched", worker=1)) == 1
+    finally:
+        assert farm.stop() == 0
+
+
+def test_canary_cuda_oom_halts_rollout_and_names_the_reason(tmp: Path) -> None:
+    marker = new_marker()
+    cfg = farm_config(tmp, workers=4, load_seconds=0.3, marker=marker,
+                      worker_env={0: {"SGLANG_SIM_FAIL": "cuda_oom"}})
+    farm = Farm(cfg, marker)
+    try:
+        halted = farm.wait_for(lambda e: e.get("event") == "rollout_halted", timeout=60)
+        assert "CUDA out of memory" in halted["why"] or "out of memory" in halted["why"].lower()
+        failed = farm.named("worker_failed", worker=0)
+        assert failed and failed[-1]["kind"] == "cuda_oom_load"
+        time.sleep(1.0)
+        assert [e for e in farm.named("worker_launching") if e["worker"] != 0] == []
+        why = farm.farmctl("why", "0")
+        assert "cuda_oom" in why.stdout.lower() or "out of memory" in why.stdout.lower(), why
+    finally:
+        assert farm.stop() == 0
+    assert marked_pids(marker) == []

@@ -1,0 +1,303 @@
+"""farmctl against a real control socket served (in a thread) over FakeOps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from structlog.testing import capture_logs
+
+from fake_ops import FakeOps
+from sglang_farm.cli.farmctl import Exit, cli, format_status
+from sglang_farm.control.server import ControlServer
+from sglang_farm.ops import ReloadResult
+
+
+@dataclass
+class Agent:
+    path: str
+    ops: FakeOps
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> Result:
+        return CliRunner().invoke(cli, ["--socket", self.path, *args], env=env)
+
+    def soon(self, fn: object, *a: object) -> None:
+        self.loop.call_soon_threadsafe(fn, *a)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    d = tempfile.mkdtemp(prefix="sf")
+    path = os.path.join(d, "control.sock")
+    loop = asyncio.new_event_loop()
+    ops = FakeOps(4)
+    srv = ControlServer(ops, path, None, version="0.1.0")
+    started = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(srv.start())
+        started.set()
+        loop.run_forever()
+
+    # The server's log lines must not land in CliRunner's captured stdout.
+    with capture_logs():
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        assert started.wait(10)
+        yield Agent(path, ops, loop)
+        asyncio.run_coroutine_threadsafe(srv.close(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(ops.aclose(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)
+    loop.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_status_prints_a_table_with_vram(agent: Agent) -> None:
+    r = agent.run("status")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "farm test-farm · process runtime · rollout done · 4/4 ready"
+    assert lines[2].split() == ["WORKER", "GPU", "PORT", "STATE", "FOR", "PID", "RESTARTS", "VRAM"]
+    assert lines[3].split() == [
+        "0",
+        "0",
+        "30000",
+        "ready",
+        "1h00m",
+        "1000",
+        "0",
+        "60.0/80.0",
+        "GiB",
+    ]
+    assert "QUEUE" not in r.output  # the status carries no queue depth
+
+
+def test_status_json_is_the_raw_result(agent: Agent) -> None:
+    r = agent.run("--json", "status")
+    assert r.exit_code == 0
+    st = json.loads(r.output)
+    assert st["protocol_version"] == 1 and len(st["workers"]) == 4
+
+
+def test_format_status_shows_queue_only_when_present_and_failure_notes() -> None:
+    now = 1000.0
+    w = {
+        "id": 1,
+        "gpus": [1],
+        "port": 30001,
+        "state": "failed",
+        "since": 990.0,
+        "pid": None,
+        "restarts_total": 3,
+        "restarts_by_reason": {"oom": 2, "crash": 1},
+        "last_failure": {"summary": "CUDA out of memory while loading"},
+        "oom_step": 2,
+    }
+    text = format_status(
+        {
+            "farm": "f",
+            "runtime": "systemd",
+            "rollout": "halted",
+            "now": now,
+            "workers": [{**w, "queue_depth": 7}],
+            "gpus": [],
+        }
+    )
+    _head, _, cols, row, _, note = text.splitlines()
+    assert cols.split() == ["WORKER", "GPU", "PORT", "STATE", "FOR", "PID", "RESTARTS", "QUEUE"]
+    assert row.split() == [
+        "1",
+        "1",
+        "30001",
+        "failed",
+        "10s",
+        "-",
+        "3",
+        "(oom",
+        "2,",
+        "crash",
+        "1)",
+        "7",
+    ]
+    assert note == "worker 1: CUDA out of memory while loading, OOM step 2 (farmctl why 1)"
+
+
+def test_restart_waits_until_ready_showing_progress(agent: Agent) -> None:
+    agent.ops.step = 0.3  # each phase outlasts the server's 0.1 s look at the view
+    r = agent.run("restart", "2")
+    assert r.exit_code == 0, r.output
+    out = r.output.splitlines()
+    assert out[0] == "restart issued for worker 2"
+    assert any(ln.startswith("worker 2: starting") for ln in out)
+    assert out[-1].startswith("worker 2: ready after")
+    assert ("restart", (2,)) in agent.ops.calls
+
+
+def test_restart_no_wait_returns_at_once(agent: Agent) -> None:
+    agent.ops.step = 5.0
+    t0 = time.monotonic()
+    r = agent.run("restart", "1", "--no-wait")
+    assert r.exit_code == 0 and r.output == "restart issued for worker 1\n"
+    assert time.monotonic() - t0 < 3
+
+
+def test_restart_that_ends_failed_exits_3(agent: Agent) -> None:
+    agent.ops.fail_next.add(3)
+    r = agent.run("restart", "3")
+    assert r.exit_code == Exit.NOT_RUNNING and int(Exit.NOT_RUNNING) == 3
+    assert r.stderr.strip() == (
+        "farmctl: worker 3 failed: CUDA out of memory while loading the model; see farmctl why 3"
+    )
+
+
+def test_restart_timeout_exits_1(agent: Agent) -> None:
+    agent.ops.step = 5.0
+    r = agent.run("restart", "0", "--timeout", "0.3")
+    assert r.exit_code == Exit.FAILED
+    assert "worker 0 is not ready after 0.3s" in r.stderr
+
+
+def test_restart_all_waits_for_every_worker(agent: Agent) -> None:
+    r = agent.run("restart", "all")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "restart issued for workers 0, 1, 2, 3"
+    assert (
+        sum(ln.startswith("worker ") and "ready after" in ln for ln in r.output.splitlines()) == 4
+    )
+
+
+def test_busy_is_exit_1_with_the_agents_reason(agent: Agent) -> None:
+    agent.ops.issue_delay = 1.0
+    bg = threading.Thread(target=agent.run, args=("stop", "1"))
+    bg.start()
+    time.sleep(0.3)
+    r = agent.run("start", "1")
+    bg.join()
+    assert r.exit_code == 1
+    assert r.stderr.startswith("farmctl: start refused (busy): worker 1 is busy")
+
+
+def test_unknown_worker_is_usage_exit_2(agent: Agent) -> None:
+    r = agent.run("why", "9")
+    assert r.exit_code == Exit.USAGE
+    assert r.stderr == "farmctl: why: no worker 9; workers are 0-3\n"
+    assert agent.run("restart", "nine").exit_code == Exit.USAGE  # click's own usage error
+
+
+def test_start_stop_reset_oom_endpoints(agent: Agent) -> None:
+    assert agent.run("stop", "all").output == "stopped workers 0, 1, 2, 3\n"
+    assert agent.run("endpoints").output == ""
+    assert agent.run("start", "2", "--wait").exit_code == 0
+    assert agent.run("endpoints").output == "http://127.0.0.1:30002\n"
+    r = agent.run("reset-oom", "2")
+    assert r.exit_code == 0 and agent.ops.oom_resets == [2]
+
+
+def test_why_shows_failure_lines_action_and_advice(agent: Agent) -> None:
+    agent.ops.fail_next.add(1)
+    assert agent.run("restart", "1").exit_code == 3
+    out = agent.run("why", "1").output
+    assert out.splitlines()[0] == "worker 1: failed"
+    assert "  | torch.OutOfMemoryError: CUDA out of memory" in out
+    assert "what the farm did: moved to OOM ladder step 1" in out
+    assert "what to do: lower --mem-fraction-static" in out
+    assert "OOM ladder step: 1 (less-static-memory); farmctl reset-oom 1 undoes it" in out
+    assert agent.run("why", "0").output == "worker 0: ready\nno failure recorded\n"
+
+
+def test_reload_applied_and_rejected(agent: Agent) -> None:
+    r = agent.run("reload")
+    assert r.exit_code == 0 and r.output == "config applied: restarted worker 1\n"
+    agent.ops.reload_result = ReloadResult(False, problems=("workers[2].gpu: expected an int",))
+    r = agent.run("reload")
+    assert r.exit_code == 1
+    assert "  workers[2].gpu: expected an int" in r.stderr
+    assert "reload rejected: 1 problem in the config; the old config keeps running" in r.stderr
+
+
+def test_logs_tail_and_follow(agent: Agent) -> None:
+    assert agent.run("logs", "1", "-n", "2").output == "w1 line 48\nw1 line 49\n"
+
+    def feed() -> None:
+        deadline = time.monotonic() + 5
+        while not agent.ops.follow_queues and time.monotonic() < deadline:
+            time.sleep(0.01)
+        agent.soon(agent.ops.push_log, "new 1")
+        agent.soon(agent.ops.push_log, None)
+
+    threading.Thread(target=feed).start()
+    r = agent.run("logs", "1", "-n", "1", "-f")
+    assert r.exit_code == 0 and r.output == "w1 line 49\nnew 1\n"
+
+
+def test_version_and_completion(agent: Agent) -> None:
+    assert agent.run("version").output == "farmctl 0.1.0\nagent 0.1.0 (protocol 1)\n"
+    r = agent.run("completion", "bash")
+    assert r.exit_code == 0 and "_FARMCTL_COMPLETE=bash_complete" in r.output
+    assert "complete -o nosort -F" in r.output
+
+
+def test_socket_from_config_and_env(agent: Agent, tmp_path: Path) -> None:
+    cfg = tmp_path / "farm.toml"
+    cfg.write_text(f'[control]\nsocket = "{agent.path}"\n')
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "version"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["version"], env={"FARMCTL_SOCKET": agent.path})
+    assert r.exit_code == 0, r.output
+    cfg.write_text("[control\n")
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "status"])
+    assert r.exit_code == Exit.USAGE and "is not valid TOML" in r.stderr
+
+
+def farmctl(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from sglang_farm.cli.farmctl import main; sys.argv[0]='farmctl'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_unreachable_agent_is_exit_4_with_one_line(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.sock")
+    p = farmctl("--socket", missing, "status")
+    assert p.returncode == Exit.UNREACHABLE and int(Exit.UNREACHABLE) == 4
+    assert p.stderr == (
+        f"farmctl: cannot reach the agent at {missing}: no socket there; "
+        "is sglang-farm running? (systemctl status sglang-farm)\n"
+    )
+    stale = str(tmp_path / "stale.sock")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(stale)
+    s.close()
+    p = farmctl("--socket", stale, "restart", "3")
+    assert p.returncode == 4 and "nothing listens on the socket" in p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_import_path_stays_light() -> None:
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import sglang_farm.cli.farmctl"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    modules = {ln.split("|")[-1].strip() for ln in p.stderr.splitlines() if "|" in ln}
+    assert "sglang_farm.cli.farmctl" in modules
+    heavy = {"httpx", "prometheus_client", "structlog", "asyncio", "pynvml", "pystemd"}
+    assert not heavy & modules, heavy & modules

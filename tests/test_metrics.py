@@ -1,0 +1,260 @@
+"""Collectors over hand-built snapshots: single values, the golden exposition, promtool's lint."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from metrics_fixtures import NOW, GiB, farm, state
+from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.metrics import MetricsState, build_registry, gpu_label, model_from_argv
+from sglang_farm.views import Phase
+
+GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
+
+
+def _registry(st: MetricsState):  # type: ignore[no-untyped-def]
+    return build_registry(lambda: st, version="0.0.0-test")
+
+
+def _v(st: MetricsState, metric: str, /, **labels: str) -> float | None:
+    return _registry(st).get_sample_value(metric, labels)
+
+
+def test_gpu_readings_are_exported_per_gpu_with_uuid() -> None:
+    st = state()
+    assert _v(st, "sglang_farm_nvml_up") == 1
+    assert _v(st, "sglang_farm_gpu_simulated") == 0
+    g0 = {"gpu": "0", "uuid": "GPU-0000"}
+    assert _v(st, "sglang_farm_gpu_memory_used_bytes", **g0) == 71 * GiB
+    assert _v(st, "sglang_farm_gpu_memory_total_bytes", **g0) == 140 * GiB
+    assert _v(st, "sglang_farm_gpu_utilization_ratio", **g0) == 0.5
+    assert _v(st, "sglang_farm_gpu_temperature_celsius", **g0) == 40
+    assert _v(st, "sglang_farm_gpu_power_watts", **g0) == 300
+    assert _v(st, "sglang_farm_gpu_energy_joules_total", **g0) == 1e6
+    assert _v(st, "sglang_farm_gpu_ecc_errors_total", type="uncorrected", **g0) == 0
+    assert _v(st, "sglang_farm_gpu_compute_processes", **g0) == 1
+    info = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver_version": "580.159.04"}
+    assert _v(st, "sglang_farm_gpu_info", pci_bus_id="00000000:18:00.0", **info, **g0) == 1
+
+
+def test_unsupported_readings_are_absent_not_zero() -> None:
+    st = state()
+    g2 = {"gpu": "2", "uuid": "GPU-0002"}
+    assert _v(st, "sglang_farm_gpu_ecc_errors_total", type="corrected", **g2) is None
+    assert _v(st, "sglang_farm_gpu_memory_used_bytes", **g2) == 10 * GiB
+
+
+def test_a_lost_gpu_is_unhealthy_with_no_readings() -> None:
+    st = state()
+    g3 = {"gpu": "3", "uuid": "GPU-0003"}
+    assert _v(st, "sglang_farm_gpu_healthy", **g3) == 0
+    assert _v(st, "sglang_farm_gpu_memory_used_bytes", **g3) is None
+    assert _v(st, "sglang_farm_gpu_compute_processes", **g3) is None
+    assert _v(st, "sglang_farm_gpu_healthy", gpu="0", uuid="GPU-0000") == 1
+
+
+def test_xid_errors_are_counted_by_gpu_and_code() -> None:
+    st = state()
+    assert _v(st, "sglang_farm_gpu_xid_errors_total", gpu="0", uuid="GPU-0000", xid="79") == 2
+    assert _v(st, "sglang_farm_gpu_xid_errors_total", gpu="unknown", uuid="", xid="48") == 1
+
+
+def test_nvml_down_exports_nvml_up_zero_and_no_gpu_series() -> None:
+    down = FleetSnapshot(taken_at=NOW, duration_s=0, nvml_up=False, error="no driver")
+    st = dataclasses.replace(state(), fleet=down)
+    assert _v(st, "sglang_farm_nvml_up") == 0
+    assert _v(st, "sglang_farm_gpu_memory_used_bytes", gpu="0", uuid="GPU-0000") is None
+    # Per-worker memory cannot be attributed without NVML: absent, not 0.
+    assert _v(st, "sglang_farm_worker_gpu_memory_bytes", worker="0", gpu="0") is None
+    assert _v(st, "sglang_farm_worker_state", worker="0", gpu="0", state="ready") == 1
+
+
+def test_no_gpu_source_means_no_nvml_up_series_at_all() -> None:
+    st = dataclasses.replace(state(), fleet=None)
+    assert _v(st, "sglang_farm_nvml_up") is None
+    assert _v(st, "sglang_farm_worker_up", worker="0", gpu="0") == 1
+
+
+def test_worker_state_is_a_one_hot_state_set() -> None:
+    st = state()
+    for phase in Phase:
+        want = 1 if phase is Phase.READY else 0
+        assert _v(st, "sglang_farm_worker_state", worker="0", gpu="0", state=str(phase)) == want
+    assert _v(st, "sglang_farm_worker_state", worker="2", gpu="3", state="failed") == 1
+
+
+def test_a_worker_on_two_gpus_is_labelled_with_both() -> None:
+    st = state()
+    assert gpu_label((1, 2)) == "1,2"
+    assert _v(st, "sglang_farm_worker_state", worker="1", gpu="1,2", state="starting") == 1
+
+
+def test_restarts_and_ooms_export_every_known_reason_including_zero() -> None:
+    st = state()
+    w0 = {"worker": "0", "gpu": "0"}
+    got = {
+        r: _v(st, "sglang_farm_worker_restarts_total", reason=r, **w0)
+        for r in ("crash", "hang", "oom", "manual", "config")
+    }
+    assert got == {"crash": 2, "hang": 0, "oom": 1, "manual": 0, "config": 0}
+    kinds = {
+        k: _v(st, "sglang_farm_worker_oom_events_total", kind=k, **w0)
+        for k in ("cuda", "kv_cache", "cuda_graph", "host")
+    }
+    assert kinds == {"cuda": 1, "kv_cache": 0, "cuda_graph": 0, "host": 0}
+    assert _v(st, "sglang_farm_worker_oom_ladder_step", **w0) == 1
+    assert _v(st, "sglang_farm_worker_last_load_duration_seconds", **w0) == 41.5
+
+
+def test_worker_figures_come_from_stats_only_while_it_serves() -> None:
+    st = state()
+    w0 = {"worker": "0", "gpu": "0"}
+    assert _v(st, "sglang_farm_worker_up", **w0) == 1
+    assert _v(st, "sglang_farm_worker_queued_requests", **w0) == 7
+    assert _v(st, "sglang_farm_worker_running_requests", **w0) == 3
+    assert _v(st, "sglang_farm_worker_kv_cache_usage_ratio", **w0) == 0.42
+    assert _v(st, "sglang_farm_worker_generation_throughput_tokens_per_second", **w0) == 1234.5
+    assert _v(st, "sglang_farm_worker_stats_stale", **w0) == 0
+    # Worker 2 failed: its leftover stats are not shown as live figures.
+    w2 = {"worker": "2", "gpu": "3"}
+    assert _v(st, "sglang_farm_worker_up", **w2) == 0
+    assert _v(st, "sglang_farm_worker_queued_requests", **w2) is None
+    assert _v(st, "sglang_farm_worker_stats_stale", **w2) is None
+
+
+def test_stale_stats_are_flagged_and_a_silent_worker_has_no_figures() -> None:
+    base = state()
+    silent = dataclasses.replace(
+        base.workers[0], up=False, stale=True, running=None, queued=None, error="timeout"
+    )
+    st = dataclasses.replace(base, workers={0: silent})
+    w0 = {"worker": "0", "gpu": "0"}
+    assert _v(st, "sglang_farm_worker_up", **w0) == 0
+    assert _v(st, "sglang_farm_worker_stats_stale", **w0) == 1
+    assert _v(st, "sglang_farm_worker_queued_requests", **w0) is None
+
+
+def test_worker_gpu_memory_is_attributed_through_its_process_tree() -> None:
+    st = state()
+    assert _v(st, "sglang_farm_worker_gpu_memory_bytes", worker="0", gpu="0") == 70 * GiB
+    # Worker 1's tree {200} holds nothing (pid 201 is not in it).
+    assert _v(st, "sglang_farm_worker_gpu_memory_bytes", worker="1", gpu="1,2") == 0
+    # Worker 2 has no known process tree: absent.
+    assert _v(st, "sglang_farm_worker_gpu_memory_bytes", worker="2", gpu="3") is None
+
+
+def test_info_metrics_carry_model_and_version() -> None:
+    st = state()
+    assert (
+        _v(
+            st,
+            "sglang_farm_worker_info",
+            worker="0",
+            gpu="0",
+            port="30000",
+            model_name="qwen3-8b",
+            sglang_version="0.5.23",
+        )
+        == 1
+    )
+    # No stats yet: the model comes from the command line.
+    assert (
+        _v(
+            st,
+            "sglang_farm_worker_info",
+            worker="1",
+            gpu="1,2",
+            port="30001",
+            model_name="/m/big",
+            sglang_version="",
+        )
+        == 1
+    )
+    assert _v(st, "sglang_farm_build_info", version="0.0.0-test") == 1
+
+
+def test_model_from_argv_prefers_the_served_name() -> None:
+    argv = ("x", "--model-path", "/m/a", "--served-model-name=alpha")
+    assert model_from_argv(argv) == "alpha"
+    assert model_from_argv(("x", "--model-path", "/m/a")) == "/m/a"
+    assert model_from_argv(("x",)) is None
+
+
+def test_agent_probe_and_snapshot_metrics() -> None:
+    st = state()
+    assert _v(st, "sglang_farm_snapshot_timestamp_seconds") == NOW
+    assert _v(st, "sglang_farm_probe_success", source="gpu") == 1
+    assert _v(st, "sglang_farm_probe_success", source="workers") == 0
+    assert _v(st, "sglang_farm_probe_duration_seconds", source="workers") == 2.0
+    assert _v(st, "sglang_farm_probe_last_success_timestamp_seconds", source="gpu") == NOW - 1
+    assert _v(st, "sglang_farm_probe_last_success_timestamp_seconds", source="runtime") is None
+    assert _v(st, "sglang_farm_rollout_state", state="done") == 1
+    assert _v(st, "sglang_farm_rollout_state", state="halted") == 0
+
+
+def test_each_scrape_reads_the_state_reference_exactly_once() -> None:
+    calls = 0
+    st = state()
+
+    def getter() -> MetricsState:
+        nonlocal calls
+        calls += 1
+        return st
+
+    registry = build_registry(getter)
+    assert calls == 0  # registering does not collect
+    generate_latest(registry)
+    assert calls == 1
+    generate_latest(registry)
+    assert calls == 2
+
+
+def test_a_swapped_state_shows_at_the_next_scrape() -> None:
+    current = [state()]
+    registry = build_registry(lambda: current[0])
+    assert registry.get_sample_value("sglang_farm_worker_state", _ready0()) == 1
+    view = farm()
+    worker0 = dataclasses.replace(view.workers[0], phase=Phase.BACKOFF)
+    current[0] = dataclasses.replace(
+        current[0], farm=dataclasses.replace(view, workers=(worker0, *view.workers[1:]))
+    )
+    assert registry.get_sample_value("sglang_farm_worker_state", _ready0()) == 0
+
+
+def _ready0() -> dict[str, str]:
+    return {"worker": "0", "gpu": "0", "state": "ready"}
+
+
+def test_every_family_is_prefixed_and_counters_end_in_total() -> None:
+    text = generate_latest(_registry(state())).decode()
+    for fam in text_string_to_metric_families(text):
+        assert fam.name.startswith("sglang_farm_"), fam.name
+        for s in fam.samples:
+            if fam.type == "counter":
+                assert s.name.endswith("_total"), s.name
+
+
+def test_exposition_matches_the_golden_file(update_golden: bool) -> None:
+    text = generate_latest(_registry(state())).decode()
+    if update_golden:
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "exposition changed; rerun with --update-golden and review"
+
+
+def test_promtool_finds_no_problem_in_the_exposition() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'); CI installs it")
+    text = generate_latest(_registry(state()))
+    r = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False
+    )
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    assert r.stdout.decode().strip() == "", r.stdout.decode()

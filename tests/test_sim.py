@@ -1,0 +1,541 @@
+"""The SGLang simulator: real processes, real sockets, SGLang's texts and exit statuses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_farm.sim.engine import Engine
+from sglang_farm.sim.exposition import MetricContext, render_metrics
+from sglang_farm.sim.options import (
+    FailMode,
+    SettingsError,
+    human_readable_int,
+    load_settings,
+    parse_options,
+)
+
+FAST = {
+    "SGLANG_SIM_LOAD_SECONDS": "0.3",
+    "SGLANG_SIM_WARMUP_SECONDS": "0.2",
+    "SGLANG_SIM_HEALTH_DELAY": "0.05",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 10.0) -> object:
+    """Poll `check` until it returns something truthy; fail with the last observation."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}; last observation: {last!r}")
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (no psutil)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Sim:
+    """One simulator process in its own session, with its stderr collected line by line."""
+
+    def __init__(self, *flags: str, env: dict[str, str] | None = None, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang_farm.sim",
+            "--model-path",
+            "/models/llama-3-8b",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--nccl-port",
+            str(free_port()),
+            *flags,
+        ]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SIM_")}
+        full_env.update(FAST if env is None else env)
+        self.proc = subprocess.Popen(
+            argv,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> None:
+        wait_until(f"log line {text!r}", lambda: text in self.log, timeout)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        self.wait_log("The server is fired up and ready to roll!", timeout)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def close(self) -> None:
+        """SIGKILL whatever is left of the session, then release the pipe."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._reader.join(5)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def sims() -> Iterator[Callable[..., Sim]]:
+    started: list[Sim] = []
+
+    def start(*flags: str, env: dict[str, str] | None = None, port: int | None = None) -> Sim:
+        sim = Sim(*flags, env=env, port=port)
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.close()
+
+
+# -- pure parts ----------------------------------------------------------------------------
+
+
+def test_human_readable_int_follows_sglang_si_and_binary_suffixes() -> None:
+    assert human_readable_int("32k") == 32000
+    assert human_readable_int("32Ki") == 32768
+    assert human_readable_int("4096") == 4096
+
+
+def test_unknown_flags_are_ignored_and_modelled_ones_parsed() -> None:
+    opts, ignored = parse_options(
+        [
+            "--model-path",
+            "m",
+            "--tp",
+            "2",
+            "--enable-metrics",
+            "--some-future-flag",
+            "7",
+            "--context-length",
+            "32k",
+        ]
+    )
+    assert (opts.tp_size, opts.enable_metrics, opts.context_length) == (2, True, 32000)
+    assert opts.served_model_name == "m"
+    assert ignored == ["--some-future-flag", "7"]
+
+
+def test_removed_and_ambiguous_flags_exit_2_like_sglang(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as removed:
+        parse_options(["--model-path", "m", "--mamba-scheduler-strategy", "extra_buffer"])
+    assert removed.value.code == 2
+    assert (
+        "error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit) as ambiguous:
+        parse_options(["--model-path", "m", "--cuda-graph-max-bs", "8"])
+    assert ambiguous.value.code == 2
+    assert "ambiguous option: --cuda-graph-max-bs could match" in capsys.readouterr().err
+
+
+def test_settings_reject_unknown_mode_and_bad_numbers_by_name() -> None:
+    assert load_settings({"SGLANG_SIM_FAIL": "cuda_oom"}).fail is FailMode.CUDA_OOM
+    with pytest.raises(SettingsError, match=r"SGLANG_SIM_FAIL='nope'.*cuda_oom"):
+        load_settings({"SGLANG_SIM_FAIL": "nope"})
+    with pytest.raises(SettingsError, match="SGLANG_SIM_LOAD_SECONDS='soon'"):
+        load_settings({"SGLANG_SIM_LOAD_SECONDS": "soon"})
+
+
+def test_rendered_metrics_parse_with_sglang_names_types_and_labels() -> None:
+    engine = Engine(max_running=4, max_queued=None, max_total_tokens=1000, token_seconds=0.0)
+    engine.generate(10, 5)
+    engine.publish()
+    ctx = MetricContext(
+        model_name='m"x',
+        extra_labels=(("gpu", "3"),),
+        context_len=8192,
+        page_size=1,
+        weight_gb=1.0,
+        kv_cache_gb=2.0,
+        graph_gb=0.5,
+    )
+    text = render_metrics(ctx, engine.scheduler_stats(), engine.tokenizer_stats())
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    expected = {
+        "sglang:num_running_reqs": "gauge",
+        "sglang:num_queue_reqs": "gauge",
+        "sglang:token_usage": "gauge",
+        "sglang:gen_throughput": "gauge",
+        "sglang:cache_hit_rate": "gauge",
+        "sglang:num_used_tokens": "gauge",
+        "sglang:max_total_num_tokens": "gauge",
+        "sglang:prompt_tokens": "counter",
+        "sglang:generation_tokens": "counter",
+        "sglang:num_requests": "counter",
+        "sglang:e2e_request_latency_seconds": "histogram",
+    }
+    assert {name: families[name].type for name in expected} == expected
+    gauge = families["sglang:max_total_num_tokens"].samples[0]
+    assert gauge.labels == {
+        "model_name": 'm"x',
+        "engine_type": "unified",
+        "tp_rank": "0",
+        "pp_rank": "0",
+        "moe_ep_rank": "0",
+        "gpu": "3",
+    }
+    assert gauge.value == 1000
+    counter = families["sglang:generation_tokens"].samples[0]
+    assert counter.name == "sglang:generation_tokens_total"
+    assert counter.labels["is_streaming"] == "false"
+    assert counter.value == 5
+    e2e = {
+        s.name: s.value
+        for s in families["sglang:e2e_request_latency_seconds"].samples
+        if s.name.endswith(("_count", "_sum"))
+    }
+    assert e2e["sglang:e2e_request_latency_seconds_count"] == 1
+
+
+# -- real processes (marked slow: each starts a simulator) ----------------------------------
+
+
+@pytest.mark.slow
+def test_port_unbound_while_loading_then_health_503_then_200_after_a_second(sims) -> None:
+    env = {"SGLANG_SIM_LOAD_SECONDS": "1.0", "SGLANG_SIM_WARMUP_SECONDS": "0.5"}  # default delay
+    sim = sims("--unknown-flag", "x", env=env)
+    seen: list[object] = []
+
+    def probe() -> object:
+        try:
+            r = httpx.get(sim.url + "/health", timeout=5)
+        except httpx.ConnectError:
+            seen.append("refused")
+            return None
+        seen.append(r.status_code)
+        return r.status_code == 200
+
+    wait_until("/health 200", probe, timeout=10)
+    assert seen[0] == "refused"
+    assert 503 in seen
+    assert seen.index(503) > seen.index("refused")
+    assert "Uvicorn running on http://127.0.0.1" in sim.log
+    # The last probe took SGLang's ~1 s.
+    t = time.monotonic()
+    assert httpx.get(sim.url + "/health", timeout=5).status_code == 200
+    assert time.monotonic() - t >= 0.95
+    order = [
+        "server_args=ServerArgs(",
+        "Load weight begin",
+        "Load weight end",
+        "KV Cache is allocated",
+        "Capture target decode CUDA graph end",
+        "Uvicorn running on",
+        "The server is fired up and ready to roll!",
+    ]
+    positions = [sim.log.index(marker) for marker in order]
+    assert positions == sorted(positions)
+    assert httpx.get(sim.url + "/metrics", timeout=5).status_code == 404  # no --enable-metrics
+
+
+@pytest.mark.slow
+def test_metrics_and_loads_count_running_and_queued_requests(sims) -> None:
+    env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}
+    sim = sims(
+        "--enable-metrics", "--max-running-requests", "2", "--served-model-name", "llama", env=env
+    )
+    sim.wait_ready()
+    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(5) as pool:
+        body = {"text": "The capital city of France is", "sampling_params": {"max_new_tokens": 20}}
+        futures = [pool.submit(client.post, "/generate", json=body) for _ in range(5)]
+
+        def scrape() -> dict[str, float] | None:
+            fams = text_string_to_metric_families(client.get("/metrics").text)
+            values = {f.name: f.samples[0].value for f in fams if f.samples}
+            if values["sglang:num_running_reqs"] == 2 and values["sglang:num_queue_reqs"] == 3:
+                return values
+            return None
+
+        wait_until("2 running and 3 queued in /metrics", scrape, timeout=3)
+        loads = client.get("/v1/loads").json()["loads"][0]
+        assert (loads["num_running_reqs"], loads["num_waiting_reqs"]) == (2, 3)
+        assert loads["max_running_requests"] == 2
+        replies = [f.result() for f in futures]
+        assert [r.status_code for r in replies] == [200] * 5
+        assert replies[0].json()["meta_info"]["completion_tokens"] == 20
+        chat = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "llama",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+            },
+        )
+        assert chat.json()["usage"]["completion_tokens"] == 3
+        assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+        fams = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        requests = fams["sglang:num_requests"].samples[0]
+        assert requests.labels["model_name"] == "llama"
+        assert requests.value == 5 + 1 + 1  # five generates, one chat, SGLang's warmup request
+        assert fams["sglang:generation_tokens"].samples[0].value == 100 + 3 + 8
+        t1 = client.get("/v1/loads").json()["loads"][0]["timestamp"]
+        wait_until(
+            "a newer /v1/loads timestamp",
+            lambda: client.get("/v1/loads").json()["loads"][0]["timestamp"] > t1,
+            2,
+        )
+        assert client.get("/v1/loads", params={"include": "bogus"}).status_code == 400
+        models = client.get("/v1/models").json()
+        assert models["data"][0]["id"] == "llama"
+
+
+MODES = [
+    (FailMode.CUDA_OOM, -9, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"),
+    (
+        FailMode.NOT_ENOUGH_MEMORY,
+        -9,
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+    ),
+    (
+        FailMode.WEIGHTS_LEAVE_NO_MEMORY,
+        -9,
+        "ValueError: Loaded weights leave no GPU memory for the KV cache",
+    ),
+    (FailMode.CUDA_GRAPH, -9, "Capture cuda graph failed:"),
+    (FailMode.DEEP_GEMM, -9, "    assert cuda_home is not None\nAssertionError"),
+    (
+        FailMode.ATTENTION_BACKEND,
+        -9,
+        "AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90.",
+    ),
+    (FailMode.SGL_KERNEL, 1, "[sgl_kernel] CRITICAL: Could not load any common_ops library!"),
+    (FailMode.HOST_OOM, 1, "Rank 0 scheduler died during initialization (exit code: -9)."),
+    (
+        FailMode.BAD_FLAG,
+        2,
+        "error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer",
+    ),
+    (
+        FailMode.PORT_IN_USE,
+        3,
+        "[Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+        "address already in use",
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "code", "text"), MODES, ids=[m.value for m, _, _ in MODES])
+def test_failure_mode_prints_sglang_text_and_exits_like_sglang(sims, mode, code, text) -> None:
+    sim = sims(env={**FAST, "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_FAIL": mode.value})
+    assert sim.wait() == code
+    assert text.format(port=sim.port) in sim.log
+    if code == -9:
+        assert "Scheduler hit an exception: Traceback (most recent call last):" in sim.log
+    assert "The server is fired up" not in sim.log
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim.url + "/health", timeout=1)
+
+
+@pytest.mark.slow
+def test_port_taken_by_another_process_exits_3_after_load(sims) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        sim = sims(port=holder.getsockname()[1])
+        assert sim.wait() == 3
+    assert "Load weight end" in sim.log
+    assert "address already in use" in sim.log
+
+
+@pytest.mark.slow
+def test_runtime_cuda_oom_after_serving_kills_the_tree_with_minus_9(sims) -> None:
+    sim = sims(env={**FAST, "SGLANG_SIM_FAIL_AFTER": "0.3"})
+    sim.wait_ready()
+    assert httpx.get(sim.url + "/health", timeout=5).status_code == 200
+    kids = children_of(sim.proc.pid)
+    assert sim.wait() == -9
+    assert "torch.OutOfMemoryError: CUDA out of memory." in sim.log
+    assert "SIGQUIT received." in sim.log
+    wait_until("children gone", lambda: not any(alive(k) for k in kids), 3)
+
+
+@pytest.mark.slow
+def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims) -> None:
+    sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_HANG_AFTER": "0.2"})
+    sim.wait_ready()
+    time.sleep(0.4)
+    with httpx.Client(base_url=sim.url, timeout=1.0) as client:
+        t1 = client.get("/v1/loads").json()["loads"][0]["timestamp"]
+        with pytest.raises(httpx.ReadTimeout):
+            client.get("/health")
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/v1/loads").json()["loads"][0]["timestamp"] == t1
+        assert client.get("/ready").status_code == 200  # a flag check, as in SGLang
+        with pytest.raises(httpx.ReadTimeout):
+            client.get("/server_info")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims) -> None:
+    sim = sims("--tp-size", "2", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
+    sim.wait_ready()
+    kids = children_of(sim.proc.pid)
+    titles = sorted(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[0].decode() for k in kids)
+    assert titles == ["sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+    assert {os.getpgid(k) for k in kids} == {os.getpgid(sim.proc.pid)}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(
+            httpx.post,
+            sim.url + "/generate",
+            timeout=5,
+            json={"text": "hi", "sampling_params": {"max_new_tokens": 30}},
+        )
+        wait_until(
+            "a running request",
+            lambda: (
+                "POST" not in sim.log
+                and httpx.get(sim.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 1
+            ),
+            2,
+        )
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.wait() == 0
+        assert reply.result().status_code == 200
+    assert "SIGTERM received." in sim.log
+    assert "Draining requests and shutting down..." in sim.log
+    assert not [k for k in kids if alive(k)]
+
+
+@pytest.mark.slow
+def test_ignored_sigterm_survives_and_children_die_with_a_killed_parent(sims) -> None:
+    sim = sims(env={**FAST, "SGLANG_SIM_IGNORE_SIGTERM": "1"})
+    sim.wait_ready()
+    kids = children_of(sim.proc.pid)
+    os.killpg(sim.proc.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert sim.proc.poll() is None
+    assert all(alive(k) for k in kids)
+    sim.proc.kill()  # the parent only: PR_SET_PDEATHSIG takes the children with it
+    assert sim.wait() == -9
+    wait_until("children gone", lambda: not any(alive(k) for k in kids), 3)
+
+
+@pytest.mark.slow
+def test_scheduler_killed_while_serving_takes_the_server_down(sims) -> None:
+    sim = sims()
+    sim.wait_ready()
+    scheduler = next(
+        k
+        for k in children_of(sim.proc.pid)
+        if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sglang::scheduler")
+    )
+    os.kill(scheduler, signal.SIGKILL)
+    assert sim.wait() == -9
+    assert f"Subprocess scheduler (pid={scheduler}) crashed with exit code -9." in sim.log
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not _torch_cuda(), reason="needs torch with a CUDA device")
+def test_gpu_memory_is_really_held_by_the_scheduler_child(sims) -> None:
+    import pynvml
+
+    sim = sims(env={**FAST, "SGLANG_SIM_GPU_MEM_GIB": "2"})
+    sim.wait_ready(timeout=60)
+    assert "holding 2.00 GiB of GPU memory on cuda:0" in sim.log
+    scheduler = next(
+        k
+        for k in children_of(sim.proc.pid)
+        if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sglang::scheduler")
+    )
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        used = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    finally:
+        pynvml.nvmlShutdown()
+    assert used.get(scheduler, 0) >= 2 * 2**30
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not _torch_cuda(), reason="needs torch with a CUDA device")
+def test_real_cuda_oom_prints_torchs_own_message_and_exits_minus_9(sims) -> None:
+    sim = sims(env={**FAST, "SGLANG_SIM_FAIL": "real_cuda_oom"})
+    assert sim.wait(timeout=120) == -9
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in sim.log
+    assert "torch.OutOfMemoryError: CUDA out of memory." in sim.log
+    assert "372.53 GiB" not in sim.log  # torch's real figures, not the canned text

@@ -1,0 +1,242 @@
+"""The supervisor's pure core: ordering, canary, back-off, crash loop, hang, OOM ladder hook."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+from sglang_farm.supervisor import (
+    HealthFailed,
+    HealthPassed,
+    IllegalTransition,
+    Launch,
+    Launched,
+    Policy,
+    ProcessExited,
+    RestartRequested,
+    Rollout,
+    StopRequested,
+    Supervisor,
+    Terminate,
+    WorkerState,
+    backoff_delay,
+    step,
+)
+from sglang_farm.views import Phase
+
+OOM = Failure(FailureKind.CUDA_OOM_LOAD, "CUDA out of memory", "lower mem_fraction_static")
+BAD_FLAG = Failure(FailureKind.BAD_FLAG, "unrecognized arguments", "fix the flag")
+
+
+def policy(**restart: float) -> Policy:
+    return Policy(
+        StartupPolicy(canary=0, parallel=2, load_timeout=100.0),
+        HealthPolicy(period=1.0, timeout=1.0, failure_threshold=3),
+        RestartPolicy(
+            **{"backoff_initial": 1.0, "backoff_max": 8.0, "reset_after": 50.0, "max_failures": 3}
+            | restart
+        ),
+    )
+
+
+def launches(actions: list[object]) -> list[int]:
+    return [a.worker for a in actions if isinstance(a, Launch)]
+
+
+def bring_up(sup: Supervisor, wid: int, now: float) -> list[object]:
+    out: list[object] = list(sup.handle(wid, Launched(pid=1000 + wid), now))
+    out += sup.handle(wid, HealthPassed(), now)
+    return out
+
+
+def test_canary_loads_alone_then_waves_never_exceed_parallel() -> None:
+    sup = Supervisor(range(6), policy())
+    assert launches(sup.start(list(range(6)), 0.0)) == [0]
+    assert sup.rollout is Rollout.CANARY
+    # Canary ready: the next ones get slots, at most `parallel` loading at once.
+    assert launches(bring_up(sup, 0, 1.0)) == [1, 2]
+    assert sup.rollout is Rollout.ROLLING
+    assert launches(bring_up(sup, 1, 2.0)) == [3]
+    assert launches(bring_up(sup, 3, 3.0)) == [4]
+    loading = [w for w, s in sup.workers.items() if s.phase is Phase.STARTING]
+    assert loading == [2, 4]
+    bring_up(sup, 2, 4.0)
+    bring_up(sup, 4, 4.0)
+    bring_up(sup, 5, 5.0)
+    assert sup.rollout is Rollout.DONE
+    assert all(s.phase is Phase.READY for s in sup.workers.values())
+    assert sup.workers[0].last_load_seconds == 1.0
+
+
+def test_canary_failure_halts_rollout_and_names_the_reason() -> None:
+    sup = Supervisor(range(4), policy())
+    sup.start(list(range(4)), 0.0)
+    sup.handle(0, Launched(pid=10), 0.0)
+    actions = sup.handle(0, ProcessExited(status=-9, failure=OOM), 5.0)
+    assert launches(actions) == []
+    assert sup.workers[0].phase is Phase.FAILED
+    assert sup.rollout is Rollout.HALTED
+    assert sup.rollout_reason is not None and "CUDA out of memory" in sup.rollout_reason
+    assert {s.phase for w, s in sup.workers.items() if w} == {Phase.PENDING}
+    # Time passing starts nothing while halted.
+    assert launches(sup.tick(500.0)) == []
+
+
+def test_starting_again_after_a_halt_begins_with_the_canary() -> None:
+    sup = Supervisor(range(3), policy())
+    sup.start([0, 1, 2], 0.0)
+    sup.handle(0, ProcessExited(status=1, failure=None), 1.0)
+    assert sup.rollout is Rollout.HALTED
+    assert launches(sup.start([0, 1, 2], 2.0)) == [0]
+    assert sup.rollout is Rollout.CANARY
+
+
+def test_restart_backs_off_exponentially_and_gives_up_after_the_limit() -> None:
+    sup = Supervisor([0, 1], policy())
+    sup.start([0, 1], 0.0)
+    bring_up(sup, 0, 0.0)
+    bring_up(sup, 1, 0.0)
+    t = 10.0
+    delays = []
+    for _ in range(3):
+        sup.handle(1, ProcessExited(status=-9), t)
+        s = sup.workers[1]
+        assert s.phase is Phase.BACKOFF and s.retry_at is not None
+        delays.append(s.retry_at - t)
+        assert launches(sup.tick(s.retry_at - 0.01)) == []
+        assert launches(sup.tick(s.retry_at)) == [1]
+        t = s.retry_at
+        sup.handle(1, Launched(pid=2), t)
+    assert delays == [1.0, 2.0, 4.0]
+    sup.handle(1, ProcessExited(status=-9), t + 1)
+    assert sup.workers[1].phase is Phase.FAILED
+    assert "gave up after 4 failures" in (sup.workers[1].last_action or "")
+    assert sup.workers[1].restarts_by_reason == {"crash": 3}
+    assert sup.workers[0].phase is Phase.READY  # the others are untouched
+
+
+def test_backoff_resets_after_a_stable_period() -> None:
+    p = policy()
+    s = WorkerState(0, phase=Phase.READY, failures=2, ready_since=0.0)
+    assert step(s, HealthPassed(), 49.0, p).state.failures == 2
+    from sglang_farm.supervisor import Tick
+
+    assert step(s, Tick(), 49.9, p).state.failures == 2
+    assert step(s, Tick(), 50.0, p).state.failures == 0
+
+
+def test_backoff_delay_is_capped() -> None:
+    r = RestartPolicy(backoff_initial=5.0, backoff_max=300.0)
+    assert [backoff_delay(n, r) for n in (1, 2, 3, 7, 20)] == [5.0, 10.0, 20.0, 300.0, 300.0]
+
+
+def test_hang_restarts_after_threshold_with_reason_hang() -> None:
+    sup = Supervisor([0], policy())
+    sup.start([0], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.handle(0, HealthFailed("timeout"), 1.0)
+    assert sup.workers[0].phase is Phase.UNHEALTHY
+    sup.handle(0, HealthFailed("timeout"), 2.0)
+    actions = sup.handle(0, HealthFailed("timeout"), 3.0)
+    assert [a for a in actions if isinstance(a, Terminate)] == [Terminate(0)]
+    assert sup.workers[0].phase is Phase.STOPPING
+    sup.handle(0, ProcessExited(status=-9), 4.0)
+    s = sup.workers[0]
+    assert s.phase is Phase.BACKOFF
+    assert s.last_failure is not None and s.last_failure.kind is FailureKind.HANG
+    sup.tick(10.0)
+    assert sup.workers[0].restarts_by_reason == {"hang": 1}
+
+
+def test_a_passing_probe_clears_unhealthy() -> None:
+    sup = Supervisor([0], policy())
+    sup.start([0], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.handle(0, HealthFailed("503"), 1.0)
+    sup.handle(0, HealthFailed("503"), 2.0)
+    sup.handle(0, HealthPassed(), 3.0)
+    assert sup.workers[0].phase is Phase.READY
+    sup.handle(0, HealthFailed("503"), 4.0)
+    assert sup.workers[0].phase is Phase.UNHEALTHY  # the count started over
+
+
+def test_load_timeout_terminates_and_counts_as_failure() -> None:
+    sup = Supervisor([0, 1], policy())
+    sup.start([0, 1], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.handle(1, Launched(pid=5), 0.0)
+    assert [a for a in sup.tick(100.5) if isinstance(a, Terminate)] == [Terminate(1)]
+    sup.handle(1, ProcessExited(status=-15), 101.0)
+    assert sup.workers[1].last_failure is not None
+    assert sup.workers[1].last_failure.kind is FailureKind.LOAD_TIMEOUT
+
+
+def test_deterministic_failure_is_not_retried() -> None:
+    sup = Supervisor([0, 1], policy())
+    sup.start([0, 1], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.handle(1, ProcessExited(status=2, failure=BAD_FLAG), 1.0)
+    assert sup.workers[1].phase is Phase.FAILED
+    assert launches(sup.tick(1000.0)) == []
+
+
+def test_oom_failure_steps_the_ladder_and_restarts_at_once() -> None:
+    p = Policy(
+        policy().startup,
+        policy().health,
+        policy().restart,
+        oom_next=lambda step, failure: step + 1 if step < 2 else None,
+    )
+    sup = Supervisor([0, 1], p)
+    sup.start([0, 1], 0.0)
+    sup.handle(0, Launched(pid=1), 0.0)
+    # The canary OOMs while loading: the ladder has a step, so it is retried, not failed.
+    actions = sup.handle(0, ProcessExited(status=-9, failure=OOM), 1.0)
+    assert launches(actions) == [0]
+    s = sup.workers[0]
+    assert s.oom_step == 1 and s.oom_events == {"cuda": 1} and s.restarts_by_reason == {"oom": 1}
+    assert sup.rollout is Rollout.CANARY
+    sup.handle(0, ProcessExited(status=-9, failure=OOM), 2.0)
+    assert sup.workers[0].oom_step == 2
+    sup.handle(0, ProcessExited(status=-9, failure=OOM), 3.0)
+    assert sup.workers[0].phase is Phase.FAILED  # ladder exhausted, canary halts the rollout
+    assert sup.rollout is Rollout.HALTED
+
+
+def test_operator_stop_and_restart() -> None:
+    sup = Supervisor([0, 1], policy())
+    sup.start([0, 1], 0.0)
+    bring_up(sup, 0, 0.0)
+    bring_up(sup, 1, 0.0)
+    assert sup.handle(1, RestartRequested(RestartReason.MANUAL), 1.0) == [Terminate(1)]
+    assert launches(sup.handle(1, ProcessExited(status=0), 2.0)) == [1]
+    assert sup.workers[1].restarts_by_reason == {"manual": 1}
+    bring_up(sup, 1, 3.0)
+    assert sup.handle(1, StopRequested(), 4.0) == [Terminate(1)]
+    sup.handle(1, ProcessExited(status=0), 5.0)
+    assert sup.workers[1].phase is Phase.STOPPED
+    assert launches(sup.tick(100.0)) == []
+    assert sup.workers[1].failures == 0
+
+
+def test_stop_during_backoff_cancels_the_restart() -> None:
+    sup = Supervisor([0], policy())
+    sup.start([0], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.handle(0, ProcessExited(status=-9), 1.0)
+    sup.handle(0, StopRequested(), 1.5)
+    assert sup.workers[0].phase is Phase.STOPPED
+    assert launches(sup.tick(100.0)) == []
+
+
+def test_illegal_transition_raises_and_leaves_state() -> None:
+    s = WorkerState(0, phase=Phase.READY)
+    with pytest.raises(IllegalTransition):
+        step(s, Launched(pid=1), 0.0, policy())
+    assert s.phase is Phase.READY
+
+
+def test_late_exit_after_stop_is_ignored() -> None:
+    s = WorkerState(0, phase=Phase.STOPPED)
+    assert step(s, ProcessExited(status=-9), 1.0, policy()).state == s

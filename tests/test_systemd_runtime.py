@@ -1,0 +1,376 @@
+"""SystemdRuntime against a real systemd + D-Bus, in the throwaway container (field notes §3).
+
+The pure part (`observe`, `exit_status`, unit names) is tested on the host in
+milliseconds. The rest runs INSIDE one container per module: the shipped
+`sglang@.service` template plus drop-ins rendered by `units.render` from a real
+farm.toml, simulator workers (`python -m sglang_farm.sim`: port bound after the load,
+/health 503 during warm-up), and the
+real `sglang-farm wait-ready` gate as ExecStartPost=. A driver script (below, run
+with the venv's python through nsenter) drives `SystemdRuntime` on the container's
+system bus and prints what it saw as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sdcontainer
+from sdcontainer import VENV_PYTHON, SystemdContainer
+from sglang_farm.runtime import Exited, Started
+from sglang_farm.runtime.systemd import (
+    CLD_EXITED,
+    CLD_KILLED,
+    Tracked,
+    UnitState,
+    exit_status,
+    observe,
+    unit_name,
+    worker_of,
+)
+
+# The harness's fixtures, bound here so that pytest finds them in this module.
+sd_container = sdcontainer.sd_container
+sd = sdcontainer.sd
+
+# -- pure ---------------------------------------------------------------------------
+
+
+def test_exit_status_maps_killed_to_negative_signal() -> None:
+    assert exit_status(CLD_KILLED, 9) == -9
+    assert exit_status(CLD_EXITED, 3) == 3
+    assert exit_status(0, 0) is None
+
+
+def test_unit_names_round_trip() -> None:
+    assert unit_name(3) == "sglang@3.service"
+    assert worker_of("sglang@3.service") == 3
+    assert worker_of("sglang@x.service") is None
+    assert worker_of("sglang-farm.service") is None
+
+
+_ACT = UnitState("activating", "start-post", main_pid=100)
+
+
+def test_new_main_pid_while_activating_is_started() -> None:
+    tracked, events = observe(0, None, _ACT)
+    assert events == [Started(0, 100)]
+    assert tracked.live_pid == 100
+    _, again = observe(0, tracked, UnitState("active", "running", main_pid=100))
+    assert again == []
+
+
+def test_sigkilled_main_process_is_exited_with_minus_nine() -> None:
+    tracked = Tracked(_ACT, live_pid=100)
+    failed = UnitState(
+        "failed",
+        "failed",
+        0,
+        exec_main_pid=100,
+        exec_main_code=CLD_KILLED,
+        exec_main_status=9,
+        result="signal",
+    )
+    tracked, events = observe(0, tracked, failed)
+    assert events == [Exited(0, 100, -9, "signal")]
+    # The same state again (a second signal for the same change) adds nothing.
+    assert observe(0, tracked, failed)[1] == []
+
+
+def test_replaced_main_pid_reports_exit_then_start() -> None:
+    tracked = Tracked(UnitState("active", "running", main_pid=100), live_pid=100)
+    restarted = UnitState("activating", "start", main_pid=200, exec_main_pid=200)
+    _, events = observe(0, tracked, restarted)
+    assert events == [Exited(0, 100, None, "success"), Started(0, 200)]
+
+
+def test_exec_failure_without_seen_pid_is_exited() -> None:
+    prev = Tracked(UnitState("activating", "start"))
+    failed = UnitState(
+        "failed",
+        "failed",
+        0,
+        exec_main_pid=55,
+        exec_main_code=CLD_EXITED,
+        exec_main_status=203,
+        result="exit-code",
+    )
+    assert observe(0, prev, failed)[1] == [Exited(0, 55, 203, "exit-code")]
+
+
+def test_stale_snapshot_does_not_restart_an_exited_pid() -> None:
+    tracked = Tracked(UnitState("failed", "failed"), live_pid=None, ended_pid=100)
+    stale = UnitState("active", "running", main_pid=100)
+    assert observe(0, tracked, stale)[1] == []
+
+
+def test_silent_seed_tracks_running_unit_without_events() -> None:
+    tracked, events = observe(0, None, UnitState("active", "running", main_pid=7), silent=True)
+    assert events == [] and tracked.live_pid == 7
+
+
+# -- in the container --------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+SGLANG_FARM = str(Path(VENV_PYTHON).parent / "sglang-farm")
+D = "/run/sf-test"  # scratch folder inside the container (its own tmpfs)
+BASE_PORT = 30000
+LOAD_SECONDS = 0.5  # the simulator's model load; then 0.2 s of warm-up (/health 503)
+
+FARM_TOML = textwrap.dedent(
+    f"""
+    [farm]
+    python = "{VENV_PYTHON}"
+    module = "sglang_farm.sim"
+    user = "root"
+    group = "root"
+    [farm.env]
+    SGLANG_SIM_LOAD_SECONDS = "{LOAD_SECONDS}"
+    SGLANG_SIM_WARMUP_SECONDS = "0.2"
+    SGLANG_SIM_HEALTH_DELAY = "0.05"
+    SGLANG_SIM_DRAIN_SECONDS = "1"
+    [workers]
+    gpus = [0, 1, 2]
+    host = "127.0.0.1"
+    base_port = {BASE_PORT}
+    nccl_base_port = 31000
+    [startup]
+    load_timeout = "30s"
+    poll_interval = "0.1s"
+    [health]
+    timeout = "2s"
+    [restart]
+    stop_timeout = "10s"
+    [sglang]
+    model_path = "/tmp"
+    """
+)
+
+# Runs inside the container: drives SystemdRuntime, prints one JSON object (last line).
+DRIVER = textwrap.dedent(
+    """
+    import asyncio, json, logging, os, signal, subprocess, sys, time, urllib.request
+    import structlog
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    from sglang_farm.runtime import Exited, LogLine, Started
+    from sglang_farm.runtime.systemd import SystemdRuntime
+
+    T0 = time.monotonic()
+    events = []
+    got = asyncio.Event
+
+    def now():
+        return round(time.monotonic() - T0, 3)
+
+    def is_active(n):
+        return subprocess.run(["systemctl", "is-active", f"sglang@{n}"],
+                              capture_output=True, text=True).stdout.strip()
+
+    def health(port):
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status
+        except OSError as exc:
+            return str(exc)
+
+    async def until(pred, timeout=15.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            hit = [e for e in events if pred(e)]
+            if hit:
+                return hit[0]
+            await asyncio.sleep(0.02)  # the test's own wait, not the runtime's
+        raise TimeoutError(f"no such event; saw {events}")
+
+    def emit(ev):
+        d = {"t": now(), "type": type(ev).__name__, **{k: getattr(ev, k) for k in ev.__slots__}}
+        events.append(d)
+
+    async def main(scenario, *args):
+        out = {}
+        rt = SystemdRuntime(emit)
+        await rt.open()
+        try:
+            out.update(await SCENARIOS[scenario](rt, out, *args))
+        finally:
+            await rt.close()
+        out["events"] = [e for e in events if e["type"] != "LogLine"]
+        out["logs"] = [e for e in events if e["type"] == "LogLine"]
+        print(json.dumps(out))
+
+    async def start_kill_stop(rt, out, n):
+        n = int(n)
+        port = 30000 + n
+        t_start = now()
+        await rt.start(n, None)
+        st = await until(lambda e: e["type"] == "Started" and e["worker"] == n)
+        out["started_after"] = st["t"] - t_start
+        out["is_active_loading"] = is_active(n)
+        out["health_loading"] = health(port)
+        s = await rt.wait_for(n, lambda s: s.active_state == "active", 15)
+        out["t_active"] = now() - t_start
+        out["health_when_active"] = health(port)
+        out["is_active_ready"] = is_active(n)
+        out["main_pid"] = s.main_pid
+        t_kill = now()
+        os.kill(s.main_pid, signal.SIGKILL)
+        ex = await until(lambda e: e["type"] == "Exited" and e["worker"] == n)
+        out["exited_after_kill"] = ex["t"] - t_kill
+        out["state_after_kill"] = (await rt.unit_state(n)).active_state
+        out["tail"] = rt.log_tail(n, 50)
+        # Start again, then stop through the runtime: Exited is out when stop returns.
+        await rt.start(n, None)
+        s2 = await rt.wait_for(n, lambda s: s.active_state == "active" and s.main_pid > 0, 15)
+        out["second_pid"] = s2.main_pid
+        before = len(events)
+        t_stop = now()
+        await rt.stop(n, 10)
+        out["stop_took"] = now() - t_stop
+        out["events_during_stop"] = [e for e in events[before:] if e["type"] != "LogLine"]
+        out["state_after_stop"] = is_active(n)
+        return out
+
+    async def adopt(rt, out, *ns):
+        found = await rt.adopt()
+        out["adopted"] = {str(k): {"pid": v.pid, "active": v.active} for k, v in found.items()}
+        out["mainpids"] = {n: int(subprocess.run(
+            ["systemctl", "show", "-P", "MainPID", f"sglang@{n}"],
+            capture_output=True, text=True).stdout) for n in ns}
+        return out
+
+    SCENARIOS = {"start_kill_stop": start_kill_stop, "adopt": adopt}
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def farm(sd_container: SystemdContainer) -> Iterator[SystemdContainer]:
+    """The container with the farm's units installed (template + rendered drop-ins)."""
+    from sglang_farm.config import load_spec
+    from sglang_farm.units import render, static_unit
+
+    c = sd_container
+    c.write_file(f"{D}/driver.py", DRIVER)
+    c.write_file(f"{D}/farm.toml", FARM_TOML)
+    spec = load_spec(FARM_TOML, source=f"{D}/farm.toml")
+    files = render(spec, agent_bin=SGLANG_FARM, config_path=f"{D}/farm.toml", static=False)
+    # The template as the package ships it (in /lib on a real host); drop-ins in /run.
+    c.write_file("/run/systemd/system/sglang@.service", static_unit("sglang@.service"))
+    for rel, text in files.items():
+        if rel.parts[0].startswith("sglang@"):
+            c.write_file(f"/run/systemd/system/{rel}", text)
+    c.run(["systemctl", "daemon-reload"])
+    yield c
+
+
+def _drive(c: SystemdContainer, *args: str, timeout: float = 90) -> dict[str, Any]:
+    r = c.run([VENV_PYTHON, f"{D}/driver.py", *args], check=False, timeout=timeout)
+    if r.returncode != 0:
+        pytest.fail(f"driver {shlex.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.systemd
+def test_start_ready_gate_sigkill_and_stop(farm: SystemdContainer, sd: SystemdContainer) -> None:
+    out = _drive(farm, "start_kill_stop", "0")
+    print(json.dumps({k: v for k, v in out.items() if k != "logs"}, indent=1), file=sys.stderr)
+    # Started comes from systemd's signals as soon as the main process exists.
+    assert out["started_after"] < 1.0
+    # Readiness gate: activating while loading (port not bound yet), active once /health is 200.
+    assert out["is_active_loading"] == "activating"
+    assert out["health_loading"] != 200
+    assert out["t_active"] >= LOAD_SECONDS * 0.9
+    assert out["health_when_active"] == 200
+    assert out["is_active_ready"] == "active"
+    # SIGKILL of MainPID -> Exited with -9 and Result=signal, learned from signals at once.
+    kill_ev = [e for e in out["events"] if e["type"] == "Exited" and e["pid"] == out["main_pid"]]
+    assert kill_ev == [
+        {
+            "t": kill_ev[0]["t"],
+            "type": "Exited",
+            "worker": 0,
+            "pid": out["main_pid"],
+            "status": -9,
+            "result": "signal",
+        }
+    ]
+    assert out["exited_after_kill"] < 1.0
+    assert out["state_after_kill"] == "failed"  # Restart=no: the agent owns restarts
+    # The worker's lines reach the journal, the follower and log_tail.
+    assert any(
+        "fired up and ready to roll" in ln["text"] for ln in out["logs"] if ln["worker"] == 0
+    )
+    assert any("fired up and ready to roll" in ln for ln in out["tail"])
+    assert "sglang@0.service: Main process exited, code=killed, status=9/KILL" in out["tail"]
+    # stop() returns after the unit is down and Exited is out (SGLang drains on SIGTERM, exits 0).
+    assert out["second_pid"] != out["main_pid"]
+    stop_events = out["events_during_stop"]
+    assert [(e["type"], e["pid"], e["status"]) for e in stop_events] == [
+        ("Exited", out["second_pid"], 0)
+    ]
+    assert out["state_after_stop"] == "inactive"
+    assert out["stop_took"] < 5
+
+
+@pytest.mark.systemd
+def test_adopt_finds_running_units_and_close_leaves_them(
+    farm: SystemdContainer, sd: SystemdContainer
+) -> None:
+    # Worker 2 stays loading: a slower model load, in a drop-in of the test's own.
+    farm.write_file(
+        "/run/systemd/system/sglang@2.service.d/60-test.conf",
+        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=60\n",
+    )
+    farm.run(["systemctl", "daemon-reload"])
+    # Worker 1 is started (and ready) by someone else, as before an agent restart.
+    farm.run(["systemctl", "start", "sglang@1"], timeout=30)
+    farm.run(["systemctl", "start", "--no-block", "sglang@2"])
+    try:
+        out = _drive(farm, "adopt", "1", "2")
+        assert out["adopted"] == {
+            "1": {"pid": out["mainpids"]["1"], "active": True},
+            "2": {"pid": out["mainpids"]["2"], "active": False},
+        }
+        assert out["mainpids"]["1"] > 0 and out["mainpids"]["2"] > 0
+        # Adoption restarts nothing and reports no new start.
+        assert out["events"] == []
+        # close() left both running with the same PIDs.
+        for n in ("1", "2"):
+            pid = farm.run(["systemctl", "show", "-P", "MainPID", f"sglang@{n}"]).stdout.strip()
+            assert int(pid) == out["mainpids"][n]
+    finally:
+        farm.run(["systemctl", "stop", "sglang@1", "sglang@2"], check=False)
+        farm.run(["rm", "-f", "/run/systemd/system/sglang@2.service.d/60-test.conf"])
+        farm.run(["systemctl", "daemon-reload"])
+
+
+@pytest.mark.systemd
+def test_start_returns_when_ready_through_the_gate(
+    farm: SystemdContainer, sd: SystemdContainer
+) -> None:
+    # `systemctl start` blocks until ExecStartPost= (wait-ready) passed: then /health is 200.
+    t0 = time.monotonic()
+    farm.run(["systemctl", "start", "sglang@1"], timeout=30)
+    took = time.monotonic() - t0
+    try:
+        code = farm.run(
+            [
+                VENV_PYTHON,
+                "-c",
+                "import urllib.request as u; "
+                f"print(u.urlopen('http://127.0.0.1:{BASE_PORT + 1}/health', timeout=2).status)",
+            ]
+        ).stdout.strip()
+        assert code == "200"
+        assert took >= LOAD_SECONDS * 0.9
+        assert "wait_ready_ok" in farm.journal("sglang@1.service")
+    finally:
+        farm.run(["systemctl", "stop", "sglang@1"], check=False)
