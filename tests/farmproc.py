@@ -72,8 +72,7 @@ module = "sglang_farm.sim"
 user = "root"
 group = "root"
 state_dir = "{tmp}/state"
-env = {{ SGLANG_SIM_LOAD_SECONDS = "{load_seconds}", SGLANG_SIM_HEALTH_DELAY = "0.05",
-         SGLANG_FARM_TEST_MARKER = "{marker}" }}
+env = {{ SGLANG_SIM_LOAD_SECONDS = "{load_seconds}", SGLANG_SIM_HEALTH_DELAY = "0.05", SGLANG_SIM_WARMUP_SECONDS = "0.1", SGLANG_FARM_TEST_MARKER = "{marker}" }}
 
 [workers]
 gpus = {list(range(workers))}
@@ -191,7 +190,12 @@ class Farm:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
             raise
+        finally:
+            self._reader.join(5)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
 
     def farmctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -53,7 +53,7 @@ def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(tm
             loading = sum(1 for a, b in spans if a <= t < b)
             assert loading <= 4, f"{loading} workers loading at once"
         # farmctl sees it too.
-        out = farm.farmctl("status", "--json")
+        out = farm.farmctl("--json", "status")
         assert out.returncode == 0, out.stderr
         assert out.stdout.count('"ready"') >= 8
         # Each simulator has a scheduler child: two processes per worker.

@@ -74,6 +74,7 @@ class FakeNvml:
         self.events: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
         self.registered: list[int] = []
         self.count_error: int | None = None
+        self.energy_reads = 0
 
     # lifecycle
     def nvmlInit(self) -> None:
@@ -169,7 +170,8 @@ class FakeNvml:
         return int(self._get(h, "power", 123_456))  # mW
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeDevice) -> int:
-        return int(self._get(h, "energy", 9_000_500))  # mJ
+        self.energy_reads += 1
+        return int(self._get(h, "energy", 9_000_500 + 1000 * self.energy_reads))  # mJ
 
     def nvmlDeviceGetClockInfo(self, h: FakeDevice, kind: int) -> int:
         return int(self._get(h, "clock", 1980))  # MHz
@@ -221,7 +223,7 @@ def test_snapshot_reads_every_field_in_base_units() -> None:
         utilization_memory_ratio=0.40,
         temperature_c=45.0,
         power_w=123.456,
-        energy_j=9000.5,
+        energy_j=9001.5,
         sm_clock_hz=1980e6,
         throttle_reasons=0x4,
         ecc_corrected_volatile_total=2,
@@ -232,6 +234,19 @@ def test_snapshot_reads_every_field_in_base_units() -> None:
         remapped_rows_failure=False,
         processes=(GpuProcess(4242, 5 * GiB),),
     )
+
+
+def test_energy_is_read_at_most_every_interval_because_it_costs_ms_on_h200() -> None:
+    nvml = FakeNvml([FakeDevice("GPU-a")])
+    clock = Clock()
+    poller = _poller(nvml, clock)
+    first = poller.snapshot().gpus[0].energy_j
+    clock.t += 5
+    assert poller.snapshot().gpus[0].energy_j == first  # cached: no second read
+    assert nvml.energy_reads == 1
+    clock.t += 30
+    assert poller.snapshot().gpus[0].energy_j == 9002.5
+    assert nvml.energy_reads == 2
 
 
 def test_not_supported_fields_are_none_and_the_gpu_stays_healthy() -> None:

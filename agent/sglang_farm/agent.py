@@ -104,6 +104,7 @@ class Agent:
         self._busy: set[int] = set()
         self._started_at = wall()
         self._persisted: dict[int, dict[str, Any]] = {}
+        self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._state_path = Path(spec.farm.state_dir) / "state.json"
         self.gpu_memory_source: Callable[[], Sequence[GpuMemory]] = lambda: ()
         self.on_view: list[Callable[[FarmView], None]] = []
@@ -143,7 +144,7 @@ class Agent:
 
     # ---- the loop ------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event, *, ready: Callable[[], None] | None = None) -> None:
+    async def run(self, stop: asyncio.Event, *, ready: Callable[[], object] | None = None) -> None:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
         self._restore_state()
         adopted = await self.runtime.adopt()
@@ -350,16 +351,18 @@ class Agent:
     # ---- views and state -----------------------------------------------------------------
 
     def _refresh(self) -> None:
-        old = {w.id: w for w in self._view.workers}
         self._view = self._build_view()
-        for w in self._view.workers:
-            prev = old.get(w.id)
-            if prev is None or prev.phase != w.phase or prev.pid != w.pid or prev.since != w.since:
-                if prev is not None and prev.phase != w.phase:
-                    self._bind(w.id).info("worker_state", state=str(w.phase), was=str(prev.phase))
-                ev = self._changed.get(w.id)
-                if ev is not None:
-                    ev.set()
+        for wid, s in self.sup.workers.items():
+            key = (s.phase, s.pid, s.launched_at)
+            prev = self._last_keys.get(wid)
+            if prev == key:
+                continue
+            self._last_keys[wid] = key
+            if prev is not None and prev[0] != s.phase:
+                self._bind(wid).info("worker_state", state=str(s.phase), was=str(prev[0]))
+            ev = self._changed.get(wid)
+            if ev is not None:
+                ev.set()
         self._save_state()
         for cb in self.on_view:
             cb(self._view)

@@ -368,8 +368,9 @@ def _listen(v: object) -> str:
     if not isinstance(v, str) or ":" not in v:
         raise _Bad(f"{hint}, got {_show(v)}")
     host, _, port = v.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise _Bad(f"{hint} with a port in 1..65535, got {_show(v)}")
+    # Port 0 asks the kernel for a free port (tests, throwaway farms); the log names it.
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise _Bad(f"{hint} with a port in 0..65535, got {_show(v)}")
     if host.startswith("[") != host.endswith("]"):
         raise _Bad(f"{hint}, got {_show(v)}")
     return v

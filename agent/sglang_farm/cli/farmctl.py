@@ -558,3 +558,7 @@ def completion(ctx: click.Context, shell: str) -> None:
 def main() -> NoReturn:
     """The `farmctl` entry point."""
     sys.exit(cli.main(prog_name="farmctl"))
+
+
+if __name__ == "__main__":
+    main()

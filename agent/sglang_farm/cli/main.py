@@ -142,3 +142,7 @@ _add_optional_commands()
 
 def main() -> None:
     cli(prog_name="sglang-farm")
+
+
+if __name__ == "__main__":
+    main()

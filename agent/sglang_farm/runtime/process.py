@@ -38,16 +38,33 @@ def _killpg(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
+def _group_alive(pgid: int) -> bool:
+    """True while a live (non-zombie) process is in the group.
+
+    Zombies count as gone: orphans are reaped by PID 1 or a subreaper, sometimes late,
+    and a zombie holds no memory, GPU context or port.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # fields[0] = state, fields[2] = pgrp (proc(5))
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 async def _wait_group_gone(pgid: int, deadline: float) -> bool:
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
     while loop.time() < end:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not _group_alive(pgid):
             return True
-        except PermissionError:
-            return False
         await asyncio.sleep(0.02)
     return False
 
@@ -80,9 +97,31 @@ class ProcessRuntime:
         except OSError as exc:
             raise RuntimeFailure(f"cannot run {command.argv[0]}: {exc.strerror}") from exc
         self._procs[worker] = proc
+        self._watch_main(proc.pid)
         self._logs.setdefault(worker, deque(maxlen=self._log_lines))
         self._emit(Started(worker, proc.pid))
         self._readers[worker] = asyncio.create_task(self._follow(worker, proc))
+
+    def _watch_main(self, pid: int) -> None:
+        """Kill the group the moment the main process exits.
+
+        asyncio's `wait()` only returns once the output pipe closes, and SGLang's children
+        (which inherit the pipe) can outlive the main process: without this, a SIGKILLed
+        worker would be noticed only when its orphans die, if ever. A pidfd becomes readable
+        when the process exits.
+        """
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return  # kernel without pidfd: the group is killed once the pipe closes
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            _killpg(pid, signal.SIGKILL)
+
+        loop.add_reader(pidfd, exited)
 
     async def _follow(self, worker: int, proc: asyncio.subprocess.Process) -> None:
         buf = self._logs[worker]

@@ -202,7 +202,9 @@ class Launcher:
         self._tell_children(b"serving\n")
         hang_after = self.settings.hang_after
         if hang_after is not None:
-            threading.Timer(hang_after, state.engine.hang).start()
+            timer = threading.Timer(hang_after, state.engine.hang)
+            timer.daemon = True  # a SIGTERM before the hang must not wait for it
+            timer.start()
 
     def _publisher(self, state: ServerState) -> None:
         while not self.shutting_down:

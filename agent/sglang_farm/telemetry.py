@@ -1,0 +1,171 @@
+"""I/O: the pollers behind the exporter, and the exporter itself.
+
+Two background loops fill one immutable `MetricsState`: the GPU loop (NVML, or the
+simulated GPUs of the demo; blocking calls in a thread) and the worker loop (each
+serving worker's `/metrics` or `/v1/loads`, with a timeout). Every farm-view change
+is folded in at once. A scrape only formats the latest state (`metrics.py`), so a
+hung worker or GPU slows nothing but its own poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import structlog
+
+from sglang_farm.exporter import Exporter
+from sglang_farm.gpu import FleetSnapshot, GpuPoller, NvmlPoller, process_tree, read_ppid_map
+from sglang_farm.gpu_fake import FakeGpuPoller
+from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
+from sglang_farm.ops import GpuMemory
+from sglang_farm.spec import FarmSpec
+from sglang_farm.views import FarmView, Phase
+from sglang_farm.workerstats import WorkerStats, WorkerStatsTracker, poll_worker
+
+if TYPE_CHECKING:
+    from sglang_farm.agent import Agent
+
+log = structlog.get_logger("sglang_farm.telemetry")
+
+_SERVING = (Phase.READY, Phase.UNHEALTHY)
+
+
+def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
+    source = spec.metrics.gpu_source
+    if source == "none":
+        return None
+    if source == "fake":
+        count = max((g for w in spec.workers for g in w.gpus), default=-1) + 1
+        return FakeGpuPoller(count=max(count, 1))
+    return NvmlPoller()
+
+
+class Telemetry:
+    """Owns the GPU poller, the worker-stats poller and the exporter of one agent."""
+
+    def __init__(self, agent: Agent, spec: FarmSpec) -> None:
+        self.agent = agent
+        self.spec = spec
+        self.poller = make_gpu_poller(spec)
+        self._state = MetricsState(snapshot_at=time.time(), farm=agent.view())
+        self.registry = build_registry(self.state)
+        self.exporter: Exporter | None = None
+        self._tracker = WorkerStatsTracker()
+        self._stats: dict[int, WorkerStats] = {}
+        self._probes: dict[str, ProbeStatus] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def state(self) -> MetricsState:
+        return self._state
+
+    def _swap(self, **changes: Any) -> None:
+        self._state = replace(self._state, snapshot_at=time.time(), **changes)
+
+    async def start(self) -> None:
+        self.exporter = Exporter(self.registry, self.state, self.spec.metrics.listen)
+        self.agent.on_view.append(self._on_view)
+        self.agent.gpu_memory_source = self.gpu_memory
+        if self.poller is not None:
+            self._tasks.append(asyncio.create_task(self._gpu_loop(self.poller)))
+        self._tasks.append(asyncio.create_task(self._worker_loop()))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.exporter is not None:
+            self.exporter.close()
+        if self.poller is not None:
+            self.poller.close()
+
+    def _on_view(self, view: FarmView) -> None:
+        self._swap(farm=view)
+
+    def gpu_memory(self) -> Sequence[GpuMemory]:
+        fleet = self._state.fleet
+        if fleet is None:
+            return ()
+        return tuple(
+            GpuMemory(g.index, g.memory_used_bytes, g.memory_total_bytes)
+            for g in fleet.gpus
+            if g.memory_used_bytes is not None and g.memory_total_bytes is not None
+        )
+
+    # ---- GPU loop ------------------------------------------------------------------
+
+    async def _gpu_loop(self, poller: GpuPoller) -> None:
+        interval = self.spec.metrics.gpu_poll_interval
+        while True:
+            t0 = time.monotonic()
+            try:
+                pids = await asyncio.to_thread(self._worker_pids)
+                if isinstance(poller, FakeGpuPoller):
+                    self._assign_fake(poller, pids)
+                fleet: FleetSnapshot = await asyncio.to_thread(poller.snapshot)
+                ok = fleet.nvml_up
+                self._probe("gpu", ok, time.monotonic() - t0)
+                self._swap(fleet=fleet, worker_pids=MappingProxyType(pids))
+            except Exception as exc:  # task root: a poller bug must not stop the exporter
+                log.error("gpu_poll_failed", error=repr(exc))
+                self._probe("gpu", False, time.monotonic() - t0)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    def _worker_pids(self) -> dict[int, frozenset[int]]:
+        """Each worker's process tree (main pid and descendants), read from /proc."""
+        view = self.agent.view()
+        roots = {w.id: w.pid for w in view.workers if w.pid}
+        if not roots:
+            return {}
+        ppids = read_ppid_map()
+        return {wid: process_tree(pid, ppids) for wid, pid in roots.items()}
+
+    def _assign_fake(self, poller: FakeGpuPoller, pids: dict[int, frozenset[int]]) -> None:
+        by_gpu: dict[int, set[int]] = {}
+        for w in self.spec.workers:
+            tree = pids.get(w.id, frozenset())
+            # The simulated memory sits on the scheduler children, as SGLang's does.
+            children = tree - {self.agent.view().worker(w.id).pid}
+            by_gpu.setdefault(w.gpus[0], set()).update(children or tree)
+        for gpu in range(len(by_gpu) and max(by_gpu) + 1):
+            with contextlib.suppress(Exception):
+                poller.assign(gpu, by_gpu.get(gpu, set()))
+
+    # ---- worker loop ---------------------------------------------------------------
+
+    async def _worker_loop(self) -> None:
+        interval = self.spec.metrics.worker_poll_interval
+        timeout = self.spec.metrics.worker_poll_timeout
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while True:
+                t0 = time.monotonic()
+                view = self.agent.view()
+                serving = [w for w in view.workers if w.phase in _SERVING]
+                samples = await asyncio.gather(*(
+                    poll_worker(client, w.base_url, timeout, worker=w.id,
+                                known_version=self._stats[w.id].sglang_version
+                                if w.id in self._stats else None)
+                    for w in serving
+                ))
+                now = time.time()
+                for sample in samples:
+                    self._stats[sample.worker] = self._tracker.update(
+                        self._stats.get(sample.worker), sample, now)
+                for wid in [w for w in self._stats if w not in {s.id for s in serving}]:
+                    del self._stats[wid]  # not serving: no figures rather than old ones
+                self._probe("workers", all(s.ok for s in samples), time.monotonic() - t0)
+                self._swap(workers=MappingProxyType(dict(self._stats)))
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    def _probe(self, source: str, ok: bool, duration: float) -> None:
+        prev = self._probes.get(source)
+        last = time.time() if ok else (prev.last_success_at if prev else None)
+        self._probes[source] = ProbeStatus(ok, duration, last)
+        self._swap(probes=MappingProxyType(dict(self._probes)))
