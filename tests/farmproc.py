@@ -60,6 +60,13 @@ def farm_config(
     'stop_timeout = "5s"',
 ) -> Path:
     base = free_port_block(workers * 2)
+    env = {
+        "SGLANG_SIM_LOAD_SECONDS": str(load_seconds),
+        "SGLANG_SIM_HEALTH_DELAY": "0.05",
+        "SGLANG_SIM_WARMUP_SECONDS": "0.1",
+        "SGLANG_FARM_TEST_MARKER": marker,
+    }
+    env_line = "env = { " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
     overrides = ""
     for wid, env in (worker_env or {}).items():
         pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
@@ -72,7 +79,7 @@ module = "sglang_farm.sim"
 user = "root"
 group = "root"
 state_dir = "{tmp}/state"
-env = {{ SGLANG_SIM_LOAD_SECONDS = "{load_seconds}", SGLANG_SIM_HEALTH_DELAY = "0.05", SGLANG_SIM_WARMUP_SECONDS = "0.1", SGLANG_FARM_TEST_MARKER = "{marker}" }}
+{env_line}
 
 [workers]
 gpus = {list(range(workers))}
@@ -137,9 +144,20 @@ class Farm:
         self.marker = marker
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [*SGLANG_FARM, "run", "--config", str(config), "--runtime", runtime,
-             "--log-format", "json"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+            [
+                *SGLANG_FARM,
+                "run",
+                "--config",
+                str(config),
+                "--runtime",
+                runtime,
+                "--log-format",
+                "json",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
         )
         self.events: list[dict[str, Any]] = []
         self.raw: list[str] = []
@@ -165,8 +183,9 @@ class Farm:
         with self._lock:
             return list(self.events)
 
-    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0,
-                 *, after: int = 0) -> dict[str, Any]:
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0, *, after: int = 0
+    ) -> dict[str, Any]:
         """The first event (from index `after`) matching `pred`; fails with the log tail."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -180,8 +199,11 @@ class Farm:
         raise AssertionError(f"no matching event within {timeout} s; agent log tail:\n{tail}")
 
     def named(self, event: str, **fields: Any) -> list[dict[str, Any]]:
-        return [e for e in self.snapshot()
-                if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
+        return [
+            e
+            for e in self.snapshot()
+            if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+        ]
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -200,7 +222,10 @@ class Farm:
     def farmctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "sglang_farm.cli.farmctl", "--config", str(self.config), *args],
-            capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
         )
 
 

@@ -75,13 +75,24 @@ def test_worker_killed_with_sigkill_comes_back_with_reason_crash(tmp: Path) -> N
         pid = farm.named("worker_launched", worker=2)[-1]["pid"]
         n = len(farm.snapshot())
         os.kill(pid, signal.SIGKILL)
-        exited = farm.wait_for(lambda e: e.get("event") == "worker_exited" and e.get("worker") == 2,
-                               after=n, timeout=20)
+        exited = farm.wait_for(
+            lambda e: e.get("event") == "worker_exited" and e.get("worker") == 2,
+            after=n,
+            timeout=20,
+        )
         assert exited["status"] == -9
-        farm.wait_for(lambda e: e.get("event") == "worker_restarting" and e.get("worker") == 2
-                      and e.get("reason") == "crash", after=n, timeout=20)
-        again = farm.wait_for(lambda e: e.get("event") == "worker_ready" and e.get("worker") == 2,
-                              after=n, timeout=30)
+        farm.wait_for(
+            lambda e: (
+                e.get("event") == "worker_restarting"
+                and e.get("worker") == 2
+                and e.get("reason") == "crash"
+            ),
+            after=n,
+            timeout=20,
+        )
+        again = farm.wait_for(
+            lambda e: e.get("event") == "worker_ready" and e.get("worker") == 2, after=n, timeout=30
+        )
         assert again["_t"] > exited["_t"]
         new_pid = farm.named("worker_launched", worker=2)[-1]["pid"]
         assert new_pid != pid
@@ -93,8 +104,13 @@ def test_worker_killed_with_sigkill_comes_back_with_reason_crash(tmp: Path) -> N
 
 def test_canary_cuda_oom_halts_rollout_and_names_the_reason(tmp: Path) -> None:
     marker = new_marker()
-    cfg = farm_config(tmp, workers=4, load_seconds=0.3, marker=marker,
-                      worker_env={0: {"SGLANG_SIM_FAIL": "cuda_oom"}})
+    cfg = farm_config(
+        tmp,
+        workers=4,
+        load_seconds=0.3,
+        marker=marker,
+        worker_env={0: {"SGLANG_SIM_FAIL": "cuda_oom"}},
+    )
     farm = Farm(cfg, marker)
     try:
         halted = farm.wait_for(lambda e: e.get("event") == "rollout_halted", timeout=60)

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -34,7 +34,7 @@ from sglang_farm.health import probe
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.ops import GpuMemory, ReloadResult
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.supervisor import (
     Action,
     Event,
@@ -57,8 +57,16 @@ from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
 
 log = structlog.get_logger("sglang_farm.agent")
 
-_WARNINGS = frozenset({"worker_failed", "worker_gave_up", "canary_failed", "rollout_halted",
-                       "health_failed", "worker_terminating"})
+_WARNINGS = frozenset(
+    {
+        "worker_failed",
+        "worker_gave_up",
+        "canary_failed",
+        "rollout_halted",
+        "health_failed",
+        "worker_terminating",
+    }
+)
 TICK_S = 0.25  # how often time-based rules (back-off end, load deadline) are evaluated
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
 
@@ -108,6 +116,8 @@ class Agent:
         self._state_path = Path(spec.farm.state_dir) / "state.json"
         self.gpu_memory_source: Callable[[], Sequence[GpuMemory]] = lambda: ()
         self.on_view: list[Callable[[FarmView], None]] = []
+        # systemd: install the worker's drop-in (its current flags) before StartUnit.
+        self.before_launch: Callable[[int], Awaitable[None]] | None = None
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -125,7 +135,7 @@ class Agent:
         """Runtime callback; safe from any thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -155,13 +165,18 @@ class Agent:
                     Phase.STARTING, now, pid=running.pid, launched_at=now
                 )
                 self._bind(wid).info("worker_adopted", pid=running.pid, active=running.active)
-        pump = self._spawn(self._pump())
-        ticker = self._spawn(self._ticker())
+        pump = self.spawn(self._pump())
+        ticker = self.spawn(self._ticker())
         for wid in self.spec.worker_ids:
-            self._worker_tasks[wid] = self._spawn(self._watch(wid))
-        log.info("farm_starting", farm=self.spec.farm.name, runtime=self.runtime.name,
-                 workers=len(self.spec.workers), canary=self.spec.startup.canary,
-                 parallel=self.spec.startup.parallel)
+            self._worker_tasks[wid] = self.spawn(self._watch(wid))
+        log.info(
+            "farm_starting",
+            farm=self.spec.farm.name,
+            runtime=self.runtime.name,
+            workers=len(self.spec.workers),
+            canary=self.spec.startup.canary,
+            parallel=self.spec.startup.parallel,
+        )
         self._apply_actions(self.sup.start(list(self.spec.worker_ids), self._clock()))
         if ready is not None:
             ready()
@@ -218,14 +233,19 @@ class Agent:
                         q.put_nowait(text)
                 failure = self._classifier(w).feed(text)
                 if failure is not None:
-                    self._bind(w).warning("worker_failure_seen", kind=str(failure.kind),
-                                          summary=failure.summary)
+                    self._bind(w).warning(
+                        "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
+                    )
                     self._feed(w, FailureSeen(failure))
             case Exited(worker=w, status=status, result=result):
                 failure = self._classifier(w).finish(status, result)
                 self._classifiers.pop(w, None)
-                self._bind(w).info("worker_exited", status=status, result=result,
-                                   failure=str(failure.kind) if failure else None)
+                self._bind(w).info(
+                    "worker_exited",
+                    status=status,
+                    result=result,
+                    failure=str(failure.kind) if failure else None,
+                )
                 self._feed(w, ProcessExited(status, failure))
 
     def _classifier(self, worker: int) -> LogClassifier:
@@ -241,9 +261,9 @@ class Agent:
         for a in actions:
             match a:
                 case Launch(worker=w):
-                    self._spawn(self._launch(w))
+                    self.spawn(self._launch(w))
                 case Terminate(worker=w):
-                    self._spawn(self.runtime.stop(w, self.spec.restart.stop_timeout))
+                    self.spawn(self.runtime.stop(w, self.spec.restart.stop_timeout))
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         self._refresh()
@@ -256,13 +276,17 @@ class Agent:
 
     # ---- launching -----------------------------------------------------------------------
 
+    def flags_for(self, worker: int, spec: FarmSpec | None = None) -> dict[str, FlagValue]:
+        """The worker's SGLang flags now: the config's, with its OOM-ladder step applied."""
+        spec = spec or self.spec
+        step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
+        flags, _changes = apply_ladder(spec.worker(worker).flags, spec.oom.steps, step)
+        return flags
+
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
         spec = spec or self.spec
-        w = spec.worker(worker)
-        step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
-        flags, _changes = apply_ladder(w.flags, spec.oom.steps, step)
-        return build_command(spec.farm, w, flags)
+        return build_command(spec.farm, spec.worker(worker), self.flags_for(worker, spec))
 
     async def _launch(self, worker: int) -> None:
         blog = self._bind(worker)
@@ -275,26 +299,42 @@ class Agent:
         self._classifiers[worker] = LogClassifier()
         # SGLang binds its port only after a full model load: a clash found then costs minutes.
         deadline = self._clock() + PORT_FREE_WAIT_S
-        while not port_is_free(w.host, w.port) and self._clock() < deadline:
+        # Polling: the kernel offers no event for "a port became free".
+        while not port_is_free(w.host, w.port) and self._clock() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         if not port_is_free(w.host, w.port):
             blog.error("worker_port_busy", port=w.port)
-            self._feed(worker, ProcessExited(None, Failure(
-                FailureKind.PORT_IN_USE,
-                f"port {w.port} on {w.host} is in use by another process; not started",
-                f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, or give worker "
-                f"{worker} another port in the config",
-            )))
+            self._feed(
+                worker,
+                ProcessExited(
+                    None,
+                    Failure(
+                        FailureKind.PORT_IN_USE,
+                        f"port {w.port} on {w.host} is in use by another process; not started",
+                        f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, "
+                        f"or give worker {worker} another port in the config",
+                    ),
+                ),
+            )
             return
         blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
         try:
+            if self.before_launch is not None:
+                await self.before_launch(worker)
             await self.runtime.start(worker, cmd)
         except Exception as exc:  # task root: any runtime error becomes this worker's failure
             blog.error("worker_launch_failed", error=str(exc))
-            self._feed(worker, ProcessExited(None, Failure(
-                FailureKind.CRASH, f"could not be started: {exc}",
-                "check farm.python in the config and the runtime's log",
-            )))
+            self._feed(
+                worker,
+                ProcessExited(
+                    None,
+                    Failure(
+                        FailureKind.CRASH,
+                        f"could not be started: {exc}",
+                        "check farm.python in the config and the runtime's log",
+                    ),
+                ),
+            )
 
     # ---- probes --------------------------------------------------------------------------
 
@@ -326,8 +366,10 @@ class Agent:
                     started = self._clock()
                     done, _ = await asyncio.wait({pending}, timeout=hp.period)
                     cur = self.sup.workers.get(worker)
-                    if cur is None or cur.launched_at != launched or cur.phase not in (
-                        Phase.READY, Phase.UNHEALTHY
+                    if (
+                        cur is None
+                        or cur.launched_at != launched
+                        or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
                     ):
                         continue
                     if done:
@@ -366,7 +408,7 @@ class Agent:
         self._save_state()
         for cb in self.on_view:
             cb(self._view)
-        self._spawn(self._notify_all())
+        self.spawn(self._notify_all())
 
     async def _notify_all(self) -> None:
         async with self._any_change:
@@ -379,22 +421,36 @@ class Agent:
         for ws in self.spec.workers:
             s = self.sup.workers.get(ws.id) or WorkerState(ws.id)
             step = s.oom_step
-            workers.append(WorkerView(
-                id=ws.id, gpus=ws.gpus, port=ws.port, base_url=ws.base_url, phase=s.phase,
-                since=s.since + offset if s.since else self._started_at, pid=s.pid,
-                restarts=tuple(RestartRecord(at + offset, r) for at, r in s.restarts),
-                restarts_by_reason=MappingProxyType(dict(s.restarts_by_reason)),
-                oom_events_by_kind=MappingProxyType(dict(s.oom_events)),
-                last_failure=s.last_failure,
-                last_failure_at=s.last_failure_at + offset if s.last_failure_at else None,
-                last_action=s.last_action, oom_step=step,
-                oom_step_name=self.spec.oom.steps[step - 1].name if 0 < step <= len(self.spec.oom.steps) else None,
-                last_load_seconds=s.last_load_seconds,
-            ))
+            workers.append(
+                WorkerView(
+                    id=ws.id,
+                    gpus=ws.gpus,
+                    port=ws.port,
+                    base_url=ws.base_url,
+                    phase=s.phase,
+                    since=s.since + offset if s.since else self._started_at,
+                    pid=s.pid,
+                    restarts=tuple(RestartRecord(at + offset, r) for at, r in s.restarts),
+                    restarts_by_reason=MappingProxyType(dict(s.restarts_by_reason)),
+                    oom_events_by_kind=MappingProxyType(dict(s.oom_events)),
+                    last_failure=s.last_failure,
+                    last_failure_at=s.last_failure_at + offset if s.last_failure_at else None,
+                    last_action=s.last_action,
+                    oom_step=step,
+                    oom_step_name=self.spec.oom.steps[step - 1].name
+                    if 0 < step <= len(self.spec.oom.steps)
+                    else None,
+                    last_load_seconds=s.last_load_seconds,
+                )
+            )
         return FarmView(
-            name=self.spec.farm.name, runtime=self.runtime.name if hasattr(self, "runtime") else "",
-            workers=tuple(workers), config_source=self.spec.source, started_at=self._started_at,
-            rollout=str(self.sup.rollout), rollout_reason=self.sup.rollout_reason,
+            name=self.spec.farm.name,
+            runtime=self.runtime.name if hasattr(self, "runtime") else "",
+            workers=tuple(workers),
+            config_source=self.spec.source,
+            started_at=self._started_at,
+            rollout=str(self.sup.rollout),
+            rollout_reason=self.sup.rollout_reason,
         )
 
     def _restore_state(self) -> None:
@@ -410,19 +466,34 @@ class Agent:
     def _save_state(self) -> None:
         offset = self._wall() - self._clock()
         data = {w: state_store.worker_to_dict(s, offset) for w, s in self.sup.workers.items()}
+
         # Wall-clock conversions drift by microseconds; compare without the times.
         def key(d: dict[int, dict[str, Any]]) -> object:
-            return {w: (v["failures"], v["oom_step"], len(v["restarts"]), v["restarts_by_reason"],
-                        v["oom_events"], v["last_action"], v["last_load_seconds"])
-                    for w, v in d.items()}
+            return {
+                w: (
+                    v["failures"],
+                    v["oom_step"],
+                    len(v["restarts"]),
+                    v["restarts_by_reason"],
+                    v["oom_events"],
+                    v["last_action"],
+                    v["last_load_seconds"],
+                )
+                for w, v in d.items()
+            }
+
         if key(data) == key(self._persisted):
             return
         try:
             state_store.save(self._state_path, data)
             self._persisted = data
         except OSError as exc:
-            log.error("state_save_failed", path=str(self._state_path), error=str(exc),
-                      hint="check state_dir in the config and its permissions")
+            log.error(
+                "state_save_failed",
+                path=str(self._state_path),
+                error=str(exc),
+                hint="check state_dir in the config and its permissions",
+            )
 
     # ---- FarmOps -------------------------------------------------------------------------
 
@@ -438,15 +509,18 @@ class Agent:
     async def stop(self, worker_ids: Sequence[int]) -> None:
         for wid in worker_ids:
             self._feed(wid, StopRequested())
-        await self._wait_until(lambda: all(
-            self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED) for w in worker_ids
-        ), self.spec.restart.stop_timeout + 15)
+        await self._wait_until(
+            lambda: all(
+                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED) for w in worker_ids
+            ),
+            self.spec.restart.stop_timeout + 15,
+        )
 
     async def restart(self, worker_ids: Sequence[int]) -> None:
         if len(worker_ids) == 1:
             self._feed(worker_ids[0], RestartRequested(RestartReason.MANUAL))
             return
-        self._spawn(self._rolling_restart(list(worker_ids), RestartReason.MANUAL))
+        self.spawn(self._rolling_restart(list(worker_ids), RestartReason.MANUAL))
 
     async def _rolling_restart(self, ids: list[int], reason: RestartReason) -> None:
         """Restart in waves of `startup.parallel`, so the rest of the farm keeps serving."""
@@ -456,10 +530,14 @@ class Agent:
             for wid in chunk:
                 if wid in self.sup.workers:
                     self._feed(wid, RestartRequested(reason))
-            await self._wait_until(lambda c=chunk: all(  # type: ignore[misc]
-                self.sup.workers[w].phase in (Phase.READY, Phase.FAILED, Phase.STOPPED)
-                for w in c if w in self.sup.workers
-            ), self.spec.startup.load_timeout + self.spec.restart.stop_timeout)
+            await self._wait_until(
+                lambda c=chunk: all(  # type: ignore[misc]
+                    self.sup.workers[w].phase in (Phase.READY, Phase.FAILED, Phase.STOPPED)
+                    for w in c
+                    if w in self.sup.workers
+                ),
+                self.spec.startup.load_timeout + self.spec.restart.stop_timeout,
+            )
 
     async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
         async def waiter() -> None:
@@ -501,7 +579,9 @@ class Agent:
         from sglang_farm.errors import ConfigError
 
         if self._config_loader is None:
-            return ReloadResult(applied=False, problems=("this agent was started without a config file",))
+            return ReloadResult(
+                applied=False, problems=("this agent was started without a config file",)
+            )
         try:
             new = self._config_loader()
         except ConfigError as exc:
@@ -524,21 +604,21 @@ class Agent:
         for wid in added:
             self.sup.workers[wid] = WorkerState(wid)
             self._changed[wid] = asyncio.Event()
-            self._worker_tasks[wid] = self._spawn(self._watch(wid))
+            self._worker_tasks[wid] = self.spawn(self._watch(wid))
         # Probe loops hold the old worker address; restart them for changed workers.
         for wid in changed:
             if old_spec.worker(wid).base_url != new.worker(wid).base_url:
                 self._worker_tasks[wid].cancel()
-                self._worker_tasks[wid] = self._spawn(self._watch(wid))
+                self._worker_tasks[wid] = self.spawn(self._watch(wid))
         log.info("reload_applied", restarted=changed, added=added, removed=removed)
         if added:
             await self.start(added)
         if changed:
-            self._spawn(self._rolling_restart(changed, RestartReason.CONFIG))
+            self.spawn(self._rolling_restart(changed, RestartReason.CONFIG))
         self._refresh()
-        return ReloadResult(applied=True, restarted=tuple(changed), added=tuple(added),
-                            removed=tuple(removed))
+        return ReloadResult(
+            applied=True, restarted=tuple(changed), added=tuple(added), removed=tuple(removed)
+        )
 
     def rollout(self) -> Rollout:
         return self.sup.rollout
-

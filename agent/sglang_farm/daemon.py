@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,7 +79,13 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
     )
     if kind == "systemd":
-        await install_units(agent, config_path)
+        config_abs = str(Path(config_path).resolve())
+        await install_units(agent, config_abs)
+
+        async def before_launch(_worker: int) -> None:
+            await install_units(agent, config_abs)
+
+        agent.before_launch = before_launch
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -86,7 +93,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
     def on_hup() -> None:
-        asyncio.ensure_future(agent.reload())
+        agent.spawn(agent.reload())
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
 
@@ -112,7 +119,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     if interval:
         extra.append(asyncio.create_task(_watchdog(interval)))
     try:
-        await agent.run(stop, ready=lambda: notify("READY=1", f"STATUS={status_line(agent.view())}"))
+        await agent.run(
+            stop, ready=lambda: notify("READY=1", f"STATUS={status_line(agent.view())}")
+        )
     finally:
         notify("STOPPING=1")
         for t in extra:
@@ -129,17 +138,38 @@ async def _watchdog(interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-async def install_units(agent: Agent, config_path: str) -> None:
-    """Render the units from the config into /run/systemd/system; daemon-reload only on change."""
-    from sglang_farm.runtime.systemd import SystemdRuntime
-    from sglang_farm.units import render, write_units
+def agent_executable() -> str:
+    """The `sglang-farm` of this installation (the units' readiness gate runs it).
 
-    agent_bin = shutil.which("sglang-farm") or "/usr/bin/sglang-farm"
-    files = render(agent.spec, config_path=config_path, agent_bin=agent_bin, static=False)
-    changes = write_units(Path("/run/systemd/system"), files)
-    if changes.changed and isinstance(agent.runtime, SystemdRuntime):
-        await agent.runtime.daemon_reload()
-    log.info("units_installed", written=list(changes.written), removed=list(changes.removed))
+    The one beside our interpreter first (a virtualenv, the package's private venv),
+    then PATH, then the packaged path.
+    """
+    sibling = Path(sys.executable).parent / "sglang-farm"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling)
+    return shutil.which("sglang-farm") or "/usr/bin/sglang-farm"
+
+
+async def install_units(agent: Agent, config_path: str) -> None:
+    """Render every worker's drop-in (with its OOM-ladder flags) into /run/systemd/system.
+
+    daemon-reload runs only when a file changed. Called at start and before each launch,
+    so a unit always starts with the command line the agent means.
+    """
+    from sglang_farm.runtime.systemd import SystemdRuntime
+    from sglang_farm.units import render
+
+    assert isinstance(agent.runtime, SystemdRuntime)
+    agent_bin = agent_executable()
+    flags = {w: agent.flags_for(w) for w in agent.spec.worker_ids}
+    files = render(
+        agent.spec,
+        config_path=config_path,
+        agent_bin=agent_bin,
+        static=False,
+        flags_by_worker=flags,
+    )
+    await agent.runtime.apply_units(files)
 
 
 async def start_telemetry(agent: Agent, spec: FarmSpec) -> Telemetry:
@@ -148,4 +178,3 @@ async def start_telemetry(agent: Agent, spec: FarmSpec) -> Telemetry:
     t = Telemetry(agent, spec)
     await t.start()
     return t
-

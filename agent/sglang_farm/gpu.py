@@ -500,3 +500,19 @@ class NvmlPoller:
                 return None, None, None, None
             return int(mem.total), int(mem.used), int(mem.free), None
         return int(mem.total), int(mem.used), int(mem.free), int(mem.reserved)
+
+
+def count_gpus(nvml: Any | None = None) -> int | None:
+    """How many GPUs NVML sees, or None when NVML is unavailable (no driver, no GPU)."""
+    try:
+        lib = nvml if nvml is not None else _default_nvml()
+        lib.nvmlInit()
+    except Exception:  # NVML missing or broken: the caller reports "cannot count GPUs"
+        return None
+    try:
+        return int(lib.nvmlDeviceGetCount())
+    except Exception:  # same: any NVML error means the count is unknown
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            lib.nvmlShutdown()

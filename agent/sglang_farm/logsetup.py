@@ -13,7 +13,9 @@ from typing import TextIO
 import structlog
 
 
-def configure(level: str = "info", *, stream: TextIO | None = None, json: bool | None = None) -> None:
+def configure(
+    level: str = "info", *, stream: TextIO | None = None, json: bool | None = None
+) -> None:
     out = stream or sys.stderr
     if json is None:
         json = not out.isatty()

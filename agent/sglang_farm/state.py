@@ -46,12 +46,17 @@ def _failure(d: Any) -> Failure | None:
         kind = FailureKind(d["kind"])
     except (KeyError, ValueError):
         return None
-    return Failure(kind, str(d.get("summary", "")), str(d.get("advice", "")),
-                   tuple(str(x) for x in d.get("lines", ())))
+    return Failure(
+        kind,
+        str(d.get("summary", "")),
+        str(d.get("advice", "")),
+        tuple(str(x) for x in d.get("lines", ())),
+    )
 
 
 def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> WorkerState:
     """`s` with the remembered fields of `d` (bad fields are skipped, not fatal)."""
+
     def num(key: str, default: float) -> float:
         v = d.get(key, default)
         return float(v) if isinstance(v, (int, float)) else default
@@ -66,19 +71,26 @@ def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> Wo
             for r in d.get("restarts", ())
             if isinstance(r, list) and len(r) == 2 and isinstance(r[0], (int, float))
         ),
-        restarts_by_reason={str(k): int(v) for k, v in dict(d.get("restarts_by_reason", {})).items()},
+        restarts_by_reason={
+            str(k): int(v) for k, v in dict(d.get("restarts_by_reason", {})).items()
+        },
         oom_events={str(k): int(v) for k, v in dict(d.get("oom_events", {})).items()},
         last_failure=_failure(d.get("last_failure")),
         last_failure_at=float(at) + wall_to_mono if isinstance(at, (int, float)) else None,
         last_action=d.get("last_action") if isinstance(d.get("last_action"), str) else None,
-        last_load_seconds=d.get("last_load_seconds") if isinstance(d.get("last_load_seconds"), (int, float)) else None,
+        last_load_seconds=d.get("last_load_seconds")
+        if isinstance(d.get("last_load_seconds"), (int, float))
+        else None,
     )
 
 
 def save(path: Path, workers: dict[int, dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps({"format": FORMAT, "workers": {str(k): v for k, v in workers.items()}},
-                      indent=1, sort_keys=True)
+    data = json.dumps(
+        {"format": FORMAT, "workers": {str(k): v for k, v in workers.items()}},
+        indent=1,
+        sort_keys=True,
+    )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -99,6 +111,10 @@ def load(path: Path) -> dict[int, dict[str, Any]]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("state_unreadable", path=str(path), error=str(exc),
-                    hint="starting with no remembered restarts; the file is overwritten")
+        log.warning(
+            "state_unreadable",
+            path=str(path),
+            error=str(exc),
+            hint="starting with no remembered restarts; the file is overwritten",
+        )
         return {}

@@ -148,16 +148,25 @@ class Telemetry:
                 t0 = time.monotonic()
                 view = self.agent.view()
                 serving = [w for w in view.workers if w.phase in _SERVING]
-                samples = await asyncio.gather(*(
-                    poll_worker(client, w.base_url, timeout, worker=w.id,
-                                known_version=self._stats[w.id].sglang_version
-                                if w.id in self._stats else None)
-                    for w in serving
-                ))
+                samples = await asyncio.gather(
+                    *(
+                        poll_worker(
+                            client,
+                            w.base_url,
+                            timeout,
+                            worker=w.id,
+                            known_version=self._stats[w.id].sglang_version
+                            if w.id in self._stats
+                            else None,
+                        )
+                        for w in serving
+                    )
+                )
                 now = time.time()
                 for sample in samples:
                     self._stats[sample.worker] = self._tracker.update(
-                        self._stats.get(sample.worker), sample, now)
+                        self._stats.get(sample.worker), sample, now
+                    )
                 for wid in [w for w in self._stats if w not in {s.id for s in serving}]:
                     del self._stats[wid]  # not serving: no figures rather than old ones
                 self._probe("workers", all(s.ok for s in samples), time.monotonic() - t0)

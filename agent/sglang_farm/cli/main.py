@@ -43,8 +43,13 @@ def cli() -> None:
     help="systemd units when systemd is PID 1 (auto), else child processes.",
 )
 @click.option("--log-level", default="info", show_default=True)
-@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
-              show_default=True, help="auto: console on a terminal, JSON otherwise (journald).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    show_default=True,
+    help="auto: console on a terminal, JSON otherwise (journald).",
+)
 def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None:
     """Start the farm and supervise it until SIGTERM or Ctrl-C (SIGHUP reloads the config)."""
     from sglang_farm import logsetup
@@ -55,8 +60,10 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
     try:
         code = asyncio.run(serve(config_path, runtime, gpu_count=_gpu_count_if_all(config_path)))
     except ConfigError as exc:
-        raise click.ClickException(f"{exc}\nFix the config, then check it with: "
-                                   f"sglang-farm check-config --config {config_path}") from exc
+        raise click.ClickException(
+            f"{exc}\nFix the config, then check it with: "
+            f"sglang-farm check-config --config {config_path}"
+        ) from exc
     except FarmError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
@@ -87,17 +94,28 @@ def check_config(config_path: str) -> None:
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
-    click.echo(f"{config_path}: OK, {len(spec.workers)} workers "
-               f"(ports {spec.workers[0].port}-{spec.workers[-1].port})" if spec.workers else
-               f"{config_path}: OK, no workers")
+    click.echo(
+        f"{config_path}: OK, {len(spec.workers)} workers "
+        f"(ports {spec.workers[0].port}-{spec.workers[-1].port})"
+        if spec.workers
+        else f"{config_path}: OK, no workers"
+    )
 
 
 @cli.command()
 @config_option
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory to write the units into (e.g. /run/systemd/system).")
-@click.option("--agent-bin", default="/usr/bin/sglang-farm", show_default=True,
-              help="Path of sglang-farm inside the units (the readiness gate runs it).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to write the units into (e.g. /run/systemd/system).",
+)
+@click.option(
+    "--agent-bin",
+    default="/usr/bin/sglang-farm",
+    show_default=True,
+    help="Path of sglang-farm inside the units (the readiness gate runs it).",
+)
 def render(config_path: str, out: Path, agent_bin: str) -> None:
     """Write the systemd units for this config: template, one drop-in per worker, agent, target."""
     from sglang_farm.config import load_spec_file
@@ -119,8 +137,13 @@ def render(config_path: str, out: Path, agent_bin: str) -> None:
     click.echo(f"{len(changes.unchanged)} unchanged")
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                               "help_option_names": []})
+@cli.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    }
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def sim(args: tuple[str, ...]) -> None:
     """The SGLang simulator: takes SGLang's flags (SGLANG_SIM_* variables select failures)."""

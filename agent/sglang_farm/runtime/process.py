@@ -83,7 +83,9 @@ class ProcessRuntime:
 
     async def start(self, worker: int, command: Command) -> None:
         if worker in self._procs:
-            raise RuntimeFailure(f"worker {worker} is already running (pid {self._procs[worker].pid})")
+            raise RuntimeFailure(
+                f"worker {worker} is already running (pid {self._procs[worker].pid})"
+            )
         env = {**os.environ, **command.env_dict}
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -146,6 +148,8 @@ class ProcessRuntime:
         if proc is None or reader is None:
             return
         _killpg(proc.pid, signal.SIGTERM)
+        # As systemd does: a stopped (SIGSTOP, hung) process must run to act on SIGTERM.
+        _killpg(proc.pid, signal.SIGCONT)
         try:
             await asyncio.wait_for(asyncio.shield(proc.wait()), timeout)
         except TimeoutError:
