@@ -73,7 +73,7 @@ def _dist_version(*names: str) -> str | None:
             return importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        except Exception:  # noqa: BLE001 - a broken dist-info must not stop the probe
+        except Exception:  # a broken dist-info must not stop the probe
             continue
     return None
 
@@ -109,7 +109,8 @@ def _finish_import(proc: subprocess.Popen[str]) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return {"ok": False, "type": "Timeout", "message": f"import took over {IMPORT_TIMEOUT_S:g} s"}
+        return {"ok": False, "type": "Timeout",
+                "message": f"import took over {IMPORT_TIMEOUT_S:g} s"}
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
             try:
@@ -129,7 +130,7 @@ def _torch() -> dict[str, Any]:
     info: dict[str, Any] = {"installed": False}
     try:
         import torch  # type: ignore[import-not-found,unused-ignore]
-    except Exception as exc:  # noqa: BLE001 - any failure is a fact to report
+    except Exception as exc:  # any failure is a fact to report
         info["error"] = _err(exc)
         return info
     info["installed"] = True
@@ -142,14 +143,14 @@ def _torch() -> dict[str, Any]:
     ):
         try:
             info[key] = get()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # reported, never raised
             info[key] = None
             info[f"{key}_error"] = _err(exc)
     if info.get("cuda_available"):
         try:
             cap = torch.cuda.get_device_capability(0)
             info["device_capability"] = [int(cap[0]), int(cap[1])]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # reported, never raised
             info["device_capability_error"] = _err(exc)
     return info
 
@@ -182,7 +183,7 @@ def _sgl_kernel() -> dict[str, Any]:
 
 
 def _cuda_home() -> dict[str, Any]:
-    """The toolkit deep_gemm and SGLang's JIT would find: CUDA_HOME, CUDA_PATH, nvcc, /usr/local/cuda."""
+    """The toolkit deep_gemm and SGLang's JIT find: CUDA_HOME, CUDA_PATH, nvcc, /usr/local/cuda."""
     home: str | None = None
     source: str | None = None
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -288,7 +289,7 @@ def _classify_token(flag: str, options: list[str]) -> dict[str, Any]:
 
 def check_argv(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
     """One argv against the parser: argparse's verdict and each flag's match."""
-    options = sorted(parser._option_string_actions)  # noqa: SLF001 - argparse has no public list
+    options = sorted(parser._option_string_actions)  # no public list exists
     tokens = []
     for item in argv:
         if item == "--":
@@ -314,7 +315,7 @@ def probe_flags(payload: dict[str, Any]) -> dict[str, Any]:
     """The `flags` mode: each argv of `payload["argvs"]` checked against SGLang's parser."""
     try:
         parser = _build_parser()
-    except BaseException as exc:  # noqa: BLE001 - SystemExit, ImportError, anything
+    except BaseException as exc:  # SystemExit, ImportError, anything
         return {"probe": "flags", "parser": False, "error": _err(exc)}
     return {
         "probe": "flags",

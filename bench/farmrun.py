@@ -1,0 +1,142 @@
+"""I/O: run a simulator farm for a benchmark (config writer, agent process, its JSON log).
+
+Builds on `tests/farmproc.py` (the `Farm` process wrapper and the process marker);
+the config here takes the spec's defaults unless a benchmark overrides a section.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402
+
+__all__ = ["Farm", "FarmSetup", "event_time", "running_farm", "sim_env"]
+
+LOAD_S = 1.0  # SGLANG_SIM_LOAD_SECONDS of every benchmark worker
+WARMUP_S = 0.1
+HEALTH_DELAY_S = 0.05
+
+
+def sim_env(marker: str = "") -> dict[str, str]:
+    env = {
+        "SGLANG_SIM_LOAD_SECONDS": str(LOAD_S),
+        "SGLANG_SIM_WARMUP_SECONDS": str(WARMUP_S),
+        "SGLANG_SIM_HEALTH_DELAY": str(HEALTH_DELAY_S),
+    }
+    if marker:
+        env["SGLANG_FARM_TEST_MARKER"] = marker
+    return env
+
+
+class FarmSetup:
+    """A config: `sections` maps "[startup]"-style names to extra TOML lines (else defaults)."""
+
+    def __init__(self, workers: int, *, parallel: int = 4, **sections: str) -> None:
+        self.workers = workers
+        self.parallel = parallel
+        self.sections = sections
+
+    def write(self, tmp: Path, marker: str) -> Path:
+        base = free_port_block(self.workers * 2)
+        env = ", ".join(f'{k} = "{v}"' for k, v in sim_env(marker).items())
+        sec = self.sections
+        text = f"""
+[farm]
+name = "bench-farm"
+python = "{sys.executable}"
+module = "sglang_farm.sim"
+user = "root"
+group = "root"
+state_dir = "{tmp}/state"
+env = {{ {env} }}
+
+[workers]
+gpus = {list(range(self.workers))}
+host = "127.0.0.1"
+base_port = {base}
+nccl_base_port = {base + self.workers}
+
+[startup]
+canary = 0
+parallel = {self.parallel}
+{sec.get("startup", "")}
+
+[health]
+{sec.get("health", "")}
+
+[restart]
+{sec.get("restart", "")}
+
+[metrics]
+listen = "127.0.0.1:0"
+gpu_source = "fake"
+{sec.get("metrics", "")}
+
+[control]
+socket = "{tmp}/control.sock"
+group = "root"
+
+[sglang]
+model_path = "sim/Qwen3.6-27B"
+enable_metrics = true
+"""
+        path = tmp / "farm.toml"
+        path.write_text(text)
+        return path
+
+
+@contextmanager
+def running_farm(setup: FarmSetup) -> Iterator[Farm]:
+    """A started farm (not yet ready); stopped and checked for leftovers on exit."""
+    tmp = tmpdir()
+    marker = new_marker()
+    farm = Farm(setup.write(tmp, marker), marker)
+    farm.tmp = tmp  # type: ignore[attr-defined]
+    try:
+        yield farm
+    finally:
+        try:
+            farm.stop(signal.SIGINT, timeout=120)
+        finally:
+            deadline = time.monotonic() + 15
+            while marked_pids(marker) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for pid in marked_pids(marker):  # our own simulators only (marked env)
+                os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def event_time(ev: dict[str, Any]) -> float:
+    """The wall-clock time (epoch seconds) of a JSON log event's ISO UTC "timestamp"."""
+    return datetime.fromisoformat(str(ev["timestamp"])).timestamp()
+
+
+def metrics_url(farm: Farm) -> tuple[str, int]:
+    ev = farm.wait_for(lambda e: e.get("event") == "metrics_listening", timeout=30)
+    host, _, port = str(ev["address"]).rpartition(":")
+    return host, int(port)
+
+
+def socket_path(farm: Farm) -> str:
+    return str(farm.tmp / "control.sock")  # type: ignore[attr-defined]
+
+
+def worker_pid(farm: Farm, worker: int) -> int:
+    return int(farm.named("worker_launched", worker=worker)[-1]["pid"])
+
+
+def wait_rollout(farm: Farm, timeout: float) -> dict[str, Any]:
+    return farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=timeout)

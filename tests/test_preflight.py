@@ -1,0 +1,595 @@
+"""The preflight doctor against fake SGLang environments built here, on a fake SM 12.0 host.
+
+The fake environment is a directory tree put on the probe's PYTHONPATH: a `torch`
+reporting a version, CUDA build, arch list and device capability; an `sgl_kernel`
+shipping `sm90/` + `sm100/` whose import raises the real "[sgl_kernel] CRITICAL" text
+when the variant it loads does not cover the GPU; a `deep_gemm` that asserts
+`cuda_home is not None` like the real one; a `sglang` whose `srt/server_args.py`
+builds an argparse parser (allow_abbrev=True) with --mamba-radix-cache-strategy but
+not --mamba-scheduler-strategy; optionally `flashinfer`. The probe runs for real, with
+this interpreter, as the doctor runs it on a host.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sglang_farm.config import load_spec
+from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
+from sglang_farm.preflight import (
+    Check,
+    CheckId,
+    DoctorReport,
+    Status,
+    arch_covers,
+    backend_verdict,
+    doctor,
+    format_report,
+    make_probe_runner,
+    port_problem,
+    preflight_blocking,
+    resolve_attention_backend,
+    resolve_flags,
+    run_doctor,
+)
+from sglang_farm.spec import FarmSpec, FlagValue
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_TOML = REPO / "etc" / "sglang-farm" / "farm.toml"
+GIB = 1024**3
+
+# --- the fake environment --------------------------------------------------------------
+
+_TORCH_INIT = """
+import json as _json, os as _os
+_conf = _json.load(open(_os.path.join(_os.path.dirname(__file__), "..", "fakeconf.json")))
+__version__ = _conf["torch_version"]
+from torch import cuda, version
+"""
+_TORCH_VERSION = """
+import json as _json, os as _os
+_conf = _json.load(open(_os.path.join(_os.path.dirname(__file__), "..", "fakeconf.json")))
+cuda = _conf["torch_cuda"]
+"""
+_TORCH_CUDA = """
+import json as _json, os as _os
+_conf = _json.load(open(_os.path.join(_os.path.dirname(__file__), "..", "fakeconf.json")))
+def is_available(): return True
+def device_count(): return 1
+def get_arch_list(): return list(_conf["torch_archs"])
+def get_device_capability(device=None): return tuple(_conf["cc"])
+"""
+# The real loader's shape and text (sgl_kernel/load_utils.py): cc 9.0 -> sm90/, any
+# other -> sm100/. A fake "binary" is a text file listing the SASS archs it holds.
+_SGL_KERNEL_INIT = '''
+import glob, os, torch
+_here = os.path.dirname(__file__)
+major, minor = torch.cuda.get_device_capability()
+compute_capability = major * 10 + minor
+variant = "sm90" if compute_capability == 90 else "sm100"
+ops_pattern = os.path.join(_here, variant, "common_ops.*")
+matching_files = glob.glob(ops_pattern)
+errors = []
+loaded = False
+for path in matching_files:
+    archs = open(path).read().split()
+    if any(a.rstrip("af") == f"sm_{compute_capability}" for a in archs):
+        loaded = True
+    else:
+        errors.append(ImportError(f"{path}: no kernel image for sm_{compute_capability}"))
+if not loaded:
+    attempt_error_msg = "\\n".join(f"- {type(e).__name__}: {e}" for e in errors)
+    raise ImportError(f"""
+[sgl_kernel] CRITICAL: Could not load any common_ops library!
+
+Attempted locations:
+1. Architecture-specific pattern: {ops_pattern} - found files: {matching_files}
+2. Fallback pattern: {_here}/common_ops.* - found files: []
+3. Standard Python import: common_ops - failed
+
+GPU Info:
+- Compute capability: {compute_capability}
+- Expected variant: {variant.upper()}
+
+Please ensure sgl_kernel is properly installed with:
+pip install --upgrade sgl_kernel
+
+Error details from previous import attempts:
+{attempt_error_msg}
+""")
+'''
+# sgl-deep-gemm 0.2.3.post2: find_cuda_home() at import, then the bare assert.
+_DEEP_GEMM_INIT = """
+import os, shutil
+def find_cuda_home():
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home is None:
+        nvcc = shutil.which("nvcc")
+        if nvcc is not None:
+            cuda_home = os.path.dirname(os.path.dirname(nvcc))
+        else:
+            fallback = os.environ.get("ENVPROBE_CUDA_FALLBACK", "/usr/local/cuda")
+            if os.path.exists(fallback):
+                cuda_home = fallback
+    assert cuda_home is not None
+    return cuda_home
+_cuda_home = find_cuda_home()
+"""
+# The subset of SGLang 0.5.23's flags the seed config uses, plus the farm's own.
+_SERVER_ARGS = """
+import argparse
+
+ATTENTION_BACKEND_CHOICES = ["triton", "torch_native", "flex_attention", "fa3", "fa4",
+    "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "trtllm_mha"]
+
+class ServerArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--model-path", "--model", type=str, required=True)
+        parser.add_argument("--reasoning-parser", type=str)
+        parser.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES)
+        parser.add_argument("--prefill-attention-backend", choices=ATTENTION_BACKEND_CHOICES)
+        parser.add_argument("--decode-attention-backend", choices=ATTENTION_BACKEND_CHOICES)
+        parser.add_argument("--mem-fraction-static", type=float)
+        parser.add_argument("--max-running-requests", type=int)
+        parser.add_argument("--context-length", type=int)
+        parser.add_argument("--trust-remote-code", action="store_true")
+        parser.add_argument("--chunked-prefill-size", type=int)
+        parser.add_argument("--mamba-radix-cache-strategy",
+            choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
+        parser.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"])
+        parser.add_argument("--disable-overlap-schedule", action="store_true")
+        parser.add_argument("--enable-metrics", action="store_true")
+        parser.add_argument("--enable-metrics-for-all-schedulers", action="store_true")
+        parser.add_argument("--uvicorn-access-log-exclude-prefixes", nargs="*", default=[])
+        parser.add_argument("--cuda-graph-max-bs-decode", type=int)
+        parser.add_argument("--cuda-graph-max-bs-prefill", type=int)
+        parser.add_argument("--host", type=str, default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=30000)
+        parser.add_argument("--nccl-port", type=int)
+        parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+
+def prepare_server_args(argv):
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser.parse_args(argv)
+"""
+
+
+@dataclass(frozen=True)
+class FakeEnv:
+    pythonpath: Path
+    nvcc_home: Path  # a "toolkit" with bin/nvcc, for CUDA_HOME
+
+
+def _dist(root: Path, name: str, version: str) -> None:
+    d = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def make_fake_env(
+    root: Path,
+    *,
+    cc: tuple[int, int] = (12, 0),
+    torch_archs: tuple[str, ...] = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100"),
+    sm100_archs: tuple[str, ...] = ("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100f"),
+    kernel_version: str = "0.4.2.post2",
+    flashinfer: bool = False,
+    sglang: bool = True,
+) -> FakeEnv:
+    """The seed host's environment by default: torch cu130 without sm_120, sglang-kernel
+    0.4.2.post2 with sm90/ and sm100/ built without sm_120, deep_gemm, no flashinfer."""
+    site = root / "site"
+    site.mkdir(parents=True)
+    (site / "fakeconf.json").write_text(json.dumps({
+        "torch_version": "2.9.1+cu130", "torch_cuda": "13.0",
+        "torch_archs": list(torch_archs), "cc": list(cc),
+    }))
+    torch = site / "torch"
+    torch.mkdir()
+    (torch / "__init__.py").write_text(_TORCH_INIT)
+    (torch / "version.py").write_text(_TORCH_VERSION)
+    (torch / "cuda.py").write_text(_TORCH_CUDA)
+    kernel = site / "sgl_kernel"
+    for variant, archs in (("sm90", ("sm_80", "sm_89", "sm_90", "sm_90a")),
+                           ("sm100", sm100_archs)):
+        (kernel / variant).mkdir(parents=True)
+        (kernel / variant / "common_ops.abi3.so").write_text(" ".join(archs))
+    (kernel / "__init__.py").write_text(_SGL_KERNEL_INIT)
+    _dist(site, "sglang-kernel", kernel_version)
+    (site / "deep_gemm").mkdir()
+    (site / "deep_gemm" / "__init__.py").write_text(_DEEP_GEMM_INIT)
+    _dist(site, "sgl-deep-gemm", "0.2.3.post2")
+    if sglang:
+        srt = site / "sglang" / "srt"
+        srt.mkdir(parents=True)
+        (site / "sglang" / "__init__.py").write_text("")
+        (srt / "__init__.py").write_text("")
+        (srt / "server_args.py").write_text(_SERVER_ARGS)
+        _dist(site, "sglang", "0.5.23")
+    if flashinfer:
+        (site / "flashinfer").mkdir()
+        (site / "flashinfer" / "__init__.py").write_text("")
+        _dist(site, "flashinfer-python", "0.7.2")
+    toolkit = root / "cuda-12.9"
+    (toolkit / "bin").mkdir(parents=True)
+    nvcc = toolkit / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.86'\n")
+    nvcc.chmod(0o755)
+    return FakeEnv(site, toolkit)
+
+
+def make_fixed_env(root: Path) -> FakeEnv:
+    """The seed host repaired: torch with sm_120, sglang-kernel 0.4.10 (sm_120a in sm100/),
+    flashinfer installed. deep_gemm still needs CUDA_HOME: `fixed_farm_env`."""
+    return make_fake_env(
+        root,
+        torch_archs=("sm_80", "sm_90", "sm_100", "sm_120"),
+        sm100_archs=("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100f", "sm_120a"),
+        kernel_version="0.4.10",
+        flashinfer=True,
+    )
+
+
+def fixed_farm_env(env: FakeEnv) -> str:
+    return f'{{ CUDA_HOME = "{env.nvcc_home}" }}'
+
+
+def fake_runner(env: FakeEnv, tmp: Path):  # type: ignore[no-untyped-def]
+    """The real probe runner, with the fake tree importable and no host toolkit visible."""
+    empty_bin = tmp / "emptybin"
+    empty_bin.mkdir(exist_ok=True)
+    return make_probe_runner(
+        base_env={"PATH": str(empty_bin), "LANG": "C.UTF-8"},
+        extra_env={"PYTHONPATH": str(env.pythonpath),
+                   "ENVPROBE_CUDA_FALLBACK": str(tmp / "no-cuda-here")},
+        timeout=60,
+    )
+
+
+class Sm120Poller:
+    """A GpuPoller of N RTX PRO 6000 Blackwell cards (compute capability 12.0, 48 GB)."""
+
+    def __init__(self, count: int = 8, cc: tuple[int, int] = (12, 0),
+                 memory: int = 48 * GIB) -> None:
+        self.count, self.cc, self.memory = count, cc, memory
+
+    def snapshot(self) -> FleetSnapshot:
+        gpus = tuple(
+            GpuSnapshot(index=i, name="NVIDIA RTX PRO 6000 Blackwell", compute_capability=self.cc,
+                        memory_total_bytes=self.memory, memory_used_bytes=0)
+            for i in range(self.count)
+        )
+        return FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=True, gpus=gpus)
+
+    def close(self) -> None:
+        return None
+
+
+def _free_base(n: int) -> int:
+    """A base port with n free consecutive ports on 0.0.0.0 (probed by binding)."""
+    for base in range(41000, 60000, 97):
+        if all(port_problem("0.0.0.0", base + i) is None for i in range(n)):
+            return base
+    raise AssertionError("no free port range")
+
+
+def seed_spec(tmp: Path, *, attention: str | None = None, env: str = "{}",
+              extra_sglang: str = "", model: Path | None = None, gpus: int = 8) -> FarmSpec:
+    """etc/sglang-farm/farm.toml as shipped, with this interpreter, free ports and the model
+    in tmp (a config.json and 2 GiB of sparse "weights")."""
+    if model is None:
+        model = tmp / "Qwen3.6-27B"
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text("{}")
+        with open(model / "model.safetensors", "wb") as f:
+            f.truncate(2 * GIB)
+    text = SEED_TOML.read_text()
+    text = text.replace('python = "/opt/sglang/bin/python3"', f'python = "{sys.executable}"')
+    text = text.replace('model_path = "/dev/shm/Qwen3.6-27B"', f'model_path = "{model}"')
+    text = text.replace("env = {}", f"env = {env}", 1)
+    base = _free_base(16)
+    text = text.replace("base_port = 30000", f"base_port = {base}")
+    text = text.replace("nccl_base_port = 31000", f"nccl_base_port = {base + 8}")
+    if attention is not None:
+        text = text.replace('attention_backend = "flashinfer"',
+                            f'attention_backend = "{attention}"')
+    text += extra_sglang
+    return load_spec(text, source="farm.toml", gpu_count=gpus)
+
+
+def _by_id(report: DoctorReport, cid: CheckId) -> list[Check]:
+    return [c for c in report.checks if c.id is cid]
+
+
+def _fails(report: DoctorReport) -> dict[CheckId, Check]:
+    return {c.id: c for c in report.checks if c.status is Status.FAIL}
+
+
+# --- the seed's three launch failures, end to end ---------------------------------------
+
+
+def test_doctor_fails_the_seed_config_with_the_seed_reasons_and_fixes(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, attention="fa3")
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    fails = _fails(report)
+    assert not report.ok
+    # 1. deep_gemm asserted: CUDA_HOME unset, no toolkit.
+    gemm = fails[CheckId.DEEP_GEMM]
+    assert "AssertionError" in gemm.message and "cuda_home is not None" in gemm.message
+    assert "CUDA_HOME=/usr/local/cuda-12.x" in gemm.fix
+    assert "SGLANG_ENABLE_JIT_DEEPGEMM=0" in gemm.fix and "[farm].env" in gemm.fix
+    # 2. sgl_kernel 0.4.2.post2 ships sm90/ and sm100/ without SM 12.0: the import fails.
+    kernel = fails[CheckId.SGL_KERNEL]
+    assert "[sgl_kernel] CRITICAL: Could not load any common_ops library!" in kernel.message
+    assert "SM 12.0" in kernel.message and "sm90/, sm100/" in kernel.message
+    assert "0.4.2.post2" in kernel.message and "pip install --upgrade sglang-kernel" in kernel.fix
+    # 3. A backend SM 12.0 cannot run.
+    att = fails[CheckId.ATTENTION_BACKEND]
+    assert "attention_backend = fa3" in att.message and "SM 12.0" in att.message
+    assert 'attention_backend = "flashinfer"' in att.fix
+    # torch cu130 here lacks sm_120 in its arch list.
+    assert "sm_120" in fails[CheckId.TORCH].message
+    # Every worker is blocked, and each failure shows once for all eight.
+    for check in (gemm, kernel, att):
+        assert check.workers == tuple(range(8))
+    for w in range(8):
+        assert {c.id for c in report.blocking(w)} >= {
+            CheckId.DEEP_GEMM, CheckId.SGL_KERNEL, CheckId.ATTENTION_BACKEND}
+    text = format_report(report)
+    assert "FAIL" in text and "0-7" in text and "fix: set CUDA_HOME" in text
+    assert "NOT OK" in text
+
+
+def test_doctor_passes_the_seed_config_once_fixed(tmp_path: Path) -> None:
+    env = make_fixed_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env))
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    assert report.ok, format_report(report)
+    assert report.blocking(0) == []
+    statuses = {c.id: c.status for c in report.checks}
+    for cid in (CheckId.DEEP_GEMM, CheckId.SGL_KERNEL, CheckId.ATTENTION_BACKEND,
+                CheckId.FLAGS, CheckId.TORCH, CheckId.FLASHINFER, CheckId.MODEL_PATH,
+                CheckId.PORT_HTTP, CheckId.PORT_NCCL, CheckId.GPU):
+        assert statuses[cid] is Status.PASS, cid
+    gemm = _by_id(report, CheckId.DEEP_GEMM)[0]
+    assert str(env.nvcc_home) in gemm.message and "CUDA_HOME" in gemm.message
+    assert dict(report.attention) == dict.fromkeys(range(8), "flashinfer")
+    assert "sglang-kernel 0.4.10 imports" in _by_id(report, CheckId.SGL_KERNEL)[0].message
+
+
+def test_deep_gemm_disabled_in_farm_env_passes_without_a_toolkit(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, env='{ SGLANG_ENABLE_JIT_DEEPGEMM = "0" }')
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    (gemm,) = _by_id(report, CheckId.DEEP_GEMM)
+    assert gemm.status is Status.PASS
+    assert "SGLANG_ENABLE_JIT_DEEPGEMM=0" in gemm.message
+
+
+def test_flags_are_checked_against_the_installed_parser(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    # mem_frac: an abbreviation argparse accepts; cuda_graph_max_bs: removed, ambiguous;
+    # context_length "8k": a value the parser rejects.
+    spec = seed_spec(tmp_path, gpus=1, extra_sglang="mem_frac = 0.8\nmax_running = 3\n")
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    flags = _by_id(report, CheckId.FLAGS)
+    prefix = [c for c in flags if c.status is Status.WARN]
+    assert any(c.message.startswith("--mem-frac is not") and "--mem-fraction-static" in c.message
+               and "mem_fraction_static" in c.fix for c in prefix), flags
+    assert any("--max-running" in c.message and "--max-running-requests" in c.message
+               for c in prefix)
+    assert not [c for c in flags if c.status is Status.FAIL]
+
+
+def test_renamed_and_unknown_flags_fail_with_the_precise_message(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    spec = seed_spec(tmp_path, extra_sglang="enable_metric_labels = true\n")
+    # The config refuses mamba_scheduler_strategy, so put it where only the parser sees it.
+    w = spec.workers[0]
+    flags = {**w.flags, "mamba_scheduler_strategy": "extra_buffer"}
+    spec2 = _with_worker_flags(spec, flags)
+    report = run_doctor(spec2, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    msgs = {c.message: c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.FAIL}
+    renamed = [c for m, c in msgs.items() if "--mamba-scheduler-strategy" in m]
+    assert len(renamed) == 1
+    assert "renamed --mamba-radix-cache-strategy" in renamed[0].message
+    assert "mamba_radix_cache_strategy" in renamed[0].fix
+    assert any("--enable-metric-labels is not a flag" in m for m in msgs)
+
+
+def test_a_bad_value_fails_with_argparse_error_line(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    spec = seed_spec(tmp_path, gpus=1)
+    spec2 = _with_worker_flags(spec, {**spec.workers[0].flags, "chunked_prefill_size": "8k"})
+    report = run_doctor(spec2, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    (bad,) = [c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.FAIL]
+    assert "argument --chunked-prefill-size: invalid int value: '8k'" in bad.message
+
+
+def test_without_sglang_the_flags_cannot_be_validated_and_it_says_so(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", sglang=False)
+    spec = seed_spec(tmp_path, gpus=1)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    (flags,) = _by_id(report, CheckId.FLAGS)
+    assert flags.status is Status.WARN
+    assert flags.message.startswith("cannot validate flags: sglang not importable")
+    assert _fails(report)[CheckId.SGLANG].message.startswith("sglang is not installed")
+
+
+def test_missing_interpreter_fails_the_environment_check(tmp_path: Path) -> None:
+    spec = seed_spec(tmp_path, gpus=1)
+    spec2 = replace(spec, farm=replace(spec.farm, python=str(tmp_path / "nope/python3")))
+    report = run_doctor(spec2, Sm120Poller(count=1), run_probe=make_probe_runner(timeout=10))
+    env_check = _fails(report)[CheckId.ENVIRONMENT]
+    assert "does not exist" in env_check.message and "[farm] python" in env_check.fix
+
+
+# --- ports, model, memory ----------------------------------------------------------------
+
+
+def test_a_busy_port_fails_and_preflight_blocking_rechecks_it_live(tmp_path: Path) -> None:
+    env = make_fixed_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env))
+    w1 = spec.worker(1)
+    listener = socket.socket()
+    listener.bind((w1.host, w1.port))
+    listener.listen()
+    try:
+        report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+        busy = [c for c in _by_id(report, CheckId.PORT_HTTP) if c.status is Status.FAIL]
+        assert [c.workers for c in busy] == [(1,)]
+        assert f"port {w1.port}" in busy[0].message and "base_port" in busy[0].fix
+        assert [c.id for c in preflight_blocking(spec, 1, report)] == [CheckId.PORT_HTTP]
+        assert preflight_blocking(spec, 0, report) == []
+    finally:
+        listener.close()
+    # The port was freed: the stale verdict in the report no longer blocks.
+    assert preflight_blocking(spec, 1, report) == []
+
+
+def test_model_path_missing_or_a_repo_id(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    spec = seed_spec(tmp_path, gpus=1)
+    missing = _with_worker_flags(spec, {**spec.workers[0].flags, "model_path": "/dev/shm/nope-x"})
+    report = run_doctor(missing, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    model = _fails(report)[CheckId.MODEL_PATH]
+    assert "does not exist" in model.message and "emptied at every boot" in model.message
+    repo = _with_worker_flags(spec, {**spec.workers[0].flags, "model_path": "Qwen/Qwen3-8B"})
+    report = run_doctor(repo, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    (m,) = _by_id(report, CheckId.MODEL_PATH)
+    assert m.status is Status.WARN and "download" in m.message
+
+
+def test_weights_larger_than_the_static_budget_fail(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    model = tmp_path / "big"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with open(model / "model-00001.safetensors", "wb") as f:
+        f.truncate(46 * GIB)  # sparse: 46 GiB of "weights" > 0.88 x 48 GiB
+    spec = seed_spec(tmp_path, gpus=1, model=model)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    mem = [c for c in _by_id(report, CheckId.MEMORY) if c.status is Status.FAIL]
+    assert len(mem) == 1 and "exceed mem_fraction_static 0.88" in mem[0].message
+
+
+# --- pure rules --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cc", "picked"),
+    [((9, 0), "fa3"), ((10, 0), "trtllm_mha"), ((10, 3), "trtllm_mha"), ((12, 0), "flashinfer"),
+     ((12, 1), "flashinfer"), ((8, 0), "flashinfer"), ((8, 9), "flashinfer"), ((7, 5), "triton")],
+)
+def test_auto_attention_backend_per_architecture(cc: tuple[int, int], picked: str) -> None:
+    assert resolve_attention_backend(cc) == picked
+    assert backend_verdict(picked, cc)[0] is not Status.FAIL or cc < (8, 0)
+
+
+@pytest.mark.parametrize(
+    ("backend", "cc", "status"),
+    [("fa3", (9, 0), Status.PASS), ("fa3", (8, 0), Status.WARN), ("fa3", (12, 0), Status.FAIL),
+     ("fa3", (10, 0), Status.FAIL), ("fa4", (10, 0), Status.PASS), ("fa4", (12, 0), Status.WARN),
+     ("fa4", (8, 9), Status.FAIL), ("trtllm_mha", (12, 0), Status.PASS),
+     ("trtllm_mha", (8, 0), Status.FAIL), ("trtllm_mla", (9, 0), Status.FAIL),
+     ("trtllm_mla", (10, 0), Status.PASS), ("cutedsl_mla", (12, 0), Status.FAIL),
+     ("flashmla", (12, 0), Status.FAIL), ("flashmla", (9, 0), Status.PASS),
+     ("triton", (12, 0), Status.WARN), ("triton", (9, 0), Status.PASS),
+     ("flashinfer", (12, 0), Status.PASS), ("aiter", (9, 0), Status.FAIL)],
+)
+def test_backend_rules_follow_the_sheet(backend: str, cc: tuple[int, int], status: Status) -> None:
+    assert backend_verdict(backend, cc)[0] is status
+
+
+def test_auto_in_config_is_resolved_and_reported(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    spec = seed_spec(tmp_path, gpus=1, attention="auto")
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    (att,) = _by_id(report, CheckId.ATTENTION_BACKEND)
+    assert att.status is Status.PASS
+    assert "auto: the farm picked flashinfer for SM 12.0" in att.message
+    # The parser saw the resolved value, not "auto" (which it would reject).
+    assert all(c.status is Status.PASS for c in _by_id(report, CheckId.FLAGS))
+    assert resolve_flags({"attention_backend": "auto", "x": 1}, (9, 0)) == {
+        "attention_backend": "fa3", "x": 1}
+    assert resolve_flags({"attention_backend": "auto"}, None) == {}
+
+
+def test_arch_list_coverage() -> None:
+    assert not arch_covers(["sm_80", "sm_90", "sm_100"], (12, 0))
+    assert arch_covers(["sm_80", "sm_120"], (12, 0))
+    assert arch_covers(["sm_80"], (8, 6))  # same major, newer minor runs sm_80 cubins
+    assert not arch_covers(["sm_90a"], (9, 1)) and arch_covers(["sm_90a"], (9, 0))
+    assert arch_covers(["sm_100f"], (10, 3))
+    assert arch_covers(["compute_90"], (12, 0))  # PTX JITs forward
+
+
+def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_path: Path) -> None:
+    from sglang_farm.preflight import _torch_checks
+
+    torch = {"installed": True, "version": "2.8.0+cu128", "cuda": "12.8",
+             "arch_list": ["sm_120"], "cuda_available": True}
+    assert not [c for c in _torch_checks(torch, (12, 0), 1) if c.id is CheckId.NCCL]
+    (warn,) = [c for c in _torch_checks(torch, (12, 0), 2) if c.id is CheckId.NCCL]
+    assert warn.status is Status.WARN and "12.9" in warn.message
+    newer = {**torch, "cuda": "13.0"}
+    assert not [c for c in _torch_checks(newer, (12, 0), 2) if c.id is CheckId.NCCL]
+
+
+def test_the_demo_config_with_the_simulator_passes(tmp_path: Path) -> None:
+    from sglang_farm.gpu_fake import FakeGpuPoller
+
+    text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
+    spec = load_spec(text, source="demo.toml", agent_python=sys.executable)
+    report = run_doctor(spec, FakeGpuPoller(), run_probe=make_probe_runner(timeout=30),
+                        port_check=lambda host, port: None)
+    assert report.ok, format_report(report)
+    assert preflight_blocking(spec, 0, report, port_check=lambda host, port: None) == []
+    ids = {c.id for c in report.checks}
+    assert CheckId.SGL_KERNEL not in ids and CheckId.TORCH not in ids
+    assert {c.status for c in _by_id(report, CheckId.FLAGS)} == {Status.SKIP}
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def test_doctor_command_json_and_exit_status(tmp_path: Path) -> None:
+    config = tmp_path / "farm.toml"
+    config.write_text(textwrap.dedent(f"""
+        [farm]
+        python = "{tmp_path / 'missing' / 'python3'}"
+        [workers]
+        gpus = [0]
+        base_port = {_free_base(2)}
+        nccl_base_port = {_free_base(2) + 1}
+        [metrics]
+        gpu_source = "fake"
+        [sglang]
+        model_path = "{tmp_path}"
+    """))
+    result = CliRunner().invoke(doctor, ["--config", str(config), "--json"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    assert data["ok"] is False
+    checks = {(c["check"], c["status"]) for c in data["checks"]}
+    assert ("environment", "fail") in checks and ("nvml", "warn") in checks
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _with_worker_flags(spec: FarmSpec, flags: Mapping[str, FlagValue]) -> FarmSpec:
+    """`spec` with worker 0's flags replaced and only worker 0 kept."""
+    return replace(spec, workers=(replace(spec.workers[0], flags=flags),))
