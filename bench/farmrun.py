@@ -103,8 +103,11 @@ def running_farm(setup: FarmSetup) -> Iterator[Farm]:
     """A started farm (not yet ready); stopped and checked for leftovers on exit."""
     tmp = tmpdir()
     marker = new_marker()
-    farm = Farm(setup.write(tmp, marker), marker)
+    config = setup.write(tmp, marker)
+    t0 = time.time()
+    farm = Farm(config, marker)
     farm.tmp = tmp  # type: ignore[attr-defined]
+    farm.spawned_at = t0  # type: ignore[attr-defined]
     try:
         yield farm
     finally:
@@ -140,3 +143,18 @@ def worker_pid(farm: Farm, worker: int) -> int:
 
 def wait_rollout(farm: Farm, timeout: float) -> dict[str, Any]:
     return farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=timeout)
+
+
+def startup(farm: Farm, own_load_s: float, poll_interval_s: float) -> dict[str, Any]:
+    """Start-up overhead from the log: first launch -> rollout_done, minus the loads' own time."""
+    done = wait_rollout(farm, 300)
+    first = next(e for e in farm.snapshot() if e.get("event") == "worker_launching")
+    total = event_time(done) - event_time(first)
+    return {
+        "first_launch_to_done_s": total,
+        "own_load_s": own_load_s,
+        "overhead_s": total - own_load_s,
+        "agent_start_to_first_launch_s": event_time(first) - farm.spawned_at,  # type: ignore[attr-defined]
+        "poll_interval_s": poll_interval_s,
+        "load_s_by_worker": {e["worker"]: e.get("load_s") for e in farm.named("worker_ready")},
+    }

@@ -62,6 +62,7 @@ def one(port: int) -> tuple[float, float]:
 def run(reps: int = 5) -> dict[str, object]:
     port = free_port_block(1)
     bound, ready = [], []
+    one(port)  # warm-up: fills the byte-code cache and the page cache
     for _ in range(reps):
         b, r = one(port)
         bound.append(b)
@@ -70,3 +71,32 @@ def run(reps: int = 5) -> dict[str, object]:
             "configured_s": {"load": sim_env()["SGLANG_SIM_LOAD_SECONDS"],
                              "warmup": sim_env()["SGLANG_SIM_WARMUP_SECONDS"],
                              "health_delay": sim_env()["SGLANG_SIM_HEALTH_DELAY"]}}
+
+
+def wave(k: int, reps: int = 3) -> dict[str, object]:
+    """k simulators spawned at once (a rollout wave): spawn -> all k answer /health 200, s."""
+    xs = []
+    for _ in range(reps):
+        base = free_port_block(k)
+        env = {**os.environ, **sim_env()}
+        t0 = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "sglang_farm.sim", "--model-path", "sim/Qwen3.6-27B",
+                 "--host", "127.0.0.1", "--port", str(base + i), "--enable-metrics"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+            for i in range(k)
+        ]
+        try:
+            pending = set(range(k))
+            while pending:
+                pending = {i for i in pending if not (_bound(base + i) and _healthy(base + i))}
+                if pending:
+                    time.sleep(0.005)
+            xs.append(time.monotonic() - t0)
+        finally:
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return {"spawn_to_all_healthy_s": summary(xs)}

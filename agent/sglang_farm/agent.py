@@ -33,6 +33,7 @@ from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.health import probe
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.preflight import resolve_flags
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.supervisor import (
@@ -118,6 +119,10 @@ class Agent:
         self.on_view: list[Callable[[FarmView], None]] = []
         # systemd: install the worker's drop-in (its current flags) before StartUnit.
         self.before_launch: Callable[[int], Awaitable[None]] | None = None
+        # The doctor's blocking failures for a worker (empty: may start); see daemon.py.
+        self.preflight: Callable[[int], list[Failure]] | None = None
+        # Compute capability per GPU index (from NVML), for attention_backend = "auto".
+        self.compute_caps: dict[int, tuple[int, int]] = {}
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -280,8 +285,9 @@ class Agent:
         """The worker's SGLang flags now: the config's, with its OOM-ladder step applied."""
         spec = spec or self.spec
         step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
-        flags, _changes = apply_ladder(spec.worker(worker).flags, spec.oom.steps, step)
-        return flags
+        w = spec.worker(worker)
+        flags, _changes = apply_ladder(w.flags, spec.oom.steps, step)
+        return resolve_flags(flags, self.compute_caps.get(w.gpus[0]))
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
@@ -295,8 +301,15 @@ class Agent:
         flags, changes = apply_ladder(w.flags, self.spec.oom.steps, step)
         for ch in changes:
             blog.warning("oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name)
-        cmd = build_command(self.spec.farm, w, flags)
+        cmd = build_command(
+            self.spec.farm, w, resolve_flags(flags, self.compute_caps.get(w.gpus[0]))
+        )
         self._classifiers[worker] = LogClassifier()
+        blocking = self.preflight(worker) if self.preflight is not None else []
+        if blocking:
+            blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
+            self._feed(worker, ProcessExited(None, blocking[0]))
+            return
         # SGLang binds its port only after a full model load: a clash found then costs minutes.
         deadline = self._clock() + PORT_FREE_WAIT_S
         # Polling: the kernel offers no event for "a port became free".

@@ -79,7 +79,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
     )
     if kind == "systemd":
-        config_abs = str(Path(config_path).resolve())
+        config_abs = os.path.abspath(config_path)
         await install_units(agent, config_abs)
 
         async def before_launch(_worker: int) -> None:
@@ -104,6 +104,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     log.info("control_listening", socket=spec.control.socket)
 
     telemetry = await start_telemetry(agent, spec)
+    await run_preflight(agent, telemetry)
 
     last_status: list[str] = [""]
 
@@ -170,6 +171,42 @@ async def install_units(agent: Agent, config_path: str) -> None:
         flags_by_worker=flags,
     )
     await agent.runtime.apply_units(files)
+
+
+async def run_preflight(agent: Agent, telemetry: Telemetry) -> None:
+    """The doctor's checks once at start; a worker with a blocking failure is not started.
+
+    Its failure (with the fix) becomes the worker's last failure, so `farmctl why N`
+    says exactly what to repair. `sglang-farm doctor` prints the same report.
+    """
+    from sglang_farm.failures import Failure, FailureKind
+    from sglang_farm.gpu_fake import FakeGpuPoller
+    from sglang_farm.preflight import preflight_blocking, run_doctor
+
+    poller = telemetry.poller or FakeGpuPoller(count=0)
+    spec = agent.spec
+    try:
+        report = await asyncio.to_thread(run_doctor, spec, poller)
+    except Exception as exc:  # a doctor bug must not keep a valid farm from starting
+        log.error("preflight_crashed", error=repr(exc))
+        return
+    fleet = await asyncio.to_thread(poller.snapshot)
+    agent.compute_caps = {
+        g.index: g.compute_capability for g in fleet.gpus if g.compute_capability is not None
+    }
+    counts = report.counts()
+    log.info("preflight_done", **{str(k): v for k, v in counts.items()})
+
+    def blocking(worker: int) -> list[Failure]:
+        if worker not in agent.spec.worker_ids:
+            return []
+        checks = preflight_blocking(agent.spec, worker, report, port_check=lambda _h, _p: None)
+        return [
+            Failure(FailureKind.PREFLIGHT, f"preflight {c.id}: {c.message}", c.fix, ())
+            for c in checks
+        ]
+
+    agent.preflight = blocking
 
 
 async def start_telemetry(agent: Agent, spec: FarmSpec) -> Telemetry:

@@ -31,6 +31,7 @@ class FailureKind(StrEnum):
     CRASH = "crash"  # the process exited and its log explains nothing
     HANG = "hang"  # liveness probe failed `failure_threshold` times
     LOAD_TIMEOUT = "load_timeout"  # not ready within startup.load_timeout
+    PREFLIGHT = "preflight"  # the doctor's checks failed: not started at all
 
 
 class OomKind(StrEnum):
@@ -67,6 +68,7 @@ _DETERMINISTIC = frozenset(
         FailureKind.DEEP_GEMM_NO_CUDA_HOME,
         FailureKind.ATTENTION_BACKEND,
         FailureKind.BAD_FLAG,
+        FailureKind.PREFLIGHT,
     }
 )
 

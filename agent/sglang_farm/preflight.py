@@ -1048,12 +1048,12 @@ def preflight_blocking(
         ports={(w.host, w.port): port_check(w.host, w.port),
                ("0.0.0.0", w.nccl_port): port_check("0.0.0.0", w.nccl_port)},
     )
-    out += [replace_workers(c, (worker_id,)) for c in _port_checks(live, w)
+    out += [_with_workers(c, (worker_id,)) for c in _port_checks(live, w)
             if c.status is Status.FAIL]
     return out
 
 
-def replace_workers(c: Check, workers: tuple[int, ...]) -> Check:
+def _with_workers(c: Check, workers: tuple[int, ...]) -> Check:
     return Check(c.id, c.status, c.message, c.fix, workers)
 
 

@@ -154,9 +154,11 @@ def sim(args: tuple[str, ...]) -> None:
 
 def _add_optional_commands() -> None:
     from sglang_farm.explain import explain
+    from sglang_farm.preflight import doctor
     from sglang_farm.waitready import wait_ready_command
 
     cli.add_command(explain)
+    cli.add_command(doctor)
     cli.add_command(wait_ready_command)
 
 

@@ -1,0 +1,197 @@
+"""I/O: `python -m bench` — every benchmark in one run; prints the table, writes bench/results/<date>.json.
+
+Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the docs),
+`--no-64` (skip the 64-worker farm), `--out PATH`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import control, farmrun, footprint, reaction, scrape, simload
+from bench.farmrun import FarmSetup, running_farm
+from bench.stats import ratio
+from bench.table import markdown, rows
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "mem_gib": round(int(mem) / 2**20, 1),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "interpreter": sys.executable,
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def bytecode_env() -> str:
+    """Let every child cache byte code (as an installed package does), in a private folder.
+
+    Some environments set PYTHONDONTWRITEBYTECODE=1, which makes every process compile
+    every module it imports; a deployed agent (and farmctl) never pays that.
+    """
+    cache = Path(tempfile.gettempdir()) / "sglang-farm-bench-pyc"
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+    return str(cache)
+
+
+def scrape_with_hang(farm: farmrun.Farm, reps: int, hung_worker: int, settle: float) -> dict[str, Any]:
+    host, port = farmrun.metrics_url(farm)
+    healthy = scrape.measure(host, port, reps)
+    pid = farmrun.worker_pid(farm, hung_worker)
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        # Let the worker poller run into the hung worker first (interval + timeout).
+        time.sleep(settle)
+        hung = scrape.measure(host, port, reps)
+        status_hung = control.status_round_trip(farmrun.socket_path(farm), max(200, reps // 4))
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    h, g = healthy["latency_ms"], hung["latency_ms"]
+    return {
+        "healthy": healthy,
+        "hung": hung,
+        "hung_worker": hung_worker,
+        "settle_s": settle,
+        "ratio_hung_to_healthy_p99": ratio(g["p99"], h["p99"]),  # type: ignore[index]
+        "ratio_hung_to_healthy_median": ratio(g["median"], h["median"]),  # type: ignore[index]
+        "status_hung": status_hung,
+    }
+
+
+def farm8(quick: bool, own_load: float) -> dict[str, Any]:
+    say("farm of 8 workers at the spec's default intervals")
+    out: dict[str, Any] = {}
+    with running_farm(FarmSetup(8, parallel=4)) as farm:
+        out["startup"] = farmrun.startup(farm, own_load, poll_interval_s=1.0)
+        say(f"  ready; start-up overhead {out['startup']['overhead_s']:.2f} s; idle footprint")
+        time.sleep(6)  # one GPU and worker poll (5 s) after the rollout
+        out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)
+        say("  scrape (healthy, then worker 3 SIGSTOPped)")
+        reps = 200 if quick else 1000
+        sc = scrape_with_hang(farm, reps, 3, settle=7.5)
+        out["control"] = {"status_hung": sc.pop("status_hung")}
+        out["scrape"] = sc
+        time.sleep(2)
+        say("  control socket and farmctl")
+        sock = farmrun.socket_path(farm)
+        out["control"]["status"] = control.status_round_trip(sock, 1000 if not quick else 300)
+        out["control"]["farmctl"] = control.farmctl_vs_python(sock, 8 if quick else 20)
+        out["control"]["importtime"] = control.importtime(sock)
+        cache = os.environ.pop("PYTHONPYCACHEPREFIX")
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        try:
+            out["control"]["farmctl_no_bytecode"] = control.farmctl_vs_python(sock, 5 if quick else 10)
+        finally:
+            os.environ.pop("PYTHONDONTWRITEBYTECODE")
+            os.environ["PYTHONPYCACHEPREFIX"] = cache
+        out["restarts_seen"] = len(farm.named("worker_restarting"))
+    return out
+
+
+def reactions(quick: bool, sim_load: float, own_load: float) -> dict[str, Any]:
+    period, threshold, backoff, poll = 1.0, 3, 1.0, 0.1
+    say(f"reaction farm: 8 workers, health period {period:g} s x {threshold}, back-off {backoff:g} s")
+    setup = FarmSetup(
+        8,
+        parallel=4,
+        startup=f'poll_interval = "{poll}s"',
+        health=f'period = "{period}s"\ntimeout = "2s"\nfailure_threshold = {threshold}',
+        restart=f'backoff_initial = "{backoff}s"\nstop_timeout = "5s"',
+    )
+    out: dict[str, Any] = {}
+    with running_farm(setup) as farm:
+        out["startup"] = farmrun.startup(farm, own_load, poll_interval_s=poll)
+        time.sleep(2)
+        say("  crashes")
+        out["crash"] = reaction.crashes(farm, [1, 2, 3] if quick else [1, 2, 3, 4, 5, 6], sim_load, backoff)
+        say("  hangs")
+        out["hang"] = reaction.hangs(farm, [7] if quick else [7, 5, 2], period, threshold)
+    out["systemd"] = "not measured (see docs/benchmarks.md)"
+    return out
+
+
+def farm64(quick: bool) -> dict[str, Any]:
+    say("farm of 64 workers (128+ simulator processes) at default intervals, parallel 16")
+    out: dict[str, Any] = {}
+    with running_farm(FarmSetup(64, parallel=16)) as farm:
+        farmrun.wait_rollout(farm, 400)
+        done = farm.named("rollout_done")[-1]
+        first = next(e for e in farm.snapshot() if e.get("event") == "worker_launching")
+        out["rollout_s"] = farmrun.event_time(done) - farmrun.event_time(first)
+        say(f"  ready in {out['rollout_s']:.1f} s; idle footprint")
+        time.sleep(6)
+        out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)
+        say("  scrape")
+        sc = scrape_with_hang(farm, 200 if quick else 1000, 40, settle=7.5)
+        out["control"] = {"status_hung": sc.pop("status_hung")}
+        out["scrape"] = sc
+        out["control"]["status"] = control.status_round_trip(farmrun.socket_path(farm), 1000 if not quick else 300)
+        out["restarts_seen"] = len(farm.named("worker_restarting"))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-64", dest="no64", action="store_true")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "quick": a.quick}
+    results["machine"] = machine()
+    results["bytecode_cache"] = bytecode_env()
+    say("simulator alone (load-to-ready), and waves of 4 and 3")
+    results["sim_load"] = {
+        "single": simload.run(3 if a.quick else 5),
+        "wave4": simload.wave(4, 2 if a.quick else 3),
+        "wave3": simload.wave(3, 2 if a.quick else 3),
+    }
+    sl = results["sim_load"]
+    sim_one = sl["single"]["spawn_to_health_s"]["median"]
+    own = sim_one + sl["wave4"]["spawn_to_all_healthy_s"]["median"] + sl["wave3"]["spawn_to_all_healthy_s"]["median"]
+    results["farm8"] = farm8(a.quick, own)
+    results["reaction"] = reactions(a.quick, sim_one, own)
+    if not a.no64:
+        results["farm64"] = farm64(a.quick)
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["duration_s"] = time.monotonic() - t0
+    table = rows(results)
+    results["table"] = [asdict(r) for r in table]
+    md = markdown(table)
+    print(md)
+    out = a.out or RESULTS / f"{datetime.now(UTC).strftime('%Y-%m-%d')}{'-quick' if a.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    say(f"wrote {out} ({results['duration_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
