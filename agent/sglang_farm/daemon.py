@@ -79,7 +79,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
     )
     if kind == "systemd":
-        config_abs = os.path.abspath(config_path)
+        config_abs = config_path  # absolute: the CLI resolves it before the loop starts
         await install_units(agent, config_abs)
 
         async def before_launch(_worker: int) -> None:

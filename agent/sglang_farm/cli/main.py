@@ -8,6 +8,7 @@ into one-line messages and exit statuses. Imports happen inside the commands so 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
 
     logsetup.configure(log_level, json=None if log_format == "auto" else log_format == "json")
     try:
+        config_path = os.path.abspath(config_path)  # units name it; they run elsewhere
         code = asyncio.run(serve(config_path, runtime, gpu_count=_gpu_count_if_all(config_path)))
     except ConfigError as exc:
         raise click.ClickException(
