@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -124,3 +125,79 @@ def test_canary_cuda_oom_halts_rollout_and_names_the_reason(tmp: Path) -> None:
     finally:
         assert farm.stop() == 0
     assert marked_pids(marker) == []
+
+
+def test_sigstopped_worker_is_restarted_with_reason_hang(tmp: Path) -> None:
+    marker = new_marker()
+    # period 0.5 s x threshold 3: restart issued within 1.5 s + one period of the last answer.
+    farm = Farm(farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker), marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        pid = farm.named("worker_launched", worker=1)[-1]["pid"]
+        n = len(farm.snapshot())
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        term = farm.wait_for(
+            lambda e: e.get("event") == "worker_terminating" and e.get("worker") == 1,
+            after=n,
+            timeout=30,
+        )
+        assert term["kind"] == "hang"
+        print(f"hang detected {term['_t'] - t0:.2f} s after SIGSTOP (bound 2.0 s + scheduling)")
+        farm.wait_for(
+            lambda e: (
+                e.get("event") == "worker_restarting"
+                and e.get("worker") == 1
+                and e.get("reason") == "hang"
+            ),
+            after=n,
+            timeout=30,
+        )
+        farm.wait_for(
+            lambda e: e.get("event") == "worker_ready" and e.get("worker") == 1, after=n, timeout=30
+        )
+        assert len(farm.named("worker_launched", worker=0)) == 1
+    finally:
+        assert farm.stop() == 0
+    assert marked_pids(marker) == []
+
+
+def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) -> None:
+    marker = new_marker()
+    cfg = farm_config(tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker)
+    farm = Farm(cfg, marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        # restart waits until the worker is ready again, and touches no other worker.
+        out = farm.farmctl("restart", "1", "--timeout", "60")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert len(farm.named("worker_ready", worker=1)) == 2
+        assert len(farm.named("worker_launched", worker=0)) == 1
+        assert len(farm.named("worker_launched", worker=2)) == 1
+        status = json.loads(farm.farmctl("--json", "status").stdout)
+        phases = {w["id"]: w["state"] for w in status["workers"]}
+        assert phases == {0: "ready", 1: "ready", 2: "ready"}
+
+        # A broken config is rejected with its problems; the old one keeps running.
+        good = cfg.read_text()
+        cfg.write_text(good.replace("[startup]", "[startup]\nparalel = 3"))
+        bad = farm.farmctl("reload")
+        assert bad.returncode == 1
+        assert "paralel" in bad.stdout + bad.stderr
+        assert farm.named("reload_applied") == []
+
+        # A valid change to one worker restarts that worker only.
+        n = len(farm.snapshot())
+        cfg.write_text(good + "\n[workers.overrides.2]\nsglang = { max_running_requests = 7 }\n")
+        ok = farm.farmctl("--json", "reload")
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert json.loads(ok.stdout)["restarted"] == [2]
+        ready2 = farm.wait_for(
+            lambda e: e.get("event") == "worker_ready" and e.get("worker") == 2, after=n, timeout=30
+        )
+        launch = [e for e in farm.snapshot()[n:] if e.get("event") == "worker_launching"]
+        assert [e["worker"] for e in launch] == [2]
+        assert "--max-running-requests" in launch[0]["argv"]
+        assert ready2["_t"] > 0
+    finally:
+        assert farm.stop() == 0

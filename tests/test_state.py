@@ -1,0 +1,77 @@
+"""What the agent remembers across restarts: round trip; a broken file loses nothing else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sglang_farm import state
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.supervisor import WorkerState
+from sglang_farm.views import Phase
+
+
+def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:
+    failure = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory", "lower it", ("l1",))
+    s = WorkerState(
+        3,
+        phase=Phase.READY,
+        failures=2,
+        oom_step=1,
+        restarts=((100.0, "crash"), (150.0, "oom")),
+        restarts_by_reason={"crash": 1, "oom": 1},
+        oom_events={"cuda": 1},
+        last_failure=failure,
+        last_failure_at=150.0,
+        last_action="stepped",
+        last_load_seconds=41.5,
+    )
+    path = tmp_path / "state.json"
+    # Agent 1: monotonic 0 = wall 1000. Agent 2: monotonic 0 = wall 5000.
+    state.save(path, {3: state.worker_to_dict(s, 1000.0)})
+    restored = state.restore_worker(WorkerState(3), state.load(path)[3], -5000.0)
+    assert restored.failures == 2 and restored.oom_step == 1
+    assert restored.restarts == ((100.0 - 4000.0, "crash"), (150.0 - 4000.0, "oom"))
+    assert restored.restarts_by_reason == {"crash": 1, "oom": 1}
+    assert restored.oom_events == {"cuda": 1}
+    assert restored.last_failure == failure
+    assert restored.last_load_seconds == 41.5
+    assert restored.phase is Phase.STOPPED  # the phase is observed anew, never remembered
+
+
+def test_missing_or_broken_file_means_nothing_remembered(tmp_path: Path) -> None:
+    assert state.load(tmp_path / "absent.json") == {}
+    broken = tmp_path / "state.json"
+    broken.write_text("{not json")
+    assert state.load(broken) == {}
+
+
+def test_bad_fields_are_skipped_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "workers": {
+                    "0": {
+                        "failures": "many",
+                        "oom_step": 2,
+                        "restarts": [[1.0], "x", [2.0, "hang"]],
+                        "last_failure": {"kind": "no-such-kind"},
+                    }
+                },
+            }
+        )
+    )
+    s = state.restore_worker(WorkerState(0), state.load(path)[0], 0.0)
+    assert s.failures == 0 and s.oom_step == 2
+    assert s.restarts == ((2.0, "hang"),)
+    assert s.last_failure is None
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    path = tmp_path / "d" / "state.json"
+    state.save(path, {0: {"failures": 1}})
+    state.save(path, {0: {"failures": 2}})
+    assert state.load(path) == {0: {"failures": 2}}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
