@@ -1,4 +1,4 @@
-"""A running farm's exporter (agent, simulator workers, simulated GPUs): promtool, real Prometheus."""
+"""A running farm's exporter (agent, simulator workers, fake GPUs): promtool, real Prometheus."""
 
 from __future__ import annotations
 
