@@ -1,4 +1,6 @@
-"""I/O: `python -m bench` — every benchmark in one run; prints the table, writes bench/results/<date>.json.
+"""I/O: `python -m bench`: every benchmark in one run.
+
+Prints the table and writes bench/results/<date>.json.
 
 Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the docs),
 `--no-64` (skip the 64-worker farm), `--out PATH`.
@@ -7,19 +9,23 @@ Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import control, farmrun, footprint, reaction, scrape, simload
+from bench import control, farmrun, footprint, reaction, scrape, simload, synthetic
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio
 from bench.table import markdown, rows
@@ -61,28 +67,65 @@ def bytecode_env() -> str:
     return str(cache)
 
 
-def scrape_with_hang(farm: farmrun.Farm, reps: int, hung_worker: int, settle: float) -> dict[str, Any]:
+def warm_bytecode() -> None:
+    """Import every agent module once in a child, so that timed processes load cached byte code."""
+    code = (
+        "import importlib, pkgutil, sglang_farm\n"
+        "for m in pkgutil.walk_packages(sglang_farm.__path__, 'sglang_farm.'):\n"
+        "    try: importlib.import_module(m.name)\n"
+        "    except Exception: pass\n"
+        "import httpx, structlog, prometheus_client, click"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def scrape_with_hang(
+    farm: farmrun.Farm, reps: int, hung_worker: int, settle: float, budget: float
+) -> dict[str, Any]:
+    """Scrapes while healthy, then with one worker's process group SIGSTOPped.
+
+    `budget` bounds each series in seconds: the hung one must end before the agent
+    restarts the worker (failure_threshold x period after the SIGSTOP).
+    """
     host, port = farmrun.metrics_url(farm)
-    healthy = scrape.measure(host, port, reps)
+    healthy = scrape.measure(host, port, reps, max_s=budget)
     pid = farmrun.worker_pid(farm, hung_worker)
+    n = len(farm.snapshot())
     os.killpg(pid, signal.SIGSTOP)
     try:
         # Let the worker poller run into the hung worker first (interval + timeout).
         time.sleep(settle)
-        hung = scrape.measure(host, port, reps)
-        status_hung = control.status_round_trip(farmrun.socket_path(farm), max(200, reps // 4))
+        hung = scrape.measure(host, port, reps, max_s=budget)
+        status_hung = control.status_round_trip(farmrun.socket_path(farm), 200, max_s=budget / 2)
     finally:
-        os.killpg(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
     h, g = healthy["latency_ms"], hung["latency_ms"]
+    restarted = [e for e in farm.snapshot()[n:] if e.get("event") == "worker_terminating"]
     return {
         "healthy": healthy,
         "hung": hung,
         "hung_worker": hung_worker,
         "settle_s": settle,
+        "restarted_while_measuring": bool(restarted),
         "ratio_hung_to_healthy_p99": ratio(g["p99"], h["p99"]),  # type: ignore[index]
         "ratio_hung_to_healthy_median": ratio(g["median"], h["median"]),  # type: ignore[index]
         "status_hung": status_hung,
     }
+
+
+def section(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
+    """Run one benchmark; a failure is recorded in the results, and the run goes on."""
+    try:
+        results[key] = fn()
+    except Exception as exc:  # a benchmark's failure must not lose the others' figures
+        say(f"{key} FAILED: {exc!r}")
+        results[key] = {"error": repr(exc), "traceback": traceback.format_exc()}
 
 
 def farm8(quick: bool, own_load: float) -> dict[str, Any]:
@@ -93,9 +136,11 @@ def farm8(quick: bool, own_load: float) -> dict[str, Any]:
         say(f"  ready; start-up overhead {out['startup']['overhead_s']:.2f} s; idle footprint")
         time.sleep(6)  # one GPU and worker poll (5 s) after the rollout
         out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)
+        host, port = farmrun.metrics_url(farm)
+        out["poll_health"] = scrape.health_lines(host, port)
         say("  scrape (healthy, then worker 3 SIGSTOPped)")
         reps = 200 if quick else 1000
-        sc = scrape_with_hang(farm, reps, 3, settle=7.5)
+        sc = scrape_with_hang(farm, reps, 3, settle=7.5, budget=15)
         out["control"] = {"status_hung": sc.pop("status_hung")}
         out["scrape"] = sc
         time.sleep(2)
@@ -107,7 +152,9 @@ def farm8(quick: bool, own_load: float) -> dict[str, Any]:
         cache = os.environ.pop("PYTHONPYCACHEPREFIX")
         os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
         try:
-            out["control"]["farmctl_no_bytecode"] = control.farmctl_vs_python(sock, 5 if quick else 10)
+            out["control"]["farmctl_no_bytecode"] = control.farmctl_vs_python(
+                sock, 5 if quick else 10
+            )
         finally:
             os.environ.pop("PYTHONDONTWRITEBYTECODE")
             os.environ["PYTHONPYCACHEPREFIX"] = cache
@@ -117,7 +164,7 @@ def farm8(quick: bool, own_load: float) -> dict[str, Any]:
 
 def reactions(quick: bool, sim_load: float, own_load: float) -> dict[str, Any]:
     period, threshold, backoff, poll = 1.0, 3, 1.0, 0.1
-    say(f"reaction farm: 8 workers, health period {period:g} s x {threshold}, back-off {backoff:g} s")
+    say(f"reaction farm: 8 workers, health {period:g} s x {threshold}, back-off {backoff:g} s")
     setup = FarmSetup(
         8,
         parallel=4,
@@ -130,7 +177,9 @@ def reactions(quick: bool, sim_load: float, own_load: float) -> dict[str, Any]:
         out["startup"] = farmrun.startup(farm, own_load, poll_interval_s=poll)
         time.sleep(2)
         say("  crashes")
-        out["crash"] = reaction.crashes(farm, [1, 2, 3] if quick else [1, 2, 3, 4, 5, 6], sim_load, backoff)
+        out["crash"] = reaction.crashes(
+            farm, [1, 2, 3] if quick else [1, 2, 3, 4, 5, 6], sim_load, backoff
+        )
         say("  hangs")
         out["hang"] = reaction.hangs(farm, [7] if quick else [7, 5, 2], period, threshold)
     out["systemd"] = "not measured (see docs/benchmarks.md)"
@@ -148,11 +197,15 @@ def farm64(quick: bool) -> dict[str, Any]:
         say(f"  ready in {out['rollout_s']:.1f} s; idle footprint")
         time.sleep(6)
         out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)
+        host, port = farmrun.metrics_url(farm)
+        out["poll_health"] = scrape.health_lines(host, port)
         say("  scrape")
-        sc = scrape_with_hang(farm, 200 if quick else 1000, 40, settle=7.5)
+        sc = scrape_with_hang(farm, 50 if quick else 200, 40, settle=6, budget=10)
         out["control"] = {"status_hung": sc.pop("status_hung")}
         out["scrape"] = sc
-        out["control"]["status"] = control.status_round_trip(farmrun.socket_path(farm), 1000 if not quick else 300)
+        out["control"]["status"] = control.status_round_trip(
+            farmrun.socket_path(farm), 1000 if not quick else 300
+        )
         out["restarts_seen"] = len(farm.named("worker_restarting"))
     return out
 
@@ -167,6 +220,13 @@ def main() -> int:
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "quick": a.quick}
     results["machine"] = machine()
     results["bytecode_cache"] = bytecode_env()
+    say("warming the byte-code cache (agent, farmctl, simulator)")
+    warm_bytecode()
+    say("in-process /metrics formatting on hand-built states of 8 and 64 workers")
+    results["format"] = {
+        "8": synthetic.format_cost(8, 100 if a.quick else 500),
+        "64": synthetic.format_cost(64, 30 if a.quick else 100),
+    }
     say("simulator alone (load-to-ready), and waves of 4 and 3")
     results["sim_load"] = {
         "single": simload.run(3 if a.quick else 5),
@@ -175,18 +235,25 @@ def main() -> int:
     }
     sl = results["sim_load"]
     sim_one = sl["single"]["spawn_to_health_s"]["median"]
-    own = sim_one + sl["wave4"]["spawn_to_all_healthy_s"]["median"] + sl["wave3"]["spawn_to_all_healthy_s"]["median"]
-    results["farm8"] = farm8(a.quick, own)
-    results["reaction"] = reactions(a.quick, sim_one, own)
+    own = (
+        sim_one
+        + sl["wave4"]["spawn_to_all_healthy_s"]["median"]
+        + sl["wave3"]["spawn_to_all_healthy_s"]["median"]
+    )
+    section(results, "farm8", lambda: farm8(a.quick, own))
+    section(results, "reaction", lambda: reactions(a.quick, sim_one, own))
     if not a.no64:
-        results["farm64"] = farm64(a.quick)
+        section(results, "farm64", lambda: farm64(a.quick))
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["duration_s"] = time.monotonic() - t0
     table = rows(results)
     results["table"] = [asdict(r) for r in table]
     md = markdown(table)
     print(md)
-    out = a.out or RESULTS / f"{datetime.now(UTC).strftime('%Y-%m-%d')}{'-quick' if a.quick else ''}.json"
+    out = (
+        a.out
+        or RESULTS / f"{datetime.now(UTC).strftime('%Y-%m-%d')}{'-quick' if a.quick else ''}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     say(f"wrote {out} ({results['duration_s']:.0f} s)")

@@ -9,20 +9,22 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from sglang_farm.control.client import Client
-
 from bench.stats import ratio, summary
+from sglang_farm.control.client import Client
 
 VENV_BIN = Path(sys.executable).parent
 
 
-def status_round_trip(path: str, reps: int) -> dict[str, object]:
+def status_round_trip(path: str, reps: int, *, max_s: float = 1e9) -> dict[str, object]:
     """`status` over the socket (one connection per call, as farmctl does), ms."""
     client = Client(path)
     for _ in range(20):
         client.call("status", {})
     xs = []
+    end = time.monotonic() + max_s
     for _ in range(reps):
+        if time.monotonic() > end:
+            break
         t0 = time.perf_counter()
         client.call("status", {})
         xs.append(time.perf_counter() - t0)
@@ -36,7 +38,7 @@ def _timed(argv: list[str]) -> float:
 
 
 def farmctl_vs_python(path: str, reps: int) -> dict[str, object]:
-    """`farmctl --socket P status` (the venv's entry point) against `python -c pass`, interleaved."""
+    """`farmctl --socket P status` (the venv's script) against `python -c pass`, interleaved."""
     farmctl = [str(VENV_BIN / "farmctl"), "--socket", path, "status"]
     module = [sys.executable, "-m", "sglang_farm.cli.farmctl", "--socket", path, "status"]
     bare = [sys.executable, "-c", "pass"]
@@ -60,8 +62,16 @@ _LINE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
 
 def importtime(path: str) -> dict[str, object]:
     """`python -X importtime` of `farmctl status`: top-level imports by cumulative time (ms)."""
-    argv = [sys.executable, "-X", "importtime", "-m", "sglang_farm.cli.farmctl",
-            "--socket", path, "status"]
+    argv = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "sglang_farm.cli.farmctl",
+        "--socket",
+        path,
+        "status",
+    ]
     err = subprocess.run(argv, capture_output=True, text=True, check=True).stderr
     top: dict[str, float] = defaultdict(float)
     total = 0.0

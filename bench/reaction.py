@@ -6,6 +6,7 @@ log "timestamp" (ISO UTC) of the event that shows the reaction.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -17,9 +18,11 @@ from bench.stats import summary
 
 def _after(farm: Farm, n: int, event: str, worker: int, timeout: float, **fields: Any) -> Any:
     return farm.wait_for(
-        lambda e: e.get("event") == event
-        and e.get("worker") == worker
-        and all(e.get(k) == v for k, v in fields.items()),
+        lambda e: (
+            e.get("event") == event
+            and e.get("worker") == worker
+            and all(e.get(k) == v for k, v in fields.items())
+        ),
         after=n,
         timeout=timeout,
     )
@@ -67,10 +70,8 @@ def hangs(farm: Farm, workers: list[int], period: float, threshold: int) -> dict
             _after(farm, n, "worker_ready", w, 90)
         finally:
             # The runtime sends SIGCONT with its SIGTERM; this covers a missed restart.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         time.sleep(0.5)
     return {
         "stop_to_restart_issued_s": summary(issued),

@@ -23,15 +23,47 @@ def scrape_once(host: str, port: int) -> tuple[float, int]:
     return time.perf_counter() - t0, len(body)
 
 
-def measure(host: str, port: int, reps: int, *, pause: float = 0.0) -> dict[str, object]:
-    """Latency summary in ms over `reps` scrapes (after 10 warm-up scrapes), and the body size."""
-    for _ in range(10):
+def measure(
+    host: str, port: int, reps: int, *, pause: float = 0.0, max_s: float = 1e9
+) -> dict[str, object]:
+    """Latency summary in ms over `reps` scrapes (after 3 warm-up scrapes), and the body size.
+
+    Stops early after `max_s` seconds (a hung worker must still be hung at the end).
+    """
+    for _ in range(3):
         scrape_once(host, port)
     xs: list[float] = []
     size = 0
+    end = time.monotonic() + max_s
     for _ in range(reps):
+        if time.monotonic() > end:
+            break
         dt, size = scrape_once(host, port)
         xs.append(dt)
         if pause:
             time.sleep(pause)
     return {"latency_ms": summary(xs, scale=1000), "body_bytes": size}
+
+
+def health_lines(host: str, port: int) -> dict[str, object]:
+    """From one scrape: how many workers answered their last stats poll, and the probe verdicts."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    up = down = stale = 0
+    probes: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("sglang_farm_worker_up{"):
+            up += line.endswith(" 1.0")
+            down += line.endswith(" 0.0")
+        elif line.startswith("sglang_farm_worker_stats_stale{") and line.endswith(" 1.0"):
+            stale += 1
+        elif line.startswith("sglang_farm_probe_success{") or line.startswith(
+            "sglang_farm_probe_duration_seconds{"
+        ):
+            name, _, value = line.rpartition(" ")
+            probes[name] = value
+    return {"workers_up": up, "workers_down": down, "workers_stale": stale, "probes": probes}

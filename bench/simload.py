@@ -42,11 +42,22 @@ def _healthy(port: int) -> bool:
 def one(port: int) -> tuple[float, float]:
     """(spawn -> port bound, spawn -> /health 200) in seconds, for one simulator start."""
     env = {**os.environ, **sim_env()}
-    argv = [sys.executable, "-m", "sglang_farm.sim", "--model-path", "sim/Qwen3.6-27B",
-            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang_farm.sim",
+        "--model-path",
+        "sim/Qwen3.6-27B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-metrics",
+    ]
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         while not _bound(port):
             time.sleep(0.005)
@@ -67,10 +78,15 @@ def run(reps: int = 5) -> dict[str, object]:
         b, r = one(port)
         bound.append(b)
         ready.append(r)
-    return {"spawn_to_bound_s": summary(bound), "spawn_to_health_s": summary(ready),
-            "configured_s": {"load": sim_env()["SGLANG_SIM_LOAD_SECONDS"],
-                             "warmup": sim_env()["SGLANG_SIM_WARMUP_SECONDS"],
-                             "health_delay": sim_env()["SGLANG_SIM_HEALTH_DELAY"]}}
+    return {
+        "spawn_to_bound_s": summary(bound),
+        "spawn_to_health_s": summary(ready),
+        "configured_s": {
+            "load": sim_env()["SGLANG_SIM_LOAD_SECONDS"],
+            "warmup": sim_env()["SGLANG_SIM_WARMUP_SECONDS"],
+            "health_delay": sim_env()["SGLANG_SIM_HEALTH_DELAY"],
+        },
+    }
 
 
 def wave(k: int, reps: int = 3) -> dict[str, object]:
@@ -82,10 +98,23 @@ def wave(k: int, reps: int = 3) -> dict[str, object]:
         t0 = time.monotonic()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "sglang_farm.sim", "--model-path", "sim/Qwen3.6-27B",
-                 "--host", "127.0.0.1", "--port", str(base + i), "--enable-metrics"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang_farm.sim",
+                    "--model-path",
+                    "sim/Qwen3.6-27B",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(base + i),
+                    "--enable-metrics",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             for i in range(k)
         ]
         try:

@@ -1,5 +1,7 @@
 """Pure: the results table (rows with their targets) from a benchmark run's results dict."""
 
+# ruff: noqa: E501, RUF001 - long row labels, and the typographic signs the docs table prints
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,75 +33,247 @@ def rows(r: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     sim = r.get("sim_load")
     if sim:
-        out.append(Row("sim", "simulator alone: spawn → /health 200", _s(sim["single"]["spawn_to_health_s"])))
-        out.append(Row("sim", "4 simulators at once → all healthy", _s(sim["wave4"]["spawn_to_all_healthy_s"])))
-        out.append(Row("sim", "3 simulators at once → all healthy", _s(sim["wave3"]["spawn_to_all_healthy_s"])))
+        out.append(
+            Row(
+                "sim",
+                "simulator alone: spawn → /health 200",
+                _s(sim["single"]["spawn_to_health_s"]),
+            )
+        )
+        out.append(
+            Row(
+                "sim",
+                "4 simulators at once → all healthy",
+                _s(sim["wave4"]["spawn_to_all_healthy_s"]),
+            )
+        )
+        out.append(
+            Row(
+                "sim",
+                "3 simulators at once → all healthy",
+                _s(sim["wave3"]["spawn_to_all_healthy_s"]),
+            )
+        )
+    for n, fc in r.get("format", {}).items():
+        out.append(
+            Row(
+                "1 scrape",
+                f"in-process generate_latest, hand-built state of {n} workers ({fc['body_bytes']} B)",
+                _ms(fc["format_ms"]),
+            )
+        )
     for key, label in (("farm8", "8 workers"), ("farm64", "64 workers")):
         f = r.get(key)
         if not f:
             continue
+        if "error" in f:
+            out.append(Row(key, "benchmark failed", f["error"]))
+            continue
+        if "rollout_s" in f:
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"{label}: first launch → rollout done (parallel 16)",
+                    f"{f['rollout_s']:.1f} s",
+                )
+            )
+        ph = f.get("poll_health")
+        if ph:
+            out.append(
+                Row(
+                    "5 footprint",
+                    f"worker-stats polls, {label}, idle",
+                    f"{ph['workers_up']} up, {ph['workers_down']} down, {ph['workers_stale']} stale",
+                )
+            )
         sc = f.get("scrape")
         if sc:
             lat = sc["healthy"]["latency_ms"]
             tgt = "p99 ≤ 5 ms" if key == "farm8" else ""
             met = lat["p99"] <= 5 if key == "farm8" else None
-            out.append(Row("1 scrape", f"/metrics, {label}, healthy ({sc['healthy']['body_bytes']} B)", _ms(lat), tgt, met))
+            out.append(
+                Row(
+                    "1 scrape",
+                    f"/metrics, {label}, healthy ({sc['healthy']['body_bytes']} B)",
+                    _ms(lat),
+                    tgt,
+                    met,
+                )
+            )
             hung = sc.get("hung")
             if hung:
-                out.append(Row("1 scrape", f"/metrics, {label}, one worker SIGSTOPped", _ms(hung["latency_ms"])))
+                out.append(
+                    Row(
+                        "1 scrape",
+                        f"/metrics, {label}, one worker SIGSTOPped",
+                        _ms(hung["latency_ms"]),
+                    )
+                )
                 rt = sc["ratio_hung_to_healthy_p99"]
-                out.append(Row("1 scrape", f"hung ÷ healthy, {label} (p99; median {sc['ratio_hung_to_healthy_median']:.2f}×)",
-                               f"{rt:.2f}×", "≤ 1.2×", rt <= 1.2))
+                out.append(
+                    Row(
+                        "1 scrape",
+                        f"hung ÷ healthy, {label} (p99; median {sc['ratio_hung_to_healthy_median']:.2f}×)",
+                        f"{rt:.2f}×",
+                        "≤ 1.2×",
+                        rt <= 1.2,
+                    )
+                )
         ctl = f.get("control")
         if ctl:
             lat = ctl["status"]["latency_ms"]
-            out.append(Row("2 control", f"`status` socket round trip, {label}", _ms(lat), "p99 ≤ 5 ms", lat["p99"] <= 5))
+            out.append(
+                Row(
+                    "2 control",
+                    f"`status` socket round trip, {label}",
+                    _ms(lat),
+                    "p99 ≤ 5 ms",
+                    lat["p99"] <= 5,
+                )
+            )
             if "status_hung" in ctl:
-                out.append(Row("2 control", f"`status` round trip, {label}, one worker hung", _ms(ctl["status_hung"]["latency_ms"])))
+                out.append(
+                    Row(
+                        "2 control",
+                        f"`status` round trip, {label}, one worker hung",
+                        _ms(ctl["status_hung"]["latency_ms"]),
+                    )
+                )
             fc = ctl.get("farmctl")
             if fc:
-                out.append(Row("2 control", "`farmctl status` process (byte-code cached)", _ms(fc["farmctl"])))
-                out.append(Row("2 control", "`python -c pass` (same interpreter)", _ms(fc["python_c_pass"])))
+                out.append(
+                    Row(
+                        "2 control",
+                        "`farmctl status` process (byte-code cached)",
+                        _ms(fc["farmctl"]),
+                    )
+                )
+                out.append(
+                    Row(
+                        "2 control", "`python -c pass` (same interpreter)", _ms(fc["python_c_pass"])
+                    )
+                )
                 rt = fc["ratio_farmctl_to_python"]
-                out.append(Row("2 control", "farmctl ÷ python -c pass (medians)", f"{rt:.2f}×", "≤ 3×", rt <= 3))
+                out.append(
+                    Row(
+                        "2 control",
+                        "farmctl ÷ python -c pass (medians)",
+                        f"{rt:.2f}×",
+                        "≤ 3×",
+                        rt <= 3,
+                    )
+                )
             fn = ctl.get("farmctl_no_bytecode")
             if fn:
-                out.append(Row("2 control", "farmctl ÷ python -c pass, no byte-code cache",
-                               f"{fn['ratio_farmctl_to_python']:.2f}× ({fn['farmctl']['median']:.0f} vs {fn['python_c_pass']['median']:.0f} ms)"))
+                out.append(
+                    Row(
+                        "2 control",
+                        "farmctl ÷ python -c pass, no byte-code cache",
+                        f"{fn['ratio_farmctl_to_python']:.2f}× ({fn['farmctl']['median']:.0f} vs {fn['python_c_pass']['median']:.0f} ms)",
+                    )
+                )
             it = ctl.get("importtime")
             if it:
                 top = ", ".join(f"{t['package']} {t['ms']:.1f}" for t in it["top"][:4])
-                out.append(Row("2 control", "farmctl imports (ms, cumulative)", f"total {it['total_import_ms']:.1f}: {top}"))
+                out.append(
+                    Row(
+                        "2 control",
+                        "farmctl imports (ms, cumulative)",
+                        f"total {it['total_import_ms']:.1f}: {top}",
+                    )
+                )
         st = f.get("startup")
         if st:
             o = st["overhead_s"]
             tgt, met = ("≤ 1 s", o <= 1) if key == "farm8" else ("", None)
-            out.append(Row("4 start-up", f"ready − (canary + waves' own load), {label}, poll {st['poll_interval_s']:g} s",
-                           f"{o:.2f} s (ready {st['first_launch_to_done_s']:.2f} s, own loads {st['own_load_s']:.2f} s)", tgt, met))
-            out.append(Row("4 start-up", f"agent start → first launch, {label}", f"{st['agent_start_to_first_launch_s']:.2f} s"))
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"ready − (canary + waves' own load), {label}, poll {st['poll_interval_s']:g} s",
+                    f"{o:.2f} s (ready {st['first_launch_to_done_s']:.2f} s, own loads {st['own_load_s']:.2f} s)",
+                    tgt,
+                    met,
+                )
+            )
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"agent start → first launch, {label}",
+                    f"{st['agent_start_to_first_launch_s']:.2f} s",
+                )
+            )
         fp = f.get("footprint")
         if fp:
             cpu = fp["cpu_pct_of_one_core"]
             lim = 1.0 if key == "farm8" else 5.0
-            out.append(Row("5 footprint", f"idle CPU, {label}, {fp['window_s']:.0f} s, default intervals", f"{cpu:.2f} % of one core",
-                           f"≤ {lim:g} %", cpu <= lim))
+            out.append(
+                Row(
+                    "5 footprint",
+                    f"idle CPU, {label}, {fp['window_s']:.0f} s, default intervals",
+                    f"{cpu:.2f} % of one core",
+                    f"≤ {lim:g} %",
+                    cpu <= lim,
+                )
+            )
             rss = fp["rss_mib"]["max"]
-            out.append(Row("5 footprint", f"agent RSS, {label} (max over the window)", f"{rss:.1f} MiB ({fp['threads']} threads)", "≤ 60 MiB", rss <= 60))
+            out.append(
+                Row(
+                    "5 footprint",
+                    f"agent RSS, {label} (max over the window)",
+                    f"{rss:.1f} MiB ({fp['threads']} threads)",
+                    "≤ 60 MiB",
+                    rss <= 60,
+                )
+            )
     re_ = r.get("reaction")
-    if re_:
+    if re_ and "error" in re_:
+        out.append(Row("3 reaction", "benchmark failed", re_["error"]))
+    elif re_:
         c = re_.get("crash")
         if c:
-            out.append(Row("3 reaction", "crash (SIGKILL) → agent recorded it", _s(c["kill_to_recorded_s"]), "≤ 1 s", c["kill_to_recorded_s"]["max"] <= 1))
-            out.append(Row("3 reaction", f"crash → ready again − sim load ({c['sim_load_s']:.2f} s)", _s(c["ready_minus_sim_load_s"])))
-            out.append(Row("3 reaction", f"  … and − back-off ({c['backoff_initial_s']:g} s)", _s(c["ready_minus_sim_load_minus_backoff_s"])))
+            out.append(
+                Row(
+                    "3 reaction",
+                    "crash (SIGKILL) → agent recorded it",
+                    _s(c["kill_to_recorded_s"]),
+                    "≤ 1 s",
+                    c["kill_to_recorded_s"]["max"] <= 1,
+                )
+            )
+            out.append(
+                Row(
+                    "3 reaction",
+                    f"crash → ready again − sim load ({c['sim_load_s']:.2f} s)",
+                    _s(c["ready_minus_sim_load_s"]),
+                )
+            )
+            out.append(
+                Row(
+                    "3 reaction",
+                    f"  … and − back-off ({c['backoff_initial_s']:g} s)",
+                    _s(c["ready_minus_sim_load_minus_backoff_s"]),
+                )
+            )
         h = re_.get("hang")
         if h:
-            out.append(Row("3 reaction", f"hang (SIGSTOP) → restart issued; threshold × period = {h['threshold_x_period_s']:g} s",
-                           _s(h["stop_to_restart_issued_s"]), f"≤ {h['target_s']:g} s", h["stop_to_restart_issued_s"]["max"] <= h["target_s"]))
+            out.append(
+                Row(
+                    "3 reaction",
+                    f"hang (SIGSTOP) → restart issued; threshold × period = {h['threshold_x_period_s']:g} s",
+                    _s(h["stop_to_restart_issued_s"]),
+                    f"≤ {h['target_s']:g} s",
+                    h["stop_to_restart_issued_s"]["max"] <= h["target_s"],
+                )
+            )
         st = re_.get("startup")
         if st:
-            out.append(Row("4 start-up", f"ready − (canary + waves' own load), 8 workers, poll {st['poll_interval_s']:g} s",
-                           f"{st['overhead_s']:.2f} s (ready {st['first_launch_to_done_s']:.2f} s, own loads {st['own_load_s']:.2f} s)"))
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"ready − (canary + waves' own load), 8 workers, poll {st['poll_interval_s']:g} s",
+                    f"{st['overhead_s']:.2f} s (ready {st['first_launch_to_done_s']:.2f} s, own loads {st['own_load_s']:.2f} s)",
+                )
+            )
         if "systemd" in re_:
             out.append(Row("3 reaction", "under systemd", str(re_["systemd"])))
     return out

@@ -68,8 +68,9 @@ def farm_toml(
     for wid, env in (worker_env or {}).items():
         pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
         overrides += f"[workers.overrides.{wid}]\nenv = {{ {pairs} }}\n"
-    return textwrap.dedent(
-        f"""\
+    return (
+        textwrap.dedent(
+            f"""\
         [farm]
         name = "sd-farm"
         python = "{VENV_PYTHON}"
@@ -90,8 +91,10 @@ def farm_toml(
         base_port = {BASE_PORT}
         nccl_base_port = {BASE_PORT + 1000}
         """
-    ) + overrides + textwrap.dedent(
-        f"""\
+        )
+        + overrides
+        + textwrap.dedent(
+            f"""\
 
         [startup]
         canary = {canary}
@@ -124,6 +127,7 @@ def farm_toml(
         model_path = "sim/Qwen3.6-27B"
         enable_metrics = true
         """
+        )
     )
 
 
@@ -216,8 +220,10 @@ class SdFarm:
             if not isinstance(ev, dict) or "event" not in ev:
                 continue
             ev["_pid"] = int(e.get("_PID", 0))
-            ev["_t"] = _epoch(ev["timestamp"]) if "timestamp" in ev else (
-                int(e["__REALTIME_TIMESTAMP"]) / 1e6
+            ev["_t"] = (
+                _epoch(ev["timestamp"])
+                if "timestamp" in ev
+                else (int(e["__REALTIME_TIMESTAMP"]) / 1e6)
             )
             if event is not None and ev["event"] != event:
                 continue

@@ -240,3 +240,12 @@ def test_illegal_transition_raises_and_leaves_state() -> None:
 def test_late_exit_after_stop_is_ignored() -> None:
     s = WorkerState(0, phase=Phase.STOPPED)
     assert step(s, ProcessExited(status=-9), 1.0, policy()).state == s
+
+
+def test_operator_start_resets_backoff_but_agent_restart_keeps_it() -> None:
+    s = WorkerState(0, phase=Phase.STOPPED, failures=3)
+    from sglang_farm.supervisor import StartRequested
+
+    assert step(s, StartRequested(), 0.0, policy()).state.failures == 0
+    kept = step(s, StartRequested(fresh=False), 0.0, policy()).state
+    assert kept.failures == 3 and kept.phase is Phase.PENDING

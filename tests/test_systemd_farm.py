@@ -18,6 +18,7 @@ serving, on purpose: that is how the agent is restarted or upgraded).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -145,8 +146,10 @@ def test_canary_ready_before_others_and_waves_within_parallel_per_agent(farm: Sd
     others = [spans[n][0][0] for n in IDS if n != CANARY]
     assert canary_ready < min(others), (canary_ready, others)
     most, at = _max_overlap(spans)
-    log(f"agent's view: canary ready {min(others) - canary_ready:+.3f} s before the next launch;"
-        f" at most {most} loading at once")
+    log(
+        f"agent's view: canary ready {min(others) - canary_ready:+.3f} s before the next launch;"
+        f" at most {most} loading at once"
+    )
     assert most <= PARALLEL, f"{most} workers loading at once at {at}"
 
 
@@ -159,8 +162,10 @@ def test_canary_ready_before_others_and_waves_within_parallel_per_systemd(farm: 
     canary_active = spans[CANARY][0][1]
     first_other = min(spans[n][0][0] for n in IDS if n != CANARY)
     most, at = _max_overlap(spans)
-    log(f"systemd's view: sglang@{CANARY} active {first_other - canary_active:+.3f} s before"
-        f" the next unit started; at most {most} activating at once")
+    log(
+        f"systemd's view: sglang@{CANARY} active {first_other - canary_active:+.3f} s before"
+        f" the next unit started; at most {most} activating at once"
+    )
     assert canary_active < first_other, (
         f"sglang@{CANARY} became active at {canary_active:.3f}, after another unit began "
         f"starting at {first_other:.3f}: {jobs}"
@@ -240,12 +245,13 @@ def test_repeated_crashes_back_off_then_worker_failed_others_untouched(farm: SdF
     assert farm.states([victim])[victim] in ("failed", "inactive")
     # Back-off: the delay between an exit and the next launch doubles each time.
     events = [
-        e for e in farm.agent_events()
+        e
+        for e in farm.agent_events()
         if e.get("worker") == victim and e["event"] in ("worker_exited", "worker_launching")
     ]
     gaps = [
         b["_t"] - a["_t"]
-        for a, b in zip(events, events[1:], strict=False)
+        for a, b in itertools.pairwise(events)
         if a["event"] == "worker_exited" and b["event"] == "worker_launching"
     ]
     log(f"back-off gaps of worker {victim}: {[round(g, 2) for g in gaps]}")
@@ -330,6 +336,7 @@ def test_sigkilled_agent_is_restarted_and_adopts_workers_without_restarting_any(
 
     new_agent = farm.wait("a new agent (Restart=always)", agent_back, timeout=30, interval=0.2)
     assert all(h == dict.fromkeys(serving, 200) for h in health_seen), health_seen
+
     def adopted_ready() -> tuple[bool, dict[int, str]]:
         states = {n: s["state"] for n, s in farm.status().items()}
         return all(states[n] == "ready" for n in serving), states
@@ -403,6 +410,23 @@ def test_cuda_oom_worker_is_reported_as_such(farm: SdFarm) -> None:
     assert "cuda_oom" in why and "out of memory" in why.lower(), why
     # The classifier quoted the journal's own lines.
     assert any("CUDA out of memory" in ln for ln in w["last_failure"]["lines"]), w
+
+
+def test_worker_dying_while_loading_is_started_again_after_backoff(farm: SdFarm) -> None:
+    # Worker 5 (SGLANG_SIM_FAIL=cuda_oom since the reload) dies during every load, while
+    # its unit's ExecStartPost= gate still waits: the next launch must be a new process.
+    victim = 5
+    first = farm.main_pids([victim])[victim]
+
+    def failed_twice() -> tuple[bool, dict[str, Any]]:
+        s = farm.status()[victim]
+        return s["oom_events_by_kind"].get("cuda", 0) >= 2 or s["state"] == "failed", s
+
+    w = farm.wait(f"worker {victim} relaunched and failing again", failed_twice, timeout=20)
+    assert w["oom_events_by_kind"].get("cuda", 0) >= 2, (w, farm.agent_log_tail(80))
+    assert w["restarts_by_reason"].get("oom", 0) >= 1, w
+    starts = [j for j in farm.unit_jobs([victim]) if j[1] == "starting"]
+    log(f"sglang@{victim}: {len(starts)} start jobs; MainPID {first} at the first check")
 
 
 # -- the end ---------------------------------------------------------------------------

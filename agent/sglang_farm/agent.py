@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -57,6 +59,9 @@ from sglang_farm.supervisor import (
 from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
 
 log = structlog.get_logger("sglang_farm.agent")
+
+# systemd's own journal lines when a unit's main process is gone: the worker's output ends here.
+_SYSTEMD_EXIT_LINES = re.compile(r"Main process exited, code=|Failed with result '")
 
 _WARNINGS = frozenset(
     {
@@ -123,6 +128,14 @@ class Agent:
         self.preflight: Callable[[int], list[Failure]] | None = None
         # Compute capability per GPU index (from NVML), for attention_backend = "auto".
         self.compute_caps: dict[int, tuple[int, int]] = {}
+        # systemd: the unit turns `active` only when its readiness gate passed; the agent
+        # calls a worker ready only then, so `systemctl` and the farm never disagree.
+        self.ready_gate: Callable[[int], Awaitable[bool]] | None = None
+        # systemd: the journal may deliver a worker's last lines after D-Bus reported its
+        # exit; wait (at most this long) for systemd's own "Main process exited" line.
+        self.exit_grace = 0.0
+        self._pending_exits: dict[int, Exited] = {}
+        self._exit_line_seen: set[int] = set()
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -161,9 +174,22 @@ class Agent:
 
     async def run(self, stop: asyncio.Event, *, ready: Callable[[], object] | None = None) -> None:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
-        self._restore_state()
+        saved = self._restore_state()
         adopted = await self.runtime.adopt()
         now = self._clock()
+        held: set[int] = set()
+        if adopted:
+            # The agent restarted while workers run (crash, upgrade): a worker that had given
+            # up, or that an operator stopped, stays so; it is not this restart's to start.
+            for wid, d in saved.items():
+                phase = d.get("phase")
+                if (
+                    wid in self.sup.workers
+                    and wid not in adopted
+                    and phase in ("failed", "stopped")
+                ):
+                    self.sup.workers[wid] = self.sup.workers[wid].enter(Phase(phase), now)
+                    held.add(wid)
         for wid, running in adopted.items():
             if wid in self.sup.workers:
                 self.sup.workers[wid] = self.sup.workers[wid].enter(
@@ -182,7 +208,15 @@ class Agent:
             canary=self.spec.startup.canary,
             parallel=self.spec.startup.parallel,
         )
-        self._apply_actions(self.sup.start(list(self.spec.worker_ids), self._clock()))
+        if held:
+            log.info(
+                "workers_held",
+                workers=sorted(held),
+                why="failed or stopped before the agent restarted",
+            )
+        start = [w for w in self.spec.worker_ids if w not in held]
+        # fresh=False: a restarted agent keeps each worker's remembered back-off position.
+        self._apply_actions(self.sup.start(start, self._clock(), fresh=False))
         if ready is not None:
             ready()
         await stop.wait()
@@ -242,16 +276,36 @@ class Agent:
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
                     )
                     self._feed(w, FailureSeen(failure))
-            case Exited(worker=w, status=status, result=result):
-                failure = self._classifier(w).finish(status, result)
-                self._classifiers.pop(w, None)
-                self._bind(w).info(
-                    "worker_exited",
-                    status=status,
-                    result=result,
-                    failure=str(failure.kind) if failure else None,
-                )
-                self._feed(w, ProcessExited(status, failure))
+                if _SYSTEMD_EXIT_LINES.search(text):
+                    self._exit_line_seen.add(w)
+                    pending = self._pending_exits.pop(w, None)
+                    if pending is not None:
+                        self._finish_exit(pending)
+            case Exited(worker=w):
+                if self.exit_grace > 0 and w not in self._exit_line_seen:
+                    self._pending_exits[w] = ev
+                    self.spawn(self._finish_exit_later(ev))
+                else:
+                    self._finish_exit(ev)
+
+    async def _finish_exit_later(self, ev: Exited) -> None:
+        await asyncio.sleep(self.exit_grace)
+        if self._pending_exits.get(ev.worker) is ev:
+            del self._pending_exits[ev.worker]
+            self._finish_exit(ev)
+
+    def _finish_exit(self, ev: Exited) -> None:
+        w = ev.worker
+        self._exit_line_seen.discard(w)
+        failure = self._classifier(w).finish(ev.status, ev.result)
+        self._classifiers.pop(w, None)
+        self._bind(w).info(
+            "worker_exited",
+            status=ev.status,
+            result=ev.result,
+            failure=str(failure.kind) if failure else None,
+        )
+        self._feed(w, ProcessExited(ev.status, failure))
 
     def _classifier(self, worker: int) -> LogClassifier:
         c = self._classifiers.get(worker)
@@ -368,6 +422,8 @@ class Agent:
                         await asyncio.wait({pending})
                     pending = None
                     res = await probe(client, url, hp.timeout)
+                    if res.ok and self.ready_gate is not None:
+                        res = replace(res, ok=await self.ready_gate(worker))
                     cur = self.sup.workers.get(worker)
                     if res.ok and cur is not None and cur.launched_at == launched:
                         self._feed(worker, HealthPassed())
@@ -384,6 +440,11 @@ class Agent:
                         or cur.launched_at != launched
                         or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
                     ):
+                        continue
+                    if worker in self._pending_exits:
+                        # Its exit is known, only its last log lines are awaited: a failed
+                        # probe now says nothing about a hang.
+                        await self._wait_change(worker, hp.period)
                         continue
                     if done:
                         res = pending.result()
@@ -466,7 +527,7 @@ class Agent:
             rollout_reason=self.sup.rollout_reason,
         )
 
-    def _restore_state(self) -> None:
+    def _restore_state(self) -> dict[int, dict[str, Any]]:
         saved = state_store.load(self._state_path)
         offset = self._clock() - self._wall()
         for wid, d in saved.items():
@@ -475,6 +536,7 @@ class Agent:
         self._persisted = saved
         if saved:
             log.info("state_restored", path=str(self._state_path), workers=len(saved))
+        return saved
 
     def _save_state(self) -> None:
         offset = self._wall() - self._clock()
@@ -491,6 +553,7 @@ class Agent:
                     v["oom_events"],
                     v["last_action"],
                     v["last_load_seconds"],
+                    v.get("phase"),
                 )
                 for w, v in d.items()
             }

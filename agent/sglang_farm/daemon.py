@@ -86,6 +86,23 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             await install_units(agent, config_abs)
 
         agent.before_launch = before_launch
+        agent.exit_grace = 2.0
+        runtime = agent.runtime
+        gate_wait = spec.health.timeout + 2 * spec.startup.poll_interval + 5.0
+
+        async def ready_gate(worker: int) -> bool:
+            from sglang_farm.runtime.systemd import SystemdRuntime
+
+            assert isinstance(runtime, SystemdRuntime)
+            try:
+                st = await runtime.wait_for(
+                    worker, lambda u: u.active_state != "activating", gate_wait
+                )
+            except TimeoutError:
+                return False
+            return st.active_state == "active"
+
+        agent.ready_gate = ready_gate
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

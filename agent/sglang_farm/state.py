@@ -19,6 +19,7 @@ import structlog
 
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.supervisor import WorkerState
+from sglang_farm.views import Phase
 
 log = structlog.get_logger("sglang_farm.state")
 FORMAT = 1
@@ -27,6 +28,8 @@ FORMAT = 1
 def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
     """The persisted part of a worker's state; monotonic times become wall-clock times."""
     return {
+        # Only phases an agent restart must not undo; the rest is observed anew.
+        "phase": str(s.phase) if s.phase in (Phase.FAILED, Phase.STOPPED) else None,
         "failures": s.failures,
         "oom_step": s.oom_step,
         "restarts": [[at + mono_to_wall, reason] for at, reason in s.restarts],

@@ -83,7 +83,9 @@ class FailureSeen:
 
 @dataclass(frozen=True, slots=True)
 class StartRequested:
-    pass
+    """An operator's start resets the back-off; the agent's own start after a restart keeps it."""
+
+    fresh: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,14 +292,14 @@ def _terminate_for(s: WorkerState, failure: Failure, now: float) -> Decision:
 def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
     """One worker's transition. Raises IllegalTransition for events that make no sense now."""
     match event:
-        case StartRequested():
+        case StartRequested(fresh=fresh):
             if s.phase in (Phase.STOPPED, Phase.FAILED):
                 # STOPPED/FAILED -> PENDING: wanted again; the rollout planner launches it.
                 return Decision(
                     s.enter(
                         Phase.PENDING,
                         now,
-                        failures=0,
+                        failures=0 if fresh else s.failures,
                         retry_at=None,
                         next_reason=s.next_reason if s.phase is Phase.FAILED else None,
                     )
@@ -492,7 +494,7 @@ class Supervisor:
 
     # -- commands ---------------------------------------------------------------------
 
-    def start(self, worker_ids: Sequence[int], now: float) -> list[Action]:
+    def start(self, worker_ids: Sequence[int], now: float, *, fresh: bool = True) -> list[Action]:
         """Want these workers running; from idle or a halt, this begins a rollout."""
         canary = self.policy.startup.canary
         begin = self.rollout in (Rollout.IDLE, Rollout.HALTED) or (
@@ -502,7 +504,7 @@ class Supervisor:
         )
         actions: list[Action] = []
         for w in worker_ids:
-            actions += self._apply(w, StartRequested(), now)
+            actions += self._apply(w, StartRequested(fresh), now)
         if begin:
             if (
                 canary is not None

@@ -203,8 +203,11 @@ def render_worker_dropin(
         "ExecStart=",
         f"ExecStart={exec_line(cmd.argv, wrap=True)}",
         "# Readiness gate: the unit stays `activating` until the worker's /health",
-        "# answers, then turns `active`; it fails when the start deadline passes.",
-        f"ExecStartPost={exec_line([agent_bin, 'wait-ready', '--config', config_path])} %i",
+        "# answers, then turns `active`; it fails when the start deadline passes, or at",
+        "# once when the main process dies (systemd 252 would wait for the gate).",
+        "ExecStartPost="
+        + exec_line([agent_bin, "wait-ready", "--config", config_path])
+        + " --main-pid $MAINPID %i",
         "",
     ]
     return "\n".join(lines)

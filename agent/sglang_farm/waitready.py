@@ -43,8 +43,25 @@ class WaitExit(IntEnum):
     USAGE = 2
 
 
-async def _wait(url: str, timeout: float, interval: float, budget: float) -> tuple[bool, str]:
-    """Poll `url` until 200 or `budget` seconds pass; returns (ready, last detail)."""
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+
+
+async def _wait(
+    url: str, timeout: float, interval: float, budget: float, main_pid: int | None = None
+) -> tuple[bool, str]:
+    """Poll `url` until 200 or `budget` seconds pass; returns (ready, last detail).
+
+    With `main_pid`, give up as soon as that process is gone: on systemd 252 a unit whose
+    main process dies during ExecStartPost= stays `activating` until the gate returns, so a
+    worker that crashed while loading would otherwise hold its unit for the whole deadline.
+    """
     loop = asyncio.get_running_loop()
     end = loop.time() + budget
     last = "not probed"
@@ -54,6 +71,8 @@ async def _wait(url: str, timeout: float, interval: float, budget: float) -> tup
             left = end - loop.time()
             if left <= 0:
                 return False, last
+            if main_pid is not None and not pid_alive(main_pid):
+                return False, f"main process {main_pid} exited"
             result = await probe(client, url, min(timeout, left))
             if result.ok:
                 return True, result.detail
@@ -64,7 +83,9 @@ async def _wait(url: str, timeout: float, interval: float, budget: float) -> tup
             await asyncio.sleep(pause)
 
 
-def wait_ready(spec: FarmSpec, worker_id: int, deadline: float) -> int:
+def wait_ready(
+    spec: FarmSpec, worker_id: int, deadline: float, main_pid: int | None = None
+) -> int:
     """Block until worker `worker_id`'s health endpoint answers 200, at most `deadline` seconds.
 
     Returns a `WaitExit` value (0 ready, 1 not ready in time, 2 no such worker).
@@ -79,7 +100,7 @@ def wait_ready(spec: FarmSpec, worker_id: int, deadline: float) -> int:
     t0 = time.monotonic()
     log.info("wait_ready_start", worker=worker_id, url=url, deadline_s=deadline)
     ready, detail = asyncio.run(
-        _wait(url, spec.health.timeout, spec.startup.poll_interval, deadline)
+        _wait(url, spec.health.timeout, spec.startup.poll_interval, deadline, main_pid)
     )
     after = round(time.monotonic() - t0, 3)
     if ready:
@@ -117,8 +138,16 @@ def _gpu_count_if_all(config_path: str) -> int | None:
     default=None,
     help="Seconds to wait [default: startup.load_timeout].",
 )
+@click.option(
+    "--main-pid",
+    type=int,
+    default=None,
+    help="Give up as soon as this process exits (units pass $MAINPID).",
+)
 @click.argument("worker", type=int)
-def wait_ready_command(config_path: str, timeout: float | None, worker: int) -> None:
+def wait_ready_command(
+    config_path: str, timeout: float | None, main_pid: int | None, worker: int
+) -> None:
     """Wait until worker WORKER answers its health check (a unit's ExecStartPost= gate).
 
     Exit 0 when ready, 1 when the deadline passed, 2 for a bad config or unknown worker.
@@ -137,7 +166,8 @@ def wait_ready_command(config_path: str, timeout: float | None, worker: int) -> 
             f"wait-ready: no worker {worker} in {config_path}; its workers are {ids}", err=True
         )
         sys.exit(WaitExit.USAGE)
-    sys.exit(wait_ready(spec, worker, spec.startup.load_timeout if timeout is None else timeout))
+    budget = spec.startup.load_timeout if timeout is None else timeout
+    sys.exit(wait_ready(spec, worker, budget, main_pid))
 
 
 if __name__ == "__main__":
