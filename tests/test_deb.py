@@ -275,6 +275,8 @@ def sd_box(box: Box, request: pytest.FixtureRequest) -> Iterator[Box]:
 
 
 def test_install_starts_nothing_and_enables_nothing(sd_box: Box) -> None:
+    from sglang_farm import __version__
+
     b = sd_box
     b.sh(
         f"DEBIAN_FRONTEND=noninteractive apt-get install -y {IN}/{b.deb.name}",
@@ -299,12 +301,15 @@ def test_install_starts_nothing_and_enables_nothing(sd_box: Box) -> None:
     for page in ("man8/sglang-farm.8.gz", "man1/farmctl.1.gz", "man5/farm.toml.5.gz"):
         b.sh(f"test -s /usr/share/man/{page}")
     b.sh("grep -q _FARMCTL_COMPLETE /usr/share/bash-completion/completions/farmctl")
-    b.sh("test -s /usr/share/sglang-farm/alerts.yml && test -s /usr/share/sglang-farm/sglang-farm.json")
-    # The wrappers run the private venv's code, and the shipped example config is valid.
-    assert b.sh("sglang-farm --version").strip().endswith(b.sh(f"{VENV_PY} -c 'import sglang_farm; print(sglang_farm.__version__)'").strip())
-    assert "/usr/lib/sglang-farm/venv/" in b.sh(f"{VENV_PY} -c 'import pystemd, lxml; print(pystemd.__file__)'")
+    b.sh("test -s /usr/share/sglang-farm/alerts.yml")
+    b.sh("test -s /usr/share/sglang-farm/sglang-farm.json")
+    # The wrappers run the private venv's code, with its own (compiled) libraries.
+    assert b.sh("sglang-farm --version").strip() == f"sglang-farm, version {__version__}"
+    where = b.sh(f"{VENV_PY} -I -c 'import pystemd, lxml; print(pystemd.__file__, lxml.__file__)'")
+    assert where.count("/usr/lib/sglang-farm/venv/lib/python3.11/site-packages/") == 2, where
+    # The shipped example is valid; without a GPU its only problem is gpus = "all" (NVML).
     out = b.sh("sglang-farm check-config --config /etc/sglang-farm/farm.toml 2>&1 || true")
-    assert "OK" in out or "model_path" in out or "gpus" in out, out
+    assert ": OK, " in out or ("1 problem" in out and 'gpus = "all" needs NVML' in out), out
 
 
 def test_farm_starts_all_workers_and_restarts_only_the_named_one(sd_box: Box) -> None:
@@ -334,12 +339,21 @@ def test_farm_starts_all_workers_and_restarts_only_the_named_one(sd_box: Box) ->
 
 
 def test_exporter_answers_on_its_port(sd_box: Box) -> None:
-    body = sd_box.sh(
-        "python3 -c \"import urllib.request; "
-        f"print(urllib.request.urlopen('http://{METRICS}/metrics', timeout=5).read().decode())\""
+    fetch = (
+        "python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
+        f'"http://{METRICS}/metrics", timeout=5).read().decode())\''
     )
-    assert 'sglang_farm_worker_state{' in body or "sglang_farm_" in body, body[:2000]
-    assert "sglang_farm_" in body
+
+    def probe() -> tuple[bool, str]:
+        body = sd_box.sh(fetch)
+        ready = [
+            ln
+            for ln in body.splitlines()
+            if ln.startswith("sglang_farm_worker_state{") and 'state="ready"' in ln
+        ]
+        return sum(ln.endswith(" 1.0") for ln in ready) == WORKERS, "\n".join(ready) or body
+
+    poll("the exporter shows every worker ready", probe, 30)
 
 
 def test_stopping_the_target_leaves_no_worker_process(sd_box: Box) -> None:
@@ -389,11 +403,10 @@ def test_purge_leaves_no_unit_no_process_and_no_file(sd_box: Box) -> None:
     left = sorted((b.existing(ours) - b.preexisting) | set(extra))
     assert left == [], "left after purge: " + shlex.join(left)
     units = b.sh(
-        "systemctl list-units --all --no-legend --plain 'sglang*'; "
-        "systemctl list-unit-files --no-legend --plain 'sglang*'"
+        # Both exit 1 when nothing matches.
+        "systemctl list-units --all --no-legend --plain 'sglang*' || true; "
+        "systemctl list-unit-files --no-legend --plain 'sglang*' || true"
     ).strip()
     assert units == "", units
-    assert b.sh("dpkg-query -W -f '${Status}' sglang-farm 2>&1 || true").strip() in (
-        "",
-        "dpkg-query: no packages found matching sglang-farm",
-    ) or "not-installed" in b.sh("dpkg-query -W -f '${Status}' sglang-farm 2>&1 || true")
+    status = b.sh("dpkg-query -W -f '${Status}' sglang-farm 2>&1 || true")
+    assert "no packages found" in status or status.endswith("not-installed"), status

@@ -73,7 +73,7 @@ _WARNINGS = frozenset(
         "worker_terminating",
     }
 )
-TICK_S = 0.25  # how often time-based rules (back-off end, load deadline) are evaluated
+TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
 
 
@@ -117,6 +117,13 @@ class Agent:
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._busy: set[int] = set()
         self._started_at = wall()
+        # One HTTP client for all probes: each client loads a CA bundle (~0.7 MiB and up to
+        # 0.1 s of the loop each), and every probe is plain HTTP to the worker anyway.
+        self.http = httpx.AsyncClient(
+            trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+        self._tick_wake = asyncio.Event()
         self._persisted: dict[int, dict[str, Any]] = {}
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._state_path = Path(spec.farm.state_dir) / "state.json"
@@ -231,6 +238,7 @@ class Agent:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runtime.close()
+        await self.http.aclose()
         log.info("farm_stopped")
 
     async def _stop_all(self) -> None:
@@ -246,7 +254,8 @@ class Agent:
 
     async def _drain_once(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
-            ev = await asyncio.wait_for(self._queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                ev = await self._queue.get()
             self._on_runtime_event(ev)
 
     async def _pump(self) -> None:
@@ -255,9 +264,22 @@ class Agent:
             self._on_runtime_event(ev)
 
     async def _ticker(self) -> None:
+        """Time-based rules (back-off end, load deadline), evaluated when one is due.
+
+        Sleeps until the supervisor's next deadline (or until an action may have set a new
+        one), so an idle farm wakes this loop every TICK_MAX_S at most.
+        """
         while True:
-            await asyncio.sleep(TICK_S)
-            self._apply_actions(self.sup.tick(self._clock()))
+            now = self._clock()
+            due = self.sup.next_deadline(now)
+            wait = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - now))
+            self._tick_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation
+                # that races with the event, and this loop would never end.
+                async with asyncio.timeout(wait):
+                    await self._tick_wake.wait()
+            self._apply_actions(self.sup.tick(self._clock()), wake=False)
 
     def _on_runtime_event(self, ev: RuntimeEvent) -> None:
         if ev.worker not in self.sup.workers:
@@ -316,7 +338,7 @@ class Agent:
     def _feed(self, worker: int, event: Event) -> None:
         self._apply_actions(self.sup.handle(worker, event, self._clock()))
 
-    def _apply_actions(self, actions: list[Action]) -> None:
+    def _apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
         for a in actions:
             match a:
                 case Launch(worker=w):
@@ -325,6 +347,8 @@ class Agent:
                     self.spawn(self.runtime.stop(w, self.spec.restart.stop_timeout))
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
+        if wake:
+            self._tick_wake.set()  # a new back-off or load deadline may now be the nearest
         self._refresh()
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
@@ -410,59 +434,60 @@ class Agent:
         w = self.spec.worker(worker)
         url = w.base_url + self.spec.health.path
         hp = self.spec.health
-        async with httpx.AsyncClient(trust_env=False) as client:
-            pending: asyncio.Task[Any] | None = None
-            while True:
-                s = self.sup.workers.get(worker)
-                if s is None:
-                    return
-                launched = s.launched_at
-                if s.phase is Phase.STARTING:
-                    if pending is not None and not pending.done():
-                        await asyncio.wait({pending})
+        client = self.http  # shared by every worker's probes
+        pending: asyncio.Task[Any] | None = None
+        while True:
+            s = self.sup.workers.get(worker)
+            if s is None:
+                return
+            launched = s.launched_at
+            if s.phase is Phase.STARTING:
+                if pending is not None:
+                    pending.cancel()  # a probe of the previous process; its answer is moot
+                pending = None
+                res = await probe(client, url, hp.timeout)
+                if res.ok and self.ready_gate is not None:
+                    res = replace(res, ok=await self.ready_gate(worker))
+                cur = self.sup.workers.get(worker)
+                if res.ok and cur is not None and cur.launched_at == launched:
+                    self._feed(worker, HealthPassed())
+                    continue
+                await self._wait_change(worker, self.spec.startup.poll_interval)
+            elif s.phase in (Phase.READY, Phase.UNHEALTHY):
+                if pending is None:
+                    pending = asyncio.create_task(probe(client, url, hp.timeout))
+                started = self._clock()
+                done, _ = await asyncio.wait({pending}, timeout=hp.period)
+                cur = self.sup.workers.get(worker)
+                if (
+                    cur is None
+                    or cur.launched_at != launched
+                    or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
+                ):
+                    continue
+                if worker in self._pending_exits:
+                    # Its exit is known, only its last log lines are awaited: a failed
+                    # probe now says nothing about a hang.
+                    await self._wait_change(worker, hp.period)
+                    continue
+                if done:
+                    res = pending.result()
                     pending = None
-                    res = await probe(client, url, hp.timeout)
-                    if res.ok and self.ready_gate is not None:
-                        res = replace(res, ok=await self.ready_gate(worker))
-                    cur = self.sup.workers.get(worker)
-                    if res.ok and cur is not None and cur.launched_at == launched:
-                        self._feed(worker, HealthPassed())
-                        continue
-                    await self._wait_change(worker, self.spec.startup.poll_interval)
-                elif s.phase in (Phase.READY, Phase.UNHEALTHY):
-                    if pending is None:
-                        pending = asyncio.create_task(probe(client, url, hp.timeout))
-                    started = self._clock()
-                    done, _ = await asyncio.wait({pending}, timeout=hp.period)
-                    cur = self.sup.workers.get(worker)
-                    if (
-                        cur is None
-                        or cur.launched_at != launched
-                        or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
-                    ):
-                        continue
-                    if worker in self._pending_exits:
-                        # Its exit is known, only its last log lines are awaited: a failed
-                        # probe now says nothing about a hang.
-                        await self._wait_change(worker, hp.period)
-                        continue
-                    if done:
-                        res = pending.result()
-                        pending = None
-                        self._feed(worker, HealthPassed() if res.ok else HealthFailed(res.detail))
-                        rest = hp.period - (self._clock() - started)
-                        if rest > 0:
-                            await self._wait_change(worker, rest)
-                    else:
-                        self._feed(worker, HealthFailed(f"no answer within {hp.period:g} s"))
+                    self._feed(worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+                    rest = hp.period - (self._clock() - started)
+                    if rest > 0:
+                        await self._wait_change(worker, rest)
                 else:
-                    await self._wait_change(worker, None)
+                    self._feed(worker, HealthFailed(f"no answer within {hp.period:g} s"))
+            else:
+                await self._wait_change(worker, None)
 
     async def _wait_change(self, worker: int, timeout: float | None) -> None:
         ev = self._changed[worker]
         ev.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await ev.wait()
 
     # ---- views and state -----------------------------------------------------------------
 
@@ -621,7 +646,8 @@ class Agent:
                 await self._any_change.wait_for(cond)
 
         try:
-            await asyncio.wait_for(waiter(), timeout)
+            async with asyncio.timeout(timeout):
+                await waiter()
         except TimeoutError:
             return False
         return True

@@ -15,6 +15,7 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -81,6 +82,28 @@ class _Server(ThreadingHTTPServer):
     registry: CollectorRegistry
     state_getter: Callable[[], MetricsState]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cache: dict[object, tuple[MetricsState, bytes]] = {}
+        self.cache_lock = threading.Lock()
+
+    def body(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
+        """The exposition of the current state, formatted once per state and encoder.
+
+        The state is immutable and swapped whole, so a body formatted for it stays
+        true until the next swap; scrapes between swaps cost a dictionary look-up.
+        """
+        state = self.state_getter()
+        with self.cache_lock:
+            hit = self.cache.get(encoder)
+            if hit is not None and hit[0] is state:
+                return hit[1]
+        data = encoder(self.registry)
+        with self.cache_lock:
+            # Keep the state object itself: its id cannot be reused while cached.
+            self.cache[encoder] = (state, data)
+        return data
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
@@ -96,7 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/metrics":
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, content_type, encoder(self.server.registry))
+                self._send(200, content_type, self.server.body(encoder))
             elif path == "/sd":
                 body = json.dumps(sd_targets(self.server.state_getter().farm)).encode()
                 self._send(200, "application/json", body)

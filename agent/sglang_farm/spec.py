@@ -45,7 +45,7 @@ class StartupPolicy:
     # SGLang binds its HTTP port only after weights, KV pool and CUDA graphs: minutes.
     load_timeout: float = 1200.0
     # Between health polls while a worker loads (connection refused until bound).
-    poll_interval: float = 1.0
+    poll_interval: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)

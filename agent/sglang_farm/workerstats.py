@@ -152,8 +152,28 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+# The sample names the farm reads; everything else in SGLang's /metrics (histograms,
+# ~150 lines) is skipped before parsing: parsing all of it was most of the agent's idle CPU.
+_WANTED = frozenset({*PROGRESS_SAMPLES, "sglang:cache_hit_rate"})
+
+
+def _wanted_lines(text: str) -> str:
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)  # "# TYPE name type" / "# HELP name text"
+            if len(parts) >= 3 and parts[2] in _WANTED:
+                keep.append(line)
+        else:
+            end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+            if end > 0 and line[:end] in _WANTED:
+                keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
 def parse_metrics_text(worker: int, taken_at: float, text: str) -> WorkerSample:
     """A sample from SGLang's Prometheus text. Raises ValueError on text that does not parse."""
+    text = _wanted_lines(text)
     sums: dict[str, float] = {}
     maxes: dict[str, float] = {}
     hit_rates: list[float] = []
