@@ -139,3 +139,22 @@ def test_parse_listen_accepts_host_port_forms(listen: str, want: tuple[str, int]
 def test_parse_listen_rejects_bad_addresses_saying_what_is_accepted(listen: str) -> None:
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         parse_listen(listen)
+
+
+def test_the_body_is_formatted_once_per_state_and_follows_a_swap() -> None:
+    calls = 0
+    current = state()
+
+    def getter() -> MetricsState:
+        nonlocal calls
+        calls += 1
+        return current
+
+    with Exporter(build_registry(getter), getter, "127.0.0.1:0") as exp:
+        first = httpx.get(f"{exp.url}/metrics", timeout=5).text
+        formatted = calls
+        assert httpx.get(f"{exp.url}/metrics", timeout=5).text == first
+        assert calls == formatted + 1  # the second scrape only looked the state up
+        current = dataclasses.replace(current, snapshot_at=current.snapshot_at + 100)
+        third = httpx.get(f"{exp.url}/metrics", timeout=5).text
+        assert third != first and "sglang_farm_snapshot_timestamp_seconds" in third

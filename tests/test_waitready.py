@@ -179,3 +179,14 @@ def test_command_exits_2_for_a_bad_config(tmp_path: Path) -> None:
     r = CliRunner().invoke(wait_ready_command, ["--config", str(cfg), "0"])
     assert r.exit_code == WaitExit.USAGE
     assert str(cfg) in r.output
+
+
+def test_gives_up_at_once_when_the_main_process_is_gone(server_factory: type[_Server]) -> None:
+    srv = server_factory(ready_in=3600)
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    t0 = time.monotonic()
+    assert wait_ready(_spec(srv.port), 3, deadline=30.0, main_pid=dead.pid) == WaitExit.NOT_READY
+    assert time.monotonic() - t0 < 5.0  # not the 30 s deadline

@@ -516,3 +516,18 @@ def count_gpus(nvml: Any | None = None) -> int | None:
     finally:
         with contextlib.suppress(Exception):
             lib.nvmlShutdown()
+
+
+def gpu_count_for_config(config_path: str) -> int | None:
+    """NVML's GPU count when the config says gpus = "all"; None when not needed or unknown.
+
+    Cheap for every other config: NVML is initialised only when the text asks for it.
+    """
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None  # load_spec_file reports it
+    if '"all"' not in text and "'all'" not in text:
+        return None
+    return count_gpus()

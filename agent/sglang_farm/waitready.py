@@ -23,12 +23,12 @@ import asyncio
 import sys
 import time
 from enum import IntEnum
-from pathlib import Path
 
 import click
 import httpx
 import structlog
 
+from sglang_farm.gpu import gpu_count_for_config
 from sglang_farm.health import probe
 from sglang_farm.spec import FarmSpec
 
@@ -110,19 +110,6 @@ def wait_ready(
     return WaitExit.NOT_READY
 
 
-def _gpu_count_if_all(config_path: str) -> int | None:
-    """NVML's GPU count when the config says gpus = "all" (workers depend on it)."""
-    try:
-        text = Path(config_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None  # load_spec_file reports it
-    if '"all"' not in text and "'all'" not in text:
-        return None
-    from sglang_farm.gpu import count_gpus
-
-    return count_gpus()
-
-
 @click.command("wait-ready")
 @click.option(
     "--config",
@@ -156,7 +143,7 @@ def wait_ready_command(
     from sglang_farm.errors import ConfigError
 
     try:
-        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
     except ConfigError as exc:
         click.echo(f"wait-ready: {exc}", err=True)
         sys.exit(WaitExit.USAGE)

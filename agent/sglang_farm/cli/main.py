@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from sglang_farm import __version__
+from sglang_farm.gpu import gpu_count_for_config
 
 DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
 
@@ -60,7 +61,7 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
     logsetup.configure(log_level, json=None if log_format == "auto" else log_format == "json")
     try:
         config_path = os.path.abspath(config_path)  # units name it; they run elsewhere
-        code = asyncio.run(serve(config_path, runtime, gpu_count=_gpu_count_if_all(config_path)))
+        code = asyncio.run(serve(config_path, runtime, gpu_count=gpu_count_for_config(config_path)))
     except ConfigError as exc:
         raise click.ClickException(
             f"{exc}\nFix the config, then check it with: "
@@ -71,19 +72,6 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
     sys.exit(code)
 
 
-def _gpu_count_if_all(config_path: str) -> int | None:
-    """NVML's GPU count when the config says gpus = "all" (None when NVML is unavailable)."""
-    try:
-        text = Path(config_path).read_text()
-    except OSError:
-        return None
-    if '"all"' not in text and "'all'" not in text:
-        return None
-    from sglang_farm.gpu import count_gpus
-
-    return count_gpus()
-
-
 @cli.command("check-config")
 @config_option
 def check_config(config_path: str) -> None:
@@ -92,7 +80,7 @@ def check_config(config_path: str) -> None:
     from sglang_farm.errors import ConfigError
 
     try:
-        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
@@ -126,7 +114,7 @@ def render(config_path: str, out: Path, agent_bin: str) -> None:
     from sglang_farm.units import write_units
 
     try:
-        spec = load_spec_file(config_path, gpu_count=_gpu_count_if_all(config_path))
+        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
