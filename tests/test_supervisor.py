@@ -249,3 +249,27 @@ def test_operator_start_resets_backoff_but_agent_restart_keeps_it() -> None:
     assert step(s, StartRequested(), 0.0, policy()).state.failures == 0
     kept = step(s, StartRequested(fresh=False), 0.0, policy()).state
     assert kept.failures == 3 and kept.phase is Phase.PENDING
+
+
+def test_oom_scope_all_gives_every_worker_the_step_and_names_the_running_ones() -> None:
+    p = Policy(
+        policy().startup,
+        policy().health,
+        policy().restart,
+        oom_next=lambda step, failure: step + 1,
+        oom_all=True,
+    )
+    sup = Supervisor([0, 1, 2], p)
+    sup.start([0, 1, 2], 0.0)
+    for w in (0, 1, 2):
+        if sup.workers[w].phase is Phase.STARTING:
+            bring_up(sup, w, 1.0)
+        else:
+            sup.tick(1.0)
+            bring_up(sup, w, 1.0)
+    sup.handle(2, StopRequested(), 2.0)
+    sup.handle(2, ProcessExited(status=0), 2.5)
+    actions = sup.handle(1, ProcessExited(status=-9, failure=OOM), 3.0)
+    spread = [a for a in actions if getattr(a, "event", None) == "oom_step_spread"]
+    assert len(spread) == 1 and spread[0].fields["restart"] == [0]  # 2 is stopped: next start
+    assert [sup.workers[w].oom_step for w in (0, 1, 2)] == [1, 1, 1]

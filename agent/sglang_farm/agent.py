@@ -345,6 +345,11 @@ class Agent:
                     self.spawn(self._launch(w))
                 case Terminate(worker=w):
                     self.spawn(self.runtime.stop(w, self.spec.restart.stop_timeout))
+                case Note(event="oom_step_spread", fields=fields):
+                    self._log_note("oom_step_spread", dict(fields))
+                    restart = fields.get("restart")
+                    if isinstance(restart, list) and restart:
+                        self.spawn(self._rolling_restart(restart, RestartReason.OOM))
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         if wake:

@@ -154,6 +154,8 @@ class Policy:
     restart: RestartPolicy
     # The OOM ladder: (current step, failure) -> the next step, or None when it does not apply.
     oom_next: Callable[[int, Failure], int | None] = lambda _step, _failure: None
+    # [oom] scope = "all": a step taken by one worker is taken by every worker.
+    oom_all: bool = False
 
     @classmethod
     def from_spec(
@@ -161,7 +163,7 @@ class Policy:
     ) -> Policy:
         if oom_next is None or not spec.oom.enabled:
             return cls(spec.startup, spec.health, spec.restart)
-        return cls(spec.startup, spec.health, spec.restart, oom_next)
+        return cls(spec.startup, spec.health, spec.restart, oom_next, spec.oom.scope == "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,7 +523,27 @@ class Supervisor:
 
     def handle(self, worker_id: int, event: Event, now: float) -> list[Action]:
         """Feed one event about one worker."""
-        return self._apply(worker_id, event, now) + self._plan(now)
+        step_before = self.workers[worker_id].oom_step
+        actions = self._apply(worker_id, event, now)
+        step_after = self.workers[worker_id].oom_step
+        if self.policy.oom_all and step_after > step_before:
+            actions += self._spread_oom_step(worker_id, step_after, now)
+        return actions + self._plan(now)
+
+    def _spread_oom_step(self, source: int, step: int, now: float) -> list[Action]:
+        """scope = "all": every other worker takes the same OOM step.
+
+        Running ones are restarted with it, one wave at a time by the agent (the Note
+        names them); the others take it at their next start.
+        """
+        running: list[int] = []
+        for wid, s in self.workers.items():
+            if wid == source or s.oom_step >= step:
+                continue
+            self.workers[wid] = replace(s, oom_step=step)
+            if s.phase in _RUNNING:
+                running.append(wid)
+        return [Note("oom_step_spread", {"worker": source, "step": step, "restart": running})]
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
