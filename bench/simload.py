@@ -59,10 +59,15 @@ def one(port: int) -> tuple[float, float]:
         argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
     )
     try:
+        deadline = t0 + 60
         while not _bound(port):
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"simulator on port {port} never bound (exit {p.returncode})")
             time.sleep(0.005)
         bound = time.monotonic() - t0
         while not _healthy(port):
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"simulator on port {port} never healthy (exit {p.returncode})")
             time.sleep(0.005)
         return bound, time.monotonic() - t0
     finally:
@@ -119,8 +124,15 @@ def wave(k: int, reps: int = 3) -> dict[str, object]:
         ]
         try:
             pending = set(range(k))
+            deadline = time.monotonic() + 60
             while pending:
                 pending = {i for i in pending if not (_bound(base + i) and _healthy(base + i))}
+                dead = [i for i in pending if procs[i].poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"simulators {sorted(pending)} never became healthy "
+                        f"(exited: {[(i, procs[i].returncode) for i in dead]})"
+                    )
                 if pending:
                     time.sleep(0.005)
             xs.append(time.monotonic() - t0)

@@ -117,7 +117,7 @@ def test_shipped_demo_toml_runs_eight_simulated_workers() -> None:
     assert all(w.env["SGLANG_SIM_LOAD_SECONDS"] == "3" for w in spec.workers)
     assert dict(spec.workers[0].flags) == {"model_path": "sim/Qwen3.6-27B", "enable_metrics": True}
     assert (spec.startup.canary, spec.startup.parallel) == (0, 4)
-    assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (1, 5, 3)
+    assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (2, 5, 3)
     assert (spec.restart.backoff_initial, spec.restart.backoff_max) == (1, 30)
     assert spec.metrics.listen == "127.0.0.1:9840" and spec.metrics.gpu_source == "fake"
     assert spec.control.socket.startswith("/tmp/")

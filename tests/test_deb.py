@@ -240,12 +240,11 @@ class Box:
 
 
 @pytest.fixture(scope="module")
-def box(deb: Path) -> Iterator[Box]:
+def box(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     sdcontainer.require_or_skip()
     with SystemdContainer() as c:
         b = Box(c, deb)
-        stage = deb.parent / "_stage"
-        stage.mkdir(exist_ok=True)
+        stage = tmp_path_factory.mktemp("deb-stage")
         shutil.copy2(deb, stage / deb.name)
         c.copy_in(stage, IN)
         listing = subprocess.run(

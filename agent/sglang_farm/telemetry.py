@@ -131,9 +131,10 @@ class Telemetry:
         by_gpu: dict[int, set[int]] = {}
         for w in self.spec.workers:
             tree = pids.get(w.id, frozenset())
-            # The simulated memory sits on the scheduler children, as SGLang's does.
-            children = tree - {self.agent.view().worker(w.id).pid}
-            by_gpu.setdefault(w.gpus[0], set()).update(children or tree)
+            # The simulated memory sits on one child (the scheduler), as SGLang's does.
+            children = sorted(tree - {self.agent.view().worker(w.id).pid})
+            holder = children[:1] or sorted(tree)[:1]
+            by_gpu.setdefault(w.gpus[0], set()).update(holder)
         for gpu in range(len(by_gpu) and max(by_gpu) + 1):
             with contextlib.suppress(Exception):
                 poller.assign(gpu, by_gpu.get(gpu, set()))
