@@ -29,6 +29,7 @@ from bench import control, farmrun, footprint, reaction, scrape, simload, synthe
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio
 from bench.table import markdown, rows
+from sglang_farm.spec import StartupPolicy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -132,7 +133,9 @@ def farm8(quick: bool, own_load: float) -> dict[str, Any]:
     say("farm of 8 workers at the spec's default intervals")
     out: dict[str, Any] = {}
     with running_farm(FarmSetup(8, parallel=4)) as farm:
-        out["startup"] = farmrun.startup(farm, own_load, poll_interval_s=1.0)
+        out["startup"] = farmrun.startup(
+            farm, own_load, poll_interval_s=StartupPolicy().poll_interval
+        )
         say(f"  ready; start-up overhead {out['startup']['overhead_s']:.2f} s; idle footprint")
         time.sleep(6)  # one GPU and worker poll (5 s) after the rollout
         out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)

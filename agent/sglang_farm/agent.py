@@ -202,6 +202,8 @@ class Agent:
                 self.sup.workers[wid] = self.sup.workers[wid].enter(
                     Phase.STARTING, now, pid=running.pid, launched_at=now
                 )
+                # An active unit passed its readiness gate: its OOMs are serving-time ones.
+                self._classifiers[wid] = LogClassifier(serving=running.active)
                 self._bind(wid).info("worker_adopted", pid=running.pid, active=running.active)
         pump = self.spawn(self._pump())
         ticker = self.spawn(self._ticker())
