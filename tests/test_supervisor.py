@@ -273,3 +273,14 @@ def test_oom_scope_all_gives_every_worker_the_step_and_names_the_running_ones() 
     spread = [a for a in actions if getattr(a, "event", None) == "oom_step_spread"]
     assert len(spread) == 1 and spread[0].fields["restart"] == [0]  # 2 is stopped: next start
     assert [sup.workers[w].oom_step for w in (0, 1, 2)] == [1, 1, 1]
+
+
+def test_a_halted_rollout_resumes_once_the_restarted_canary_is_ready() -> None:
+    sup = Supervisor(range(3), policy())
+    sup.start([0, 1, 2], 0.0)
+    sup.handle(0, ProcessExited(status=2, failure=BAD_FLAG), 1.0)
+    assert sup.rollout is Rollout.HALTED
+    # The operator fixed the flag and restarts only the canary.
+    assert launches(sup.handle(0, RestartRequested(RestartReason.MANUAL), 2.0)) == [0]
+    assert launches(bring_up(sup, 0, 3.0)) == [1, 2]
+    assert sup.rollout is Rollout.ROLLING and sup.rollout_reason is None

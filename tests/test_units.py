@@ -152,7 +152,8 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     assert lines.count("ExecStart=") == 1  # the reset comes before our one command
     assert lines[lines.index("ExecStart=") + 1].startswith("ExecStart=")
     assert (
-        "ExecStartPost=/usr/bin/sglang-farm wait-ready --config /etc/sglang-farm/demo.toml --main-pid $MAINPID %i"
+        "ExecStartPost=/usr/bin/sglang-farm wait-ready --config /etc/sglang-farm/demo.toml"
+        " --main-pid $MAINPID %i"
         in lines
     )
     # The ExecStart= value, continuation lines joined the way systemd joins them,

@@ -288,6 +288,7 @@ class Agent:
             return
         match ev:
             case Started(worker=w, pid=pid):
+                self._exit_line_seen.discard(w)  # lines about an earlier process
                 if self.sup.workers[w].phase is Phase.STARTING:
                     self._feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
@@ -301,10 +302,14 @@ class Agent:
                     )
                     self._feed(w, FailureSeen(failure))
                 if _SYSTEMD_EXIT_LINES.search(text):
-                    self._exit_line_seen.add(w)
                     pending = self._pending_exits.pop(w, None)
                     if pending is not None:
                         self._finish_exit(pending)
+                    elif self._process_live(w):
+                        # The line came before D-Bus reported the exit. (systemd writes two
+                        # such lines per exit; the second, arriving when no process is
+                        # live, must not pre-empt the next process's exit.)
+                        self._exit_line_seen.add(w)
             case Exited(worker=w):
                 if self.exit_grace > 0 and w not in self._exit_line_seen:
                     self._pending_exits[w] = ev
@@ -330,6 +335,15 @@ class Agent:
             failure=str(failure.kind) if failure else None,
         )
         self._feed(w, ProcessExited(ev.status, failure))
+
+    def _process_live(self, worker: int) -> bool:
+        s = self.sup.workers[worker]
+        return s.pid is not None and s.phase in (
+            Phase.STARTING,
+            Phase.READY,
+            Phase.UNHEALTHY,
+            Phase.STOPPING,
+        )
 
     def _classifier(self, worker: int) -> LogClassifier:
         c = self._classifiers.get(worker)
@@ -370,6 +384,7 @@ class Agent:
         """The worker's SGLang flags now: the config's, with its OOM-ladder step applied."""
         spec = spec or self.spec
         step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
+        step = min(step, len(spec.oom.steps))  # the ladder may have been shortened
         w = spec.worker(worker)
         flags, _changes = apply_ladder(w.flags, spec.oom.steps, step)
         return resolve_flags(flags, self.compute_caps.get(w.gpus[0]))
@@ -380,114 +395,143 @@ class Agent:
         return build_command(spec.farm, spec.worker(worker), self.flags_for(worker, spec))
 
     async def _launch(self, worker: int) -> None:
+        """Carry out a Launch: preflight, a free port, the drop-in (systemd), the start.
+
+        The supervisor may change its mind while this awaits (an operator's stop or
+        restart): the launch is then abandoned, or what it started is stopped again.
+        """
         blog = self._bind(worker)
-        w = self.spec.worker(worker)
-        step = self.sup.workers[worker].oom_step
-        flags, changes = apply_ladder(w.flags, self.spec.oom.steps, step)
-        for ch in changes:
-            blog.warning("oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name)
-        cmd = build_command(
-            self.spec.farm, w, resolve_flags(flags, self.compute_caps.get(w.gpus[0]))
-        )
-        self._classifiers[worker] = LogClassifier()
-        blocking = self.preflight(worker) if self.preflight is not None else []
-        if blocking:
-            blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
-            self._feed(worker, ProcessExited(None, blocking[0]))
-            return
-        # SGLang binds its port only after a full model load: a clash found then costs minutes.
-        deadline = self._clock() + PORT_FREE_WAIT_S
-        # Polling: the kernel offers no event for "a port became free".
-        while not port_is_free(w.host, w.port) and self._clock() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.2)
-        if not port_is_free(w.host, w.port):
-            blog.error("worker_port_busy", port=w.port)
-            self._feed(
-                worker,
-                ProcessExited(
-                    None,
+        launched = self.sup.workers[worker].launched_at
+
+        def still_wanted() -> bool:
+            s = self.sup.workers.get(worker)
+            return s is not None and s.phase is Phase.STARTING and s.launched_at == launched
+
+        def abandon(failure: Failure | None) -> None:
+            # The stop (or this failure) finds no process: report the "exit" ourselves.
+            self._feed(worker, ProcessExited(None, failure))
+
+        try:
+            w = self.spec.worker(worker)
+            step = min(self.sup.workers[worker].oom_step, len(self.spec.oom.steps))
+            flags, changes = apply_ladder(w.flags, self.spec.oom.steps, step)
+            for ch in changes:
+                blog.warning(
+                    "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
+                )
+            cmd = build_command(
+                self.spec.farm, w, resolve_flags(flags, self.compute_caps.get(w.gpus[0]))
+            )
+            self._classifiers[worker] = LogClassifier()
+            self._exit_line_seen.discard(worker)
+            blocking = self.preflight(worker) if self.preflight is not None else []
+            if blocking:
+                blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
+                abandon(blocking[0])
+                return
+            # SGLang binds its port only after a full model load: a clash found then costs
+            # minutes. Polling: the kernel offers no event for "a port became free".
+            deadline = self._clock() + PORT_FREE_WAIT_S
+            while not port_is_free(w.host, w.port) and self._clock() < deadline:
+                await asyncio.sleep(0.2)
+                if not still_wanted():
+                    abandon(None)
+                    return
+            if not port_is_free(w.host, w.port):
+                blog.error("worker_port_busy", port=w.port)
+                abandon(
                     Failure(
                         FailureKind.PORT_IN_USE,
                         f"port {w.port} on {w.host} is in use by another process; not started",
                         f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, "
                         f"or give worker {worker} another port in the config",
-                    ),
-                ),
-            )
-            return
-        blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
-        try:
+                    )
+                )
+                return
+            blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
             if self.before_launch is not None:
                 await self.before_launch(worker)
+            if not still_wanted():
+                abandon(None)
+                return
             await self.runtime.start(worker, cmd)
-        except Exception as exc:  # task root: any runtime error becomes this worker's failure
+            if self.sup.workers[worker].phase is Phase.STOPPING:
+                # Stopped while starting: the Terminate found nothing yet; stop it now.
+                await self.runtime.stop(worker, self.spec.restart.stop_timeout)
+        except Exception as exc:  # task root: any launch error becomes this worker's failure
             blog.error("worker_launch_failed", error=str(exc))
-            self._feed(
-                worker,
-                ProcessExited(
-                    None,
-                    Failure(
-                        FailureKind.CRASH,
-                        f"could not be started: {exc}",
-                        "check farm.python in the config and the runtime's log",
-                    ),
-                ),
+            abandon(
+                Failure(
+                    FailureKind.CRASH,
+                    f"could not be started: {exc}",
+                    "check farm.python in the config and the runtime's log",
+                )
             )
 
     # ---- probes --------------------------------------------------------------------------
 
     async def _watch(self, worker: int) -> None:
         """Health probes for one worker: readiness while loading, liveness once ready."""
-        w = self.spec.worker(worker)
-        url = w.base_url + self.spec.health.path
-        hp = self.spec.health
         client = self.http  # shared by every worker's probes
         pending: asyncio.Task[Any] | None = None
-        while True:
-            s = self.sup.workers.get(worker)
-            if s is None:
-                return
-            launched = s.launched_at
-            if s.phase is Phase.STARTING:
-                if pending is not None:
-                    pending.cancel()  # a probe of the previous process; its answer is moot
-                pending = None
-                res = await probe(client, url, hp.timeout)
-                if res.ok and self.ready_gate is not None:
-                    res = replace(res, ok=await self.ready_gate(worker))
-                cur = self.sup.workers.get(worker)
-                if res.ok and cur is not None and cur.launched_at == launched:
-                    self._feed(worker, HealthPassed())
-                    continue
-                await self._wait_change(worker, self.spec.startup.poll_interval)
-            elif s.phase in (Phase.READY, Phase.UNHEALTHY):
-                if pending is None:
-                    pending = asyncio.create_task(probe(client, url, hp.timeout))
-                started = self._clock()
-                done, _ = await asyncio.wait({pending}, timeout=hp.period)
-                cur = self.sup.workers.get(worker)
-                if (
-                    cur is None
-                    or cur.launched_at != launched
-                    or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
-                ):
-                    continue
-                if worker in self._pending_exits:
-                    # Its exit is known, only its last log lines are awaited: a failed
-                    # probe now says nothing about a hang.
-                    await self._wait_change(worker, hp.period)
-                    continue
-                if done:
-                    res = pending.result()
+        try:
+            while True:
+                s = self.sup.workers.get(worker)
+                if s is None:
+                    return
+                # Read each time: a reload may change [health] or the worker's address.
+                hp = self.spec.health
+                url = self.spec.worker(worker).base_url + hp.path
+                launched = s.launched_at
+                if s.phase is Phase.STARTING:
+                    if pending is not None:
+                        pending.cancel()  # a probe of the previous process; its answer is moot
                     pending = None
-                    self._feed(worker, HealthPassed() if res.ok else HealthFailed(res.detail))
-                    rest = hp.period - (self._clock() - started)
-                    if rest > 0:
-                        await self._wait_change(worker, rest)
+                    if s.pid is None:
+                        # Not launched yet (waiting for its port, or for systemd): whatever
+                        # answers on that port now is not this worker.
+                        await self._wait_change(worker, self.spec.startup.poll_interval)
+                        continue
+                    res = await probe(client, url, hp.timeout)
+                    if res.ok and self.ready_gate is not None:
+                        res = replace(res, ok=await self.ready_gate(worker))
+                    cur = self.sup.workers.get(worker)
+                    if res.ok and cur is not None and cur.launched_at == launched:
+                        self._feed(worker, HealthPassed())
+                        continue
+                    await self._wait_change(worker, self.spec.startup.poll_interval)
+                elif s.phase in (Phase.READY, Phase.UNHEALTHY):
+                    if pending is None:
+                        pending = asyncio.create_task(probe(client, url, hp.timeout))
+                    started = self._clock()
+                    done, _ = await asyncio.wait({pending}, timeout=hp.period)
+                    cur = self.sup.workers.get(worker)
+                    if (
+                        cur is None
+                        or cur.launched_at != launched
+                        or cur.phase not in (Phase.READY, Phase.UNHEALTHY)
+                    ):
+                        continue
+                    if worker in self._pending_exits:
+                        # Its exit is known, only its last log lines are awaited: a failed
+                        # probe now says nothing about a hang.
+                        await self._wait_change(worker, hp.period)
+                        continue
+                    if done:
+                        res = pending.result()
+                        pending = None
+                        self._feed(worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+                        rest = hp.period - (self._clock() - started)
+                        if rest > 0:
+                            await self._wait_change(worker, rest)
+                    else:
+                        self._feed(worker, HealthFailed(f"no answer within {hp.period:g} s"))
                 else:
-                    self._feed(worker, HealthFailed(f"no answer within {hp.period:g} s"))
-            else:
-                await self._wait_change(worker, None)
+                    await self._wait_change(worker, None)
+
+        finally:
+            if pending is not None:
+                pending.cancel()  # never leave a probe running against a stale address
 
     async def _wait_change(self, worker: int, timeout: float | None) -> None:
         ev = self._changed[worker]
@@ -564,7 +608,17 @@ class Agent:
         offset = self._clock() - self._wall()
         for wid, d in saved.items():
             if wid in self.sup.workers:
-                self.sup.workers[wid] = state_store.restore_worker(self.sup.workers[wid], d, offset)
+                try:
+                    restored = state_store.restore_worker(self.sup.workers[wid], d, offset)
+                except (TypeError, ValueError, AttributeError) as exc:
+                    log.warning(
+                        "state_worker_skipped",
+                        worker=wid,
+                        error=str(exc),
+                        hint="its remembered restarts are dropped; the farm goes on",
+                    )
+                    continue
+                self.sup.workers[wid] = restored
         self._persisted = saved
         if saved:
             log.info("state_restored", path=str(self._state_path), workers=len(saved))
@@ -702,7 +756,6 @@ class Agent:
         added, removed = sorted(new_ids - old_ids), sorted(old_ids - new_ids)
         if removed:
             await self.stop(removed)
-        old_spec = self.spec
         self.spec = new
         self.sup.policy = self._policy(new)
         for wid in removed:
@@ -714,11 +767,6 @@ class Agent:
             self.sup.workers[wid] = WorkerState(wid)
             self._changed[wid] = asyncio.Event()
             self._worker_tasks[wid] = self.spawn(self._watch(wid))
-        # Probe loops hold the old worker address; restart them for changed workers.
-        for wid in changed:
-            if old_spec.worker(wid).base_url != new.worker(wid).base_url:
-                self._worker_tasks[wid].cancel()
-                self._worker_tasks[wid] = self.spawn(self._watch(wid))
         log.info("reload_applied", restarted=changed, added=added, removed=removed)
         if added:
             await self.start(added)

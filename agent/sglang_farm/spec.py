@@ -70,7 +70,9 @@ class RestartPolicy:
     backoff_initial: float = 5.0
     backoff_max: float = 300.0
     reset_after: float = 600.0  # ready this long => back-off starts over
-    max_failures: int = 5  # consecutive failures (no stable period between) => failed
+    # Restarts in a row (no stable period between) a failing worker gets; the next failure
+    # marks it failed.
+    max_failures: int = 5
     stop_timeout: float = 60.0  # SIGTERM drain has no bound in SGLang: SIGKILL after this
 
 

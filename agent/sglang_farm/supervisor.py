@@ -9,14 +9,16 @@ Both runtimes (process, systemd) share these rules.
 
 Worker phases (views.Phase):
 
-    STOPPED --start--> PENDING --launch--> STARTING --health ok--> READY
-                         ^                    |  \\                 | health fails
-                         |                    |   load timeout      v
-                   back-off elapsed           |     \\---------> UNHEALTHY --threshold--> STOPPING
-                         |                  exit                 (hang)                    |
-                      BACKOFF <------- failure handling <----------------------------- exit
-                                              |
-                                        FAILED (crash loop, deterministic failure, failed canary)
+    STOPPED --start--> PENDING --launch--> STARTING --health ok--> READY <--probe ok--> UNHEALTHY
+                         ^  ^                  |                   |                     |
+                         |  | OOM ladder step  | load timeout      | OOM while serving   | threshold
+                         |  |                  v                   v                     v  (hang)
+                 back-off|  +----------- failure handling <---- exit <--------------- STOPPING
+                 elapsed |                 |          |
+                      BACKOFF <------------+          +--> FAILED (crash loop, deterministic
+                                                           failure, failed canary)
+
+    Operator stop/restart: any running phase -> STOPPING -> STOPPED / PENDING.
 """
 
 from __future__ import annotations
@@ -239,8 +241,11 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
     ]
     next_step = policy.oom_next(s.oom_step, failure) if oom is not None else None
     if s.failures > policy.restart.max_failures:
-        # BACKOFF -> FAILED: crash loop; restarting again would only repeat it.
-        action = f"gave up after {s.failures} failures in a row (restart.max_failures)"
+        # -> FAILED: crash loop; restarting again would only repeat it.
+        action = (
+            f"gave up after {s.failures} failures in a row "
+            f"({policy.restart.max_failures} restarts allowed: restart.max_failures)"
+        )
         return Decision(
             s.enter(Phase.FAILED, now, last_action=action),
             (*notes, Note("worker_gave_up", {"why": action})),
@@ -273,7 +278,7 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
         )
     delay = backoff_delay(s.failures, policy.restart)
     action = (
-        f"restart scheduled in {delay:g} s (failure {s.failures} of {policy.restart.max_failures})"
+        f"restart {s.failures} of {policy.restart.max_failures} scheduled in {delay:g} s"
     )
     s = s.enter(
         Phase.BACKOFF,
@@ -565,12 +570,14 @@ class Supervisor:
         """Advance the rollout and give loading slots to PENDING workers."""
         actions: list[Action] = []
         canary = self.policy.startup.canary
-        if self.rollout is Rollout.CANARY and canary is not None:
+        if self.rollout in (Rollout.CANARY, Rollout.HALTED) and canary is not None:
             c = self.workers[canary]
             if c.phase is Phase.READY:
+                # CANARY/HALTED -> ROLLING: the canary serves (again, after a fix and a restart).
                 self.rollout = Rollout.ROLLING
+                self.rollout_reason = None
                 actions.append(Note("rollout_canary_ready", {"canary": canary}))
-            elif c.phase in (Phase.FAILED, Phase.STOPPED):
+            elif self.rollout is Rollout.CANARY and c.phase in (Phase.FAILED, Phase.STOPPED):
                 self.rollout = Rollout.HALTED
                 why = c.last_failure.summary if c.last_failure else "the canary was stopped"
                 self.rollout_reason = f"canary worker {canary} {c.phase}: {why}"

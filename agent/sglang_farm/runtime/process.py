@@ -27,6 +27,8 @@ from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 log = structlog.get_logger("sglang_farm.runtime.process")
 
 _GROUP_GONE_WAIT = 5.0  # seconds to wait for a SIGKILLed group to disappear
+# Longest output line kept whole (asyncio's default is 64 KiB; SGLang can log whole prompts).
+_LINE_LIMIT = 1 << 20
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> bool:
@@ -63,9 +65,10 @@ async def _wait_group_gone(pgid: int, deadline: float) -> bool:
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
     while loop.time() < end:
-        if not _group_alive(pgid):
+        # A /proc walk: in a thread, not on the event loop.
+        if not await asyncio.to_thread(_group_alive, pgid):
             return True
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
     return False
 
 
@@ -95,6 +98,7 @@ class ProcessRuntime:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                limit=_LINE_LIMIT,
             )
         except OSError as exc:
             raise RuntimeFailure(f"cannot run {command.argv[0]}: {exc.strerror}") from exc
@@ -129,7 +133,12 @@ class ProcessRuntime:
         buf = self._logs[worker]
         assert proc.stdout is not None
         while True:
-            raw = await proc.stdout.readline()
+            try:
+                raw = await proc.stdout.readline()
+            except ValueError:  # a line over the limit: asyncio dropped it; keep reading
+                raw = (
+                    f"[sglang-farm: a line longer than {_LINE_LIMIT} bytes was dropped]\n".encode()
+                )
             if not raw:
                 break
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
