@@ -126,6 +126,7 @@ class Agent:
         self._tick_wake = asyncio.Event()
         self._persisted: dict[int, dict[str, Any]] = {}
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
+        self._last_refresh: object = None
         self._state_path = Path(spec.farm.state_dir) / "state.json"
         self.gpu_memory_source: Callable[[], Sequence[GpuMemory]] = lambda: ()
         self.on_view: list[Callable[[FarmView], None]] = []
@@ -543,6 +544,11 @@ class Agent:
     # ---- views and state -----------------------------------------------------------------
 
     def _refresh(self) -> None:
+        # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
+        current = (dict(self.sup.workers), self.sup.rollout, self.sup.rollout_reason)
+        if current == self._last_refresh:
+            return
+        self._last_refresh = current
         self._view = self._build_view()
         for wid, s in self.sup.workers.items():
             key = (s.phase, s.pid, s.launched_at)
@@ -772,6 +778,7 @@ class Agent:
             await self.start(added)
         if changed:
             self.spawn(self._rolling_restart(changed, RestartReason.CONFIG))
+        self._last_refresh = None  # the spec changed (ports, names): rebuild the view
         self._refresh()
         return ReloadResult(
             applied=True, restarted=tuple(changed), added=tuple(added), removed=tuple(removed)
