@@ -3,7 +3,8 @@
 Prints the table and writes bench/results/<date>.json.
 
 Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the docs),
-`--no-64` (skip the 64-worker farm), `--out PATH`.
+`--no-64` (skip the 64-worker farm), `--only systemd` (just the reaction times under
+systemd, in the throwaway container), `--out PATH`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import control, farmrun, footprint, reaction, scrape, simload, synthetic
+from bench import control, farmrun, footprint, reaction, scrape, sdreaction, simload, synthetic
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio
 from bench.table import markdown, rows
@@ -185,7 +186,6 @@ def reactions(quick: bool, sim_load: float, own_load: float) -> dict[str, Any]:
         )
         say("  hangs")
         out["hang"] = reaction.hangs(farm, [7] if quick else [7, 5, 2], period, threshold)
-    out["systemd"] = "not measured (see docs/benchmarks.md)"
     return out
 
 
@@ -217,6 +217,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-64", dest="no64", action="store_true")
+    ap.add_argument("--only", choices=["systemd"])
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     t0 = time.monotonic()
@@ -225,6 +226,9 @@ def main() -> int:
     results["bytecode_cache"] = bytecode_env()
     say("warming the byte-code cache (agent, farmctl, simulator)")
     warm_bytecode()
+    if a.only == "systemd":
+        systemd_reactions(results, a.quick)
+        return finish(a, results, t0, suffix="-systemd")
     say("in-process /metrics formatting on hand-built states of 8 and 64 workers")
     results["format"] = {
         "8": synthetic.format_cost(8, 100 if a.quick else 500),
@@ -245,8 +249,22 @@ def main() -> int:
     )
     section(results, "farm8", lambda: farm8(a.quick, own))
     section(results, "reaction", lambda: reactions(a.quick, sim_one, own))
+    systemd_reactions(results, a.quick)
     if not a.no64:
         section(results, "farm64", lambda: farm64(a.quick))
+    return finish(a, results, t0)
+
+
+def systemd_reactions(results: dict[str, Any], quick: bool) -> None:
+    say("reaction times under systemd: a throwaway container, 4 worker units")
+    section(results, "reaction_systemd", lambda: sdreaction.run(quick, say))
+    why = results["reaction_systemd"].get("not_measured")
+    if why:
+        say(f"  not measured: {why}")
+
+
+def finish(a: argparse.Namespace, results: dict[str, Any], t0: float, suffix: str = "") -> int:
+    """Print the table and write the JSON."""
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["duration_s"] = time.monotonic() - t0
     table = rows(results)
@@ -255,7 +273,8 @@ def main() -> int:
     print(md)
     out = (
         a.out
-        or RESULTS / f"{datetime.now(UTC).strftime('%Y-%m-%d')}{'-quick' if a.quick else ''}.json"
+        or RESULTS
+        / f"{datetime.now(UTC).strftime('%Y-%m-%d')}{'-quick' if a.quick else ''}{suffix}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
