@@ -54,6 +54,7 @@ class FakeOps:
         self.raise_on: dict[str, BaseException] = {}
         self.calls: list[tuple[str, tuple[int, ...]]] = []
         self.reload_result = ReloadResult(applied=True, restarted=(1,))
+        self.queues: dict[int, float] = {}
         self.gpus: list[GpuMemory] = [
             GpuMemory(i, used_bytes=60 * 2**30, total_bytes=80 * 2**30) for i in range(n)
         ]
@@ -80,6 +81,9 @@ class FakeOps:
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
         return list(self.gpus)
+
+    def queue_depths(self) -> dict[int, float]:
+        return dict(self.queues)
 
     async def _issue(self, name: str, ids: Sequence[int]) -> None:
         self.calls.append((name, tuple(ids)))

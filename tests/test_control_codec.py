@@ -225,3 +225,11 @@ def test_why_endpoints_reload_results() -> None:
 )
 def test_describe_ids(ids: list[int], text: str) -> None:
     assert codec.describe_ids(ids) == text
+
+
+def test_status_result_carries_queue_depth_only_where_it_is_known() -> None:
+    st = codec.status_result(_view(), [], version="9.9", now=300.0, queues={0: 7.0})
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert workers[0]["queue_depth"] == 7.0
+    assert all("queue_depth" not in w for w in workers[1:])

@@ -177,6 +177,16 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
         status = json.loads(farm.farmctl("--json", "status").stdout)
         phases = {w["id"]: w["state"] for w in status["workers"]}
         assert phases == {0: "ready", 1: "ready", 2: "ready"}
+        # Queue depth comes from each worker's own metrics (polled every second here).
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            workers = json.loads(farm.farmctl("--json", "status").stdout)["workers"]
+            if all("queue_depth" in w for w in workers):
+                break
+            time.sleep(0.5)
+        assert [w.get("queue_depth") for w in workers] == [0.0, 0.0, 0.0], workers
+        table = farm.farmctl("status").stdout
+        assert "QUEUE" in table.splitlines()[2], table
 
         # A broken config is rejected with its problems; the old one keeps running.
         good = cfg.read_text()

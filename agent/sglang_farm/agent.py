@@ -19,7 +19,7 @@ import contextlib
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -129,6 +129,7 @@ class Agent:
         self._last_refresh: object = None
         self._state_path = Path(spec.farm.state_dir) / "state.json"
         self.gpu_memory_source: Callable[[], Sequence[GpuMemory]] = lambda: ()
+        self.queue_source: Callable[[], Mapping[int, float]] = dict
         self.on_view: list[Callable[[FarmView], None]] = []
         # systemd: install the worker's drop-in (its current flags) before StartUnit.
         self.before_launch: Callable[[int], Awaitable[None]] | None = None
@@ -670,6 +671,9 @@ class Agent:
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
         return self.gpu_memory_source()
+
+    def queue_depths(self) -> Mapping[int, float]:
+        return self.queue_source()
 
     async def start(self, worker_ids: Sequence[int]) -> None:
         self._apply_actions(self.sup.start(list(worker_ids), self._clock()))

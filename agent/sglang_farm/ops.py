@@ -6,7 +6,7 @@ implements them. Tests drive the server with a fake implementation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +38,10 @@ class FarmOps(Protocol):
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
         """Latest VRAM per GPU, empty when unknown (never blocks)."""
+        ...
+
+    def queue_depths(self) -> Mapping[int, float]:
+        """Latest queued requests per serving worker, from its own metrics (never blocks)."""
         ...
 
     async def start(self, worker_ids: Sequence[int]) -> None:

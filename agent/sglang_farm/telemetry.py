@@ -72,6 +72,7 @@ class Telemetry:
         self.exporter = Exporter(self.registry, self.state, self.spec.metrics.listen)
         self.agent.on_view.append(self._on_view)
         self.agent.gpu_memory_source = self.gpu_memory
+        self.agent.queue_source = self.queue_depths
         if self.poller is not None:
             self._tasks.append(asyncio.create_task(self._gpu_loop(self.poller)))
         self._tasks.append(asyncio.create_task(self._worker_loop()))
@@ -98,6 +99,9 @@ class Telemetry:
             for g in fleet.gpus
             if g.memory_used_bytes is not None and g.memory_total_bytes is not None
         )
+
+    def queue_depths(self) -> dict[int, float]:
+        return {w: s.queued for w, s in self._state.workers.items() if s.queued is not None}
 
     # ---- GPU loop ------------------------------------------------------------------
 

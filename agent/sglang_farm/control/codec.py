@@ -389,8 +389,19 @@ def worker_result(w: WorkerView) -> dict[str, object]:
     }
 
 
+def _with_queue(result: dict[str, object], queued: float | None) -> dict[str, object]:
+    if queued is not None:
+        result["queue_depth"] = queued
+    return result
+
+
 def status_result(
-    view: FarmView, gpus: Sequence[GpuMemory], *, version: str, now: float
+    view: FarmView,
+    gpus: Sequence[GpuMemory],
+    *,
+    version: str,
+    now: float,
+    queues: Mapping[int, float] | None = None,
 ) -> dict[str, object]:
     return {
         "protocol_version": PROTOCOL_VERSION,
@@ -403,7 +414,7 @@ def status_result(
         "rollout": view.rollout,
         "rollout_reason": view.rollout_reason,
         "ready": view.ready_count,
-        "workers": [worker_result(w) for w in view.workers],
+        "workers": [_with_queue(worker_result(w), (queues or {}).get(w.id)) for w in view.workers],
         "gpus": [
             {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
             for g in gpus

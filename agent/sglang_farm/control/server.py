@@ -426,7 +426,11 @@ class ControlServer:
 
     async def _status(self, conn: _Conn, req: Request, peer: Peer) -> None:
         result = codec.status_result(
-            self._view(), self._ops.gpu_memory(), version=self._version, now=time.time()
+            self._view(),
+            self._ops.gpu_memory(),
+            version=self._version,
+            now=time.time(),
+            queues=self._ops.queue_depths(),
         )
         await conn.send(codec.encode_ok(req.id, result))
 
