@@ -145,16 +145,7 @@ class FakeOps:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            w = self.workers[worker_id]
-            if w.phase in (Phase.READY, Phase.FAILED):
-                return w
-            await asyncio.sleep(0.01)
-        return self.workers[worker_id]
-
-    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+    async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
         return self.log_lines[worker_id][-lines:] if lines else []
 
     async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:

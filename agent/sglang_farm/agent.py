@@ -50,7 +50,6 @@ from sglang_farm.supervisor import (
     Policy,
     ProcessExited,
     RestartRequested,
-    Rollout,
     StopRequested,
     Supervisor,
     Terminate,
@@ -723,16 +722,9 @@ class Agent:
             return False
         return True
 
-    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
-        def settled() -> bool:
-            s = self.sup.workers[worker_id]
-            return s.phase in (Phase.READY, Phase.FAILED, Phase.STOPPED)
-
-        await self._wait_until(settled, timeout)
-        return self._view.worker(worker_id)
-
-    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
-        return self.runtime.log_tail(worker_id, lines)
+    async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+        # In a thread: under systemd this runs journalctl, which must not stall the loop.
+        return await asyncio.to_thread(self.runtime.log_tail, worker_id, lines)
 
     async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
         q: asyncio.Queue[str] = asyncio.Queue(maxsize=10000)
@@ -787,6 +779,3 @@ class Agent:
         return ReloadResult(
             applied=True, restarted=tuple(changed), added=tuple(added), removed=tuple(removed)
         )
-
-    def rollout(self) -> Rollout:
-        return self.sup.rollout

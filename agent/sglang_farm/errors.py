@@ -4,8 +4,7 @@ FarmError
 ├── ConfigError        a config file that does not validate (all problems at once)
 ├── ProtocolError      a control-socket request or reply that does not parse
 ├── RuntimeFailure     systemd or a child process refused an operation
-├── GpuError           NVML failed as a whole (per-field failures are absent values)
-└── HealthError        a worker's HTTP API did not answer as expected
+└── GpuError           NVML failed as a whole (per-field failures are absent values)
 """
 
 from __future__ import annotations
@@ -43,7 +42,3 @@ class RuntimeFailure(FarmError):
 
 class GpuError(FarmError):
     """NVML could not be used at all."""
-
-
-class HealthError(FarmError):
-    """A worker's HTTP API did not answer as expected."""

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglang_farm.views import FarmView, WorkerView
+from sglang_farm.views import FarmView
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +56,7 @@ class FarmOps(Protocol):
         """Restart these workers one wave at a time (never all at once); returns when issued."""
         ...
 
-    async def wait_ready(self, worker_id: int, timeout: float) -> WorkerView:
-        """Wait until the worker is ready or failed, or the timeout passes; the view then."""
-        ...
-
-    def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+    async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
         """The worker's last `lines` output lines (journal or captured output)."""
         ...
 

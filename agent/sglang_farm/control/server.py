@@ -449,7 +449,7 @@ class ControlServer:
         a = req.args
         assert isinstance(a, codec.LogsArgs)
         self._known(self._view(), a.worker, req.id)
-        tail = list(self._ops.logs(a.worker, a.lines)) if a.lines else []
+        tail = list(await self._ops.logs(a.worker, a.lines)) if a.lines else []
         if not a.follow:
             await conn.send(codec.encode_ok(req.id, {"worker": a.worker, "lines": tail}))
             return
@@ -486,9 +486,8 @@ class ControlServer:
     async def _wait_ready(self, conn: _Conn, req: Request, peer: Peer) -> None:
         """Stream phase changes until ready/failed (entered at or after `after`) or timeout.
 
-        Polls `view()` (a reference read) rather than awaiting `ops.wait_ready`: the
-        progress lines need every phase, and `after` must skip a ready phase that
-        predates the restart the client just issued.
+        Polls `view()` (a reference read): the progress lines need every phase, and
+        `after` must skip a ready phase that predates the restart the client just issued.
         """
         a = req.args
         assert isinstance(a, codec.WaitArgs)

@@ -175,10 +175,6 @@ class ProcessRuntime:
             return []
         return list(buf)[-lines:] if lines > 0 else []
 
-    def pid(self, worker: int) -> int | None:
-        proc = self._procs.get(worker)
-        return proc.pid if proc else None
-
     async def close(self) -> None:
         """Kill every worker that is left (the agent is going away; so do its children)."""
         for worker, proc in list(self._procs.items()):

@@ -41,26 +41,8 @@ E2E_BUCKETS = (
     1800.0,
     2400.0,
 )
-TTFT_BUCKETS = (
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    2.0,
-    4.0,
-    6.0,
-    8.0,
-    10.0,
-    20.0,
-    40.0,
-    60.0,
-    80.0,
-    100.0,
-    200.0,
-    400.0,
-)
+# SGLang's time-to-first-token buckets are the end-to-end ones up to 400 s.
+TTFT_BUCKETS = tuple(b for b in E2E_BUCKETS if b <= 400.0)
 QUEUE_BUCKETS = (
     0.0,
     0.1,
