@@ -10,23 +10,36 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import replace
 from types import MappingProxyType
+from typing import TypedDict, Unpack
 
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.ops import GpuMemory, ReloadResult
 from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
 
 
-def make_worker(i: int, phase: Phase = Phase.READY, **kw: object) -> WorkerView:
-    base = WorkerView(
+def make_worker(i: int) -> WorkerView:
+    """Worker `i` on GPU `i`, ready for an hour."""
+    return WorkerView(
         id=i,
         gpus=(i,),
         port=30000 + i,
         base_url=f"http://127.0.0.1:{30000 + i}",
-        phase=phase,
+        phase=Phase.READY,
         since=time.time() - 3600,
-        pid=1000 + i if phase is Phase.READY else None,
+        pid=1000 + i,
     )
-    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+class _Changes(TypedDict, total=False):
+    """The `WorkerView` fields that change with a phase here (`FakeOps._set`)."""
+
+    pid: int | None
+    last_failure: Failure | None
+    last_failure_at: float | None
+    last_action: str | None
+    oom_step: int
+    oom_step_name: str | None
+    last_load_seconds: float | None
 
 
 OOM_FAILURE = Failure(
@@ -92,8 +105,8 @@ class FakeOps:
         if self.issue_delay:
             await asyncio.sleep(self.issue_delay)
 
-    def _set(self, i: int, phase: Phase, **kw: object) -> None:
-        self.workers[i] = replace(self.workers[i], phase=phase, since=time.time(), **kw)  # type: ignore[arg-type]
+    def _set(self, i: int, phase: Phase, **kw: Unpack[_Changes]) -> None:
+        self.workers[i] = replace(self.workers[i], phase=phase, since=time.time(), **kw)
 
     async def start(self, worker_ids: Sequence[int]) -> None:
         await self._issue("start", worker_ids)

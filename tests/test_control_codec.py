@@ -1,8 +1,13 @@
-"""The control wire codec: every error class, typed args, and reply round trips (pure)."""
+"""The control wire codec: every error class, typed args, and reply round trips (pure).
+
+What results contain is tested in test_control_results.py.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -20,9 +25,6 @@ from sglang_farm.control.codec import (
     decode_request,
 )
 from sglang_farm.errors import ProtocolError
-from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.ops import GpuMemory, ReloadResult
-from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
 
 
 def req(obj: object) -> bytes:
@@ -160,76 +162,16 @@ def test_malformed_replies_raise_protocol_error(line: bytes) -> None:
         decode_reply(line)
 
 
-def _view() -> FarmView:
-    f = Failure(FailureKind.CUDA_OOM_LOAD, "OOM while loading", "lower mem fraction", ("l1", "l2"))
-    w0 = WorkerView(0, (0,), 30000, "http://127.0.0.1:30000", Phase.READY, 100.0, 11)
-    w1 = WorkerView(
-        1,
-        (1, 2),
-        30001,
-        "http://127.0.0.1:30001",
-        Phase.FAILED,
-        200.0,
-        None,
-        restarts=(RestartRecord(150.0, "oom"), RestartRecord(190.0, "crash")),
-        restarts_by_reason={"oom": 2, "crash": 1},
-        last_failure=f,
-        last_failure_at=199.0,
-        last_action="gave up after 5 failures",
-        oom_step=2,
-        oom_step_name="fewer-graphs",
+def test_codec_pulls_in_no_other_project_module() -> None:
+    # farmctl imports the codec on every run: it must not drag in the agent's views.
+    code = (
+        "import json, sys, sglang_farm; before = set(sys.modules); "
+        "import sglang_farm.control.codec; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
     )
-    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, "halted", "canary failed")
-
-
-def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
-    st = codec.status_result(_view(), [GpuMemory(0, 1, 2)], version="9.9", now=300.0)
-    json.dumps(st)  # JSON-ready
-    assert st["protocol_version"] == codec.PROTOCOL_VERSION == 1
-    assert (st["agent_version"], st["farm"], st["rollout"], st["ready"]) == (
-        "9.9",
-        "f",
-        "halted",
-        1,
-    )
-    w1 = st["workers"][1]  # type: ignore[index]
-    assert w1["state"] == "failed" and w1["gpus"] == [1, 2] and w1["restarts_total"] == 3
-    assert w1["restarts"] == [{"at": 150.0, "reason": "oom"}, {"at": 190.0, "reason": "crash"}]
-    assert w1["last_failure"]["kind"] == "cuda_oom_load" and w1["oom_step"] == 2
-    assert st["gpus"] == [{"index": 0, "used_bytes": 1, "total_bytes": 2}]
-
-
-def test_why_endpoints_reload_results() -> None:
-    v = _view()
-    why = codec.why_result(v.worker(1))
-    assert (
-        why["advice"] == "lower mem fraction" and why["last_action"] == "gave up after 5 failures"
-    )
-    assert why["last_failure"]["lines"] == ["l1", "l2"]  # type: ignore[index]
-    assert codec.why_result(v.worker(0))["last_failure"] is None
-    assert codec.endpoints_result(v) == {
-        "endpoints": [{"worker": 0, "base_url": "http://127.0.0.1:30000"}]
-    }
-    rr = codec.reload_result(ReloadResult(False, problems=("workers[1].gpu: bad",)))
-    assert rr == {
-        "applied": False,
-        "problems": ["workers[1].gpu: bad"],
-        "restarted": [],
-        "added": [],
-        "removed": [],
-    }
-
-
-@pytest.mark.parametrize(
-    ("ids", "text"), [([], "none"), ([3], "3"), ([0, 1, 2, 3, 5], "0-3, 5"), ([7, 1, 2], "1-2, 7")]
-)
-def test_describe_ids(ids: list[int], text: str) -> None:
-    assert codec.describe_ids(ids) == text
-
-
-def test_status_result_carries_queue_depth_only_where_it_is_known() -> None:
-    st = codec.status_result(_view(), [], version="9.9", now=300.0, queues={0: 7.0})
-    workers = st["workers"]
-    assert isinstance(workers, list)
-    assert workers[0]["queue_depth"] == 7.0
-    assert all("queue_depth" not in w for w in workers[1:])
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    loaded = {m for m in json.loads(out) if m.startswith("sglang_farm")}
+    assert "sglang_farm.control.codec" in loaded
+    assert loaded <= {"sglang_farm.control", "sglang_farm.control.codec", "sglang_farm.errors"}

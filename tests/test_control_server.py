@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -26,6 +27,16 @@ from fake_ops import FakeOps
 from sglang_farm.control import codec
 from sglang_farm.control.server import ControlServer, ControlSocketError
 from sglang_farm.errors import RuntimeFailure
+
+# One decoded reply line. Its values are Any on purpose: a reply is JSON whose
+# shape each test asserts by indexing into it, and a wrong shape fails there.
+JsonObject = dict[str, Any]
+
+
+def _json_object(line: bytes) -> JsonObject:
+    obj = json.loads(line)
+    assert isinstance(obj, dict), f"not a JSON object: {line!r}"
+    return obj
 
 
 @pytest.fixture
@@ -64,10 +75,10 @@ class Conn:
         self.w.write(obj if isinstance(obj, bytes) else json.dumps(obj).encode() + b"\n")
         await self.w.drain()
 
-    async def recv(self, timeout: float = 5.0) -> dict[str, object]:
+    async def recv(self, timeout: float = 5.0) -> JsonObject:
         line = await asyncio.wait_for(self.r.readline(), timeout)
         assert line, "server closed the connection"
-        return json.loads(line)  # type: ignore[no-any-return]
+        return _json_object(line)
 
     async def eof(self, timeout: float = 5.0) -> bool:
         return await asyncio.wait_for(self.r.read(), timeout) == b""
@@ -80,7 +91,7 @@ class Conn:
 
 async def call(
     path: str, cmd: str, args: dict[str, object] | None = None, rid: object = 1
-) -> dict[str, object]:
+) -> JsonObject:
     c = await Conn.open(path)
     try:
         await c.send({"id": rid, "cmd": cmd, "args": args or {}})
@@ -89,19 +100,21 @@ async def call(
         await c.close()
 
 
-def error_code(reply: dict[str, object]) -> str:
+def error_code(reply: JsonObject) -> str:
     assert reply["ok"] is False, reply
-    return reply["error"]["code"]  # type: ignore[index,no-any-return]
+    code = reply["error"]["code"]
+    assert isinstance(code, str), reply
+    return code
 
 
 async def test_status_reports_protocol_version_workers_and_vram(server: ControlServer) -> None:
     r = await call(server.path, "status", rid="s1")
     assert r["id"] == "s1" and r["ok"] is True
     st = r["result"]
-    assert st["protocol_version"] == 1 and st["agent_version"] == "1.2.3"  # type: ignore[index]
-    assert [w["id"] for w in st["workers"]] == [0, 1, 2, 3]  # type: ignore[index]
-    assert st["workers"][2]["state"] == "ready" and st["workers"][2]["port"] == 30002  # type: ignore[index]
-    assert st["gpus"][0]["total_bytes"] == 80 * 2**30  # type: ignore[index]
+    assert st["protocol_version"] == 1 and st["agent_version"] == "1.2.3"
+    assert [w["id"] for w in st["workers"]] == [0, 1, 2, 3]
+    assert st["workers"][2]["state"] == "ready" and st["workers"][2]["port"] == 30002
+    assert st["gpus"][0]["total_bytes"] == 80 * 2**30
     assert (await call(server.path, "version"))["result"] == {
         "protocol_version": 1,
         "agent_version": "1.2.3",
@@ -144,7 +157,7 @@ async def test_malformed_input_gets_error_and_connection_keeps_serving(
 async def test_unknown_worker_names_the_known_ones(server: ControlServer) -> None:
     r = await call(server.path, "why", {"worker": 9}, rid=3)
     assert r["id"] == 3 and error_code(r) == "unknown_worker"
-    assert r["error"]["message"] == "no worker 9; workers are 0-3"  # type: ignore[index]
+    assert r["error"]["message"] == "no worker 9; workers are 0-3"
 
 
 @pytest.mark.parametrize("newline", [True, False])
@@ -159,7 +172,7 @@ async def test_oversized_line_gets_bad_request_then_close(
         + (b"\n" if newline else b"")
     )
     r = await c.recv()
-    assert error_code(r) == "bad_request" and "65536" in r["error"]["message"]  # type: ignore[index]
+    assert error_code(r) == "bad_request" and "65536" in r["error"]["message"]
     assert await c.eof()
     await c.close()
     assert (await call(server.path, "version"))["ok"] is True
@@ -248,12 +261,12 @@ async def test_follow_ends_with_final_reply_when_the_source_ends(
 
 
 async def test_300_concurrent_clients_are_all_answered(server: ControlServer) -> None:
-    async def one(i: int) -> dict[str, object]:
+    async def one(i: int) -> JsonObject:
         return await call(server.path, "status", rid=i)
 
     t0 = time.monotonic()
     replies = await asyncio.gather(*(one(i) for i in range(300)))
-    assert sorted(r["id"] for r in replies) == list(range(300))  # type: ignore[type-var]
+    assert sorted(r["id"] for r in replies) == list(range(300))
     assert all(r["ok"] is True for r in replies)
     assert time.monotonic() - t0 < 10
 
@@ -269,7 +282,7 @@ async def test_concurrent_restarts_of_one_worker_second_is_busy(
     )
     assert {a["ok"], b["ok"]} == {False, True}
     busy = a if a["ok"] is False else b
-    assert error_code(busy) == "busy" and "worker 1" in busy["error"]["message"]  # type: ignore[index]
+    assert error_code(busy) == "busy" and "worker 1" in busy["error"]["message"]
     assert other["ok"] is True  # a different worker is not serialized behind worker 1
     assert ops.calls.count(("restart", (1,))) == 1  # never a double restart
 
@@ -281,14 +294,14 @@ async def test_restart_all_is_busy_while_one_worker_changes(
     one = asyncio.ensure_future(call(server.path, "stop", {"worker": 3}))
     await asyncio.sleep(0.1)
     r = await call(server.path, "restart", {"worker": "all"})
-    assert error_code(r) == "busy" and "worker 3" in r["error"]["message"]  # type: ignore[index]
+    assert error_code(r) == "busy" and "worker 3" in r["error"]["message"]
     assert (await one)["ok"] is True
     r2 = await call(server.path, "restart", {"worker": "all"})
-    assert r2["result"]["workers"] == [0, 1, 2, 3]  # type: ignore[index]
+    assert r2["result"]["workers"] == [0, 1, 2, 3]
     assert ops.calls[-1] == ("restart", (0, 1, 2, 3))  # one call: the agent does the waves
 
 
-async def _wait_stream(path: str, args: dict[str, object]) -> list[dict[str, object]]:
+async def _wait_stream(path: str, args: dict[str, object]) -> list[JsonObject]:
     c = await Conn.open(path)
     await c.send({"id": 1, "cmd": "wait-ready", "args": args})
     out = []
@@ -305,13 +318,13 @@ async def test_restart_then_wait_ready_streams_phases_to_ready(
     server: ControlServer, ops: FakeOps
 ) -> None:
     r = await call(server.path, "restart", {"worker": 2})
-    issued = r["result"]["issued_at"]  # type: ignore[index]
+    issued = r["result"]["issued_at"]
     msgs = await _wait_stream(server.path, {"worker": 2, "timeout": 5, "after": issued})
     phases = [m["state"] for m in msgs[:-1]]
     assert phases[0] in ("stopping", "starting") and phases[-1] == "ready"
     assert all(m["stream"] == "phase" for m in msgs[:-1])
     final = msgs[-1]["result"]
-    assert final["ready"] is True and final["timed_out"] is False and final["pid"] == 2002  # type: ignore[index]
+    assert final["ready"] is True and final["timed_out"] is False and final["pid"] == 2002
 
 
 async def test_wait_ready_reports_failure_and_timeout(server: ControlServer, ops: FakeOps) -> None:
@@ -319,16 +332,16 @@ async def test_wait_ready_reports_failure_and_timeout(server: ControlServer, ops
     r = await call(server.path, "restart", {"worker": 1})
     msgs = await _wait_stream(
         server.path,
-        {"worker": 1, "timeout": 5, "after": r["result"]["issued_at"]},  # type: ignore[index]
+        {"worker": 1, "timeout": 5, "after": r["result"]["issued_at"]},
     )
     final = msgs[-1]["result"]
-    assert final["state"] == "failed" and final["ready"] is False and final["timed_out"] is False  # type: ignore[index]
-    assert final["last_failure"]["kind"] == "cuda_oom_load"  # type: ignore[index]
+    assert final["state"] == "failed" and final["ready"] is False and final["timed_out"] is False
+    assert final["last_failure"]["kind"] == "cuda_oom_load"
 
     # A ready phase from before `after` does not count: the wait times out.
     msgs = await _wait_stream(server.path, {"worker": 0, "timeout": 0.3, "after": time.time() + 60})
     final = msgs[-1]["result"]
-    assert final["timed_out"] is True and final["ready"] is False  # type: ignore[index]
+    assert final["timed_out"] is True and final["ready"] is False
 
 
 async def test_runtime_failure_is_failed_and_bug_is_internal_without_details(
@@ -336,13 +349,13 @@ async def test_runtime_failure_is_failed_and_bug_is_internal_without_details(
 ) -> None:
     ops.raise_on["restart"] = RuntimeFailure("systemd refused sglang@1.service: unit masked")
     r = await call(server.path, "restart", {"worker": 1})
-    assert error_code(r) == "failed" and "unit masked" in r["error"]["message"]  # type: ignore[index]
+    assert error_code(r) == "failed" and "unit masked" in r["error"]["message"]
 
     ops.raise_on["stop"] = ValueError("secret internal detail")
     with capture_logs() as logs:
         r = await call(server.path, "stop", {"worker": 1}, rid="req-42")
     assert error_code(r) == "internal"
-    msg = r["error"]["message"]  # type: ignore[index]
+    msg = r["error"]["message"]
     assert "secret" not in msg and "Traceback" not in msg and "req-42" in msg
     ev = [e for e in logs if e["event"] == "control_internal_error"]
     assert ev and ev[0]["request_id"] == "req-42" and ev[0]["log_level"] == "error"
@@ -372,7 +385,7 @@ async def test_reload_reset_oom_and_endpoints(server: ControlServer, ops: FakeOp
     assert r["result"] == {"worker": 3, "oom_step": 0} and ops.oom_resets == [3]
     await call(server.path, "stop", {"worker": 1})
     r = await call(server.path, "endpoints")
-    assert [e["worker"] for e in r["result"]["endpoints"]] == [0, 2, 3]  # type: ignore[index]
+    assert [e["worker"] for e in r["result"]["endpoints"]] == [0, 2, 3]
 
 
 async def test_why_returns_failure_lines_action_and_advice(
@@ -382,9 +395,9 @@ async def test_why_returns_failure_lines_action_and_advice(
     await call(server.path, "start", {"worker": 0})
     await _wait_stream(server.path, {"worker": 0, "timeout": 5})
     w = (await call(server.path, "why", {"worker": 0}))["result"]
-    assert w["state"] == "failed" and w["advice"].startswith("lower")  # type: ignore[index]
-    assert w["last_failure"]["lines"][0].startswith("torch.OutOfMemoryError")  # type: ignore[index]
-    assert "gave up" in w["last_action"] and w["oom_step"] == 1  # type: ignore[index]
+    assert w["state"] == "failed" and w["advice"].startswith("lower")
+    assert w["last_failure"]["lines"][0].startswith("torch.OutOfMemoryError")
+    assert "gave up" in w["last_action"] and w["oom_step"] == 1
 
 
 # --- socket file: stale, in use, mode and group -------------------------------------
@@ -473,7 +486,7 @@ def users() -> Iterator[dict[str, str]]:
         subprocess.run(["groupdel", names["group"]], check=False, capture_output=True)
 
 
-async def as_user(user: str, path: str, cmd: str, args: Mapping[str, object]) -> dict[str, object]:
+async def as_user(user: str, path: str, cmd: str, args: Mapping[str, object]) -> JsonObject:
     """Connect from a subprocess running as `user` with its group-database groups."""
     pw = pwd.getpwnam(user)
     proc = await asyncio.create_subprocess_exec(
@@ -492,7 +505,7 @@ async def as_user(user: str, path: str, cmd: str, args: Mapping[str, object]) ->
     )
     out, errb = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, errb.decode()
-    return json.loads(out)  # type: ignore[no-any-return]
+    return _json_object(out)
 
 
 @pytest.fixture
@@ -535,7 +548,7 @@ async def test_outsider_is_forbidden_even_if_the_mode_is_loosened(
     for cmd, args in (("status", {}), ("restart", {"worker": 0}), ("logs", {"worker": 0})):
         r = await as_user(users["outsider"], srv.path, cmd, args)
         assert error_code(r) == "forbidden", (cmd, r)
-        assert f"members of the group {users['group']}" in r["error"]["message"]  # type: ignore[index]
+        assert f"members of the group {users['group']}" in r["error"]["message"]
     assert not any(c[0] == "restart" for c in ops.calls)
 
 
@@ -549,7 +562,7 @@ async def test_connections_beyond_the_cap_get_busy_and_others_still_work(
     await asyncio.sleep(0.05)
     extra = await Conn.open(path)
     r = await extra.recv()
-    assert error_code(r) == "busy" and "too many control connections" in r["error"]["message"]  # type: ignore[index]
+    assert error_code(r) == "busy" and "too many control connections" in r["error"]["message"]
     assert await extra.eof()
     await held[0].send({"id": 1, "cmd": "version"})
     assert (await held[0].recv())["ok"] is True

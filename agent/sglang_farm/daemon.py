@@ -13,24 +13,27 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import structlog
 
 from sglang_farm import __version__
-from sglang_farm.agent import Agent
+from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import load_spec_file
+from sglang_farm.gpu import GpuPoller
+from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
+from sglang_farm.ops import GpuMemory
 from sglang_farm.runtime import Emit, Runtime
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.views import FarmView
 
-if TYPE_CHECKING:
-    from sglang_farm.telemetry import Telemetry
-
 log = structlog.get_logger("sglang_farm.daemon")
+
+# systemd: how long a worker's exit waits for its last journal lines (runtime.journal).
+SYSTEMD_EXIT_GRACE_S = 2.0
 
 
 def systemd_is_pid1() -> bool:
@@ -47,11 +50,33 @@ def choose_runtime(requested: str) -> tuple[str, str]:
     return "process", "systemd is not running here (/run/systemd/system is missing)"
 
 
-def runtime_factory(kind: str, spec: FarmSpec) -> Callable[[Emit], Runtime]:
+def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Emit], Runtime]:
+    """The runtime, with what it differs in given at construction."""
     if kind == "systemd":
         from sglang_farm.runtime.systemd import SystemdRuntime
 
-        return lambda emit: SystemdRuntime(emit)
+        agent_bin = agent_executable()
+
+        def units(
+            spec: FarmSpec, flags: Mapping[int, Mapping[str, FlagValue]]
+        ) -> Mapping[PurePosixPath, str]:
+            from sglang_farm.units import render
+
+            return render(
+                spec,
+                config_path=config_path,
+                agent_bin=agent_bin,
+                static=False,
+                flags_by_worker={w: dict(f) for w, f in flags.items()},
+            )
+
+        return lambda emit: SystemdRuntime(
+            emit,
+            units=units,
+            # The journal may deliver a worker's last lines after D-Bus reported its exit.
+            exit_grace=SYSTEMD_EXIT_GRACE_S,
+            ready_gate_wait=spec.health.timeout + 2 * spec.startup.poll_interval + 5.0,
+        )
     from sglang_farm.runtime.process import ProcessRuntime
 
     return lambda emit: ProcessRuntime(emit)
@@ -73,36 +98,42 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     spec = load_spec_file(config_path, gpu_count=gpu_count)
     kind, why = choose_runtime(runtime_kind)
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
+    from sglang_farm.telemetry import Telemetry, make_gpu_poller
+
+    poller = make_gpu_poller(spec)
+    checks = await run_preflight(spec, poller)
+    last_status: list[str] = [""]
+
+    def on_status(view: FarmView) -> None:
+        text = status_line(view)
+        if text != last_status[0]:
+            last_status[0] = text
+            notify(f"STATUS={text}")
+
+    telemetry: Telemetry | None = None
+
+    def to_telemetry(view: FarmView) -> None:
+        if telemetry is not None:
+            telemetry.on_view(view)
+
+    def gpu_memory() -> Sequence[GpuMemory]:
+        return telemetry.gpu_memory() if telemetry is not None else ()
+
+    def queue_depths() -> Mapping[int, float]:
+        return telemetry.queue_depths() if telemetry is not None else {}
+
     agent = Agent(
         spec,
-        runtime_factory(kind, spec),
+        runtime_factory(kind, spec, config_path),
         config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
+        hooks=AgentHooks(
+            preflight=checks.blocking,
+            compute_caps=checks.compute_caps,
+            observers=(on_status, to_telemetry),
+            stats=FarmStats(gpu_memory, queue_depths),
+        ),
     )
-    if kind == "systemd":
-        config_abs = config_path  # absolute: the CLI resolves it before the loop starts
-        await install_units(agent, config_abs)
-
-        async def before_launch(_worker: int) -> None:
-            await install_units(agent, config_abs)
-
-        agent.before_launch = before_launch
-        agent.exit_grace = 2.0
-        runtime = agent.runtime
-        gate_wait = spec.health.timeout + 2 * spec.startup.poll_interval + 5.0
-
-        async def ready_gate(worker: int) -> bool:
-            from sglang_farm.runtime.systemd import SystemdRuntime
-
-            assert isinstance(runtime, SystemdRuntime)
-            try:
-                st = await runtime.wait_for(
-                    worker, lambda u: u.active_state != "activating", gate_wait
-                )
-            except TimeoutError:
-                return False
-            return st.active_state == "active"
-
-        agent.ready_gate = ready_gate
+    telemetry = Telemetry(spec, poller, agent.view())
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -120,18 +151,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     await control.start()
     log.info("control_listening", socket=spec.control.socket)
 
-    telemetry = await start_telemetry(agent, spec)
-    await run_preflight(agent, telemetry)
-
-    last_status: list[str] = [""]
-
-    def on_view(view: FarmView) -> None:
-        text = status_line(view)
-        if text != last_status[0]:
-            last_status[0] = text
-            notify(f"STATUS={text}")
-
-    agent.on_view.append(on_view)
+    await telemetry.start()
     extra: list[asyncio.Task[None]] = []
     interval = watchdog_interval()
     if interval:
@@ -168,29 +188,15 @@ def agent_executable() -> str:
     return shutil.which("sglang-farm") or "/usr/bin/sglang-farm"
 
 
-async def install_units(agent: Agent, config_path: str) -> None:
-    """Render every worker's drop-in (with its OOM-ladder flags) into /run/systemd/system.
+@dataclass(frozen=True, slots=True)
+class PreflightResult:
+    """The doctor's verdict at start, as the agent uses it."""
 
-    daemon-reload runs only when a file changed. Called at start and before each launch,
-    so a unit always starts with the command line the agent means.
-    """
-    from sglang_farm.runtime.systemd import SystemdRuntime
-    from sglang_farm.units import render
-
-    assert isinstance(agent.runtime, SystemdRuntime)
-    agent_bin = agent_executable()
-    flags = {w: agent.flags_for(w) for w in agent.spec.worker_ids}
-    files = render(
-        agent.spec,
-        config_path=config_path,
-        agent_bin=agent_bin,
-        static=False,
-        flags_by_worker=flags,
-    )
-    await agent.runtime.apply_units(files)
+    blocking: Preflight | None = None
+    compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
 
-async def run_preflight(agent: Agent, telemetry: Telemetry) -> None:
+async def run_preflight(spec: FarmSpec, poller: GpuPoller | None) -> PreflightResult:
     """The doctor's checks once at start; a worker with a blocking failure is not started.
 
     Its failure (with the fix) becomes the worker's last failure, so `farmctl why N`
@@ -200,35 +206,24 @@ async def run_preflight(agent: Agent, telemetry: Telemetry) -> None:
     from sglang_farm.gpu_fake import FakeGpuPoller
     from sglang_farm.preflight import preflight_blocking, run_doctor
 
-    poller = telemetry.poller or FakeGpuPoller(count=0)
-    spec = agent.spec
+    source = poller or FakeGpuPoller(count=0)
     try:
-        report = await asyncio.to_thread(run_doctor, spec, poller)
+        report = await asyncio.to_thread(run_doctor, spec, source)
     except Exception as exc:  # a doctor bug must not keep a valid farm from starting
         log.error("preflight_crashed", error=repr(exc))
-        return
-    fleet = await asyncio.to_thread(poller.snapshot)
-    agent.compute_caps = {
-        g.index: g.compute_capability for g in fleet.gpus if g.compute_capability is not None
-    }
+        return PreflightResult()
+    fleet = await asyncio.to_thread(source.snapshot)
+    caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability is not None}
     counts = report.counts()
     log.info("preflight_done", **{str(k): v for k, v in counts.items()})
 
-    def blocking(worker: int) -> list[Failure]:
-        if worker not in agent.spec.worker_ids:
+    def blocking(current: FarmSpec, worker: int) -> list[Failure]:
+        if worker not in current.worker_ids:
             return []
-        checks = preflight_blocking(agent.spec, worker, report, port_check=lambda _h, _p: None)
+        checks = preflight_blocking(current, worker, report, port_check=lambda _h, _p: None)
         return [
             Failure(FailureKind.PREFLIGHT, f"preflight {c.id}: {c.message}", c.fix, ())
             for c in checks
         ]
 
-    agent.preflight = blocking
-
-
-async def start_telemetry(agent: Agent, spec: FarmSpec) -> Telemetry:
-    from sglang_farm.telemetry import Telemetry
-
-    t = Telemetry(agent, spec)
-    await t.start()
-    return t
+    return PreflightResult(blocking, caps)

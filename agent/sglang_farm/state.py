@@ -1,4 +1,4 @@
-"""What the agent must not forget across its own restarts, and where it keeps it.
+"""I/O: what the agent must not forget across its own restarts, and where it keeps it.
 
 Restart counts, back-off position, failure history and the OOM-ladder step in force
 live in `<state_dir>/state.json`. Converting to and from that JSON is pure; `save`
@@ -9,16 +9,16 @@ as "nothing remembered", logging why, so a broken file never stops the farm.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from sglang_farm.atomicfile import write_atomic
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.supervisor import Supervisor, WorkerState
 from sglang_farm.views import Phase
 
 log = structlog.get_logger("sglang_farm.state")
@@ -94,16 +94,7 @@ def save(path: Path, workers: dict[int, dict[str, Any]]) -> None:
         indent=1,
         sort_keys=True,
     )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data.encode(), 0o600)  # as before: only root reads it
 
 
 def load(path: Path) -> dict[int, dict[str, Any]]:
@@ -121,3 +112,80 @@ def load(path: Path) -> dict[int, dict[str, Any]]:
             hint="starting with no remembered restarts; the file is overwritten",
         )
         return {}
+
+
+def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
+    """What counts as a change worth a write: wall-clock conversions drift by microseconds.
+
+    `.get`, not `[]`: the remembered side comes from a file, which may lack fields.
+    """
+    return {
+        w: (
+            v.get("failures"),
+            v.get("oom_step"),
+            len(v.get("restarts") or ()),
+            v.get("restarts_by_reason"),
+            v.get("oom_events"),
+            v.get("last_action"),
+            v.get("last_load_seconds"),
+            v.get("phase"),
+        )
+        for w, v in d.items()
+    }
+
+
+class StateStore:
+    """The supervisor's memory on disk: restored once at start, saved when it changed.
+
+    `clock` is the supervisor's (monotonic) clock and `wall` the wall clock: the file holds
+    wall-clock times, since monotonic ones mean nothing to the next agent process.
+    """
+
+    def __init__(
+        self, path: Path, clock: Callable[[], float], wall: Callable[[], float]
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._wall = wall
+        self._persisted: dict[int, dict[str, Any]] = {}
+
+    def restore(self, sup: Supervisor) -> dict[int, Phase | None]:
+        """Put each remembered worker's history back; returns the phases it was left in."""
+        saved = load(self.path)
+        offset = self._clock() - self._wall()
+        phases: dict[int, Phase | None] = {}
+        for wid, d in saved.items():
+            if wid not in sup.workers:
+                continue
+            try:
+                sup.restore(wid, restore_worker(sup.workers[wid], d, offset))
+                phase = d.get("phase")
+                phases[wid] = Phase(phase) if isinstance(phase, str) else None
+            except (TypeError, ValueError, AttributeError) as exc:
+                log.warning(
+                    "state_worker_skipped",
+                    worker=wid,
+                    error=str(exc),
+                    hint="its remembered restarts are dropped; the farm goes on",
+                )
+        self._persisted = saved
+        if saved:
+            log.info("state_restored", path=str(self.path), workers=len(saved))
+        return phases
+
+    def save(self, workers: Mapping[int, WorkerState]) -> None:
+        """Write the file if something worth remembering changed; a failed write is logged."""
+        offset = self._wall() - self._clock()
+        data = {w: worker_to_dict(s, offset) for w, s in workers.items()}
+        if _compare_key(data) == _compare_key(self._persisted):
+            return
+        try:
+            save(self.path, data)
+            self._persisted = data
+        except OSError as exc:
+            log.error(
+                "state_save_failed",
+                path=str(self.path),
+                error=str(exc),
+                hint="check state_dir in the config and its permissions",
+            )

@@ -7,7 +7,7 @@ process: the agent (`agent.py`) feeds events from the runtime and the health
 probes, passes `now` (monotonic seconds), and carries out the returned actions.
 Both runtimes (process, systemd) share these rules.
 
-Worker phases (views.Phase):
+Worker phases (phase.Phase):
 
     STOPPED --start--> PENDING --launch--> STARTING --health ok--> READY <--probe ok--> UNHEALTHY
                          ^  ^                  |                   |                     |
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.views import Phase
 
 RESTART_HISTORY = 20  # restart records kept per worker (status shows them; totals are separate)
 
@@ -40,6 +40,30 @@ class Rollout(StrEnum):
     ROLLING = "rolling"  # the others load, at most `parallel` at once
     DONE = "done"  # every wanted worker has settled (ready or failed)
     HALTED = "halted"  # the canary failed: nothing else starts until an operator starts again
+
+
+@dataclass(frozen=True, slots=True)
+class RollingRestart:
+    """Planned restarts of several workers, one wave at a time, so the rest keep serving.
+
+    A wave is issued, then the next waits until every worker of the wave has settled
+    (ready, failed or stopped) or `wave_timeout` has passed since the wave began.
+    """
+
+    reason: RestartReason
+    waiting: tuple[int, ...]  # not yet asked to restart, in order
+    wave: tuple[int, ...] = ()  # asked to restart, not yet settled
+    wave_size: int = 1
+    wave_started: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What a restarted agent found: workers it adopted and workers it keeps held."""
+
+    adopted: frozenset[int]
+    held: frozenset[int]  # failed or stopped before the agent restarted: not started again
+    actions: tuple[Action, ...] = ()
 
 
 class StopIntent(StrEnum):
@@ -208,6 +232,10 @@ class IllegalTransition(ValueError):
 
 
 _RUNNING = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY})
+# A wave of a rolling restart is over when each of its workers is in one of these.
+_SETTLED = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED})
+# Phases a restarted agent keeps for a worker that is not running (see Supervisor.adopt).
+HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED})
 
 
 def backoff_delay(failures: int, policy: RestartPolicy) -> float:
@@ -498,6 +526,7 @@ class Supervisor:
         self.workers: dict[int, WorkerState] = {w: WorkerState(w) for w in worker_ids}
         self.rollout = Rollout.IDLE
         self.rollout_reason: str | None = None
+        self.rolling: tuple[RollingRestart, ...] = ()  # planned multi-worker restarts in flight
 
     # -- commands ---------------------------------------------------------------------
 
@@ -526,6 +555,79 @@ class Supervisor:
             actions.append(Note("rollout_started", {"phase": str(self.rollout), "canary": canary}))
         return actions + self._plan(now)
 
+    def adopt(
+        self,
+        running: Mapping[int, int],
+        remembered: Mapping[int, Phase | None],
+        now: float,
+    ) -> Adoption:
+        """A restarted agent found `running` workers (id -> pid) still up.
+
+        They are STARTING again until their health answers. A worker that had given up, or
+        that an operator stopped (`remembered`), and that is not running stays so: it is
+        not this restart's to start. With nothing running, nothing is held (a cold start).
+        """
+        held: set[int] = set()
+        if running:
+            for wid, phase in remembered.items():
+                if wid in self.workers and wid not in running and phase in HELD_PHASES:
+                    # (remembered) -> FAILED/STOPPED: kept as it was before the agent restarted.
+                    self.workers[wid] = self.workers[wid].enter(phase, now)
+                    held.add(wid)
+        adopted: set[int] = set()
+        actions: list[Action] = []
+        for wid, pid in running.items():
+            if wid in self.workers:
+                # (any) -> STARTING: a live process of ours; READY once its health answers.
+                self.workers[wid] = self.workers[wid].enter(
+                    Phase.STARTING, now, pid=pid, launched_at=now
+                )
+                adopted.add(wid)
+        if held:
+            actions.append(
+                Note(
+                    "workers_held",
+                    {
+                        "workers": sorted(held),
+                        "why": "failed or stopped before the agent restarted",
+                    },
+                )
+            )
+        return Adoption(frozenset(adopted), frozenset(held), tuple(actions))
+
+    def restart_rolling(
+        self, worker_ids: Sequence[int], reason: RestartReason, now: float
+    ) -> list[Action]:
+        """Restart these workers in waves of `startup.parallel` (one alone: at once).
+
+        A wave never takes every listed worker down together, so the rest keeps serving.
+        """
+        ids = tuple(w for w in worker_ids if w in self.workers)
+        if not ids:
+            return []
+        if len(ids) == 1:
+            return self.handle(ids[0], RestartRequested(reason), now)
+        size = max(1, min(self.policy.startup.parallel, len(ids) - 1))
+        self.rolling = (*self.rolling, RollingRestart(reason, ids, wave_size=size))
+        return self._plan(now)
+
+    def reconfigure(self, policy: Policy, added: Sequence[int], removed: Sequence[int]) -> None:
+        """A reload: the new policy; removed workers (already stopped) go, added ones arrive
+        STOPPED (the caller starts them)."""
+        self.policy = policy
+        for wid in removed:
+            self.workers.pop(wid, None)
+        self.rolling = tuple(
+            replace(
+                r,
+                waiting=tuple(w for w in r.waiting if w in self.workers),
+                wave=tuple(w for w in r.wave if w in self.workers),
+            )
+            for r in self.rolling
+        )
+        for wid in added:
+            self.workers.setdefault(wid, WorkerState(wid))
+
     def handle(self, worker_id: int, event: Event, now: float) -> list[Action]:
         """Feed one event about one worker."""
         step_before = self.workers[worker_id].oom_step
@@ -538,8 +640,8 @@ class Supervisor:
     def _spread_oom_step(self, source: int, step: int, now: float) -> list[Action]:
         """scope = "all": every other worker takes the same OOM step.
 
-        Running ones are restarted with it, one wave at a time by the agent (the Note
-        names them); the others take it at their next start.
+        Running ones are restarted with it in a rolling restart (waves of `parallel`); the
+        others take it at their next start.
         """
         running: list[int] = []
         for wid, s in self.workers.items():
@@ -548,7 +650,15 @@ class Supervisor:
             self.workers[wid] = replace(s, oom_step=step)
             if s.phase in _RUNNING:
                 running.append(wid)
-        return [Note("oom_step_spread", {"worker": source, "step": step, "restart": running})]
+        note = Note("oom_step_spread", {"worker": source, "step": step, "restart": running})
+        if not running:
+            return [note]
+        size = max(1, min(self.policy.startup.parallel, len(running)))
+        self.rolling = (
+            *self.rolling,
+            RollingRestart(RestartReason.OOM, tuple(running), wave_size=size),
+        )
+        return [note]
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -559,6 +669,12 @@ class Supervisor:
     def reset_oom(self, worker_id: int) -> None:
         self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0)
 
+    def restore(self, worker_id: int, state: WorkerState) -> None:
+        """Put back a worker's remembered state (restarts, back-off, OOM step) at agent start."""
+        if state.id != worker_id or worker_id not in self.workers:
+            raise ValueError(f"worker {worker_id}: not a worker of this farm")
+        self.workers[worker_id] = state
+
     # -- internals --------------------------------------------------------------------
 
     def _apply(self, worker_id: int, event: Event, now: float) -> list[Action]:
@@ -566,9 +682,33 @@ class Supervisor:
         self.workers[worker_id] = decision.state
         return _tag(worker_id, decision.actions)
 
-    def _plan(self, now: float) -> list[Action]:
-        """Advance the rollout and give loading slots to PENDING workers."""
+    def _advance_rolling(self, now: float) -> list[Action]:
+        """Issue the next wave of each rolling restart whose current wave has settled."""
         actions: list[Action] = []
+        timeout = self.policy.startup.load_timeout + self.policy.restart.stop_timeout
+        kept: list[RollingRestart] = []
+        for r in self.rolling:
+            settled = all(
+                self.workers[w].phase in _SETTLED for w in r.wave if w in self.workers
+            )
+            if r.wave and not settled and now - r.wave_started < timeout:
+                kept.append(r)
+                continue
+            if not r.waiting:
+                actions.append(Note("rolling_restart_done", {"reason": str(r.reason)}))
+                continue  # the last wave settled (or timed out): this rolling restart is over
+            wave, rest = r.waiting[: r.wave_size], r.waiting[r.wave_size :]
+            # next wave: the previous one serves again (or gave up, or ran out of time).
+            kept.append(replace(r, waiting=rest, wave=wave, wave_started=now))
+            actions.append(Note("rolling_restart_wave", {"workers": list(wave)}))
+            for w in wave:
+                actions += self._apply(w, RestartRequested(r.reason), now)
+        self.rolling = tuple(kept)
+        return actions
+
+    def _plan(self, now: float) -> list[Action]:
+        """Advance rolling restarts and the rollout; give loading slots to PENDING workers."""
+        actions: list[Action] = self._advance_rolling(now) if self.rolling else []
         canary = self.policy.startup.canary
         if self.rollout in (Rollout.CANARY, Rollout.HALTED) and canary is not None:
             c = self.workers[canary]
@@ -615,4 +755,6 @@ class Supervisor:
                 times.append(s.retry_at)
             if s.phase is Phase.STARTING and s.launched_at is not None:
                 times.append(s.launched_at + self.policy.startup.load_timeout)
+        wave_timeout = self.policy.startup.load_timeout + self.policy.restart.stop_timeout
+        times += [r.wave_started + wave_timeout for r in self.rolling if r.wave]
         return min(times) if times else None

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import structlog
@@ -28,9 +28,6 @@ from sglang_farm.ops import GpuMemory
 from sglang_farm.spec import FarmSpec
 from sglang_farm.views import FarmView, Phase
 from sglang_farm.workerstats import WorkerStats, WorkerStatsTracker, poll_worker
-
-if TYPE_CHECKING:
-    from sglang_farm.agent import Agent
 
 log = structlog.get_logger("sglang_farm.telemetry")
 
@@ -50,11 +47,12 @@ def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
 class Telemetry:
     """Owns the GPU poller, the worker-stats poller and the exporter of one agent."""
 
-    def __init__(self, agent: Agent, spec: FarmSpec) -> None:
-        self.agent = agent
+    def __init__(self, spec: FarmSpec, poller: GpuPoller | None, view: FarmView) -> None:
+        """`view`: the farm as it stands now; `on_view` keeps it current."""
         self.spec = spec
-        self.poller = make_gpu_poller(spec)
-        self._state = MetricsState(snapshot_at=time.time(), farm=agent.view())
+        self.poller = poller
+        self._view = view
+        self._state = MetricsState(snapshot_at=time.time(), farm=view)
         self.registry = build_registry(self.state)
         self.exporter: Exporter | None = None
         self._tracker = WorkerStatsTracker()
@@ -70,9 +68,6 @@ class Telemetry:
 
     async def start(self) -> None:
         self.exporter = Exporter(self.registry, self.state, self.spec.metrics.listen)
-        self.agent.on_view.append(self._on_view)
-        self.agent.gpu_memory_source = self.gpu_memory
-        self.agent.queue_source = self.queue_depths
         if self.poller is not None:
             self._tasks.append(asyncio.create_task(self._gpu_loop(self.poller)))
         self._tasks.append(asyncio.create_task(self._worker_loop()))
@@ -87,7 +82,9 @@ class Telemetry:
         if self.poller is not None:
             self.poller.close()
 
-    def _on_view(self, view: FarmView) -> None:
+    def on_view(self, view: FarmView) -> None:
+        """The agent's observer: every new farm view is folded in at once."""
+        self._view = view
         self._swap(farm=view)
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
@@ -124,7 +121,7 @@ class Telemetry:
 
     def _worker_pids(self) -> dict[int, frozenset[int]]:
         """Each worker's process tree (main pid and descendants), read from /proc."""
-        view = self.agent.view()
+        view = self._view
         roots = {w.id: w.pid for w in view.workers if w.pid}
         if not roots:
             return {}
@@ -136,7 +133,7 @@ class Telemetry:
         for w in self.spec.workers:
             tree = pids.get(w.id, frozenset())
             # The simulated memory sits on one child (the scheduler), as SGLang's does.
-            children = sorted(tree - {self.agent.view().worker(w.id).pid})
+            children = sorted(tree - {self._view.worker(w.id).pid})
             holder = children[:1] or sorted(tree)[:1]
             by_gpu.setdefault(w.gpus[0], set()).update(holder)
         for gpu in range(len(by_gpu) and max(by_gpu) + 1):
@@ -151,7 +148,7 @@ class Telemetry:
         async with httpx.AsyncClient(trust_env=False) as client:
             while True:
                 t0 = time.monotonic()
-                view = self.agent.view()
+                view = self._view
                 serving = [w for w in view.workers if w.phase in _SERVING]
                 samples = await asyncio.gather(
                     *(

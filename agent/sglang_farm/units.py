@@ -20,15 +20,14 @@ functions here that touch the file system.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
+from sglang_farm.atomicfile import fsync_dir, write_atomic
 from sglang_farm.cmdline import build_command
 from sglang_farm.spec import FarmSpec, FlagValue, WorkerSpec
 
@@ -294,32 +293,6 @@ def _check_relative(path: PurePosixPath) -> None:
         )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(target: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write through a temp file in the same directory, fsync, then rename over `target`."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            # mkstemp makes 0600; units must be readable by `systemctl cat` as any user.
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target.parent)
-
-
 def _make_dirs(root: Path, rel: PurePosixPath) -> None:
     """Create `root/rel` folder by folder, each 0755 whatever the umask (systemctl cat)."""
     current = root
@@ -366,7 +339,7 @@ def write_units(
         if target.is_file() and not target.is_symlink() and target.read_bytes() == data:
             unchanged.append(str(rel))
             continue
-        _write_atomic(target, data)
+        write_atomic(target, data)  # 0644: `systemctl cat` as any user
         written.append(str(rel))
     if root.is_dir():
         for folder in sorted(root.glob(f"{manage_prefix}*.d")):
@@ -383,10 +356,10 @@ def write_units(
                     removed_here = True
             if removed_here:
                 if any(folder.iterdir()):
-                    _fsync_dir(folder)
+                    fsync_dir(folder)
                 else:
                     folder.rmdir()
-                    _fsync_dir(root)
+                    fsync_dir(root)
     return UnitChanges(
         written=tuple(sorted(written)),
         removed=tuple(sorted(removed)),

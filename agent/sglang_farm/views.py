@@ -7,25 +7,16 @@ NVML or systemd, so a hung worker can slow nothing but itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
 
 from sglang_farm.failures import Failure
+from sglang_farm.phase import Phase
+from sglang_farm.spec import FarmSpec
+from sglang_farm.supervisor import WorkerState
 
-
-class Phase(StrEnum):
-    """A worker's state, as the supervisor tracks it."""
-
-    STOPPED = "stopped"  # not meant to run (operator stop, or farm not started)
-    PENDING = "pending"  # meant to run, waiting for its turn in the rollout
-    STARTING = "starting"  # launched; the model loads; waiting for /health
-    READY = "ready"  # /health answered 200
-    UNHEALTHY = "unhealthy"  # was ready; liveness probes are failing (below the threshold)
-    STOPPING = "stopping"  # stop or restart issued; waiting for the process tree to exit
-    BACKOFF = "backoff"  # exited; a restart is scheduled after the back-off delay
-    FAILED = "failed"  # given up: crash-loop limit, a deterministic failure, or a failed canary
+__all__ = ["FarmView", "Phase", "RestartRecord", "WorkerView", "build_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +69,57 @@ class FarmView:
     @property
     def ready_count(self) -> int:
         return sum(1 for w in self.workers if w.ready)
+
+
+def build_view(
+    spec: FarmSpec,
+    workers: Mapping[int, WorkerState],
+    *,
+    runtime: str,
+    rollout: str,
+    rollout_reason: str | None,
+    started_at: float,
+    mono_to_wall: float,
+    argv: Mapping[int, Sequence[str]],
+) -> FarmView:
+    """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
+
+    `mono_to_wall` converts the supervisor's monotonic times; `argv` is each worker's
+    command line now (its OOM-ladder step applied).
+    """
+    views = []
+    for ws in spec.workers:
+        s = workers.get(ws.id) or WorkerState(ws.id)
+        step = s.oom_step
+        views.append(
+            WorkerView(
+                id=ws.id,
+                gpus=ws.gpus,
+                port=ws.port,
+                base_url=ws.base_url,
+                phase=s.phase,
+                since=s.since + mono_to_wall if s.since else started_at,
+                pid=s.pid,
+                restarts=tuple(RestartRecord(at + mono_to_wall, r) for at, r in s.restarts),
+                restarts_by_reason=MappingProxyType(dict(s.restarts_by_reason)),
+                oom_events_by_kind=MappingProxyType(dict(s.oom_events)),
+                last_failure=s.last_failure,
+                last_failure_at=s.last_failure_at + mono_to_wall if s.last_failure_at else None,
+                last_action=s.last_action,
+                oom_step=step,
+                oom_step_name=spec.oom.steps[step - 1].name
+                if 0 < step <= len(spec.oom.steps)
+                else None,
+                last_load_seconds=s.last_load_seconds,
+                argv=tuple(argv.get(ws.id, ())),
+            )
+        )
+    return FarmView(
+        name=spec.farm.name,
+        runtime=runtime,
+        workers=tuple(views),
+        config_source=spec.source,
+        started_at=started_at,
+        rollout=rollout,
+        rollout_reason=rollout_reason,
+    )

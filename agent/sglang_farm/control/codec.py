@@ -8,24 +8,23 @@ One UTF-8 JSON object per line, at most `MAX_LINE` bytes before the newline.
     ← {"id": 7, "ok": true, "stream": "line", "line": "..."}      (streams, then a final reply)
 
 This module only turns bytes into typed requests (raising `RequestError`, a
-`ProtocolError` that remembers the request id when one was readable) and views
-into JSON-ready results. No sockets, no clock: `now` is passed in.
+`ProtocolError` that remembers the request id when one was readable), replies
+into bytes, and reply bytes back into `Reply` (the client side). It imports only
+the standard library and `errors`, so that farmctl, which uses it, starts fast.
+What the results contain is `results`; who may send what is `auth`; what each
+command does is `handlers`. No sockets, no clock.
 docs/control-protocol.md is the user-facing description; keep the two in step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 from sglang_farm.errors import ProtocolError
-
-if TYPE_CHECKING:  # annotations only: farmctl imports this module and must start fast
-    from sglang_farm.ops import GpuMemory, ReloadResult
-    from sglang_farm.views import FarmView, WorkerView
 
 PROTOCOL_VERSION: Final = 1
 # Bytes before the newline. A status of 8 workers with full failures is ~10 KiB.
@@ -361,120 +360,3 @@ def decode_reply(line: bytes) -> Reply:
         payload = {k: v for k, v in obj.items() if k not in ("id", "ok", "stream")}
         return Reply(rid, True, stream=stream, payload=payload)
     return Reply(rid, True, result=obj.get("result"))
-
-
-# --- results (views → JSON-ready data) --------------------------------------------
-
-
-def worker_result(w: WorkerView) -> dict[str, object]:
-    by_reason = {str(k): int(v) for k, v in w.restarts_by_reason.items()}
-    return {
-        "id": w.id,
-        "gpus": list(w.gpus),
-        "port": w.port,
-        "base_url": w.base_url,
-        "state": str(w.phase),
-        "since": w.since,
-        "pid": w.pid,
-        "restarts": [{"at": r.at, "reason": r.reason} for r in w.restarts],
-        "restarts_total": sum(by_reason.values()),
-        "restarts_by_reason": by_reason,
-        "oom_events_by_kind": {str(k): int(v) for k, v in w.oom_events_by_kind.items()},
-        "last_failure": w.last_failure.to_dict() if w.last_failure else None,
-        "last_failure_at": w.last_failure_at,
-        "last_action": w.last_action,
-        "oom_step": w.oom_step,
-        "oom_step_name": w.oom_step_name,
-        "last_load_seconds": w.last_load_seconds,
-    }
-
-
-def _with_queue(result: dict[str, object], queued: float | None) -> dict[str, object]:
-    if queued is not None:
-        result["queue_depth"] = queued
-    return result
-
-
-def status_result(
-    view: FarmView,
-    gpus: Sequence[GpuMemory],
-    *,
-    version: str,
-    now: float,
-    queues: Mapping[int, float] | None = None,
-) -> dict[str, object]:
-    return {
-        "protocol_version": PROTOCOL_VERSION,
-        "agent_version": version,
-        "farm": view.name,
-        "runtime": view.runtime,
-        "config_source": view.config_source,
-        "started_at": view.started_at,
-        "now": now,
-        "rollout": view.rollout,
-        "rollout_reason": view.rollout_reason,
-        "ready": view.ready_count,
-        "workers": [_with_queue(worker_result(w), (queues or {}).get(w.id)) for w in view.workers],
-        "gpus": [
-            {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
-            for g in gpus
-        ],
-    }
-
-
-def why_result(w: WorkerView) -> dict[str, object]:
-    f = w.last_failure
-    return {
-        "worker": w.id,
-        "state": str(w.phase),
-        "since": w.since,
-        "last_failure": f.to_dict() if f else None,
-        "last_failure_at": w.last_failure_at,
-        "last_action": w.last_action,
-        "advice": f.advice if f else None,
-        "oom_step": w.oom_step,
-        "oom_step_name": w.oom_step_name,
-        "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
-    }
-
-
-def endpoints_result(view: FarmView) -> dict[str, object]:
-    return {
-        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready]
-    }
-
-
-def reload_result(r: ReloadResult) -> dict[str, object]:
-    return {
-        "applied": r.applied,
-        "problems": list(r.problems),
-        "restarted": list(r.restarted),
-        "added": list(r.added),
-        "removed": list(r.removed),
-    }
-
-
-def version_result(version: str) -> dict[str, object]:
-    return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
-
-
-def phase_payload(w: WorkerView, elapsed: float) -> dict[str, object]:
-    """A `wait-ready` progress message's body."""
-    return {"worker": w.id, "state": str(w.phase), "since": w.since, "elapsed_s": round(elapsed, 3)}
-
-
-def describe_ids(ids: Sequence[int]) -> str:
-    """`[0,1,2,3,5]` → "0-3, 5": for messages such as "no worker 9; workers are 0-7"."""
-    if not ids:
-        return "none"
-    s = sorted(ids)
-    parts: list[str] = []
-    start = prev = s[0]
-    for i in [*s[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(parts)

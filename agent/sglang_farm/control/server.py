@@ -1,17 +1,11 @@
 """I/O: the control socket server (asyncio, Unix stream socket, JSON lines).
 
-It decodes requests (`codec`), checks the peer's credentials (`SO_PEERCRED`),
-serializes state changes per worker, and dispatches to the agent's `FarmOps`.
-It never calls a worker, NVML or systemd itself: everything it reads comes from
-`ops.view()` / `ops.gpu_memory()`, which never block.
-
-Who may do what (docs/control-protocol.md, "Permissions"):
-- the socket file is `0660 root:<group>`; when the group does not exist on this
-  host it is `0600` (root only) and a warning is logged;
-- every command is allowed to uid 0, to the agent's own uid, and to members of
-  the group (primary gid, or a supplementary member per the group database);
-  everyone else gets `forbidden`. The file mode is the first gate, the peer
-  credentials the second (they still hold if someone loosens the mode).
+It owns the socket file (stale sockets, mode and group), the connections, and
+the path of one request: bytes → `codec.decode_request` → `auth.Gate` (the
+peer's `SO_PEERCRED` credentials, before anything runs) → `handlers.Handlers`
+→ a reply line. It maps what a handler raises to the reply's error code:
+`RequestError` carries its own, the agent's `FarmError` is `failed`, anything
+else is `internal` (the traceback goes to the log, never to the client).
 
 Robustness: each connection is its own task with an idle timeout and bounded
 writes, lines are capped at `codec.MAX_LINE`, and the number of connections is
@@ -23,24 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import grp
 import os
-import pwd
 import socket
 import stat
-import struct
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Final
 
 import structlog
 
 from sglang_farm.control import codec
-from sglang_farm.control.codec import Command, ErrorCode, Request, RequestError
+from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
+from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
+from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import FarmError
 from sglang_farm.ops import FarmOps
-from sglang_farm.views import FarmView, Phase, WorkerView
 
 log = structlog.get_logger("sglang_farm.control")
 
@@ -54,29 +44,10 @@ MAX_CLIENTS: Final = 1024
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
-# How often `wait-ready` looks at the view for a new phase: view() is a pointer read.
-WAIT_POLL: Final = 0.1
-
-# Group membership looked up per uid at most this often (a usermod -aG takes effect
-# within a minute, and a burst of farmctl calls costs one lookup).
-MEMBER_CACHE_TTL: Final = 60.0
-
-_PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
 
 class ControlSocketError(FarmError):
     """The control socket could not be created (path in use by a live agent, not a socket...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    pid: int
-    uid: int
-    gid: int
-
-
-class _Closed(Exception):
-    """The client went away or stopped reading; end its connection quietly."""
 
 
 class _Conn:
@@ -86,12 +57,27 @@ class _Conn:
 
     async def send(self, data: bytes) -> None:
         if self.writer.is_closing():
-            raise _Closed
+            raise ClientGone
         try:
             self.writer.write(data)
             await asyncio.wait_for(self.writer.drain(), WRITE_TIMEOUT)
         except (ConnectionError, TimeoutError, OSError) as exc:
-            raise _Closed from exc
+            raise ClientGone from exc
+
+
+class _RequestChannel:
+    """`handlers.Channel`: one connection, bound to the id of the request it serves."""
+
+    def __init__(self, conn: _Conn, rid: RequestId) -> None:
+        self._conn = conn
+        self._rid = rid
+
+    async def stream(self, kind: str, payload: Mapping[str, object]) -> None:
+        await self._conn.send(codec.encode_stream(self._rid, kind, payload))
+
+    async def hangup(self) -> None:
+        # EOF (b"") or any byte: either way the client is done with this stream.
+        await self._conn.reader.read(1)
 
 
 class ControlServer:
@@ -107,31 +93,15 @@ class ControlServer:
         idle_timeout: float = IDLE_TIMEOUT,
         max_clients: int = MAX_CLIENTS,
     ) -> None:
-        self._ops = ops
         self._path = path
         self._group = group
-        self._version = version
         self._idle_timeout = idle_timeout
         self._max_clients = max_clients
-        self._gid: int | None = None
+        # Root-only until start() has resolved the group.
+        self._gate = Gate(None, group)
+        self._handlers = Handlers(ops, version=version)
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
-        self._worker_locks: dict[int, asyncio.Lock] = {}
-        self._reload_lock = asyncio.Lock()
-        self._member_cache: dict[int, tuple[bool, float]] = {}
-        self._handlers: dict[Command, Callable[[_Conn, Request, Peer], Awaitable[None]]] = {
-            Command.STATUS: self._status,
-            Command.VERSION: self._version_cmd,
-            Command.ENDPOINTS: self._endpoints,
-            Command.WHY: self._why,
-            Command.LOGS: self._logs,
-            Command.WAIT_READY: self._wait_ready,
-            Command.START: self._start,
-            Command.STOP: self._stop,
-            Command.RESTART: self._restart,
-            Command.RESET_OOM: self._reset_oom,
-            Command.RELOAD: self._reload,
-        }
 
     @property
     def path(self) -> str:
@@ -140,20 +110,21 @@ class ControlServer:
     @property
     def group_gid(self) -> int | None:
         """The gid whose members may use the socket; None when root-only."""
-        return self._gid
+        return self._gate.gid
 
     # --- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
         """Create the socket and listen. Raises `ControlSocketError` if a live agent holds it."""
-        self._gid = self._resolve_group()
+        gid = self._resolve_group()
+        self._gate = Gate(gid, self._group)
         sock = await self._bind()
-        mode = 0o660 if self._gid is not None else 0o600
+        mode = 0o660 if gid is not None else 0o600
         try:
             # Ownership and mode are set before listen(): until then a connect()
             # is refused, so no client ever meets the socket with the wrong mode.
-            if self._gid is not None:
-                os.chown(self._path, -1, self._gid)
+            if gid is not None:
+                os.chown(self._path, -1, gid)
             os.chmod(self._path, mode)
             self._server = await asyncio.start_unix_server(
                 self._on_client, sock=sock, limit=codec.MAX_LINE, backlog=BACKLOG
@@ -166,11 +137,8 @@ class ControlServer:
         log.info("control_listening", path=self._path, mode=oct(mode), group=self._group)
 
     def _resolve_group(self) -> int | None:
-        if self._group is None:
-            return None
-        try:
-            return grp.getgrnam(self._group).gr_gid
-        except KeyError:
+        gid = group_gid(self._group)
+        if gid is None and self._group is not None:
             # Decision: a missing group is not fatal (the agent must still run and be
             # reachable by root), but the socket is then root-only, never wider.
             log.warning(
@@ -180,7 +148,7 @@ class ControlServer:
                 mode="0600",
                 hint=f"create it (groupadd --system {self._group}) and restart sglang-farm",
             )
-            return None
+        return gid
 
     async def _bind(self) -> socket.socket:
         parent = os.path.dirname(self._path) or "."
@@ -262,9 +230,9 @@ class ControlServer:
                     )
                 )
                 return
-            peer = _peer_of(writer)
+            peer = peer_of(writer.get_extra_info("socket"))
             await self._serve(conn, peer)
-        except _Closed:
+        except ClientGone:
             pass
         except asyncio.CancelledError:
             raise
@@ -310,11 +278,11 @@ class ControlServer:
             await conn.send(codec.encode_error(exc.request_id, exc.error_code, exc.message))
             return
         try:
-            if not await self._allowed(peer):
+            if not await self._gate.allows(peer):
                 log.warning(
                     "control_forbidden", cmd=str(req.cmd), uid=peer.uid, gid=peer.gid, pid=peer.pid
                 )
-                raise RequestError(ErrorCode.FORBIDDEN, self._who_may(peer), req.id)
+                raise RequestError(ErrorCode.FORBIDDEN, self._gate.refusal(peer), req.id)
             if req.changes_state:
                 log.info(
                     "control_command",
@@ -324,10 +292,11 @@ class ControlServer:
                     uid=peer.uid,
                     pid=peer.pid,
                 )
-            await self._handlers[req.cmd](conn, req, peer)
+            result = await self._handlers.handle(req, _RequestChannel(conn, req.id))
+            await conn.send(codec.encode_ok(req.id, result))
         except RequestError as exc:
             await conn.send(codec.encode_error(req.id, exc.error_code, exc.message))
-        except _Closed:
+        except ClientGone:
             raise
         except FarmError as exc:
             log.warning(
@@ -347,239 +316,8 @@ class ControlServer:
                 )
             )
 
-    # --- permissions -------------------------------------------------------------
-
-    async def _allowed(self, peer: Peer) -> bool:
-        if peer.uid in (0, os.geteuid()):
-            return True
-        if self._gid is None:
-            return False
-        if peer.gid == self._gid:
-            return True
-        now = time.monotonic()
-        cached = self._member_cache.get(peer.uid)
-        if cached is None or now - cached[1] > MEMBER_CACHE_TTL:
-            # The group database may be remote (LDAP/sssd): never look it up on the loop.
-            member = await asyncio.to_thread(_uid_in_group, peer.uid, self._gid)
-            cached = (member, now)
-            self._member_cache[peer.uid] = cached
-        return cached[0]
-
-    def _who_may(self, peer: Peer) -> str:
-        if self._gid is None:
-            return (
-                f"uid {peer.uid} may not use the control socket: it is root-only because "
-                f"the group {self._group or '(none configured)'} does not exist; "
-                "run farmctl as root (sudo farmctl ...)"
-            )
-        return (
-            f"uid {peer.uid} may not use the control socket: only root and members of "
-            f"the group {self._group} may; ask an admin to run "
-            f"'usermod -aG {self._group} <user>' or use sudo"
-        )
-
-    # --- helpers -----------------------------------------------------------------
-
-    def _view(self) -> FarmView:
-        return self._ops.view()
-
-    def _known(self, view: FarmView, worker: int, rid: codec.RequestId) -> WorkerView:
-        try:
-            return view.worker(worker)
-        except KeyError:
-            ids = [w.id for w in view.workers]
-            raise RequestError(
-                ErrorCode.UNKNOWN_WORKER,
-                f"no worker {worker}; workers are {codec.describe_ids(ids)}",
-                rid,
-            ) from None
-
-    def _targets(self, req: Request) -> list[int]:
-        assert isinstance(req.args, codec.TargetArgs)
-        view = self._view()
-        if req.args.worker == "all":
-            return [w.id for w in view.workers]
-        return [self._known(view, req.args.worker, req.id).id]
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, ids: Sequence[int], req: Request) -> AsyncIterator[None]:
-        """Hold every named worker's lock, or answer `busy` without waiting."""
-        locks = [self._worker_locks.setdefault(i, asyncio.Lock()) for i in sorted(set(ids))]
-        busy = [i for i, lk in zip(sorted(set(ids)), locks, strict=True) if lk.locked()]
-        if busy:
-            raise RequestError(
-                ErrorCode.BUSY,
-                f"worker {codec.describe_ids(busy)} is busy with another state change; "
-                "wait for it to finish (farmctl status) and try again",
-                req.id,
-            )
-        # No await between the check and the acquisitions: nothing can slip in.
-        for lk in locks:
-            await lk.acquire()
-        try:
-            yield
-        finally:
-            for lk in locks:
-                lk.release()
-
-    # --- read-only commands ------------------------------------------------------
-
-    async def _status(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        result = codec.status_result(
-            self._view(),
-            self._ops.gpu_memory(),
-            version=self._version,
-            now=time.time(),
-            queues=self._ops.queue_depths(),
-        )
-        await conn.send(codec.encode_ok(req.id, result))
-
-    async def _version_cmd(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        await conn.send(codec.encode_ok(req.id, codec.version_result(self._version)))
-
-    async def _endpoints(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        await conn.send(codec.encode_ok(req.id, codec.endpoints_result(self._view())))
-
-    async def _why(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        assert isinstance(req.args, codec.WorkerArgs)
-        w = self._known(self._view(), req.args.worker, req.id)
-        await conn.send(codec.encode_ok(req.id, codec.why_result(w)))
-
-    async def _logs(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        a = req.args
-        assert isinstance(a, codec.LogsArgs)
-        self._known(self._view(), a.worker, req.id)
-        tail = list(await self._ops.logs(a.worker, a.lines)) if a.lines else []
-        if not a.follow:
-            await conn.send(codec.encode_ok(req.id, {"worker": a.worker, "lines": tail}))
-            return
-        for ln in tail:
-            await conn.send(codec.encode_stream(req.id, "line", {"line": ln}))
-        # Follow until the client hangs up (seen as EOF on its side of the socket)
-        # or the log source ends; a quiet worker must not hold a dead connection.
-        eof = asyncio.ensure_future(conn.reader.read(1))
-        source = self._ops.follow_logs(a.worker)
-        try:
-            while True:
-                nxt = asyncio.ensure_future(anext(source))
-                done, _ = await asyncio.wait({nxt, eof}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
-                    with contextlib.suppress(BaseException):
-                        await nxt
-                    raise _Closed
-                try:
-                    ln = nxt.result()
-                except StopAsyncIteration:
-                    break
-                await conn.send(codec.encode_stream(req.id, "line", {"line": ln}))
-        finally:
-            eof.cancel()
-            with contextlib.suppress(BaseException):
-                await eof
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-        await conn.send(codec.encode_ok(req.id, {"worker": a.worker, "ended": True}))
-
-    async def _wait_ready(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        """Stream phase changes until ready/failed (entered at or after `after`) or timeout.
-
-        Polls `view()` (a reference read): the progress lines need every phase, and
-        `after` must skip a ready phase that predates the restart the client just issued.
-        """
-        a = req.args
-        assert isinstance(a, codec.WaitArgs)
-        self._known(self._view(), a.worker, req.id)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        last: tuple[Phase, float] | None = None
-        while True:
-            w = self._known(self._view(), a.worker, req.id)
-            elapsed = loop.time() - t0
-            if (w.phase, w.since) != last:
-                last = (w.phase, w.since)
-                await conn.send(
-                    codec.encode_stream(req.id, "phase", codec.phase_payload(w, elapsed))
-                )
-            settled = w.phase in (Phase.READY, Phase.FAILED) and w.since >= a.after
-            if settled or elapsed >= a.timeout:
-                result = codec.worker_result(w)
-                result["ready"] = w.phase is Phase.READY and settled
-                result["timed_out"] = not settled
-                result["waited_s"] = round(elapsed, 3)
-                await conn.send(codec.encode_ok(req.id, result))
-                return
-            await asyncio.sleep(min(WAIT_POLL, max(a.timeout - elapsed, 0.0)))
-
-    # --- state-changing commands -------------------------------------------------
-
-    async def _start(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        await self._change(conn, req, self._ops.start)
-
-    async def _stop(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        await self._change(conn, req, self._ops.stop)
-
-    async def _restart(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        await self._change(conn, req, self._ops.restart)
-
-    async def _change(
-        self, conn: _Conn, req: Request, op: Callable[[Sequence[int]], Awaitable[None]]
-    ) -> None:
-        ids = self._targets(req)
-        async with self._locked(ids, req):
-            # Taken before the call: every phase the agent enters for this request
-            # has `since >= issued_at`, which `wait-ready after=` relies on.
-            issued_at = time.time()
-            await op(ids)
-        await conn.send(codec.encode_ok(req.id, {"workers": ids, "issued_at": issued_at}))
-
-    async def _reset_oom(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        assert isinstance(req.args, codec.WorkerArgs)
-        w = self._known(self._view(), req.args.worker, req.id)
-        async with self._locked([w.id], req):
-            self._ops.reset_oom(w.id)
-        await conn.send(codec.encode_ok(req.id, {"worker": w.id, "oom_step": 0}))
-
-    async def _reload(self, conn: _Conn, req: Request, peer: Peer) -> None:
-        if self._reload_lock.locked():
-            raise RequestError(
-                ErrorCode.BUSY, "a reload is already in progress; wait for it and retry", req.id
-            )
-        async with self._reload_lock:
-            r = await self._ops.reload()
-        log.info(
-            "control_reload_done",
-            request_id=req.id,
-            applied=r.applied,
-            problems=len(r.problems),
-            restarted=list(r.restarted),
-        )
-        await conn.send(codec.encode_ok(req.id, codec.reload_result(r)))
-
-
-def _peer_of(writer: asyncio.StreamWriter) -> Peer:
-    sock = writer.get_extra_info("socket")
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, gid = _PEERCRED.unpack(raw)
-    return Peer(pid, uid, gid)
-
-
-def _uid_in_group(uid: int, gid: int) -> bool:
-    """Is `uid` a member of `gid` per the group database (primary or supplementary)?"""
-    try:
-        pw = pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    if pw.pw_gid == gid:
-        return True
-    try:
-        return gid in os.getgrouplist(pw.pw_name, pw.pw_gid)
-    except OSError:
-        return False
-
 
 def _args_log(req: Request) -> dict[str, object]:
+    """The request's arguments, for the log line of a state change."""
     a = req.args
     return {k: getattr(a, k) for k in getattr(a, "__slots__", ())}

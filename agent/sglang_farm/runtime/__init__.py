@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sglang_farm.cmdline import Command
+from sglang_farm.spec import FarmSpec, FlagValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,36 @@ class Running:
 
 
 class Runtime(Protocol):
+    """How worker processes are run. What differs between runtimes is a method here, so the
+    agent never asks which runtime it has."""
+
     name: str
+    # True under systemd: workers are units that keep running when the agent stops.
+    # False for child processes: the agent stops them before it exits.
+    workers_outlive_agent: bool
+
+    async def prepare(
+        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
+    ) -> None:
+        """Make the next launch use these command lines (systemd: install the drop-ins).
+
+        Called at agent start and before each launch. A no-op where `start` takes the
+        command line itself.
+        """
+        ...
+
+    async def confirm_ready(self, worker: int) -> bool:
+        """After /health answered: does the runtime agree the worker is ready?
+
+        systemd: the unit left `activating` for `active` (its readiness gate passed).
+        Processes: always.
+        """
+        ...
+
+    def exit_pending(self, worker: int) -> bool:
+        """True while the worker's exit is known but not yet reported (its last log lines
+        are awaited): a failed health probe then says nothing about a hang."""
+        ...
 
     async def start(self, worker: int, command: Command) -> None:
         """Launch the worker. Returns once launched (not once ready); emits Started."""

@@ -23,6 +23,7 @@ import structlog
 from sglang_farm.cmdline import Command
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+from sglang_farm.spec import FarmSpec, FlagValue
 
 log = structlog.get_logger("sglang_farm.runtime.process")
 
@@ -76,6 +77,7 @@ class ProcessRuntime:
     """Runtime over child processes. Workers die with the agent (see `close`)."""
 
     name = "process"
+    workers_outlive_agent = False  # children of the agent: `close` kills what is left
 
     def __init__(self, emit: Emit, *, log_lines: int = 5000) -> None:
         self._emit = emit
@@ -165,6 +167,17 @@ class ProcessRuntime:
             log.warning("worker_stop_timeout", worker=worker, pid=proc.pid, after_s=timeout)
             _killpg(proc.pid, signal.SIGKILL)
         await asyncio.shield(reader)
+
+    async def prepare(
+        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
+    ) -> None:
+        """Nothing to install: `start` is given the whole command line."""
+
+    async def confirm_ready(self, worker: int) -> bool:
+        return True  # no second opinion: /health answering is the whole readiness rule
+
+    def exit_pending(self, worker: int) -> bool:
+        return False  # output and exit come from the same child: never out of order
 
     async def adopt(self) -> Mapping[int, Running]:
         return {}  # children do not outlive the agent

@@ -13,9 +13,8 @@ This is the only module that imports pystemd. What it does:
   `sglang@` units' properties on a second connection, and posts the snapshots to the
   loop with `call_soon_threadsafe`. The loop turns snapshots into `Started`/`Exited`
   with the pure `observe()`.
-- Output: one `journalctl -f -o json` follower feeds `LogLine`s (the worker's own lines
-  and systemd's lines about the unit, as `journalctl -u` shows them); `log_tail` runs
-  `journalctl -u sglang@N -o cat -n K`.
+- Output: `runtime.journal` follows the journal into `LogLine`s and holds each exit
+  until the worker's last lines are in; `log_tail` runs `journalctl -u sglang@N -o cat -n K`.
 
 Where generated units go: **/run/systemd/system** (see `install_units`). The static
 template `sglang@.service` ships in /lib/systemd/system; everything derived from
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import select
 import signal
@@ -50,8 +48,12 @@ from pystemd.systemd1 import Manager
 
 from sglang_farm.cmdline import Command
 from sglang_farm.errors import RuntimeFailure
-from sglang_farm.runtime import Emit, Exited, LogLine, Running, RuntimeEvent, Started
+from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
+from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
+from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.units import UnitChanges, write_units
+
+UnitFiles = Mapping[PurePosixPath, str]
 
 log = structlog.get_logger("sglang_farm.runtime.systemd")
 
@@ -79,8 +81,6 @@ _KILL_GRACE = 10.0
 _LOG_TAIL_TIMEOUT = 10.0
 # Bounded wait for the watcher thread to exit at close (it wakes at once via the pipe).
 _JOIN_TIMEOUT = 5.0
-# Delay before re-running a journalctl follower that died (journald restarted, ...).
-_FOLLOW_RETRY = 1.0
 
 
 # --- pure part -----------------------------------------------------------------
@@ -378,10 +378,31 @@ class SystemdRuntime:
 
     name = "systemd"
 
-    def __init__(self, emit: Emit, *, prefix: str = "sglang", follow_logs: bool = True) -> None:
-        self._emit = emit
+    workers_outlive_agent = True
+
+    def __init__(
+        self,
+        emit: Emit,
+        *,
+        prefix: str = "sglang",
+        follow_logs: bool = True,
+        units: Callable[[FarmSpec, Mapping[int, Mapping[str, FlagValue]]], UnitFiles]
+        | None = None,
+        exit_grace: float = 0.0,
+        ready_gate_wait: float = 30.0,
+    ) -> None:
+        """`units` renders the unit files for `prepare` (None: units are installed by hand).
+
+        `exit_grace`: how long a worker's exit waits for its last journal lines (see
+        `journal.ExitOrdering`). `ready_gate_wait`: how long `confirm_ready` waits for the
+        unit to leave `activating`.
+        """
+        self._ordering = ExitOrdering(emit, exit_grace, self._live)
+        self._emit = self._ordering.feed
         self._prefix = prefix
         self._follow_logs = follow_logs
+        self._units = units
+        self._ready_gate_wait = ready_gate_wait
         self._tracked: dict[int, Tracked] = {}
         self._changed = asyncio.Event()
         self._jobs: dict[str, asyncio.Future[str]] = {}
@@ -391,8 +412,7 @@ class SystemdRuntime:
         self._refd: set[str] = set()  # units we hold a reference on (see _ref)
         self._watcher: _Watcher | None = None
         self._watch_error: BaseException | None = None
-        self._follower: asyncio.Task[None] | None = None
-        self._journalctl: asyncio.subprocess.Process | None = None
+        self._follower: JournalFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -419,7 +439,8 @@ class SystemdRuntime:
             await self.close()  # a failed open leaves a closed runtime: build a new one
             raise
         if self._follow_logs:
-            self._follower = asyncio.create_task(self._follow(), name="sf-journal-follow")
+            self._follower = JournalFollower(self._emit, lambda u: worker_of(u, self._prefix))
+            self._follower.start()
         log.info("systemd_runtime_open", units=sorted(self._tracked))
 
     async def close(self) -> None:
@@ -428,9 +449,8 @@ class SystemdRuntime:
             return
         self._closed = True
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await self._follower.close()
+        self._ordering.close()
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
         if self._executor is not None:
@@ -450,9 +470,36 @@ class SystemdRuntime:
         """
         await self._job("StartUnit", worker)
 
-    async def restart(self, worker: int) -> None:
-        """Queue a restart job (stop, then start) and return."""
-        await self._job("RestartUnit", worker)
+    async def prepare(
+        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
+    ) -> None:
+        """Install every worker's drop-in (its current flags); daemon-reload only on change.
+
+        Called before each launch, so a unit always starts with the command line the agent
+        means (its OOM-ladder step applied).
+        """
+        if self._units is not None:
+            await self.apply_units(self._units(spec, flags_by_worker))
+
+    async def confirm_ready(self, worker: int) -> bool:
+        """The unit turns `active` only when its readiness gate (ExecStartPost=) passed.
+
+        The agent calls a worker ready only then, so `systemctl` and the farm never disagree.
+        """
+        try:
+            st = await self.wait_for(
+                worker, lambda u: u.active_state != "activating", self._ready_gate_wait
+            )
+        except TimeoutError:
+            return False
+        return st.active_state == "active"
+
+    def exit_pending(self, worker: int) -> bool:
+        return self._ordering.pending(worker)
+
+    def _live(self, worker: int) -> bool:
+        t = self._tracked.get(worker)
+        return t is not None and t.live_pid is not None
 
     async def stop(self, worker: int, timeout: float) -> None:
         """Stop the unit and wait until its stop job finished; SIGKILL all after `timeout`.
@@ -713,62 +760,6 @@ class SystemdRuntime:
                 # Only jobs someone may still wait for matter; keep the memory bounded.
                 while len(self._done_jobs) > 256:
                     self._done_jobs.pop(next(iter(self._done_jobs)))
-
-    # -- log follower ------------------------------------------------------------
-
-    async def _follow(self) -> None:
-        """Feed LogLine events from the journal: worker output and systemd's lines about it."""
-        cursor: str | None = None
-        while not self._closed:
-            args = ["journalctl", "-f", "-q", "-o", "json", "--no-pager"]
-            args += ["--after-cursor", cursor] if cursor else ["-n", "0"]
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *args,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.DEVNULL,
-                    limit=1 << 20,
-                )
-            except OSError as exc:
-                log.error("journal_follow_failed", error=str(exc))
-                await asyncio.sleep(_FOLLOW_RETRY)
-                continue
-            self._journalctl = proc
-            assert proc.stdout is not None
-            try:
-                async for raw in proc.stdout:
-                    cursor = self._journal_line(raw) or cursor
-            except (asyncio.LimitOverrunError, ValueError) as exc:
-                log.warning("journal_line_skipped", error=str(exc))
-            finally:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
-            if not self._closed:
-                log.warning("journal_follow_restarting", returncode=proc.returncode)
-                await asyncio.sleep(_FOLLOW_RETRY)
-
-    def _journal_line(self, raw: bytes) -> str | None:
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            return None
-        if not isinstance(entry, dict):
-            return None
-        unit = entry.get("_SYSTEMD_UNIT")
-        worker = worker_of(unit, self._prefix) if isinstance(unit, str) else None
-        if worker is None and entry.get("_PID") == "1" and isinstance(entry.get("UNIT"), str):
-            worker = worker_of(entry["UNIT"], self._prefix)  # systemd's own line about the unit
-        if worker is not None:
-            msg = entry.get("MESSAGE")
-            if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
-                msg = bytes(b for b in msg if isinstance(b, int)).decode("utf-8", "replace")
-            if isinstance(msg, str):
-                for line in msg.splitlines() or [""]:
-                    self._emit(LogLine(worker, line))
-        c = entry.get("__CURSOR")
-        return c if isinstance(c, str) else None
 
 
 __all__ = [

@@ -1,0 +1,267 @@
+"""I/O: what each control command does, against the agent's `FarmOps`.
+
+One handler per `Command`, in an explicit table. A handler takes a decoded
+`Request` and a `Channel` (the connection, bound to that request) and returns
+the final reply's `result`; it sends stream messages through the channel
+(`logs` with `follow`, `wait-ready`). It raises `RequestError` for a reply with
+an error code (`unknown_worker`, `busy`), lets the agent's `FarmError`s through
+(the server answers `failed`), and `ClientGone` when the client left.
+
+State changes are serialized per worker: a second change of a worker that is
+already changing is answered `busy` at once, never queued (a queued restart runs
+after the operator has moved on). Reloads are serialized the same way.
+
+Handlers read the agent only through `FarmOps`: `view()`, `gpu_memory()` and
+`queue_depths()` never block, so no handler calls a worker, NVML or systemd.
+Who may call them is `auth`; the bytes on the wire are `codec`; the content
+of results is `results`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Final, Protocol
+
+import structlog
+
+from sglang_farm.control import results
+from sglang_farm.control.codec import (
+    Command,
+    ErrorCode,
+    LogsArgs,
+    Request,
+    RequestError,
+    RequestId,
+    TargetArgs,
+    WaitArgs,
+    WorkerArgs,
+)
+from sglang_farm.control.results import Result
+from sglang_farm.ops import FarmOps
+from sglang_farm.views import FarmView, Phase, WorkerView
+
+log = structlog.get_logger("sglang_farm.control")
+
+# How often `wait-ready` looks at the view for a new phase: view() is a pointer read.
+WAIT_POLL: Final = 0.1
+
+
+class ClientGone(Exception):
+    """The client went away or stopped reading; end its connection quietly."""
+
+
+class Channel(Protocol):
+    """The connection a request came on, as its handler sees it."""
+
+    async def stream(self, kind: str, payload: Mapping[str, object]) -> None:
+        """Send one stream message for this request. Raises `ClientGone`."""
+        ...
+
+    async def hangup(self) -> None:
+        """Return once the client closes its side or sends anything more."""
+        ...
+
+
+Handler = Callable[[Request, Channel], Awaitable[Result]]
+
+
+class Handlers:
+    """The command table. `wall_clock` (epoch seconds) stamps `status` and `issued_at`."""
+
+    def __init__(
+        self,
+        ops: FarmOps,
+        *,
+        version: str,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ops = ops
+        self._version = version
+        self._wall_clock = wall_clock
+        self._worker_locks: dict[int, asyncio.Lock] = {}
+        self._reload_lock = asyncio.Lock()
+        self.table: Mapping[Command, Handler] = {
+            Command.STATUS: self._status,
+            Command.VERSION: self._version_cmd,
+            Command.ENDPOINTS: self._endpoints,
+            Command.WHY: self._why,
+            Command.LOGS: self._logs,
+            Command.WAIT_READY: self._wait_ready,
+            Command.START: self._start,
+            Command.STOP: self._stop,
+            Command.RESTART: self._restart,
+            Command.RESET_OOM: self._reset_oom,
+            Command.RELOAD: self._reload,
+        }
+
+    async def handle(self, req: Request, channel: Channel) -> Result:
+        """Run `req`; return the final reply's result. Raises as the module docstring says."""
+        return await self.table[req.cmd](req, channel)
+
+    # --- helpers -----------------------------------------------------------------
+
+    def _known(self, view: FarmView, worker: int, rid: RequestId) -> WorkerView:
+        try:
+            return view.worker(worker)
+        except KeyError:
+            ids = [w.id for w in view.workers]
+            raise RequestError(
+                ErrorCode.UNKNOWN_WORKER,
+                f"no worker {worker}; workers are {results.describe_ids(ids)}",
+                rid,
+            ) from None
+
+    def _targets(self, req: Request) -> list[int]:
+        assert isinstance(req.args, TargetArgs)  # the codec pairs each command with its args
+        view = self._ops.view()
+        if req.args.worker == "all":
+            return [w.id for w in view.workers]
+        return [self._known(view, req.args.worker, req.id).id]
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, ids: Sequence[int], req: Request) -> AsyncIterator[None]:
+        """Hold every named worker's lock, or answer `busy` without waiting."""
+        locks = [self._worker_locks.setdefault(i, asyncio.Lock()) for i in sorted(set(ids))]
+        busy = [i for i, lk in zip(sorted(set(ids)), locks, strict=True) if lk.locked()]
+        if busy:
+            raise RequestError(
+                ErrorCode.BUSY,
+                f"worker {results.describe_ids(busy)} is busy with another state change; "
+                "wait for it to finish (farmctl status) and try again",
+                req.id,
+            )
+        # No await between the check and the acquisitions: nothing can slip in.
+        for lk in locks:
+            await lk.acquire()
+        try:
+            yield
+        finally:
+            for lk in locks:
+                lk.release()
+
+    # --- read-only commands ------------------------------------------------------
+
+    async def _status(self, req: Request, channel: Channel) -> Result:
+        return results.status_result(
+            self._ops.view(),
+            self._ops.gpu_memory(),
+            version=self._version,
+            now=self._wall_clock(),
+            queues=self._ops.queue_depths(),
+        )
+
+    async def _version_cmd(self, req: Request, channel: Channel) -> Result:
+        return results.version_result(self._version)
+
+    async def _endpoints(self, req: Request, channel: Channel) -> Result:
+        return results.endpoints_result(self._ops.view())
+
+    async def _why(self, req: Request, channel: Channel) -> Result:
+        assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
+        return results.why_result(self._known(self._ops.view(), req.args.worker, req.id))
+
+    async def _logs(self, req: Request, channel: Channel) -> Result:
+        a = req.args
+        assert isinstance(a, LogsArgs)  # the codec pairs each command with its args
+        self._known(self._ops.view(), a.worker, req.id)
+        tail = list(await self._ops.logs(a.worker, a.lines)) if a.lines else []
+        if not a.follow:
+            return results.logs_result(a.worker, tail)
+        for ln in tail:
+            await channel.stream("line", results.line_payload(ln))
+        # Follow until the client hangs up (seen as EOF on its side of the socket)
+        # or the log source ends; a quiet worker must not hold a dead connection.
+        gone = asyncio.ensure_future(channel.hangup())
+        source = self._ops.follow_logs(a.worker)
+        try:
+            while True:
+                nxt = asyncio.ensure_future(anext(source))
+                done, _ = await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    nxt.cancel()
+                    with contextlib.suppress(BaseException):
+                        await nxt
+                    raise ClientGone
+                try:
+                    ln = nxt.result()
+                except StopAsyncIteration:
+                    break
+                await channel.stream("line", results.line_payload(ln))
+        finally:
+            gone.cancel()
+            with contextlib.suppress(BaseException):
+                await gone
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        return results.logs_ended_result(a.worker)
+
+    async def _wait_ready(self, req: Request, channel: Channel) -> Result:
+        """Stream phase changes until ready/failed (entered at or after `after`) or timeout.
+
+        Polls `view()` (a reference read): the progress lines need every phase, and
+        `after` must skip a ready phase that predates the restart the client just issued.
+        """
+        a = req.args
+        assert isinstance(a, WaitArgs)  # the codec pairs each command with its args
+        self._known(self._ops.view(), a.worker, req.id)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        last: tuple[Phase, float] | None = None
+        while True:
+            w = self._known(self._ops.view(), a.worker, req.id)
+            elapsed = loop.time() - t0
+            if (w.phase, w.since) != last:
+                last = (w.phase, w.since)
+                await channel.stream("phase", results.phase_payload(w, elapsed))
+            settled = w.phase in (Phase.READY, Phase.FAILED) and w.since >= a.after
+            if settled or elapsed >= a.timeout:
+                return results.wait_result(w, settled=settled, elapsed=elapsed)
+            await asyncio.sleep(min(WAIT_POLL, max(a.timeout - elapsed, 0.0)))
+
+    # --- state-changing commands -------------------------------------------------
+
+    async def _start(self, req: Request, channel: Channel) -> Result:
+        return await self._change(req, self._ops.start)
+
+    async def _stop(self, req: Request, channel: Channel) -> Result:
+        return await self._change(req, self._ops.stop)
+
+    async def _restart(self, req: Request, channel: Channel) -> Result:
+        return await self._change(req, self._ops.restart)
+
+    async def _change(self, req: Request, op: Callable[[Sequence[int]], Awaitable[None]]) -> Result:
+        ids = self._targets(req)
+        async with self._locked(ids, req):
+            # Taken before the call: every phase the agent enters for this request
+            # has `since >= issued_at`, which `wait-ready after=` relies on.
+            issued_at = self._wall_clock()
+            await op(ids)
+        return results.change_result(ids, issued_at)
+
+    async def _reset_oom(self, req: Request, channel: Channel) -> Result:
+        assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
+        w = self._known(self._ops.view(), req.args.worker, req.id)
+        async with self._locked([w.id], req):
+            self._ops.reset_oom(w.id)
+        return results.reset_oom_result(w.id)
+
+    async def _reload(self, req: Request, channel: Channel) -> Result:
+        if self._reload_lock.locked():
+            raise RequestError(
+                ErrorCode.BUSY, "a reload is already in progress; wait for it and retry", req.id
+            )
+        async with self._reload_lock:
+            r = await self._ops.reload()
+        log.info(
+            "control_reload_done",
+            request_id=req.id,
+            applied=r.applied,
+            problems=len(r.problems),
+            restarted=list(r.restarted),
+        )
+        return results.reload_result(r)

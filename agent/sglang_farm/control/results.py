@@ -1,0 +1,174 @@
+"""Pure: the results of control commands, built from the agent's views.
+
+Each function turns what the agent reports (`FarmView`, `WorkerView`,
+`GpuMemory`, `ReloadResult`) into the JSON-ready object a reply carries in
+`result` (or, for `phase_payload`, in a stream message). Key names and their
+order are part of protocol version 1: docs/control-protocol.md lists them, and
+removing or renaming one bumps `codec.PROTOCOL_VERSION`. No I/O, no clock: times
+are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sglang_farm.control.codec import PROTOCOL_VERSION
+from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.views import FarmView, Phase, WorkerView
+
+Result = dict[str, object]
+
+
+def worker_result(w: WorkerView) -> Result:
+    """One worker as `status` lists it (and as `wait-ready` ends with)."""
+    by_reason = {str(k): int(v) for k, v in w.restarts_by_reason.items()}
+    return {
+        "id": w.id,
+        "gpus": list(w.gpus),
+        "port": w.port,
+        "base_url": w.base_url,
+        "state": str(w.phase),
+        "since": w.since,
+        "pid": w.pid,
+        "restarts": [{"at": r.at, "reason": r.reason} for r in w.restarts],
+        "restarts_total": sum(by_reason.values()),
+        "restarts_by_reason": by_reason,
+        "oom_events_by_kind": {str(k): int(v) for k, v in w.oom_events_by_kind.items()},
+        "last_failure": w.last_failure.to_dict() if w.last_failure else None,
+        "last_failure_at": w.last_failure_at,
+        "last_action": w.last_action,
+        "oom_step": w.oom_step,
+        "oom_step_name": w.oom_step_name,
+        "last_load_seconds": w.last_load_seconds,
+    }
+
+
+def _with_queue(result: Result, queued: float | None) -> Result:
+    if queued is not None:
+        result["queue_depth"] = queued
+    return result
+
+
+def status_result(
+    view: FarmView,
+    gpus: Sequence[GpuMemory],
+    *,
+    version: str,
+    now: float,
+    queues: Mapping[int, float] | None = None,
+) -> Result:
+    """`status`: the farm, every worker (with `queue_depth` where known) and VRAM per GPU."""
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "agent_version": version,
+        "farm": view.name,
+        "runtime": view.runtime,
+        "config_source": view.config_source,
+        "started_at": view.started_at,
+        "now": now,
+        "rollout": view.rollout,
+        "rollout_reason": view.rollout_reason,
+        "ready": view.ready_count,
+        "workers": [_with_queue(worker_result(w), (queues or {}).get(w.id)) for w in view.workers],
+        "gpus": [
+            {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
+            for g in gpus
+        ],
+    }
+
+
+def version_result(version: str) -> Result:
+    return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
+
+
+def why_result(w: WorkerView) -> Result:
+    """`why`: the worker's last failure with its advice, and what the agent did about it."""
+    f = w.last_failure
+    return {
+        "worker": w.id,
+        "state": str(w.phase),
+        "since": w.since,
+        "last_failure": f.to_dict() if f else None,
+        "last_failure_at": w.last_failure_at,
+        "last_action": w.last_action,
+        "advice": f.advice if f else None,
+        "oom_step": w.oom_step,
+        "oom_step_name": w.oom_step_name,
+        "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
+    }
+
+
+def endpoints_result(view: FarmView) -> Result:
+    """`endpoints`: the base URL of every ready worker (what a router balances over)."""
+    return {
+        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready]
+    }
+
+
+def logs_result(worker: int, lines: Sequence[str]) -> Result:
+    """`logs` without `follow`: the tail."""
+    return {"worker": worker, "lines": list(lines)}
+
+
+def logs_ended_result(worker: int) -> Result:
+    """`logs` with `follow`: the final reply once the log source has ended."""
+    return {"worker": worker, "ended": True}
+
+
+def line_payload(line: str) -> Result:
+    """A `logs` stream message's body."""
+    return {"line": line}
+
+
+def phase_payload(w: WorkerView, elapsed: float) -> Result:
+    """A `wait-ready` progress message's body."""
+    return {"worker": w.id, "state": str(w.phase), "since": w.since, "elapsed_s": round(elapsed, 3)}
+
+
+def wait_result(w: WorkerView, *, settled: bool, elapsed: float) -> Result:
+    """`wait-ready`'s final reply: the worker, whether it is ready, and whether time ran out.
+
+    `settled` says the worker reached ready or failed after the client's `after`;
+    when it did not, the wait timed out.
+    """
+    result = worker_result(w)
+    result["ready"] = w.phase is Phase.READY and settled
+    result["timed_out"] = not settled
+    result["waited_s"] = round(elapsed, 3)
+    return result
+
+
+def change_result(ids: Sequence[int], issued_at: float) -> Result:
+    """`start`/`stop`/`restart`: the workers acted on and when (for `wait-ready after=`)."""
+    return {"workers": list(ids), "issued_at": issued_at}
+
+
+def reset_oom_result(worker: int) -> Result:
+    return {"worker": worker, "oom_step": 0}
+
+
+def reload_result(r: ReloadResult) -> Result:
+    return {
+        "applied": r.applied,
+        "problems": list(r.problems),
+        "restarted": list(r.restarted),
+        "added": list(r.added),
+        "removed": list(r.removed),
+    }
+
+
+def describe_ids(ids: Sequence[int]) -> str:
+    """`[0,1,2,3,5]` → "0-3, 5": for messages such as "no worker 9; workers are 0-7"."""
+    if not ids:
+        return "none"
+    s = sorted(ids)
+    parts: list[str] = []
+    start = prev = s[0]
+    for i in [*s[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)

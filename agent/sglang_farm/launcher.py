@@ -1,0 +1,123 @@
+"""I/O: carrying out the supervisor's `Launch`: the gate a worker passes before it starts.
+
+In order: the doctor's blocking checks for this worker, a free port (SGLang binds its
+port only after a full model load, so a clash found then costs minutes), the runtime's
+preparation (systemd: the drop-in with the current flags), then the start. The
+supervisor may change its mind while this awaits (an operator's stop or restart): the
+launch is then abandoned, or what it started is stopped again. A launch that cannot
+happen is reported as the worker's exit with the failure that explains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import structlog
+
+from sglang_farm.cmdline import Command
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.phase import Phase
+from sglang_farm.runtime import Runtime
+from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.supervisor import Event, ProcessExited, WorkerState
+
+PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
+PORT_POLL_S = 0.2  # the kernel offers no event for "a port became free"
+
+Preflight = Callable[[FarmSpec, int], list[Failure]]
+
+
+class LaunchHost(Protocol):
+    """What the launcher needs of the agent."""
+
+    @property
+    def spec(self) -> FarmSpec: ...
+
+    def worker_state(self, worker: int) -> WorkerState | None: ...
+
+    def feed(self, worker: int, event: Event) -> None: ...
+
+    def command_for(self, worker: int) -> Command: ...
+
+    def flags_by_worker(self) -> Mapping[int, Mapping[str, FlagValue]]: ...
+
+
+class Launcher:
+    def __init__(
+        self,
+        host: LaunchHost,
+        runtime: Runtime,
+        *,
+        clock: Callable[[], float],
+        preflight: Preflight | None = None,
+        port_is_free: Callable[[str, int], bool],
+        log_for: Callable[[int], structlog.typing.FilteringBoundLogger],
+    ) -> None:
+        self._host = host
+        self._runtime = runtime
+        self._clock = clock
+        self._preflight = preflight
+        self._port_is_free = port_is_free
+        self._log_for = log_for
+
+    async def launch(self, worker: int) -> None:
+        host = self._host
+        first = host.worker_state(worker)
+        launched = first.launched_at if first is not None else None
+        blog = self._log_for(worker)
+
+        def still_wanted() -> bool:
+            s = host.worker_state(worker)
+            return s is not None and s.phase is Phase.STARTING and s.launched_at == launched
+
+        def abandon(failure: Failure | None) -> None:
+            # The stop (or this failure) finds no process: report the "exit" ourselves.
+            host.feed(worker, ProcessExited(None, failure))
+
+        try:
+            spec = host.spec
+            w = spec.worker(worker)
+            cmd = host.command_for(worker)
+            blocking = self._preflight(spec, worker) if self._preflight is not None else []
+            if blocking:
+                blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
+                abandon(blocking[0])
+                return
+            deadline = self._clock() + PORT_FREE_WAIT_S
+            while not self._port_is_free(w.host, w.port) and self._clock() < deadline:
+                await asyncio.sleep(PORT_POLL_S)
+                if not still_wanted():
+                    abandon(None)
+                    return
+            if not self._port_is_free(w.host, w.port):
+                blog.error("worker_port_busy", port=w.port)
+                abandon(
+                    Failure(
+                        FailureKind.PORT_IN_USE,
+                        f"port {w.port} on {w.host} is in use by another process; not started",
+                        f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, "
+                        f"or give worker {worker} another port in the config",
+                    )
+                )
+                return
+            blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
+            await self._runtime.prepare(spec, host.flags_by_worker())
+            if not still_wanted():
+                abandon(None)
+                return
+            await self._runtime.start(worker, cmd)
+            s = host.worker_state(worker)
+            if s is not None and s.phase is Phase.STOPPING:
+                # Stopped while starting: the Terminate found nothing yet; stop it now.
+                await self._runtime.stop(worker, spec.restart.stop_timeout)
+        except Exception as exc:  # task root: any launch error becomes this worker's failure
+            blog.error("worker_launch_failed", error=str(exc))
+            abandon(
+                Failure(
+                    FailureKind.CRASH,
+                    f"could not be started: {exc}",
+                    "check farm.python in the config and the runtime's log",
+                )
+            )

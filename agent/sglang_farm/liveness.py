@@ -1,0 +1,123 @@
+"""I/O: when each worker's health is probed, and what a probe's answer (or silence) means.
+
+Readiness while loading: once the worker's process is launched, `/health` is polled
+every `startup.poll_interval` until it answers 200 and the runtime agrees
+(`Runtime.confirm_ready`); then `HealthPassed`.
+
+Liveness once ready: every `health.period` the worker must have answered its probe. A
+probe still outstanding when the period ends counts as a failed beat (the request is left
+to finish, never duplicated: SGLang's `/health` runs a generation and piles up when
+polled concurrently, sgl-project/sglang#35884). So a hung worker is caught within
+`failure_threshold x period` plus at most one period, however long `health.timeout` is.
+
+The supervisor decides what failed beats mean; this module only schedules probes and
+reports their results as events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sglang_farm.health import Prober, ProbeResult
+from sglang_farm.phase import Phase
+from sglang_farm.runtime import Runtime
+from sglang_farm.spec import FarmSpec
+from sglang_farm.supervisor import Event, HealthFailed, HealthPassed, WorkerState
+
+_PROBED = (Phase.READY, Phase.UNHEALTHY)
+
+
+class LivenessWatcher:
+    """Probes one worker for as long as it is in the farm (a task per worker)."""
+
+    def __init__(
+        self,
+        worker: int,
+        *,
+        spec: Callable[[], FarmSpec],
+        state: Callable[[int], WorkerState | None],
+        prober: Prober,
+        runtime: Runtime,
+        feed: Callable[[int, Event], None],
+        wait_change: Callable[[int, float | None], Awaitable[None]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.worker = worker
+        self._spec = spec
+        self._state = state
+        self._prober = prober
+        self._runtime = runtime
+        self._feed = feed
+        self._wait_change = wait_change
+        self._clock = clock
+        self._pending: asyncio.Task[ProbeResult] | None = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                s = self._state(self.worker)
+                if s is None:
+                    return  # removed from the farm by a reload
+                if s.phase is Phase.STARTING:
+                    await self._readiness(s)
+                elif s.phase in _PROBED:
+                    await self._liveness(s)
+                else:
+                    await self._wait_change(self.worker, None)
+        finally:
+            self._drop_pending()  # never leave a probe running against a stale address
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = None
+
+    def _url(self) -> str:
+        # Read each time: a reload may change [health] or the worker's address.
+        spec = self._spec()
+        return spec.worker(self.worker).base_url + spec.health.path
+
+    def _same_process(self, launched: float | None, phases: tuple[Phase, ...]) -> bool:
+        cur = self._state(self.worker)
+        return cur is not None and cur.launched_at == launched and cur.phase in phases
+
+    async def _readiness(self, s: WorkerState) -> None:
+        self._drop_pending()  # a probe of the previous process; its answer is moot
+        spec = self._spec()
+        if s.pid is None:
+            # Not launched yet (waiting for its port, or for systemd): whatever answers on
+            # that port now is not this worker.
+            await self._wait_change(self.worker, spec.startup.poll_interval)
+            return
+        res = await self._prober.probe(self._url(), spec.health.timeout)
+        ok = res.ok and await self._runtime.confirm_ready(self.worker)
+        if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+            self._feed(self.worker, HealthPassed())
+            return
+        await self._wait_change(self.worker, spec.startup.poll_interval)
+
+    async def _liveness(self, s: WorkerState) -> None:
+        hp = self._spec().health
+        if self._pending is None:
+            self._pending = asyncio.create_task(self._prober.probe(self._url(), hp.timeout))
+        started = self._clock()
+        done: set[Any]
+        done, _ = await asyncio.wait({self._pending}, timeout=hp.period)
+        if not self._same_process(s.launched_at, _PROBED):
+            return
+        if self._runtime.exit_pending(self.worker):
+            # Its exit is known, only its last log lines are awaited: a failed probe now
+            # says nothing about a hang.
+            await self._wait_change(self.worker, hp.period)
+            return
+        if not done:
+            self._feed(self.worker, HealthFailed(f"no answer within {hp.period:g} s"))
+            return
+        res = self._pending.result()
+        self._pending = None
+        self._feed(self.worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+        rest = hp.period - (self._clock() - started)
+        if rest > 0:
+            await self._wait_change(self.worker, rest)

@@ -1,0 +1,18 @@
+"""Pure: a worker's phase, the supervisor's one word for where a worker stands."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """A worker's state, as the supervisor tracks it."""
+
+    STOPPED = "stopped"  # not meant to run (operator stop, or farm not started)
+    PENDING = "pending"  # meant to run, waiting for its turn in the rollout
+    STARTING = "starting"  # launched; the model loads; waiting for /health
+    READY = "ready"  # /health answered 200
+    UNHEALTHY = "unhealthy"  # was ready; liveness probes are failing (below the threshold)
+    STOPPING = "stopping"  # stop or restart issued; waiting for the process tree to exit
+    BACKOFF = "backoff"  # exited; a restart is scheduled after the back-off delay
+    FAILED = "failed"  # given up: crash-loop limit, a deterministic failure, or a failed canary

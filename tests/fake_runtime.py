@@ -1,0 +1,126 @@
+"""A `Runtime` and a health `Prober` with no processes and no sockets, for driving the Agent.
+
+`FakeRuntime` records every call and reports like a real runtime (Started on start,
+Exited on stop); a test makes a worker crash, log or hang through its methods.
+`FakeProber` answers /health for a worker once its fake process has "loaded" for
+`load_s` seconds of the loop's clock, unless the test made it hang or fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sglang_farm.cmdline import Command
+from sglang_farm.health import ProbeResult
+from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+from sglang_farm.spec import FarmSpec, FlagValue
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    command: Command
+    started_at: float
+
+
+@dataclass
+class FakeRuntime:
+    emit: Emit
+    running_at_start: Mapping[int, Running] = field(default_factory=dict)
+    workers_outlive_agent: bool = False
+    name: str = "fake"
+    starts: list[tuple[int, Command]] = field(default_factory=list)
+    stops: list[int] = field(default_factory=list)
+    prepares: int = 0
+    procs: dict[int, FakeProcess] = field(default_factory=dict)
+    _next_pid: int = 1000
+
+    async def prepare(
+        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
+    ) -> None:
+        self.prepares += 1
+
+    async def start(self, worker: int, command: Command) -> None:
+        self._next_pid += 1
+        self.starts.append((worker, command))
+        loop = asyncio.get_running_loop()
+        self.procs[worker] = FakeProcess(self._next_pid, command, loop.time())
+        self.emit(Started(worker, self._next_pid))
+
+    async def stop(self, worker: int, timeout: float) -> None:
+        self.stops.append(worker)
+        proc = self.procs.pop(worker, None)
+        if proc is not None:
+            self.emit(Exited(worker, proc.pid, -15, None))
+
+    async def confirm_ready(self, worker: int) -> bool:
+        return True
+
+    def exit_pending(self, worker: int) -> bool:
+        return False
+
+    async def adopt(self) -> Mapping[int, Running]:
+        for wid, r in self.running_at_start.items():
+            self.procs[wid] = FakeProcess(r.pid, Command((), ()), -1e9)  # long loaded
+        return self.running_at_start
+
+    def log_tail(self, worker: int, lines: int) -> list[str]:
+        return []
+
+    async def close(self) -> None:
+        pass
+
+    # -- what a test makes happen ------------------------------------------------------
+
+    def crash(self, worker: int, status: int, lines: tuple[str, ...] = ()) -> None:
+        """The worker's process writes `lines` and exits on its own."""
+        proc = self.procs.pop(worker)
+        for line in lines:
+            self.emit(LogLine(worker, line))
+        self.emit(Exited(worker, proc.pid, status, None))
+
+    def log(self, worker: int, line: str) -> None:
+        self.emit(LogLine(worker, line))
+
+    def starts_of(self, worker: int) -> int:
+        return sum(1 for w, _ in self.starts if w == worker)
+
+
+@dataclass
+class FakeProber:
+    """Answers for the workers of `spec` by port; a worker is healthy once loaded."""
+
+    spec: FarmSpec
+    runtime: FakeRuntime | None = None  # set once the agent built it
+    load_s: float = 10.0
+    hung: set[int] = field(default_factory=set)  # probes never answer
+    failing: set[int] = field(default_factory=set)  # probes answer 503
+    probes: int = 0
+
+    def _worker(self, url: str) -> int:
+        for w in self.spec.workers:
+            if url.startswith(w.base_url):
+                return w.id
+        raise AssertionError(f"probe of an unknown URL {url}")
+
+    async def probe(self, url: str, timeout: float) -> ProbeResult:
+        self.probes += 1
+        worker = self._worker(url)
+        loop = asyncio.get_running_loop()
+        if worker in self.hung:
+            await asyncio.sleep(timeout)
+            return ProbeResult(False, f"timeout after {timeout:g} s")
+        assert self.runtime is not None, "the agent has not built its runtime yet"
+        proc = self.runtime.procs.get(worker)
+        if proc is None:
+            return ProbeResult(False, "connection refused", refused=True)
+        if loop.time() - proc.started_at < self.load_s:
+            return ProbeResult(False, "connection refused", refused=True)
+        if worker in self.failing:
+            return ProbeResult(False, "503")
+        return ProbeResult(True, "200")
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,128 @@
+"""The control commands against FakeOps, without a socket (control/handlers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import pytest
+
+from fake_ops import FakeOps
+from sglang_farm.control.codec import (
+    Command,
+    ErrorCode,
+    LogsArgs,
+    NoArgs,
+    Request,
+    RequestError,
+    TargetArgs,
+    WorkerArgs,
+)
+from sglang_farm.control.handlers import ClientGone, Handlers
+
+
+class Channel:
+    """Records stream messages; `leave()` plays the client hanging up."""
+
+    def __init__(self) -> None:
+        self.streamed: list[tuple[str, dict[str, object]]] = []
+        self._gone = asyncio.Event()
+
+    async def stream(self, kind: str, payload: Mapping[str, object]) -> None:
+        self.streamed.append((kind, dict(payload)))
+
+    async def hangup(self) -> None:
+        await self._gone.wait()
+
+    def leave(self) -> None:
+        self._gone.set()
+
+
+@pytest.fixture
+async def ops() -> AsyncIterator[FakeOps]:
+    o = FakeOps(4)
+    yield o
+    await o.aclose()
+
+
+def handlers(ops: FakeOps) -> Handlers:
+    return Handlers(ops, version="1.2.3", wall_clock=lambda: 1234.5)
+
+
+async def until(cond: Callable[[], object]) -> None:
+    for _ in range(200):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met within 1 s")
+
+
+def test_every_command_has_a_handler(ops: FakeOps) -> None:
+    assert set(handlers(ops).table) == set(Command)
+
+
+async def test_status_and_issued_at_come_from_the_wall_clock(ops: FakeOps) -> None:
+    h = handlers(ops)
+    st = await h.handle(Request(1, Command.STATUS, NoArgs()), Channel())
+    assert st["now"] == 1234.5 and st["agent_version"] == "1.2.3"
+    r = await h.handle(Request(2, Command.RESTART, TargetArgs("all")), Channel())
+    assert r == {"workers": [0, 1, 2, 3], "issued_at": 1234.5}
+    assert ops.calls == [("restart", (0, 1, 2, 3))]
+
+
+async def test_unknown_worker_is_refused_before_the_agent_is_asked(ops: FakeOps) -> None:
+    with pytest.raises(RequestError) as ei:
+        await handlers(ops).handle(Request(7, Command.STOP, TargetArgs(9)), Channel())
+    assert ei.value.error_code is ErrorCode.UNKNOWN_WORKER and ei.value.request_id == 7
+    assert ei.value.message == "no worker 9; workers are 0-3"
+    assert ops.calls == []
+
+
+async def test_second_change_of_a_changing_worker_is_busy_not_queued(ops: FakeOps) -> None:
+    ops.issue_delay = 0.2
+    h = handlers(ops)
+    first = asyncio.ensure_future(h.handle(Request(1, Command.STOP, TargetArgs(2)), Channel()))
+    await until(lambda: ops.calls)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(2, Command.RESET_OOM, WorkerArgs(2)), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY and "worker 2 is busy" in ei.value.message
+    assert (await first)["workers"] == [2]
+    assert ops.oom_resets == []
+    # Once the first change is done, the worker takes changes again.
+    assert await h.handle(Request(3, Command.RESET_OOM, WorkerArgs(2)), Channel()) == {
+        "worker": 2,
+        "oom_step": 0,
+    }
+
+
+async def test_a_second_reload_while_one_runs_is_busy(ops: FakeOps) -> None:
+    ops.issue_delay = 0.2
+    h = handlers(ops)
+    first = asyncio.ensure_future(h.handle(Request(1, Command.RELOAD, NoArgs()), Channel()))
+    await until(lambda: ops.calls)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(2, Command.RELOAD, NoArgs()), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY
+    assert (await first)["applied"] is True
+    assert ops.calls == [("reload", ())]
+
+
+async def test_follow_streams_the_tail_then_new_lines_until_the_client_leaves(
+    ops: FakeOps,
+) -> None:
+    ch = Channel()
+    task = asyncio.ensure_future(
+        handlers(ops).handle(Request(1, Command.LOGS, LogsArgs(1, 2, follow=True)), ch)
+    )
+    await until(lambda: ops.follow_queues)
+    ops.push_log("new")
+    await until(lambda: len(ch.streamed) == 3)
+    assert ch.streamed == [
+        ("line", {"line": "w1 line 48"}),
+        ("line", {"line": "w1 line 49"}),
+        ("line", {"line": "new"}),
+    ]
+    ch.leave()
+    with pytest.raises(ClientGone):
+        await task
+    assert ops.follow_queues == []  # the log source was closed

@@ -1,0 +1,157 @@
+"""Results of control commands, built from hand-made views (pure; control/results.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_farm.control import codec, results
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.ops import GpuMemory, ReloadResult
+from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+
+
+def _view() -> FarmView:
+    f = Failure(FailureKind.CUDA_OOM_LOAD, "OOM while loading", "lower mem fraction", ("l1", "l2"))
+    w0 = WorkerView(0, (0,), 30000, "http://127.0.0.1:30000", Phase.READY, 100.0, 11)
+    w1 = WorkerView(
+        1,
+        (1, 2),
+        30001,
+        "http://127.0.0.1:30001",
+        Phase.FAILED,
+        200.0,
+        None,
+        restarts=(RestartRecord(150.0, "oom"), RestartRecord(190.0, "crash")),
+        restarts_by_reason={"oom": 2, "crash": 1},
+        last_failure=f,
+        last_failure_at=199.0,
+        last_action="gave up after 5 failures",
+        oom_step=2,
+        oom_step_name="fewer-graphs",
+    )
+    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, "halted", "canary failed")
+
+
+def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
+    st = results.status_result(_view(), [GpuMemory(0, 1, 2)], version="9.9", now=300.0)
+    json.dumps(st)  # JSON-ready
+    assert st["protocol_version"] == codec.PROTOCOL_VERSION == 1
+    assert (st["agent_version"], st["farm"], st["rollout"], st["ready"]) == (
+        "9.9",
+        "f",
+        "halted",
+        1,
+    )
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    w1 = workers[1]
+    assert w1["state"] == "failed" and w1["gpus"] == [1, 2] and w1["restarts_total"] == 3
+    assert w1["restarts"] == [{"at": 150.0, "reason": "oom"}, {"at": 190.0, "reason": "crash"}]
+    assert w1["last_failure"]["kind"] == "cuda_oom_load" and w1["oom_step"] == 2
+    assert st["gpus"] == [{"index": 0, "used_bytes": 1, "total_bytes": 2}]
+
+
+def test_status_result_keys_keep_their_wire_order() -> None:
+    # Key order is visible on the wire (and to anyone diffing replies): it is pinned.
+    st = results.status_result(_view(), [], version="9.9", now=300.0)
+    assert list(st) == [
+        "protocol_version",
+        "agent_version",
+        "farm",
+        "runtime",
+        "config_source",
+        "started_at",
+        "now",
+        "rollout",
+        "rollout_reason",
+        "ready",
+        "workers",
+        "gpus",
+    ]
+    assert list(results.worker_result(_view().worker(0))) == [
+        "id",
+        "gpus",
+        "port",
+        "base_url",
+        "state",
+        "since",
+        "pid",
+        "restarts",
+        "restarts_total",
+        "restarts_by_reason",
+        "oom_events_by_kind",
+        "last_failure",
+        "last_failure_at",
+        "last_action",
+        "oom_step",
+        "oom_step_name",
+        "last_load_seconds",
+    ]
+
+
+def test_why_endpoints_reload_results() -> None:
+    v = _view()
+    why = results.why_result(v.worker(1))
+    assert (
+        why["advice"] == "lower mem fraction" and why["last_action"] == "gave up after 5 failures"
+    )
+    last_failure = why["last_failure"]
+    assert isinstance(last_failure, dict)
+    assert last_failure["lines"] == ["l1", "l2"]
+    assert results.why_result(v.worker(0))["last_failure"] is None
+    assert results.endpoints_result(v) == {
+        "endpoints": [{"worker": 0, "base_url": "http://127.0.0.1:30000"}]
+    }
+    rr = results.reload_result(ReloadResult(False, problems=("workers[1].gpu: bad",)))
+    assert rr == {
+        "applied": False,
+        "problems": ["workers[1].gpu: bad"],
+        "restarted": [],
+        "added": [],
+        "removed": [],
+    }
+
+
+def test_wait_result_is_ready_only_when_settled_on_ready() -> None:
+    v = _view()
+    ready = results.wait_result(v.worker(0), settled=True, elapsed=1.23456)
+    assert (ready["ready"], ready["timed_out"], ready["waited_s"]) == (True, False, 1.235)
+    assert ready["id"] == 0 and ready["pid"] == 11
+    failed = results.wait_result(v.worker(1), settled=True, elapsed=2.0)
+    assert (failed["ready"], failed["timed_out"]) == (False, False)
+    # Ready, but entered before the client's `after`: not settled, so the wait timed out.
+    stale = results.wait_result(v.worker(0), settled=False, elapsed=5.0)
+    assert (stale["ready"], stale["timed_out"]) == (False, True)
+
+
+def test_phase_payload_and_command_results() -> None:
+    w = _view().worker(1)
+    assert results.phase_payload(w, 0.12345) == {
+        "worker": 1,
+        "state": "failed",
+        "since": 200.0,
+        "elapsed_s": 0.123,
+    }
+    assert results.change_result((2, 3), 99.5) == {"workers": [2, 3], "issued_at": 99.5}
+    assert results.logs_result(1, ("a", "b")) == {"worker": 1, "lines": ["a", "b"]}
+    assert results.logs_ended_result(1) == {"worker": 1, "ended": True}
+    assert results.line_payload("x") == {"line": "x"}
+    assert results.reset_oom_result(4) == {"worker": 4, "oom_step": 0}
+    assert results.version_result("9.9") == {"protocol_version": 1, "agent_version": "9.9"}
+
+
+@pytest.mark.parametrize(
+    ("ids", "text"), [([], "none"), ([3], "3"), ([0, 1, 2, 3, 5], "0-3, 5"), ([7, 1, 2], "1-2, 7")]
+)
+def test_describe_ids(ids: list[int], text: str) -> None:
+    assert results.describe_ids(ids) == text
+
+
+def test_status_result_carries_queue_depth_only_where_it_is_known() -> None:
+    st = results.status_result(_view(), [], version="9.9", now=300.0, queues={0: 7.0})
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert workers[0]["queue_depth"] == 7.0
+    assert all("queue_depth" not in w for w in workers[1:])
