@@ -1,4 +1,4 @@
-"""I/O: a throwaway systemd container for tests (field notes §3), and its pytest fixture.
+"""I/O: a throwaway systemd container for tests, and its fixture (docs/reference/machines.md §2).
 
 The container boots a real systemd (with D-Bus and journald) over an overlay whose
 lower layer is the host's root, so the host's packages, this checkout and its

@@ -1,4 +1,4 @@
-"""The log classifier on SGLang's real failure texts (interface sheet §4.2, field notes §1-2)."""
+"""The log classifier on SGLang's real failure texts (docs/reference/sglang.md §11, nvml.md §8)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sglang_farm.failures import FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
-# Field notes §2, verbatim.
+# docs/reference/nvml.md §8, verbatim.
 CUDA_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 372.53 GiB. GPU 0 has a total "
     "capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, this "
@@ -142,6 +142,12 @@ SIGNATURES: list[tuple[str, FailureKind, tuple[str, ...]]] = [
         "launch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer",
         K.BAD_FLAG,
         ("--mamba-scheduler-strategy", "mamba_radix_cache_strategy"),
+    ),
+    (
+        # SGLang 0.5.12 (the seed host) knows only the older spelling.
+        "sglang serve: error: unrecognized arguments: --mamba-radix-cache-strategy extra_buffer",
+        K.BAD_FLAG,
+        ("--mamba-radix-cache-strategy", "SGLang <= 0.5.22 calls it `mamba_scheduler_strategy`"),
     ),
     (
         "launch_server.py: error: ambiguous option: --cuda-graph-max-bs could match "

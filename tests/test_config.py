@@ -9,8 +9,15 @@ from textwrap import dedent
 
 import pytest
 
+from sglang_farm import sglang_flags
 from sglang_farm.cmdline import build_command
-from sglang_farm.config import load_spec, load_spec_file, parse_duration
+from sglang_farm.config import (
+    check_spec,
+    check_spec_file,
+    load_spec,
+    load_spec_file,
+    parse_duration,
+)
 from sglang_farm.errors import ConfigError
 from sglang_farm.spec import (
     ControlSpec,
@@ -448,24 +455,59 @@ def test_model_path_is_required_for_sglang() -> None:
 @pytest.mark.parametrize(("key", "says"), [
     ("mamba_scheduler_strategy = 'extra_buffer'",
      "SGLang 0.5.23 renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
-     "(sgl-project/sglang#27418); write mamba_radix_cache_strategy"),
+     "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
+     "mamba_radix_cache_strategy for SGLang >= 0.5.23"),
     ("cuda_graph_max_bs = 8",
-     "SGLang 0.5.23 removed --cuda-graph-max-bs; write cuda_graph_max_bs_decode and/or "
-     "cuda_graph_max_bs_prefill"),
+     "SGLang 0.5.23 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and "
+     "--cuda-graph-max-bs-prefill (split per CUDA graph runner); keep it for SGLang <= 0.5.22, "
+     "write cuda_graph_max_bs_decode and/or cuda_graph_max_bs_prefill for SGLang >= 0.5.23"),
     ("disable_cuda_graph = true",
-     "--disable-cuda-graph is deprecated in SGLang 0.5.23; write cuda_graph_backend_decode = "
-     "'disabled' and cuda_graph_backend_prefill = 'disabled'"),
+     "SGLang 0.5.23 deprecated --disable-cuda-graph (sglang/srt/server_args.py); it still "
+     "works, and for SGLang >= 0.5.23 you may write cuda_graph_backend_decode = 'disabled' "
+     "and cuda_graph_backend_prefill = 'disabled'"),
 ])
-def test_renamed_sglang_flags_give_precise_messages(key: str, says: str) -> None:
-    problem = only_problem(MINIMAL + key + "\n")
-    assert problem == f"farm.toml:6: sglang.{key.split(' ')[0]}: {says}"
+def test_older_sglang_spellings_load_with_a_warning_naming_both_versions(
+    key: str, says: str
+) -> None:
+    # Without SGLang at hand, a flag some SGLang version accepts is never refused.
+    result = check_spec(MINIMAL + key + "\n", source="farm.toml")
+    name = key.split(" ")[0]
+    assert name in result.spec.workers[0].flags
+    assert result.warnings == (f"farm.toml:6: sglang.{name}: {says}",)
 
 
-def test_no_buffer_needs_overlap_schedule_disabled() -> None:
-    problem = only_problem(MINIMAL + "mamba_radix_cache_strategy = 'no_buffer'\n")
-    assert problem.startswith("farm.toml:6: sglang.mamba_radix_cache_strategy: 'no_buffer' makes "
+def test_current_spellings_load_without_warnings() -> None:
+    text = MINIMAL + "mamba_radix_cache_strategy = 'extra_buffer'\ncuda_graph_max_bs_decode = 8\n"
+    assert check_spec(text, source="farm.toml").warnings == ()
+
+
+def test_load_spec_file_and_check_spec_file_agree(tmp_path: Path) -> None:
+    path = tmp_path / "farm.toml"
+    path.write_text(MINIMAL + "mamba_scheduler_strategy = 'extra_buffer'\n")
+    result = check_spec_file(path)
+    assert result.spec == load_spec_file(path)
+    assert len(result.warnings) == 1 and result.warnings[0].startswith(f"{path}:6: ")
+
+
+def test_the_sglang_model_alias_is_refused_for_model_path() -> None:
+    problem = only_problem(MINIMAL + "model = '/models/m'\n")
+    assert problem == ("farm.toml:6: sglang.model: write model_path (the farm reads it for "
+                       "preflight; --model is only its alias)")
+
+
+@pytest.mark.parametrize("key", ["mamba_radix_cache_strategy", "mamba_scheduler_strategy"])
+def test_no_buffer_needs_overlap_schedule_disabled(key: str) -> None:
+    problem = only_problem(MINIMAL + f"{key} = 'no_buffer'\n")
+    assert problem.startswith(f"farm.toml:6: sglang.{key}: 'no_buffer' makes "
                               "SGLang 0.5.23 assert --disable-overlap-schedule")
-    load(MINIMAL + "mamba_radix_cache_strategy = 'no_buffer'\ndisable_overlap_schedule = true\n")
+    load(MINIMAL + f"{key} = 'no_buffer'\ndisable_overlap_schedule = true\n")
+
+
+@pytest.mark.parametrize("key", ["mamba_radix_cache_strategy", "mamba_scheduler_strategy"])
+def test_mamba_strategy_values_are_checked_under_either_spelling(key: str) -> None:
+    problem = only_problem(MINIMAL + f"{key} = 'extra'\n")
+    assert problem == (f"farm.toml:6: sglang.{key}: expected one of 'auto', 'no_buffer', "
+                       "'extra_buffer', 'extra_buffer_lazy', got 'extra'")
 
 
 def test_sglang_values_that_cannot_become_argv() -> None:
@@ -513,15 +555,16 @@ def test_oom_adjust_needs_a_configured_number_and_a_unique_name() -> None:
                      "[[oom.steps]]\nname = 'a'\nset = { log_level = 'debug' }\n"
                      "[[oom.steps]]\nname = 'b'\n"
                      "set = { mamba_scheduler_strategy = 'no_buffer' }\n")
+    # The older spelling is not a problem (a warning); its no_buffer rule still applies.
     assert found == [
         "farm.toml:8: oom.steps[0].add.mem_fraction_static: add changes the configured value, but "
         "mem_fraction_static is not set to a number in [sglang]; set it there, e.g. "
         "mem_fraction_static = <number>",
         "farm.toml:10: oom.steps[1].name: step name 'a' is already used by oom.steps[0]; each step "
         "needs its own name",
-        "farm.toml:14: oom.steps[2].set.mamba_scheduler_strategy: SGLang 0.5.23 renamed "
-        "--mamba-scheduler-strategy to --mamba-radix-cache-strategy (sgl-project/sglang#27418); "
-        "write mamba_radix_cache_strategy",
+        "farm.toml:14: oom.steps[2].set.mamba_scheduler_strategy: 'no_buffer' makes SGLang "
+        "0.5.23 assert --disable-overlap-schedule; add disable_overlap_schedule = true to this "
+        "step's set",
     ]
 
 
@@ -577,10 +620,10 @@ def test_several_mistakes_are_reported_together_with_their_lines() -> None:
         ["/etc/sglang-farm/farm.toml:8", "workers.overrides.2.gpus"],
         ["/etc/sglang-farm/farm.toml:11", "startup.canary"],
         ["/etc/sglang-farm/farm.toml:14", "health.period"],
-        ["/etc/sglang-farm/farm.toml:18", "sglang.mamba_scheduler_strategy"],
         ["/etc/sglang-farm/farm.toml:19", "sglang.mem_fraction_static"],
     ]
-    assert str(info.value).startswith("/etc/sglang-farm/farm.toml: 6 problems\n  /etc/sglang-farm/")
+    # mamba_scheduler_strategy (line 18) is SGLang 0.5.12's spelling: not a problem.
+    assert str(info.value).startswith("/etc/sglang-farm/farm.toml: 5 problems\n  /etc/sglang-farm/")
 
 
 def test_lines_are_found_for_dotted_keys_quoted_keys_and_multiline_values() -> None:
@@ -631,3 +674,32 @@ def test_file_problems_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_spec_file(path)
     assert info.value.problems[0].startswith(f"{path}:7: startup.canary: no worker 9")
+
+
+# --- sglang_flags: the rename table, both directions -------------------------------------
+
+
+@pytest.mark.parametrize(("key", "version", "spelling"), [
+    ("mamba_scheduler_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
+    ("mamba_scheduler_strategy", (0, 5, 22), "mamba_scheduler_strategy"),
+    ("mamba_scheduler_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
+    ("mamba_radix_cache_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
+    ("mamba_radix_cache_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
+    ("cuda_graph_max_bs", (0, 5, 12), "cuda_graph_max_bs"),
+    ("cuda_graph_max_bs", (0, 5, 23), None),  # split in two: no single spelling
+    ("cuda_graph_max_bs_prefill", (0, 5, 12), "cuda_graph_max_bs"),
+    ("disable_cuda_graph", (0, 5, 23), "disable_cuda_graph"),  # deprecated, still accepted
+    ("cuda_graph_backend_decode", (0, 5, 12), None),  # values do not carry over
+    ("mem_fraction_static", (0, 5, 12), "mem_fraction_static"),  # not renamed
+])
+def test_spelling_for_answers_in_both_directions(
+    key: str, version: tuple[int, ...], spelling: str | None
+) -> None:
+    assert sglang_flags.spelling_for(key, version) == spelling
+
+
+def test_sglang_versions_parse_with_suffixes() -> None:
+    assert sglang_flags.parse_version("0.5.12") == (0, 5, 12)
+    assert sglang_flags.parse_version("0.5.23.post1+cu130") == (0, 5, 23)
+    assert sglang_flags.parse_version(None) is None
+    assert sglang_flags.parse_version("unknown") is None

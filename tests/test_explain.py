@@ -7,7 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from sglang_farm.explain import explain, explain_lines, format_text
+from sglang_farm.cli.explain import explain
+from sglang_farm.explain import explain_lines, format_text
 from sglang_farm.failures import Failure, FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"

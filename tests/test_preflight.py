@@ -4,10 +4,12 @@ The fake environment is a directory tree put on the probe's PYTHONPATH: a `torch
 reporting a version, CUDA build, arch list and device capability; an `sgl_kernel`
 shipping `sm90/` + `sm100/` whose import raises the real "[sgl_kernel] CRITICAL" text
 when the variant it loads does not cover the GPU; a `deep_gemm` that asserts
-`cuda_home is not None` like the real one; a `sglang` whose `srt/server_args.py`
-builds an argparse parser (allow_abbrev=True) with --mamba-radix-cache-strategy but
-not --mamba-scheduler-strategy; optionally `flashinfer`. The probe runs for real, with
-this interpreter, as the doctor runs it on a host.
+`cuda_home is not None` like the real one; a `sglang` (0.5.23 by default, or the seed
+host's 0.5.12) whose `srt/server_args.py` builds an argparse parser (allow_abbrev=True)
+with that version's spelling of the renamed flags (0.5.23: --mamba-radix-cache-strategy
+and --cuda-graph-max-bs-decode/-prefill; 0.5.12: --mamba-scheduler-strategy and
+--cuda-graph-max-bs); optionally `flashinfer`. The probe runs for real, with this
+interpreter, as the doctor runs it on a host.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sglang_farm.cli.doctor import doctor
+from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
-from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
-from sglang_farm.preflight import (
+from sglang_farm.doctor import (
     Check,
     CheckId,
     DoctorReport,
     Status,
     arch_covers,
     backend_verdict,
-    doctor,
     format_report,
     make_probe_runner,
     port_problem,
@@ -41,6 +43,7 @@ from sglang_farm.preflight import (
     resolve_flags,
     run_doctor,
 )
+from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,7 +127,8 @@ def find_cuda_home():
     return cuda_home
 _cuda_home = find_cuda_home()
 """
-# The subset of SGLang 0.5.23's flags the seed config uses, plus the farm's own.
+# The subset of SGLang's flags the seed config uses, plus the farm's own; RENAMED holds
+# the flags whose spelling depends on the version (`_renamed_flags`).
 _SERVER_ARGS = """
 import argparse
 
@@ -144,15 +148,17 @@ class ServerArgs:
         parser.add_argument("--context-length", type=int)
         parser.add_argument("--trust-remote-code", action="store_true")
         parser.add_argument("--chunked-prefill-size", type=int)
-        parser.add_argument("--mamba-radix-cache-strategy",
-            choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
+        for name, kind in RENAMED:
+            if kind == "mamba":
+                parser.add_argument(name,
+                    choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
+            else:
+                parser.add_argument(name, type=int)
         parser.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--disable-overlap-schedule", action="store_true")
         parser.add_argument("--enable-metrics", action="store_true")
         parser.add_argument("--enable-metrics-for-all-schedulers", action="store_true")
         parser.add_argument("--uvicorn-access-log-exclude-prefixes", nargs="*", default=[])
-        parser.add_argument("--cuda-graph-max-bs-decode", type=int)
-        parser.add_argument("--cuda-graph-max-bs-prefill", type=int)
         parser.add_argument("--host", type=str, default="127.0.0.1")
         parser.add_argument("--port", type=int, default=30000)
         parser.add_argument("--nccl-port", type=int)
@@ -163,6 +169,15 @@ def prepare_server_args(argv):
     ServerArgs.add_cli_args(parser)
     return parser.parse_args(argv)
 """
+
+
+def _renamed_flags(version: str) -> list[tuple[str, str]]:
+    """The renamed flags as SGLang `version` spells them (docs/reference/sglang.md §4)."""
+    if version == "0.5.12":  # the seed host
+        return [("--mamba-scheduler-strategy", "mamba"), ("--cuda-graph-max-bs", "int")]
+    assert version == "0.5.23", version
+    return [("--mamba-radix-cache-strategy", "mamba"), ("--cuda-graph-max-bs-decode", "int"),
+            ("--cuda-graph-max-bs-prefill", "int")]
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,7 @@ def make_fake_env(
     kernel_version: str = "0.4.2.post2",
     flashinfer: bool = False,
     sglang: bool = True,
+    sglang_version: str = "0.5.23",
 ) -> FakeEnv:
     """The seed host's environment by default: torch cu130 without sm_120, sglang-kernel
     0.4.2.post2 with sm90/ and sm100/ built without sm_120, deep_gemm, no flashinfer."""
@@ -215,8 +231,9 @@ def make_fake_env(
         srt.mkdir(parents=True)
         (site / "sglang" / "__init__.py").write_text("")
         (srt / "__init__.py").write_text("")
-        (srt / "server_args.py").write_text(_SERVER_ARGS)
-        _dist(site, "sglang", "0.5.23")
+        renamed = f"RENAMED = {_renamed_flags(sglang_version)!r}\n"
+        (srt / "server_args.py").write_text(renamed + _SERVER_ARGS)
+        _dist(site, "sglang", sglang_version)
     if flashinfer:
         (site / "flashinfer").mkdir()
         (site / "flashinfer" / "__init__.py").write_text("")
@@ -229,7 +246,7 @@ def make_fake_env(
     return FakeEnv(site, toolkit)
 
 
-def make_fixed_env(root: Path) -> FakeEnv:
+def make_fixed_env(root: Path, *, sglang_version: str = "0.5.23") -> FakeEnv:
     """The seed host repaired: torch with sm_120, sglang-kernel 0.4.10 (sm_120a in sm100/),
     flashinfer installed. deep_gemm still needs CUDA_HOME: `fixed_farm_env`."""
     return make_fake_env(
@@ -238,6 +255,7 @@ def make_fixed_env(root: Path) -> FakeEnv:
         sm100_archs=("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100f", "sm_120a"),
         kernel_version="0.4.10",
         flashinfer=True,
+        sglang_version=sglang_version,
     )
 
 
@@ -285,9 +303,11 @@ def _free_base(n: int) -> int:
 
 
 def seed_spec(tmp: Path, *, attention: str | None = None, env: str = "{}",
-              extra_sglang: str = "", model: Path | None = None, gpus: int = 8) -> FarmSpec:
+              extra_sglang: str = "", model: Path | None = None, gpus: int = 8,
+              mamba_key: str | None = None, oom_mamba_key: str | None = None) -> FarmSpec:
     """etc/sglang-farm/farm.toml as shipped, with this interpreter, free ports and the model
-    in tmp (a config.json and 2 GiB of sparse "weights")."""
+    in tmp (a config.json and 2 GiB of sparse "weights"); `mamba_key` and `oom_mamba_key`
+    respell the mamba strategy in [sglang] and in the OOM ladder."""
     if model is None:
         model = tmp / "Qwen3.6-27B"
         model.mkdir(exist_ok=True)
@@ -304,6 +324,12 @@ def seed_spec(tmp: Path, *, attention: str | None = None, env: str = "{}",
     if attention is not None:
         text = text.replace('attention_backend = "flashinfer"',
                             f'attention_backend = "{attention}"')
+    if mamba_key is not None:
+        text = text.replace('mamba_radix_cache_strategy = "extra_buffer"',
+                            f'{mamba_key} = "extra_buffer"')
+    if oom_mamba_key is not None:
+        text = text.replace('set = { mamba_radix_cache_strategy = "no_buffer"',
+                            f'set = {{ {oom_mamba_key} = "no_buffer"')
     text += extra_sglang
     return load_spec(text, source="farm.toml", gpu_count=gpus)
 
@@ -395,18 +421,112 @@ def test_flags_are_checked_against_the_installed_parser(tmp_path: Path) -> None:
 
 def test_renamed_and_unknown_flags_fail_with_the_precise_message(tmp_path: Path) -> None:
     env = make_fake_env(tmp_path / "env", flashinfer=True)
-    spec = seed_spec(tmp_path, extra_sglang="enable_metric_labels = true\n")
-    # The config refuses mamba_scheduler_strategy, so put it where only the parser sees it.
-    w = spec.workers[0]
-    flags = {**w.flags, "mamba_scheduler_strategy": "extra_buffer"}
-    spec2 = _with_worker_flags(spec, flags)
-    report = run_doctor(spec2, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    spec = seed_spec(tmp_path, extra_sglang="enable_metric_labels = true\ncuda_graph_max_bs = 8\n",
+                     mamba_key="mamba_scheduler_strategy")
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
     msgs = {c.message: c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.FAIL}
-    renamed = [c for m, c in msgs.items() if "--mamba-scheduler-strategy" in m]
-    assert len(renamed) == 1
-    assert "renamed --mamba-radix-cache-strategy" in renamed[0].message
-    assert "mamba_radix_cache_strategy" in renamed[0].fix
+    (renamed,) = [c for m, c in msgs.items() if m.startswith("--mamba-scheduler-strategy")]
+    assert renamed.message == (
+        "--mamba-scheduler-strategy is not a flag of SGLang 0.5.23 (argparse: unrecognized "
+        "arguments, exit 2): SGLang 0.5.23 calls it --mamba-radix-cache-strategy")
+    assert renamed.fix == ("write mamba_radix_cache_strategy instead of mamba_scheduler_strategy "
+                           "in [sglang] (same values)")
+    # Split in two: argparse finds the old name ambiguous; the message names the new ones.
+    (split,) = [c for m, c in msgs.items() if m.startswith("--cuda-graph-max-bs")]
+    assert "ambiguous" in split.message
+    assert "replaced by --cuda-graph-max-bs-decode" in split.message
+    assert "cuda_graph_max_bs_decode and/or cuda_graph_max_bs_prefill" in split.fix
     assert any("--enable-metric-labels is not a flag" in m for m in msgs)
+
+
+# --- flags are judged by the installed SGLang (0.5.12 on the seed host, 0.5.23) ---------------
+
+# (installed SGLang, the key it accepts, the key it refuses, the spelling the refusal names)
+_SPELLINGS = [
+    ("0.5.12", "mamba_scheduler_strategy", "mamba_radix_cache_strategy",
+     "--mamba-scheduler-strategy"),
+    ("0.5.23", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
+     "--mamba-radix-cache-strategy"),
+]
+
+
+@pytest.mark.parametrize(("version", "accepted", "refused", "names"), _SPELLINGS)
+def test_the_doctor_accepts_the_installed_sglangs_spelling_of_a_renamed_flag(
+    tmp_path: Path, version: str, accepted: str, refused: str, names: str
+) -> None:
+    env = make_fixed_env(tmp_path / "env", sglang_version=version)
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=accepted,
+                     oom_mamba_key=accepted)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    assert report.ok, format_report(report)
+    (flags,) = _by_id(report, CheckId.FLAGS)
+    assert flags.status is Status.PASS, flags
+    assert _by_id(report, CheckId.SGLANG)[0].message == f"sglang {version} installed"
+
+
+@pytest.mark.parametrize(("version", "accepted", "refused", "names"), _SPELLINGS)
+def test_the_doctor_refuses_the_other_spelling_naming_the_installed_one(
+    tmp_path: Path, version: str, accepted: str, refused: str, names: str
+) -> None:
+    env = make_fixed_env(tmp_path / "env", sglang_version=version)
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=refused,
+                     oom_mamba_key=accepted)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    assert not report.ok
+    (fail,) = report.blocking(0)
+    assert fail.id is CheckId.FLAGS
+    assert fail.message.endswith(f"SGLang {version} calls it {names}")
+    flag = "--" + refused.replace("_", "-")
+    assert fail.message.startswith(f"{flag} is not a flag of SGLang {version}")
+    assert fail.fix == f"write {accepted} instead of {refused} in [sglang] (same values)"
+
+
+def test_an_oom_step_with_the_other_spelling_is_a_warning_naming_the_installed_one(
+    tmp_path: Path,
+) -> None:
+    # The shipped farm.toml's ladder sets mamba_radix_cache_strategy; the seed runs 0.5.12.
+    env = make_fixed_env(tmp_path / "env", sglang_version="0.5.12")
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1,
+                     mamba_key="mamba_scheduler_strategy")
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    assert report.ok, format_report(report)
+    (warn,) = [c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.WARN]
+    assert warn.message == (
+        "OOM step 'mamba_no_buffer' changes --mamba-radix-cache-strategy, which SGLang 0.5.12 "
+        "does not have: SGLang 0.5.12 calls it --mamba-scheduler-strategy")
+    assert "in that [[oom.steps]] table" in warn.fix
+
+
+def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
+    tmp_path: Path,
+) -> None:
+    # check-config has no SGLang at hand: it never refuses a flag that some SGLang
+    # accepts (the doctor's parser decides), and names both versions for an old one.
+    for key, warns in (("mamba_scheduler_strategy", True), ("mamba_radix_cache_strategy", False)):
+        config = tmp_path / f"{key}.toml"
+        text = (SEED_TOML.read_text()
+                .replace('mamba_radix_cache_strategy = "extra_buffer"', f'{key} = "extra_buffer"')
+                .replace('gpus = "all"', "gpus = [0, 1]"))
+        config.write_text(text)
+        line = text.splitlines().index(f'{key} = "extra_buffer"') + 1
+        result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.startswith(f"{config}: OK, 2 workers")
+        warning = (f"warning: {config}:{line}: sglang.mamba_scheduler_strategy: SGLang 0.5.23 "
+                   "renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
+                   "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
+                   "mamba_radix_cache_strategy for SGLang >= 0.5.23\n")
+        assert result.stderr == (warning if warns else "")
+
+
+def test_without_sglang_the_doctor_warns_about_an_old_spelling(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env", sglang=False)
+    spec = seed_spec(tmp_path, gpus=1, mamba_key="mamba_scheduler_strategy")
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    warns = [c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.WARN]
+    assert [c.message.split(":")[0] for c in warns] == ["cannot validate flags",
+                                                       "mamba_scheduler_strategy"]
+    assert "keep it for SGLang <= 0.5.22" in warns[1].message
 
 
 def test_a_bad_value_fails_with_argparse_error_line(tmp_path: Path) -> None:
@@ -509,7 +629,7 @@ def test_auto_attention_backend_per_architecture(cc: tuple[int, int], picked: st
      ("triton", (12, 0), Status.WARN), ("triton", (9, 0), Status.PASS),
      ("flashinfer", (12, 0), Status.PASS), ("aiter", (9, 0), Status.FAIL)],
 )
-def test_backend_rules_follow_the_sheet(backend: str, cc: tuple[int, int], status: Status) -> None:
+def test_backend_rules_follow_sglang(backend: str, cc: tuple[int, int], status: Status) -> None:
     assert backend_verdict(backend, cc)[0] is status
 
 
@@ -537,7 +657,7 @@ def test_arch_list_coverage() -> None:
 
 
 def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_path: Path) -> None:
-    from sglang_farm.preflight import _torch_checks
+    from sglang_farm.doctor.rules import _torch_checks
 
     torch = {"installed": True, "version": "2.8.0+cu128", "cuda": "12.8",
              "arch_list": ["sm_120"], "cuda_available": True}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -146,6 +147,34 @@ class Sim:
         self.proc.stderr.close()
 
 
+def sse_frames(body: bytes) -> list[object]:
+    """Split a text/event-stream body into its `data:` payloads, checking SGLang's framing.
+
+    Every event is exactly `data: <payload>\\n\\n`; JSON payloads are decoded, `[DONE]` is kept.
+    """
+    assert body.endswith(b"\n\n"), body[-80:]
+    frames: list[object] = []
+    for raw in body[:-2].split(b"\n\n"):
+        assert raw.startswith(b"data: "), raw
+        payload = raw.removeprefix(b"data: ")
+        frames.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return frames
+
+
+def post_stream(
+    client: httpx.Client, path: str, body: dict[str, object]
+) -> tuple[str, list[object]]:
+    """POST a streaming request; returns the content type and the decoded events."""
+    with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, r.read()
+        return r.headers["content-type"], sse_frames(r.read())
+
+
+def metric_values(client: httpx.Client) -> dict[str, float]:
+    fams = text_string_to_metric_families(client.get("/metrics").text)
+    return {s.name: s.value for f in fams for s in f.samples}
+
+
 @pytest.fixture
 def sims() -> Iterator[Callable[..., Sim]]:
     started: list[Sim] = []
@@ -208,6 +237,32 @@ def test_settings_reject_unknown_mode_and_bad_numbers_by_name() -> None:
         load_settings({"SGLANG_SIM_FAIL": "nope"})
     with pytest.raises(SettingsError, match="SGLANG_SIM_LOAD_SECONDS='soon'"):
         load_settings({"SGLANG_SIM_LOAD_SECONDS": "soon"})
+
+
+def test_sigterm_drain_is_unbounded_unless_asked_and_force_shutdown_is_sglangs_name() -> None:
+    assert load_settings({}).drain_seconds is None
+    assert load_settings({"SGLANG_SIM_DRAIN_SECONDS": "2.5"}).drain_seconds == 2.5
+    assert load_settings({"SGL_FORCE_SHUTDOWN": "true"}).force_shutdown
+    assert not load_settings({"SGLANG_FORCE_SHUTDOWN": "1"}).force_shutdown  # not read by SGLang
+
+
+def test_engine_stream_yields_each_token_and_an_early_close_aborts_and_frees_the_slot() -> None:
+    engine = Engine(max_running=1, max_queued=None, max_total_tokens=1000, token_seconds=0.0)
+    gen = engine.stream(10, 3)
+    assert next(gen) == 1
+    engine.publish()
+    assert engine.scheduler_stats().num_running_reqs == 1
+    gen.close()  # the client hung up after one token
+    engine.publish()
+    assert engine.scheduler_stats().num_running_reqs == 0
+    assert engine.scheduler_stats().num_used_tokens == 0
+    assert engine.tokenizer_stats().num_aborted == 1
+    full = engine.stream(10, 3)
+    assert list(full) == [1, 2, 3]
+    assert full.completion.completion_tokens == 3
+    assert engine.tokenizer_stats().num_requests == 1
+    assert engine.tokenizer_stats().generation_tokens == 3
+    assert engine.inflight() == 0
 
 
 def test_rendered_metrics_parse_with_sglang_names_types_and_labels() -> None:
@@ -353,6 +408,160 @@ def test_metrics_and_loads_count_running_and_queued_requests(sims) -> None:
         assert models["data"][0]["id"] == "llama"
 
 
+@pytest.mark.slow
+def test_stream_true_answers_server_sent_events_the_way_sglang_does(sims) -> None:
+    sim = sims("--served-model-name", "llama", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
+    sim.wait_ready()
+    messages = [{"role": "user", "content": "The capital city of France is"}]
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        # /v1/chat/completions: role chunk, one content chunk per token, finish, usage, [DONE].
+        ctype, events = post_stream(
+            client,
+            "/v1/chat/completions",
+            {
+                "model": "llama",
+                "messages": messages,
+                "max_tokens": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        assert ctype.startswith("text/event-stream")
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+        assert {c["model"] for c in chunks} == {"llama"}
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        content = [c["choices"][0]["delta"]["content"] for c in chunks[1:5]]
+        assert [c["choices"][0]["finish_reason"] for c in chunks[:5]] == [None] * 5
+        finish = chunks[5]["choices"][0]
+        assert (finish["delta"], finish["finish_reason"]) == ({}, "length")
+        assert chunks[6]["choices"] == []
+        assert chunks[6]["usage"]["completion_tokens"] == 4
+        assert len(chunks) == 7
+        whole = client.post(
+            "/v1/chat/completions", json={"model": "llama", "messages": messages, "max_tokens": 4}
+        ).json()
+        assert "".join(content) == whole["choices"][0]["message"]["content"]
+        # Without stream_options there is no usage chunk.
+        _, plain = post_stream(
+            client,
+            "/v1/chat/completions",
+            {"messages": messages, "max_tokens": 2, "stream": True},
+        )
+        assert len(plain) == 1 + 2 + 1 + 1 and "usage" not in plain[-2]
+
+        # /generate: one event per token, text cumulative, finish_reason on the last, [DONE].
+        _, gen = post_stream(
+            client,
+            "/generate",
+            {"text": "hi", "sampling_params": {"max_new_tokens": 3}, "stream": True},
+        )
+        assert gen[-1] == "[DONE]"
+        assert [e["meta_info"]["completion_tokens"] for e in gen[:-1]] == [1, 2, 3]
+        assert [e["meta_info"]["finish_reason"] for e in gen[:-2]] == [None, None]
+        assert gen[-2]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+        non_stream = client.post(
+            "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3}}
+        ).json()
+        assert gen[-2]["text"] == non_stream["text"]
+
+        # /v1/completions: one text chunk per token, finish_reason on the last one.
+        _, comp = post_stream(
+            client, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "stream": True}
+        )
+        assert comp[-1] == "[DONE]"
+        texts = [c["choices"][0]["text"] for c in comp[:-1]]
+        assert [c["choices"][0]["finish_reason"] for c in comp[:-1]] == [None, None, "length"]
+        whole_c = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json()
+        assert "".join(texts) == whole_c["choices"][0]["text"]
+        assert whole_c["object"] == "text_completion" and whole_c["model"] == "llama"
+
+        # Events leave as tokens are made, not all at the end.
+        seen: list[float] = []
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 25}, "stream": True}
+        with client.stream("POST", "/generate", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    seen.append(time.monotonic())
+        assert len(seen) == 25
+        assert seen[-1] - seen[0] >= 24 * 0.02 * 0.8
+
+
+@pytest.mark.slow
+def test_stream_client_that_hangs_up_aborts_its_request_and_frees_the_slot(sims) -> None:
+    sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
+    sim.wait_ready()
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 500, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+        wait_until(
+            "the aborted stream to leave the running batch",
+            lambda: (
+                (v := metric_values(client))["sglang:num_running_reqs"] == 0
+                and v["sglang:num_aborted_requests_total"] == 1
+            ),
+            5,
+        )
+
+
+@pytest.mark.slow
+def test_per_token_delay_makes_a_longer_request_take_longer(sims) -> None:
+    sim = sims(env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
+    sim.wait_ready()
+    took: dict[int, float] = {}
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        for tokens in (5, 60):
+            t = time.monotonic()
+            reply = client.post(
+                "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": tokens}}
+            )
+            took[tokens] = time.monotonic() - t
+            assert reply.json()["meta_info"]["e2e_latency"] >= tokens * 0.02 * 0.9
+    assert took[60] - took[5] >= 55 * 0.02 * 0.9
+    assert took[5] < took[60] / 3
+
+
+@pytest.mark.slow
+def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims) -> None:
+    env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}
+    sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
+    sim.wait_ready()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(post_stream, client, "/v1/chat/completions", body) for _ in range(4)]
+
+        def counts() -> tuple[float, float]:
+            v = metric_values(client)
+            return v["sglang:num_running_reqs"], v["sglang:num_queue_reqs"]
+
+        wait_until("2 running and 2 queued in /metrics", lambda: counts() == (2, 2), 3)
+        streams = [f.result()[1] for f in futures]
+        assert [len(events) for events in streams] == [1 + 20 + 1 + 1] * 4
+        wait_until("nothing running or queued", lambda: counts() == (0, 0), 2)
+        assert metric_values(client)["sglang:num_requests_total"] == 4 + 1  # + the warmup
+
+
+@pytest.mark.slow
+def test_model_id_is_the_same_on_every_route_a_gateway_registers_from(sims) -> None:
+    sim = sims("--served-model-name", "sim/llama")
+    sim.wait_ready()
+    with httpx.Client(base_url=sim.url, timeout=5) as client:
+        ids = {
+            client.get("/v1/models").json()["data"][0]["id"],
+            client.get("/model_info").json()["served_model_name"],
+            client.get("/get_model_info").json()["served_model_name"],
+            client.get("/server_info").json()["served_model_name"],
+            client.get("/get_server_info").json()["served_model_name"],
+            client.get("/v1/models/sim/llama").json()["id"],
+        }
+        assert ids == {"sim/llama"}
+        assert client.get("/model_info").json()["model_path"] == "/models/llama-3-8b"
+
+
 MODES = [
     (FailMode.CUDA_OOM, -9, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"),
     (
@@ -469,6 +678,59 @@ def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims) -> N
     assert "SIGTERM received." in sim.log
     assert "Draining requests and shutting down..." in sim.log
     assert not [k for k in kids if alive(k)]
+
+
+@pytest.mark.slow
+def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exits_0(sims) -> None:
+    sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"})
+    sim.wait_ready()
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 40}, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(2) as pool:
+        streams = [pool.submit(post_stream, client, "/generate", body) for _ in range(2)]
+        wait_until(
+            "two streams running",
+            lambda: metric_values(client)["sglang:num_running_reqs"] == 2,
+            3,
+        )
+        sim.proc.send_signal(signal.SIGTERM)
+        sim.wait_log("Draining requests and shutting down...", 3)
+        assert client.get("/health").status_code == 503
+        # SGLang's SIGTERM flag gates only /health: a request that still arrives is served.
+        late = client.post(
+            "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert late.status_code == 200
+        assert late.json()["meta_info"]["completion_tokens"] == 2
+        for future in streams:
+            events = future.result()[1]
+            assert events[-1] == "[DONE]"
+            assert events[-2]["meta_info"]["completion_tokens"] == 40
+    assert sim.wait() == 0
+    assert "Gracefully exiting... Remaining number of requests 2." in sim.log
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim.url + "/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_sgl_force_shutdown_skips_the_drain(sims) -> None:
+    env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.05", "SGL_FORCE_SHUTDOWN": "1"}
+    sim = sims(env=env)
+    sim.wait_ready()
+    with ThreadPoolExecutor(1) as pool:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 200}}  # 10 s
+        reply = pool.submit(httpx.post, sim.url + "/generate", json=body, timeout=15)
+        wait_until(
+            "a running request",
+            lambda: httpx.get(sim.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 1,
+            3,
+        )
+        t = time.monotonic()
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.wait() == 0
+        assert time.monotonic() - t < 3
+        with pytest.raises(httpx.HTTPError):
+            reply.result()
+    assert "force shutdown flag set. Force exiting." in sim.log
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""SystemdRuntime against a real systemd + D-Bus, in the throwaway container (field notes §3).
+"""SystemdRuntime against real systemd + D-Bus in a container (docs/reference/machines.md §2).
 
 The pure part (`observe`, `exit_status`, unit names) is tested on the host in
 milliseconds. The rest runs INSIDE one container per module: the shipped

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sglang_farm.cli.waitready import wait_ready_command
 from sglang_farm.spec import FarmSection, FarmSpec, HealthPolicy, StartupPolicy, WorkerSpec
-from sglang_farm.waitready import WaitExit, wait_ready, wait_ready_command
+from sglang_farm.waitready import WaitExit, wait_ready
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

@@ -21,7 +21,7 @@ from sglang_farm.workerstats import (
     poll_worker,
 )
 
-# What SGLang 0.5.23 serves with --enable-metrics and --dp-size 2 (interface sheet §3):
+# What SGLang 0.5.23 serves with --enable-metrics and --dp-size 2 (docs/reference/sglang.md §9):
 # scheduler gauges per dp_rank, tokenizer counters, an HTTP counter that moves on every scrape.
 METRICS = """\
 # HELP sglang:num_running_reqs The number of running requests.

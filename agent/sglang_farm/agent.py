@@ -27,6 +27,7 @@ import structlog
 
 from sglang_farm.classify import LogClassifier
 from sglang_farm.cmdline import Command, build_command
+from sglang_farm.doctor import resolve_flags
 from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
@@ -35,7 +36,6 @@ from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.ops import GpuMemory, ReloadResult
 from sglang_farm.phase import Phase
 from sglang_farm.ports import port_is_free
-from sglang_farm.preflight import resolve_flags
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.spec import FarmSpec, FlagValue

@@ -1,4 +1,5 @@
-"""Pure: SGLang log lines -> classified failures (interface sheet §4.2, field notes §1).
+"""Pure: SGLang log lines -> classified failures (docs/reference/sglang.md §10-§13, log lines;
+docs/reference/seed-host.md §3-§5, the seed host's failures).
 
 SGLang nearly always ends a failure by SIGKILLing itself (exit -9 whatever went
 wrong), so the log is the only place that says what happened. This module turns
@@ -31,15 +32,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.sglang_flags import SGLANG_MODULE, flag_key, log_advice
 
 READY_TEXT = "The server is fired up and ready to roll!"
-
-# Flags SGLang renamed or removed, snake_case as in the farm config -> what to use.
-# (`--mamba-scheduler-strategy`: sglang issue 27418; `--cuda-graph-max-bs`: split per runner.)
-RENAMED_FLAGS: dict[str, tuple[str, ...]] = {
-    "mamba_scheduler_strategy": ("mamba_radix_cache_strategy",),
-    "cuda_graph_max_bs": ("cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"),
-}
 
 # When two failures were seen in one lifetime, the higher rank explains the exit.
 # Deterministic environment/config problems first (retrying cannot help and they are
@@ -110,10 +105,6 @@ def _clip(text: str) -> str:
     return text if len(text) <= _MAX_SUMMARY else text[: _MAX_SUMMARY - 3] + "..."
 
 
-def _snake(flag: str) -> str:
-    return flag.split("=", 1)[0].lstrip("-").replace("-", "_")
-
-
 # --------------------------------------------------------------------------- signatures
 
 
@@ -133,22 +124,6 @@ _ARGPARSE = re.compile(
 )
 
 
-def _rename_advice(flag: str) -> str | None:
-    new = RENAMED_FLAGS.get(flag)
-    if new is None:
-        return None
-    if len(new) == 1:
-        return (
-            f"`{flag}` was renamed in SGLang: in the farm config write `{new[0]}` instead "
-            "(same values)."
-        )
-    return (
-        f"`{flag}` was removed from SGLang: use "
-        + " and/or ".join(f"`{n}`" for n in new)
-        + " in the farm config instead."
-    )
-
-
 def _bad_flag(text: str, serving: bool) -> _Hit | None:
     m = _ARGPARSE.search(text)
     if m is None:
@@ -156,12 +131,13 @@ def _bad_flag(text: str, serving: bool) -> _Hit | None:
     what, rest = m.group("what"), m.group("rest")
     check = (
         " `sglang-farm doctor` checks every command line against the installed SGLang "
-        "before a start; `<python> -m sglang.launch_server --help` lists the flags."
+        f"before a start; `<python> -m {SGLANG_MODULE} --help` lists the flags."
     )
     if what == "unrecognized arguments":
-        flags = [_snake(tok) for tok in rest.lstrip(":").split() if tok.startswith("--")]
+        flags = [flag_key(tok) for tok in rest.lstrip(":").split() if tok.startswith("--")]
         names = ", ".join(f"--{f.replace('_', '-')}" for f in flags) or rest.strip(": ")
-        tips = [t for t in (_rename_advice(f) for f in flags) if t]
+        # The log does not say which SGLang wrote it: the advice names both spellings.
+        tips = [t for t in (log_advice(f) for f in flags) if t]
         if not tips:
             tips = [
                 "Remove "
@@ -178,10 +154,10 @@ def _bad_flag(text: str, serving: bool) -> _Hit | None:
         am = re.match(r":\s*(?P<opt>\S+) could match (?P<cands>.*)$", rest)
         opt = am.group("opt").split("=", 1)[0] if am else rest.strip(": ")
         cands = [c.strip() for c in am.group("cands").split(",")] if am else []
-        flag = _snake(opt)
-        tip = _rename_advice(flag) or (
+        flag = flag_key(opt)
+        tip = log_advice(flag) or (
             f"`{flag}` is only a prefix of several SGLang flags: write one of them in full"
-            + (": " + ", ".join(f"`{_snake(c)}`" for c in cands) if cands else "")
+            + (": " + ", ".join(f"`{flag_key(c)}`" for c in cands) if cands else "")
             + "."
         )
         return _Hit(
@@ -197,7 +173,7 @@ def _bad_flag(text: str, serving: bool) -> _Hit | None:
         if am is None:
             return None
         opt = am.group("opt").split("/")[-1].strip()
-        flag = _snake(opt)
+        flag = flag_key(opt)
         detail = am.group("detail").strip()
         if "invalid int value" in detail:
             tip = f"`{flag}` takes a plain integer: write the number in full (e.g. 8192, not 8k)."
@@ -216,7 +192,7 @@ def _bad_flag(text: str, serving: bool) -> _Hit | None:
         FailureKind.BAD_FLAG,
         _clip(f"SGLang needs the argument(s) {missing} (argparse, exit 2)"),
         "Set "
-        + ", ".join(f"`{_snake(m)}`" for m in missing.replace(",", " ").split())
+        + ", ".join(f"`{flag_key(m)}`" for m in missing.replace(",", " ").split())
         + " in the farm config."
         + check,
         _RANK[FailureKind.BAD_FLAG],

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sglang_farm.sglang_flags import farm_argv, flag_name
 from sglang_farm.spec import FarmSection, FlagValue, WorkerSpec
 
 
@@ -20,11 +21,6 @@ class Command:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
-
-
-def flag_name(key: str) -> str:
-    """`mem_fraction_static` -> `--mem-fraction-static`."""
-    return "--" + key.replace("_", "-")
 
 
 def flag_argv(key: str, value: FlagValue) -> list[str]:
@@ -49,16 +45,7 @@ def build_command(
     argv = [farm.python, "-m", farm.module]
     for key, value in (worker.flags if flags is None else flags).items():
         argv += flag_argv(key, value)
-    argv += [
-        "--host",
-        worker.host,
-        "--port",
-        str(worker.port),
-        "--nccl-port",
-        str(worker.nccl_port),
-    ]
-    if len(worker.gpus) > 1:
-        argv += ["--tp-size", str(len(worker.gpus))]
+    argv += farm_argv(worker.host, worker.port, worker.nccl_port, len(worker.gpus))
     env = dict(worker.env)
     # The worker sees its GPU(s) as CUDA ordinals 0..n-1; NVML keeps the host's indices.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in worker.gpus)

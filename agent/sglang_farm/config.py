@@ -10,7 +10,11 @@ Every problem is one line, `file:line: key.path: what is wrong (the bad value) a
 what is accepted`. tomllib gives no positions, so `_LineIndex` finds them by scanning
 the text for table headers and key lines (best effort; no line when it cannot tell).
 
-Raises `errors.ConfigError(source, problems)`. The reference is `docs/config.md`.
+Raises `errors.ConfigError(source, problems)`. A flag that some SGLang version accepts
+is never a problem: a spelling of an older SGLang (`sglang_flags.RENAMES`) is a
+warning naming both versions, returned by `check_spec` / `check_spec_file` beside the
+spec (this module has no SGLang at hand; the doctor judges flags by the installed
+one). The reference is `docs/config.md`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeVar
 
+from sglang_farm import sglang_flags
 from sglang_farm.errors import ConfigError
+from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import (
     ControlSpec,
     FarmSection,
@@ -46,9 +52,6 @@ DEFAULT_CONFIG_PATH = "/etc/sglang-farm/farm.toml"
 # `farm.python = "@agent"`: the interpreter that runs the agent itself (the demo uses it
 # to run the simulator from the agent's own environment).
 AGENT_PYTHON = "@agent"
-
-# The module whose absence of `model_path` is an error: SGLang's argparse requires it.
-SGLANG_MODULE = "sglang.launch_server"
 
 _T = TypeVar("_T")
 _Path = tuple[str | int, ...]
@@ -201,21 +204,40 @@ class _Bad(Exception):
     """Raised by a converter; the message says what is wrong and what is accepted."""
 
 
+_Located = tuple[int | None, int, str]
+
+
+def _by_line(items: list[_Located]) -> list[str]:
+    # By line, so the report reads top to bottom; lines without a position last.
+    return [t for _, _, t in sorted(items, key=lambda x: (x[0] is None, x[0] or 0, x[1]))]
+
+
 class _Problems:
     def __init__(self, source: str, index: _LineIndex) -> None:
         self.source = source
         self.index = index
-        self.items: list[tuple[int | None, int, str]] = []
+        self.items: list[_Located] = []
+        self.warnings: list[_Located] = []
 
-    def add(self, path: _Path, message: str, *, line_of: _Path | None = None) -> None:
+    def _locate(self, path: _Path, message: str, line_of: _Path | None) -> tuple[int | None, str]:
         line = self.index.line(path if line_of is None else line_of)
         where = f"{self.source}:{line}" if line is not None else self.source
-        text = f"{where}: {_fmt_path(path)}: {message}" if path else f"{where}: {message}"
+        return line, (f"{where}: {_fmt_path(path)}: {message}" if path else f"{where}: {message}")
+
+    def add(self, path: _Path, message: str, *, line_of: _Path | None = None) -> None:
+        line, text = self._locate(path, message, line_of)
         self.items.append((line, len(self.items), text))
 
+    def warn(self, path: _Path, message: str) -> None:
+        """Something that works but deserves a look (never fails the load)."""
+        line, text = self._locate(path, message, None)
+        self.warnings.append((line, len(self.warnings), text))
+
     def sorted(self) -> list[str]:
-        # By line, so the report reads top to bottom; problems without a line last.
-        return [t for _, _, t in sorted(self.items, key=lambda x: (x[0] is None, x[0] or 0, x[1]))]
+        return _by_line(self.items)
+
+    def sorted_warnings(self) -> list[str]:
+        return _by_line(self.warnings)
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -383,37 +405,6 @@ def listen_port(listen: str) -> int:
 
 # --- SGLang flags ---------------------------------------------------------------------
 
-# Flags the farm owns: set per worker from `[workers]`, never in `[sglang]`.
-_FARM_OWNED_FLAGS = {
-    "host": "the farm passes --host from workers.host (one worker: workers.overrides.N.host)",
-    "port": "the farm passes --port from workers.base_port + worker id "
-    "(one worker: workers.overrides.N.port)",
-    "nccl_port": "the farm passes --nccl-port from workers.nccl_base_port + worker id "
-    "(one worker: workers.overrides.N.nccl_port)",
-    "tp_size": "the farm passes --tp-size from workers.gpus_per_worker "
-    "(one worker: the length of workers.overrides.N.gpus)",
-    "base_gpu_id": "the farm gives each worker its GPUs through CUDA_VISIBLE_DEVICES from "
-    "workers.gpus; inside the worker they are always 0..n-1",
-    "gpu_id_step": "the farm gives each worker its GPUs through CUDA_VISIBLE_DEVICES from "
-    "workers.gpus; inside the worker they are always 0..n-1",
-}
-_FARM_OWNED_FLAGS["tensor_parallel_size"] = _FARM_OWNED_FLAGS["tp_size"]
-_FARM_OWNED_FLAGS["tp"] = _FARM_OWNED_FLAGS["tp_size"]
-
-# SGLang flags renamed or removed (interface sheet §1.3 and §8); old names fail with exit 2.
-_RENAMED_FLAGS = {
-    "mamba_scheduler_strategy": "SGLang 0.5.23 renamed --mamba-scheduler-strategy to "
-    "--mamba-radix-cache-strategy (sgl-project/sglang#27418); write mamba_radix_cache_strategy",
-    "cuda_graph_max_bs": "SGLang 0.5.23 removed --cuda-graph-max-bs; write "
-    "cuda_graph_max_bs_decode and/or cuda_graph_max_bs_prefill",
-    "disable_cuda_graph": "--disable-cuda-graph is deprecated in SGLang 0.5.23; write "
-    "cuda_graph_backend_decode = 'disabled' and cuda_graph_backend_prefill = 'disabled'",
-    "model": "write model_path (the farm reads it for preflight; --model is only its alias)",
-}
-
-_MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
-
-
 def _check_flag_value(key: str, value: FlagValue) -> None:
     """Checks for the few flags whose bad values SGLang only rejects after minutes, or never."""
     number = value if _is_number(value) and isinstance(value, int | float) else None
@@ -427,18 +418,19 @@ def _check_flag_value(key: str, value: FlagValue) -> None:
         )
     if key == "max_running_requests" and not (integer is not None and integer >= 1):
         raise _Bad(f"expected an integer >= 1, got {_show(value)}")
-    if key == "mamba_radix_cache_strategy" and value not in _MAMBA_STRATEGIES:
-        accepted = ", ".join(repr(s) for s in _MAMBA_STRATEGIES)
+    if key in sglang_flags.MAMBA_STRATEGY_KEYS and value not in sglang_flags.MAMBA_STRATEGIES:
+        accepted = ", ".join(repr(s) for s in sglang_flags.MAMBA_STRATEGIES)
         raise _Bad(f"expected one of {accepted}, got {_show(value)}")
     if key == "served_model_name" and isinstance(value, str) and ":" in value:
         raise _Bad(f"SGLang asserts that the served model name has no ':', got {_show(value)}")
 
 
 def _flag_key_problem(key: str) -> str | None:
-    if key in _RENAMED_FLAGS:
-        return _RENAMED_FLAGS[key]
-    if key in _FARM_OWNED_FLAGS:
-        return f"not allowed here: {_FARM_OWNED_FLAGS[key]}"
+    """Why `key` cannot be in a table of SGLang flags; None when it can."""
+    if key in sglang_flags.REFUSED_ALIASES:
+        return sglang_flags.REFUSED_ALIASES[key]
+    if key in sglang_flags.FARM_OWNED:
+        return f"not allowed here: {sglang_flags.FARM_OWNED[key]}"
     if not _SNAKE_RE.fullmatch(key):
         snake = key.strip("-").replace("-", "_").lower()
         hint = f"; write {snake!r}" if _SNAKE_RE.fullmatch(snake) else ""
@@ -534,6 +526,12 @@ class _Reader:
                 out[name] = value
         return out
 
+    def stale_flag(self, path: _Path, key: str) -> None:
+        """A warning for a spelling of an older SGLang (the installed one may be that old)."""
+        stale = sglang_flags.stale_spelling(key)
+        if stale is not None:
+            self.p.warn(path, stale)
+
     def flags(self, tbl: _Table, path: _Path) -> dict[str, FlagValue]:
         """SGLang flags of `[sglang]` or an override's `sglang` table, valid ones only."""
         out: dict[str, FlagValue] = {}
@@ -543,6 +541,7 @@ class _Reader:
             if problem is not None:
                 self.p.add(kpath, problem)
                 continue
+            self.stale_flag(kpath, key)
             try:
                 value = _flag_value(raw)
                 _check_flag_value(key, value)
@@ -733,6 +732,7 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
                 r.p.add(fpath, problem)
                 ok = False
                 continue
+            r.stale_flag(fpath, flag)
             if flag in owner:
                 r.p.add(fpath, f"flag is also in {owner[flag]} of this step; a step changes "
                         "a flag one way (set, add or multiply)")
@@ -980,18 +980,24 @@ def _cross_check(
     _check_oom_flags(r, workers, oom, oom_indices)
 
 
+def _no_buffer_key(flags: Mapping[str, FlagValue]) -> str | None:
+    """The key that sets an explicit mamba `no_buffer` (either SGLang's spelling), or None."""
+    found = sglang_flags.mamba_strategy(flags)
+    return found[0] if found is not None and found[1] == "no_buffer" else None
+
+
 def _check_no_buffer(r: _Reader, workers: list[WorkerSpec]) -> None:
     # SGLang 0.5.23 asserts --disable-overlap-schedule for an explicit no_buffer
     # (mamba_hook.py::validate_mamba_no_buffer): fail here, not after a model load.
-    bad = [
-        w.id for w in workers
-        if w.flags.get("mamba_radix_cache_strategy") == "no_buffer"
-        and w.flags.get("disable_overlap_schedule") is not True
-    ]
-    if bad:
-        r.p.add(("sglang", "mamba_radix_cache_strategy"), "'no_buffer' makes SGLang 0.5.23 "
+    bad: dict[str, list[int]] = {}
+    for w in workers:
+        key = _no_buffer_key(w.flags)
+        if key is not None and w.flags.get("disable_overlap_schedule") is not True:
+            bad.setdefault(key, []).append(w.id)
+    for key, ids in bad.items():
+        r.p.add(("sglang", key), "'no_buffer' makes SGLang 0.5.23 "
                 "assert --disable-overlap-schedule; add disable_overlap_schedule = true"
-                + ("" if len(bad) == len(workers) else f" (workers {bad})"))
+                + ("" if len(ids) == len(workers) else f" (workers {ids})"))
 
 
 def _check_oom_flags(
@@ -1013,12 +1019,12 @@ def _check_oom_flags(
                 r.p.add((*spath, op, a.flag), f"{op} changes the configured value, but "
                         f"{a.flag} is not set to a number in [sglang]{who}; set it there, "
                         f"e.g. {a.flag} = <number>")
-        if set_so_far.get("mamba_radix_cache_strategy") == "no_buffer":
+        key = _no_buffer_key(set_so_far)
+        if key is not None:
             overlap_off = set_so_far.get("disable_overlap_schedule") is True or all(
                 w.flags.get("disable_overlap_schedule") is True for w in workers)
-            if not overlap_off and any(a.flag == "mamba_radix_cache_strategy"
-                                       for a in step.adjust):
-                r.p.add((*spath, "set", "mamba_radix_cache_strategy"), "'no_buffer' makes "
+            if not overlap_off and any(a.flag == key for a in step.adjust):
+                r.p.add((*spath, "set", key), "'no_buffer' makes "
                         "SGLang 0.5.23 assert --disable-overlap-schedule; add "
                         "disable_overlap_schedule = true to this step's set")
 
@@ -1035,6 +1041,14 @@ def _syntax_problem(source: str, exc: tomllib.TOMLDecodeError) -> str:
     return f"{source}: TOML syntax: {text}"
 
 
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """A valid config and its warnings (lines like problems: file:line: key: what)."""
+
+    spec: FarmSpec
+    warnings: tuple[str, ...] = ()
+
+
 def load_spec(
     text: str,
     *,
@@ -1042,12 +1056,25 @@ def load_spec(
     agent_python: str | None = None,
     gpu_count: int | None = None,
 ) -> FarmSpec:
-    """Validate TOML text and resolve it into a `FarmSpec`.
+    """Validate TOML text and resolve it into a `FarmSpec` (`check_spec` without warnings).
 
     `source` names the text in messages (usually the file path). `agent_python` resolves
     `farm.python = "@agent"`; `gpu_count` (from NVML) resolves `workers.gpus = "all"`
     and bounds listed GPUs. Raises `ConfigError` listing every problem found.
     """
+    return check_spec(text, source=source, agent_python=agent_python, gpu_count=gpu_count).spec
+
+
+def check_spec(
+    text: str,
+    *,
+    source: str,
+    agent_python: str | None = None,
+    gpu_count: int | None = None,
+) -> LoadResult:
+    """`load_spec`, plus the warnings of a valid config (e.g. a flag spelt as an older
+    SGLang spells it). Raises `ConfigError` listing every problem found; a config with
+    problems has its warnings left out until they are fixed."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -1074,7 +1101,7 @@ def load_spec(
         _cross_check(r, farm, workers, claims, startup, oom, oom_indices, metrics)
     if problems or resolved is None:
         raise ConfigError(source, problems.sorted() or [f"{source}: no workers"])
-    return FarmSpec(
+    spec = FarmSpec(
         source=source,
         farm=farm,
         workers=tuple(resolved[0]),
@@ -1085,6 +1112,7 @@ def load_spec(
         metrics=metrics,
         control=control,
     )
+    return LoadResult(spec, tuple(problems.sorted_warnings()))
 
 
 def load_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None) -> FarmSpec:
@@ -1093,6 +1121,13 @@ def load_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None
     Raises `ConfigError` for a file that cannot be read as well as for one that does
     not validate.
     """
+    return check_spec_file(path, gpu_count=gpu_count).spec
+
+
+def check_spec_file(
+    path: str | os.PathLike[str], *, gpu_count: int | None = None
+) -> LoadResult:
+    """`load_spec_file`, with the config's warnings (`check_spec`)."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as f:
@@ -1106,4 +1141,4 @@ def load_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None
     except OSError as exc:
         raise ConfigError(source, [f"{source}: cannot read: {exc.strerror or exc}; check the "
                                    "path and its permissions, or pass --config PATH"]) from exc
-    return load_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)
+    return check_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)

@@ -21,7 +21,7 @@ import structlog
 
 from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
-from sglang_farm.config import load_spec_file
+from sglang_farm.config import check_spec_file
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
@@ -93,9 +93,18 @@ def status_line(view: FarmView) -> str:
     return text
 
 
+def load_config(path: str, gpu_count: int | None) -> FarmSpec:
+    """Load and validate the config; its warnings (an older SGLang's spelling of a renamed
+    flag, ...) are logged at start and at every reload, never dropped."""
+    result = check_spec_file(path, gpu_count=gpu_count)
+    for warning in result.warnings:
+        log.warning("config_warning", config=path, warning=warning)
+    return result.spec
+
+
 async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = None) -> int:
     """Run the farm until SIGTERM/SIGINT. Returns the process exit status."""
-    spec = load_spec_file(config_path, gpu_count=gpu_count)
+    spec = load_config(config_path, gpu_count)
     kind, why = choose_runtime(runtime_kind)
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
     from sglang_farm.telemetry import Telemetry, make_gpu_poller
@@ -125,7 +134,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     agent = Agent(
         spec,
         runtime_factory(kind, spec, config_path),
-        config_loader=lambda: load_spec_file(config_path, gpu_count=gpu_count),
+        config_loader=lambda: load_config(config_path, gpu_count),
         hooks=AgentHooks(
             preflight=checks.blocking,
             compute_caps=checks.compute_caps,
@@ -202,9 +211,9 @@ async def run_preflight(spec: FarmSpec, poller: GpuPoller | None) -> PreflightRe
     Its failure (with the fix) becomes the worker's last failure, so `farmctl why N`
     says exactly what to repair. `sglang-farm doctor` prints the same report.
     """
+    from sglang_farm.doctor import preflight_blocking, run_doctor
     from sglang_farm.failures import Failure, FailureKind
     from sglang_farm.gpu_fake import FakeGpuPoller
-    from sglang_farm.preflight import preflight_blocking, run_doctor
 
     source = poller or FakeGpuPoller(count=0)
     try:

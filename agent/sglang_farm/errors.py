@@ -3,8 +3,7 @@
 FarmError
 ├── ConfigError        a config file that does not validate (all problems at once)
 ├── ProtocolError      a control-socket request or reply that does not parse
-├── RuntimeFailure     systemd or a child process refused an operation
-└── GpuError           NVML failed as a whole (per-field failures are absent values)
+└── RuntimeFailure     systemd or a child process refused an operation
 """
 
 from __future__ import annotations
@@ -39,6 +38,3 @@ class ProtocolError(FarmError):
 class RuntimeFailure(FarmError):
     """Starting, stopping or observing a worker failed in the runtime (systemd or process)."""
 
-
-class GpuError(FarmError):
-    """NVML could not be used at all."""

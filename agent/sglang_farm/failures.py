@@ -13,7 +13,7 @@ from enum import StrEnum
 
 
 class FailureKind(StrEnum):
-    # Classified from SGLang's log (interface sheet §4.2).
+    # Classified from SGLang's log (docs/reference/sglang.md §11).
     CUDA_OOM_LOAD = "cuda_oom_load"
     CUDA_OOM_SERVING = "cuda_oom_serving"
     KV_CACHE_TOO_SMALL = "kv_cache_too_small"

@@ -19,9 +19,9 @@ from types import MappingProxyType
 
 from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
 
-# Figures of a real H200 (nvidia-smi: 143771 MiB; memory info v2 reserved 645 MB, field notes §2).
+# Figures of a real H200 (nvidia-smi: 143771 MiB; NVML v2 reserved: docs/reference/nvml.md §3).
 H200_MEMORY_TOTAL_BYTES = 143_771 * 1024 * 1024
-H200_MEMORY_RESERVED_BYTES = 645 * 1024 * 1024
+H200_MEMORY_RESERVED_BYTES = 644_939_776
 # What one SGLang worker holds with --mem-fraction-static 0.88 plus CUDA context and graphs.
 DEFAULT_PROCESS_BYTES = 126 * 1024**3
 

@@ -3,7 +3,7 @@
 Readiness and liveness both use SGLang's `/health` (200 only once warm-up is done and
 the scheduler answers a 1-token generation; 503 while starting, shutting down, or when
 the scheduler stopped answering). `/model_info` is never used: it answers as soon as
-HTTP listens, before warm-up (interface sheet §2.2).
+HTTP listens, before warm-up (docs/reference/sglang.md §7).
 """
 
 from __future__ import annotations

@@ -11,13 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sglang_farm.sglang_flags import SGLANG_MODULE
+
 # A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
 # a list becomes several argv items (argparse nargs="+").
 FlagValue = bool | int | float | str | tuple[str | int | float, ...]
-
-
-def _frozen(d: Mapping[str, object] | None = None) -> Mapping[str, object]:
-    return MappingProxyType(dict(d or {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +26,7 @@ class FarmSection:
     # The SGLang environment's interpreter: workers run `<python> -m sglang.launch_server`.
     python: str = "/opt/sglang/bin/python3"
     # The module the interpreter runs; the demo points it at the simulator.
-    module: str = "sglang.launch_server"
+    module: str = SGLANG_MODULE
     user: str = "sglang"
     group: str = "sglang"
     state_dir: str = "/var/lib/sglang-farm"

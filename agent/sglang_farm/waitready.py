@@ -14,28 +14,22 @@ port only after the full model load.
 
 Exit status (`WaitExit`): 0 ready, 1 not ready by the deadline, 2 bad config or
 unknown worker. If the worker's main process dies while loading, systemd stops the
-unit and kills the gate itself.
+unit and kills the gate itself. The command's options are in `cli/waitready.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from enum import IntEnum
 
-import click
 import httpx
 import structlog
 
-from sglang_farm.gpu import gpu_count_for_config
 from sglang_farm.health import probe
 from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.waitready")
-
-DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
-
 
 class WaitExit(IntEnum):
     READY = 0
@@ -108,54 +102,3 @@ def wait_ready(
         return WaitExit.READY
     log.error("wait_ready_timeout", worker=worker_id, url=url, after_s=after, last=detail)
     return WaitExit.NOT_READY
-
-
-@click.command("wait-ready")
-@click.option(
-    "--config",
-    "config_path",
-    default=DEFAULT_CONFIG,
-    show_default=True,
-    envvar="SGLANG_FARM_CONFIG",
-    help="The farm's TOML config.",
-)
-@click.option(
-    "--timeout",
-    type=float,
-    default=None,
-    help="Seconds to wait [default: startup.load_timeout].",
-)
-@click.option(
-    "--main-pid",
-    type=int,
-    default=None,
-    help="Give up as soon as this process exits (units pass $MAINPID).",
-)
-@click.argument("worker", type=int)
-def wait_ready_command(
-    config_path: str, timeout: float | None, main_pid: int | None, worker: int
-) -> None:
-    """Wait until worker WORKER answers its health check (a unit's ExecStartPost= gate).
-
-    Exit 0 when ready, 1 when the deadline passed, 2 for a bad config or unknown worker.
-    """
-    from sglang_farm.config import load_spec_file
-    from sglang_farm.errors import ConfigError
-
-    try:
-        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
-    except ConfigError as exc:
-        click.echo(f"wait-ready: {exc}", err=True)
-        sys.exit(WaitExit.USAGE)
-    if worker not in spec.worker_ids:
-        ids = ", ".join(str(i) for i in spec.worker_ids) or "none"
-        click.echo(
-            f"wait-ready: no worker {worker} in {config_path}; its workers are {ids}", err=True
-        )
-        sys.exit(WaitExit.USAGE)
-    budget = spec.startup.load_timeout if timeout is None else timeout
-    sys.exit(wait_ready(spec, worker, budget, main_pid))
-
-
-if __name__ == "__main__":
-    wait_ready_command(prog_name="sglang-farm wait-ready")

@@ -6,7 +6,7 @@ It never raises: a worker that does not answer gives a sample with `ok=False`.
 
 Both endpoints keep answering while SGLang's scheduler hangs: `/metrics` is
 file-backed (multiprocess mode) and `/v1/loads` is read from /dev/shm, so they
-serve frozen values (interface sheet §2.4, §3). The tracker therefore compares
+serve frozen values (docs/reference/sglang.md §8, §9). The tracker therefore compares
 each sample's *progress fingerprint* (scheduler-side values and counters, or the
 LoadSnapshot timestamps) with the previous one: unchanged for longer than
 `window_s` while requests are running means stale. A worker that does not

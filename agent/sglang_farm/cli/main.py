@@ -15,18 +15,8 @@ from pathlib import Path
 import click
 
 from sglang_farm import __version__
+from sglang_farm.cli.options import config_option
 from sglang_farm.gpu import gpu_count_for_config
-
-DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
-
-config_option = click.option(
-    "--config",
-    "config_path",
-    default=DEFAULT_CONFIG,
-    show_default=True,
-    envvar="SGLANG_FARM_CONFIG",
-    help="The farm's TOML config.",
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,15 +65,22 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
 @cli.command("check-config")
 @config_option
 def check_config(config_path: str) -> None:
-    """Validate the config and print every problem with its line; exit 1 if there are any."""
-    from sglang_farm.config import load_spec_file
+    """Validate the config and print every problem with its line; exit 1 if there are any.
+
+    Warnings (e.g. a flag spelt as an older SGLang spells it: this check has no SGLang at
+    hand, `sglang-farm doctor` asks the installed one) go to stderr and do not fail.
+    """
+    from sglang_farm.config import check_spec_file
     from sglang_farm.errors import ConfigError
 
     try:
-        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
+        result = check_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    spec = result.spec
     click.echo(
         f"{config_path}: OK, {len(spec.workers)} workers "
         f"(ports {spec.workers[0].port}-{spec.workers[-1].port})"
@@ -143,9 +140,9 @@ def sim(args: tuple[str, ...]) -> None:
 
 
 def _add_optional_commands() -> None:
-    from sglang_farm.explain import explain
-    from sglang_farm.preflight import doctor
-    from sglang_farm.waitready import wait_ready_command
+    from sglang_farm.cli.doctor import doctor
+    from sglang_farm.cli.explain import explain
+    from sglang_farm.cli.waitready import wait_ready_command
 
     cli.add_command(explain)
     cli.add_command(doctor)

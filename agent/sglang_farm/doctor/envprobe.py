@@ -1,11 +1,12 @@
 """I/O: a standalone probe of one SGLang Python environment; prints one JSON object.
 
-Run BY THE WORKERS' INTERPRETER (`farm.python`), not the agent's: it imports nothing
-from `sglang_farm` and nothing outside the standard library, so it runs in any
-environment the farm may point at. The doctor (`preflight`) reads this file's text and
-runs it as `<python> -c <text> MODE` from `/`: run as a file, its directory (the
-`sglang_farm` package, with modules named `config`, `metrics`, ...) would come first
-on `sys.path` and could shadow the environment's own modules.
+A script, NEVER IMPORTED (not even by the doctor): it is run BY THE WORKERS'
+INTERPRETER (`farm.python`), not the agent's. It imports nothing from `sglang_farm`
+and nothing outside the standard library, so it runs in any environment the farm may
+point at. The doctor (`doctor/gather.py`) reads this file's text and runs it as
+`<python> -c <text> MODE` from `/`: run as a file, its directory (the `doctor`
+package, with modules named `rules`, `report`, ...) would come first on `sys.path` and
+could shadow the environment's own modules.
 
 Modes:
 

@@ -3,13 +3,15 @@
 `python -m sglang_farm.sim [SGLang flags...]` accepts the argv the farm renders
 (`--model-path M --host H --port P --nccl-port N [--tp-size K] ...`), models the
 flags in `options.py` and ignores any other. It behaves like `sglang.launch_server`
-(interface sheet §2 and §4): a launcher that spawns `sglang::scheduler` (one per TP
+(docs/reference/sglang.md §6, §12, §13): a launcher that spawns `sglang::scheduler` (one per TP
 rank) and `sglang::detokenizer` children in its process group; the HTTP port is
 bound only once the simulated load is over; `/health` is 503 during warm-up, then
 200 after about 1 s; SGLang-format log lines on stderr, ending with "The server is
 fired up and ready to roll!"; `/metrics` (with `--enable-metrics`) with SGLang's
-metric names, types and labels; `/generate` and `/v1/chat/completions` that take
-time per token, with requests beyond `--max-running-requests` queued.
+metric names, types and labels; `/generate`, `/v1/chat/completions` and
+`/v1/completions` that take time per token, with requests beyond
+`--max-running-requests` queued, and `"stream": true` answered with server-sent
+events as SGLang sends them (`replies.py`). docs/simulator.md is the user's guide.
 
 Environment (part of the product):
 
@@ -20,14 +22,15 @@ Environment (part of the product):
 | `SGLANG_SIM_HEALTH_DELAY` | 1.0 | how long a healthy `/health` takes |
 | `SGLANG_HEALTH_CHECK_TIMEOUT` | 20 | SGLang's own: how long `/health` waits on a hung scheduler before 503 |
 | `SGLANG_SIM_TOKEN_SECONDS` | 0.01 | time per generated token |
-| `SGLANG_SIM_DRAIN_SECONDS` | 5 | the most a SIGTERM drain waits for in-flight requests |
+| `SGLANG_SIM_DRAIN_SECONDS` | unset | the most a SIGTERM drain waits for in-flight requests; unset: no bound, as SGLang |
+| `SGL_FORCE_SHUTDOWN` | unset | SGLang's own: `1`/`true` makes SIGTERM skip the drain |
 | `SGLANG_SIM_FAIL` | unset | fail while starting, in one of the modes below |
 | `SGLANG_SIM_FAIL_AFTER` | unset | T: T s after "fired up", the scheduler dies of a CUDA OOM (exit -9) |
 | `SGLANG_SIM_HANG_AFTER` | unset | T: T s after "fired up", the scheduler hangs: `/health` and `/server_info` stop answering, `/metrics` and `/v1/loads` answer frozen values, `/ready` stays 200 |
 | `SGLANG_SIM_IGNORE_SIGTERM` | unset | `1`: ignore SIGTERM (test a supervisor's SIGKILL deadline) |
 | `SGLANG_SIM_GPU_MEM_GIB` | unset | N: each scheduler really holds N GiB on its CUDA device (torch with CUDA needed; otherwise a warning) |
 
-`SGLANG_SIM_FAIL` modes, each printing SGLang's verbatim text (§4.2) and exiting as SGLang does (§4.4):
+`SGLANG_SIM_FAIL` modes, each printing SGLang's verbatim text (docs/reference/sglang.md §11) and exiting as SGLang does (§13):
 
 | mode | where | text | exit |
 | --- | --- | --- | --- |
@@ -47,8 +50,11 @@ Without SGLANG_SIM_FAIL the same exits happen for real causes: a flag SGLang rem
 (`--mamba-scheduler-strategy`) or an ambiguous one (`--cuda-graph-max-bs`) exits 2, a
 served model name with `:` exits 1, a taken port exits 3, a scheduler killed by
 someone exits 1 while loading and -9 while serving. SIGTERM (or SIGINT) logs
-"SIGTERM received. ... Draining requests and shutting down...", waits for in-flight
-generations (at most SGLANG_SIM_DRAIN_SECONDS), kills the children and exits 0.
+"SIGTERM received. ... Draining requests and shutting down...", turns `/health` 503,
+keeps serving (new requests are admitted, as in SGLang), waits until no generation is
+in flight (no bound unless SGLANG_SIM_DRAIN_SECONDS; none at all after a failed
+health check or with SGL_FORCE_SHUTDOWN), kills the children and exits 0; only then
+is the port closed.
 """
 
 # ruff: noqa: E501 - the Markdown tables of env variables and failure modes

@@ -1,7 +1,8 @@
 """I/O: the simulated scheduler: a running batch capped by --max-running-requests and a queue.
 
 Each request waits in the queue until a running slot is free, then produces one
-token every `token_seconds`. What the scheduler publishes (`/v1/loads`, the
+token every `token_seconds`: `stream()` hands it out token by token (for streamed
+answers), `generate()` runs it to the end. What the scheduler publishes (`/v1/loads`, the
 scheduler gauges of `/metrics`) is a snapshot refreshed by `publish()`; once the
 engine hangs, nothing moves and the snapshot stays frozen, as SGLang's file-backed
 metrics do.
@@ -13,10 +14,10 @@ import bisect
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-# SGLang's default buckets (observability/metrics_collector.py), interface sheet §3.
+# SGLang's default buckets (observability/metrics_collector.py), docs/reference/sglang.md §9.
 E2E_BUCKETS = (
     0.1,
     0.2,
@@ -189,6 +190,22 @@ class Engine:
 
     def generate(self, prompt_tokens: int, max_new_tokens: int) -> Completion:
         """Queue, run and finish one request; raises QueueFull when the queue limit is reached."""
+        steps = self.stream(prompt_tokens, max_new_tokens)
+        for _ in steps:
+            pass
+        return steps.completion
+
+    def stream(self, prompt_tokens: int, max_new_tokens: int) -> Generation:
+        """One request, token by token: iterate it (each step sleeps one token's time).
+
+        The first `next()` queues the request and raises QueueFull when the queue limit
+        is reached. Closing it before the last token aborts the request, as a client
+        that hangs up does in SGLang (`sglang:num_aborted_requests_total`).
+        """
+        return Generation(self, prompt_tokens, max_new_tokens)
+
+    def _admit(self, prompt_tokens: int) -> float:
+        """Wait for a running slot; returns the time spent queued."""
         t0 = self._clock()
         with self._cond:
             busy = self._running >= self._max_running or self._hung
@@ -205,36 +222,38 @@ class Engine:
             self._used += prompt_tokens
             queue_s = self._clock() - t0
             self._queue_hist = self._queue_hist.observe(queue_s)
-        ttft = 0.0
-        try:
-            for i in range(max_new_tokens):
-                self._sleep(self._token_s)
-                with self._cond:
-                    while self._hung:
-                        self._cond.wait()
-                    self._used += 1
-                    self._generated += 1
-                if i == 0:
-                    ttft = self._clock() - t0
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._used -= prompt_tokens + max_new_tokens
-                self._cond.notify_all()
-        e2e = self._clock() - t0
-        if max_new_tokens == 0:
-            ttft = e2e
+        return queue_s
+
+    def _token(self) -> None:
+        """One decode step of one request: a token's time, then account for the token."""
+        self._sleep(self._token_s)
+        with self._cond:
+            while self._hung:
+                self._cond.wait()
+            self._used += 1
+            self._generated += 1
+
+    def _release(self, prompt_tokens: int, produced: int) -> None:
+        with self._cond:
+            self._running -= 1
+            self._used -= prompt_tokens + produced
+            self._cond.notify_all()
+
+    def _finish(self, prompt_tokens: int, produced: int, e2e: float, ttft: float) -> None:
         with self._cond:
             t = self._tok
             self._tok = TokenizerStats(
                 prompt_tokens=t.prompt_tokens + prompt_tokens,
-                generation_tokens=t.generation_tokens + max_new_tokens,
+                generation_tokens=t.generation_tokens + produced,
                 num_requests=t.num_requests + 1,
                 num_aborted=t.num_aborted,
                 e2e=t.e2e.observe(e2e),
                 ttft=t.ttft.observe(ttft),
             )
-        return Completion(prompt_tokens, max_new_tokens, e2e, ttft, queue_s)
+
+    def _abort(self) -> None:
+        with self._cond:
+            self._tok = _replace_tok(self._tok, num_aborted=self._tok.num_aborted + 1)
 
     def hang(self) -> None:
         """Freeze the scheduler for good: no token, no dequeue, no publish."""
@@ -286,6 +305,76 @@ class Engine:
 
     def tokenizer_stats(self) -> TokenizerStats:
         return self._tok
+
+
+class Generation(Iterator[int]):
+    """One request being generated; yields the number of tokens produced so far.
+
+    A class rather than a generator function so that the caller can read `completion`
+    once it is exhausted, and so that `close()` before the end counts as an abort.
+    """
+
+    def __init__(self, engine: Engine, prompt_tokens: int, max_new_tokens: int) -> None:
+        self._engine = engine
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self._t0 = 0.0
+        self._queue_s = 0.0
+        self._ttft = 0.0
+        self._produced = -1  # -1: not admitted yet
+        self._done = False
+        self._completion: Completion | None = None
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> int:
+        eng = self._engine
+        if self._done:
+            raise StopIteration
+        if self._produced < 0:
+            self._t0 = eng._clock()
+            self._queue_s = eng._admit(self.prompt_tokens)  # may raise QueueFull
+            self._produced = 0
+        if self._produced >= self.max_new_tokens:
+            self._end()
+            raise StopIteration
+        try:
+            eng._token()
+        except BaseException:
+            self.close()
+            raise
+        self._produced += 1
+        if self._produced == 1:
+            self._ttft = eng._clock() - self._t0
+        return self._produced
+
+    def _end(self) -> None:
+        eng = self._engine
+        self._done = True
+        eng._release(self.prompt_tokens, self.max_new_tokens)
+        e2e = eng._clock() - self._t0
+        ttft = self._ttft if self.max_new_tokens else e2e
+        eng._finish(self.prompt_tokens, self.max_new_tokens, e2e, ttft)
+        self._completion = Completion(
+            self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._queue_s
+        )
+
+    def close(self) -> None:
+        """Stop early: free the running slot and count the request as aborted."""
+        if self._done:
+            return
+        self._done = True
+        if self._produced >= 0:
+            self._engine._release(self.prompt_tokens, self._produced)
+            self._engine._abort()
+
+    @property
+    def completion(self) -> Completion:
+        """The finished request's figures; raises RuntimeError before the last token."""
+        if self._completion is None:
+            raise RuntimeError("the generation has not finished")
+        return self._completion
 
 
 def _replace_tok(t: TokenizerStats, *, num_aborted: int) -> TokenizerStats:

@@ -1,6 +1,6 @@
 """Pure: `/metrics` text and `/v1/loads` bodies from the engine's snapshots.
 
-Names, types and labels are SGLang 0.5.23's (interface sheet §3): scheduler
+Names, types and labels are SGLang 0.5.23's (docs/reference/sglang.md §9): scheduler
 metrics carry `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`,
 tokenizer metrics `model_name, engine_type` (+ `is_streaming`), and every one the
 `--extra-metric-labels`. The text is what prometheus_client's multiprocess
@@ -184,7 +184,7 @@ def parse_include(raw: str | None) -> frozenset[str] | None:
 def load_snapshot(
     ctx: MetricContext, sched: SchedulerStats, include: frozenset[str] | None
 ) -> dict[str, Any]:
-    """One LoadSnapshot (dp_rank 0) with the core keys of the interface sheet §2.4."""
+    """One LoadSnapshot (dp_rank 0) with the core keys of docs/reference/sglang.md §8."""
     load: dict[str, Any] = {
         "timestamp": sched.timestamp,
         "dp_rank": 0,

@@ -21,7 +21,7 @@ BYTES_PER_TOKEN = 131072  # Llama-3-8B in bf16: 32 layers x 2 x 8 heads x 128 x 
 DEFAULT_CONTEXT_LEN = 32768
 DEFAULT_MAX_RUNNING = 1024
 
-# Flags SGLang 0.5.23 no longer knows (interface sheet §1.3); any other unknown flag is ignored.
+# Flags SGLang 0.5.23 no longer knows (docs/reference/sglang.md §4); other unknown ones are ignored.
 REMOVED_FLAGS = ("--mamba-scheduler-strategy",)
 
 
@@ -96,14 +96,15 @@ class ServerOptions:
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
-    """SGLANG_SIM_* knobs (and SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT)."""
+    """SGLANG_SIM_* knobs (and SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT and SGL_FORCE_SHUTDOWN)."""
 
     load_seconds: float = 2.0
     warmup_seconds: float = 0.5
     health_delay: float = 1.0
     health_timeout: float = 20.0
     token_seconds: float = 0.01
-    drain_seconds: float = 5.0
+    drain_seconds: float | None = None  # None: drain with no bound, as SGLang does
+    force_shutdown: bool = False  # SGLang's SGL_FORCE_SHUTDOWN: SIGTERM skips the drain
     fail: FailMode | None = None
     fail_after: float | None = None
     hang_after: float | None = None
@@ -268,7 +269,8 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         health_delay=num("SGLANG_SIM_HEALTH_DELAY", d.health_delay),
         health_timeout=num("SGLANG_HEALTH_CHECK_TIMEOUT", d.health_timeout),
         token_seconds=num("SGLANG_SIM_TOKEN_SECONDS", d.token_seconds),
-        drain_seconds=num("SGLANG_SIM_DRAIN_SECONDS", d.drain_seconds),
+        drain_seconds=_float(env, "SGLANG_SIM_DRAIN_SECONDS", d.drain_seconds),
+        force_shutdown=env.get("SGL_FORCE_SHUTDOWN", "").strip().lower() in {"1", "true"},
         fail=fail,
         fail_after=_float(env, "SGLANG_SIM_FAIL_AFTER", None),
         hang_after=_float(env, "SGLANG_SIM_HANG_AFTER", None),

@@ -3,7 +3,7 @@
 It parses the flags, logs `server_args=...`, spawns the scheduler(s) and the
 detokenizer in its own process group, waits for every scheduler's ready message
 (the HTTP port stays unbound meanwhile), binds, warms up and serves. Exits, as
-SGLang's (interface sheet §4.4): 0 after a SIGTERM drain; -9 (it SIGKILLs its
+SGLang's (docs/reference/sglang.md §13): 0 after a SIGTERM drain; -9 (it SIGKILLs its
 children, then itself) when a child reports a failure by SIGQUIT or dies while
 serving; 1 when a scheduler vanishes during init or a pre-spawn check fails;
 2 for argparse errors; 3 when the port cannot be bound.
@@ -40,6 +40,7 @@ from sglang_farm.sim.scheduler import CHILD_ENV, GRAPH_GB, ChildConfig
 from sglang_farm.sim.web import ServerState, SimHTTPServer, Status, bind
 
 _PUBLISH_PERIOD_S = 0.1  # how often the simulated scheduler refreshes /v1/loads and its gauges
+_DRAIN_LOG_PERIOD_S = 5.0  # SGLang's sigterm_watchdog logs the remaining count every 5 s
 _WATCHDOG_PERIOD_S = 0.5  # SGLang's SubprocessWatchdog polls every 1 s; faster keeps tests short
 
 
@@ -218,12 +219,7 @@ class Launcher:
         self.log.info(texts.STOP_DRAIN.format(name=signal.Signals(signum).name, num=int(signum)))
         if state is not None:
             state.exiting.set()
-            deadline = time.monotonic() + self.settings.drain_seconds
-            remaining = state.engine.inflight()
-            if remaining:
-                self.log.info(f"Gracefully exiting... Remaining number of requests {remaining}")
-            while state.generation_in_flight() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            self._drain(state)
         self.shutting_down = True
         self._kill_children(wait=True)
         if server is not None:
@@ -234,6 +230,35 @@ class Launcher:
             self.log.uvicorn("INFO", "Application shutdown complete.")
             self.log.uvicorn("INFO", f"Finished server process [{os.getpid()}]")
         return 0
+
+    def _drain(self, state: ServerState) -> None:
+        """Wait for in-flight generations, as `TokenizerManager.sigterm_watchdog` does.
+
+        SGLang waits with no bound (SGLANG_SIM_DRAIN_SECONDS adds one), logging the
+        remaining count every 5 s, and keeps admitting new requests meanwhile; it skips
+        the drain when a health check has failed or SGL_FORCE_SHUTDOWN is set.
+        Unlike SGLang, which looks every 5 s, the simulator exits as soon as it is idle.
+        """
+        if state.unhealthy:
+            self.log.info(texts.FORCE_EXIT_UNHEALTHY)
+            return
+        if self.settings.force_shutdown:
+            self.log.info(texts.FORCE_EXIT_FLAG)
+            return
+        bound = self.settings.drain_seconds
+        deadline = None if bound is None else time.monotonic() + bound
+        while True:
+            remaining = state.generation_in_flight()
+            self.log.info(texts.DRAIN_REMAINING.format(num=remaining))
+            if remaining == 0:
+                return
+            wait = _DRAIN_LOG_PERIOD_S
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+            if state.wait_idle(wait):
+                return
 
     def run(self) -> int:
         o, s = self.opts, self.settings

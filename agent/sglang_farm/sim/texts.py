@@ -1,4 +1,4 @@
-"""Pure: the text SGLang writes, verbatim where the interface sheet (§4) records it.
+"""Pure: the text SGLang writes, verbatim where docs/reference/sglang.md (§10, §11) records it.
 
 Log lines are `[%Y-%m-%d %H:%M:%S{ TPn}] message`; tracebacks are plausible
 frames around the exact exception line a log classifier greps for.
@@ -12,7 +12,7 @@ import time
 
 _SITE = "/opt/sglang/lib/python3.11/site-packages"
 
-# torch's own OOM text (field-notes §2), as PyTorch prints it in full.
+# torch's own OOM text (docs/reference/nvml.md §8), as PyTorch prints it in full.
 TORCH_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 372.53 GiB. GPU {gpu} has a total "
     "capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, this process has "
@@ -62,6 +62,9 @@ SCHEDULER_SIGQUIT_RUNNING = (
     "SIGQUIT received. signum=3, frame=None. It usually means one child failed."
 )
 STOP_DRAIN = "{name} received. signum={num}, frame=None. Draining requests and shutting down..."
+DRAIN_REMAINING = "Gracefully exiting... Remaining number of requests {num}."
+FORCE_EXIT_UNHEALTHY = "Signal SIGTERM received while health check failed. Force exiting."
+FORCE_EXIT_FLAG = "Signal SIGTERM received while force shutdown flag set. Force exiting."
 READY = "The server is fired up and ready to roll!"
 
 
@@ -84,6 +87,8 @@ def _frames(*frames: tuple[str, int, str, str]) -> str:
     return "\n".join(out)
 
 
+# The outermost frame of `python -m sglang.launch_server`.
+_RUNPY = ("<frozen runpy>", 198, "_run_module_as_main", "return _run_code(code, main_globals, None,")
 _SCHED = (
     "sglang/srt/managers/scheduler.py",
     3120,
@@ -110,15 +115,17 @@ def scheduler_exception(exception_text: str, *frames: tuple[str, int, str, str])
     return "Scheduler hit an exception: " + _frames(*frames) + "\n" + exception_text
 
 
+def _model_load_exception(exception_text: str, *frames: tuple[str, int, str, str]) -> str:
+    """A scheduler exception raised while building the model runner: the shared outer
+    frames (scheduler, tp_worker, `ModelRunner.__init__`), then `frames`."""
+    return scheduler_exception(exception_text, _SCHED, _SCHED_INIT, _TP_WORKER, _RUNNER, *frames)
+
+
 def load_failure(mode: str, *, gpu: int, mfs: float) -> str:
     """The scheduler's log text for a failure while loading (`mode` is a FailMode value)."""
     if mode in ("cuda_oom", "real_cuda_oom"):
-        return scheduler_exception(
+        return _model_load_exception(
             TORCH_OOM.format(gpu=gpu),
-            _SCHED,
-            _SCHED_INIT,
-            _TP_WORKER,
-            _RUNNER,
             (
                 "sglang/srt/model_executor/model_runner.py",
                 912,
@@ -128,12 +135,8 @@ def load_failure(mode: str, *, gpu: int, mfs: float) -> str:
             ("torch/nn/modules/module.py", 1355, "to", "return self._apply(convert)"),
         )
     if mode == "not_enough_memory":
-        return scheduler_exception(
+        return _model_load_exception(
             NOT_ENOUGH_MEMORY.format(mfs=mfs),
-            _SCHED,
-            _SCHED_INIT,
-            _TP_WORKER,
-            _RUNNER,
             (
                 "sglang/srt/model_executor/model_runner.py",
                 1402,
@@ -149,12 +152,8 @@ def load_failure(mode: str, *, gpu: int, mfs: float) -> str:
         )
     if mode == "weights_leave_no_memory":
         above = round(min(mfs + 0.12, 0.99), 2)
-        return scheduler_exception(
+        return _model_load_exception(
             WEIGHTS_LEAVE_NO_MEMORY.format(mfs=mfs, above=above, minimum=round(above - 0.05, 3)),
-            _SCHED,
-            _SCHED_INIT,
-            _TP_WORKER,
-            _RUNNER,
             (
                 "sglang/srt/mem_cache/kv_cache_configurator.py",
                 143,
@@ -163,12 +162,8 @@ def load_failure(mode: str, *, gpu: int, mfs: float) -> str:
             ),
         )
     if mode == "cuda_graph":
-        return scheduler_exception(
+        return _model_load_exception(
             CUDA_GRAPH_FAILED.format(gpu=gpu),
-            _SCHED,
-            _SCHED_INIT,
-            _TP_WORKER,
-            _RUNNER,
             (
                 "sglang/srt/model_executor/model_runner.py",
                 1580,
@@ -213,12 +208,8 @@ def load_failure(mode: str, *, gpu: int, mfs: float) -> str:
             ("deep_gemm/cuda_helpers.py", 32, "find_cuda_home", "assert cuda_home is not None"),
         )
     if mode == "attention_backend":
-        return scheduler_exception(
+        return _model_load_exception(
             FA3_ASSERT,
-            _SCHED,
-            _SCHED_INIT,
-            _TP_WORKER,
-            _RUNNER,
             (
                 "sglang/srt/model_executor/model_runner.py",
                 1490,
@@ -269,12 +260,7 @@ def runtime_cuda_oom(gpu: int) -> str:
 def sgl_kernel_import_error(cc: str = "9.0") -> str:
     """The uncaught ImportError the main process prints when sgl_kernel has no usable common_ops."""
     frames = _frames(
-        (
-            "<frozen runpy>",
-            198,
-            "_run_module_as_main",
-            "return _run_code(code, main_globals, None,",
-        ),
+        _RUNPY,
         (
             "sglang/launch_server.py",
             7,
@@ -328,12 +314,7 @@ def served_model_name_colon(name: str) -> str:
     """The pre-spawn validation failure for a served model name with a colon (exit 1)."""
     return (
         _frames(
-            (
-                "<frozen runpy>",
-                198,
-                "_run_module_as_main",
-                "return _run_code(code, main_globals, None,",
-            ),
+            _RUNPY,
             (
                 "sglang/launch_server.py",
                 24,
@@ -355,12 +336,7 @@ def host_oom_main(rank: int, code: int) -> str:
     """What the main process prints when a scheduler vanished before reporting ready (exit 1)."""
     return (
         _frames(
-            (
-                "<frozen runpy>",
-                198,
-                "_run_module_as_main",
-                "return _run_code(code, main_globals, None,",
-            ),
+            _RUNPY,
             ("sglang/launch_server.py", 32, "<module>", "launch_server(server_args)"),
             (
                 "sglang/srt/entrypoints/http_server.py",
@@ -378,13 +354,4 @@ def host_oom_main(rank: int, code: int) -> str:
         + "\n"
         + HOST_OOM.format(rank=rank, code=code)
         + "\n"
-    )
-
-
-def bind_failed(host: str, port: int) -> str:
-    """uvicorn's bind failure (it then exits with status 3)."""
-    return uvicorn(
-        "ERROR",
-        f"[Errno 98] error while attempting to bind on address ({host!r}, {port}): "
-        "address already in use",
     )

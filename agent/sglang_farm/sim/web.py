@@ -1,22 +1,26 @@
 """I/O: the HTTP side of the simulator: SGLang's routes on a ThreadingHTTPServer.
 
-Each route answers the way SGLang 0.5.23's does (interface sheet §2): `/health`
+Each route answers the way SGLang 0.5.23's does (docs/reference/sglang.md §6): `/health`
 is 503 while starting or exiting and otherwise takes `health_delay` (SGLang sleeps
 1 s before its first check); when the scheduler hangs it waits
 SGLANG_HEALTH_CHECK_TIMEOUT, logs SGLang's "Health check failed" line and answers
 503, so a probe with a shorter timeout simply times out. `/server_info` blocks
 while the scheduler hangs; `/metrics` and `/v1/loads` keep answering frozen values.
+The generation routes run each request through the engine (queue, then one token per
+`token_seconds`) and, with `"stream": true`, write server-sent events as the tokens come
+(bodies and events in `replies.py`). After SIGTERM they keep admitting, as SGLang's do.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import socketserver
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -25,7 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from sglang_farm.sim.engine import Completion, Engine, QueueFull
+from sglang_farm.sim import replies
+from sglang_farm.sim.engine import Completion, Engine, Generation, QueueFull
 from sglang_farm.sim.exposition import (
     MetricContext,
     load_snapshot,
@@ -39,7 +44,9 @@ from sglang_farm.sim.options import ServerOptions, SimSettings
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_MAX_NEW_TOKENS = 128
-_PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")  # no API key needed (§2.3)
+_COMPLETIONS_MAX_TOKENS = 16  # CompletionRequest.max_tokens' default (OpenAI's too)
+# No API key needed on these (docs/reference/sglang.md §6.2).
+_PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -61,12 +68,20 @@ class ServerState:
     startup_time: float
     status: Status = Status.STARTING
     exiting: threading.Event = field(default_factory=threading.Event)
-    busy_lock: threading.Lock = field(default_factory=threading.Lock)
+    # A /health probe timed out on the hung scheduler (SGLang's ServerStatus.UnHealthy):
+    # a SIGTERM then exits at once instead of draining.
+    unhealthy: bool = False
+    busy_cond: threading.Condition = field(default_factory=threading.Condition)
     busy: int = 0  # generation requests whose response is not written yet
 
     def generation_in_flight(self) -> int:
-        with self.busy_lock:
+        with self.busy_cond:
             return self.busy
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Block until no generation is in flight (True) or `timeout` s pass (False)."""
+        with self.busy_cond:
+            return self.busy_cond.wait_for(lambda: self.busy == 0, timeout)
 
 
 class BadRequest(Exception):
@@ -83,7 +98,8 @@ def _error(message: str, status: HTTPStatus, err_type: str = "BadRequestError") 
     }
 
 
-def _int_field(body: dict[str, Any], *names: str) -> int:
+def _int_field(body: dict[str, Any], *names: str, default: int = DEFAULT_MAX_NEW_TOKENS) -> int:
+    """The first of `names` present: a non-negative int; raises BadRequest otherwise."""
     for name in names:
         value = body.get(name)
         if value is None:
@@ -91,11 +107,49 @@ def _int_field(body: dict[str, Any], *names: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
         return value
-    return DEFAULT_MAX_NEW_TOKENS
+    return default
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    """`stream_options.include_usage`; SGLang's `--stream-response-default-include-usage` is off."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object")
+    return bool(options.get("include_usage"))
+
+
+def _completion_prompt(prompt: object) -> int:
+    """Prompt tokens of a /v1/completions `prompt`: a string or a list of token ids.
+
+    Raises BadRequest for a batch (a list of prompts), which the simulator does not serve.
+    """
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return _prompt_tokens(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    raise BadRequest(
+        "prompt must be a string or a list of token ids (the sglang-farm simulator "
+        f"serves one prompt per request), got {type(prompt).__name__}"
+    )
 
 
 def _prompt_tokens(text: str) -> int:
     return max(1, len(text) // 4)  # about four characters per token
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenAIStream:
+    """An OpenAI route's stream once its first token is out: what its chunks carry."""
+
+    rid: str
+    created: int
+    model: str
+    first: int  # tokens when the stream opened: 0 only when max_tokens is 0
+    tokens: Iterator[int]  # the token count after each token, from `first` on
 
 
 def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
@@ -197,6 +251,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 time.sleep(0.1)
             if state.engine.hung or state.exiting.is_set():
                 if state.engine.hung:
+                    state.unhealthy = True
                     state.log.info(
                         "Health check failed. Server couldn't get a response from detokenizer "
                         "for last "
@@ -370,24 +425,63 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             )
 
         def _run(self, prompt_tokens: int, max_new: int) -> Completion | None:
-            """Run a generation; returns None when an error response was already sent."""
-            if state.exiting.is_set():
-                self._json(
-                    503,
-                    _error(
-                        "The server is shutting down.",
-                        HTTPStatus.SERVICE_UNAVAILABLE,
-                        "ServiceUnavailableError",
-                    ),
-                )
-                return None
+            """Run a generation; returns None when an error response was already sent.
+
+            Admitted while draining too: SGLang's SIGTERM flag gates only /health
+            (`http_server.py::health_generate`); every generation route keeps admitting.
+            """
             try:
                 return state.engine.generate(prompt_tokens, max_new)
             except QueueFull as exc:
-                self._json(
-                    503, _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError")
-                )
+                self._queue_full(exc)
                 return None
+
+        def _queue_full(self, exc: QueueFull) -> None:
+            self._json(
+                503, _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError")
+            )
+
+        # -- server-sent events ------------------------------------------------------------
+
+        def _start_stream(self) -> None:
+            """200 with `text/event-stream`, chunked, as Starlette's StreamingResponse sends."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._access(200)
+
+        def _event(self, data: bytes) -> None:
+            """Write one chunk now; raises OSError when the client has gone."""
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _stream(self, gen: Generation, events: Iterator[bytes], *, started: bool) -> None:
+            """Send `events`, then `data: [DONE]`; a client that hangs up aborts `gen`."""
+            try:
+                if not started:
+                    self._start_stream()
+                for data in events:
+                    self._event(data)
+                self._event(replies.DONE)
+                self._event(b"")  # the last chunk of a chunked body
+            except OSError:
+                self.close_connection = True
+            finally:
+                gen.close()  # a no-op once the generation has finished
+
+        def _kick(self, gen: Generation) -> int | None:
+            """Wait for the first token before answering, as SGLang's OpenAI routes do.
+
+            Returns the token count (0 when max_tokens is 0), or None when a 503 was sent.
+            """
+            try:
+                return next(gen, 0)
+            except QueueFull as exc:
+                self._queue_full(exc)
+                return None
+
+        # -- generation routes -------------------------------------------------------------
 
         def generate(self, _q: dict[str, list[str]], body: dict[str, Any]) -> None:
             self._tracked(self._generate, body)
@@ -395,20 +489,22 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
         def chat(self, _q: dict[str, list[str]], body: dict[str, Any]) -> None:
             self._tracked(self._chat, body)
 
+        def completions(self, _q: dict[str, list[str]], body: dict[str, Any]) -> None:
+            self._tracked(self._completions, body)
+
         def _tracked(self, fn: Callable[[dict[str, Any]], None], body: dict[str, Any]) -> None:
-            with state.busy_lock:
+            with state.busy_cond:
                 state.busy += 1
             try:
                 fn(body)
             except BadRequest as exc:
                 self._json(400, _error(str(exc), HTTPStatus.BAD_REQUEST))
             finally:
-                with state.busy_lock:
+                with state.busy_cond:
                     state.busy -= 1
+                    state.busy_cond.notify_all()
 
         def _generate(self, body: dict[str, Any]) -> None:
-            if body.get("stream"):
-                raise BadRequest("stream=true is not supported by the sglang-farm simulator")
             params = body.get("sampling_params") or {}
             if not isinstance(params, dict):
                 raise BadRequest("sampling_params must be an object")
@@ -421,61 +517,126 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 prompt = _prompt_tokens(text)
             else:
                 raise BadRequest("Either text or input_ids should be provided.")
+            rid = uuid.uuid4().hex
+            if body.get("stream"):
+                gen = state.engine.stream(prompt, max_new)
+                t0 = time.monotonic()
+
+                def events() -> Iterator[bytes]:
+                    try:
+                        for n in gen:
+                            done = n == max_new
+                            elapsed = time.monotonic() - t0
+                            yield replies.sse(
+                                replies.generate_body(rid, prompt, n, finished=done, e2e_s=elapsed)
+                            )
+                        if max_new == 0:
+                            elapsed = time.monotonic() - t0
+                            yield replies.sse(
+                                replies.generate_body(rid, prompt, 0, finished=True, e2e_s=elapsed)
+                            )
+                    except QueueFull as exc:
+                        yield replies.sse({"error": {"message": str(exc)}})
+
+                # /generate answers 200 at once; errors then travel as an event.
+                self._stream(gen, events(), started=False)
+                return
             c = self._run(prompt, max_new)
             if c is None:
                 return
             self._json(
                 200,
-                {
-                    "text": " sim" * c.completion_tokens,
-                    "output_ids": [1] * c.completion_tokens,
-                    "meta_info": {
-                        "id": uuid.uuid4().hex,
-                        "finish_reason": {"type": "length", "length": c.completion_tokens},
-                        "prompt_tokens": c.prompt_tokens,
-                        "completion_tokens": c.completion_tokens,
-                        "cached_tokens": 0,
-                        "e2e_latency": round(c.e2e_s, 4),
-                    },
-                },
+                replies.generate_body(
+                    rid, c.prompt_tokens, c.completion_tokens, finished=True, e2e_s=c.e2e_s
+                ),
             )
 
+        def _openai(
+            self,
+            body: dict[str, Any],
+            prompt: int,
+            max_new: int,
+            answer: Callable[[str, int, str, int, int], dict[str, Any]],
+            events: Callable[[_OpenAIStream], Iterator[bytes]],
+        ) -> None:
+            """Answer an OpenAI route: `answer(rid, created, model, prompt, tokens)` whole,
+            or with `"stream": true` the chunks `events` makes once the first token is out."""
+            rid = uuid.uuid4().hex
+            model = body.get("model") or state.opts.served_model_name
+            if not body.get("stream"):
+                c = self._run(prompt, max_new)
+                if c is not None:
+                    body_out = answer(
+                        rid, int(time.time()), model, c.prompt_tokens, c.completion_tokens
+                    )
+                    self._json(200, body_out)
+                return
+            gen = state.engine.stream(prompt, max_new)
+            first = self._kick(gen)
+            if first is None:
+                return
+            tokens = itertools.chain([first] if first else [], gen)
+            opened = _OpenAIStream(rid, int(time.time()), model, first, tokens)
+            self._stream(gen, events(opened), started=False)
+
         def _chat(self, body: dict[str, Any]) -> None:
-            if body.get("stream"):
-                raise BadRequest("stream=true is not supported by the sglang-farm simulator")
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequest("messages must be a non-empty list")
             max_new = _int_field(body, "max_completion_tokens", "max_tokens")
+            include_usage = _include_usage(body)
             text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            c = self._run(_prompt_tokens(text) + 4 * len(messages), max_new)
-            if c is None:
-                return
-            self._json(
-                200,
-                {
-                    "id": uuid.uuid4().hex,
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model") or state.opts.served_model_name,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": ("sim " * c.completion_tokens).strip(),
-                            },
-                            "finish_reason": "length",
-                            "logprobs": None,
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": c.prompt_tokens,
-                        "completion_tokens": c.completion_tokens,
-                        "total_tokens": c.prompt_tokens + c.completion_tokens,
-                    },
-                },
-            )
+            prompt = _prompt_tokens(text) + 4 * len(messages)
+
+            def events(s: _OpenAIStream) -> Iterator[bytes]:
+                yield replies.sse(
+                    replies.chat_chunk(s.rid, s.created, s.model, role="assistant", content="")
+                )
+                for n in s.tokens:
+                    yield replies.sse(
+                        replies.chat_chunk(s.rid, s.created, s.model, content=replies.chat_delta(n))
+                    )
+                yield replies.sse(
+                    replies.chat_chunk(
+                        s.rid, s.created, s.model, finish_reason=replies.FINISH_LENGTH
+                    )
+                )
+                if include_usage:
+                    yield replies.sse(
+                        replies.usage_chunk(
+                            s.rid, s.created, s.model, "chat.completion.chunk", prompt, max_new
+                        )
+                    )
+
+            self._openai(body, prompt, max_new, replies.chat_body, events)
+
+        def _completions(self, body: dict[str, Any]) -> None:
+            prompt = _completion_prompt(body.get("prompt"))
+            max_new = _int_field(body, "max_tokens", default=_COMPLETIONS_MAX_TOKENS)
+            include_usage = _include_usage(body)
+
+            def events(s: _OpenAIStream) -> Iterator[bytes]:
+                if not s.first:
+                    yield replies.sse(
+                        replies.completion_chunk(
+                            s.rid, s.created, s.model, "", replies.FINISH_LENGTH
+                        )
+                    )
+                for n in s.tokens:
+                    finish = replies.FINISH_LENGTH if n == max_new else None
+                    yield replies.sse(
+                        replies.completion_chunk(
+                            s.rid, s.created, s.model, replies.TOKEN_TEXT, finish
+                        )
+                    )
+                if include_usage:
+                    yield replies.sse(
+                        replies.usage_chunk(
+                            s.rid, s.created, s.model, "text_completion", prompt, max_new
+                        )
+                    )
+
+            self._openai(body, prompt, max_new, replies.completion_body, events)
 
     _ROUTES: dict[
         tuple[str, str], Callable[[Handler, dict[str, list[str]], dict[str, Any]], None]
@@ -495,6 +656,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
         ("POST", "/flush_cache"): Handler.flush_cache,
         ("POST", "/generate"): Handler.generate,
         ("POST", "/v1/chat/completions"): Handler.chat,
+        ("POST", "/v1/completions"): Handler.completions,
     }
     return Handler
 

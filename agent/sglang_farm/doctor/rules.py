@@ -1,52 +1,46 @@
-"""I/O: the preflight doctor — checks before any GPU time is spent, reported as data.
+"""Pure: the doctor's rules: what `gather` observed -> a `DoctorReport` of checks.
 
-Two halves:
+Every rule is data plus a function: kernel binaries per GPU architecture, attention
+backends per compute capability, deep_gemm and CUDA_HOME (docs/reference/sglang.md §14),
+the seed host's three launch failures on an SM 12.0 card (docs/reference/seed-host.md §3-§5, §11),
+ports, the model and memory. Each verdict is a `Check` with a status and a fix.
 
-- `gather(spec, gpu_poller, ...) -> Observations` does all the I/O: one GPU snapshot,
-  the environment probe (`envprobe.py`, run by the WORKERS' interpreter with the
-  worker's environment, once per distinct interpreter/environment/GPU architecture),
-  SGLang's own argument parser over every rendered command line, bind tests of the
-  HTTP and NCCL ports, the model directory, and `/dev/shm`.
-- `evaluate(spec, observations) -> DoctorReport` is pure: every rule of the interface
-  sheet §5 (kernel binaries per architecture, attention backends per compute
-  capability, deep_gemm and CUDA_HOME) and field notes §1 (the seed host's three
-  launch failures on an SM 12.0 card) as data: a `Check` with a status and a fix.
-
-`run_doctor` is both; `format_report` renders a table for people, `DoctorReport.to_dict`
-the JSON. `preflight_blocking` is what the agent calls before starting a worker, and
-`doctor` is the click command (`sglang-farm doctor [--config] [--json]`).
+Flags are judged by the installed SGLang: its own parser (envprobe's `flags` mode)
+decides, and for a flag it rejects whose other spelling `sglang_flags.RENAMES` knows,
+the message names the spelling of the installed version ("SGLang 0.5.12 calls it
+--mamba-scheduler-strategy").
 
 `resolve_attention_backend(cc)` is the farm's `attention_backend = "auto"`: one
-backend per architecture (SGLang's own default order, field notes §1 for SM 12.0).
+backend per architecture (SGLang's own default order; docs/reference/seed-host.md §5 for
+SM 12.0).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import click
-
-from sglang_farm.classify import RENAMED_FLAGS
-from sglang_farm.cmdline import build_command, flag_name
-from sglang_farm.errors import ConfigError, FarmError
-from sglang_farm.gpu import FleetSnapshot, GpuPoller
+from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.sglang_flags import (
+    ATTENTION_BACKEND_KEYS,
+    NOT_NVIDIA_BACKENDS,
+    SGLANG_MODULE,
+    Version,
+    flag_key,
+    flag_name,
+    log_advice,
+    mamba_strategy,
+    parse_version,
+    stale_spelling,
+    unknown_flag_hint,
+    version_text,
+)
 from sglang_farm.spec import FarmSpec, FlagValue, WorkerSpec
 
-SGLANG_MODULE = "sglang.launch_server"
 AUTO = "auto"
 GIB = 1024**3
 
@@ -57,16 +51,6 @@ MEM_FRACTION_WARN = 0.95
 WEIGHTS_SHARE_WARN = 0.9
 # SGLang's processes and NCCL put shared-memory segments in /dev/shm too.
 SHM_MIN_FREE_BYTES = 1 * GIB
-# One probe imports torch and two native extensions in child processes; a cold page
-# cache makes that tens of seconds. SGLang's parser import (torch, triton) likewise.
-PROBE_TIMEOUT_S = 240.0
-# What a systemd service sees (systemd's default PATH): workers run under systemd, so
-# the probe must not inherit the operator's shell (a CUDA_HOME exported there would
-# hide the seed's deep_gemm failure).
-SYSTEMD_BASE_ENV: Mapping[str, str] = MappingProxyType(
-    {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-)
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _HF_REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # sglang's environ treats these as false (SGLANG_ENABLE_JIT_DEEPGEMM=0 disables DeepGEMM).
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", "n"})
@@ -160,9 +144,6 @@ class DoctorReport:
         }
 
 
-class ProbeError(FarmError):
-    """The environment probe could not run or gave no result (the message says why)."""
-
 
 # --- observations (what gather() found) ----------------------------------------------
 
@@ -212,7 +193,7 @@ class Observations:
 def resolve_attention_backend(cc: tuple[int, int]) -> str:
     """The farm's pick for `attention_backend = "auto"` on compute capability `cc`.
 
-    SGLang's own default order for MHA models (interface sheet §5.2): Hopper -> fa3,
+    SGLang's own default order for MHA models (docs/reference/sglang.md §14.2): Hopper -> fa3,
     datacenter Blackwell (SM 10.x) -> trtllm_mha, everything else -> flashinfer. On
     SM 12.x flashinfer is the only backend the seed host could run (no tcgen05 for
     FA3/FA4; Triton's tiles want more than the ~99 KB of shared memory per block).
@@ -237,7 +218,7 @@ def resolve_flags(
     """
     out: dict[str, FlagValue] = {}
     for key, value in flags.items():
-        if key.endswith("attention_backend") and value == AUTO:
+        if key in ATTENTION_BACKEND_KEYS and value == AUTO:
             if cc is not None:
                 out[key] = resolve_attention_backend(cc)
             continue
@@ -253,24 +234,16 @@ _FIX_BACKEND = (
     'set attention_backend = "flashinfer" (works on every GPU) or "auto" (the farm picks '
     "per architecture) in [sglang]"
 )
-_NOT_NVIDIA = {
-    "aiter": "AMD ROCm",
-    "wave": "AMD ROCm",
-    "ascend": "Huawei Ascend NPUs",
-    "intel_amx": "Intel CPUs (AMX)",
-    "intel_xpu": "Intel GPUs",
-}
-
-
 def backend_verdict(backend: str, cc: tuple[int, int]) -> tuple[Status, str]:
-    """Whether SGLang 0.5.23 runs attention backend `backend` on `cc` (sheet §5.2).
+    """Whether SGLang 0.5.23 runs attention backend `backend` on `cc` (sglang.md §14.2).
 
     Returns a status and the reason (for a pass, a short note).
     """
     major = cc[0]
     sm = _sm(cc)
-    if backend in _NOT_NVIDIA:
-        return Status.FAIL, f"{backend} is a backend for {_NOT_NVIDIA[backend]}, not NVIDIA GPUs"
+    if backend in NOT_NVIDIA_BACKENDS:
+        return Status.FAIL, (f"{backend} is a backend for {NOT_NVIDIA_BACKENDS[backend]}, not "
+                             "NVIDIA GPUs")
     if backend == "fa3":
         if major == 9:
             return Status.PASS, f"FlashAttention 3 runs on {sm}"
@@ -328,13 +301,6 @@ def backend_verdict(backend: str, cc: tuple[int, int]) -> tuple[Status, str]:
     return Status.PASS, f"{backend}: no compute-capability rule is known for it"
 
 
-def _parse_version(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    nums = re.findall(r"\d+", text.split("+")[0])
-    return tuple(int(n) for n in nums[:3]) if nums else None
-
-
 def arch_covers(arch_list: Sequence[str], cc: tuple[int, int]) -> bool:
     """True when a CUDA binary built for `arch_list` runs on `cc`.
 
@@ -361,7 +327,8 @@ def _gb(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def _worker_cc(fleet: FleetSnapshot, worker: WorkerSpec) -> tuple[int, int] | None:
+def worker_cc(fleet: FleetSnapshot, worker: WorkerSpec) -> tuple[int, int] | None:
+    """The lowest compute capability among the worker's GPUs; None when NVML has none."""
     ccs = {g.compute_capability for i in worker.gpus if (g := fleet.gpu(i)) is not None}
     ccs.discard(None)
     return min(ccs) if ccs else None  # type: ignore[type-var]
@@ -470,7 +437,7 @@ def _torch_checks(t: Mapping[str, Any], cc: tuple[int, int] | None, n_gpus: int)
     else:
         covers = f", covers {_sm(cc)}" if cc is not None and arch else ""
         out.append(Check(CheckId.TORCH, Status.PASS, f"{head}{covers}"))
-    cuda_v = _parse_version(cuda)
+    cuda_v = parse_version(cuda)
     if n_gpus > 1 and cc is not None and cc[0] == 12 and cuda_v is not None and cuda_v < (12, 9):
         out.append(Check(CheckId.NCCL, Status.WARN,
                          f"NCCL has a known issue on SM 12.x before CUDA 12.9 (torch is built "
@@ -581,8 +548,7 @@ def _attention_checks(
     w: WorkerSpec, cc: tuple[int, int] | None, facts: Mapping[str, Any] | None
 ) -> tuple[list[Check], str | None]:
     out: list[Check] = []
-    keys = [k for k in ("attention_backend", "prefill_attention_backend",
-                        "decode_attention_backend") if k in w.flags]
+    keys = [k for k in ATTENTION_BACKEND_KEYS if k in w.flags]
     picked: str | None = None
     if cc is None:
         if keys:
@@ -617,58 +583,100 @@ def _attention_checks(
                              "the attention backend is flashinfer and flashinfer is not installed",
                              "install flashinfer-python (the version sglang pins) in the SGLang "
                              "environment"))
-    if (w.flags.get("mamba_radix_cache_strategy") == "no_buffer" and picked == "trtllm_mha"):
+    mamba = mamba_strategy(w.flags)
+    if mamba is not None and mamba[1] == "no_buffer" and picked == "trtllm_mha":
         out.append(Check(CheckId.ATTENTION_BACKEND, Status.FAIL,
-                         "mamba_radix_cache_strategy = no_buffer with trtllm_mha: SGLang asserts "
+                         f"{mamba[0]} = no_buffer with trtllm_mha: SGLang asserts "
                          "a backend other than trtllm_mha for no_buffer",
                          _FIX_BACKEND))
     return out, picked
 
 
-def _flag_checks(spec: FarmSpec, w: WorkerSpec, outcome: FlagsOutcome | None) -> list[Check]:
+_FIX_PARSER = ("make `sglang.srt.server_args` importable in the SGLang environment "
+               "(it needs torch) so the doctor can use SGLang's own parser")
+
+
+def installed_sglang(probe: ProbeOutcome | None) -> Version | None:
+    """The SGLang version the environment probe found (its package metadata), if any."""
+    if probe is None or probe.result is None:
+        return None
+    sg = probe.result.get("sglang") or {}
+    return parse_version(sg.get("version")) if sg.get("installed") else None
+
+
+def _spelling_check(key: str, installed: Version | None, why: str) -> Check | None:
+    """A FAIL naming the installed SGLang's spelling of `key`, when the table knows one."""
+    if installed is not None:
+        hint = unknown_flag_hint(key, installed)
+        if hint is None:
+            return None
+        says, fix = hint
+        return Check(CheckId.FLAGS, Status.FAIL,
+                     f"{flag_name(key)} is not a flag of SGLang {version_text(installed)} "
+                     f"({why}): {says}", fix)
+    advice = log_advice(key)
+    if advice is None:
+        return None
+    return Check(CheckId.FLAGS, Status.FAIL,
+                 f"{flag_name(key)} is not a flag of the installed SGLang ({why})", advice)
+
+
+def _flag_checks(
+    spec: FarmSpec, w: WorkerSpec, outcome: FlagsOutcome | None, installed: Version | None
+) -> list[Check]:
+    """The worker's flags as the installed SGLang judges them.
+
+    Its parser decides; without one, the rename table judges by the installed version
+    (when the probe found one) and otherwise only warns about an older spelling.
+    """
     if spec.farm.module != SGLANG_MODULE:
         return [Check(CheckId.FLAGS, Status.SKIP,
                       f"module {spec.farm.module} is not {SGLANG_MODULE}: flags not validated")]
+    ladder = _ladder_flag_checks(spec, installed)
     out: list[Check] = []
-    # Renamed flags are known without a parser (config refuses them; a ladder could not).
-    for key in w.flags:
-        if key in RENAMED_FLAGS:
-            out.append(_renamed(key))
     if outcome is None or not outcome.parser or outcome.result is None:
         why = (outcome.error if outcome else None) or "no result"
         out.append(Check(CheckId.FLAGS, Status.WARN,
-                         f"cannot validate flags: sglang not importable ({why})",
-                         "make `sglang.srt.server_args` importable in the SGLang environment "
-                         "(it needs torch) so the doctor can use SGLang's own parser"))
-        return out
+                         f"cannot validate flags: sglang not importable ({why})", _FIX_PARSER))
+        for key in w.flags:
+            if installed is not None:
+                found = _spelling_check(key, installed, "by the farm's table of renamed flags")
+                if found is not None:
+                    out.append(found)
+            elif (stale := stale_spelling(key)) is not None:
+                out.append(Check(CheckId.FLAGS, Status.WARN, f"{key}: {stale}",
+                                 "check which spelling the installed SGLang uses"))
+        return ladder + out
     res = outcome.result
     hard = False
     for tok in res.get("tokens") or ():
         flag, match = str(tok.get("flag")), tok.get("match")
-        snake = flag.lstrip("-").replace("-", "_")
-        if match == "unknown":
+        snake = flag_key(flag)
+        if match in ("unknown", "ambiguous"):
             hard = True
-            if snake in RENAMED_FLAGS:
-                if all(c.message != _renamed(snake).message for c in out):
-                    out.append(_renamed(snake))
-            else:
+            why = ("argparse: unrecognized arguments, exit 2" if match == "unknown" else
+                   f"argparse: ambiguous, could match {', '.join(tok.get('candidates') or ())}, "
+                   "exit 2")
+            found = _spelling_check(snake, installed, why)
+            if found is not None:
+                out.append(found)
+            elif match == "unknown":
                 out.append(Check(CheckId.FLAGS, Status.FAIL,
                                  f"{flag} is not a flag of the installed SGLang (argparse: "
                                  "unrecognized arguments, exit 2)",
                                  f"remove or correct {snake} in [sglang]; `{spec.farm.python} -m "
                                  f"{SGLANG_MODULE} --help` lists the flags"))
-        elif match == "ambiguous":
-            hard = True
-            cands = ", ".join(tok.get("candidates") or ())
-            out.append(Check(CheckId.FLAGS, Status.FAIL,
-                             f"{flag} is ambiguous: it could match {cands} (argparse exit 2)",
-                             f"write the full name of one of them instead of {snake}"))
+            else:
+                cands = ", ".join(tok.get("candidates") or ())
+                out.append(Check(CheckId.FLAGS, Status.FAIL,
+                                 f"{flag} is ambiguous: it could match {cands} (argparse exit 2)",
+                                 f"write the full name of one of them instead of {snake}"))
         elif match == "prefix":
             full = str(tok.get("expands_to"))
             out.append(Check(CheckId.FLAGS, Status.WARN,
                              f"{flag} is not a full flag name: SGLang's argparse accepts it as "
                              f"an abbreviation of {full}",
-                             f"write {full.lstrip('-').replace('-', '_')} in [sglang] (an "
+                             f"write {flag_key(full)} in [sglang] (an "
                              "abbreviation can bind to another flag after an upgrade)"))
     error = res.get("error")
     if res.get("exit_status") and not hard:
@@ -678,20 +686,28 @@ def _flag_checks(spec: FarmSpec, w: WorkerSpec, outcome: FlagsOutcome | None) ->
     if not out:
         n = len(res.get("tokens") or ())
         out.append(Check(CheckId.FLAGS, Status.PASS, f"{n} flags accepted by SGLang's parser"))
+    return ladder + out
+
+
+def _ladder_flag_checks(spec: FarmSpec, installed: Version | None) -> list[Check]:
+    """OOM-ladder steps that would set a flag the installed SGLang spells otherwise.
+
+    A warning, not a failure: the step only runs after an out-of-memory failure, and
+    then the worker fails with argparse's exit 2 instead of stepping down.
+    """
+    if installed is None:
+        return []
+    out: list[Check] = []
+    for step in spec.oom.steps:
+        for a in step.adjust:
+            hint = unknown_flag_hint(a.flag, installed, "in that [[oom.steps]] table")
+            if hint is not None:
+                says, fix = hint
+                out.append(Check(CheckId.FLAGS, Status.WARN,
+                                 f"OOM step {step.name!r} changes {flag_name(a.flag)}, which "
+                                 f"SGLang {version_text(installed)} does not have: {says}",
+                                 fix))
     return out
-
-
-def _renamed(key: str) -> Check:
-    new = RENAMED_FLAGS[key]
-    if len(new) == 1:
-        msg = (f"{flag_name(key)} is not a flag of the installed SGLang: it was renamed "
-               f"{flag_name(new[0])}")
-        fix = f"write {new[0]} instead of {key} in [sglang] (same values)"
-    else:
-        msg = (f"{flag_name(key)} was removed from SGLang: it is now "
-               + " and ".join(flag_name(n) for n in new))
-        fix = "write " + " and/or ".join(new) + f" instead of {key} in [sglang]"
-    return Check(CheckId.FLAGS, Status.FAIL, msg, fix)
 
 
 def _port_checks(obs: Observations, w: WorkerSpec) -> list[Check]:
@@ -819,7 +835,7 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
                                   "use gpu_source = \"nvml\" on a real GPU host")))
     attention: dict[int, str] = {}
     for w in spec.workers:
-        cc = _worker_cc(fleet, w)
+        cc = worker_cc(fleet, w)
         mem_total = _worker_memory(fleet, w)
         probe = obs.env.get(w.id) or ProbeOutcome(error="not probed")
         for c in _gpu_checks(fleet, w):
@@ -831,7 +847,8 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
             found += [(w.id, c) for c in att]
             if picked is not None:
                 attention[w.id] = picked
-        found += [(w.id, c) for c in _flag_checks(spec, w, obs.flags.get(w.id))]
+        found += [(w.id, c) for c in _flag_checks(spec, w, obs.flags.get(w.id),
+                                                  installed_sglang(probe))]
         found += [(w.id, c) for c in _port_checks(obs, w)]
         if spec.farm.module == SGLANG_MODULE:
             found += [(w.id, c) for c in _model_checks(obs, w, mem_total)]
@@ -843,359 +860,35 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     return DoctorReport(_merge(found), MappingProxyType(attention), tuple(envs))
 
 
-# --- I/O: gathering ------------------------------------------------------------------
-
-ProbeRunner = Callable[[str, Mapping[str, str], str, Mapping[str, Any] | None], Mapping[str, Any]]
-"""(python, worker environment, mode "env" | "flags", payload) -> the probe's JSON.
-
-Raises `ProbeError` when the probe cannot run or prints no JSON."""
 
 
-def _probe_source() -> str:
-    return (Path(__file__).with_name("envprobe.py")).read_text(encoding="utf-8")
-
-
-def make_probe_runner(
-    *,
-    base_env: Mapping[str, str] = SYSTEMD_BASE_ENV,
-    extra_env: Mapping[str, str] | None = None,
-    timeout: float = PROBE_TIMEOUT_S,
-) -> ProbeRunner:
-    """A `ProbeRunner` that runs `envprobe.py` with the worker's interpreter.
-
-    The environment is `base_env` (what a systemd service sees), then `extra_env`, then
-    the worker's own (`[farm] env`, CUDA_VISIBLE_DEVICES, ...).
-    """
-    source = _probe_source()
-
-    def run(
-        python: str, env: Mapping[str, str], mode: str, payload: Mapping[str, Any] | None
-    ) -> Mapping[str, Any]:
-        full = {**base_env, **(extra_env or {}), **env}
-        try:
-            proc = subprocess.run(
-                [python, "-c", source, mode],
-                input=json.dumps(payload or {}),
-                capture_output=True,
-                text=True,
-                env=full,
-                cwd="/",
-                timeout=timeout,
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise ProbeError(f"{python} does not exist") from exc
-        except PermissionError as exc:
-            raise ProbeError(f"{python} is not executable") from exc
-        except OSError as exc:
-            raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise ProbeError(f"the probe took over {timeout:g} s") from exc
-        for line in reversed(proc.stdout.splitlines()):
-            if line.startswith("{"):
-                try:
-                    result: Mapping[str, Any] = json.loads(line)
-                except ValueError:
-                    break
-                return result
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise ProbeError(f"the probe exited with status {proc.returncode} and no result: {tail}")
-
-    return run
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """None if `port` can be bound on `host` now, else why not (a bind test)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # As uvicorn and NCCL do: a port in TIME_WAIT from the last run is still usable.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            return f"cannot bind: {exc.strerror or exc}"
-    return None
-
-
-def path_facts(path: str) -> PathFacts:
-    """What is at a configured model path (sizes from one walk; no file is read)."""
-    p = Path(path)
-    if not p.exists():
-        return PathFacts(exists=False)
-    if not p.is_dir():
-        return PathFacts(exists=True)
-    size = weights = 0
-    for root, _dirs, files in os.walk(p):
-        for name in files:
-            try:
-                n = os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            size += n
-            if name.endswith(_WEIGHT_SUFFIXES):
-                weights += n
-    real = os.path.realpath(p)
-    return PathFacts(True, True, (p / "config.json").is_file(), size, weights,
-                     real == "/dev/shm" or real.startswith("/dev/shm/"))
-
-
-def _group_key(spec: FarmSpec, w: WorkerSpec, cc: tuple[int, int] | None) -> tuple[object, ...]:
-    env = tuple(sorted((k, v) for k, v in w.env.items()))
-    return (spec.farm.python, env, cc)
-
-
-def gather(
-    spec: FarmSpec,
-    gpu_poller: GpuPoller,
-    *,
-    run_probe: ProbeRunner | None = None,
-    port_check: Callable[[str, int], str | None] = port_problem,
-    shm_path: str = "/dev/shm",
-) -> Observations:
-    """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
-    architecture), in parallel; never raises for what it finds (that is the report)."""
-    runner = run_probe or make_probe_runner()
-    fleet = gpu_poller.snapshot()
-    groups: dict[tuple[object, ...], list[WorkerSpec]] = {}
-    for w in spec.workers:
-        groups.setdefault(_group_key(spec, w, _worker_cc(fleet, w)), []).append(w)
-
-    def call(w: WorkerSpec, mode: str, payload: Mapping[str, Any] | None) -> ProbeOutcome:
-        env = build_command(spec.farm, w).env_dict
-        try:
-            return ProbeOutcome(result=runner(spec.farm.python, env, mode, payload))
-        except ProbeError as exc:
-            return ProbeOutcome(error=str(exc))
-
-    env_out: dict[int, ProbeOutcome] = {}
-    flags_out: dict[int, FlagsOutcome] = {}
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        jobs = []
-        for members in groups.values():
-            first = members[0]
-            cc = _worker_cc(fleet, first)
-            argvs = [list(build_command(spec.farm, m, resolve_flags(m.flags, cc)).argv[3:])
-                     for m in members]
-            env_job = pool.submit(call, first, "env", None)
-            flag_job = (pool.submit(call, first, "flags", {"argvs": argvs})
-                        if spec.farm.module == SGLANG_MODULE else None)
-            jobs.append((members, env_job, flag_job))
-        for members, env_job, flag_job in jobs:
-            env_result = env_job.result()
-            for m in members:
-                env_out[m.id] = env_result
-            if flag_job is None:
-                continue
-            fr = flag_job.result()
-            data = fr.result or {}
-            results = list(data.get("results") or [])
-            for i, m in enumerate(members):
-                if fr.result is None or not data.get("parser"):
-                    flags_out[m.id] = FlagsOutcome(False, fr.error or str(data.get("error")))
-                else:
-                    flags_out[m.id] = FlagsOutcome(True, None, results[i] if i < len(results)
-                                                   else None)
-    ports: dict[tuple[str, int], str | None] = {}
-    for w in spec.workers:
-        for host, port in ((w.host, w.port), ("0.0.0.0", w.nccl_port)):
-            if (host, port) not in ports:
-                ports[(host, port)] = port_check(host, port)
-    models: dict[str, PathFacts] = {}
-    for w in spec.workers:
-        mp = w.flags.get("model_path")
-        if isinstance(mp, str) and mp not in models:
-            models[mp] = path_facts(mp)
-    shm_free: int | None = None
-    if any(f.in_shm for f in models.values()):
-        try:
-            shm_free = shutil.disk_usage(shm_path).free
-        except OSError:
-            shm_free = None
-    return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
-                        MappingProxyType(ports), MappingProxyType(models), shm_free)
-
-
-def run_doctor(
-    spec: FarmSpec,
-    gpu_poller: GpuPoller,
-    *,
-    run_probe: ProbeRunner | None = None,
-    port_check: Callable[[str, int], str | None] = port_problem,
-) -> DoctorReport:
-    """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
-    from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env)."""
-    return evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check))
-
-
-def preflight_blocking(
+def blocking_checks(
     spec: FarmSpec,
     worker_id: int,
     report: DoctorReport,
-    *,
-    port_check: Callable[[str, int], str | None] = port_problem,
+    live_ports: Mapping[tuple[str, int], str | None],
 ) -> list[Check]:
     """The failures that must stop `worker_id` from starting now, each with its fix.
 
-    Cheap: the report's failures for this worker (farm-wide ones included), except the
-    port checks, which are redone live (two bind tests): by now the report's port
-    verdict may be stale. Raises KeyError for a worker the spec does not have.
+    The report's failures for this worker (farm-wide ones included), except the port
+    checks, which are judged from `live_ports` ((host, port) -> None if free, else why
+    not), observed just now. Raises KeyError for a worker the spec does not have.
     """
     w = spec.worker(worker_id)
     out = [c for c in report.blocking(worker_id) if c.id not in _LIVE_CHECKS]
     live = Observations(
         fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
-        env={}, flags={}, models={},
-        ports={(w.host, w.port): port_check(w.host, w.port),
-               ("0.0.0.0", w.nccl_port): port_check("0.0.0.0", w.nccl_port)},
+        env={}, flags={}, models={}, ports=live_ports,
     )
     out += [_with_workers(c, (worker_id,)) for c in _port_checks(live, w)
             if c.status is Status.FAIL]
     return out
 
 
+def live_port_keys(w: WorkerSpec) -> tuple[tuple[str, int], ...]:
+    """The (host, port) pairs a worker binds: its HTTP port, and NCCL's on all interfaces."""
+    return ((w.host, w.port), ("0.0.0.0", w.nccl_port))
+
+
 def _with_workers(c: Check, workers: tuple[int, ...]) -> Check:
     return Check(c.id, c.status, c.message, c.fix, workers)
-
-
-# --- presentation -----------------------------------------------------------------------
-
-
-def _workers_text(workers: tuple[int, ...]) -> str:
-    if not workers:
-        return "all"
-    parts: list[str] = []
-    start = prev = workers[0]
-    for w in (*workers[1:], None):
-        if w is not None and w == prev + 1:
-            prev = w
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if w is not None:
-            start = prev = w
-    return ",".join(parts)
-
-
-def format_report(report: DoctorReport) -> str:
-    """A table for people: status, check, workers, message, and the fix under it."""
-    rows = [(c.status.upper(), str(c.id), _workers_text(c.workers), c) for c in report.checks]
-    w_check = max([len("CHECK"), *(len(r[1]) for r in rows)])
-    w_workers = max([len("WORKERS"), *(len(r[2]) for r in rows)])
-    indent = " " * (6 + 2 + w_check + 2 + w_workers + 2)
-    lines = [f"{'STATUS':<6}  {'CHECK':<{w_check}}  {'WORKERS':<{w_workers}}  MESSAGE"]
-    for status, cid, workers, c in rows:
-        lines.append(f"{status:<6}  {cid:<{w_check}}  {workers:<{w_workers}}  {c.message}")
-        if c.fix and c.status in (Status.FAIL, Status.WARN):
-            lines.append(f"{indent}fix: {c.fix}")
-    counts = report.counts()
-    picked = sorted(set(report.attention.values()))
-    lines.append("")
-    lines.append(f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed"
-                 + (f"; attention backend: {', '.join(picked)}" if picked else ""))
-    lines.append("OK: nothing blocks a start." if report.ok else
-                 "NOT OK: the failed checks above would stop the workers they name.")
-    return "\n".join(lines) + "\n"
-
-
-# --- the command ------------------------------------------------------------------------
-
-
-class _NoGpus:
-    """A poller for `gpu_source = "none"`: NVML treated as absent."""
-
-    def snapshot(self) -> FleetSnapshot:
-        return FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False,
-                             error='[metrics] gpu_source = "none"')
-
-    def close(self) -> None:
-        return None
-
-
-def _poller_for(config_path: str) -> GpuPoller:
-    """The GPU source the config names ([metrics] gpu_source), read before full validation
-    because `gpus = "all"` needs the GPU count to validate."""
-    source = "nvml"
-    try:
-        with open(config_path, "rb") as f:
-            metrics = tomllib.load(f).get("metrics", {})
-        if isinstance(metrics, dict) and isinstance(metrics.get("gpu_source"), str):
-            source = metrics["gpu_source"]
-    except (OSError, tomllib.TOMLDecodeError):
-        pass  # load_spec_file reports it properly
-    if source == "fake":
-        from sglang_farm.gpu_fake import FakeGpuPoller
-
-        return FakeGpuPoller()
-    if source == "none":
-        return _NoGpus()
-    from sglang_farm.gpu import NvmlPoller
-
-    return NvmlPoller()
-
-
-class _CountingPoller:
-    """Takes one snapshot up front (for the GPU count) and hands the same one to the doctor."""
-
-    def __init__(self, snap: FleetSnapshot) -> None:
-        self._snap = snap
-
-    def snapshot(self) -> FleetSnapshot:
-        return self._snap
-
-    def close(self) -> None:
-        return None
-
-
-@click.command()
-@click.option("--config", "config_path", default="/etc/sglang-farm/farm.toml",
-              show_default=True, envvar="SGLANG_FARM_CONFIG", help="The farm's TOML config.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(config_path: str, as_json: bool) -> None:
-    """Check the GPUs, the SGLang environment and every worker's command line before a start.
-
-    Runs the workers' interpreter with a small probe (torch and its CUDA build,
-    sglang-kernel binaries, deep_gemm and CUDA_HOME, flashinfer), checks the
-    attention backend against each GPU's architecture, every rendered command line
-    against SGLang's own parser, ports, the model and memory. Exit 0 when nothing
-    fails, 1 when a check fails (warnings do not count).
-    """
-    from sglang_farm.config import load_spec_file
-
-    poller = _poller_for(config_path)
-    try:
-        snap = poller.snapshot()
-    finally:
-        poller.close()
-    count = len(snap.gpus) if snap.nvml_up else None
-    try:
-        spec = load_spec_file(config_path, gpu_count=count)
-    except ConfigError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(1)
-    report = run_doctor(spec, _CountingPoller(snap))
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        click.echo(format_report(report), nl=False)
-    sys.exit(0 if report.ok else 1)
-
-
-__all__ = [
-    "Check",
-    "CheckId",
-    "DoctorReport",
-    "Observations",
-    "ProbeError",
-    "ProbeRunner",
-    "Status",
-    "arch_covers",
-    "backend_verdict",
-    "doctor",
-    "evaluate",
-    "format_report",
-    "gather",
-    "make_probe_runner",
-    "preflight_blocking",
-    "resolve_attention_backend",
-    "resolve_flags",
-    "run_doctor",
-]

@@ -1,0 +1,58 @@
+"""Pure: `sglang-farm doctor`, the checks before any GPU time is spent (I/O lives in `gather`).
+
+- `rules` (pure): what was observed -> a `DoctorReport` of checks, each with a fix.
+- `gather` (I/O): the observations: a GPU snapshot, the environment probe, SGLang's own
+  parser over every command line, port bind tests, the model directory, /dev/shm.
+- `envprobe.py`: the environment probe, a standalone script run by the workers'
+  interpreter (never imported).
+- `report` (pure): the table for people (`DoctorReport.to_dict` is the JSON).
+
+The click command is `cli/doctor.py`. This module only re-exports the names other
+modules use.
+"""
+
+from __future__ import annotations
+
+from sglang_farm.doctor.gather import (
+    ProbeError,
+    ProbeRunner,
+    gather,
+    make_probe_runner,
+    port_problem,
+    preflight_blocking,
+    run_doctor,
+)
+from sglang_farm.doctor.report import format_report
+from sglang_farm.doctor.rules import (
+    Check,
+    CheckId,
+    DoctorReport,
+    Observations,
+    Status,
+    arch_covers,
+    backend_verdict,
+    evaluate,
+    resolve_attention_backend,
+    resolve_flags,
+)
+
+__all__ = [
+    "Check",
+    "CheckId",
+    "DoctorReport",
+    "Observations",
+    "ProbeError",
+    "ProbeRunner",
+    "Status",
+    "arch_covers",
+    "backend_verdict",
+    "evaluate",
+    "format_report",
+    "gather",
+    "make_probe_runner",
+    "port_problem",
+    "preflight_blocking",
+    "resolve_attention_backend",
+    "resolve_flags",
+    "run_doctor",
+]
