@@ -36,7 +36,7 @@ WORKERS = 4
 PERIOD_S = 1.0
 THRESHOLD = 3
 BACKOFF_S = 1.0
-EXIT_GRACE_S = 2.0  # daemon.py: agent.exit_grace under the systemd runtime
+EXIT_GRACE_S = 2.0  # service.py: agent.exit_grace under the systemd runtime
 
 # Signals pids inside the container: argv = SIGNAME MAINPID CONTROL_GROUP ("-": MainPID only).
 # Prints the pids signalled and time.time() taken just before the first kill().

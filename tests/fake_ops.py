@@ -12,9 +12,9 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TypedDict, Unpack
 
+from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.ops import GpuMemory, ReloadResult
-from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import FarmView, Phase, RestartRecord, WorkerView
 
 
 def make_worker(i: int) -> WorkerView:
@@ -51,7 +51,7 @@ OOM_FAILURE = Failure(
 
 
 class FakeOps:
-    """Implements `sglang_farm.ops.FarmOps`.
+    """Implements `sglang_farm.control.farm_api.FarmOps`.
 
     Knobs: `issue_delay` (seconds `start`/`restart`/`stop` hold before returning),
     `step` (seconds per phase after a restart), `fail_next` (worker ids whose next

@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sglang_farm.cmdline import Command
 from sglang_farm.health import ProbeResult
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 
 

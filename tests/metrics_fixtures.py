@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics import MetricsState, ProbeStatus
-from sglang_farm.views import FarmView, Phase, WorkerView
 from sglang_farm.workerstats import WorkerStats
 
 GiB = 1024**3

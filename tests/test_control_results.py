@@ -7,9 +7,9 @@ import json
 import pytest
 
 from sglang_farm.control import codec, results
+from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.ops import GpuMemory, ReloadResult
-from sglang_farm.views import FarmView, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import FarmView, Phase, RestartRecord, WorkerView
 
 
 def _view() -> FarmView:

@@ -12,8 +12,8 @@ import pytest
 
 from metrics_fixtures import farm, state
 from sglang_farm.exporter import Exporter, parse_listen, sd_targets
+from sglang_farm.farm_view import Phase
 from sglang_farm.metrics import MetricsState, build_registry
-from sglang_farm.views import Phase
 
 
 @pytest.fixture

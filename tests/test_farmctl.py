@@ -22,8 +22,8 @@ from structlog.testing import capture_logs
 
 from fake_ops import FakeOps
 from sglang_farm.cli.farmctl import Exit, cli, format_status
+from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.control.server import ControlServer
-from sglang_farm.ops import ReloadResult
 
 
 @dataclass

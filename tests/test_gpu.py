@@ -21,7 +21,7 @@ from sglang_farm.gpu import (
     process_tree,
     read_ppid_map,
 )
-from sglang_farm.gpu_fake import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
+from sglang_farm.gpu_sim import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
 
 GiB = 1024**3
 

@@ -12,9 +12,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import NOW, GiB, farm, state
+from sglang_farm.farm_view import Phase
 from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.metrics import MetricsState, build_registry, gpu_label, model_from_argv
-from sglang_farm.views import Phase
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 

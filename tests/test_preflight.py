@@ -669,7 +669,7 @@ def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_pa
 
 
 def test_the_demo_config_with_the_simulator_passes(tmp_path: Path) -> None:
-    from sglang_farm.gpu_fake import FakeGpuPoller
+    from sglang_farm.gpu_sim import FakeGpuPoller
 
     text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
     spec = load_spec(text, source="demo.toml", agent_python=sys.executable)

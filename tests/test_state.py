@@ -7,8 +7,8 @@ from pathlib import Path
 
 from sglang_farm import state
 from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.farm_view import Phase
 from sglang_farm.supervisor import WorkerState
-from sglang_farm.views import Phase
 
 
 def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:

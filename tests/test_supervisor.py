@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.supervisor import (
     HealthFailed,
@@ -23,7 +24,6 @@ from sglang_farm.supervisor import (
     backoff_delay,
     step,
 )
-from sglang_farm.views import Phase
 
 OOM = Failure(FailureKind.CUDA_OOM_LOAD, "CUDA out of memory", "lower mem_fraction_static")
 BAD_FLAG = Failure(FailureKind.BAD_FLAG, "unrecognized arguments", "fix the flag")

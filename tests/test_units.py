@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sglang_farm.cmdline import build_command
+from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
     FarmSection,
     FarmSpec,

@@ -3,7 +3,7 @@
 Events flow one way: the runtime and the liveness watchers report into the supervisor
 (`Supervisor.handle`); the actions it returns are carried out here (a launch through the
 `Launcher`, a stop through the runtime) and its notes are logged. After every change a
-fresh immutable `FarmView` is built (`views.build_view`) and swapped in, which the
+fresh immutable `FarmView` is built (`farm_view.build_view`) and swapped in, which the
 control socket and the exporter read without ever waiting on a worker; what must
 survive an agent restart goes to the `StateStore`.
 
@@ -26,18 +26,19 @@ from typing import Any
 import structlog
 
 from sglang_farm.classify import LogClassifier
-from sglang_farm.cmdline import Command, build_command
+from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
 from sglang_farm.failures import Failure, RestartReason
+from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
-from sglang_farm.ops import GpuMemory, ReloadResult
 from sglang_farm.phase import Phase
 from sglang_farm.ports import port_is_free
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
+from sglang_farm.sglang_argv import Command, build_command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.state import StateStore
 from sglang_farm.supervisor import (
@@ -54,7 +55,6 @@ from sglang_farm.supervisor import (
     Terminate,
     WorkerState,
 )
-from sglang_farm.views import FarmView, build_view
 
 log = structlog.get_logger("sglang_farm.agent")
 
@@ -97,7 +97,7 @@ class AgentHooks:
 
 
 class Agent:
-    """One farm: its supervisor, runtime, probes and views. Implements `ops.FarmOps`."""
+    """One farm: its supervisor, runtime, probes and views. Implements `farm_api.FarmOps`."""
 
     def __init__(
         self,

@@ -22,8 +22,8 @@ import structlog
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.metrics import MetricsState, gpu_label
-from sglang_farm.views import FarmView, Phase
 
 log = structlog.get_logger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Protocol
 
 import structlog
 
-from sglang_farm.cmdline import Command
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Runtime
+from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.supervisor import Event, ProcessExited, WorkerState
 

@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sglang_farm import __version__
 from sglang_farm.failures import OomKind, RestartReason
+from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
-from sglang_farm.views import FarmView, Phase
 from sglang_farm.workerstats import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")

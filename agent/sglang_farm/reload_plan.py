@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sglang_farm.cmdline import Command
+from sglang_farm.sglang_argv import Command
 
 
 @dataclass(frozen=True, slots=True)

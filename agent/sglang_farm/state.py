@@ -18,8 +18,8 @@ import structlog
 
 from sglang_farm.atomicfile import write_atomic
 from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.farm_view import Phase
 from sglang_farm.supervisor import Supervisor, WorkerState
-from sglang_farm.views import Phase
 
 log = structlog.get_logger("sglang_farm.state")
 FORMAT = 1

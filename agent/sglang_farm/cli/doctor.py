@@ -41,7 +41,7 @@ def _poller_for(config_path: str) -> GpuPoller:
     except (OSError, tomllib.TOMLDecodeError):
         pass  # load_spec_file reports it properly
     if source == "fake":
-        from sglang_farm.gpu_fake import FakeGpuPoller
+        from sglang_farm.gpu_sim import FakeGpuPoller
 
         return FakeGpuPoller()
     if source == "none":

@@ -45,8 +45,8 @@ def cli() -> None:
 def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None:
     """Start the farm and supervise it until SIGTERM or Ctrl-C (SIGHUP reloads the config)."""
     from sglang_farm import logsetup
-    from sglang_farm.daemon import serve
     from sglang_farm.errors import ConfigError, FarmError
+    from sglang_farm.service import serve
 
     logsetup.configure(log_level, json=None if log_format == "auto" else log_format == "json")
     try:

@@ -39,9 +39,9 @@ from sglang_farm.control.codec import (
     WaitArgs,
     WorkerArgs,
 )
+from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.results import Result
-from sglang_farm.ops import FarmOps
-from sglang_farm.views import FarmView, Phase, WorkerView
+from sglang_farm.farm_view import FarmView, Phase, WorkerView
 
 log = structlog.get_logger("sglang_farm.control")
 

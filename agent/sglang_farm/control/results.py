@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sglang_farm.control.codec import PROTOCOL_VERSION
-from sglang_farm.ops import GpuMemory, ReloadResult
-from sglang_farm.views import FarmView, Phase, WorkerView
+from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.farm_view import FarmView, Phase, WorkerView
 
 Result = dict[str, object]
 

@@ -28,9 +28,9 @@ import structlog
 from sglang_farm.control import codec
 from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
 from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
+from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import FarmError
-from sglang_farm.ops import FarmOps
 
 log = structlog.get_logger("sglang_farm.control")
 

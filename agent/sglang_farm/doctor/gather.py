@@ -21,7 +21,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from sglang_farm.cmdline import build_command
 from sglang_farm.doctor.rules import (
     Check,
     DoctorReport,
@@ -37,6 +36,7 @@ from sglang_farm.doctor.rules import (
 )
 from sglang_farm.errors import FarmError
 from sglang_farm.gpu import GpuPoller
+from sglang_farm.sglang_argv import build_command
 from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
 

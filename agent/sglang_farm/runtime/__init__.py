@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglang_farm.cmdline import Command
+from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 
 

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 
 import structlog
 
-from sglang_farm.cmdline import Command
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 
 log = structlog.get_logger("sglang_farm.runtime.process")

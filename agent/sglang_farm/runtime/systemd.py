@@ -46,10 +46,10 @@ from pystemd.dbusexc import DBusBaseError
 from pystemd.dbuslib import DBus, apply_signature, path_decode, path_encode
 from pystemd.systemd1 import Manager
 
-from sglang_farm.cmdline import Command
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
 from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
+from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.units import UnitChanges, write_units
 

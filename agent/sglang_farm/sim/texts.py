@@ -88,7 +88,12 @@ def _frames(*frames: tuple[str, int, str, str]) -> str:
 
 
 # The outermost frame of `python -m sglang.launch_server`.
-_RUNPY = ("<frozen runpy>", 198, "_run_module_as_main", "return _run_code(code, main_globals, None,")
+_RUNPY = (
+    "<frozen runpy>",
+    198,
+    "_run_module_as_main",
+    "return _run_code(code, main_globals, None,",
+)
 _SCHED = (
     "sglang/srt/managers/scheduler.py",
     3120,

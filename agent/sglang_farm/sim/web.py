@@ -559,8 +559,11 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             answer: Callable[[str, int, str, int, int], dict[str, Any]],
             events: Callable[[_OpenAIStream], Iterator[bytes]],
         ) -> None:
-            """Answer an OpenAI route: `answer(rid, created, model, prompt, tokens)` whole,
-            or with `"stream": true` the chunks `events` makes once the first token is out."""
+            """Answer an OpenAI route whole, or as server-sent chunks with `"stream": true`.
+
+            `answer(rid, created, model, prompt_tokens, tokens)` builds the whole body;
+            `events` makes the chunks once the first token is out (see `_kick`).
+            """
             rid = uuid.uuid4().hex
             model = body.get("model") or state.opts.served_model_name
             if not body.get("stream"):

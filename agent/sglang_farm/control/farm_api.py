@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglang_farm.views import FarmView
+from sglang_farm.farm_view import FarmView
 
 
 @dataclass(frozen=True, slots=True)

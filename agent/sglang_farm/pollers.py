@@ -20,16 +20,16 @@ from typing import Any
 import httpx
 import structlog
 
+from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.exporter import Exporter
+from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.gpu import FleetSnapshot, GpuPoller, NvmlPoller, process_tree, read_ppid_map
-from sglang_farm.gpu_fake import FakeGpuPoller
+from sglang_farm.gpu_sim import FakeGpuPoller
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
-from sglang_farm.ops import GpuMemory
 from sglang_farm.spec import FarmSpec
-from sglang_farm.views import FarmView, Phase
 from sglang_farm.workerstats import WorkerStats, WorkerStatsTracker, poll_worker
 
-log = structlog.get_logger("sglang_farm.telemetry")
+log = structlog.get_logger("sglang_farm.pollers")
 
 _SERVING = (Phase.READY, Phase.UNHEALTHY)
 
@@ -44,7 +44,7 @@ def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
     return NvmlPoller()
 
 
-class Telemetry:
+class MetricPollers:
     """Owns the GPU poller, the worker-stats poller and the exporter of one agent."""
 
     def __init__(self, spec: FarmSpec, poller: GpuPoller | None, view: FarmView) -> None:

@@ -22,15 +22,15 @@ import structlog
 from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import check_spec_file
+from sglang_farm.control.farm_api import GpuMemory
+from sglang_farm.farm_view import FarmView
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
-from sglang_farm.ops import GpuMemory
 from sglang_farm.runtime import Emit, Runtime
 from sglang_farm.spec import FarmSpec, FlagValue
-from sglang_farm.views import FarmView
 
-log = structlog.get_logger("sglang_farm.daemon")
+log = structlog.get_logger("sglang_farm.service")
 
 # systemd: how long a worker's exit waits for its last journal lines (runtime.journal).
 SYSTEMD_EXIT_GRACE_S = 2.0
@@ -107,7 +107,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     spec = load_config(config_path, gpu_count)
     kind, why = choose_runtime(runtime_kind)
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
-    from sglang_farm.telemetry import Telemetry, make_gpu_poller
+    from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)
     checks = await run_preflight(spec, poller)
@@ -119,17 +119,17 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             last_status[0] = text
             notify(f"STATUS={text}")
 
-    telemetry: Telemetry | None = None
+    pollers: MetricPollers | None = None
 
-    def to_telemetry(view: FarmView) -> None:
-        if telemetry is not None:
-            telemetry.on_view(view)
+    def to_pollers(view: FarmView) -> None:
+        if pollers is not None:
+            pollers.on_view(view)
 
     def gpu_memory() -> Sequence[GpuMemory]:
-        return telemetry.gpu_memory() if telemetry is not None else ()
+        return pollers.gpu_memory() if pollers is not None else ()
 
     def queue_depths() -> Mapping[int, float]:
-        return telemetry.queue_depths() if telemetry is not None else {}
+        return pollers.queue_depths() if pollers is not None else {}
 
     agent = Agent(
         spec,
@@ -138,11 +138,11 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         hooks=AgentHooks(
             preflight=checks.blocking,
             compute_caps=checks.compute_caps,
-            observers=(on_status, to_telemetry),
+            observers=(on_status, to_pollers),
             stats=FarmStats(gpu_memory, queue_depths),
         ),
     )
-    telemetry = Telemetry(spec, poller, agent.view())
+    pollers = MetricPollers(spec, poller, agent.view())
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -160,7 +160,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     await control.start()
     log.info("control_listening", socket=spec.control.socket)
 
-    await telemetry.start()
+    await pollers.start()
     extra: list[asyncio.Task[None]] = []
     interval = watchdog_interval()
     if interval:
@@ -173,7 +173,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         notify("STOPPING=1")
         for t in extra:
             t.cancel()
-        await telemetry.close()
+        await pollers.close()
         await control.close()
     return 0
 
@@ -213,7 +213,7 @@ async def run_preflight(spec: FarmSpec, poller: GpuPoller | None) -> PreflightRe
     """
     from sglang_farm.doctor import preflight_blocking, run_doctor
     from sglang_farm.failures import Failure, FailureKind
-    from sglang_farm.gpu_fake import FakeGpuPoller
+    from sglang_farm.gpu_sim import FakeGpuPoller
 
     source = poller or FakeGpuPoller(count=0)
     try:
