@@ -115,8 +115,8 @@ def scrape_with_hang(
         "hung_worker": hung_worker,
         "settle_s": settle,
         "restarted_while_measuring": bool(restarted),
-        "ratio_hung_to_healthy_p99": ratio(g["p99"], h["p99"]),  # type: ignore[index]
-        "ratio_hung_to_healthy_median": ratio(g["median"], h["median"]),  # type: ignore[index]
+        "ratio_hung_to_healthy_p99": ratio(g["p99"], h["p99"]),  # type: ignore[index]  # dicts of floats
+        "ratio_hung_to_healthy_median": ratio(g["median"], h["median"]),  # type: ignore[index]  # ditto
         "status_hung": status_hung,
     }
 

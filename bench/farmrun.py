@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402
+from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 
 __all__ = ["Farm", "FarmSetup", "event_time", "running_farm", "sim_env"]
 
@@ -106,8 +106,8 @@ def running_farm(setup: FarmSetup) -> Iterator[Farm]:
     config = setup.write(tmp, marker)
     t0 = time.time()
     farm = Farm(config, marker)
-    farm.tmp = tmp  # type: ignore[attr-defined]
-    farm.spawned_at = t0  # type: ignore[attr-defined]
+    farm.tmp = tmp  # type: ignore[attr-defined]  # bench-only attributes on Farm
+    farm.spawned_at = t0  # type: ignore[attr-defined]  # ditto
     try:
         yield farm
     finally:
@@ -134,7 +134,7 @@ def metrics_url(farm: Farm) -> tuple[str, int]:
 
 
 def socket_path(farm: Farm) -> str:
-    return str(farm.tmp / "control.sock")  # type: ignore[attr-defined]
+    return str(farm.tmp / "control.sock")  # type: ignore[attr-defined]  # set above
 
 
 def worker_pid(farm: Farm, worker: int) -> int:
@@ -154,7 +154,7 @@ def startup(farm: Farm, own_load_s: float, poll_interval_s: float) -> dict[str, 
         "first_launch_to_done_s": total,
         "own_load_s": own_load_s,
         "overhead_s": total - own_load_s,
-        "agent_start_to_first_launch_s": event_time(first) - farm.spawned_at,  # type: ignore[attr-defined]
+        "agent_start_to_first_launch_s": event_time(first) - farm.spawned_at,  # type: ignore[attr-defined]  # set above
         "poll_interval_s": poll_interval_s,
         "load_s_by_worker": {e["worker"]: e.get("load_s") for e in farm.named("worker_ready")},
     }

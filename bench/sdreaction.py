@@ -70,8 +70,8 @@ def _harness() -> tuple[Any, Any]:
     """tests/sdcontainer.py and tests/sdfarm.py (plain modules on tests/, not a package)."""
     if str(TESTS) not in sys.path:
         sys.path.append(str(TESTS))
-    import sdcontainer  # type: ignore[import-not-found]
-    import sdfarm  # type: ignore[import-not-found]
+    import sdcontainer  # type: ignore[import-not-found]  # tests/ is put on sys.path
+    import sdfarm  # type: ignore[import-not-found]  # ditto
 
     return sdcontainer, sdfarm
 

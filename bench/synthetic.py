@@ -14,9 +14,9 @@ from prometheus_client.exposition import generate_latest
 from tests.metrics_fixtures import GiB, gpu
 
 from bench.stats import summary
+from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
-from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.workerstats import WorkerStats
 
 

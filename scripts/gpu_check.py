@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# ruff: noqa: E501 -- the report's lines are printed as they are, long ones included
 """The farm on real GPUs, in one run (CI never has a GPU; this records what only a GPU machine shows).
 
 Run from the repo root on a machine with NVIDIA GPUs, nvidia-smi, torch with CUDA and
@@ -40,11 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "agent")]
 
-import pynvml  # noqa: E402
+import pynvml  # noqa: E402 -- after the sys.path setup above
 
-from farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402
-from sglang_farm.control.client import Client  # noqa: E402
-from sglang_farm.gpu import NvmlPoller, process_tree, read_ppid_map  # noqa: E402
+from farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- ditto
+from sglang_farm.control.client import Client  # noqa: E402 -- ditto
+from sglang_farm.gpu import NvmlPoller, process_tree, read_ppid_map  # noqa: E402 -- ditto
 
 report: dict[str, Any] = {}
 
@@ -55,7 +56,7 @@ def say(*a: object) -> None:
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def config(

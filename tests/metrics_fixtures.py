@@ -39,7 +39,7 @@ def gpu(index: int, **kw: object) -> GpuSnapshot:
         remapped_rows_failure=False,
     )
     base.update(kw)
-    return GpuSnapshot(**base)  # type: ignore[arg-type]
+    return GpuSnapshot(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 def fleet() -> FleetSnapshot:

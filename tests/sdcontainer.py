@@ -345,7 +345,7 @@ class SystemdContainer:
 
     def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
         """Run a shell script inside (`sh -c`)."""
-        return self.run(["sh", "-c", script], **kw)  # type: ignore[arg-type]
+        return self.run(["sh", "-c", script], **kw)  # type: ignore[arg-type]  # run()'s kwargs
 
     def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
         """Write a file inside the container (through its own mount namespace, so /run works)."""
@@ -402,7 +402,7 @@ class SystemdContainer:
 def booted(**kw: object) -> Iterator[SystemdContainer]:
     """Boot a container (skipping when the machine cannot) and always tear it down."""
     require_or_skip()
-    with SystemdContainer(**kw) as c:  # type: ignore[arg-type]
+    with SystemdContainer(**kw) as c:  # type: ignore[arg-type]  # the fixture's kwargs
         print(f"container {c.name} booted in {c.boot_seconds:.2f}s", file=sys.stderr)
         yield c
 

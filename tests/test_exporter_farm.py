@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.farmproc import Farm, farm_config, new_marker, tmpdir
 
+from farmproc import Farm, farm_config, new_marker, tmpdir
 from test_prometheus_e2e import _query, _start_prometheus, _wait_for
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+
+from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ class Agent:
         return CliRunner().invoke(cli, ["--socket", self.path, *args], env=env)
 
     def soon(self, fn: object, *a: object) -> None:
-        self.loop.call_soon_threadsafe(fn, *a)  # type: ignore[arg-type]
+        self.loop.call_soon_threadsafe(fn, *a)  # type: ignore[arg-type]  # untyped *a
 
 
 @pytest.fixture

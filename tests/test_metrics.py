@@ -19,7 +19,7 @@ from sglang_farm.metrics import MetricsState, build_registry, gpu_label, model_f
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 
 
-def _registry(st: MetricsState):  # type: ignore[no-untyped-def]
+def _registry(st: MetricsState):  # type: ignore[no-untyped-def]  # prometheus types
     return build_registry(lambda: st, version="0.0.0-test")
 
 

@@ -263,7 +263,7 @@ def fixed_farm_env(env: FakeEnv) -> str:
     return f'{{ CUDA_HOME = "{env.nvcc_home}" }}'
 
 
-def fake_runner(env: FakeEnv, tmp: Path):  # type: ignore[no-untyped-def]
+def fake_runner(env: FakeEnv, tmp: Path):  # type: ignore[no-untyped-def]  # a closure factory
     """The real probe runner, with the fake tree importable and no host toolkit visible."""
     empty_bin = tmp / "emptybin"
     empty_bin.mkdir(exist_ok=True)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -147,13 +148,18 @@ class Sim:
         self.proc.stderr.close()
 
 
-def sse_frames(body: bytes) -> list[object]:
+# One decoded `data:` payload: a JSON value, or the string "[DONE]". Any on purpose: each
+# test asserts the shape of SGLang's events by indexing into them, and a wrong shape fails there.
+SseEvent = Any
+
+
+def sse_frames(body: bytes) -> list[SseEvent]:
     """Split a text/event-stream body into its `data:` payloads, checking SGLang's framing.
 
     Every event is exactly `data: <payload>\\n\\n`; JSON payloads are decoded, `[DONE]` is kept.
     """
     assert body.endswith(b"\n\n"), body[-80:]
-    frames: list[object] = []
+    frames: list[SseEvent] = []
     for raw in body[:-2].split(b"\n\n"):
         assert raw.startswith(b"data: "), raw
         payload = raw.removeprefix(b"data: ")
@@ -163,7 +169,7 @@ def sse_frames(body: bytes) -> list[object]:
 
 def post_stream(
     client: httpx.Client, path: str, body: dict[str, object]
-) -> tuple[str, list[object]]:
+) -> tuple[str, list[SseEvent]]:
     """POST a streaming request; returns the content type and the decoded events."""
     with client.stream("POST", path, json=body) as r:
         assert r.status_code == 200, r.read()
@@ -175,8 +181,16 @@ def metric_values(client: httpx.Client) -> dict[str, float]:
     return {s.name: s.value for f in fams for s in f.samples}
 
 
+class StartSim(Protocol):
+    """The `sims` fixture: start a simulator with these flags; it is killed at teardown."""
+
+    def __call__(
+        self, *flags: str, env: dict[str, str] | None = None, port: int | None = None
+    ) -> Sim: ...
+
+
 @pytest.fixture
-def sims() -> Iterator[Callable[..., Sim]]:
+def sims() -> Iterator[StartSim]:
     started: list[Sim] = []
 
     def start(*flags: str, env: dict[str, str] | None = None, port: int | None = None) -> Sim:
@@ -320,7 +334,7 @@ def test_rendered_metrics_parse_with_sglang_names_types_and_labels() -> None:
 
 
 @pytest.mark.slow
-def test_port_unbound_while_loading_then_health_503_then_200_after_a_second(sims) -> None:
+def test_port_unbound_while_loading_then_health_503_then_200_after_a_second(sims: StartSim) -> None:
     env = {"SGLANG_SIM_LOAD_SECONDS": "1.0", "SGLANG_SIM_WARMUP_SECONDS": "0.5"}  # default delay
     sim = sims("--unknown-flag", "x", env=env)
     seen: list[object] = []
@@ -358,7 +372,7 @@ def test_port_unbound_while_loading_then_health_503_then_200_after_a_second(sims
 
 
 @pytest.mark.slow
-def test_metrics_and_loads_count_running_and_queued_requests(sims) -> None:
+def test_metrics_and_loads_count_running_and_queued_requests(sims: StartSim) -> None:
     env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}
     sim = sims(
         "--enable-metrics", "--max-running-requests", "2", "--served-model-name", "llama", env=env
@@ -409,7 +423,7 @@ def test_metrics_and_loads_count_running_and_queued_requests(sims) -> None:
 
 
 @pytest.mark.slow
-def test_stream_true_answers_server_sent_events_the_way_sglang_does(sims) -> None:
+def test_stream_true_answers_server_sent_events_the_way_sglang_does(sims: StartSim) -> None:
     sim = sims("--served-model-name", "llama", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
     sim.wait_ready()
     messages = [{"role": "user", "content": "The capital city of France is"}]
@@ -490,7 +504,7 @@ def test_stream_true_answers_server_sent_events_the_way_sglang_does(sims) -> Non
 
 
 @pytest.mark.slow
-def test_stream_client_that_hangs_up_aborts_its_request_and_frees_the_slot(sims) -> None:
+def test_stream_client_that_hangs_up_aborts_its_request_and_frees_the_slot(sims: StartSim) -> None:
     sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
     sim.wait_ready()
     with httpx.Client(base_url=sim.url, timeout=10) as client:
@@ -509,7 +523,7 @@ def test_stream_client_that_hangs_up_aborts_its_request_and_frees_the_slot(sims)
 
 
 @pytest.mark.slow
-def test_per_token_delay_makes_a_longer_request_take_longer(sims) -> None:
+def test_per_token_delay_makes_a_longer_request_take_longer(sims: StartSim) -> None:
     sim = sims(env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
     sim.wait_ready()
     took: dict[int, float] = {}
@@ -526,7 +540,7 @@ def test_per_token_delay_makes_a_longer_request_take_longer(sims) -> None:
 
 
 @pytest.mark.slow
-def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims) -> None:
+def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims: StartSim) -> None:
     env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}
     sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
     sim.wait_ready()
@@ -546,7 +560,7 @@ def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims) 
 
 
 @pytest.mark.slow
-def test_model_id_is_the_same_on_every_route_a_gateway_registers_from(sims) -> None:
+def test_model_id_is_the_same_on_every_route_a_gateway_registers_from(sims: StartSim) -> None:
     sim = sims("--served-model-name", "sim/llama")
     sim.wait_ready()
     with httpx.Client(base_url=sim.url, timeout=5) as client:
@@ -599,7 +613,9 @@ MODES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "code", "text"), MODES, ids=[m.value for m, _, _ in MODES])
-def test_failure_mode_prints_sglang_text_and_exits_like_sglang(sims, mode, code, text) -> None:
+def test_failure_mode_prints_sglang_text_and_exits_like_sglang(
+    sims: StartSim, mode: FailMode, code: int, text: str
+) -> None:
     sim = sims(env={**FAST, "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_FAIL": mode.value})
     assert sim.wait() == code
     assert text.format(port=sim.port) in sim.log
@@ -611,7 +627,7 @@ def test_failure_mode_prints_sglang_text_and_exits_like_sglang(sims, mode, code,
 
 
 @pytest.mark.slow
-def test_port_taken_by_another_process_exits_3_after_load(sims) -> None:
+def test_port_taken_by_another_process_exits_3_after_load(sims: StartSim) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -622,7 +638,7 @@ def test_port_taken_by_another_process_exits_3_after_load(sims) -> None:
 
 
 @pytest.mark.slow
-def test_runtime_cuda_oom_after_serving_kills_the_tree_with_minus_9(sims) -> None:
+def test_runtime_cuda_oom_after_serving_kills_the_tree_with_minus_9(sims: StartSim) -> None:
     sim = sims(env={**FAST, "SGLANG_SIM_FAIL_AFTER": "0.3"})
     sim.wait_ready()
     assert httpx.get(sim.url + "/health", timeout=5).status_code == 200
@@ -634,7 +650,7 @@ def test_runtime_cuda_oom_after_serving_kills_the_tree_with_minus_9(sims) -> Non
 
 
 @pytest.mark.slow
-def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims) -> None:
+def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims: StartSim) -> None:
     sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_HANG_AFTER": "0.2"})
     sim.wait_ready()
     time.sleep(0.4)
@@ -650,7 +666,7 @@ def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims) ->
 
 
 @pytest.mark.slow
-def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims) -> None:
+def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims: StartSim) -> None:
     sim = sims("--tp-size", "2", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.02"})
     sim.wait_ready()
     kids = children_of(sim.proc.pid)
@@ -681,7 +697,7 @@ def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims) -> N
 
 
 @pytest.mark.slow
-def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exits_0(sims) -> None:
+def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exits_0(sims: StartSim) -> None:
     sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"})
     sim.wait_ready()
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 40}, "stream": True}
@@ -712,7 +728,7 @@ def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exi
 
 
 @pytest.mark.slow
-def test_sgl_force_shutdown_skips_the_drain(sims) -> None:
+def test_sgl_force_shutdown_skips_the_drain(sims: StartSim) -> None:
     env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.05", "SGL_FORCE_SHUTDOWN": "1"}
     sim = sims(env=env)
     sim.wait_ready()
@@ -734,7 +750,7 @@ def test_sgl_force_shutdown_skips_the_drain(sims) -> None:
 
 
 @pytest.mark.slow
-def test_ignored_sigterm_survives_and_children_die_with_a_killed_parent(sims) -> None:
+def test_ignored_sigterm_survives_and_children_die_with_a_killed_parent(sims: StartSim) -> None:
     sim = sims(env={**FAST, "SGLANG_SIM_IGNORE_SIGTERM": "1"})
     sim.wait_ready()
     kids = children_of(sim.proc.pid)
@@ -748,7 +764,7 @@ def test_ignored_sigterm_survives_and_children_die_with_a_killed_parent(sims) ->
 
 
 @pytest.mark.slow
-def test_scheduler_killed_while_serving_takes_the_server_down(sims) -> None:
+def test_scheduler_killed_while_serving_takes_the_server_down(sims: StartSim) -> None:
     sim = sims()
     sim.wait_ready()
     scheduler = next(
@@ -772,7 +788,7 @@ def _torch_cuda() -> bool:
 @pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not _torch_cuda(), reason="needs torch with a CUDA device")
-def test_gpu_memory_is_really_held_by_the_scheduler_child(sims) -> None:
+def test_gpu_memory_is_really_held_by_the_scheduler_child(sims: StartSim) -> None:
     import pynvml
 
     sim = sims(env={**FAST, "SGLANG_SIM_GPU_MEM_GIB": "2"})
@@ -795,7 +811,7 @@ def test_gpu_memory_is_really_held_by_the_scheduler_child(sims) -> None:
 @pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not _torch_cuda(), reason="needs torch with a CUDA device")
-def test_real_cuda_oom_prints_torchs_own_message_and_exits_minus_9(sims) -> None:
+def test_real_cuda_oom_prints_torchs_own_message_and_exits_minus_9(sims: StartSim) -> None:
     sim = sims(env={**FAST, "SGLANG_SIM_FAIL": "real_cuda_oom"})
     assert sim.wait(timeout=120) == -9
     assert "Scheduler hit an exception: Traceback (most recent call last):" in sim.log

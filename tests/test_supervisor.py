@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.supervisor import (
+    Action,
     HealthFailed,
     HealthPassed,
     IllegalTransition,
     Launch,
     Launched,
+    Note,
     Policy,
     ProcessExited,
     RestartRequested,
@@ -40,23 +44,33 @@ def policy(**restart: float) -> Policy:
     )
 
 
-def launches(actions: list[object]) -> list[int]:
+def launches(actions: Sequence[Action]) -> list[int]:
     return [a.worker for a in actions if isinstance(a, Launch)]
 
 
-def bring_up(sup: Supervisor, wid: int, now: float) -> list[object]:
-    out: list[object] = list(sup.handle(wid, Launched(pid=1000 + wid), now))
+def bring_up(sup: Supervisor, wid: int, now: float) -> list[Action]:
+    out = sup.handle(wid, Launched(pid=1000 + wid), now)
     out += sup.handle(wid, HealthPassed(), now)
     return out
+
+
+# Read through functions, not `rollout(sup) is ...` inline: mypy keeps an attribute narrowed by
+# one assert across the calls that change it, and would call the next assert unreachable.
+def rollout(sup: Supervisor) -> Rollout:
+    return sup.rollout
+
+
+def phase(sup: Supervisor, wid: int) -> Phase:
+    return sup.workers[wid].phase
 
 
 def test_canary_loads_alone_then_waves_never_exceed_parallel() -> None:
     sup = Supervisor(range(6), policy())
     assert launches(sup.start(list(range(6)), 0.0)) == [0]
-    assert sup.rollout is Rollout.CANARY
+    assert rollout(sup) is Rollout.CANARY
     # Canary ready: the next ones get slots, at most `parallel` loading at once.
     assert launches(bring_up(sup, 0, 1.0)) == [1, 2]
-    assert sup.rollout is Rollout.ROLLING
+    assert rollout(sup) is Rollout.ROLLING
     assert launches(bring_up(sup, 1, 2.0)) == [3]
     assert launches(bring_up(sup, 3, 3.0)) == [4]
     loading = [w for w, s in sup.workers.items() if s.phase is Phase.STARTING]
@@ -64,7 +78,7 @@ def test_canary_loads_alone_then_waves_never_exceed_parallel() -> None:
     bring_up(sup, 2, 4.0)
     bring_up(sup, 4, 4.0)
     bring_up(sup, 5, 5.0)
-    assert sup.rollout is Rollout.DONE
+    assert rollout(sup) is Rollout.DONE
     assert all(s.phase is Phase.READY for s in sup.workers.values())
     assert sup.workers[0].last_load_seconds == 1.0
 
@@ -75,8 +89,8 @@ def test_canary_failure_halts_rollout_and_names_the_reason() -> None:
     sup.handle(0, Launched(pid=10), 0.0)
     actions = sup.handle(0, ProcessExited(status=-9, failure=OOM), 5.0)
     assert launches(actions) == []
-    assert sup.workers[0].phase is Phase.FAILED
-    assert sup.rollout is Rollout.HALTED
+    assert phase(sup, 0) is Phase.FAILED
+    assert rollout(sup) is Rollout.HALTED
     assert sup.rollout_reason is not None and "CUDA out of memory" in sup.rollout_reason
     assert {s.phase for w, s in sup.workers.items() if w} == {Phase.PENDING}
     # Time passing starts nothing while halted.
@@ -87,9 +101,9 @@ def test_starting_again_after_a_halt_begins_with_the_canary() -> None:
     sup = Supervisor(range(3), policy())
     sup.start([0, 1, 2], 0.0)
     sup.handle(0, ProcessExited(status=1, failure=None), 1.0)
-    assert sup.rollout is Rollout.HALTED
+    assert rollout(sup) is Rollout.HALTED
     assert launches(sup.start([0, 1, 2], 2.0)) == [0]
-    assert sup.rollout is Rollout.CANARY
+    assert rollout(sup) is Rollout.CANARY
 
 
 def test_restart_backs_off_exponentially_and_gives_up_after_the_limit() -> None:
@@ -110,10 +124,10 @@ def test_restart_backs_off_exponentially_and_gives_up_after_the_limit() -> None:
         sup.handle(1, Launched(pid=2), t)
     assert delays == [1.0, 2.0, 4.0]
     sup.handle(1, ProcessExited(status=-9), t + 1)
-    assert sup.workers[1].phase is Phase.FAILED
+    assert phase(sup, 1) is Phase.FAILED
     assert "gave up after 4 failures" in (sup.workers[1].last_action or "")
     assert sup.workers[1].restarts_by_reason == {"crash": 3}
-    assert sup.workers[0].phase is Phase.READY  # the others are untouched
+    assert phase(sup, 0) is Phase.READY  # the others are untouched
 
 
 def test_backoff_resets_after_a_stable_period() -> None:
@@ -136,11 +150,11 @@ def test_hang_restarts_after_threshold_with_reason_hang() -> None:
     sup.start([0], 0.0)
     bring_up(sup, 0, 0.0)
     sup.handle(0, HealthFailed("timeout"), 1.0)
-    assert sup.workers[0].phase is Phase.UNHEALTHY
+    assert phase(sup, 0) is Phase.UNHEALTHY
     sup.handle(0, HealthFailed("timeout"), 2.0)
     actions = sup.handle(0, HealthFailed("timeout"), 3.0)
     assert [a for a in actions if isinstance(a, Terminate)] == [Terminate(0)]
-    assert sup.workers[0].phase is Phase.STOPPING
+    assert phase(sup, 0) is Phase.STOPPING
     sup.handle(0, ProcessExited(status=-9), 4.0)
     s = sup.workers[0]
     assert s.phase is Phase.BACKOFF
@@ -156,9 +170,9 @@ def test_a_passing_probe_clears_unhealthy() -> None:
     sup.handle(0, HealthFailed("503"), 1.0)
     sup.handle(0, HealthFailed("503"), 2.0)
     sup.handle(0, HealthPassed(), 3.0)
-    assert sup.workers[0].phase is Phase.READY
+    assert phase(sup, 0) is Phase.READY
     sup.handle(0, HealthFailed("503"), 4.0)
-    assert sup.workers[0].phase is Phase.UNHEALTHY  # the count started over
+    assert phase(sup, 0) is Phase.UNHEALTHY  # the count started over
 
 
 def test_load_timeout_terminates_and_counts_as_failure() -> None:
@@ -177,7 +191,7 @@ def test_deterministic_failure_is_not_retried() -> None:
     sup.start([0, 1], 0.0)
     bring_up(sup, 0, 0.0)
     sup.handle(1, ProcessExited(status=2, failure=BAD_FLAG), 1.0)
-    assert sup.workers[1].phase is Phase.FAILED
+    assert phase(sup, 1) is Phase.FAILED
     assert launches(sup.tick(1000.0)) == []
 
 
@@ -196,12 +210,12 @@ def test_oom_failure_steps_the_ladder_and_restarts_at_once() -> None:
     assert launches(actions) == [0]
     s = sup.workers[0]
     assert s.oom_step == 1 and s.oom_events == {"cuda": 1} and s.restarts_by_reason == {"oom": 1}
-    assert sup.rollout is Rollout.CANARY
+    assert rollout(sup) is Rollout.CANARY
     sup.handle(0, ProcessExited(status=-9, failure=OOM), 2.0)
     assert sup.workers[0].oom_step == 2
     sup.handle(0, ProcessExited(status=-9, failure=OOM), 3.0)
-    assert sup.workers[0].phase is Phase.FAILED  # ladder exhausted, canary halts the rollout
-    assert sup.rollout is Rollout.HALTED
+    assert phase(sup, 0) is Phase.FAILED  # ladder exhausted, canary halts the rollout
+    assert rollout(sup) is Rollout.HALTED
 
 
 def test_operator_stop_and_restart() -> None:
@@ -215,7 +229,7 @@ def test_operator_stop_and_restart() -> None:
     bring_up(sup, 1, 3.0)
     assert sup.handle(1, StopRequested(), 4.0) == [Terminate(1)]
     sup.handle(1, ProcessExited(status=0), 5.0)
-    assert sup.workers[1].phase is Phase.STOPPED
+    assert phase(sup, 1) is Phase.STOPPED
     assert launches(sup.tick(100.0)) == []
     assert sup.workers[1].failures == 0
 
@@ -226,7 +240,7 @@ def test_stop_during_backoff_cancels_the_restart() -> None:
     bring_up(sup, 0, 0.0)
     sup.handle(0, ProcessExited(status=-9), 1.0)
     sup.handle(0, StopRequested(), 1.5)
-    assert sup.workers[0].phase is Phase.STOPPED
+    assert phase(sup, 0) is Phase.STOPPED
     assert launches(sup.tick(100.0)) == []
 
 
@@ -262,7 +276,7 @@ def test_oom_scope_all_gives_every_worker_the_step_and_names_the_running_ones() 
     sup = Supervisor([0, 1, 2], p)
     sup.start([0, 1, 2], 0.0)
     for w in (0, 1, 2):
-        if sup.workers[w].phase is Phase.STARTING:
+        if phase(sup, w) is Phase.STARTING:
             bring_up(sup, w, 1.0)
         else:
             sup.tick(1.0)
@@ -270,7 +284,7 @@ def test_oom_scope_all_gives_every_worker_the_step_and_names_the_running_ones() 
     sup.handle(2, StopRequested(), 2.0)
     sup.handle(2, ProcessExited(status=0), 2.5)
     actions = sup.handle(1, ProcessExited(status=-9, failure=OOM), 3.0)
-    spread = [a for a in actions if getattr(a, "event", None) == "oom_step_spread"]
+    spread = [a for a in actions if isinstance(a, Note) and a.event == "oom_step_spread"]
     assert len(spread) == 1 and spread[0].fields["restart"] == [0]  # 2 is stopped: next start
     assert [sup.workers[w].oom_step for w in (0, 1, 2)] == [1, 1, 1]
 
@@ -279,8 +293,8 @@ def test_a_halted_rollout_resumes_once_the_restarted_canary_is_ready() -> None:
     sup = Supervisor(range(3), policy())
     sup.start([0, 1, 2], 0.0)
     sup.handle(0, ProcessExited(status=2, failure=BAD_FLAG), 1.0)
-    assert sup.rollout is Rollout.HALTED
+    assert rollout(sup) is Rollout.HALTED
     # The operator fixed the flag and restarts only the canary.
     assert launches(sup.handle(0, RestartRequested(RestartReason.MANUAL), 2.0)) == [0]
     assert launches(bring_up(sup, 0, 3.0)) == [1, 2]
-    assert sup.rollout is Rollout.ROLLING and sup.rollout_reason is None
+    assert rollout(sup) is Rollout.ROLLING and sup.rollout_reason is None

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from sglang_farm import sglang_flags
 from sglang_farm.errors import ConfigError
+from sglang_farm.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import (
     ControlSpec,
@@ -46,8 +47,6 @@ from sglang_farm.spec import (
     StartupPolicy,
     WorkerSpec,
 )
-
-DEFAULT_CONFIG_PATH = "/etc/sglang-farm/farm.toml"
 
 # `farm.python = "@agent"`: the interpreter that runs the agent itself (the demo uses it
 # to run the simulator from the agent's own environment).

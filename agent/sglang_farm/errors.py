@@ -3,7 +3,13 @@
 FarmError
 ├── ConfigError        a config file that does not validate (all problems at once)
 ├── ProtocolError      a control-socket request or reply that does not parse
-└── RuntimeFailure     systemd or a child process refused an operation
+├── RuntimeFailure     systemd or a child process refused an operation
+├── ProbeError         the doctor's environment probe could not run or gave no result
+├── ControlSocketError the control socket could not be created
+├── ClientError        farmctl's client: AgentUnreachable, SocketPermissionDenied, AgentError
+└── GatewayError       the gateway refused or did not answer (gateway/)
+
+(`control.codec.RequestError` is a ProtocolError that carries the codec's typed error code.)
 """
 
 from __future__ import annotations
@@ -38,3 +44,40 @@ class ProtocolError(FarmError):
 class RuntimeFailure(FarmError):
     """Starting, stopping or observing a worker failed in the runtime (systemd or process)."""
 
+
+class ProbeError(FarmError):
+    """The environment probe could not run or gave no result (the message says why)."""
+
+
+class ControlSocketError(FarmError):
+    """The control socket could not be created (path in use by a live agent, not a socket...)."""
+
+
+class ClientError(FarmError):
+    """Base of what the client raises."""
+
+
+class AgentUnreachable(ClientError):
+    """No agent answers at the socket path (missing, refused, timed out, hung up)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot reach the agent at {path}: {reason}")
+
+
+class SocketPermissionDenied(ClientError):
+    """The socket file exists but this user may not open it (not in the group)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"permission denied on {path}")
+
+
+class AgentError(ClientError):
+    """The agent answered with an error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")

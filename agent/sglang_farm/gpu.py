@@ -531,3 +531,15 @@ def gpu_count_for_config(config_path: str) -> int | None:
     if '"all"' not in text and "'all'" not in text:
         return None
     return count_gpus()
+
+
+def choose_gpu_poller(source: str, count: int) -> GpuPoller | None:
+    """The one choice of GPU source ([metrics] gpu_source): NVML, the demo's simulated GPUs
+    (`count` of them), or none."""
+    if source == "none":
+        return None
+    if source == "fake":
+        from sglang_farm.gpu_sim import FakeGpuPoller
+
+        return FakeGpuPoller(count=max(count, 1))
+    return NvmlPoller()

@@ -23,7 +23,13 @@ import structlog
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.exporter import Exporter
 from sglang_farm.farm_view import FarmView, Phase
-from sglang_farm.gpu import FleetSnapshot, GpuPoller, NvmlPoller, process_tree, read_ppid_map
+from sglang_farm.gpu import (
+    FleetSnapshot,
+    GpuPoller,
+    choose_gpu_poller,
+    process_tree,
+    read_ppid_map,
+)
 from sglang_farm.gpu_sim import FakeGpuPoller
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
 from sglang_farm.spec import FarmSpec
@@ -35,13 +41,8 @@ _SERVING = (Phase.READY, Phase.UNHEALTHY)
 
 
 def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
-    source = spec.metrics.gpu_source
-    if source == "none":
-        return None
-    if source == "fake":
-        count = max((g for w in spec.workers for g in w.gpus), default=-1) + 1
-        return FakeGpuPoller(count=max(count, 1))
-    return NvmlPoller()
+    count = max((g for w in spec.workers for g in w.gpus), default=-1) + 1
+    return choose_gpu_poller(spec.metrics.gpu_source, count)
 
 
 class MetricPollers:

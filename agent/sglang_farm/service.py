@@ -27,6 +27,7 @@ from sglang_farm.farm_view import FarmView
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
+from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, Runtime
 from sglang_farm.spec import FarmSpec, FlagValue
 
@@ -194,7 +195,7 @@ def agent_executable() -> str:
     sibling = Path(sys.executable).parent / "sglang-farm"
     if sibling.is_file() and os.access(sibling, os.X_OK):
         return str(sibling)
-    return shutil.which("sglang-farm") or "/usr/bin/sglang-farm"
+    return shutil.which("sglang-farm") or DEFAULT_AGENT_BIN
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sglang_farm.paths import DEFAULT_SOCKET, DEFAULT_STATE_DIR
 from sglang_farm.sglang_flags import SGLANG_MODULE
 
 # A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
@@ -29,7 +30,7 @@ class FarmSection:
     module: str = SGLANG_MODULE
     user: str = "sglang"
     group: str = "sglang"
-    state_dir: str = "/var/lib/sglang-farm"
+    state_dir: str = DEFAULT_STATE_DIR
     # Extra environment for every worker (per-worker `env` overrides these).
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -121,7 +122,7 @@ class MetricsSpec:
 class ControlSpec:
     """`[control]`: the local control socket."""
 
-    socket: str = "/run/sglang-farm/control.sock"
+    socket: str = DEFAULT_SOCKET
     group: str = "sglang-farm"
 
 

@@ -218,6 +218,7 @@ class WorkerState:
     last_load_seconds: float | None = None
 
     def enter(self, phase: Phase, now: float, **changes: object) -> WorkerState:
+        # replace() checks the field names at run time; mypy cannot type **changes per field.
         return replace(self, phase=phase, since=now, **changes)  # type: ignore[arg-type]
 
 

@@ -29,6 +29,9 @@ class _NoGpus:
         return None
 
 
+DOCTOR_FAKE_GPUS = 8  # FakeGpuPoller's own default
+
+
 def _poller_for(config_path: str) -> GpuPoller:
     """The GPU source the config names ([metrics] gpu_source), read before full validation
     because `gpus = "all"` needs the GPU count to validate."""
@@ -40,15 +43,10 @@ def _poller_for(config_path: str) -> GpuPoller:
             source = metrics["gpu_source"]
     except (OSError, tomllib.TOMLDecodeError):
         pass  # load_spec_file reports it properly
-    if source == "fake":
-        from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpu import choose_gpu_poller
 
-        return FakeGpuPoller()
-    if source == "none":
-        return _NoGpus()
-    from sglang_farm.gpu import NvmlPoller
-
-    return NvmlPoller()
+    # The doctor's simulated GPUs: as many as the simulator offers by default.
+    return choose_gpu_poller(source, DOCTOR_FAKE_GPUS) or _NoGpus()
 
 
 class _CountingPoller:

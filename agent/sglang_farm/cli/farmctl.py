@@ -7,26 +7,22 @@ a few tens of milliseconds: no httpx, prometheus_client or structlog here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 import click
 
 from sglang_farm import __version__
-from sglang_farm.control.client import (
-    CHANGE_TIMEOUT,
-    DEFAULT_SOCKET,
-    AgentError,
-    AgentUnreachable,
-    Client,
-    SocketPermissionDenied,
-)
+from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.codec import Reply
+from sglang_farm.errors import AgentError, AgentUnreachable, SocketPermissionDenied
+from sglang_farm.paths import DEFAULT_SOCKET
 
 
 class Exit(IntEnum):
@@ -102,20 +98,30 @@ class Ctl:
     def call(
         self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
     ) -> Any:
-        try:
+        with self._errors(cmd):
             return self.client.call(cmd, args, timeout=timeout)
-        except AgentUnreachable as exc:
-            raise _unreachable(exc) from None
-        except SocketPermissionDenied as exc:
-            raise _denied(exc) from None
-        except AgentError as exc:
-            raise _agent_error(cmd, exc, self.as_json) from None
+
+    def query(
+        self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """`call`, and with --json print the raw result and return None (nothing to format)."""
+        res = self.call(cmd, args, timeout=timeout)
+        if self.as_json:
+            self.emit_json(res)
+            return None
+        return res
 
     def stream(
         self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
     ) -> Iterator[Reply]:
-        try:
+        with self._errors(cmd):
             yield from self.client.stream(cmd, args, timeout=timeout)
+
+    @contextlib.contextmanager
+    def _errors(self, cmd: str) -> Iterator[None]:
+        """The client's errors as farmctl's messages and exit codes."""
+        try:
+            yield
         except AgentUnreachable as exc:
             raise _unreachable(exc) from None
         except SocketPermissionDenied as exc:
@@ -283,11 +289,8 @@ def format_status(st: Mapping[str, Any]) -> str:
 @pass_ctl
 def status(ctl: Ctl) -> None:
     """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM."""
-    st = ctl.call("status")
-    if ctl.as_json:
-        ctl.emit_json(st)
-        return
-    click.echo(format_status(st))
+    if (st := ctl.query("status")) is not None:
+        click.echo(format_status(st))
 
 
 # --- state changes -------------------------------------------------------------------
@@ -336,6 +339,20 @@ def _change(ctl: Ctl, cmd: str, target: int | str) -> tuple[list[int], float]:
     return list(res.get("workers", [])), float(res.get("issued_at", 0.0))
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _timeout_option(text: str) -> Callable[[F], F]:
+    """--timeout for the commands that wait until workers are ready."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True, max=3600),
+        default=1200.0,
+        show_default=True,
+        help=text,
+    )
+
+
 def _who(ids: Sequence[int]) -> str:
     return f"worker{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids) or '(none)'}"
 
@@ -343,13 +360,7 @@ def _who(ids: Sequence[int]) -> str:
 @cli.command()
 @click.argument("target", metavar="N|all", callback=_target)
 @click.option("--no-wait", is_flag=True, help="Return once the restart is issued.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True, max=3600),
-    default=1200.0,
-    show_default=True,
-    help="Seconds to wait for ready (for 'all': for every worker together).",
-)
+@_timeout_option("Seconds to wait for ready (for 'all': for every worker together).")
 @pass_ctl
 def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float) -> None:
     """Restart worker TARGET (an id, or 'all' in waves) and wait until it is ready.
@@ -366,13 +377,7 @@ def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float) -> None:
 @cli.command()
 @click.argument("target", metavar="N|all", callback=_target)
 @click.option("--wait", is_flag=True, help="Wait until the worker(s) are ready.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True, max=3600),
-    default=1200.0,
-    show_default=True,
-    help="Seconds to wait for ready with --wait.",
-)
+@_timeout_option("Seconds to wait for ready with --wait.")
 @pass_ctl
 def start(ctl: Ctl, target: int | str, wait: bool, timeout: float) -> None:
     """Start worker TARGET (an id, or 'all'); returns once the start is recorded."""
@@ -398,9 +403,8 @@ def stop(ctl: Ctl, target: int | str) -> None:
 @pass_ctl
 def reset_oom(ctl: Ctl, worker: int) -> None:
     """Put WORKER back on its configured flags (OOM ladder step 0) at its next start."""
-    res = ctl.call("reset-oom", {"worker": worker}, timeout=CHANGE_TIMEOUT)
-    if ctl.as_json:
-        ctl.emit_json(res)
+    res = ctl.query("reset-oom", {"worker": worker}, timeout=CHANGE_TIMEOUT)
+    if res is None:
         return
     click.echo(
         f"worker {worker}: OOM ladder reset to step 0; takes effect at its next start "
@@ -458,9 +462,8 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
     """Print WORKER's recent output (journal or captured output)."""
     args = {"worker": worker, "lines": lines, "follow": follow}
     if not follow:
-        res = ctl.call("logs", args)
-        if ctl.as_json:
-            ctl.emit_json(res)
+        res = ctl.query("logs", args)
+        if res is None:
             return
         for ln in res.get("lines", []):
             click.echo(ln)
@@ -483,9 +486,8 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
 @pass_ctl
 def why(ctl: Ctl, worker: int) -> None:
     """Explain WORKER's last failure: the log lines, what the farm did, what to do."""
-    r = ctl.call("why", {"worker": worker})
-    if ctl.as_json:
-        ctl.emit_json(r)
+    r = ctl.query("why", {"worker": worker})
+    if r is None:
         return
     click.echo(f"worker {worker}: {r.get('state')}")
     f = r.get("last_failure")
@@ -514,12 +516,8 @@ def why(ctl: Ctl, worker: int) -> None:
 @pass_ctl
 def endpoints(ctl: Ctl) -> None:
     """Print the base URL of every ready worker, one per line."""
-    r = ctl.call("endpoints")
-    if ctl.as_json:
-        ctl.emit_json(r)
-        return
-    for e in r.get("endpoints", []):
-        click.echo(e["base_url"])
+    if (r := ctl.query("endpoints")) is not None:
+        click.echo("".join(f"{e['base_url']}\n" for e in r.get("endpoints", [])), nl=False)
 
 
 @cli.command()

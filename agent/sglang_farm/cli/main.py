@@ -17,6 +17,7 @@ import click
 from sglang_farm import __version__
 from sglang_farm.cli.options import config_option
 from sglang_farm.gpu import gpu_count_for_config
+from sglang_farm.paths import DEFAULT_AGENT_BIN
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,7 +100,7 @@ def check_config(config_path: str) -> None:
 )
 @click.option(
     "--agent-bin",
-    default="/usr/bin/sglang-farm",
+    default=DEFAULT_AGENT_BIN,
     show_default=True,
     help="Path of sglang-farm inside the units (the readiness gate runs it).",
 )

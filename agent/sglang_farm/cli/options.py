@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from sglang_farm.config import DEFAULT_CONFIG_PATH
+from sglang_farm.paths import DEFAULT_CONFIG_PATH
 
 config_option = click.option(
     "--config",

@@ -13,44 +13,19 @@ from typing import BinaryIO
 
 from sglang_farm.control import codec
 from sglang_farm.control.codec import Reply
-from sglang_farm.errors import FarmError, ProtocolError
+from sglang_farm.errors import (
+    AgentError,
+    AgentUnreachable,
+    ProtocolError,
+    SocketPermissionDenied,
+)
+from sglang_farm.paths import DEFAULT_SOCKET
 
-DEFAULT_SOCKET = "/run/sglang-farm/control.sock"
 # Read-only answers come from state the agent already holds: seconds are plenty.
 DEFAULT_TIMEOUT = 15.0
 # stop waits for the process tree to exit (SIGKILL after restart.stop_timeout,
 # 60 s by default), once per wave for "all".
 CHANGE_TIMEOUT = 900.0
-
-
-class ClientError(FarmError):
-    """Base of what the client raises."""
-
-
-class AgentUnreachable(ClientError):
-    """No agent answers at the socket path (missing, refused, timed out, hung up)."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"cannot reach the agent at {path}: {reason}")
-
-
-class SocketPermissionDenied(ClientError):
-    """The socket file exists but this user may not open it (not in the group)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        super().__init__(f"permission denied on {path}")
-
-
-class AgentError(ClientError):
-    """The agent answered with an error reply."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        self.message = message
-        super().__init__(f"{code}: {message}")
 
 
 class Client:

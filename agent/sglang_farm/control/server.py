@@ -30,7 +30,7 @@ from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
 from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
 from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
-from sglang_farm.errors import FarmError
+from sglang_farm.errors import ControlSocketError, FarmError
 
 log = structlog.get_logger("sglang_farm.control")
 
@@ -44,10 +44,6 @@ MAX_CLIENTS: Final = 1024
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
-
-
-class ControlSocketError(FarmError):
-    """The control socket could not be created (path in use by a live agent, not a socket...)."""
 
 
 class _Conn:

@@ -14,11 +14,9 @@ modules use.
 from __future__ import annotations
 
 from sglang_farm.doctor.gather import (
-    ProbeError,
     ProbeRunner,
     gather,
     make_probe_runner,
-    port_problem,
     preflight_blocking,
     run_doctor,
 )
@@ -35,6 +33,8 @@ from sglang_farm.doctor.rules import (
     resolve_attention_backend,
     resolve_flags,
 )
+from sglang_farm.errors import ProbeError
+from sglang_farm.ports import port_problem
 
 __all__ = [
     "Check",

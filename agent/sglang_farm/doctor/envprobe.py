@@ -130,7 +130,7 @@ def _finish_import(proc: subprocess.Popen[str]) -> dict[str, Any]:
 def _torch() -> dict[str, Any]:
     info: dict[str, Any] = {"installed": False}
     try:
-        import torch  # type: ignore[import-not-found,unused-ignore]
+        import torch  # type: ignore[import-not-found,unused-ignore]  # the workers' env has it
     except Exception as exc:  # any failure is a fact to report
         info["error"] = _err(exc)
         return info
@@ -269,7 +269,7 @@ def probe_env() -> dict[str, Any]:
 
 def _build_parser() -> argparse.ArgumentParser:
     """SGLang's parser, built like `prepare_server_args` (prog "sglang serve", allow_abbrev)."""
-    from sglang.srt import server_args  # type: ignore[import-not-found,unused-ignore]
+    from sglang.srt import server_args  # type: ignore[import-not-found,unused-ignore]  # ditto
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     server_args.ServerArgs.add_cli_args(parser)

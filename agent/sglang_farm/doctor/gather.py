@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +33,9 @@ from sglang_farm.doctor.rules import (
     resolve_flags,
     worker_cc,
 )
-from sglang_farm.errors import FarmError
+from sglang_farm.errors import ProbeError
 from sglang_farm.gpu import GpuPoller
+from sglang_farm.ports import port_problem
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
@@ -50,10 +50,6 @@ SYSTEMD_BASE_ENV: Mapping[str, str] = MappingProxyType(
     {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 )
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-class ProbeError(FarmError):
-    """The environment probe could not run or gave no result (the message says why)."""
 
 
 ProbeRunner = Callable[[str, Mapping[str, str], str, Mapping[str, Any] | None], Mapping[str, Any]]
@@ -115,19 +111,6 @@ def make_probe_runner(
         raise ProbeError(f"the probe exited with status {proc.returncode} and no result: {tail}")
 
     return run
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """None if `port` can be bound on `host` now, else why not (a bind test)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # As uvicorn and NCCL do: a port in TIME_WAIT from the last run is still usable.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            return f"cannot bind: {exc.strerror or exc}"
-    return None
 
 
 def path_facts(path: str) -> PathFacts:

@@ -329,9 +329,12 @@ def _gb(n: float) -> str:
 
 def worker_cc(fleet: FleetSnapshot, worker: WorkerSpec) -> tuple[int, int] | None:
     """The lowest compute capability among the worker's GPUs; None when NVML has none."""
-    ccs = {g.compute_capability for i in worker.gpus if (g := fleet.gpu(i)) is not None}
-    ccs.discard(None)
-    return min(ccs) if ccs else None  # type: ignore[type-var]
+    ccs = {
+        cc
+        for i in worker.gpus
+        if (g := fleet.gpu(i)) is not None and (cc := g.compute_capability) is not None
+    }
+    return min(ccs) if ccs else None
 
 
 def _worker_memory(fleet: FleetSnapshot, worker: WorkerSpec) -> int | None:
