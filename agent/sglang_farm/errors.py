@@ -14,6 +14,7 @@ FarmError
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 
@@ -81,3 +82,25 @@ class AgentError(ClientError):
         self.code = code
         self.message = message
         super().__init__(f"{code}: {message}")
+
+
+class GatewayErrorCode(enum.StrEnum):
+    UNREACHABLE = "unreachable"  # no connection, or no answer in time
+    UNAUTHORIZED = "unauthorized"  # 401/403: the farm's key is missing or wrong
+    REFUSED = "refused"  # any other error status for a membership change
+    TIMEOUT = "timeout"  # accepted, but not confirmed within the bound
+    PROTOCOL = "protocol"  # an answer this adapter cannot read
+
+
+class GatewayError(FarmError):
+    """The gateway could not be reached, refused a change, or did not confirm it in time.
+
+    `gateway` is the gateway's base URL; the message says what happened there and what
+    to do. It never contains a credential.
+    """
+
+    def __init__(self, gateway: str, code: GatewayErrorCode, message: str) -> None:
+        self.gateway = gateway
+        self.code = code
+        self.message = message
+        super().__init__(f"gateway {gateway}: {message}")

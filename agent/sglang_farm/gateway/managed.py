@@ -1,0 +1,158 @@
+"""Pure: the command line of a gateway the farm runs itself (`smg launch ...`).
+
+`smg_argv(spec)` is what a rendered unit's ExecStart (systemd runtime) or the process
+runtime runs. The farm owns the flags below; `extra_args` carries any other smg flag
+(`smg launch --help`) and may not repeat one of them. Why each owned flag:
+
+- `--host`/`--port`: smg's own default port is 30000, the farm's first worker port.
+- `--prometheus-host`/`--prometheus-port`: smg serves `/metrics` on a second listener,
+  by default 0.0.0.0:29000, open to anyone (its startup SECURITY POSTURE warning);
+  the farm binds it to the gateway's own host unless told otherwise.
+- `--control-plane-api-keys farm:sglang-farm:admin:<key>` when `admin_key` is set: the
+  worker API (`/workers`) then needs that key, and the serving routes stay as
+  `api_key` says. Without any key smg leaves `/workers` open to any caller that can
+  reach it: anyone could add or remove backends.
+- `--api-key` when `api_key` is set: the shared key of the serving routes (clients
+  send `Authorization: Bearer <key>`); smg also presents it to the workers given by
+  `--worker-urls`, and accepts it on `/workers` when no `admin_key` is set.
+
+Keys on a command line can be read by other local users while the launcher starts
+(smg's launcher then renames its process `smg::router`, which hides them), and in a
+unit file's ExecStart: docs/gateway.md says how the farm keeps them out of both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# `smg launch --policy` choices in smg 1.13.0 (smg/router_args.py, COMMON_POLICY_CHOICES).
+POLICIES = (
+    "random",
+    "round_robin",
+    "passthrough",
+    "cache_aware",
+    "power_of_two",
+    "least_load",
+    "manual",
+    "consistent_hashing",
+    "prefix_hash",
+)
+
+# Flags `smg_argv` sets itself; `extra_args` must not repeat them (argparse would keep
+# the last one silently).
+OWNED_FLAGS = (
+    "--host",
+    "--port",
+    "--policy",
+    "--prometheus-host",
+    "--prometheus-port",
+    "--worker-urls",
+    "--api-key",
+    "--control-plane-api-keys",
+)
+
+# The control-plane key's id and name in smg's 'id:name:role:key' format; they show in
+# smg's audit log (`--control-plane-audit-enabled`).
+ADMIN_KEY_ID = "sglang-farm"
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedGateway:
+    """What the farm decides about a gateway it runs: where, how it routes, its keys."""
+
+    host: str
+    port: int
+    policy: str
+    metrics_port: int
+    metrics_host: str | None = None  # None: the gateway's own host
+    worker_urls: tuple[str, ...] = ()
+    api_key: str | None = None
+    admin_key: str | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+    @property
+    def url(self) -> str:
+        """The base URL the farm and its users reach the gateway at."""
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"  # listening everywhere: reach it on loopback
+        elif ":" in host:
+            host = f"[{host}]"  # an IPv6 literal
+        return f"http://{host}:{self.port}"
+
+    @property
+    def control_key(self) -> str | None:
+        """The key the farm must send to the gateway's worker API."""
+        return self.admin_key or self.api_key
+
+
+def problems(spec: ManagedGateway) -> list[str]:
+    """Everything wrong with `spec`, each a complete line; empty when it can be launched."""
+    out = []
+    if spec.policy not in POLICIES:
+        out.append(f"policy: expected one of {', '.join(POLICIES)}, got {spec.policy!r}")
+    for name, port in (("port", spec.port), ("metrics_port", spec.metrics_port)):
+        if not 1 <= port <= 65535:
+            out.append(f"{name}: expected a port in 1..65535, got {port!r}")
+    if spec.port == spec.metrics_port:
+        out.append(f"metrics_port: must differ from port ({spec.port})")
+    for name, key in (("api_key", spec.api_key), ("admin_key", spec.admin_key)):
+        if key is not None and (not key or any(c.isspace() for c in key)):
+            out.append(f"{name}: expected a non-empty key without blanks")
+    if spec.admin_key is None and spec.api_key is None and not is_loopback(spec.host):
+        out.append(
+            f"admin_key: required when the gateway listens on {spec.host!r} (not loopback): "
+            "without a key anyone who reaches it can add and remove its backends"
+        )
+    for arg in spec.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            out.append(
+                f"extra_args: {flag} is set by the farm from the gateway config; "
+                "remove it from extra_args"
+            )
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def smg_argv(spec: ManagedGateway, smg: Sequence[str] = ("smg",)) -> list[str]:
+    """The full argv: `smg` (the launcher: a path, or an interpreter and `-m smg...`),
+    then `launch` and the flags. Raises ValueError listing `problems(spec)` if any."""
+    found = problems(spec)
+    if found:
+        raise ValueError("managed gateway: " + "; ".join(found))
+    argv = [
+        *smg,
+        "launch",
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--policy",
+        spec.policy,
+        "--prometheus-host",
+        spec.metrics_host or spec.host,
+        "--prometheus-port",
+        str(spec.metrics_port),
+    ]
+    if spec.worker_urls:
+        argv += ["--worker-urls", *spec.worker_urls]
+    if spec.api_key:
+        argv += ["--api-key", spec.api_key]
+    if spec.admin_key:
+        argv += [
+            "--control-plane-api-keys",
+            f"{ADMIN_KEY_ID}:{ADMIN_KEY_ID}:admin:{spec.admin_key}",
+        ]
+    return argv + list(spec.extra_args)

@@ -1,0 +1,71 @@
+"""An in-memory `Gateway` for tests of what the farm does with its gateway.
+
+It keeps the same contract as `SmgGateway` (tests/test_gateway_smg.py runs one
+scenario against both): `add` lists the worker as routed, `remove` takes it out of
+rotation at once, both are idempotent, URLs are normalized, and every method but `up`
+raises `GatewayError` while the gateway is `down`. Calls are recorded in order;
+`fail_add`/`fail_remove` make a call for that URL raise REFUSED; `others` seeds
+workers registered by someone else (another host's farm).
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+from collections.abc import Iterable
+
+from sglang_farm.gateway import GatewayError, GatewayErrorCode, Member, normalize_url
+
+
+class FakeGateway:
+    def __init__(self, url: str = "http://127.0.0.1:8000", others: Iterable[str] = ()) -> None:
+        self._url = url
+        self._ids = itertools.count(1)
+        self.members: dict[str, Member] = {}
+        self.calls: list[tuple[str, str]] = []  # ("add" | "remove", normalized URL)
+        self.down = False
+        self.fail_add: set[str] = set()
+        self.fail_remove: set[str] = set()
+        for u in others:
+            self._put(normalize_url(u))
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def routed(self) -> set[str]:
+        """The URLs the gateway sends new requests to now."""
+        return {u for u, m in self.members.items() if m.routed}
+
+    async def up(self) -> bool:
+        return not self.down
+
+    async def add(self, url: str) -> None:
+        u = normalize_url(url)
+        self.calls.append(("add", u))
+        self._check(u, self.fail_add, "add")
+        if u not in self.members:
+            self._put(u)
+
+    async def remove(self, url: str) -> None:
+        u = normalize_url(url)
+        self.calls.append(("remove", u))
+        self._check(u, self.fail_remove, "remove")
+        self.members.pop(u, None)
+
+    async def list(self) -> builtins.list[Member]:
+        self._check("", set(), "list")
+        return list(self.members.values())
+
+    def _put(self, u: str) -> None:
+        self.members[u] = Member(url=u, id=f"fake-{next(self._ids)}", status="ready")
+
+    def _check(self, u: str, failing: set[str], what: str) -> None:
+        if self.down:
+            raise GatewayError(
+                self._url, GatewayErrorCode.UNREACHABLE, f"cannot reach it for {what} (fake: down)"
+            )
+        if u in failing:
+            raise GatewayError(
+                self._url, GatewayErrorCode.REFUSED, f"refused to {what} worker {u} (fake)"
+            )
