@@ -124,3 +124,13 @@ class FakeProber:
 
     async def aclose(self) -> None:
         pass
+
+
+@dataclass
+class FakeInFlight:
+    """Running + queued requests per worker, as a test sets them (0 when unset)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+
+    async def in_flight(self, worker: int, base_url: str) -> int | None:
+        return self.counts.get(worker, 0)

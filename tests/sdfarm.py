@@ -164,7 +164,9 @@ class SdFarm:
 
     # -- systemd ----------------------------------------------------------------------
 
-    def show(self, units: Iterable[str], props: str = "Id,MainPID,ActiveState") -> dict[str, dict]:
+    def show(
+        self, units: Iterable[str], props: str = "Id,MainPID,ActiveState"
+    ) -> dict[str, dict[str, str]]:
         """`systemctl show -p PROPS UNITS`, by unit name."""
         names = list(units)
         r = self.c.run(["systemctl", "show", "-p", props, *names], check=False)

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -100,7 +101,7 @@ def stop_sim(sim: Sim) -> None:
         sim.proc.stdout.close()
 
 
-def kill_group(proc: subprocess.Popen[str]) -> None:
+def kill_group(proc: subprocess.Popen[Any]) -> None:
     # SIGKILL, not SIGTERM: smg keeps its listener open 5 s after SIGTERM (its
     # load-balancer propagation window); nothing here needs a graceful stop.
     with contextlib.suppress(ProcessLookupError):

@@ -144,7 +144,7 @@ class FakeNvml:
         return self._get(h, "pci", SimpleNamespace(busId=b"00000000:19:00.0"))
 
     def nvmlDeviceGetCudaComputeCapability(self, h: FakeDevice) -> tuple[int, int]:
-        return tuple(self._get(h, "cc", (9, 0)))  # type: ignore[return-value]  # fake: 2 ints
+        return tuple(self._get(h, "cc", (9, 0)))
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeDevice, version: int | None = None) -> Any:
         if version is not None:
@@ -183,7 +183,7 @@ class FakeNvml:
         return int(self._get(h, "ecc", 2 if kind == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else 0))
 
     def nvmlDeviceGetRemappedRows(self, h: FakeDevice) -> tuple[int, int, int, int]:
-        return tuple(self._get(h, "rows", (1, 0, 0, 0)))  # type: ignore[return-value]  # 4 ints
+        return tuple(self._get(h, "rows", (1, 0, 0, 0)))
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeDevice) -> list[Any]:
         procs = self._get(h, "procs", h.procs)

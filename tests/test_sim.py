@@ -697,7 +697,9 @@ def test_sigterm_drains_in_flight_request_exits_0_and_leaves_no_child(sims: Star
 
 
 @pytest.mark.slow
-def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exits_0(sims: StartSim) -> None:
+def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exits_0(
+    sims: StartSim,
+) -> None:
     sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"})
     sim.wait_ready()
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 40}, "stream": True}

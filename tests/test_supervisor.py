@@ -33,14 +33,11 @@ OOM = Failure(FailureKind.CUDA_OOM_LOAD, "CUDA out of memory", "lower mem_fracti
 BAD_FLAG = Failure(FailureKind.BAD_FLAG, "unrecognized arguments", "fix the flag")
 
 
-def policy(**restart: float) -> Policy:
+def policy() -> Policy:
     return Policy(
         StartupPolicy(canary=0, parallel=2, load_timeout=100.0),
         HealthPolicy(period=1.0, timeout=1.0, failure_threshold=3),
-        RestartPolicy(
-            **{"backoff_initial": 1.0, "backoff_max": 8.0, "reset_after": 50.0, "max_failures": 3}
-            | restart
-        ),
+        RestartPolicy(backoff_initial=1.0, backoff_max=8.0, reset_after=50.0, max_failures=3),
     )
 
 
@@ -49,12 +46,12 @@ def launches(actions: Sequence[Action]) -> list[int]:
 
 
 def bring_up(sup: Supervisor, wid: int, now: float) -> list[Action]:
-    out = sup.handle(wid, Launched(pid=1000 + wid), now)
+    out = list(sup.handle(wid, Launched(pid=1000 + wid), now))
     out += sup.handle(wid, HealthPassed(), now)
     return out
 
 
-# Read through functions, not `rollout(sup) is ...` inline: mypy keeps an attribute narrowed by
+# Read through functions, not `sup.rollout is ...` inline: mypy keeps an attribute narrowed by
 # one assert across the calls that change it, and would call the next assert unreachable.
 def rollout(sup: Supervisor) -> Rollout:
     return sup.rollout

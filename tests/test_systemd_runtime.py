@@ -275,7 +275,8 @@ def _drive(c: SystemdContainer, *args: str, timeout: float = 90) -> dict[str, An
     r = c.run([VENV_PYTHON, f"{D}/driver.py", *args], check=False, timeout=timeout)
     if r.returncode != 0:
         pytest.fail(f"driver {shlex.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    reply: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return reply
 
 
 @pytest.mark.systemd

@@ -432,16 +432,18 @@ while True:
     time.sleep(1)
 """
 
-# Stand-in for `sglang-farm wait-ready --config PATH ID`: waits for the ready mark.
+# Stand-in for `sglang-farm wait-ready --config PATH --main-pid PID ID`: waits for the
+# ready mark of worker ID (the last argument).
 _FAKE_WAIT_READY = """#!/bin/sh
 [ "$1" = wait-ready ] || exit 64
-while [ ! -e "/run/sf/ready-$((30000 + $4))" ]; do sleep 0.1; done
+eval "id=\\${$#}"
+while [ ! -e "/run/sf/ready-$((30000 + id))" ]; do sleep 0.1; done
 """
 
 # Stand-in agent: does what the agent does, under sglang-farm.service's hardening,
 # records which parts worked, then sends READY=1 from its main process.
 _AGENT_PROBE = """
-import ctypes, json, os, pathlib, socket, subprocess
+import ctypes, json, os, pathlib, signal, socket, subprocess
 
 results = {}
 
@@ -488,7 +490,7 @@ n = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 n.connect(os.environ["NOTIFY_SOCKET"])
 n.send(b"READY=1")
 while True:
-    os.pause()
+    signal.pause()
 """
 
 TRICKY_FLAGS: Mapping[str, FlagValue] = MappingProxyType(

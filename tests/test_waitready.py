@@ -38,9 +38,20 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _handler(ready_at: float) -> type[_Health]:
+    """A `_Health` subclass of its own, so its `ready_at` and `hits` are this server's."""
+
+    class Handler(_Health):
+        pass
+
+    Handler.ready_at = ready_at
+    Handler.hits = 0
+    return Handler
+
+
 class _Server:
     def __init__(self, ready_in: float) -> None:
-        handler = type("H", (_Health,), {"ready_at": time.monotonic() + ready_in, "hits": 0})
+        handler = _handler(time.monotonic() + ready_in)
         self.handler = handler
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.port = self.httpd.server_address[1]
@@ -102,7 +113,7 @@ def test_waits_through_connection_refused_until_the_port_binds() -> None:
 
     def bind_later() -> None:
         time.sleep(0.4)
-        handler = type("H", (_Health,), {"ready_at": 0.0, "hits": 0})
+        handler = _handler(0.0)
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         ready.append(httpd)
         httpd.serve_forever(poll_interval=0.05)

@@ -28,8 +28,11 @@ import structlog
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
+from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
 from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, build_view
+from sglang_farm.gateway.port import Gateway
+from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
@@ -43,6 +46,7 @@ from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.state import StateStore
 from sglang_farm.supervisor import (
     Action,
+    Drain,
     Event,
     FailureSeen,
     Launch,
@@ -83,12 +87,17 @@ class FarmStats:
 class AgentHooks:
     """What the agent is wired to, given at construction (nothing is set afterwards).
 
+    `gateway`: membership follows readiness there (`gateway_sync`); planned stops drain.
     `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
     start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").
     `observers`: called with every new farm view. `stats`: the pollers' figures.
     """
 
     prober: Prober | None = None
+    # With [gateway]: the gateway workers are registered with, and how a draining
+    # worker's requests in flight are counted.
+    gateway: Gateway | None = None
+    in_flight: InFlight | None = None
     preflight: Preflight | None = None
     compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     observers: Sequence[Callable[[FarmView], None]] = ()
@@ -128,6 +137,18 @@ class Agent:
             log_for=self._bind,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
+        self._sync = (
+            MembershipSync(
+                hooks.gateway,
+                spec=lambda: self._spec,
+                states=lambda: self.sup.workers,
+                feed=self.feed,
+                on_status=self._gateway_changed,
+            )
+            if hooks.gateway is not None
+            else None
+        )
+        self._in_flight = hooks.in_flight or HttpInFlight()
         self._classifiers: dict[int, LogClassifier] = {}
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._any_change = asyncio.Condition()
@@ -192,6 +213,8 @@ class Agent:
             self._classifiers[wid] = LogClassifier(serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
         await self.runtime.prepare(self._spec, self.flags_by_worker())
+        if self._sync is not None:
+            self._sync.start()
         pump = self.spawn(self._pump())
         ticker = self.spawn(self._ticker())
         for wid in self._spec.worker_ids:
@@ -221,6 +244,8 @@ class Agent:
             t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sync is not None:
+            await self._sync.close()
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -241,10 +266,12 @@ class Agent:
         ids = [w for w, s in self.sup.workers.items() if s.phase is not Phase.STOPPED]
         for wid in ids:
             self.feed(wid, StopRequested())
-        # Stops run concurrently; wait until every process tree is gone (bounded by stop_timeout).
-        deadline = self._clock() + self._spec.restart.stop_timeout + 10
+        # Stops run concurrently (each drained first when there is a gateway); wait until
+        # every process tree is gone (bounded by the drain budget and stop_timeout).
+        drain = self._spec.gateway.drain_timeout if self._spec.gateway.enabled else 0.0
+        deadline = self._clock() + drain + self._spec.restart.stop_timeout + 10
         while self._clock() < deadline and any(
-            s.phase is Phase.STOPPING for s in self.sup.workers.values()
+            s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.sup.workers.values()
         ):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
@@ -324,10 +351,28 @@ class Agent:
                     self.spawn(self._launcher.launch(w))
                 case Terminate(worker=w):
                     self.spawn(self.runtime.stop(w, self._spec.restart.stop_timeout))
+                case Drain(worker=w):
+                    self.spawn(self._watch_drain(w))
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         if wake:
             self._tick_wake.set()  # a new back-off or load deadline may now be the nearest
+        self._refresh()
+
+    async def _watch_drain(self, worker: int) -> None:
+        sync = self._sync
+        await watch_drain(
+            worker,
+            state=self.worker_state,
+            gateway_routes_nothing=lambda: sync is None or not sync.up,
+            in_flight=self._in_flight,
+            base_url=lambda: self._spec.worker(worker).base_url,
+            feed=self.feed,
+        )
+
+    def _gateway_changed(self) -> None:
+        """The gateway went up or down: the view (status, metrics) says so at once."""
+        self._last_refresh = None
         self._refresh()
 
     def _before_launch(self, worker: int) -> None:
@@ -399,6 +444,8 @@ class Agent:
             if ev is not None:
                 ev.set()
         self._store.save(self.sup.workers)
+        if self._sync is not None:
+            self._sync.update()
         for cb in self._hooks.observers:
             cb(self._view)
         self.spawn(self._notify_all())
@@ -417,6 +464,7 @@ class Agent:
             started_at=self._started_at,
             mono_to_wall=self._wall() - self._clock(),
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
+            gateway=self._sync.status() if self._sync is not None else None,
         )
 
     # ---- FarmOps -------------------------------------------------------------------------
@@ -433,19 +481,22 @@ class Agent:
     async def start(self, worker_ids: Sequence[int]) -> None:
         self._apply_actions(self.sup.start(list(worker_ids), self._clock()))
 
-    async def stop(self, worker_ids: Sequence[int]) -> None:
+    async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         for wid in worker_ids:
-            self.feed(wid, StopRequested())
+            self.feed(wid, StopRequested(drain))
+        budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
             lambda: all(
                 self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED) for w in worker_ids
             ),
-            self._spec.restart.stop_timeout + 15,
+            budget + self._spec.restart.stop_timeout + 15,
         )
 
-    async def restart(self, worker_ids: Sequence[int]) -> None:
+    async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         self._apply_actions(
-            self.sup.restart_rolling(list(worker_ids), RestartReason.MANUAL, self._clock())
+            self.sup.restart_rolling(
+                list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
+            )
         )
 
     async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:

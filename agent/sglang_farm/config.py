@@ -31,6 +31,9 @@ from typing import TypeVar
 
 from sglang_farm import sglang_flags
 from sglang_farm.errors import ConfigError
+from sglang_farm.gateway.managed import OWNED_FLAGS as GATEWAY_OWNED_FLAGS
+from sglang_farm.gateway.managed import POLICIES as GATEWAY_POLICIES
+from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import (
@@ -38,6 +41,7 @@ from sglang_farm.spec import (
     FarmSection,
     FarmSpec,
     FlagValue,
+    GatewaySpec,
     HealthPolicy,
     MetricsSpec,
     OomAdjust,
@@ -460,7 +464,8 @@ def _flag_value(v: object) -> FlagValue:
 # --- the reader -----------------------------------------------------------------------
 
 _SECTIONS = (
-    "farm", "workers", "startup", "health", "restart", "oom", "metrics", "control", "sglang",
+    "farm", "workers", "startup", "health", "restart", "oom", "metrics", "control", "gateway",
+    "sglang",
 )
 
 _KEY_HINTS: dict[_Path, str] = {
@@ -662,6 +667,63 @@ def _control(r: _Reader, doc: _Table) -> ControlSpec:
         socket=r.get(tbl, path, "socket", _socket_path, d.socket),
         group=r.get(tbl, path, "group", _str, d.group),
     )
+
+
+_HOST_RE = re.compile(r"[A-Za-z0-9.-]+|\[?[0-9A-Fa-f:.]+\]?")
+
+
+def _host(v: object) -> str:
+    if not isinstance(v, str) or not _HOST_RE.fullmatch(v):
+        raise _Bad(f"expected a host name or IP address, got {_show(v)}")
+    return v.strip("[]")
+
+
+def _http_url(v: object) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v):
+        raise _Bad(f"expected a base URL like 'http://10.0.0.5:8000', got {_show(v)}")
+    return v.rstrip("/")
+
+
+def _str_list(v: object) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _Bad(f"expected a list of strings, got {_show(v)}")
+    return tuple(v)
+
+
+def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
+    path = ("gateway",)
+    d = GatewaySpec()
+    tbl = r.table(path, doc.get("gateway", {}), (
+        "mode", "listen", "url", "policy", "metrics_listen", "extra_args", "admin_key_file",
+        "api_key_file", "worker_host", "drain_timeout"))
+    g = GatewaySpec(
+        mode=r.get(tbl, path, "mode", _choice("off", "managed", "external"), d.mode),
+        listen=r.get(tbl, path, "listen", _listen, d.listen),
+        url=r.get(tbl, path, "url", _http_url, d.url),
+        policy=r.get(tbl, path, "policy", _choice(*GATEWAY_POLICIES), d.policy),
+        metrics_listen=r.get(tbl, path, "metrics_listen", _listen, d.metrics_listen),
+        extra_args=r.get(tbl, path, "extra_args", _str_list, d.extra_args),
+        admin_key_file=r.get(tbl, path, "admin_key_file", _abs_path, d.admin_key_file),
+        api_key_file=r.get(tbl, path, "api_key_file", _abs_path, d.api_key_file),
+        worker_host=r.get(tbl, path, "worker_host", _host, d.worker_host),
+        drain_timeout=r.get(tbl, path, "drain_timeout", _duration(allow_zero=True),
+                            d.drain_timeout),
+    )
+    if g.mode == "external" and g.url is None:
+        r.p.add((*path, "url"), "missing: mode = 'external' needs the gateway's url "
+                "(e.g. url = 'http://10.0.0.5:8000')")
+    if g.mode == "managed":
+        for arg in g.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in GATEWAY_OWNED_FLAGS:
+                r.p.add((*path, "extra_args"), f"{flag} is set by the farm from [gateway] "
+                        "(listen, policy, metrics_listen, the key files); remove it")
+        host = g.listen.rpartition(":")[0].strip("[]")
+        if g.admin_key_file is None and g.api_key_file is None and not is_loopback(host):
+            r.p.add((*path, "admin_key_file"), f"required when the gateway listens on "
+                    f"{host!r} (not loopback): without a key anyone who reaches it can add "
+                    "and remove its workers")
+    return g
 
 
 _OOM_OPS = ("set", "add", "multiply")
@@ -937,6 +999,7 @@ def _cross_check(
     oom: OomPolicy,
     oom_indices: tuple[int, ...],
     metrics: MetricsSpec,
+    gateway: GatewaySpec,
 ) -> None:
     # One worker per GPU. Workers that keep their default GPUs claim first, so a clash
     # is reported on the override that moved a worker, where the fix is.
@@ -952,6 +1015,15 @@ def _cross_check(
     # HTTP and NCCL ports share the host's port space (NCCL binds all interfaces), and
     # so does the metrics listener.
     port_owner: dict[int, str] = {listen_port(metrics.listen): "the metrics listener"}
+    if gateway.mode == "managed":
+        for listen, who in ((gateway.listen, "the gateway ([gateway] listen)"),
+                            (gateway.metrics_listen, "the gateway's metrics listener")):
+            port = listen_port(listen)
+            if port in port_owner:
+                r.p.add(("gateway", "listen" if "listen)" in who else "metrics_listen"),
+                        f"port {port} for {who} is already used by {port_owner[port]}")
+            else:
+                port_owner[port] = who
     port_claims: list[tuple[int, str, _Path]] = []
     for w in workers:
         port_claims.append((w.port, f"worker {w.id} (HTTP)", claims[w.id].port_path))
@@ -1088,6 +1160,7 @@ def check_spec(
     oom, oom_indices = _oom(r, doc)
     metrics = _metrics(r, doc)
     control = _control(r, doc)
+    gateway = _gateway(r, doc)
     raw_flags = doc.get("sglang", {})
     base_flags: dict[str, FlagValue] = {}
     if isinstance(raw_flags, dict):
@@ -1097,7 +1170,7 @@ def check_spec(
     resolved = _workers(r, doc, farm, base_flags, gpu_count)
     if resolved is not None:
         workers, claims = resolved
-        _cross_check(r, farm, workers, claims, startup, oom, oom_indices, metrics)
+        _cross_check(r, farm, workers, claims, startup, oom, oom_indices, metrics, gateway)
     if problems or resolved is None:
         raise ConfigError(source, problems.sorted() or [f"{source}: no workers"])
     spec = FarmSpec(
@@ -1110,6 +1183,7 @@ def check_spec(
         oom=oom,
         metrics=metrics,
         control=control,
+        gateway=gateway,
     )
     return LoadResult(spec, tuple(problems.sorted_warnings()))
 

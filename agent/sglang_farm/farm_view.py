@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.failures import Failure
+from sglang_farm.gateway_sync import GatewayStatus
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import WorkerState
@@ -44,6 +45,8 @@ class WorkerView:
     oom_step_name: str | None = None
     last_load_seconds: float | None = None
     argv: tuple[str, ...] = ()
+    in_gateway: bool = False  # the gateway confirmed it routes to this worker
+    last_drain_seconds: float | None = None  # the last planned stop's drain
 
     @property
     def ready(self) -> bool:
@@ -59,6 +62,7 @@ class FarmView:
     started_at: float  # wall clock of the agent's start
     rollout: str  # "idle" | "canary" | "rolling" | "done" | "halted"
     rollout_reason: str | None = None  # why a rollout halted
+    gateway: GatewayStatus | None = None  # None: no [gateway]
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
@@ -81,6 +85,7 @@ def build_view(
     started_at: float,
     mono_to_wall: float,
     argv: Mapping[int, Sequence[str]],
+    gateway: GatewayStatus | None = None,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
@@ -112,6 +117,8 @@ def build_view(
                 else None,
                 last_load_seconds=s.last_load_seconds,
                 argv=tuple(argv.get(ws.id, ())),
+                in_gateway=s.in_gateway,
+                last_drain_seconds=s.last_drain_seconds,
             )
         )
     return FarmView(
@@ -122,4 +129,5 @@ def build_view(
         started_at=started_at,
         rollout=rollout,
         rollout_reason=rollout_reason,
+        gateway=gateway,
     )

@@ -13,6 +13,7 @@ class Phase(StrEnum):
     STARTING = "starting"  # launched; the model loads; waiting for /health
     READY = "ready"  # /health answered 200
     UNHEALTHY = "unhealthy"  # was ready; liveness probes are failing (below the threshold)
+    DRAINING = "draining"  # planned stop: out of the gateway, its requests finishing
     STOPPING = "stopping"  # stop or restart issued; waiting for the process tree to exit
     BACKOFF = "backoff"  # exited; a restart is scheduled after the back-off delay
     FAILED = "failed"  # given up: crash-loop limit, a deterministic failure, or a failed canary

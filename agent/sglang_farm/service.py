@@ -23,12 +23,14 @@ from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
+from sglang_farm.errors import ConfigError
 from sglang_farm.farm_view import FarmView
+from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
-from sglang_farm.runtime import Emit, Runtime
+from sglang_farm.runtime import Emit, GatewayRunner, Runtime
 from sglang_farm.spec import FarmSpec, FlagValue
 
 log = structlog.get_logger("sglang_farm.service")
@@ -132,11 +134,13 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     def queue_depths() -> Mapping[int, float]:
         return pollers.queue_depths() if pollers is not None else {}
 
+    front = build_gateway(spec, kind)
     agent = Agent(
         spec,
         runtime_factory(kind, spec, config_path),
         config_loader=lambda: load_config(config_path, gpu_count),
         hooks=AgentHooks(
+            gateway=front.client if front is not None else None,
             preflight=checks.blocking,
             compute_caps=checks.compute_caps,
             observers=(on_status, to_pollers),
@@ -162,6 +166,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     log.info("control_listening", socket=spec.control.socket)
 
     await pollers.start()
+    if front is not None and front.runner is not None:
+        await front.runner.start()
+        log.info("gateway_managed", url=front.client.url)
     extra: list[asyncio.Task[None]] = []
     interval = watchdog_interval()
     if interval:
@@ -176,7 +183,76 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             t.cancel()
         await pollers.close()
         await control.close()
+        if front is not None:
+            if front.runner is not None:
+                await front.runner.close()  # after the workers: it routed to them until now
+            await front.client.aclose()
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class FrontDoor:
+    """The gateway the farm registers with, and (managed) what runs it."""
+
+    client: SmgGateway
+    runner: GatewayRunner | None
+
+
+def read_key(path: str | None, what: str) -> str | None:
+    """A key from a root-only file named in [gateway]; a clear error when unreadable."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            path, [f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it "
+                   f"(one key, mode 0600, owned by root) or remove {what} from the config"]
+        ) from exc
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(path, [f"[gateway] {what}: {path} must hold one key without blanks"])
+    return key
+
+
+def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
+    """The gateway client (and, managed, its runner) for `[gateway]`; None when off."""
+    g = spec.gateway
+    if not g.enabled:
+        return None
+    from sglang_farm.gateway.managed import from_config, launch_argv
+    from sglang_farm.gateway.smg import SmgGateway
+
+    # The farm's own calls use the control-plane key, else the shared one (smg accepts
+    # it on /workers when no control-plane key is set).
+    key = read_key(g.admin_key_file, "admin_key_file") or read_key(g.api_key_file, "api_key_file")
+    worker_key = next(
+        (k for w in spec.workers if isinstance(k := w.flags.get("api_key"), str)), None
+    )
+    runner: GatewayRunner | None = None
+    if g.mode == "managed":
+        managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
+        url = managed.url
+        if kind == "systemd":
+            from sglang_farm.runtime.systemd import UnitGateway
+
+            runner = UnitGateway()
+        else:
+            from sglang_farm.runtime.gateway_child import ChildGateway
+
+            argv = launch_argv(
+                managed,
+                sys.executable,
+                admin_key_file=g.admin_key_file,
+                api_key_file=g.api_key_file,
+            )
+            runner = ChildGateway(argv, Path(spec.farm.state_dir) / "gateway.log")
+    else:
+        assert g.url is not None  # config: external needs url
+        url = g.url
+    # SGLang's /health can take up to 20 s on a busy worker (docs/reference/sglang.md):
+    # smg's own 5 s probe timeout would drop busy workers.
+    client = SmgGateway(url, api_key=key, worker_api_key=worker_key, health={"timeout_secs": 20})
+    return FrontDoor(client, runner)
 
 
 async def _watchdog(interval: float) -> None:

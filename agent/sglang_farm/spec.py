@@ -119,6 +119,35 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    """`[gateway]`: SGLang's gateway (smg) in front of the workers (docs/gateway.md).
+
+    mode "off": no gateway. "managed": the farm runs smg itself at `listen`.
+    "external": the farm registers its workers with the smg at `url`.
+    """
+
+    mode: str = "off"
+    listen: str = "127.0.0.1:8000"  # managed: where clients connect
+    url: str | None = None  # external: the gateway's base URL
+    policy: str = "cache_aware"  # managed: smg's --policy
+    metrics_listen: str = "127.0.0.1:29000"  # managed: smg's own /metrics listener
+    extra_args: tuple[str, ...] = ()  # managed: more `smg launch` flags
+    # Files holding keys (root-only; never the config itself or argv): the key for the
+    # worker API (/workers), and the key clients must send to the serving routes.
+    admin_key_file: str | None = None
+    api_key_file: str | None = None
+    # The address the gateway reaches the workers at (external: this host's address as
+    # the gateway sees it); None: [workers] host.
+    worker_host: str | None = None
+    # A planned stop waits at most this long for a worker's requests to finish.
+    drain_timeout: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True, slots=True)
 class ControlSpec:
     """`[control]`: the local control socket."""
 
@@ -161,6 +190,7 @@ class FarmSpec:
     oom: OomPolicy = OomPolicy()
     metrics: MetricsSpec = MetricsSpec()
     control: ControlSpec = ControlSpec()
+    gateway: GatewaySpec = GatewaySpec()
 
     def worker(self, worker_id: int) -> WorkerSpec:
         """The worker with this id; KeyError if there is none."""
@@ -168,6 +198,16 @@ class FarmSpec:
             if w.id == worker_id:
                 return w
         raise KeyError(worker_id)
+
+    def gateway_url_of(self, worker_id: int) -> str:
+        """The worker's URL as the gateway reaches it (its member URL there)."""
+        w = self.worker(worker_id)
+        host = self.gateway.worker_host or w.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{w.port}"
 
     @property
     def worker_ids(self) -> tuple[int, ...]:

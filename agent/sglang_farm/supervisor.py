@@ -46,15 +46,35 @@ class Rollout(StrEnum):
 class RollingRestart:
     """Planned restarts of several workers, one wave at a time, so the rest keep serving.
 
-    A wave is issued, then the next waits until every worker of the wave has settled
-    (ready, failed or stopped) or `wave_timeout` has passed since the wave began.
+    The next wave is issued once every worker of the current one has settled (serving
+    again, and back in the gateway when there is one; or failed, or stopped), or
+    when the wave has run out of time.
     """
 
     reason: RestartReason
-    waiting: tuple[int, ...]  # not yet asked to restart, in order
-    wave: tuple[int, ...] = ()  # asked to restart, not yet settled
-    wave_size: int = 1
+    waves: tuple[tuple[int, ...], ...]  # not yet issued, in order
+    wave: tuple[int, ...] = ()  # issued, not yet settled
     wave_started: float = 0.0
+    drain: bool = True  # planned: drained out of the gateway first
+
+
+def plan_waves(
+    worker_ids: Sequence[int], canary: int | None, parallel: int
+) -> tuple[tuple[int, ...], ...]:
+    """Pure: the canary alone first (as in a first rollout), then waves of `parallel`.
+
+    Without the canary among them, a wave never takes all of `worker_ids` at once.
+    """
+    ids = list(worker_ids)
+    waves: list[tuple[int, ...]] = []
+    if canary is not None and canary in ids and len(ids) > 1:
+        ids.remove(canary)
+        waves.append((canary,))
+        size = max(1, parallel)
+    else:
+        size = max(1, min(parallel, len(ids) - 1))
+    waves += [tuple(ids[i : i + size]) for i in range(0, len(ids), size)]
+    return tuple(waves)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +136,27 @@ class StartRequested:
 
 @dataclass(frozen=True, slots=True)
 class StopRequested:
-    pass
+    """Stop it. With a gateway, a serving worker drains first unless `drain` is False."""
+
+    drain: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class RestartRequested:
     reason: RestartReason
+    drain: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """A draining worker is out of the gateway and has no request running or queued."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayMembership:
+    """The gateway confirmed the worker is routed to (True) or no longer is (False)."""
+
+    member: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +173,8 @@ Event = (
     | StartRequested
     | StopRequested
     | RestartRequested
+    | Drained
+    | GatewayMembership
     | Tick
 )
 
@@ -160,6 +197,14 @@ class Terminate:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """Watch the worker drain: out of the gateway, then no request running or queued;
+    report `Drained`. (The supervisor stops it anyway when the drain budget is spent.)"""
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
 class Note:
     """A fact to log: a snake_case `event` and its `fields` (the agent adds worker and gpu)."""
 
@@ -167,7 +212,7 @@ class Note:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Action = Launch | Terminate | Note
+Action = Launch | Terminate | Drain | Note
 
 
 # ---- state ------------------------------------------------------------------------------
@@ -182,14 +227,25 @@ class Policy:
     oom_next: Callable[[int, Failure], int | None] = lambda _step, _failure: None
     # [oom] scope = "all": a step taken by one worker is taken by every worker.
     oom_all: bool = False
+    # With a gateway: how long a planned stop waits for the worker to drain. None: no
+    # gateway, planned stops go straight to STOPPING.
+    drain_timeout: float | None = None
 
     @classmethod
     def from_spec(
         cls, spec: FarmSpec, oom_next: Callable[[int, Failure], int | None] | None = None
     ) -> Policy:
+        drain = spec.gateway.drain_timeout if spec.gateway.enabled else None
         if oom_next is None or not spec.oom.enabled:
-            return cls(spec.startup, spec.health, spec.restart)
-        return cls(spec.startup, spec.health, spec.restart, oom_next, spec.oom.scope == "all")
+            return cls(spec.startup, spec.health, spec.restart, drain_timeout=drain)
+        return cls(
+            spec.startup,
+            spec.health,
+            spec.restart,
+            oom_next,
+            spec.oom.scope == "all",
+            drain_timeout=drain,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +272,8 @@ class WorkerState:
     oom_events: Mapping[str, int] = field(default_factory=dict)
     oom_step: int = 0
     last_load_seconds: float | None = None
+    in_gateway: bool = False  # the gateway confirmed it routes to this worker
+    last_drain_seconds: float | None = None
 
     def enter(self, phase: Phase, now: float, **changes: object) -> WorkerState:
         # replace() checks the field names at run time; mypy cannot type **changes per field.
@@ -233,8 +291,8 @@ class IllegalTransition(ValueError):
 
 
 _RUNNING = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY})
-# A wave of a rolling restart is over when each of its workers is in one of these.
-_SETTLED = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED})
+# Serving: in the gateway (when there is one) and answering; a planned stop drains these.
+_SERVING = frozenset({Phase.READY, Phase.UNHEALTHY})
 # Phases a restarted agent keeps for a worker that is not running (see Supervisor.adopt).
 HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED})
 
@@ -319,6 +377,34 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
     return Decision(s, (*notes, Note("restart_scheduled", {"in_s": delay, "failures": s.failures})))
 
 
+def wants_in_gateway(s: WorkerState) -> bool:
+    """The core's membership rule: the gateway routes to a worker only while it is READY.
+
+    Anything else (loading, unhealthy, draining, stopped, failed) is taken out at once,
+    so users' requests go only where the farm itself would send them.
+    """
+    return s.phase is Phase.READY
+
+
+def _begin_drain(
+    s: WorkerState, now: float, intent: StopIntent, reason: RestartReason | None
+) -> Decision:
+    s = s.enter(
+        Phase.DRAINING,
+        now,
+        stop_intent=intent,
+        next_reason=reason if reason is not None else s.next_reason,
+    )
+    return Decision(s, (Drain(s.id), Note("worker_draining", {"then": str(intent)})))
+
+
+def _end_drain(s: WorkerState, now: float, event: str) -> Decision:
+    # DRAINING -> STOPPING: the runtime's stop (SIGTERM, SIGKILL after the stop timeout).
+    took = now - s.since
+    s = s.enter(Phase.STOPPING, now, last_drain_seconds=took)
+    return Decision(s, (Terminate(s.id), Note(event, {"drain_s": round(took, 3)})))
+
+
 def _terminate_for(s: WorkerState, failure: Failure, now: float) -> Decision:
     # RUNNING -> STOPPING: the farm stops it; its exit is then handled as this failure.
     s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.FAILURE, pending_failure=failure)
@@ -344,7 +430,13 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 # BACKOFF -> PENDING: an operator asked; skip the rest of the wait.
                 return Decision(s.enter(Phase.PENDING, now, retry_at=None))
             return Decision(s)  # already wanted
-        case StopRequested():
+        case StopRequested(drain=drain):
+            if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+                # READY -> DRAINING: out of the gateway, its requests finish, then the stop.
+                return _begin_drain(s, now, StopIntent.STOP, None)
+            if s.phase is Phase.DRAINING:
+                s = replace(s, stop_intent=StopIntent.STOP)
+                return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
             if s.phase in _RUNNING:
                 # RUNNING -> STOPPING: operator stop.
                 return Decision(
@@ -356,7 +448,13 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             return Decision(
                 s.enter(Phase.STOPPED, now, retry_at=None) if s.phase is not Phase.STOPPED else s
             )
-        case RestartRequested(reason=reason):
+        case RestartRequested(reason=reason, drain=drain):
+            if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+                # READY -> DRAINING: out of the gateway, its requests finish, then the restart.
+                return _begin_drain(s, now, StopIntent.RESTART, reason)
+            if s.phase is Phase.DRAINING:
+                s = replace(s, stop_intent=StopIntent.RESTART, next_reason=reason)
+                return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
             if s.phase in _RUNNING:
                 # RUNNING -> STOPPING: restart = stop, then start at once.
                 s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.RESTART, next_reason=reason)
@@ -425,8 +523,16 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             return Decision(
                 replace(s, last_failure=failure, last_failure_at=now) if s.phase in _RUNNING else s
             )
+        case Drained():
+            if s.phase is Phase.DRAINING:
+                # DRAINING -> STOPPING: out of the gateway and idle; now the stop.
+                return _end_drain(s, now, "worker_drained")
+            return Decision(s)
+        case GatewayMembership(member=member):
+            return Decision(replace(s, in_gateway=member))
         case ProcessExited(status=status, failure=failure):
-            if s.phase is Phase.STOPPING:
+            if s.phase in (Phase.STOPPING, Phase.DRAINING):
+                # (a draining worker that exits on its own has done what was asked)
                 intent = s.stop_intent
                 if intent is StopIntent.STOP:
                     # STOPPING -> STOPPED: operator stop done.
@@ -459,6 +565,13 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                     "startup.load_timeout if the model simply needs longer",
                 )
                 return _terminate_for(s, failure, now)
+            if (
+                s.phase is Phase.DRAINING
+                and policy.drain_timeout is not None
+                and now - s.since >= policy.drain_timeout
+            ):
+                # DRAINING -> STOPPING: the drain budget is spent; stop it with what it runs.
+                return _end_drain(s, now, "drain_budget_expired")
             if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
                 # BACKOFF -> PENDING: the back-off delay has passed.
                 return Decision(s.enter(Phase.PENDING, now, retry_at=None))
@@ -597,19 +710,19 @@ class Supervisor:
         return Adoption(frozenset(adopted), frozenset(held), tuple(actions))
 
     def restart_rolling(
-        self, worker_ids: Sequence[int], reason: RestartReason, now: float
+        self, worker_ids: Sequence[int], reason: RestartReason, now: float, *, drain: bool = True
     ) -> list[Action]:
-        """Restart these workers in waves of `startup.parallel` (one alone: at once).
+        """Restart these workers: canary first, then waves of `startup.parallel`.
 
-        A wave never takes every listed worker down together, so the rest keeps serving.
+        One worker alone restarts at once. `drain` False skips the gateway drain.
         """
         ids = tuple(w for w in worker_ids if w in self.workers)
         if not ids:
             return []
         if len(ids) == 1:
-            return self.handle(ids[0], RestartRequested(reason), now)
-        size = max(1, min(self.policy.startup.parallel, len(ids) - 1))
-        self.rolling = (*self.rolling, RollingRestart(reason, ids, wave_size=size))
+            return self.handle(ids[0], RestartRequested(reason, drain), now)
+        waves = plan_waves(ids, self.policy.startup.canary, self.policy.startup.parallel)
+        self.rolling = (*self.rolling, RollingRestart(reason, waves, drain=drain))
         return self._plan(now)
 
     def reconfigure(self, policy: Policy, added: Sequence[int], removed: Sequence[int]) -> None:
@@ -621,7 +734,11 @@ class Supervisor:
         self.rolling = tuple(
             replace(
                 r,
-                waiting=tuple(w for w in r.waiting if w in self.workers),
+                waves=tuple(
+                    left
+                    for wave in r.waves
+                    if (left := tuple(w for w in wave if w in self.workers))
+                ),
                 wave=tuple(w for w in r.wave if w in self.workers),
             )
             for r in self.rolling
@@ -652,13 +769,10 @@ class Supervisor:
             if s.phase in _RUNNING:
                 running.append(wid)
         note = Note("oom_step_spread", {"worker": source, "step": step, "restart": running})
-        if not running:
-            return [note]
-        size = max(1, min(self.policy.startup.parallel, len(running)))
-        self.rolling = (
-            *self.rolling,
-            RollingRestart(RestartReason.OOM, tuple(running), wave_size=size),
-        )
+        if running:
+            # The source is restarting already: the canary rule does not hold it back.
+            waves = plan_waves(running, self.policy.startup.canary, self.policy.startup.parallel)
+            self.rolling = (*self.rolling, RollingRestart(RestartReason.OOM, waves))
         return [note]
 
     def tick(self, now: float) -> list[Action]:
@@ -683,27 +797,37 @@ class Supervisor:
         self.workers[worker_id] = decision.state
         return _tag(worker_id, decision.actions)
 
+    def _settled(self, worker: int) -> bool:
+        """A worker of a rolling wave is done: serving again (and back in the gateway when
+        there is one), or failed, or stopped."""
+        s = self.workers.get(worker)
+        if s is None or s.phase in (Phase.FAILED, Phase.STOPPED):
+            return True
+        return s.phase is Phase.READY and (self.policy.drain_timeout is None or s.in_gateway)
+
+    def _wave_timeout(self) -> float:
+        p = self.policy
+        return p.startup.load_timeout + p.restart.stop_timeout + (p.drain_timeout or 0.0)
+
     def _advance_rolling(self, now: float) -> list[Action]:
         """Issue the next wave of each rolling restart whose current wave has settled."""
         actions: list[Action] = []
-        timeout = self.policy.startup.load_timeout + self.policy.restart.stop_timeout
         kept: list[RollingRestart] = []
         for r in self.rolling:
-            settled = all(
-                self.workers[w].phase in _SETTLED for w in r.wave if w in self.workers
-            )
-            if r.wave and not settled and now - r.wave_started < timeout:
+            settled = all(self._settled(w) for w in r.wave)
+            if r.wave and not settled and now - r.wave_started < self._wave_timeout():
                 kept.append(r)
                 continue
-            if not r.waiting:
+            if not r.waves:
                 actions.append(Note("rolling_restart_done", {"reason": str(r.reason)}))
                 continue  # the last wave settled (or timed out): this rolling restart is over
-            wave, rest = r.waiting[: r.wave_size], r.waiting[r.wave_size :]
+            wave, rest = r.waves[0], r.waves[1:]
             # next wave: the previous one serves again (or gave up, or ran out of time).
-            kept.append(replace(r, waiting=rest, wave=wave, wave_started=now))
+            kept.append(replace(r, waves=rest, wave=wave, wave_started=now))
             actions.append(Note("rolling_restart_wave", {"workers": list(wave)}))
             for w in wave:
-                actions += self._apply(w, RestartRequested(r.reason), now)
+                if w in self.workers:
+                    actions += self._apply(w, RestartRequested(r.reason, r.drain), now)
         self.rolling = tuple(kept)
         return actions
 
@@ -756,6 +880,7 @@ class Supervisor:
                 times.append(s.retry_at)
             if s.phase is Phase.STARTING and s.launched_at is not None:
                 times.append(s.launched_at + self.policy.startup.load_timeout)
-        wave_timeout = self.policy.startup.load_timeout + self.policy.restart.stop_timeout
-        times += [r.wave_started + wave_timeout for r in self.rolling if r.wave]
+            if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
+                times.append(s.since + self.policy.drain_timeout)
+        times += [r.wave_started + self._wave_timeout() for r in self.rolling if r.wave]
         return min(times) if times else None

@@ -156,3 +156,42 @@ def smg_argv(spec: ManagedGateway, smg: Sequence[str] = ("smg",)) -> list[str]:
             f"{ADMIN_KEY_ID}:{ADMIN_KEY_ID}:admin:{spec.admin_key}",
         ]
     return argv + list(spec.extra_args)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'host:port' (or '[v6]:port') -> (host, port)."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def from_config(
+    listen: str, metrics_listen: str, policy: str, extra_args: Sequence[str]
+) -> ManagedGateway:
+    """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`)."""
+    host, port = split_listen(listen)
+    mhost, mport = split_listen(metrics_listen)
+    return ManagedGateway(
+        host=host,
+        port=port,
+        policy=policy,
+        metrics_port=mport,
+        metrics_host=mhost,
+        extra_args=tuple(extra_args),
+    )
+
+
+def launch_argv(
+    gateway: ManagedGateway,
+    python: str,
+    *,
+    admin_key_file: str | None = None,
+    api_key_file: str | None = None,
+) -> list[str]:
+    """What runs the managed gateway: this package's key-file launcher under `python`
+    (the agent's own, which has smg installed), then smg's `launch` flags."""
+    smg = [python, "-m", "sglang_farm.gateway.launch"]
+    if api_key_file:
+        smg += ["--api-key-file", api_key_file]
+    if admin_key_file:
+        smg += ["--admin-key-file", admin_key_file]
+    return smg_argv(gateway, smg)

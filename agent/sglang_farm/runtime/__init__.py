@@ -107,3 +107,16 @@ class Runtime(Protocol):
     async def close(self) -> None:
         """Release resources; does not stop workers under systemd, does under process."""
         ...
+
+
+class GatewayRunner(Protocol):
+    """What runs a managed gateway: a child of the agent (process runtime) or its own
+    systemd unit (`sglang-farm-gateway.service`)."""
+
+    async def start(self) -> None:
+        """Make it run (idempotent); returns once it is launched, not once it answers."""
+        ...
+
+    async def close(self) -> None:
+        """The agent is going away: a child is stopped, a unit is left running."""
+        ...

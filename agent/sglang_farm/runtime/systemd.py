@@ -762,10 +762,40 @@ class SystemdRuntime:
                     self._done_jobs.pop(next(iter(self._done_jobs)))
 
 
+GATEWAY_UNIT = "sglang-farm-gateway.service"
+
+
+class UnitGateway:
+    """The managed gateway as its own unit, `sglang-farm-gateway.service` (rendered into
+    /run/systemd/system with the workers' drop-ins): systemd runs and restarts it, and it
+    outlives the agent like the workers do."""
+
+    def __init__(self, unit: str = GATEWAY_UNIT) -> None:
+        self.unit = unit
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start)
+
+    def _start(self) -> None:
+        try:
+            with Manager() as m:
+                m.Manager.StartUnit(self.unit.encode(), b"replace")
+        except DBusBaseError as exc:
+            raise RuntimeFailure(
+                f"cannot start {self.unit}: {_dbus_error_text(exc)}; "
+                f"see `systemctl status {self.unit}`"
+            ) from exc
+
+    async def close(self) -> None:
+        """Nothing: the unit keeps routing while the agent restarts."""
+
+
 __all__ = [
+    "GATEWAY_UNIT",
     "RUN_UNIT_DIR",
     "SystemdRuntime",
     "Tracked",
+    "UnitGateway",
     "UnitState",
     "exit_status",
     "install_units",

@@ -1,0 +1,213 @@
+"""I/O: keeps the gateway's membership equal to what the supervisor decides.
+
+The decision is the pure core's (`supervisor.wants_in_gateway`: a worker is routed to
+only while READY). This module carries it out against the gateway and reports what
+the gateway confirmed back as `GatewayMembership` events, so the supervisor knows when
+a draining worker is really out and when a restarted one is back in.
+
+It is level-triggered, not edge-triggered: every change of the farm's state, and a
+periodic reconcile, compare what should be with what the gateway lists, so a failed
+call, a gateway restart (which forgets its workers) or a registration smg finished
+late all converge. The gateway being down never stops supervision: calls are retried
+with back-off, the state says so (`up`), and the next reconcile repairs the rest.
+Only the farm's own addresses are touched: other hosts' workers are left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from sglang_farm.errors import GatewayError
+from sglang_farm.gateway.port import Gateway, normalize_url
+from sglang_farm.spec import FarmSpec
+from sglang_farm.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
+
+log = structlog.get_logger("sglang_farm.gateway_sync")
+
+RECONCILE_EVERY_S = 10.0  # a restarted gateway is noticed (and refilled) within this
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayStatus:
+    """What the farm knows of its gateway, for status, metrics and logs."""
+
+    url: str
+    up: bool
+    members: int  # the farm's own workers the gateway routes to (as last confirmed)
+    errors: int  # failed calls and reconciles since the agent started
+    last_error: str | None = None
+
+
+class MembershipSync:
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        spec: Callable[[], FarmSpec],
+        states: Callable[[], Mapping[int, WorkerState]],
+        feed: Callable[[int, Event], None],
+        on_status: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._gateway = gateway
+        self._spec = spec
+        self._states = states
+        self._feed = feed
+        self._on_status = on_status
+        self._busy: set[int] = set()
+        self._retry_at: dict[int, float] = {}
+        self._delay: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reconciler: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.up = True
+        self.errors = 0
+        self.last_error: str | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return self._gateway.url
+
+    def status(self) -> GatewayStatus:
+        members = sum(1 for s in self._states().values() if s.in_gateway)
+        return GatewayStatus(self._gateway.url, self.up, members, self.errors, self.last_error)
+
+    def start(self) -> None:
+        self._reconciler = asyncio.create_task(self._reconcile_loop(), name="sf-gateway-sync")
+
+    async def close(self) -> None:
+        tasks = [*self._tasks, *([self._reconciler] if self._reconciler else [])]
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- level-triggered sync ------------------------------------------------------
+
+    def update(self) -> None:
+        """Compare each worker's wanted membership with the confirmed one; fix the gaps."""
+        loop = asyncio.get_running_loop()
+        for wid, s in self._states().items():
+            want = wants_in_gateway(s)
+            if want == s.in_gateway or wid in self._busy:
+                continue
+            if self._retry_at.get(wid, 0.0) > loop.time():
+                continue  # backing off after a failed call; the reconciler comes back
+            self._busy.add(wid)
+            task = asyncio.create_task(self._change(wid, want))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _change(self, wid: int, want: bool) -> None:
+        url = self._spec().gateway_url_of(wid)
+        blog = log.bind(worker=wid, gpu=self._gpu(wid), gateway=self._gateway.url)
+        try:
+            if want:
+                await self._gateway.add(url)
+            else:
+                await self._gateway.remove(url)
+        except GatewayError as exc:
+            self._busy.discard(wid)
+            self._failed(wid, str(exc))
+            blog.warning(
+                "gateway_change_failed",
+                change="add" if want else "remove",
+                error=str(exc),
+                retry_in_s=self._delay[wid],
+            )
+            return
+        except BaseException:
+            self._busy.discard(wid)
+            raise
+        self._delay.pop(wid, None)
+        self._retry_at.pop(wid, None)
+        blog.info("gateway_member" if want else "gateway_removed", url=url)
+        # Recorded while still marked busy: the state change calls update() again, which
+        # must see the new membership, not start the same call a second time.
+        if wid in self._states():
+            self._feed(wid, GatewayMembership(want))
+        self._busy.discard(wid)
+        self._mark_up()
+        self.update()  # the phase may have moved on while the call ran
+
+    def _failed(self, wid: int, error: str) -> None:
+        loop = asyncio.get_running_loop()
+        delay = min(RETRY_MAX_S, self._delay.get(wid, RETRY_INITIAL_S / 2) * 2)
+        self._delay[wid] = delay
+        self._retry_at[wid] = loop.time() + delay
+        self._record_error(error)
+        loop.call_later(delay, self._wake.set)
+
+    def _record_error(self, error: str) -> None:
+        self.errors += 1
+        self.last_error = error
+        if self.up:
+            self.up = False
+            log.warning("gateway_down", gateway=self._gateway.url, error=error)
+        self._on_status()
+
+    def _mark_up(self) -> None:
+        if not self.up:
+            self.up = True
+            self.last_error = None
+            log.info("gateway_up", gateway=self._gateway.url)
+            self._wake.set()  # reconcile now: it may have restarted empty
+            self._on_status()
+
+    # ---- periodic reconcile --------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self.reconcile()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RECONCILE_EVERY_S):
+                    await self._wake.wait()
+
+    async def reconcile(self) -> None:
+        """Make the gateway's list agree with the farm, for the farm's own addresses.
+
+        Listed but not wanted (a stale entry after an agent restart, a late registration):
+        removed. Confirmed but no longer listed (the gateway restarted): marked out, so
+        `update` adds it again. Other hosts' workers: untouched.
+        """
+        spec = self._spec()
+        ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
+        try:
+            members = await self._gateway.list()
+        except GatewayError as exc:
+            self._record_error(str(exc))
+            log.warning("gateway_reconcile_failed", gateway=self._gateway.url, error=str(exc))
+            return
+        self._mark_up()
+        listed = {normalize_url(m.url) for m in members if m.routed}
+        known = {normalize_url(m.url) for m in members}
+        states = self._states()
+        for url, wid in ours.items():
+            s = states.get(wid)
+            if s is None:
+                continue
+            if url in known and not wants_in_gateway(s) and wid not in self._busy:
+                self._busy.add(wid)
+                task = asyncio.create_task(self._change(wid, False))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif s.in_gateway and url not in listed:
+                log.warning("gateway_lost_member", worker=wid, gpu=self._gpu(wid), url=url)
+                self._feed(wid, GatewayMembership(False))
+            elif not s.in_gateway and url in listed and wants_in_gateway(s):
+                self._feed(wid, GatewayMembership(True))  # already there (agent restart)
+        self._retry_at.clear()  # a reconcile is a fresh attempt for every worker
+        self.update()
+
+    def _gpu(self, wid: int) -> str:
+        spec = self._spec()
+        if wid not in spec.worker_ids:
+            return "?"
+        return ",".join(map(str, spec.worker(wid).gpus))
