@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 
-from sglang_farm.farm_view import FarmView, Phase, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics import MetricsState, ProbeStatus
 from sglang_farm.workerstats import WorkerStats
@@ -105,6 +106,34 @@ def farm() -> FarmView:
     )
 
 
+GATEWAY_URL = "http://127.0.0.1:8000"
+
+
+def gateway_farm() -> FarmView:
+    """`farm()` behind a gateway: worker 0 routed to (its last restart drained in 12.5 s),
+    and a fourth worker on GPU 4 draining for a planned restart, already out of the gateway."""
+    view = farm()
+    routed = dataclasses.replace(view.workers[0], in_gateway=True, last_drain_seconds=12.5)
+    draining = WorkerView(
+        id=3,
+        gpus=(4,),
+        port=30003,
+        base_url="http://127.0.0.1:30003",
+        phase=Phase.DRAINING,
+        since=NOW - 5,
+        pid=400,
+        restarts_by_reason=MappingProxyType({"manual": 1}),
+        last_load_seconds=39.0,
+        last_drain_seconds=3.25,
+        argv=("python", "-m", "sglang.launch_server", "--model-path", "/models/qwen3-8b"),
+    )
+    return dataclasses.replace(
+        view,
+        workers=(routed, *view.workers[1:], draining),
+        gateway=GatewayStatus(url=GATEWAY_URL, up=True, members=1, errors=4),
+    )
+
+
 def stats() -> dict[int, WorkerStats]:
     return {
         0: WorkerStats(
@@ -123,6 +152,18 @@ def stats() -> dict[int, WorkerStats]:
         ),
         # A FAILED worker's last stats must not be exported as if it served.
         2: WorkerStats(worker=2, taken_at=NOW - 200, up=True, running=9, queued=9),
+        # Worker 3 drains (gateway_farm): its last requests still run; absent from farm().
+        3: WorkerStats(
+            worker=3,
+            taken_at=NOW - 1,
+            up=True,
+            running=2,
+            queued=0,
+            model_name="qwen3-8b",
+            sglang_version="0.5.23",
+            source="metrics",
+            poll_duration_s=0.003,
+        ),
     }
 
 
@@ -141,3 +182,8 @@ def state() -> MetricsState:
             }
         ),
     )
+
+
+def gateway_state() -> MetricsState:
+    """`state()` of a farm with a [gateway] (`gateway_farm`)."""
+    return dataclasses.replace(state(), farm=gateway_farm())

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_fixtures import state
+from metrics_fixtures import gateway_state
 from sglang_farm.metrics import build_registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,8 @@ def _dashboard_exprs() -> list[str]:
 
 
 def _exported_names() -> set[str]:
-    text = generate_latest(build_registry(lambda: state())).decode()
+    # The fixture behind a gateway exports every family: the farm's own and the gateway's.
+    text = generate_latest(build_registry(lambda: gateway_state())).decode()
     names: set[str] = set()
     for fam in text_string_to_metric_families(text):
         names.add(fam.name)
@@ -101,8 +102,24 @@ def test_dashboard_panels_have_unique_ids_and_cover_the_issue_views() -> None:
         "sglang_farm_worker_state",
         "sglang_farm_worker_restarts_total",
         "sglang_farm_worker_oom_events_total",
+        "sglang_farm_gateway_up",
+        "sglang_farm_gateway_members",
+        "sglang_farm_gateway_errors_total",
+        "sglang_farm_worker_in_gateway",
+        "sglang_farm_worker_last_drain_duration_seconds",
     ):
         assert needed in text, needed
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]  # Grafana's grid is 24 columns
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                other = cells.setdefault((x, y), panel["title"])
+                assert other == panel["title"], f"{panel['title']!r} overlaps {other!r}"
 
 
 @pytest.mark.parametrize("source", [ALERTS, DASHBOARD], ids=["alerts", "dashboard"])

@@ -8,18 +8,32 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_fixtures import NOW, GiB, farm, state
+from metrics_fixtures import GATEWAY_URL, NOW, GiB, farm, gateway_state, state
 from sglang_farm.farm_view import Phase
 from sglang_farm.gpu import FleetSnapshot
-from sglang_farm.metrics import MetricsState, build_registry, gpu_label, model_from_argv
+from sglang_farm.metrics import (
+    MetricsState,
+    build_registry,
+    gpu_label,
+    model_from_argv,
+    public_url,
+)
 
-GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
+GOLDEN_DIR = Path(__file__).parent / "golden"
+# The shape of a farm without a [gateway], and of one behind a gateway with a draining worker.
+GOLDENS = {"metrics.txt": state, "metrics_gateway.txt": gateway_state}
+GATEWAY_FAMILIES = (
+    "sglang_farm_gateway_up",
+    "sglang_farm_gateway_members",
+    "sglang_farm_gateway_errors",
+    "sglang_farm_worker_in_gateway",
+)
 
 
-def _registry(st: MetricsState):  # type: ignore[no-untyped-def]  # prometheus types
+def _registry(st: MetricsState) -> CollectorRegistry:
     return build_registry(lambda: st, version="0.0.0-test")
 
 
@@ -88,6 +102,91 @@ def test_worker_state_is_a_one_hot_state_set() -> None:
         want = 1 if phase is Phase.READY else 0
         assert _v(st, "sglang_farm_worker_state", worker="0", gpu="0", state=str(phase)) == want
     assert _v(st, "sglang_farm_worker_state", worker="2", gpu="3", state="failed") == 1
+
+
+def test_a_draining_worker_is_in_state_draining_and_only_there() -> None:
+    st = gateway_state()
+    w3 = {"worker": "3", "gpu": "4"}
+    got = {str(p): _v(st, "sglang_farm_worker_state", state=str(p), **w3) for p in Phase}
+    assert got == {str(p): (1 if p is Phase.DRAINING else 0) for p in Phase}
+    # The phase exists for every worker, so a drain shows up as a change of an existing series.
+    assert _v(st, "sglang_farm_worker_state", worker="0", gpu="0", state="draining") == 0
+    assert _v(state(), "sglang_farm_worker_state", worker="0", gpu="0", state="draining") == 0
+    assert _v(st, "sglang_farm_worker_state_since_timestamp_seconds", **w3) == NOW - 5
+
+
+def test_a_draining_worker_still_reports_the_requests_it_finishes() -> None:
+    st = gateway_state()
+    w3 = {"worker": "3", "gpu": "4"}
+    assert _v(st, "sglang_farm_worker_up", **w3) == 1
+    assert _v(st, "sglang_farm_worker_running_requests", **w3) == 2
+    assert _v(st, "sglang_farm_worker_queued_requests", **w3) == 0
+    assert _v(st, "sglang_farm_worker_stats_stale", **w3) == 0
+
+
+def test_gateway_series_follow_the_gateway_status() -> None:
+    st = gateway_state()
+    assert _v(st, "sglang_farm_gateway_up", url=GATEWAY_URL) == 1
+    assert _v(st, "sglang_farm_gateway_members") == 1
+    assert _v(st, "sglang_farm_gateway_errors_total") == 4
+
+
+def test_a_gateway_that_is_down_exports_up_0_with_its_errors() -> None:
+    st = gateway_state()
+    assert st.farm is not None and st.farm.gateway is not None
+    down = dataclasses.replace(
+        st.farm.gateway, up=False, members=0, errors=9, last_error="connection refused"
+    )
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, gateway=down))
+    assert _v(st, "sglang_farm_gateway_up", url=GATEWAY_URL) == 0
+    assert _v(st, "sglang_farm_gateway_members") == 0
+    assert _v(st, "sglang_farm_gateway_errors_total") == 9
+
+
+def test_the_gateway_url_label_never_carries_credentials() -> None:
+    assert public_url("http://admin:s3cret@10.0.0.5:8000") == "http://10.0.0.5:8000"
+    assert public_url("https://k@gw.example:443") == "https://gw.example:443"
+    assert public_url(GATEWAY_URL) == GATEWAY_URL
+    st = gateway_state()
+    assert st.farm is not None and st.farm.gateway is not None
+    gw = dataclasses.replace(st.farm.gateway, url="http://admin:s3cret@10.0.0.5:8000")
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, gateway=gw))
+    text = generate_latest(_registry(st)).decode()
+    assert 'sglang_farm_gateway_up{url="http://10.0.0.5:8000"} 1.0' in text
+    assert "s3cret" not in text
+
+
+def test_every_worker_behind_a_gateway_says_whether_it_is_routed_to() -> None:
+    st = gateway_state()
+    got = {
+        w: _v(st, "sglang_farm_worker_in_gateway", worker=w, gpu=g)
+        for w, g in (("0", "0"), ("1", "1,2"), ("2", "3"), ("3", "4"))
+    }
+    assert got == {"0": 1, "1": 0, "2": 0, "3": 0}
+
+
+def test_the_last_drain_duration_is_exported_when_known() -> None:
+    st = gateway_state()
+    drain = "sglang_farm_worker_last_drain_duration_seconds"
+    assert _v(st, drain, worker="0", gpu="0") == 12.5
+    assert _v(st, drain, worker="3", gpu="4") == 3.25
+    assert _v(st, drain, worker="1", gpu="1,2") is None  # never drained: absent, not 0
+
+
+def test_a_farm_without_a_gateway_exports_no_gateway_series() -> None:
+    st = state()
+    assert st.farm is not None and st.farm.gateway is None
+    text = generate_latest(_registry(st)).decode()
+    samples = [s.name for f in text_string_to_metric_families(text) for s in f.samples]
+    assert samples and not [n for n in samples if "gateway" in n]
+    # ...while the same farm behind a gateway exports every one of them.
+    with_gw = generate_latest(_registry(gateway_state())).decode()
+    names = {f.name for f in text_string_to_metric_families(with_gw)}
+    assert set(GATEWAY_FAMILIES) <= names
+    # Workers' figures do not depend on the gateway: the same worker reads the same.
+    w0 = {"worker": "0", "gpu": "0"}
+    assert _v(st, "sglang_farm_worker_queued_requests", **w0) == 7
+    assert _v(st, "sglang_farm_worker_in_gateway", **w0) is None
 
 
 def test_a_worker_on_two_gpus_is_labelled_with_both() -> None:
@@ -233,7 +332,7 @@ def _ready0() -> dict[str, str]:
 
 
 def test_every_family_is_prefixed_and_counters_end_in_total() -> None:
-    text = generate_latest(_registry(state())).decode()
+    text = generate_latest(_registry(gateway_state())).decode()
     for fam in text_string_to_metric_families(text):
         assert fam.name.startswith("sglang_farm_"), fam.name
         for s in fam.samples:
@@ -241,18 +340,21 @@ def test_every_family_is_prefixed_and_counters_end_in_total() -> None:
                 assert s.name.endswith("_total"), s.name
 
 
-def test_exposition_matches_the_golden_file(update_golden: bool) -> None:
-    text = generate_latest(_registry(state())).decode()
+@pytest.mark.parametrize("golden", sorted(GOLDENS))
+def test_exposition_matches_the_golden_file(golden: str, update_golden: bool) -> None:
+    text = generate_latest(_registry(GOLDENS[golden]())).decode()
+    path = GOLDEN_DIR / golden
     if update_golden:
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text(), "exposition changed; rerun with --update-golden and review"
+        path.write_text(text)
+    assert text == path.read_text(), "exposition changed; rerun with --update-golden and review"
 
 
-def test_promtool_finds_no_problem_in_the_exposition() -> None:
+@pytest.mark.parametrize("golden", sorted(GOLDENS))
+def test_promtool_finds_no_problem_in_the_exposition(golden: str) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'); CI installs it")
-    text = generate_latest(_registry(state()))
+    text = generate_latest(_registry(GOLDENS[golden]()))
     r = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False
     )

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_fixtures import state
+from metrics_fixtures import gateway_state
 from sglang_farm.exporter import Exporter
 from sglang_farm.metrics import MetricsState, build_registry
 
@@ -127,7 +127,7 @@ def _query(client: httpx.Client, q: str) -> list[dict[str, Any]]:
 def test_prometheus_scrapes_every_family_and_discovers_ready_workers(
     tmp_path: Path, sglang_worker: str
 ) -> None:
-    base = state()
+    base = gateway_state()
     view = base.farm
     assert view is not None
     worker0 = dataclasses.replace(view.workers[0], base_url=sglang_worker)

@@ -12,12 +12,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.failures import Failure
-from sglang_farm.gateway_sync import GatewayStatus
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import WorkerState
 
-__all__ = ["FarmView", "Phase", "RestartRecord", "WorkerView", "build_view"]
+__all__ = ["FarmView", "GatewayStatus", "Phase", "RestartRecord", "WorkerView", "build_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayStatus:
+    """What the farm knows of its gateway, for status, metrics and logs."""
+
+    url: str
+    up: bool
+    members: int  # the farm's own workers the gateway routes to (as last confirmed)
+    errors: int  # failed calls and reconciles since the agent started
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import structlog
 
 from sglang_farm.errors import GatewayError
+from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.port import Gateway, normalize_url
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
@@ -32,17 +32,6 @@ log = structlog.get_logger("sglang_farm.gateway_sync")
 RECONCILE_EVERY_S = 10.0  # a restarted gateway is noticed (and refilled) within this
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 15.0
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayStatus:
-    """What the farm knows of its gateway, for status, metrics and logs."""
-
-    url: str
-    up: bool
-    members: int  # the farm's own workers the gateway routes to (as last confirmed)
-    errors: int  # failed calls and reconciles since the agent started
-    last_error: str | None = None
 
 
 class MembershipSync:

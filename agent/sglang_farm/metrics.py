@@ -10,6 +10,8 @@ Conventions (docs/metrics.md lists every family):
 - `gpu` is the GPU index; a worker spanning several GPUs (tensor parallel) has
   `gpu` = its indices joined with commas in worker order, e.g. "0,1";
 - `worker` is the worker id; `uuid` the GPU UUID;
+- the gateway's series (and each worker's `in_gateway`) exist only when the config
+  has a [gateway]: absent, not 0, on a farm without one;
 - a reading that is unknown (NotSupported, worker not polled yet) is absent,
   never 0 or NaN.
 """
@@ -19,19 +21,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sglang_farm import __version__
 from sglang_farm.failures import OomKind, RestartReason
-from sglang_farm.farm_view import FarmView, Phase
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.workerstats import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
-# Phases in which a worker serves HTTP, so its polled figures mean something.
-_SERVING = (Phase.READY, Phase.UNHEALTHY)
+# Phases in which a worker serves HTTP, so its polled figures mean something. A draining
+# worker is out of the gateway but still finishing its requests: its running and queued
+# figures falling to 0 are the drain itself.
+_SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,14 @@ def model_from_argv(argv: tuple[str, ...]) -> str | None:
     return found.get("--served-model-name") or found.get("--model-path") or found.get("--model")
 
 
+def public_url(url: str) -> str:
+    """`url` without any user:password part, for a label that anyone scraping can read."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def _g(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels or [])
 
@@ -109,6 +122,8 @@ class FarmCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._get()  # the one read of the shared reference
         yield from self._agent(st)
+        if st.farm is not None and st.farm.gateway is not None:
+            yield from _gateway(st.farm.gateway)
         if st.fleet is not None:
             yield from _gpus(st.fleet)
         if st.farm is not None:
@@ -160,6 +175,30 @@ class FarmCollector(Collector):
             for s in ROLLOUT_STATES:
                 m.add_metric([s], 1 if farm.rollout == s else 0)
             yield m
+
+
+def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
+    # Only with a [gateway]: a farm without one has no gateway series at all.
+    up = _g(
+        "sglang_farm_gateway_up",
+        "1 if the gateway answered the farm's latest membership call or reconcile.",
+        ["url"],
+    )
+    up.add_metric([public_url(gw.url)], 1 if gw.up else 0)
+    yield up
+    members = _g(
+        "sglang_farm_gateway_members",
+        "The farm's own workers the gateway routes to, as it last confirmed.",
+    )
+    members.add_metric([], gw.members)
+    yield members
+    errors = _c(
+        "sglang_farm_gateway_errors",
+        "Failed gateway membership calls and reconciles since the agent started.",
+        [],
+    )
+    errors.add_metric([], gw.errors)
+    yield errors
 
 
 def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:
@@ -320,6 +359,15 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         "How long the last start took from launch to ready.",
         wl,
     )
+    drain = _g(
+        "sglang_farm_worker_last_drain_duration_seconds",
+        "How long the last planned stop waited for the worker to leave the gateway and go idle.",
+        wl,
+    )
+    in_gateway = _g(
+        "sglang_farm_worker_in_gateway", "1 if the gateway confirmed it routes to the worker.", wl
+    )
+    gateway = st.farm.gateway is not None
     queued = _g("sglang_farm_worker_queued_requests", "Requests waiting in the worker's queue.", wl)
     running = _g("sglang_farm_worker_running_requests", "Requests the worker is running.", wl)
     kv = _g("sglang_farm_worker_kv_cache_usage_ratio", "KV-cache pool usage (0-1).", wl)
@@ -365,6 +413,10 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         step.add_metric(lv, w.oom_step)
         if w.last_load_seconds is not None:
             load.add_metric(lv, w.last_load_seconds)
+        if w.last_drain_seconds is not None:
+            drain.add_metric(lv, w.last_drain_seconds)
+        if gateway:
+            in_gateway.add_metric(lv, 1 if w.in_gateway else 0)
         if w.id in memory and w.id in st.worker_pids:
             mem.add_metric(lv, memory[w.id])
         serving = w.phase in _SERVING
@@ -385,7 +437,9 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         ):
             if v is not None:
                 fam.add_metric(lv, v)
-    yield from (state, since, info, up, restarts, ooms, step, load)
+    yield from (state, since, info, up, restarts, ooms, step, load, drain)
+    if gateway:
+        yield in_gateway
     yield from (queued, running, kv, tput, hit, mem, stale, polled, poll_dur)
 
 

@@ -37,7 +37,8 @@ from sglang_farm.workerstats import WorkerStats, WorkerStatsTracker, poll_worker
 
 log = structlog.get_logger("sglang_farm.pollers")
 
-_SERVING = (Phase.READY, Phase.UNHEALTHY)
+# Serving, or finishing its requests before a planned stop (the drain shows them fall).
+_SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
 
 
 def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
