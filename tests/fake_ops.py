@@ -1,6 +1,6 @@
 """A scripted `FarmOps` for control-socket tests: a farm of N workers that move
-through phases on their own (restart → stopping → starting → ready, or failed),
-recording every call. Time is real but short (`step` seconds per phase).
+through phases on their own (restart → [draining →] stopping → starting → ready, or
+failed), recording every call. Time is real but short (`step` seconds per phase).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import TypedDict, Unpack
 
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.farm_view import FarmView, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, RestartRecord, WorkerView
 
 
-def make_worker(i: int) -> WorkerView:
+def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:
     """Worker `i` on GPU `i`, ready for an hour."""
     return WorkerView(
         id=i,
@@ -27,6 +27,7 @@ def make_worker(i: int) -> WorkerView:
         phase=Phase.READY,
         since=time.time() - 3600,
         pid=1000 + i,
+        in_gateway=in_gateway,
     )
 
 
@@ -40,6 +41,8 @@ class _Changes(TypedDict, total=False):
     oom_step: int
     oom_step_name: str | None
     last_load_seconds: float | None
+    in_gateway: bool
+    last_drain_seconds: float | None
 
 
 OOM_FAILURE = Failure(
@@ -56,16 +59,25 @@ class FakeOps:
     Knobs: `issue_delay` (seconds `start`/`restart`/`stop` hold before returning),
     `step` (seconds per phase after a restart), `fail_next` (worker ids whose next
     start ends FAILED with `OOM_FAILURE`), `raise_on` (command → exception to raise),
-    `reload_result`, `gpus`.
+    `reload_result`, `gpus`. With `gateway` (its `members` is counted from the
+    workers), ready workers are in it, and a stop or restart with `drain` passes
+    through DRAINING (out of the gateway) for one `step`. `drains` records the
+    `drain` argument of every `stop` and `restart`.
     """
 
-    def __init__(self, n: int = 4, *, step: float = 0.05) -> None:
-        self.workers: dict[int, WorkerView] = {i: make_worker(i) for i in range(n)}
+    def __init__(
+        self, n: int = 4, *, step: float = 0.05, gateway: GatewayStatus | None = None
+    ) -> None:
+        self.gateway = gateway
+        self.workers: dict[int, WorkerView] = {
+            i: make_worker(i, in_gateway=gateway is not None) for i in range(n)
+        }
         self.step = step
         self.issue_delay = 0.0
         self.fail_next: set[int] = set()
         self.raise_on: dict[str, BaseException] = {}
         self.calls: list[tuple[str, tuple[int, ...]]] = []
+        self.drains: list[tuple[str, tuple[int, ...], bool]] = []
         self.reload_result = ReloadResult(applied=True, restarted=(1,))
         self.queues: dict[int, float] = {}
         self.gpus: list[GpuMemory] = [
@@ -90,6 +102,9 @@ class FakeOps:
             config_source="/etc/sglang-farm/farm.toml",
             started_at=time.time() - 7200,
             rollout="done",
+            gateway=None
+            if self.gateway is None
+            else replace(self.gateway, members=sum(w.in_gateway for w in self.workers.values())),
         )
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
@@ -114,15 +129,30 @@ class FakeOps:
             self._set(i, Phase.STARTING, pid=None)
             self._spawn(self._come_up(i, stop_first=False))
 
-    async def stop(self, worker_ids: Sequence[int]) -> None:
-        await self._issue("stop", worker_ids)
-        for i in worker_ids:
-            self._set(i, Phase.STOPPED, pid=None)
+    def _drains(self, drain: bool) -> bool:
+        return drain and self.gateway is not None
 
-    async def restart(self, worker_ids: Sequence[int]) -> None:
+    async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        self.drains.append(("stop", tuple(worker_ids), drain))
+        await self._issue("stop", worker_ids)
+        if self._drains(drain):
+            for i in worker_ids:
+                self._set(i, Phase.DRAINING, in_gateway=False)
+            await asyncio.sleep(self.step)
+        for i in worker_ids:
+            if self._drains(drain):
+                self._set(i, Phase.STOPPED, pid=None, last_drain_seconds=self.step)
+            else:
+                self._set(i, Phase.STOPPED, pid=None, in_gateway=False)
+
+    async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        self.drains.append(("restart", tuple(worker_ids), drain))
         await self._issue("restart", worker_ids)
         for i in worker_ids:
-            self._set(i, Phase.STOPPING)
+            if self._drains(drain):
+                self._set(i, Phase.DRAINING, in_gateway=False)
+            else:
+                self._set(i, Phase.STOPPING, in_gateway=False)
             w = self.workers[i]
             by = dict(w.restarts_by_reason)
             by["manual"] = by.get("manual", 0) + 1
@@ -134,6 +164,9 @@ class FakeOps:
             self._spawn(self._come_up(i, stop_first=True))
 
     async def _come_up(self, i: int, *, stop_first: bool) -> None:
+        if stop_first and self.workers[i].phase is Phase.DRAINING:
+            await asyncio.sleep(self.step)
+            self._set(i, Phase.STOPPING, last_drain_seconds=self.step)
         if stop_first:
             await asyncio.sleep(self.step)
             self._set(i, Phase.STARTING, pid=None)
@@ -151,7 +184,13 @@ class FakeOps:
                 oom_step_name="less-static-memory",
             )
         else:
-            self._set(i, Phase.READY, pid=2000 + i, last_load_seconds=self.step)
+            self._set(
+                i,
+                Phase.READY,
+                pid=2000 + i,
+                last_load_seconds=self.step,
+                in_gateway=self.gateway is not None,
+            )
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         t = asyncio.ensure_future(coro)

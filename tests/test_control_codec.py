@@ -18,6 +18,7 @@ from sglang_farm.control.codec import (
     LogsArgs,
     NoArgs,
     RequestError,
+    StopArgs,
     TargetArgs,
     WaitArgs,
     WorkerArgs,
@@ -39,16 +40,26 @@ def err(line: bytes) -> RequestError:
 
 def test_decodes_restart_with_worker_id() -> None:
     r = decode_request(req({"id": 7, "cmd": "restart", "args": {"worker": 3}}))
-    assert (r.id, r.cmd, r.args) == (7, Command.RESTART, TargetArgs(3))
+    assert (r.id, r.cmd, r.args) == (7, Command.RESTART, StopArgs(3, drain=True))
     assert r.changes_state
 
 
 def test_decodes_all_target_string_id_and_missing_args() -> None:
     assert decode_request(req({"id": "a", "cmd": "stop", "args": {"worker": "all"}})).args == (
+        StopArgs("all", drain=True)
+    )
+    assert decode_request(req({"cmd": "start", "args": {"worker": "all"}})).args == (
         TargetArgs("all")
     )
     r = decode_request(b'{"cmd":"status"}')  # no id, no args, no newline
     assert (r.id, r.cmd, r.args, r.changes_state) == (None, Command.STATUS, NoArgs(), False)
+
+
+@pytest.mark.parametrize("cmd", ["stop", "restart"])
+@pytest.mark.parametrize("drain", [True, False])
+def test_stop_and_restart_take_drain_true_or_false(cmd: str, drain: bool) -> None:
+    r = decode_request(req({"id": 1, "cmd": cmd, "args": {"worker": "all", "drain": drain}}))
+    assert (r.cmd, r.args) == (Command(cmd), StopArgs("all", drain=drain))
 
 
 def test_logs_and_wait_ready_defaults_and_values() -> None:
@@ -108,6 +119,12 @@ def test_unknown_command_keeps_id_and_lists_commands() -> None:
         ({"id": 1, "cmd": "wait-ready", "args": {"worker": 1, "timeout": 0}}, "'timeout' must be"),
         ({"id": 1, "cmd": "wait-ready", "args": {"worker": 1, "timeout": "x"}}, "must be a number"),
         ({"id": 1, "cmd": "start", "args": {"worker": 1, "force": True}}, "accepted: worker"),
+        ({"id": 1, "cmd": "restart", "args": {"worker": 1, "drain": "no"}}, "'drain' must be"),
+        ({"id": 1, "cmd": "stop", "args": {"worker": 1, "drain": 0}}, "true or false, got 0"),
+        ({"id": 1, "cmd": "stop", "args": {"worker": 1, "drain": None}}, "'drain' must be"),
+        ({"id": 1, "cmd": "start", "args": {"worker": 1, "drain": False}}, "['drain']"),
+        ({"id": 1, "cmd": "stop", "args": {"drain": False}}, "'worker' must be a worker id"),
+        ({"id": 1, "cmd": "stop", "args": {"worker": 1, "force": 1}}, "accepted: drain, worker"),
     ],
 )
 def test_bad_shapes_and_args_are_bad_request_with_id(obj: object, fragment: str) -> None:

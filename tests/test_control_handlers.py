@@ -15,10 +15,11 @@ from sglang_farm.control.codec import (
     NoArgs,
     Request,
     RequestError,
-    TargetArgs,
+    StopArgs,
     WorkerArgs,
 )
 from sglang_farm.control.handlers import ClientGone, Handlers
+from sglang_farm.farm_view import GatewayStatus, Phase
 
 
 class Channel:
@@ -65,14 +66,14 @@ async def test_status_and_issued_at_come_from_the_wall_clock(ops: FakeOps) -> No
     h = handlers(ops)
     st = await h.handle(Request(1, Command.STATUS, NoArgs()), Channel())
     assert st["now"] == 1234.5 and st["agent_version"] == "1.2.3"
-    r = await h.handle(Request(2, Command.RESTART, TargetArgs("all")), Channel())
+    r = await h.handle(Request(2, Command.RESTART, StopArgs("all")), Channel())
     assert r == {"workers": [0, 1, 2, 3], "issued_at": 1234.5}
     assert ops.calls == [("restart", (0, 1, 2, 3))]
 
 
 async def test_unknown_worker_is_refused_before_the_agent_is_asked(ops: FakeOps) -> None:
     with pytest.raises(RequestError) as ei:
-        await handlers(ops).handle(Request(7, Command.STOP, TargetArgs(9)), Channel())
+        await handlers(ops).handle(Request(7, Command.STOP, StopArgs(9)), Channel())
     assert ei.value.error_code is ErrorCode.UNKNOWN_WORKER and ei.value.request_id == 7
     assert ei.value.message == "no worker 9; workers are 0-3"
     assert ops.calls == []
@@ -81,7 +82,7 @@ async def test_unknown_worker_is_refused_before_the_agent_is_asked(ops: FakeOps)
 async def test_second_change_of_a_changing_worker_is_busy_not_queued(ops: FakeOps) -> None:
     ops.issue_delay = 0.2
     h = handlers(ops)
-    first = asyncio.ensure_future(h.handle(Request(1, Command.STOP, TargetArgs(2)), Channel()))
+    first = asyncio.ensure_future(h.handle(Request(1, Command.STOP, StopArgs(2)), Channel()))
     await until(lambda: ops.calls)
     with pytest.raises(RequestError) as ei:
         await h.handle(Request(2, Command.RESET_OOM, WorkerArgs(2)), Channel())
@@ -126,3 +127,40 @@ async def test_follow_streams_the_tail_then_new_lines_until_the_client_leaves(
     with pytest.raises(ClientGone):
         await task
     assert ops.follow_queues == []  # the log source was closed
+
+
+async def test_drain_argument_reaches_the_agent_for_stop_and_restart(ops: FakeOps) -> None:
+    h = handlers(ops)
+    await h.handle(Request(1, Command.STOP, StopArgs(1, drain=False)), Channel())
+    await h.handle(Request(2, Command.RESTART, StopArgs(2, drain=False)), Channel())
+    await h.handle(Request(3, Command.RESTART, StopArgs(3)), Channel())
+    assert ops.drains == [("stop", (1,), False), ("restart", (2,), False), ("restart", (3,), True)]
+
+
+async def test_status_endpoints_and_why_report_the_gateway() -> None:
+    ops = FakeOps(2, step=5.0, gateway=GatewayStatus("http://127.0.0.1:8000", True, 0, 0))
+    try:
+        h = handlers(ops)
+        await h.handle(Request(1, Command.RESTART, StopArgs(1)), Channel())
+        st = await h.handle(Request(2, Command.STATUS, NoArgs()), Channel())
+        assert st["gateway"] == {
+            "url": "http://127.0.0.1:8000",
+            "up": True,
+            "members": 1,
+            "errors": 0,
+            "last_error": None,
+        }
+        workers = st["workers"]
+        assert isinstance(workers, list)
+        assert [(w["state"], w["in_gateway"]) for w in workers] == [
+            ("ready", True),
+            ("draining", False),
+        ]
+        ep = await h.handle(Request(3, Command.ENDPOINTS, NoArgs()), Channel())
+        assert ep["gateway"] == "http://127.0.0.1:8000"
+        why = await h.handle(Request(4, Command.WHY, WorkerArgs(1)), Channel())
+        assert why["state"] == "draining" and ops.workers[1].phase is Phase.DRAINING
+        note = why["state_note"]
+        assert isinstance(note, str) and note.startswith("draining before a planned stop")
+    finally:
+        await ops.aclose()

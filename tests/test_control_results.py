@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from sglang_farm.control import codec, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.farm_view import FarmView, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, RestartRecord, WorkerView
 
 
 def _view() -> FarmView:
@@ -69,6 +70,7 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "ready",
         "workers",
         "gpus",
+        "gateway",
     ]
     assert list(results.worker_result(_view().worker(0))) == [
         "id",
@@ -88,6 +90,8 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "oom_step",
         "oom_step_name",
         "last_load_seconds",
+        "in_gateway",
+        "last_drain_seconds",
     ]
 
 
@@ -102,7 +106,8 @@ def test_why_endpoints_reload_results() -> None:
     assert last_failure["lines"] == ["l1", "l2"]
     assert results.why_result(v.worker(0))["last_failure"] is None
     assert results.endpoints_result(v) == {
-        "endpoints": [{"worker": 0, "base_url": "http://127.0.0.1:30000"}]
+        "endpoints": [{"worker": 0, "base_url": "http://127.0.0.1:30000"}],
+        "gateway": None,
     }
     rr = results.reload_result(ReloadResult(False, problems=("workers[1].gpu: bad",)))
     assert rr == {
@@ -155,3 +160,111 @@ def test_status_result_carries_queue_depth_only_where_it_is_known() -> None:
     assert isinstance(workers, list)
     assert workers[0]["queue_depth"] == 7.0
     assert all("queue_depth" not in w for w in workers[1:])
+
+
+GW = GatewayStatus("http://127.0.0.1:8000", up=True, members=1, errors=0)
+
+
+def _gateway_view(gateway: GatewayStatus | None, *workers: WorkerView) -> FarmView:
+    return FarmView("f", "process", workers, "/etc/x.toml", 50.0, "done", gateway=gateway)
+
+
+def _worker(phase: Phase, *, in_gateway: bool, last_drain: float | None = None) -> WorkerView:
+    return WorkerView(
+        3,
+        (3,),
+        30003,
+        "http://127.0.0.1:30003",
+        phase,
+        250.0,
+        33,
+        in_gateway=in_gateway,
+        last_drain_seconds=last_drain,
+    )
+
+
+def test_status_without_a_gateway_says_null_and_workers_are_out() -> None:
+    st = results.status_result(_view(), [], version="9.9", now=300.0)
+    assert st["gateway"] is None
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert [(w["in_gateway"], w["last_drain_seconds"]) for w in workers] == [
+        (False, None),
+        (False, None),
+    ]
+
+
+def test_status_carries_the_gateway_and_each_workers_membership_and_drain() -> None:
+    gw = GatewayStatus("http://gw:8000", up=False, members=1, errors=4, last_error="refused")
+    v = _gateway_view(
+        gw,
+        _worker(Phase.READY, in_gateway=True, last_drain=2.5),
+        replace(_worker(Phase.DRAINING, in_gateway=False), id=4),
+    )
+    st = results.status_result(v, [], version="9.9", now=300.0)
+    json.dumps(st)  # JSON-ready
+    assert st["gateway"] == {
+        "url": "http://gw:8000",
+        "up": False,
+        "members": 1,
+        "errors": 4,
+        "last_error": "refused",
+    }
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert [(w["state"], w["in_gateway"], w["last_drain_seconds"]) for w in workers] == [
+        ("ready", True, 2.5),
+        ("draining", False, None),
+    ]
+
+
+def test_endpoints_carry_the_gateway_url_besides_the_ready_workers() -> None:
+    v = _gateway_view(GW, _worker(Phase.READY, in_gateway=True))
+    assert results.endpoints_result(v) == {
+        "endpoints": [{"worker": 3, "base_url": "http://127.0.0.1:30003"}],
+        "gateway": "http://127.0.0.1:8000",
+    }
+
+
+def test_why_of_a_draining_worker_out_of_the_gateway_says_it_waits_for_its_requests() -> None:
+    why = results.why_result(_worker(Phase.DRAINING, in_gateway=False), GW)
+    assert (why["state"], why["since"], why["in_gateway"]) == ("draining", 250.0, False)
+    assert why["state_note"] == (
+        "draining before a planned stop: it is out of the gateway; the farm waits for its "
+        "running and queued requests to finish, at most the drain budget "
+        "([gateway] drain_timeout), then stops it (and starts it again if this is a restart)"
+    )
+    assert list(why)[-2:] == ["in_gateway", "state_note"]  # new keys after the old ones
+
+
+def test_why_of_a_draining_worker_still_listed_says_it_is_being_taken_out() -> None:
+    note = results.why_result(_worker(Phase.DRAINING, in_gateway=True), GW)["state_note"]
+    assert isinstance(note, str)
+    assert note.startswith(
+        "draining before a planned stop: the farm is taking it out of the gateway "
+        "(not confirmed yet), then waits for its running and queued requests"
+    )
+    # A gateway that does not answer routes nothing: the wait for requests has begun.
+    down = replace(GW, up=False, last_error="connection refused")
+    note = results.why_result(_worker(Phase.DRAINING, in_gateway=True), down)["state_note"]
+    assert isinstance(note, str)
+    assert note.startswith(
+        "draining before a planned stop: the gateway is not answering (it routes nothing); "
+        "the farm waits for its running and queued requests"
+    )
+
+
+def test_why_of_a_ready_worker_out_of_the_gateway_says_why() -> None:
+    w = _worker(Phase.READY, in_gateway=False)
+    assert results.why_result(w, GW)["state_note"] == (
+        "ready, but not in the gateway yet: the farm is adding it"
+    )
+    down = replace(GW, up=False, last_error="connection refused")
+    assert results.why_result(w, down)["state_note"] == (
+        "ready, but not in the gateway: the gateway at http://127.0.0.1:8000 is not answering "
+        "(connection refused); the farm retries and adds it when the gateway is back"
+    )
+    # No note where the state says it all: in the gateway, or no gateway at all.
+    assert results.why_result(_worker(Phase.READY, in_gateway=True), GW)["state_note"] is None
+    assert results.why_result(w)["state_note"] is None
+    assert results.why_result(_worker(Phase.STOPPED, in_gateway=False), GW)["state_note"] is None

@@ -25,8 +25,9 @@ from structlog.testing import capture_logs
 
 from fake_ops import FakeOps
 from sglang_farm.control import codec
-from sglang_farm.control.server import ControlServer, ControlSocketError
-from sglang_farm.errors import RuntimeFailure
+from sglang_farm.control.server import ControlServer
+from sglang_farm.errors import ControlSocketError, RuntimeFailure
+from sglang_farm.farm_view import GatewayStatus
 
 # One decoded reply line. Its values are Any on purpose: a reply is JSON whose
 # shape each test asserts by indexing into it, and a wrong shape fails there.
@@ -131,6 +132,7 @@ async def test_status_reports_protocol_version_workers_and_vram(server: ControlS
         (b'{"id": 4, "cmd": "launch-missiles"}\n', "unknown_command"),
         (b'{"id": 4, "cmd": "restart", "args": {"worker": "three"}}\n', "bad_request"),
         (b'{"id": 4, "cmd": "restart", "args": {"worker": 9}}\n', "unknown_worker"),
+        (b'{"id": 4, "cmd": "stop", "args": {"worker": 1, "drain": "off"}}\n', "bad_request"),
     ],
     ids=[
         "garbage",
@@ -140,6 +142,7 @@ async def test_status_reports_protocol_version_workers_and_vram(server: ControlS
         "unknown-cmd",
         "bad-args",
         "unknown-worker",
+        "bad-drain",
     ],
 )
 async def test_malformed_input_gets_error_and_connection_keeps_serving(
@@ -152,6 +155,65 @@ async def test_malformed_input_gets_error_and_connection_keeps_serving(
     await c.send({"id": 5, "cmd": "version"})  # same connection still works
     assert (await c.recv())["ok"] is True
     await c.close()
+
+
+async def test_bad_drain_is_refused_before_the_agent_is_asked(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    r = await call(server.path, "restart", {"worker": 1, "drain": "no"}, rid=2)
+    assert r["id"] == 2 and error_code(r) == "bad_request"
+    assert r["error"]["message"] == "restart: 'drain' must be true or false, got 'no'"
+    assert ops.calls == []
+
+
+async def test_no_drain_reaches_the_agent_and_is_logged(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    with capture_logs() as logs:
+        r = await call(server.path, "stop", {"worker": 1, "drain": False}, rid=5)
+        await call(server.path, "restart", {"worker": 2})
+    assert r["result"]["workers"] == [1]
+    assert ops.drains == [("stop", (1,), False), ("restart", (2,), True)]
+    ev = [e for e in logs if e["event"] == "control_command"]
+    assert [e["args"] for e in ev] == [
+        {"worker": 1, "drain": False},
+        {"worker": 2, "drain": True},
+    ]
+
+
+async def test_status_and_endpoints_without_a_gateway_say_so(server: ControlServer) -> None:
+    st = (await call(server.path, "status"))["result"]
+    assert st["gateway"] is None
+    assert {(w["in_gateway"], w["last_drain_seconds"]) for w in st["workers"]} == {(False, None)}
+    ep = (await call(server.path, "endpoints"))["result"]
+    assert ep["gateway"] is None and len(ep["endpoints"]) == 4
+
+
+async def test_drained_stop_over_the_socket_reports_gateway_and_drain(sockdir: str) -> None:
+    gw = GatewayStatus("http://127.0.0.1:8000", up=True, members=0, errors=0)
+    ops = FakeOps(2, gateway=gw)
+    srv = ControlServer(ops, os.path.join(sockdir, "gw.sock"), None, version="x")
+    await srv.start()
+    try:
+        st = (await call(srv.path, "status"))["result"]
+        assert st["gateway"]["members"] == 2 and st["gateway"]["url"] == gw.url
+        assert (await call(srv.path, "stop", {"worker": 0}))["ok"] is True
+        st = (await call(srv.path, "status"))["result"]
+        assert st["gateway"]["members"] == 1
+        w0 = st["workers"][0]
+        assert (w0["state"], w0["in_gateway"], w0["last_drain_seconds"]) == (
+            "stopped",
+            False,
+            ops.step,
+        )
+        ep = (await call(srv.path, "endpoints"))["result"]
+        assert ep == {
+            "endpoints": [{"worker": 1, "base_url": "http://127.0.0.1:30001"}],
+            "gateway": "http://127.0.0.1:8000",
+        }
+    finally:
+        await srv.close()
+        await ops.aclose()
 
 
 async def test_unknown_worker_names_the_known_ones(server: ControlServer) -> None:

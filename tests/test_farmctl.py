@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,9 @@ from fake_ops import FakeOps
 from sglang_farm.cli.farmctl import Exit, cli, format_status
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.control.server import ControlServer
+from sglang_farm.farm_view import GatewayStatus
+
+GATEWAY = GatewayStatus("http://127.0.0.1:8000", up=True, members=0, errors=0)
 
 
 @dataclass
@@ -39,12 +43,12 @@ class Agent:
         self.loop.call_soon_threadsafe(fn, *a)  # type: ignore[arg-type]  # untyped *a
 
 
-@pytest.fixture
-def agent() -> Iterator[Agent]:
+@contextlib.contextmanager
+def serving(ops: FakeOps) -> Iterator[Agent]:
+    """A control socket over `ops`, served by an event loop in a thread."""
     d = tempfile.mkdtemp(prefix="sf")
     path = os.path.join(d, "control.sock")
     loop = asyncio.new_event_loop()
-    ops = FakeOps(4)
     srv = ControlServer(ops, path, None, version="0.1.0")
     started = threading.Event()
 
@@ -59,13 +63,28 @@ def agent() -> Iterator[Agent]:
         t = threading.Thread(target=serve, daemon=True)
         t.start()
         assert started.wait(10)
-        yield Agent(path, ops, loop)
-        asyncio.run_coroutine_threadsafe(srv.close(), loop).result(10)
-        asyncio.run_coroutine_threadsafe(ops.aclose(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
+        try:
+            yield Agent(path, ops, loop)
+        finally:
+            asyncio.run_coroutine_threadsafe(srv.close(), loop).result(10)
+            asyncio.run_coroutine_threadsafe(ops.aclose(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            t.join(10)
     loop.close()
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    with serving(FakeOps(4)) as a:
+        yield a
+
+
+@pytest.fixture
+def gw_agent() -> Iterator[Agent]:
+    """A farm of 4 behind a gateway: ready workers are in it; stops and restarts drain."""
+    with serving(FakeOps(4, gateway=GATEWAY)) as a:
+        yield a
 
 
 def test_status_prints_a_table_with_vram(agent: Agent) -> None:
@@ -301,3 +320,141 @@ def test_import_path_stays_light() -> None:
     assert "sglang_farm.cli.farmctl" in modules
     heavy = {"httpx", "prometheus_client", "structlog", "asyncio", "pynvml", "pystemd"}
     assert not heavy & modules, heavy & modules
+
+
+# --- the gateway and the drain -----------------------------------------------------------
+
+
+def test_status_shows_the_gateway_line_and_who_is_in_it(gw_agent: Agent) -> None:
+    assert gw_agent.run("stop", "1").exit_code == 0
+    r = gw_agent.run("status")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "farm test-farm · process runtime · rollout done · 3/4 ready"
+    assert lines[1] == "gateway http://127.0.0.1:8000 · up · routes to 3 of 4 workers"
+    assert lines[3].split()[:6] == ["WORKER", "GPU", "PORT", "STATE", "GATEWAY", "FOR"]
+    assert lines[4].split()[:5] == ["0", "0", "30000", "ready", "in"]
+    assert lines[5].split()[:5] == ["1", "1", "30001", "stopped", "out"]
+
+
+def test_status_without_a_gateway_has_no_gateway_line_or_column(agent: Agent) -> None:
+    out = agent.run("status").output
+    assert "gateway" not in out.lower()
+    assert out.splitlines()[1] == ""
+
+
+def test_format_status_shows_draining_and_a_gateway_that_does_not_answer() -> None:
+    w = {"gpus": [0], "port": 30000, "since": 995.0, "pid": 7, "restarts_total": 0}
+    text = format_status(
+        {
+            "farm": "f",
+            "runtime": "process",
+            "rollout": "done",
+            "ready": 1,
+            "now": 1000.0,
+            "workers": [
+                {**w, "id": 0, "state": "draining", "in_gateway": False},
+                {**w, "id": 1, "state": "ready", "in_gateway": True},
+            ],
+            "gpus": [],
+            "gateway": {
+                "url": "http://gw:8000",
+                "up": False,
+                "members": 1,
+                "errors": 3,
+                "last_error": "connection refused",
+            },
+        }
+    )
+    _head, gw, _, cols, draining, ready, _, note = text.splitlines()
+    assert gw == (
+        "gateway http://gw:8000 · down · routed to 1 of 2 workers when last confirmed"
+        " · 3 errors since the agent started"
+    )
+    assert cols.split() == ["WORKER", "GPU", "PORT", "STATE", "GATEWAY", "FOR", "PID", "RESTARTS"]
+    assert draining.split() == ["0", "0", "30000", "draining", "out", "5s", "7", "0"]
+    assert ready.split()[3:5] == ["ready", "in"]
+    assert note == (
+        "gateway http://gw:8000 is not answering: connection refused; "
+        "the farm keeps supervising its workers and retries"
+    )
+
+
+def test_restart_drains_by_default_and_shows_the_draining_phase(gw_agent: Agent) -> None:
+    gw_agent.ops.step = 0.3  # each phase outlasts the server's 0.1 s look at the view
+    r = gw_agent.run("restart", "2")
+    assert r.exit_code == 0, r.output
+    out = r.output.splitlines()
+    assert out[0] == "restart issued for worker 2"
+    assert any(ln.startswith("worker 2: draining") for ln in out)
+    assert out[-1].startswith("worker 2: ready after")
+    assert gw_agent.ops.drains == [("restart", (2,), True)]
+
+
+def test_restart_no_drain_says_so_and_reaches_the_agent(gw_agent: Agent) -> None:
+    r = gw_agent.run("restart", "3", "--no-drain")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "restart issued for worker 3 (no drain)"
+    assert not any("draining" in ln for ln in r.output.splitlines())
+    assert gw_agent.ops.drains == [("restart", (3,), False)]
+
+
+def test_stop_no_drain_says_so_and_reaches_the_agent(gw_agent: Agent) -> None:
+    r = gw_agent.run("stop", "all", "--no-drain")
+    assert r.exit_code == 0 and r.output == "stopped workers 0, 1, 2, 3 (no drain)\n"
+    assert gw_agent.run("stop", "1").output == "stopped worker 1\n"
+    assert gw_agent.ops.drains == [("stop", (0, 1, 2, 3), False), ("stop", (1,), True)]
+
+
+def test_no_drain_is_documented_and_only_on_stop_and_restart(agent: Agent) -> None:
+    for cmd in ("stop", "restart"):
+        help_text = " ".join(agent.run(cmd, "--help").output.split())
+        assert (
+            "--no-drain Skip the gateway drain: the worker is stopped while requests may still "
+            "be running." in help_text
+        )
+    r = agent.run("start", "1", "--no-drain")
+    assert r.exit_code == Exit.USAGE
+    assert "No such option" in r.stderr and "--no-drain" in r.stderr
+    assert agent.ops.calls == []
+
+
+def test_restart_json_is_raw_with_or_without_no_drain(gw_agent: Agent) -> None:
+    r = gw_agent.run("--json", "restart", "0", "--no-drain", "--no-wait")
+    assert r.exit_code == 0
+    assert set(json.loads(r.output)) == {"workers", "issued_at"}
+
+
+def test_why_says_a_worker_is_draining(gw_agent: Agent) -> None:
+    gw_agent.ops.step = 5.0
+    assert gw_agent.run("restart", "1", "--no-wait").exit_code == 0
+    lines = gw_agent.run("why", "1").output.splitlines()
+    assert lines[0] == "worker 1: draining for 0s"
+    assert lines[1] == (
+        "draining before a planned stop: it is out of the gateway; the farm waits for its "
+        "running and queued requests to finish, at most the drain budget "
+        "([gateway] drain_timeout), then stops it (and starts it again if this is a restart)"
+    )
+    assert lines[2] == "no failure recorded"
+
+
+def test_endpoints_list_workers_and_the_gateway_only_when_asked(gw_agent: Agent) -> None:
+    assert gw_agent.run("stop", "0").exit_code == 0
+    r = gw_agent.run("endpoints")
+    assert r.exit_code == 0
+    assert r.output == "http://127.0.0.1:30001\nhttp://127.0.0.1:30002\nhttp://127.0.0.1:30003\n"
+    r = gw_agent.run("endpoints", "--gateway")
+    assert r.exit_code == 0 and r.output == "http://127.0.0.1:8000\n"
+    raw = json.loads(gw_agent.run("--json", "endpoints").output)
+    assert raw["gateway"] == "http://127.0.0.1:8000" and len(raw["endpoints"]) == 3
+
+
+def test_endpoints_gateway_without_one_exits_1_and_says_what_to_do(agent: Agent) -> None:
+    assert len(agent.run("endpoints").output.splitlines()) == 4
+    r = agent.run("endpoints", "--gateway")
+    assert r.exit_code == Exit.FAILED and r.stdout == ""
+    assert r.stderr == (
+        "farmctl: this farm has no gateway ([gateway] is off in its config); switch it on "
+        "as docs/gateway.md says, or use the workers' URLs (farmctl endpoints)\n"
+    )
+    assert json.loads(agent.run("--json", "endpoints").output)["gateway"] is None

@@ -241,18 +241,36 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
+def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
+    """`gateway URL · up · routes to N of M workers` (and the error count, if any)."""
+    members = int(gw.get("members") or 0)
+    if gw.get("up"):
+        state = f"up · routes to {members} of {n_workers} workers"
+    else:
+        state = f"down · routed to {members} of {n_workers} workers when last confirmed"
+    errors = int(gw.get("errors") or 0)
+    if errors:
+        state += f" · {errors} error{'s' if errors != 1 else ''} since the agent started"
+    return f"gateway {gw.get('url')} · {state}"
+
+
 def format_status(st: Mapping[str, Any]) -> str:
-    """The `farmctl status` text: a header line, a table, and one line per failure."""
+    """The `farmctl status` text: a header line, the gateway's line when there is one,
+    a table, and one line per failure (and for a gateway that does not answer)."""
     now = float(st.get("now") or time.time())
     workers: list[Mapping[str, Any]] = st.get("workers", [])
     gpus = {int(g["index"]): g for g in st.get("gpus", [])}
     has_queue = any("queue_depth" in w for w in workers)
+    gw: Mapping[str, Any] | None = st.get("gateway")
     head = (
         f"farm {st.get('farm')} · {st.get('runtime')} runtime · rollout {st.get('rollout')}"
         + (f" ({st['rollout_reason']})" if st.get("rollout_reason") else "")
         + f" · {st.get('ready', 0)}/{len(workers)} ready"
     )
-    cols = ["WORKER", "GPU", "PORT", "STATE", "FOR", "PID", "RESTARTS"]
+    cols = ["WORKER", "GPU", "PORT", "STATE"]
+    if gw is not None:
+        cols.append("GATEWAY")  # in: the gateway confirmed it routes to the worker
+    cols += ["FOR", "PID", "RESTARTS"]
     if has_queue:
         cols.append("QUEUE")
     if gpus:
@@ -265,6 +283,7 @@ def format_status(st: Mapping[str, Any]) -> str:
             ",".join(str(g) for g in w.get("gpus", [])),
             str(w.get("port", "")),
             str(w.get("state", "")),
+            *(["in" if w.get("in_gateway") else "out"] if gw is not None else []),
             _duration(now - float(w["since"])) if w.get("since") else "-",
             str(w["pid"]) if w.get("pid") else "-",
             _restarts(w),
@@ -279,7 +298,13 @@ def format_status(st: Mapping[str, Any]) -> str:
         if f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
-    out = [head, "", _table(rows)]
+    if gw is not None and not gw.get("up"):
+        why = f": {gw['last_error']}" if gw.get("last_error") else ""
+        notes.append(
+            f"gateway {gw.get('url')} is not answering{why}; the farm keeps supervising "
+            "its workers and retries"
+        )
+    out = [head, *([_gateway_line(gw, len(workers))] if gw is not None else []), "", _table(rows)]
     if notes:
         out += ["", *notes]
     return "\n".join(out)
@@ -288,7 +313,11 @@ def format_status(st: Mapping[str, Any]) -> str:
 @cli.command()
 @pass_ctl
 def status(ctl: Ctl) -> None:
-    """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM."""
+    """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM.
+
+    With a gateway: its URL, whether it answers, how many workers it routes to,
+    and a GATEWAY column (in/out) per worker.
+    """
     if (st := ctl.query("status")) is not None:
         click.echo(format_status(st))
 
@@ -332,8 +361,14 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
         raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
 
 
-def _change(ctl: Ctl, cmd: str, target: int | str) -> tuple[list[int], float]:
-    res = ctl.call(cmd, {"worker": target}, timeout=CHANGE_TIMEOUT)
+def _change(
+    ctl: Ctl, cmd: str, target: int | str, *, drain: bool = True
+) -> tuple[list[int], float]:
+    args: dict[str, object] = {"worker": target}
+    if not drain:
+        # Sent only when asked for: an agent older than the argument still takes the rest.
+        args["drain"] = False
+    res = ctl.call(cmd, args, timeout=CHANGE_TIMEOUT)
     if ctl.as_json:
         ctl.emit_json(res)
     return list(res.get("workers", [])), float(res.get("issued_at", 0.0))
@@ -357,19 +392,33 @@ def _who(ids: Sequence[int]) -> str:
     return f"worker{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids) or '(none)'}"
 
 
+_no_drain_option = click.option(
+    "--no-drain",
+    is_flag=True,
+    help="Skip the gateway drain: the worker is stopped while requests may still be running.",
+)
+
+
+def _drain_note(no_drain: bool) -> str:
+    return " (no drain)" if no_drain else ""
+
+
 @cli.command()
 @click.argument("target", metavar="N|all", callback=_target)
 @click.option("--no-wait", is_flag=True, help="Return once the restart is issued.")
 @_timeout_option("Seconds to wait for ready (for 'all': for every worker together).")
+@_no_drain_option
 @pass_ctl
-def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float) -> None:
+def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float, no_drain: bool) -> None:
     """Restart worker TARGET (an id, or 'all' in waves) and wait until it is ready.
 
+    With a gateway, each worker is drained first: taken out of the gateway, then
+    restarted once its requests are done (at most [gateway] drain_timeout).
     Exits 3 if a worker ends failed, 1 if it is not ready within --timeout.
     """
-    ids, issued_at = _change(ctl, "restart", target)
+    ids, issued_at = _change(ctl, "restart", target, drain=not no_drain)
     if not ctl.as_json:
-        click.echo(f"restart issued for {_who(ids)}")
+        click.echo(f"restart issued for {_who(ids)}{_drain_note(no_drain)}")
     if not no_wait:
         _wait_ready(ctl, ids, issued_at, timeout)
 
@@ -390,12 +439,17 @@ def start(ctl: Ctl, target: int | str, wait: bool, timeout: float) -> None:
 
 @cli.command()
 @click.argument("target", metavar="N|all", callback=_target)
+@_no_drain_option
 @pass_ctl
-def stop(ctl: Ctl, target: int | str) -> None:
-    """Stop worker TARGET (an id, or 'all'); returns once it has exited."""
-    ids, _ = _change(ctl, "stop", target)
+def stop(ctl: Ctl, target: int | str, no_drain: bool) -> None:
+    """Stop worker TARGET (an id, or 'all'); returns once it has exited.
+
+    With a gateway, each worker is drained first: taken out of the gateway, then
+    stopped once its requests are done (at most [gateway] drain_timeout).
+    """
+    ids, _ = _change(ctl, "stop", target, drain=not no_drain)
     if not ctl.as_json:
-        click.echo(f"stopped {_who(ids)}")
+        click.echo(f"stopped {_who(ids)}{_drain_note(no_drain)}")
 
 
 @cli.command("reset-oom")
@@ -485,11 +539,22 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
 @click.argument("worker", type=WORKER)
 @pass_ctl
 def why(ctl: Ctl, worker: int) -> None:
-    """Explain WORKER's last failure: the log lines, what the farm did, what to do."""
+    """Explain WORKER's last failure: the log lines, what the farm did, what to do.
+
+    Also says what its state means when the name alone does not (draining; ready
+    but not in the gateway).
+    """
     r = ctl.query("why", {"worker": worker})
     if r is None:
         return
-    click.echo(f"worker {worker}: {r.get('state')}")
+    state = r.get("state")
+    since = r.get("since")
+    for_how_long = (
+        f" for {_duration(time.time() - float(since))}" if state == "draining" and since else ""
+    )
+    click.echo(f"worker {worker}: {state}{for_how_long}")
+    if r.get("state_note"):
+        click.echo(str(r["state_note"]))
     f = r.get("last_failure")
     if not f:
         click.echo("no failure recorded")
@@ -513,11 +578,33 @@ def why(ctl: Ctl, worker: int) -> None:
 
 
 @cli.command()
+@click.option(
+    "--gateway",
+    "gateway_only",
+    is_flag=True,
+    help="Print only the gateway's URL, the one URL for users (exit 1 if there is none).",
+)
 @pass_ctl
-def endpoints(ctl: Ctl) -> None:
-    """Print the base URL of every ready worker, one per line."""
-    if (r := ctl.query("endpoints")) is not None:
+def endpoints(ctl: Ctl, gateway_only: bool) -> None:
+    """Print the base URL of every ready worker, one per line.
+
+    The gateway is not a worker and is not listed (farmctl status shows it);
+    --gateway prints its URL alone:
+
+    \b
+        curl "$(farmctl endpoints --gateway)/v1/models"
+    """
+    if (r := ctl.query("endpoints")) is None:
+        return
+    if not gateway_only:
         click.echo("".join(f"{e['base_url']}\n" for e in r.get("endpoints", [])), nl=False)
+        return
+    if not r.get("gateway"):
+        raise Failed(
+            "this farm has no gateway ([gateway] is off in its config); switch it on "
+            "as docs/gateway.md says, or use the workers' URLs (farmctl endpoints)"
+        )
+    click.echo(r["gateway"])
 
 
 @cli.command()

@@ -23,8 +23,9 @@ from sglang_farm.paths import DEFAULT_SOCKET
 
 # Read-only answers come from state the agent already holds: seconds are plenty.
 DEFAULT_TIMEOUT = 15.0
-# stop waits for the process tree to exit (SIGKILL after restart.stop_timeout,
-# 60 s by default), once per wave for "all".
+# stop drains each worker first (at most [gateway] drain_timeout, 60 s by default),
+# then waits for the process tree to exit (SIGKILL after restart.stop_timeout,
+# 60 s by default).
 CHANGE_TIMEOUT = 900.0
 
 

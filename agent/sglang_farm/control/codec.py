@@ -96,9 +96,17 @@ class NoArgs:
 
 @dataclass(frozen=True, slots=True)
 class TargetArgs:
-    """`start`/`stop`/`restart`: one worker id, or every worker."""
+    """`start`: one worker id, or every worker."""
 
     worker: int | Literal["all"]
+
+
+@dataclass(frozen=True, slots=True)
+class StopArgs:
+    """`stop`/`restart`: one worker id or every worker; `drain` False skips the gateway drain."""
+
+    worker: int | Literal["all"]
+    drain: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +132,7 @@ class WaitArgs:
     after: float = 0.0
 
 
-Args = NoArgs | TargetArgs | WorkerArgs | LogsArgs | WaitArgs
+Args = NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +214,8 @@ class _ArgError(Exception):
 
 _ALLOWED: Final[Mapping[Command, frozenset[str]]] = {
     Command.START: frozenset({"worker"}),
-    Command.STOP: frozenset({"worker"}),
-    Command.RESTART: frozenset({"worker"}),
+    Command.STOP: frozenset({"worker", "drain"}),
+    Command.RESTART: frozenset({"worker", "drain"}),
     Command.WHY: frozenset({"worker"}),
     Command.RESET_OOM: frozenset({"worker"}),
     Command.LOGS: frozenset({"worker", "lines", "follow"}),
@@ -221,16 +229,15 @@ def _parse_args(cmd: Command, args: dict[str, object]) -> Args:
     if extra:
         accepted = f"accepted: {', '.join(sorted(allowed))}" if allowed else "it takes no arguments"
         raise _ArgError(f"unknown arguments {extra}; {accepted}")
-    if cmd in (Command.START, Command.STOP, Command.RESTART):
+    if cmd is Command.START:
         return TargetArgs(_target(args))
+    if cmd in (Command.STOP, Command.RESTART):
+        return StopArgs(_target(args), _bool(args, "drain", True))
     if cmd in (Command.WHY, Command.RESET_OOM):
         return WorkerArgs(_worker(args))
     if cmd is Command.LOGS:
         lines = _int(args, "lines", 100, 0, MAX_LOG_LINES)
-        follow = args.get("follow", False)
-        if not isinstance(follow, bool):
-            raise _ArgError(f"'follow' must be true or false, got {follow!r}")
-        return LogsArgs(_worker(args), lines, follow)
+        return LogsArgs(_worker(args), lines, _bool(args, "follow", False))
     if cmd is Command.WAIT_READY:
         timeout = _number(args, "timeout", 300.0)
         if not 0 < timeout <= MAX_WAIT_SECONDS:
@@ -266,6 +273,13 @@ def _int(args: Mapping[str, object], key: str, default: int, lo: int, hi: int) -
     v = args.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise _ArgError(f"{key!r} must be an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _bool(args: Mapping[str, object], key: str, default: bool) -> bool:
+    v = args.get(key, default)
+    if not isinstance(v, bool):
+        raise _ArgError(f"{key!r} must be true or false, got {v!r}")
     return v
 
 

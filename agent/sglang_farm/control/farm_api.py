@@ -48,12 +48,20 @@ class FarmOps(Protocol):
         """Ask for these workers to run; returns once the request is recorded."""
         ...
 
-    async def stop(self, worker_ids: Sequence[int]) -> None:
-        """Stop these workers; returns once they have exited."""
+    async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        """Stop these workers; returns once they have exited.
+
+        With a gateway, a serving worker is drained first: taken out of the gateway,
+        then stopped once its requests are done or `[gateway] drain_timeout` is spent.
+        `drain=False` skips the drain: the worker is stopped at once, requests and all.
+        """
         ...
 
-    async def restart(self, worker_ids: Sequence[int]) -> None:
-        """Restart these workers one wave at a time (never all at once); returns when issued."""
+    async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        """Restart these workers one wave at a time (never all at once); returns when issued.
+
+        Each is drained first as in `stop`; `drain=False` skips the drain.
+        """
         ...
 
     async def logs(self, worker_id: int, lines: int) -> Sequence[str]:

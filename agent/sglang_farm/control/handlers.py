@@ -35,6 +35,7 @@ from sglang_farm.control.codec import (
     Request,
     RequestError,
     RequestId,
+    StopArgs,
     TargetArgs,
     WaitArgs,
     WorkerArgs,
@@ -115,7 +116,8 @@ class Handlers:
             ) from None
 
     def _targets(self, req: Request) -> list[int]:
-        assert isinstance(req.args, TargetArgs)  # the codec pairs each command with its args
+        # the codec pairs each command with its args
+        assert isinstance(req.args, TargetArgs | StopArgs)
         view = self._ops.view()
         if req.args.worker == "all":
             return [w.id for w in view.workers]
@@ -161,7 +163,8 @@ class Handlers:
 
     async def _why(self, req: Request, channel: Channel) -> Result:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
-        return results.why_result(self._known(self._ops.view(), req.args.worker, req.id))
+        view = self._ops.view()
+        return results.why_result(self._known(view, req.args.worker, req.id), view.gateway)
 
     async def _logs(self, req: Request, channel: Channel) -> Result:
         a = req.args
@@ -229,10 +232,17 @@ class Handlers:
         return await self._change(req, self._ops.start)
 
     async def _stop(self, req: Request, channel: Channel) -> Result:
-        return await self._change(req, self._ops.stop)
+        drain = self._drain(req)
+        return await self._change(req, lambda ids: self._ops.stop(ids, drain=drain))
 
     async def _restart(self, req: Request, channel: Channel) -> Result:
-        return await self._change(req, self._ops.restart)
+        drain = self._drain(req)
+        return await self._change(req, lambda ids: self._ops.restart(ids, drain=drain))
+
+    @staticmethod
+    def _drain(req: Request) -> bool:
+        assert isinstance(req.args, StopArgs)  # the codec pairs each command with its args
+        return req.args.drain
 
     async def _change(self, req: Request, op: Callable[[Sequence[int]], Awaitable[None]]) -> Result:
         ids = self._targets(req)

@@ -4,8 +4,8 @@ Each function turns what the agent reports (`FarmView`, `WorkerView`,
 `GpuMemory`, `ReloadResult`) into the JSON-ready object a reply carries in
 `result` (or, for `phase_payload`, in a stream message). Key names and their
 order are part of protocol version 1: docs/control-protocol.md lists them, and
-removing or renaming one bumps `codec.PROTOCOL_VERSION`. No I/O, no clock: times
-are passed in.
+removing or renaming one bumps `codec.PROTOCOL_VERSION`; a new key goes after
+the existing ones and keeps the version. No I/O, no clock: times are passed in.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.farm_view import FarmView, Phase, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
 
 Result = dict[str, object]
 
@@ -40,6 +40,21 @@ def worker_result(w: WorkerView) -> Result:
         "oom_step": w.oom_step,
         "oom_step_name": w.oom_step_name,
         "last_load_seconds": w.last_load_seconds,
+        "in_gateway": w.in_gateway,
+        "last_drain_seconds": w.last_drain_seconds,
+    }
+
+
+def gateway_result(g: GatewayStatus | None) -> Result | None:
+    """The farm's gateway as `status` reports it; None when the farm has none."""
+    if g is None:
+        return None
+    return {
+        "url": g.url,
+        "up": g.up,
+        "members": g.members,
+        "errors": g.errors,
+        "last_error": g.last_error,
     }
 
 
@@ -57,7 +72,8 @@ def status_result(
     now: float,
     queues: Mapping[int, float] | None = None,
 ) -> Result:
-    """`status`: the farm, every worker (with `queue_depth` where known) and VRAM per GPU."""
+    """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
+    and the gateway (null without one)."""
     return {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
@@ -74,6 +90,7 @@ def status_result(
             {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
             for g in gpus
         ],
+        "gateway": gateway_result(view.gateway),
     }
 
 
@@ -81,8 +98,40 @@ def version_result(version: str) -> Result:
     return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
 
 
-def why_result(w: WorkerView) -> Result:
-    """`why`: the worker's last failure with its advice, and what the agent did about it."""
+def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
+    """What the worker's state means now, where the state name alone does not say; else None.
+
+    Built only from the view: a draining worker's `since` is when its drain began, and
+    `in_gateway` is what the gateway last confirmed.
+    """
+    if w.phase is Phase.DRAINING:
+        # As drain.watch_drain goes: out of the gateway (or the gateway down, routing
+        # nothing) first, then the worker's own running + queued count.
+        if not w.in_gateway:
+            where = "it is out of the gateway; the farm waits"
+        elif gateway is not None and not gateway.up:
+            where = "the gateway is not answering (it routes nothing); the farm waits"
+        else:
+            where = "the farm is taking it out of the gateway (not confirmed yet), then waits"
+        return (
+            f"draining before a planned stop: {where} for its running and queued requests "
+            "to finish, at most the drain budget ([gateway] drain_timeout), then stops it "
+            "(and starts it again if this is a restart)"
+        )
+    if w.phase is Phase.READY and gateway is not None and not w.in_gateway:
+        if not gateway.up:
+            return (
+                f"ready, but not in the gateway: the gateway at {gateway.url} is not answering"
+                + (f" ({gateway.last_error})" if gateway.last_error else "")
+                + "; the farm retries and adds it when the gateway is back"
+            )
+        return "ready, but not in the gateway yet: the farm is adding it"
+    return None
+
+
+def why_result(w: WorkerView, gateway: GatewayStatus | None = None) -> Result:
+    """`why`: the worker's last failure with its advice, what the agent did about it,
+    and what its state means now (`state_note`: draining, or ready but out of the gateway)."""
     f = w.last_failure
     return {
         "worker": w.id,
@@ -95,13 +144,17 @@ def why_result(w: WorkerView) -> Result:
         "oom_step": w.oom_step,
         "oom_step_name": w.oom_step_name,
         "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
+        "in_gateway": w.in_gateway,
+        "state_note": state_note(w, gateway),
     }
 
 
 def endpoints_result(view: FarmView) -> Result:
-    """`endpoints`: the base URL of every ready worker (what a router balances over)."""
+    """`endpoints`: the base URL of every ready worker (what a router balances over),
+    and the gateway's URL (the one URL for users; null without a gateway)."""
     return {
-        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready]
+        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready],
+        "gateway": view.gateway.url if view.gateway is not None else None,
     }
 
 
