@@ -4,7 +4,8 @@ Prints the table and writes bench/results/<date>.json.
 
 Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the docs),
 `--no-64` (skip the 64-worker farm), `--only systemd` (just the reaction times under
-systemd, in the throwaway container), `--out PATH`.
+systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
+(just the front door: the gateway under load), `--out PATH`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import control, farmrun, footprint, reaction, scrape, sdreaction, simload, synthetic
+from bench import (
+    control,
+    farmrun,
+    footprint,
+    frontdoor,
+    reaction,
+    scrape,
+    sdreaction,
+    simload,
+    synthetic,
+)
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio
 from bench.table import markdown, rows
@@ -217,9 +228,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-64", dest="no64", action="store_true")
-    ap.add_argument("--only", choices=["systemd"])
+    ap.add_argument("--only", choices=["systemd", "frontdoor"])
+    ap.add_argument("what", nargs="?", choices=["frontdoor", "systemd"], help="same as --only")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    a.only = a.only or a.what
     t0 = time.monotonic()
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "quick": a.quick}
     results["machine"] = machine()
@@ -229,6 +242,9 @@ def main() -> int:
     if a.only == "systemd":
         systemd_reactions(results, a.quick)
         return finish(a, results, t0, suffix="-systemd")
+    if a.only == "frontdoor":
+        section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
+        return finish(a, results, t0, suffix="-frontdoor")
     say("in-process /metrics formatting on hand-built states of 8 and 64 workers")
     results["format"] = {
         "8": synthetic.format_cost(8, 100 if a.quick else 500),
@@ -252,6 +268,7 @@ def main() -> int:
     systemd_reactions(results, a.quick)
     if not a.no64:
         section(results, "farm64", lambda: farm64(a.quick))
+    section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
     return finish(a, results, t0)
 
 

@@ -275,6 +275,7 @@ def rows(r: dict[str, Any]) -> list[Row]:
                 )
             )
     out += _systemd_rows(r.get("reaction_systemd"))
+    out += _frontdoor_rows(r.get("frontdoor"))
     return out
 
 
@@ -345,6 +346,113 @@ def _systemd_rows(sd: dict[str, Any] | None) -> list[Row]:
                 h["stop_to_restart_issued_s"]["max"] <= h["target_s"],
             )
         )
+    return out
+
+
+def _failed(d: dict[str, Any]) -> str:
+    why = "; ".join(f"{k}: {v}" for k, v in d["reasons"].items())
+    retried = (
+        f"; smg retried {d['gateway_retries']} on another worker" if "gateway_retries" in d else ""
+    )
+    return f"{d['failed']} of {d['requests']}" + (f" ({why})" if why else "") + retried
+
+
+def _frontdoor_rows(fd: dict[str, Any] | None) -> list[Row]:
+    """The front door under load (bench/frontdoor.py): failed requests, crash routing, latency."""
+    if not fd:
+        return []
+    if "error" in fd:
+        return [Row("6 front door", "benchmark failed", fd["error"])]
+    out: list[Row] = []
+    need = fd["config"]["min_requests"]
+    for key, label, target in (
+        ("restart_drain", "`farmctl restart all`, drain on", True),
+        ("restart_no_drain", "`farmctl restart all --no-drain`", False),
+        ("reload", "`farmctl reload` of a flag change for every worker (drain on)", True),
+    ):
+        d = fd.get(key)
+        if not d:
+            continue
+        if "error" in d:
+            out.append(Row("6 front door", f"{label}: failed", d["error"]))
+            continue
+        enough = d["requests"] >= need
+        out.append(
+            Row(
+                "6 front door",
+                f"{label}: failed requests ({d['rounds']} round(s), {sum(d['round_s']):.0f} s)",
+                _failed(d),
+                f"0 of ≥ {need}" if target else "",
+                (d["failed"] == 0 and enough) if target else None,
+            )
+        )
+        out.append(
+            Row(
+                "6 front door",
+                f"{label}: fewest workers ready in the gateway / latency",
+                f"{d['min_ready_in_gateway']} of {d['workers']} (parallel {d['parallel']}); "
+                + _ms(d["latency_ms"]),
+                f"≥ {d['workers'] - d['parallel']}",
+                d["min_ready_in_gateway"] is not None
+                and d["min_ready_in_gateway"] >= d["workers"] - d["parallel"],
+            )
+        )
+    k = fd.get("kill")
+    if k and "error" in k:
+        out.append(Row("6 front door", "kill -9 of a worker: failed", k["error"]))
+    elif k:
+        n = len(k["kills"])
+        out.append(
+            Row(
+                "6 front door",
+                f"kill -9 of a worker's main process ({n}×): failed requests",
+                _failed(k),
+            )
+        )
+        out.append(
+            Row(
+                "6 front door",
+                "  kill → farm recorded the crash (`worker_exited`)",
+                _s(k["kill_to_recorded_s"]),
+            )
+        )
+        out.append(
+            Row(
+                "6 front door",
+                "  crash recorded → gateway no longer lists it ready (GET /workers)",
+                _s(k["recorded_to_not_ready_in_gateway_s"]),
+                "≤ 1 s",
+                k["recorded_to_not_ready_in_gateway_s"].get("max", 99) <= 1,
+            )
+        )
+        lr = k["recorded_to_last_routed_s"]
+        out.append(
+            Row(
+                "6 front door",
+                "  crash recorded → last request smg routed to it (`smg_worker_requests_total`)",
+                _s(lr) if lr.get("n") else "none routed after the kill",
+                "≤ 1 s",
+                lr.get("max", -1) <= 1,
+            )
+        )
+    lat = fd.get("latency")
+    if lat and "error" in lat:
+        out.append(Row("6 front door", "gateway latency: failed", lat["error"]))
+    elif lat:
+        for key, label in (
+            ("gateway", "light load (2 clients), through the gateway"),
+            ("direct", "light load, straight to worker 0"),
+            ("direct_nodelay", "light load, straight to a simulator with Nagle off"),
+        ):
+            out.append(Row("6 front door", label, _ms(lat[key]["latency_ms"])))
+        for key, label in (("direct", "worker 0"), ("direct_nodelay", "Nagle-off simulator")):
+            out.append(
+                Row(
+                    "6 front door",
+                    f"gateway ÷ direct to {label} (p50; p99 {lat[f'ratio_p99_{key}']:.2f}×)",
+                    f"{lat[f'ratio_p50_{key}']:.2f}×",
+                )
+            )
     return out
 
 

@@ -539,6 +539,22 @@ def test_per_token_delay_makes_a_longer_request_take_longer(sims: StartSim) -> N
     assert took[5] < took[60] / 3
 
 
+def test_kept_alive_requests_are_not_held_back_by_nagle(sims: StartSim) -> None:
+    """SGLang's server (uvicorn) sets TCP_NODELAY: a small reply on a kept-alive connection
+    must not wait for the client's delayed ACK (~40 ms on Linux) between head and body."""
+    sim = sims(env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.001"})
+    sim.wait_ready()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    took = []
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        for _ in range(12):
+            t = time.monotonic()
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            took.append(time.monotonic() - t)
+    took.sort()
+    assert took[len(took) // 2] < 0.030, took
+
+
 @pytest.mark.slow
 def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims: StartSim) -> None:
     env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}

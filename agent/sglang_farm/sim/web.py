@@ -157,6 +157,8 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # As uvicorn (SGLang's server) does: no Nagle stall between a reply's head and body.
+        disable_nagle_algorithm = True
         server_version = "uvicorn"
         sys_version = ""
 
