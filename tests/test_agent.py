@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,8 @@ from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakeProber, FakeRuntime
 from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.config import load_spec
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.launcher import Preflight
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
@@ -113,6 +115,8 @@ async def farm(
     running: dict[int, Running] | None = None,
     loader: Callable[[], FarmSpec] | None = None,
     gateway: FakeGateway | None = None,
+    preflight: Preflight | None = None,
+    refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
 ) -> AsyncIterator[Farm]:
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
@@ -138,6 +142,8 @@ async def farm(
             port_is_free=lambda _h, _p: True,
             gateway=gw if spec.gateway.enabled else None,
             in_flight=in_flight,
+            preflight=preflight,
+            refresh_preflight=refresh,
         ),
     )
     stop = asyncio.Event()
@@ -444,5 +450,94 @@ def test_gateway_down_keeps_supervising_and_reconciles_when_back(tmp: Path) -> N
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up and view.gateway.members == 8
             assert ("remove", other) not in f.gateway.calls
+
+    run_virtual(scenario())
+
+
+# ---- hardening (issue 15) -------------------------------------------------------------------
+
+
+def test_changes_wait_until_state_is_restored_and_workers_adopted(tmp: Path) -> None:
+    """#7: a stop issued while the agent restores and adopts would be saved over the
+    remembered state; until then the agent says why changes must wait."""
+    release = asyncio.Event()
+
+    async def scenario() -> None:
+        async with farm(tmp, running={0: Running(0, 4242, True)}) as f:
+            original = f.runtime.adopt
+
+            async def slow_adopt() -> Mapping[int, Running]:
+                await release.wait()
+                return await original()
+
+            # Replaced before the agent's run reaches it (its task has not run yet).
+            f.runtime.adopt = slow_adopt  # type: ignore[method-assign]  # a slow D-Bus
+            await asyncio.sleep(5)
+            pending = f.agent.startup_pending()
+            assert pending is not None and "adopting" in pending
+            release.set()
+            await f.until(lambda: f.agent.startup_pending() is None, within=5)
+
+    run_virtual(scenario())
+
+
+def test_a_start_after_the_fix_judges_the_preflight_anew(tmp: Path) -> None:
+    """#9: the doctor's verdict is re-gathered at an operator's start and at a reload."""
+    world = {"broken": {3}}
+    report = {"broken": set(world["broken"])}
+
+    def preflight(spec: FarmSpec, worker: int) -> list[Failure]:
+        if worker in report["broken"]:
+            return [Failure(FailureKind.PREFLIGHT, "preflight model: missing", "fix the path")]
+        return []
+
+    async def refresh(spec: FarmSpec) -> None:
+        report["broken"] = set(world["broken"])
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(farm_toml(tmp), source="test.toml")  # noqa: E731 -- one-liner
+        async with farm(tmp, preflight=preflight, refresh=refresh, loader=loader) as f:
+            await f.until(lambda: f.phase(3) is Phase.FAILED and f.phase(2) is Phase.READY)
+            world["broken"] = set()  # the operator fixed the model path
+            await f.agent.start([3])
+            await f.until(lambda: f.phase(3) is Phase.READY, within=60)
+            world["broken"] = {5}  # a reload brings a new problem for worker 5
+            result = await f.agent.reload()
+            assert result.applied
+            await f.agent.restart([5])
+            await f.until(lambda: f.phase(5) is Phase.FAILED, within=60)
+
+    run_virtual(scenario())
+
+
+def test_overlapping_reloads_restart_each_changed_worker_once(tmp: Path) -> None:
+    """#13: two reloads at once (SIGHUP and farmctl) are applied one after the other."""
+    new_text = farm_toml(tmp, sglang="max_running_requests = 16")
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
+        async with farm(tmp, loader=loader) as f:
+            await f.until(f.all_ready)
+            first, second = await asyncio.gather(f.agent.reload(), f.agent.reload())
+            assert first.restarted == tuple(range(8)) and second.restarted == ()
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
+            await f.until(f.all_ready)
+            await asyncio.sleep(60)
+            assert all(f.runtime.starts_of(w) == 2 for w in range(8))
+
+    run_virtual(scenario())
+
+
+def test_a_restart_racing_the_removal_of_its_worker_leaves_nothing_running(tmp: Path) -> None:
+    """#13: a worker a reload removes is never restarted behind the farm's back."""
+    new_text = farm_toml(tmp, workers=6)
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
+        async with farm(tmp, loader=loader) as f:
+            await f.until(f.all_ready)
+            await asyncio.gather(f.agent.reload(), f.agent.restart([7]))
+            await asyncio.sleep(60)
+            assert set(f.runtime.procs) == set(range(6))  # nothing of 6 or 7 still runs
 
     run_virtual(scenario())

@@ -2,17 +2,20 @@
 
 When nothing is ready to run, the loop would block in select() until the next timer;
 here it jumps its clock to that timer instead. Only for code with no real I/O to wait
-on (fakes only): a real socket or thread would be outrun by the virtual clock.
+on (fakes only): a real socket would be outrun by the virtual clock, so work handed to
+a thread (`asyncio.to_thread`) runs inline instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -38,6 +41,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.now
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[*Ts], T], *args: *Ts
+    ) -> asyncio.Future[T]:
+        """Inline, at once: a real thread would be outrun by the virtual clock."""
+        fut: asyncio.Future[T] = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except BaseException as exc:  # handed to the awaiting coroutine, as a thread's would be
+            fut.set_exception(exc)
+        return fut
 
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:

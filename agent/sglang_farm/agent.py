@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,9 @@ class AgentHooks:
     gateway: Gateway | None = None
     in_flight: InFlight | None = None
     preflight: Preflight | None = None
+    # Re-gather the doctor's facts for this config (a reload, an operator's start): what
+    # a fixed model path or a new flag changes is judged anew, not from the start's report.
+    refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None = None
     compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
@@ -157,6 +160,11 @@ class Agent:
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
         self._tick_wake = asyncio.Event()
+        # State-changing commands wait for this: restore and adoption first (a stop issued
+        # before would be saved over the remembered state), and one reload at a time.
+        self._startup: str | None = "the agent is restoring its state and adopting running workers"
+        self._changes = asyncio.Lock()
+        self._state_dirty = asyncio.Event()
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
         self._view = self._build_view()
@@ -215,6 +223,7 @@ class Agent:
         await self.runtime.prepare(self._spec, self.flags_by_worker())
         if self._sync is not None:
             self._sync.start()
+        self.spawn(self._state_writer())
         pump = self.spawn(self._pump())
         ticker = self.spawn(self._ticker())
         for wid in self._spec.worker_ids:
@@ -231,6 +240,7 @@ class Agent:
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
         self._apply_actions(self.sup.start(start, self._clock(), fresh=False))
+        self._startup = None
         if ready is not None:
             ready()
         await stop.wait()
@@ -246,6 +256,7 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
+        await asyncio.to_thread(self._store.save, dict(self.sup.workers))  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -443,12 +454,19 @@ class Agent:
             ev = self._changed.get(wid)
             if ev is not None:
                 ev.set()
-        self._store.save(self.sup.workers)
+        self._state_dirty.set()  # written off the loop (an fsync per change: not here)
         if self._sync is not None:
             self._sync.update()
         for cb in self._hooks.observers:
             cb(self._view)
         self.spawn(self._notify_all())
+
+    async def _state_writer(self) -> None:
+        """One writer, off the event loop, always of the latest states (changes coalesce)."""
+        while True:
+            await self._state_dirty.wait()
+            self._state_dirty.clear()
+            await asyncio.to_thread(self._store.save, dict(self.sup.workers))
 
     async def _notify_all(self) -> None:
         async with self._any_change:
@@ -478,26 +496,39 @@ class Agent:
     def queue_depths(self) -> Mapping[int, float]:
         return self._hooks.stats.queue_depths()
 
+    def startup_pending(self) -> str | None:
+        """Why state-changing commands must wait now, or None (see control.handlers)."""
+        return self._startup
+
     async def start(self, worker_ids: Sequence[int]) -> None:
-        self._apply_actions(self.sup.start(list(worker_ids), self._clock()))
+        async with self._changes:
+            if self._hooks.refresh_preflight is not None:
+                await self._hooks.refresh_preflight(self._spec)
+            ids = [w for w in worker_ids if w in self.sup.workers]
+            self._apply_actions(self.sup.start(ids, self._clock()))
 
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
-        for wid in worker_ids:
-            self.feed(wid, StopRequested(drain))
+        async with self._changes:
+            ids = [w for w in worker_ids if w in self.sup.workers]
+            for wid in ids:
+                self.feed(wid, StopRequested(drain))
         budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
             lambda: all(
-                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED) for w in worker_ids
+                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                for w in ids
+                if w in self.sup.workers
             ),
             budget + self._spec.restart.stop_timeout + 15,
         )
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
-        self._apply_actions(
-            self.sup.restart_rolling(
-                list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
+        async with self._changes:
+            self._apply_actions(
+                self.sup.restart_rolling(
+                    list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
+                )
             )
-        )
 
     async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
         async def waiter() -> None:
@@ -530,6 +561,13 @@ class Agent:
         self._refresh()
 
     async def reload(self) -> ReloadResult:
+        """Apply the config file if valid. One at a time (the control socket and SIGHUP
+        alike), and worker commands wait for it: a restart racing the removal of its
+        worker would otherwise leave a process nobody tracks."""
+        async with self._changes:
+            return await self._reload()
+
+    async def _reload(self) -> ReloadResult:
         from sglang_farm.errors import ConfigError
 
         if self._config_loader is None:
@@ -541,13 +579,23 @@ class Agent:
         except ConfigError as exc:
             log.error("reload_rejected", problems=list(exc.problems))
             return ReloadResult(applied=False, problems=exc.problems)
+        if self._hooks.refresh_preflight is not None:
+            await self._hooks.refresh_preflight(new)
         old = self._spec
         plan = plan_reload(
             {w: self.command_for(w, old) for w in old.worker_ids},
             {w: self.command_for(w, new) for w in new.worker_ids},
         )
         if plan.removed:
-            await self.stop(plan.removed)
+            for wid in plan.removed:
+                self.feed(wid, StopRequested())
+            await self._wait_until(
+                lambda: all(
+                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                    for w in plan.removed
+                ),
+                old.gateway.drain_timeout + old.restart.stop_timeout + 15,
+            )
         self._spec = new
         self.sup.reconfigure(self._policy(new), plan.added, plan.removed)
         for wid in plan.removed:
@@ -565,7 +613,7 @@ class Agent:
             removed=list(plan.removed),
         )
         if plan.added:
-            await self.start(plan.added)
+            self._apply_actions(self.sup.start(list(plan.added), self._clock()))
         if plan.changed:
             self._apply_actions(
                 self.sup.restart_rolling(plan.changed, RestartReason.CONFIG, self._clock())

@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import structlog
@@ -23,11 +23,12 @@ from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
+from sglang_farm.doctor.rules import DoctorReport
 from sglang_farm.errors import ConfigError
+from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpu import GpuPoller
-from sglang_farm.launcher import Preflight
 from sglang_farm.notify import notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
@@ -113,7 +114,8 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)
-    checks = await run_preflight(spec, poller)
+    doctor = DoctorVerdict(poller)
+    await doctor.refresh(spec)
     last_status: list[str] = [""]
 
     def on_status(view: FarmView) -> None:
@@ -141,8 +143,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         config_loader=lambda: load_config(config_path, gpu_count),
         hooks=AgentHooks(
             gateway=front.client if front is not None else None,
-            preflight=checks.blocking,
-            compute_caps=checks.compute_caps,
+            preflight=doctor.blocking,
+            refresh_preflight=doctor.refresh,
+            compute_caps=doctor.compute_caps,
             observers=(on_status, to_pollers),
             stats=FarmStats(gpu_memory, queue_depths),
         ),
@@ -274,42 +277,46 @@ def agent_executable() -> str:
     return shutil.which("sglang-farm") or DEFAULT_AGENT_BIN
 
 
-@dataclass(frozen=True, slots=True)
-class PreflightResult:
-    """The doctor's verdict at start, as the agent uses it."""
+class DoctorVerdict:
+    """The doctor's checks, as the agent uses them: a worker with a blocking failure is
+    not started, and its failure (with the fix) becomes the worker's last failure, so
+    `farmctl why N` says exactly what to repair (`sglang-farm doctor` prints the same).
 
-    blocking: Preflight | None = None
-    compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
-
-
-async def run_preflight(spec: FarmSpec, poller: GpuPoller | None) -> PreflightResult:
-    """The doctor's checks once at start; a worker with a blocking failure is not started.
-
-    Its failure (with the fix) becomes the worker's last failure, so `farmctl why N`
-    says exactly what to repair. `sglang-farm doctor` prints the same report.
+    Gathered at start, and again at each reload and operator's start (`refresh`): a fixed
+    model path or a new flag is judged anew, never by the start's report.
     """
-    from sglang_farm.doctor import preflight_blocking, run_doctor
-    from sglang_farm.failures import Failure, FailureKind
-    from sglang_farm.gpu_sim import FakeGpuPoller
 
-    source = poller or FakeGpuPoller(count=0)
-    try:
-        report = await asyncio.to_thread(run_doctor, spec, source)
-    except Exception as exc:  # a doctor bug must not keep a valid farm from starting
-        log.error("preflight_crashed", error=repr(exc))
-        return PreflightResult()
-    fleet = await asyncio.to_thread(source.snapshot)
-    caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability is not None}
-    counts = report.counts()
-    log.info("preflight_done", **{str(k): v for k, v in counts.items()})
+    def __init__(self, poller: GpuPoller | None) -> None:
+        from sglang_farm.gpu_sim import FakeGpuPoller
 
-    def blocking(current: FarmSpec, worker: int) -> list[Failure]:
-        if worker not in current.worker_ids:
+        self._source: GpuPoller = poller or FakeGpuPoller(count=0)
+        self._report: DoctorReport | None = None
+        self.compute_caps: dict[int, tuple[int, int]] = {}
+
+    async def refresh(self, spec: FarmSpec) -> None:
+        from sglang_farm.doctor import run_doctor
+
+        try:
+            report = await asyncio.to_thread(run_doctor, spec, self._source)
+            fleet = await asyncio.to_thread(self._source.snapshot)
+        except Exception as exc:  # a doctor bug must not keep a valid farm from starting
+            log.error("preflight_crashed", error=repr(exc))
+            self._report = None
+            return
+        self._report = report
+        self.compute_caps.clear()
+        self.compute_caps.update(
+            {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
+        )
+        log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
+
+    def blocking(self, spec: FarmSpec, worker: int) -> list[Failure]:
+        from sglang_farm.doctor import preflight_blocking
+
+        if self._report is None or worker not in spec.worker_ids:
             return []
-        checks = preflight_blocking(current, worker, report, port_check=lambda _h, _p: None)
+        checks = preflight_blocking(spec, worker, self._report, port_check=lambda _h, _p: None)
         return [
             Failure(FailureKind.PREFLIGHT, f"preflight {c.id}: {c.message}", c.fix, ())
             for c in checks
         ]
-
-    return PreflightResult(blocking, caps)
