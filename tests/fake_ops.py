@@ -59,10 +59,11 @@ class FakeOps:
     Knobs: `issue_delay` (seconds `start`/`restart`/`stop` hold before returning),
     `step` (seconds per phase after a restart), `fail_next` (worker ids whose next
     start ends FAILED with `OOM_FAILURE`), `raise_on` (command → exception to raise),
-    `reload_result`, `gpus`. With `gateway` (its `members` is counted from the
-    workers), ready workers are in it, and a stop or restart with `drain` passes
-    through DRAINING (out of the gateway) for one `step`. `drains` records the
-    `drain` argument of every `stop` and `restart`.
+    `reload_result`, `gpus`, `startup_reason` (what `startup_pending` answers: set it
+    to play an agent still restoring its state and adopting workers). With `gateway`
+    (its `members` is counted from the workers), ready workers are in it, and a stop
+    or restart with `drain` passes through DRAINING (out of the gateway) for one
+    `step`. `drains` records the `drain` argument of every `stop` and `restart`.
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class FakeOps:
         }
         self.follow_queues: list[asyncio.Queue[str | None]] = []
         self.oom_resets: list[int] = []
+        self.startup_reason: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- FarmOps ---
@@ -106,6 +108,9 @@ class FakeOps:
             if self.gateway is None
             else replace(self.gateway, members=sum(w.in_gateway for w in self.workers.values())),
         )
+
+    def startup_pending(self) -> str | None:
+        return self.startup_reason
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
         return list(self.gpus)

@@ -192,3 +192,63 @@ def test_codec_pulls_in_no_other_project_module() -> None:
     loaded = {m for m in json.loads(out) if m.startswith("sglang_farm")}
     assert "sglang_farm.control.codec" in loaded
     assert loaded <= {"sglang_farm.control", "sglang_farm.control.codec", "sglang_farm.errors"}
+
+
+# --- numbers that json.loads would turn into a crash or a non-finite value -------------
+
+HUGE = "9" * 5000  # past CPython's int-string limit: int() raises ValueError
+LONG = "9" * 4000  # under that limit, still no worker id or request id
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f'{{"id":1,"cmd":"why","args":{{"worker":{HUGE}}}}}'.encode(),
+        f'{{"id":{HUGE},"cmd":"status"}}'.encode(),
+        f'{{"id":1,"cmd":"why","args":{{"worker":{LONG}}}}}'.encode(),
+        f'{{"id":{LONG},"cmd":"status"}}'.encode(),
+        f'{{"id":1,"cmd":"logs","args":{{"worker":1,"lines":-{HUGE}}}}}'.encode(),
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":1e400}}',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":-1e400}}',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"timeout":1e309}}',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":NaN}}',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":Infinity}}',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":-Infinity}}',
+        b'{"id":1,"cmd":"status","args":{"x":[1e999]}}',
+    ],
+    ids=[
+        "huge-int-worker",
+        "huge-int-id",
+        "long-int-worker",
+        "long-int-id",
+        "huge-negative-int",
+        "float-overflow",
+        "float-negative-overflow",
+        "float-just-over",
+        "nan-literal",
+        "infinity-literal",
+        "minus-infinity-literal",
+        "overflow-nested",
+    ],
+)
+def test_out_of_range_numbers_are_bad_request_not_a_crash(line: bytes) -> None:
+    e = err(line)
+    assert e.error_code is ErrorCode.BAD_REQUEST
+    assert "number" in e.message and len(e.message) < 200, e.message
+
+
+def test_largest_finite_float_and_64_bit_ints_still_decode() -> None:
+    r = decode_request(
+        b'{"id":18446744073709551615,"cmd":"wait-ready",'
+        b'"args":{"worker":1,"after":1.7976931348623157e308}}'
+    )
+    assert r.id == 2**64 - 1 and r.args == WaitArgs(1, 300.0, 1.7976931348623157e308)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [f'{{"id":1,"ok":true,"result":{HUGE}}}'.encode(), b'{"id":1,"ok":true,"result":NaN}'],
+)
+def test_replies_with_out_of_range_numbers_raise_protocol_error(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_reply(line)

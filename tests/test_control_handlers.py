@@ -16,6 +16,8 @@ from sglang_farm.control.codec import (
     Request,
     RequestError,
     StopArgs,
+    TargetArgs,
+    WaitArgs,
     WorkerArgs,
 )
 from sglang_farm.control.handlers import ClientGone, Handlers
@@ -106,6 +108,53 @@ async def test_a_second_reload_while_one_runs_is_busy(ops: FakeOps) -> None:
     assert ei.value.error_code is ErrorCode.BUSY
     assert (await first)["applied"] is True
     assert ops.calls == [("reload", ())]
+
+
+STARTING = "the agent is restoring its state and adopting running workers"
+
+STATE_CHANGES = [
+    Request(1, Command.START, TargetArgs(1)),
+    Request(2, Command.STOP, StopArgs(1)),
+    Request(3, Command.STOP, StopArgs("all")),
+    Request(4, Command.RESTART, StopArgs(2)),
+    Request(5, Command.RELOAD, NoArgs()),
+    Request(6, Command.RESET_OOM, WorkerArgs(3)),
+]
+
+
+@pytest.mark.parametrize("req", STATE_CHANGES, ids=lambda r: f"{r.cmd}-{r.args}")
+async def test_state_changes_are_busy_until_restore_and_adoption_are_done(
+    ops: FakeOps, req: Request
+) -> None:
+    ops.startup_reason = STARTING
+    h = handlers(ops)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(req, Channel())
+    assert ei.value.error_code is ErrorCode.BUSY and ei.value.request_id == req.id
+    assert ei.value.message.startswith(STARTING + "; ")
+    assert f"state changes wait until it is done: retry {req.cmd} in" in ei.value.message
+    assert ops.calls == [] and ops.oom_resets == []  # the agent was never asked
+    ops.startup_reason = None  # restore and adoption done: the same request now runs
+    await h.handle(req, Channel())
+    assert ops.calls or ops.oom_resets
+
+
+async def test_read_only_commands_answer_while_the_agent_starts(ops: FakeOps) -> None:
+    ops.startup_reason = STARTING
+    h = handlers(ops)
+    st = await h.handle(Request(1, Command.STATUS, NoArgs()), Channel())
+    assert st["ready"] == 4 and st["agent_version"] == "1.2.3"
+    assert (await h.handle(Request(2, Command.WHY, WorkerArgs(1)), Channel()))["worker"] == 1
+    logs = await h.handle(Request(3, Command.LOGS, LogsArgs(1, 1)), Channel())
+    assert logs["lines"] == ["w1 line 49"]
+    endpoints = await h.handle(Request(4, Command.ENDPOINTS, NoArgs()), Channel())
+    assert endpoints["endpoints"] == [
+        {"worker": i, "base_url": f"http://127.0.0.1:{30000 + i}"} for i in range(4)
+    ]
+    assert (await h.handle(Request(5, Command.VERSION, NoArgs()), Channel()))["agent_version"]
+    ready = await h.handle(Request(6, Command.WAIT_READY, WaitArgs(0, 1.0)), Channel())
+    assert ready["ready"] is True
+    assert ops.calls == []
 
 
 async def test_follow_streams_the_tail_then_new_lines_until_the_client_leaves(

@@ -157,6 +157,31 @@ async def test_malformed_input_gets_error_and_connection_keeps_serving(
     await c.close()
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id":1,"cmd":"why","args":{"worker":' + b"9" * 5000 + b"}}\n",
+        b'{"id":' + b"7" * 5000 + b',"cmd":"status"}\n',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":1e400}}\n',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"after":Infinity}}\n',
+        b'{"id":1,"cmd":"wait-ready","args":{"worker":1,"timeout":NaN}}\n',
+    ],
+    ids=["int-5000-digits", "id-5000-digits", "float-1e400", "infinity", "nan"],
+)
+async def test_out_of_range_numbers_get_bad_request_without_a_traceback(
+    server: ControlServer, line: bytes
+) -> None:
+    c = await Conn.open(server.path)
+    with capture_logs() as logs:
+        await c.send(line)
+        r = await c.recv()
+        assert error_code(r) == "bad_request" and "number" in r["error"]["message"]
+        await c.send({"id": 5, "cmd": "version"})  # the connection survived
+        assert (await c.recv())["ok"] is True
+    await c.close()
+    assert [e for e in logs if e.get("exc_info") or e["log_level"] == "error"] == []
+
+
 async def test_bad_drain_is_refused_before_the_agent_is_asked(
     server: ControlServer, ops: FakeOps
 ) -> None:
@@ -462,6 +487,23 @@ async def test_why_returns_failure_lines_action_and_advice(
     assert "gave up" in w["last_action"] and w["oom_step"] == 1
 
 
+async def test_stop_while_the_agent_restores_state_is_busy_and_status_still_works(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.startup_reason = "the agent is restoring its state and adopting running workers"
+    r = await call(server.path, "stop", {"worker": 3}, rid=9)
+    st = await call(server.path, "status")
+    assert r["id"] == 9 and error_code(r) == "busy"
+    assert r["error"]["message"].startswith(
+        f"{ops.startup_reason}; state changes wait until it is done: retry stop in"
+    )
+    assert ops.calls == [] and ops.workers[3].phase.value == "ready"
+    assert st["ok"] is True and len(st["result"]["workers"]) == 4
+    ops.startup_reason = None
+    assert (await call(server.path, "stop", {"worker": 3}))["ok"] is True
+    assert ops.calls == [("stop", (3,))]
+
+
 # --- socket file: stale, in use, mode and group -------------------------------------
 
 
@@ -486,6 +528,54 @@ async def test_live_agent_on_the_path_is_not_displaced(ops: FakeOps, sockdir: st
         await second.start()
     assert (await call(path, "version"))["ok"] is True
     await first.close()
+
+
+async def test_socket_that_accepts_but_never_answers_is_kept(ops: FakeOps, sockdir: str) -> None:
+    path = os.path.join(sockdir, "c.sock")
+    mute = socket.socket(socket.AF_UNIX)
+    mute.bind(path)
+    mute.listen(8)  # the kernel completes connects; nobody ever reads or answers
+    try:
+        with pytest.raises(ControlSocketError, match="already listening"):
+            await ControlServer(ops, path, None, version="x").start()
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(path)  # still the mute listener's socket
+        c.close()
+    finally:
+        mute.close()
+
+
+async def test_live_socket_with_a_full_queue_is_kept_and_said_so(
+    ops: FakeOps, sockdir: str
+) -> None:
+    # A live agent that is not accepting (a burst of clients, or its loop busy): its
+    # listen queue is full and a non-blocking connect() gets EAGAIN. The probe must
+    # take that as a live listener, never as a stale file.
+    path = os.path.join(sockdir, "c.sock")
+    busy = socket.socket(socket.AF_UNIX)
+    busy.bind(path)
+    busy.listen(0)
+    queued: list[socket.socket] = []
+    while True:  # fill its queue: the next connect() gets EAGAIN
+        c = socket.socket(socket.AF_UNIX)
+        c.setblocking(False)
+        try:
+            c.connect(path)
+        except BlockingIOError:
+            c.close()
+            break
+        queued.append(c)
+    try:
+        with pytest.raises(ControlSocketError, match=r"listening on .* connection queue is full"):
+            await ControlServer(ops, path, None, version="x").start()
+        queued[0].close()
+        busy.accept()[0].close()  # the live listener still owns the path
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    finally:
+        for c in queued:
+            c.close()
+        busy.close()
 
 
 async def test_regular_file_at_the_path_is_refused(ops: FakeOps, sockdir: str) -> None:

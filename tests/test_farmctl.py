@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -114,6 +115,45 @@ def test_status_json_is_the_raw_result(agent: Agent) -> None:
     assert st["protocol_version"] == 1 and len(st["workers"]) == 4
 
 
+# Every subcommand that talks to the agent, with arguments that print one JSON document.
+AGENT_COMMANDS = [
+    ("status",),
+    ("why", "1"),
+    ("endpoints",),
+    ("version",),
+    ("logs", "1", "-n", "2"),
+    ("reset-oom", "2"),
+    ("reload",),
+    ("stop", "1"),
+    ("start", "1"),
+    ("restart", "0", "--no-wait"),
+]
+
+
+def test_status_json_after_the_subcommand_as_the_readme_writes_it(agent: Agent) -> None:
+    r = agent.run("status", "--json")
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.output)
+    assert st["protocol_version"] == 1 and [w["id"] for w in st["workers"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("argv", AGENT_COMMANDS, ids=lambda a: a[0])
+def test_json_works_before_and_after_every_subcommand(agent: Agent, argv: tuple[str, ...]) -> None:
+    before = agent.run("--json", *argv)
+    after = agent.run(*argv, "--json")
+    assert before.exit_code == 0 and after.exit_code == 0, (before.output, after.output)
+    a, b = json.loads(before.output), json.loads(after.output)
+    assert isinstance(a, dict) and isinstance(b, dict) and a and set(a) == set(b)
+
+
+def test_every_subcommand_but_completion_documents_json(agent: Agent) -> None:
+    names = {c[0] for c in AGENT_COMMANDS}
+    assert names == set(cli.commands) - {"completion"}
+    for name in names:
+        assert "--json" in agent.run(name, "--help").output, name
+    assert agent.run("completion", "bash", "--json").exit_code == Exit.USAGE
+
+
 def test_format_status_shows_queue_only_when_present_and_failure_notes() -> None:
     now = 1000.0
     w = {
@@ -201,6 +241,34 @@ def test_restart_all_waits_for_every_worker(agent: Agent) -> None:
     )
 
 
+def _ready_lines(output: str) -> list[tuple[str, float]]:
+    """(who, seconds) of every line that says a worker is ready."""
+    out = []
+    for ln in output.splitlines():
+        who, _, rest = ln.partition(": ")
+        if rest.startswith("ready"):
+            out.append((who, float(rest.rsplit(" ", 1)[-1].strip("()s"))))
+    return out
+
+
+def test_restart_all_reports_each_worker_once_with_its_real_duration(agent: Agent) -> None:
+    agent.ops.step = 0.5  # stopping 0.5 s, starting 0.5 s: every worker takes ~1 s
+    r = agent.run("restart", "all")
+    assert r.exit_code == 0, r.output
+    ready = _ready_lines(r.output)
+    assert [who for who, _ in ready] == ["worker 0", "worker 1", "worker 2", "worker 3"], r.output
+    assert all(0.9 <= secs < 5 for _, secs in ready), r.output  # never "ready after 0.0s"
+
+
+def test_restart_of_one_worker_says_ready_once(agent: Agent) -> None:
+    agent.ops.step = 0.3
+    r = agent.run("restart", "2")
+    assert r.exit_code == 0, r.output
+    ready = _ready_lines(r.output)
+    assert len(ready) == 1 and ready[0][0] == "worker 2" and 0.5 <= ready[0][1] < 5, r.output
+    assert r.output.splitlines()[-1] == f"worker 2: ready after {ready[0][1]:.1f}s"
+
+
 def test_busy_is_exit_1_with_the_agents_reason(agent: Agent) -> None:
     agent.ops.issue_delay = 1.0
     bg = threading.Thread(target=agent.run, args=("stop", "1"))
@@ -210,6 +278,19 @@ def test_busy_is_exit_1_with_the_agents_reason(agent: Agent) -> None:
     bg.join()
     assert r.exit_code == 1
     assert r.stderr.startswith("farmctl: start refused (busy): worker 1 is busy")
+
+
+def test_state_change_while_the_agent_starts_is_busy_and_reads_still_work(agent: Agent) -> None:
+    agent.ops.startup_reason = "the agent is restoring its state and adopting running workers"
+    r = agent.run("stop", "1")
+    assert r.exit_code == Exit.FAILED
+    assert r.stderr.startswith(
+        "farmctl: stop refused (busy): the agent is restoring its state and adopting running "
+        "workers; state changes wait until it is done: retry stop in a few seconds"
+    )
+    assert r.stderr.count("\n") == 1
+    assert agent.run("status").exit_code == 0
+    assert agent.ops.calls == []
 
 
 def test_unknown_worker_is_usage_exit_2(agent: Agent) -> None:
@@ -282,6 +363,22 @@ def test_socket_from_config_and_env(agent: Agent, tmp_path: Path) -> None:
     cfg.write_text("[control\n")
     r = CliRunner().invoke(cli, ["--config", str(cfg), "status"])
     assert r.exit_code == Exit.USAGE and "is not valid TOML" in r.stderr
+
+
+def test_bad_config_names_the_real_check_config_command(tmp_path: Path) -> None:
+    from sglang_farm.cli.main import cli as sglang_farm_cli
+
+    cfg = tmp_path / "my farm.toml"
+    cfg.write_text("[control\n")
+    r = CliRunner().invoke(cli, ["--config", str(cfg), "status"])
+    assert r.exit_code == Exit.USAGE
+    advice = r.stderr.rstrip("\n").rsplit("check it with: ", 1)[1]
+    assert advice == f"sglang-farm check-config --config '{cfg}'"
+    # The command farmctl names exists and takes those arguments: it reports the
+    # config problem (exit 1), not a usage error (exit 2, "No such command").
+    named = shlex.split(advice)
+    checked = CliRunner().invoke(sglang_farm_cli, named[1:])
+    assert checked.exit_code == 1, checked.output
 
 
 def farmctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -84,6 +84,9 @@ def _agent_error(cmd: str, exc: AgentError, as_json: bool) -> FarmctlError:
     return cls(f"{what}: {exc.message}")
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
 @dataclass
 class Ctl:
     """What the root command hands to its subcommands (`ctx.obj`)."""
@@ -133,7 +136,30 @@ class Ctl:
         click.echo(json.dumps(obj, indent=None if isinstance(obj, dict) and "stream" in obj else 2))
 
 
-pass_ctl = click.make_pass_decorator(Ctl)
+_pass_ctl = click.make_pass_decorator(Ctl)
+
+
+def _json_after_subcommand(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    # The subcommand's options are parsed after the group's callback made the Ctl.
+    ctl = ctx.find_object(Ctl)
+    if value and ctl is not None:
+        ctl.as_json = True
+
+
+def pass_ctl(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`make_pass_decorator(Ctl)`, plus the subcommand's own `--json`.
+
+    `farmctl status --json` and `farmctl --json status` are the same: the group's
+    option is kept for scripts that have it, the subcommand's is how people type it.
+    """
+    option = click.option(
+        "--json",
+        is_flag=True,
+        expose_value=False,
+        callback=_json_after_subcommand,
+        help="Print the agent's raw results as JSON (same as farmctl --json).",
+    )
+    return option(_pass_ctl(f))
 
 
 def _target(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
@@ -153,7 +179,8 @@ WORKER = click.IntRange(min=0)
 
 
 def _socket_from_config(path: str) -> str:
-    import tomllib  # only when --config is given
+    import shlex  # only when --config is given
+    import tomllib
 
     try:
         with open(path, "rb") as f:
@@ -162,7 +189,8 @@ def _socket_from_config(path: str) -> str:
         raise BadUsage(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise BadUsage(
-            f"{path} is not valid TOML ({exc}); check it with 'sglang-farm check'"
+            f"{path} is not valid TOML ({exc}); "
+            f"check it with: sglang-farm check-config --config {shlex.quote(path)}"
         ) from None
     control = data.get("control", {})
     sock = control.get("socket") if isinstance(control, dict) else None
@@ -325,8 +353,25 @@ def status(ctl: Ctl) -> None:
 # --- state changes -------------------------------------------------------------------
 
 
+def _since_issue(obj: Mapping[str, object], issued_at: float, fallback_key: str) -> float:
+    """Seconds from the request's `issued_at` to when `obj` (a phase, a worker) entered
+    its state: both are the agent's clock. An agent without `since` gets the wait's own
+    elapsed time (`fallback_key`)."""
+    since = obj.get("since")
+    if isinstance(since, int | float) and issued_at:
+        return max(float(since) - issued_at, 0.0)
+    value = obj.get(fallback_key)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) -> None:
-    """Wait for each worker in turn (one deadline for all), printing phase changes."""
+    """Wait for each worker in turn (one deadline for all), printing phase changes.
+
+    Each worker is reported once: its phases entered since the request, then
+    "ready after S" where S counts from when the agent took the request (the agent's
+    clock), never from when this wait began: with `all`, later workers are usually
+    ready by the time their turn comes, after a restart that still took S seconds.
+    """
     deadline = time.monotonic() + timeout
     for wid in ids:
         left = max(deadline - time.monotonic(), 0.001)
@@ -341,15 +386,13 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
                     else reply.result
                 )
             elif not reply.final and reply.payload is not None:
-                p = reply.payload
-                elapsed = p.get("elapsed_s")
-                secs = float(elapsed) if isinstance(elapsed, int | float) else 0.0
-                click.echo(f"worker {wid}: {p.get('state')} ({secs:.1f}s)")
+                _print_phase(wid, reply.payload, issued_at)
             if reply.final and isinstance(reply.result, dict):
                 final = reply.result
         if final.get("ready"):
             if not ctl.as_json:
-                click.echo(f"worker {wid}: ready after {float(final.get('waited_s', 0)):.1f}s")
+                secs = _since_issue(final, issued_at, "waited_s")
+                click.echo(f"worker {wid}: ready after {secs:.1f}s")
             continue
         if final.get("timed_out"):
             raise Failed(
@@ -359,6 +402,20 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
         f = final.get("last_failure") or {}
         summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
         raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+
+
+def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> None:
+    """One progress line, for a phase this request caused and that is not the last one.
+
+    Skipped: a phase entered before the request (the worker's state before its turn
+    came), and ready/failed, which the final line reports.
+    """
+    since = p.get("since")
+    if isinstance(since, int | float) and since < issued_at:
+        return
+    if p.get("state") in ("ready", "failed"):
+        return
+    click.echo(f"worker {wid}: {p.get('state')} ({_since_issue(p, issued_at, 'elapsed_s'):.1f}s)")
 
 
 def _change(
@@ -372,9 +429,6 @@ def _change(
     if ctl.as_json:
         ctl.emit_json(res)
     return list(res.get("workers", [])), float(res.get("issued_at", 0.0))
-
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _timeout_option(text: str) -> Callable[[F], F]:
@@ -411,6 +465,9 @@ def _drain_note(no_drain: bool) -> str:
 @pass_ctl
 def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float, no_drain: bool) -> None:
     """Restart worker TARGET (an id, or 'all' in waves) and wait until it is ready.
+
+    Prints each phase and, once per worker, "ready after S", S counted from when
+    the agent took the restart.
 
     With a gateway, each worker is drained first: taken out of the gateway, then
     restarted once its requests are done (at most [gateway] drain_timeout).

@@ -19,6 +19,7 @@ docs/control-protocol.md is the user-facing description; keep the two in step.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -158,7 +159,9 @@ def decode_request(line: bytes) -> Request:
     except UnicodeDecodeError as exc:
         raise RequestError(ErrorCode.BAD_JSON, f"request is not UTF-8 ({exc.reason})") from exc
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
+    except _NumberError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"request has {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         where = f" at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise RequestError(ErrorCode.BAD_JSON, f"request is not valid JSON{where}") from exc
@@ -167,6 +170,46 @@ def decode_request(line: bytes) -> Request:
             ErrorCode.BAD_JSON, f"request must be a JSON object, got {_json_type(obj)}"
         )
     return _request_from_obj(obj)
+
+
+class _NumberError(ValueError):
+    """A number literal outside what the protocol carries (see `_loads`)."""
+
+
+# Every protocol integer (worker ids, line counts, request ids) fits in 64 bits: 20
+# digits. Longer literals are refused before int() sees them: CPython's int() raises a
+# bare ValueError past 4,300 digits (outside json's own errors) and is quadratic below.
+MAX_INT_DIGITS: Final = 20
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NumberError(
+            f"an integer of {len(literal.lstrip('-'))} digits; numbers in a request "
+            f"have at most {MAX_INT_DIGITS}"
+        )
+    return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise _NumberError(
+            f"the number {literal[:32]!r}, out of range; numbers in a request are finite"
+        )
+    return value
+
+
+def _parse_constant(literal: str) -> float:
+    # json accepts NaN, Infinity and -Infinity, which are not JSON (RFC 8259 section 6).
+    raise _NumberError(f"the number {literal!r}; numbers in a request are finite")
+
+
+def _loads(text: str) -> object:
+    """`json.loads`, raising `_NumberError` for huge or non-finite numbers."""
+    return json.loads(
+        text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+    )
 
 
 def _request_from_obj(obj: dict[str, object]) -> Request:
@@ -352,8 +395,9 @@ class Reply:
 def decode_reply(line: bytes) -> Reply:
     """Parse one reply line. Raises `ProtocolError` (bad_json) on anything malformed."""
     try:
-        obj = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        obj = _loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers json's JSONDecodeError and `_NumberError`.
         raise ProtocolError(str(ErrorCode.BAD_JSON), f"reply is not JSON: {exc}") from exc
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
         raise ProtocolError(str(ErrorCode.BAD_JSON), "reply is not an object with 'ok'")

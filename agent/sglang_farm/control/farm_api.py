@@ -32,6 +32,17 @@ class GpuMemory:
 class FarmOps(Protocol):
     """What the control socket can ask of the agent. Worker ids are validated by the caller."""
 
+    def startup_pending(self) -> str | None:
+        """Why state changes must wait, or None once they may run (never blocks).
+
+        Not None from the agent's start until it has restored its state file and
+        adopted the workers still running: a change before that (a stop, a reset)
+        would be recorded over a state not yet loaded and clobber it. The reason is
+        one phrase, e.g. "the agent is restoring its state and adopting running
+        workers"; the server answers `busy` with it. Read-only commands never ask.
+        """
+        ...
+
     def view(self) -> FarmView:
         """The latest farm view (never blocks)."""
         ...

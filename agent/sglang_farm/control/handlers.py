@@ -9,7 +9,10 @@ an error code (`unknown_worker`, `busy`), lets the agent's `FarmError`s through
 
 State changes are serialized per worker: a second change of a worker that is
 already changing is answered `busy` at once, never queued (a queued restart runs
-after the operator has moved on). Reloads are serialized the same way.
+after the operator has moved on). Reloads are serialized the same way. Until the
+agent has restored its state and adopted its running workers
+(`FarmOps.startup_pending`), every state change is answered `busy` with the
+agent's reason; read-only commands are served throughout.
 
 Handlers read the agent only through `FarmOps`: `view()`, `gpu_memory()` and
 `queue_depths()` never block, so no handler calls a worker, NVML or systemd.
@@ -100,7 +103,21 @@ class Handlers:
 
     async def handle(self, req: Request, channel: Channel) -> Result:
         """Run `req`; return the final reply's result. Raises as the module docstring says."""
+        if req.changes_state:
+            self._refuse_during_startup(req)
         return await self.table[req.cmd](req, channel)
+
+    def _refuse_during_startup(self, req: Request) -> None:
+        # Asked before anything else, the worker lookup included. The reason only ever
+        # goes from a string to None, so a check at the request's start is enough.
+        reason = self._ops.startup_pending()
+        if reason is not None:
+            raise RequestError(
+                ErrorCode.BUSY,
+                f"{reason}; state changes wait until it is done: retry {req.cmd} in a few "
+                "seconds (farmctl status works meanwhile)",
+                req.id,
+            )
 
     # --- helpers -----------------------------------------------------------------
 

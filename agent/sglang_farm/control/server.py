@@ -149,7 +149,7 @@ class ControlServer:
     async def _bind(self) -> socket.socket:
         parent = os.path.dirname(self._path) or "."
         os.makedirs(parent, mode=0o755, exist_ok=True)
-        await self._clear_stale()
+        self._clear_stale()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(self._path)
@@ -162,7 +162,14 @@ class ControlServer:
         sock.setblocking(False)
         return sock
 
-    async def _clear_stale(self) -> None:
+    def _clear_stale(self) -> None:
+        """Remove a socket file left by a dead agent; refuse a path someone listens on.
+
+        Only a refused connection (nothing listens on that socket) counts as stale.
+        An AF_UNIX connect() completes or fails at once (connect(2)); no answer is
+        ever awaited, so a slow or silent listener is never taken for a dead one,
+        and a full listen queue (EAGAIN) means a live listener that is busy.
+        """
         try:
             st = os.lstat(self._path)
         except FileNotFoundError:
@@ -172,28 +179,36 @@ class ControlServer:
                 f"{self._path} exists and is not a socket; move it away or set "
                 "[control].socket to another path"
             )
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.setblocking(False)
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(loop.sock_connect(probe, self._path), 2.0)
-        except (ConnectionRefusedError, FileNotFoundError, TimeoutError):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(self._path)
+            except OSError as exc:
+                err = exc.errno if exc.errno is not None else errno.EIO
+            else:
+                err = 0
+        if err == errno.ENOENT:
+            return  # gone since the lstat: nothing to clear
+        if err == errno.ECONNREFUSED:
             # Nobody listens: the file is left over from an agent that died.
-            log.info("control_stale_socket_removed", path=self._path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path)
+            log.info("control_stale_socket_removed", path=self._path)
             return
-        except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._path)
-                return
-            raise ControlSocketError(f"cannot probe {self._path}: {exc.strerror}") from exc
-        finally:
-            probe.close()
+        if err == 0:
+            raise ControlSocketError(
+                f"another agent is already listening on {self._path}; stop it first "
+                "(systemctl stop sglang-farm) or set [control].socket to another path"
+            )
+        if err == errno.EAGAIN:
+            raise ControlSocketError(
+                f"another process is listening on {self._path} but its connection queue "
+                "is full; stop it first (systemctl stop sglang-farm) or set "
+                "[control].socket to another path"
+            )
         raise ControlSocketError(
-            f"another agent is already listening on {self._path}; stop it first "
-            "(systemctl stop sglang-farm) or set [control].socket to another path"
+            f"cannot probe {self._path}: {os.strerror(err)}; remove it if no agent uses it, "
+            "or set [control].socket to another path"
         )
 
     async def close(self) -> None:
