@@ -641,6 +641,10 @@ def test_lines_are_found_for_dotted_keys_quoted_keys_and_multiline_values() -> N
     """)
     assert found == [
         "farm.toml:5: workers.overrides.1.port: expected an integer in 1..65535, got 0",
+        # A multi-line string holds newlines, which no rendered value may.
+        "farm.toml:7: sglang.model_path: contains a newline, a control character: every value "
+        "must be one line of printable text (it goes into unit files, command lines and "
+        "environments); remove it (a JSON value fits on one line)",
         "farm.toml:10: sglang.mem_fraction_static: expected a number in (0, 1), the fraction of "
         "GPU memory, got 2",
     ]
@@ -703,3 +707,221 @@ def test_sglang_versions_parse_with_suffixes() -> None:
     assert sglang_flags.parse_version("0.5.23.post1+cu130") == (0, 5, 23)
     assert sglang_flags.parse_version(None) is None
     assert sglang_flags.parse_version("unknown") is None
+
+
+# --- values that would inject or break unit directives (issue 15, items 3 and 16) ------------
+
+
+def test_a_user_with_a_newline_cannot_inject_a_unit_directive() -> None:
+    problem = only_problem(MINIMAL + '[farm]\nuser = "root\\nExecStartPre=+/bin/sh"\n')
+    assert problem.startswith("farm.toml:7: farm.user: ")
+    assert "newline" in problem and "one line" in problem
+
+
+@pytest.mark.parametrize("key", ["user", "group"])
+@pytest.mark.parametrize("value", ["-sglang", "sg lang", "sg:lang", "0day", "a/b", "x" * 33,
+                                   "sglang%i", "root\\r"])
+def test_user_and_group_follow_the_posix_name_rules(key: str, value: str) -> None:
+    problem = only_problem(MINIMAL + f'[farm]\n{key} = "{value}"\n')
+    assert problem.startswith(f"farm.toml:7: farm.{key}: ")
+    assert "a letter or '_'" in problem or "control character" in problem
+
+
+@pytest.mark.parametrize("name", ["sglang", "_svc", "ai-workers", "john.doe", "x" * 32])
+def test_ordinary_user_and_group_names_load(name: str) -> None:
+    spec = load(MINIMAL + f'[farm]\nuser = "{name}"\ngroup = "{name}"\n')
+    assert (spec.farm.user, spec.farm.group) == (name, name)
+
+
+def test_the_control_socket_group_follows_the_same_rules() -> None:
+    problem = only_problem(MINIMAL + '[control]\ngroup = "farm ops"\n')
+    assert problem.startswith("farm.toml:7: control.group: expected a group name")
+
+
+@pytest.mark.parametrize("value", ['"--x 1\\nExecStartPre=+/bin/sh"', "'''\nmulti\n'''",
+                                   '["a", "b\\nc"]', '"nul\\u0000"', '"tab\\there"',
+                                   '"del\\u007f"'])
+def test_a_flag_value_with_a_control_character_is_refused(value: str) -> None:
+    problem = only_problem(MINIMAL + f"served_model_name = {value}\n")
+    assert problem.startswith("farm.toml:6: sglang.served_model_name: ")
+    assert "control character" in problem and "one line" in problem
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0 ", "bad host", "127.0.0.1\\nExecStartPre=+/bin/sh",
+                                  "host;rm", "", "[::1", "--help"])
+def test_a_worker_host_that_is_not_a_name_or_address_is_refused(host: str) -> None:
+    problem = only_problem(MINIMAL + f'host = "{host}"\n'.replace("host", "[workers.overrides.0]"
+                                                                  "\nhost", 1))
+    assert problem.startswith("farm.toml:7: workers.overrides.0.host: ")
+    problem = only_problem(MINIMAL.replace("gpus = [0, 1]", f'gpus = [0, 1]\nhost = "{host}"'))
+    assert problem.startswith("farm.toml:3: workers.host: ")
+
+
+@pytest.mark.parametrize(("host", "expected"), [
+    ("10.0.0.5", "10.0.0.5"), ("gpu-host-1.example", "gpu-host-1.example"), ("::", "::"),
+    ("[::1]", "::1"), ("0.0.0.0", "0.0.0.0"),
+])
+def test_worker_hosts_that_are_names_or_addresses_load(host: str, expected: str) -> None:
+    spec = load(MINIMAL.replace("gpus = [0, 1]", f'gpus = [0, 1]\nhost = "{host}"'))
+    assert spec.workers[0].host == expected
+
+
+def test_control_characters_are_refused_in_every_value_a_unit_carries() -> None:
+    found = problems("""\
+        [farm]
+        python = "/opt/sglang/bin/python3\\n"
+        state_dir = "/var/lib/x\\ny"
+        env = { HF_TOKEN = "abc\\u0000def" }
+        [workers]
+        gpus = [0, 1]
+        [workers.overrides.1]
+        env = { X = "a\\rb" }
+        sglang = { tool_call_parser = "q\\u001bwen" }
+        [control]
+        socket = "/run/x\\n.sock"
+        [gateway]
+        extra_args = ["--x", "y\\nz"]
+        [[oom.steps]]
+        name = "s"
+        set = { served_model_name = "m\\n" }
+        [sglang]
+        model_path = "/models/\\u0000m"
+        uvicorn_access_log_exclude_prefixes = ["/health", "/met\\nrics"]
+    """)
+    where = [p.split(": ")[1] for p in found]
+    assert where == [
+        "farm.python", "farm.state_dir", "farm.env.HF_TOKEN", "workers.overrides.1.env.X",
+        "workers.overrides.1.sglang.tool_call_parser", "control.socket", "gateway.extra_args",
+        "oom.steps[0].set.served_model_name", "sglang.model_path",
+        "sglang.uvicorn_access_log_exclude_prefixes",
+    ], found  # each once: no second problem for the same value
+    assert all("control character" in p for p in found), found
+    assert "NUL" in found[2] and "(item 2)" in found[6] and "(item 2)" in found[-1]
+
+
+@pytest.mark.parametrize("python", ['/opt/a\\"b/python3', "/opt/$HOME/python3",
+                                    "/opt/a\\\\b/python3", "/opt/my env/python3",
+                                    "/opt/it's/python3", "/opt/x\\n/python3"])
+def test_a_python_path_systemd_cannot_run_is_refused(python: str) -> None:
+    problem = only_problem(MINIMAL + f'[farm]\npython = "{python}"\n')
+    assert problem.startswith("farm.toml:7: farm.python: ")
+    assert "symlink" in problem or "control character" in problem
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "+inf", "-inf", '"9' + "9" * 400 + 's"'])
+@pytest.mark.parametrize("key", ["startup.load_timeout", "restart.stop_timeout",
+                                 "restart.backoff_initial", "gateway.drain_timeout"])
+def test_nan_and_infinite_durations_are_refused(key: str, value: str) -> None:
+    section, name = key.split(".")
+    problem = only_problem(MINIMAL + f"[{section}]\n{name} = {value}\n")
+    assert problem.startswith(f"farm.toml:7: {key}: expected a duration")
+    assert "finite" in problem
+
+
+def test_durations_longer_than_systemd_can_hold_are_refused() -> None:
+    problem = only_problem(MINIMAL + "[startup]\nload_timeout = 1e20\n")
+    assert problem.startswith("farm.toml:7: startup.load_timeout: expected a duration of at most")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_nan_and_infinite_numbers_are_refused_in_flags_and_oom_steps(value: str) -> None:
+    found = problems(MINIMAL + f"context_length = {value}\nmax_running_requests = 8\n"
+                     f"[[oom.steps]]\nname = 'a'\nmultiply = {{ max_running_requests = {value} }}\n"
+                     f"[[oom.steps]]\nname = 'b'\nadd = {{ max_running_requests = -1 }}\n"
+                     f"min = {{ max_running_requests = {value} }}\n")
+    where = [p.split(": ")[1] for p in found]
+    assert where == ["sglang.context_length", "oom.steps[0].multiply.max_running_requests",
+                     "oom.steps[1].min.max_running_requests"], found
+    assert all("finite" in p for p in found), found
+
+
+# --- workers reachable without a key (issue 15, item 5) ---------------------------------------
+
+
+def test_workers_on_a_public_address_without_api_key_are_a_warning() -> None:
+    text = MINIMAL.replace("gpus = [0, 1]", 'gpus = [0, 1, 2]\nhost = "0.0.0.0"')
+    text += '[workers.overrides.2]\nhost = "127.0.0.1"\n'
+    result = check_spec(text, source="farm.toml")
+    (warning,) = result.warnings
+    assert warning.startswith("farm.toml:3: workers.host: workers 0-1 listen on '0.0.0.0' "
+                              "(not loopback) without api_key")
+    assert 'host = "127.0.0.1"' in warning and "gateway" in warning and "api_key" in warning
+    assert "docs/config.md" in warning
+
+
+def test_an_override_host_off_loopback_is_warned_about_on_the_override() -> None:
+    text = MINIMAL + '[workers.overrides.1]\nhost = "10.0.0.5"\n'
+    (warning,) = check_spec(text, source="farm.toml").warnings
+    assert warning.startswith("farm.toml:7: workers.overrides.1.host: worker 1 listens on "
+                              "'10.0.0.5' (not loopback) without api_key")
+
+
+@pytest.mark.parametrize("extra", ['host = "0.0.0.0"\n[sglang]\napi_key = "k"\n',
+                                   'host = "localhost"\n', 'host = "::1"\n', ""])
+def test_loopback_or_keyed_workers_are_not_warned_about(extra: str) -> None:
+    text = "[workers]\ngpus = [0, 1]\n" + extra
+    if "[sglang]" not in text:
+        text += "[sglang]\n"
+    text += 'model_path = "/models/m"\n'
+    assert check_spec(text, source="farm.toml").warnings == ()
+
+
+# --- the GPU count for review and CI (issue 15, item 25) ---------------------------------------
+
+
+def test_check_config_takes_the_gpu_count_for_the_shipped_farm_toml() -> None:
+    from click.testing import CliRunner
+
+    from sglang_farm.cli.main import cli
+
+    config = ETC / "farm.toml"
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config), "--gpus", "8"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{config}: OK, 8 workers (ports 30000-30007)\n"
+    # The seed binds 0.0.0.0 with no api_key: a warning, not a failure.
+    assert "workers 0-7 listen on '0.0.0.0' (not loopback) without api_key" in result.stderr
+
+
+def test_check_config_without_a_gpu_count_says_how_to_give_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from sglang_farm.cli import main
+
+    monkeypatch.setattr(main, "gpu_count_for_config", lambda path: None)  # as without NVML
+    config = ETC / "farm.toml"
+    result = CliRunner().invoke(main.cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 1
+    assert 'workers.gpus: gpus = "all" needs' in result.stderr
+    assert "--gpus N" in result.stderr
+
+
+def test_render_takes_the_gpu_count_for_the_shipped_farm_toml(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sglang_farm.cli.main import cli
+
+    args = ["render", "--config", str(ETC / "farm.toml"), "--gpus", "2", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    dropins = sorted(p.parent.name for p in tmp_path.glob("sglang@*.service.d/*.conf"))
+    assert dropins == ["sglang@0.service.d", "sglang@1.service.d"]
+
+
+@pytest.mark.parametrize("command", ["check-config", "render", "doctor"])
+def test_the_gpu_count_must_be_positive(command: str) -> None:
+    from click.testing import CliRunner
+
+    from sglang_farm.cli.main import cli
+
+    result = CliRunner().invoke(cli, [command, "--config", str(ETC / "farm.toml"), "--gpus", "0"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--gpus': 0 is not in the range x>=1" in result.stderr
+
+
+@pytest.mark.parametrize("path", ["/etc/sglang-farm/admin.key ", "/etc/sglang-farm/admin.key\\\\"])
+def test_a_key_file_path_systemd_would_misread_is_refused(path: str) -> None:
+    problem = only_problem(MINIMAL + f'[gateway]\nadmin_key_file = "{path}"\n')
+    assert problem.startswith("farm.toml:7: gateway.admin_key_file: ")
+    assert "blank" in problem and "backslash" in problem

@@ -23,8 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import structlog
 from click.testing import CliRunner
+from structlog.testing import capture_logs
 
+from sglang_farm import gpu
 from sglang_farm.cli.doctor import doctor
 from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
@@ -32,9 +35,11 @@ from sglang_farm.doctor import (
     Check,
     CheckId,
     DoctorReport,
+    Observations,
     Status,
     arch_covers,
     backend_verdict,
+    evaluate,
     format_report,
     make_probe_runner,
     port_problem,
@@ -43,6 +48,7 @@ from sglang_farm.doctor import (
     resolve_flags,
     run_doctor,
 )
+from sglang_farm.doctor.rules import ProbeOutcome
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
 
@@ -506,7 +512,9 @@ def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
         config = tmp_path / f"{key}.toml"
         text = (SEED_TOML.read_text()
                 .replace('mamba_radix_cache_strategy = "extra_buffer"', f'{key} = "extra_buffer"')
-                .replace('gpus = "all"', "gpus = [0, 1]"))
+                .replace('gpus = "all"', "gpus = [0, 1]")
+                # Loopback: no warning about workers reachable without an API key.
+                .replace('host = "0.0.0.0"', 'host = "127.0.0.1"'))
         config.write_text(text)
         line = text.splitlines().index(f'{key} = "extra_buffer"') + 1
         result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
@@ -705,6 +713,121 @@ def test_doctor_command_json_and_exit_status(tmp_path: Path) -> None:
     assert data["ok"] is False
     checks = {(c["check"], c["status"]) for c in data["checks"]}
     assert ("environment", "fail") in checks and ("nvml", "warn") in checks
+
+
+def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML as on a machine without the NVIDIA driver (whatever machine runs the tests)."""
+    def missing() -> object:
+        raise ImportError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(gpu, "_default_nvml", missing)
+
+
+def test_doctor_checks_the_shipped_config_without_nvml_given_the_gpu_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _no_nvml(monkeypatch)
+    args = ["--config", str(SEED_TOML), "--gpus", "8", "--json"]
+    with capture_logs() as logs:
+        result = CliRunner().invoke(doctor, args)
+    assert result.exit_code == 1, result.output  # the seed's interpreter and model are absent
+    data = json.loads(result.stdout)  # nothing but the report on stdout
+    checks = {(c["check"], c["status"]) for c in data["checks"]}
+    assert ("nvml", "warn") in checks
+    # The other checks ran, for the 8 workers --gpus stands for.
+    assert {"environment", "port_http", "port_nccl", "exposure"} <= {c for c, _ in checks}
+    env_check = next(c for c in data["checks"] if c["check"] == "environment")
+    assert env_check["workers"] == list(range(8))
+    # The doctor reports NVML as a check, never with the agent's retry warning.
+    assert [e for e in logs if e["event"] == "nvml_unavailable"] == []
+
+
+def test_doctor_without_nvml_or_a_gpu_count_says_to_pass_the_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _no_nvml(monkeypatch)
+    result = CliRunner().invoke(doctor, ["--config", str(SEED_TOML)])
+    assert result.exit_code == 1
+    assert 'workers.gpus: gpus = "all" needs' in result.stderr
+    assert "pass --gpus N" in result.stderr
+
+
+def test_the_doctors_report_has_no_nvml_log_line(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    _no_nvml(monkeypatch)
+    config = tmp_path / "farm.toml"
+    config.write_text(SEED_TOML.read_text().replace('gpus = "all"', "gpus = [0]"))
+    before = structlog.get_config()
+    structlog.reset_defaults()  # structlog's own default: print to stdout
+    try:
+        result = CliRunner().invoke(doctor, ["--config", str(config)])
+    finally:
+        structlog.configure(**before)
+    assert result.exit_code == 1
+    assert "nvml_unavailable" not in result.output and "retry_in_s" not in result.output
+    assert result.stdout.startswith("STATUS")
+
+
+def test_a_missing_interpreter_is_named_once_and_its_fix_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    spec = seed_spec(tmp_path, gpus=1)
+    python = str(tmp_path / "nope" / "python3")
+    spec2 = replace(spec, farm=replace(spec.farm, python=python))
+    report = run_doctor(spec2, Sm120Poller(count=1), run_probe=make_probe_runner(timeout=10))
+    env_check = _fails(report)[CheckId.ENVIRONMENT]
+    assert env_check.message.count(python) == 1, env_check.message
+    assert python not in env_check.fix
+    assert "pip install sglang" in env_check.fix and "[farm] python" in env_check.fix
+
+
+def test_the_missing_default_interpreter_is_not_offered_as_its_own_fix() -> None:
+    spec = load_spec("[workers]\ngpus = [0]\n[sglang]\nmodel_path = '/m'\n", source="f")
+    python = spec.farm.python
+    assert python == "/opt/sglang/bin/python3"  # the default, and the usual example
+    obs = Observations(
+        fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
+        env={0: ProbeOutcome(error=f"{python} does not exist", missing=True)},
+        flags={}, ports={}, models={},
+    )
+    env_check = _fails(evaluate(spec, obs))[CheckId.ENVIRONMENT]
+    assert python in env_check.message and python not in env_check.fix
+
+
+@pytest.mark.parametrize(("statuses", "line"), [
+    ((Status.FAIL, Status.WARN, Status.PASS), "1 failed, 1 warning, 1 passed"),
+    ((Status.WARN, Status.WARN, Status.PASS, Status.PASS), "0 failed, 2 warnings, 2 passed"),
+])
+def test_the_report_counts_are_pluralized(statuses: tuple[Status, ...], line: str) -> None:
+    checks = tuple(Check(CheckId.GPU, s, f"check {i}") for i, s in enumerate(statuses))
+    text = format_report(DoctorReport(checks))
+    assert line in text.splitlines()
+
+
+def test_doctor_warns_about_workers_reachable_without_an_api_key(tmp_path: Path) -> None:
+    env = make_fixed_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=2)  # host = "0.0.0.0"
+    report = run_doctor(spec, Sm120Poller(count=2), run_probe=fake_runner(env, tmp_path))
+    (exposure,) = _by_id(report, CheckId.EXPOSURE)
+    assert exposure.status is Status.WARN and exposure.workers == (0, 1)
+    assert exposure.message.startswith("workers listen on '0.0.0.0' (not loopback) without "
+                                       "api_key")
+    assert 'host = "127.0.0.1"' in exposure.fix and "api_key" in exposure.fix
+    assert report.ok  # a warning, not a failure
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ('[sglang]\napi_key = "k"\n', "api_key is set"),
+    ("", "listens on loopback"),
+])
+def test_doctor_passes_keyed_or_loopback_workers(extra: str, message: str) -> None:
+    host = "0.0.0.0" if extra else "127.0.0.1"
+    text = f'[workers]\ngpus = [0]\nhost = "{host}"\n' + (extra or "[sglang]\n")
+    spec = load_spec(text + "model_path = '/m'\n", source="f")
+    obs = Observations(fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
+                       env={}, flags={}, ports={}, models={})
+    (exposure,) = _by_id(evaluate(spec, obs), CheckId.EXPOSURE)
+    assert exposure.status is Status.PASS and message in exposure.message
 
 
 # --- helpers -------------------------------------------------------------------------------

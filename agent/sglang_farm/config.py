@@ -4,7 +4,9 @@
 the thin shell that reads one file. Validation runs in two passes: shape and types
 per section, then cross-field rules over the resolved workers (one worker per GPU,
 unique ports, the canary is a worker, the OOM ladder adjusts configured numbers).
-Unknown keys are errors, so a typo never turns into a silent default.
+Unknown keys are errors, so a typo never turns into a silent default. Before both, every
+string value anywhere is refused if it holds a control character: values are written
+into unit files (a newline would start a new directive), command lines and environments.
 
 Every problem is one line, `file:line: key.path: what is wrong (the bad value) and
 what is accepted`. tomllib gives no positions, so `_LineIndex` finds them by scanning
@@ -14,12 +16,14 @@ Raises `errors.ConfigError(source, problems)`. A flag that some SGLang version a
 is never a problem: a spelling of an older SGLang (`sglang_flags.RENAMES`) is a
 warning naming both versions, returned by `check_spec` / `check_spec_file` beside the
 spec (this module has no SGLang at hand; the doctor judges flags by the installed
-one). The reference is `docs/config.md`.
+one). Workers listening off loopback without an API key are a warning too. The
+reference is `docs/config.md`.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -221,6 +225,9 @@ class _Problems:
         self.index = index
         self.items: list[_Located] = []
         self.warnings: list[_Located] = []
+        # Keys whose value was already refused as a whole (control characters): later
+        # problems at or below them would only repeat it.
+        self.refused: set[_Path] = set()
 
     def _locate(self, path: _Path, message: str, line_of: _Path | None) -> tuple[int | None, str]:
         line = self.index.line(path if line_of is None else line_of)
@@ -228,6 +235,8 @@ class _Problems:
         return line, (f"{where}: {_fmt_path(path)}: {message}" if path else f"{where}: {message}")
 
     def add(self, path: _Path, message: str, *, line_of: _Path | None = None) -> None:
+        if any(path[: len(r)] == r for r in self.refused):
+            return
         line, text = self._locate(path, message, line_of)
         self.items.append((line, len(self.items), text))
 
@@ -296,18 +305,25 @@ _PORT = _int(1, 65535)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_HINT = "seconds as a number, or a string like '500ms', '30s', '5m', '1h30m'"
+# Durations become systemd time spans (TimeoutStartSec=, TimeoutStopSec=), and systemd
+# ignores a span it cannot parse (and keeps its 90 s default); none of the farm's waits
+# needs more than a year.
+MAX_DURATION_S = 365 * 24 * 3600.0
 
 
 def parse_duration(v: object) -> float:
     """Seconds from a number or a string like "500ms", "30s", "5m", "1h30m".
 
-    Raises ValueError with a user-facing message. Zero and negative values are for the
-    caller to judge.
+    Raises ValueError with a user-facing message, also for NaN and infinity (TOML has
+    `nan` and `inf`; a string of 400 digits overflows to infinity) and for more than
+    `MAX_DURATION_S`. Zero and negative values are for the caller to judge.
     """
+    seconds: float | None = None
     if _is_number(v):
         assert isinstance(v, int | float)
-        return float(v)
-    if isinstance(v, str):
+        # An integer too big for a float (TOML integers may be huge here) is just "too long".
+        seconds = float(v) if isinstance(v, float) or abs(v) < 10**18 else math.copysign(1e18, v)
+    elif isinstance(v, str):
         text = v.strip()
         pos, total = 0, 0.0
         for m in _DURATION_RE.finditer(text):
@@ -316,8 +332,15 @@ def parse_duration(v: object) -> float:
             total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
             pos = m.end()
         if text and pos == len(text):
-            return total
-    raise ValueError(f"expected a duration ({_DURATION_HINT}), got {_show(v)}")
+            seconds = total
+    if seconds is None:
+        raise ValueError(f"expected a duration ({_DURATION_HINT}), got {_show(v)}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"expected a duration ({_DURATION_HINT}), a finite one, got {_show(v)}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"expected a duration of at most {MAX_DURATION_S:.0f} s (365 days), "
+                         f"got {_show(v)}")
+    return seconds
 
 
 def _duration(*, allow_zero: bool = False) -> Callable[[object], float]:
@@ -371,13 +394,51 @@ def _module(v: object) -> str:
     return v
 
 
+# What systemd refuses in an ExecStart= program path (quotes, backslashes; `$` is not
+# expanded there), and whitespace, which would need quoting wherever the path is written.
+_PYTHON_BAD = frozenset("\"'\\$")
+
+
 def _python(v: object) -> str:
     if not isinstance(v, str) or not (v.startswith("/") or v == AGENT_PYTHON):
         raise _Bad(
             f"expected an absolute path to the SGLang environment's interpreter "
             f"(e.g. '/opt/sglang/bin/python3') or {AGENT_PYTHON!r}, got {_show(v)}"
         )
+    bad = sorted({ch for ch in v if ch in _PYTHON_BAD or ch.isspace()})
+    if bad:
+        shown = ", ".join(repr(ch) for ch in bad)
+        raise _Bad(f"the workers' ExecStart= cannot run a program path containing {shown}, "
+                   f"got {_show(v)}; use a path without quotes, backslashes, '$' or spaces "
+                   "(a symlink to the interpreter will do)")
     return v
+
+
+# POSIX portable user names (letters, digits, '.', '_', '-'; no leading '-') as systemd's
+# User=/Group= accept them, and not starting with a digit (systemd would read a number as
+# a uid); at most 32 characters (useradd's limit).
+_ACCOUNT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def _account(kind: str) -> Callable[[object], str]:
+    def conv(v: object) -> str:
+        if not isinstance(v, str) or not _ACCOUNT_RE.fullmatch(v):
+            raise _Bad(f"expected a {kind} name: a letter or '_', then letters, digits, '_', "
+                       f"'.' or '-', at most 32 characters (as useradd and systemd's "
+                       f"{kind.capitalize()}= accept), got {_show(v)}")
+        return v
+
+    return conv
+
+
+def _key_file(v: object) -> str:
+    path = _abs_path(v)
+    # The rest of a LoadCredential= line is the path: systemd strips surrounding blanks
+    # and reads a trailing backslash as a line continuation.
+    if path != path.strip() or path.endswith("\\"):
+        raise _Bad(f"expected a path without surrounding blanks or a trailing backslash "
+                   f"(systemd's LoadCredential= would misread it), got {_show(v)}")
+    return path
 
 
 def _socket_path(v: object) -> str:
@@ -404,6 +465,51 @@ def _listen(v: object) -> str:
 def listen_port(listen: str) -> int:
     """The port of a validated `metrics.listen` value."""
     return int(listen.rpartition(":")[2])
+
+
+# --- control characters ---------------------------------------------------------------
+
+_CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\0": "a NUL"}
+
+
+def _control_char(text: str) -> str | None:
+    """The first C0 control character or DEL in `text`, named for people; None if none."""
+    for ch in text:
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            return _CONTROL_NAMES.get(ch, f"the control character {ch!r}")
+    return None
+
+
+def _refuse_control_chars(p: _Problems, value: object, path: _Path = ()) -> None:
+    """Refuse every string value holding a control character, wherever it is.
+
+    Values end up in unit files (User=, Environment=, ExecStart=), whose parser reads a
+    newline as the start of the next directive (`ExecStartPre=+...` runs as root), in
+    argv and environments (no NUL can pass), and in log and status lines. The key is
+    then marked refused, so the section's own checks do not report it again.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_control_chars(p, item, (*path, key))
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, dict | list):
+                _refuse_control_chars(p, item, (*path, i))
+            elif isinstance(item, str) and (found := _control_char(item)) is not None:
+                _refuse_control(p, path, found, f" (item {i + 1})")
+                return
+        return
+    if isinstance(value, str) and (found := _control_char(value)) is not None:
+        _refuse_control(p, path, found, "")
+
+
+def _refuse_control(p: _Problems, path: _Path, found: str, where: str) -> None:
+    nul = "; no process can receive a NUL" if found == "a NUL" else ""
+    p.add(path, f"contains {found}{where}, a control character: every value must be one line "
+          f"of printable text (it goes into unit files, command lines and environments{nul}); "
+          "remove it (a JSON value fits on one line)")
+    p.refused.add(path)
 
 
 # --- SGLang flags ---------------------------------------------------------------------
@@ -444,14 +550,23 @@ def _flag_key_problem(key: str) -> str | None:
     return None
 
 
+def _finite(v: object) -> None:
+    """Refuse TOML's nan and inf: no SGLang flag or farm number means them."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise _Bad(f"expected a finite number, got {_show(v)}")
+
+
 def _flag_value(v: object) -> FlagValue:
     if isinstance(v, bool | int | float | str):
+        _finite(v)
         return v
     if isinstance(v, list):
         if not v:
             raise _Bad("expected at least one item (SGLang's list flags need one); omit the key")
         if not all(_is_number(x) or isinstance(x, str) for x in v):
             raise _Bad(f"expected a list of strings or numbers, got {_show(v)}")
+        for x in v:
+            _finite(x)
         return tuple(v)
     if isinstance(v, dict):
         raise _Bad(
@@ -574,8 +689,8 @@ def _farm(r: _Reader, doc: _Table, agent_python: str | None) -> FarmSection:
         name=r.get(tbl, path, "name", _farm_name, d.name),
         python=python,
         module=r.get(tbl, path, "module", _module, d.module),
-        user=r.get(tbl, path, "user", _str, d.user),
-        group=r.get(tbl, path, "group", _str, d.group),
+        user=r.get(tbl, path, "user", _account("user"), d.user),
+        group=r.get(tbl, path, "group", _account("group"), d.group),
         state_dir=r.get(tbl, path, "state_dir", _abs_path, d.state_dir),
         env=MappingProxyType(r.env(tbl, path)),
     )
@@ -665,16 +780,19 @@ def _control(r: _Reader, doc: _Table) -> ControlSpec:
     tbl = r.table(path, doc.get("control", {}), ("socket", "group"))
     return ControlSpec(
         socket=r.get(tbl, path, "socket", _socket_path, d.socket),
-        group=r.get(tbl, path, "group", _str, d.group),
+        group=r.get(tbl, path, "group", _account("group"), d.group),
     )
 
 
-_HOST_RE = re.compile(r"[A-Za-z0-9.-]+|\[?[0-9A-Fa-f:.]+\]?")
+# A DNS name or IPv4 address (never starting with '-': it is an argv item), or an IPv6
+# address with or without its brackets.
+_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
 
 def _host(v: object) -> str:
     if not isinstance(v, str) or not _HOST_RE.fullmatch(v):
-        raise _Bad(f"expected a host name or IP address, got {_show(v)}")
+        raise _Bad(f"expected a host name or IP address (letters, digits, '.', '-'; IPv6 "
+                   f"with ':'), got {_show(v)}")
     return v.strip("[]")
 
 
@@ -703,8 +821,8 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
         policy=r.get(tbl, path, "policy", _choice(*GATEWAY_POLICIES), d.policy),
         metrics_listen=r.get(tbl, path, "metrics_listen", _listen, d.metrics_listen),
         extra_args=r.get(tbl, path, "extra_args", _str_list, d.extra_args),
-        admin_key_file=r.get(tbl, path, "admin_key_file", _abs_path, d.admin_key_file),
-        api_key_file=r.get(tbl, path, "api_key_file", _abs_path, d.api_key_file),
+        admin_key_file=r.get(tbl, path, "admin_key_file", _key_file, d.admin_key_file),
+        api_key_file=r.get(tbl, path, "api_key_file", _key_file, d.api_key_file),
         worker_host=r.get(tbl, path, "worker_host", _host, d.worker_host),
         drain_timeout=r.get(tbl, path, "drain_timeout", _duration(allow_zero=True),
                             d.drain_timeout),
@@ -808,6 +926,7 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
                     continue
                 if not _is_number(value):
                     raise _Bad(f"expected a number, got {_show(value)}")
+                _finite(value)
                 assert isinstance(value, int | float)
                 if op == "multiply" and value <= 0:
                     raise _Bad(f"expected a factor > 0, got {_show(value)}")
@@ -828,8 +947,8 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
                 r.p.add(bpath, f"{bound} bounds a flag this step adds to or multiplies; "
                         f"{flag!r} is in neither add nor multiply of this step")
                 ok = False
-            elif not _is_number(value):
-                r.p.add(bpath, f"expected a number, got {_show(value)}")
+            elif not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
+                r.p.add(bpath, f"expected a finite number, got {_show(value)}")
                 ok = False
     lo, hi = ops["min"], ops["max"]
     for flag in set(lo) & set(hi):
@@ -852,6 +971,7 @@ class _Claim:
     gpus_path: _Path
     port_path: _Path
     nccl_path: _Path
+    host_path: _Path
 
 
 def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> list[int] | None:
@@ -895,7 +1015,7 @@ def _workers(
     before = len(r.p.items)
     per = r.get(tbl, path, "gpus_per_worker", _int(1), d.gpus_per_worker)
     per_ok = len(r.p.items) == before
-    host = r.get(tbl, path, "host", _str, d.host)
+    host = r.get(tbl, path, "host", _host, d.host)
     base_port = r.get(tbl, path, "base_port", _PORT, d.base_port)
     nccl_base = r.get(tbl, path, "nccl_base_port", _PORT, d.nccl_base_port)
     gpus = _gpu_list(r, (*path, "gpus"), tbl.get("gpus", d.gpus), gpu_count)
@@ -962,6 +1082,7 @@ def _workers(
             gpus_path=(*opath, "gpus") if "gpus" in ov else (*path, "gpus"),
             port_path=(*opath, "port") if "port" in ov else (*path, "base_port"),
             nccl_path=(*opath, "nccl_port") if "nccl_port" in ov else (*path, "nccl_base_port"),
+            host_path=(*opath, "host") if "host" in ov else (*path, "host"),
         )
     return workers, claims
 
@@ -977,7 +1098,7 @@ def _override(r: _Reader, path: _Path, raw: object, gpu_count: int | None) -> _T
             r.p.add((*path, "gpus"), "expected a list of this worker's GPUs, got 'all'")
         elif gpus is not None:
             out["gpus"] = gpus
-    for key, conv in (("host", _str), ("port", _PORT), ("nccl_port", _PORT)):
+    for key, conv in (("host", _host), ("port", _PORT), ("nccl_port", _PORT)):
         value = r.get(tbl, path, key, conv, None)
         if value is not None:
             out[key] = value
@@ -1049,6 +1170,32 @@ def _cross_check(
                         "" if len(missing) == len(workers) else f" (workers {missing} lack it)"))
     _check_no_buffer(r, workers)
     _check_oom_flags(r, workers, oom, oom_indices)
+    _warn_exposed(r, workers, claims)
+
+
+def _ids_text(ids: list[int]) -> str:
+    """`worker 3`, `workers 0-7` or `workers [0, 2, 5]`."""
+    if len(ids) == 1:
+        return f"worker {ids[0]}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"workers {ids[0]}-{ids[-1]}"
+    return f"workers {ids}"
+
+
+def _warn_exposed(r: _Reader, workers: list[WorkerSpec], claims: dict[int, _Claim]) -> None:
+    # Without --api-key SGLang serves every route, admin ones included, to whoever reaches
+    # the port (docs/reference/sglang.md §6.2); on a non-loopback address that is the network.
+    exposed: dict[tuple[_Path, str], list[int]] = {}
+    for w in workers:
+        if not is_loopback(w.host) and not w.flags.get("api_key"):
+            exposed.setdefault((claims[w.id].host_path, w.host), []).append(w.id)
+    for (path, host), ids in exposed.items():
+        listen, them = ("listens", "it") if len(ids) == 1 else ("listen", "them")
+        r.p.warn(path, f"{_ids_text(ids)} {listen} on {host!r} (not loopback) without api_key: "
+                 f"anyone who can reach this host can use {them}, admin routes included; bind "
+                 f'{them} to host = "127.0.0.1" and serve through the gateway ([gateway]), or '
+                 "set api_key and keep it out of world-readable files (docs/config.md, "
+                 "\"Exposure and keys\")")
 
 
 def _no_buffer_key(flags: Mapping[str, FlagValue]) -> str | None:
@@ -1151,6 +1298,7 @@ def check_spec(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [_syntax_problem(source, exc)]) from exc
     problems = _Problems(source, _LineIndex(text))
+    _refuse_control_chars(problems, doc)
     r = _Reader(problems)
     r.table((), doc, _SECTIONS)
     farm = _farm(r, doc, agent_python)

@@ -8,7 +8,9 @@ and it never raises:
 - a GPU-level failure (GpuIsLost, Unknown, ...) gives an unhealthy `GpuSnapshot`
   carrying the error, and the other GPUs are still read;
 - NVML that cannot be initialised at all gives `nvml_up=False`, one warning in
-  the log, and a new `nvmlInit` attempt only every `retry_init_s` seconds.
+  the log (none with `quiet=True`: a one-shot caller such as the doctor reports the
+  snapshot's error itself, and no retry follows), and a new `nvmlInit` attempt only
+  every `retry_init_s` seconds.
 
 XID critical errors arrive through an NVML event set registered at init; every
 snapshot drains it with zero-timeout waits and adds the codes to running totals.
@@ -219,8 +221,10 @@ class NvmlPoller:
         energy_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        quiet: bool = False,
     ) -> None:
         self._nvml_given = nvml
+        self._quiet = quiet  # no log lines about NVML coming and going
         self._nvml: Any = nvml  # None until the first init attempt imports pynvml
         self._retry_init_s = retry_init_s
         self._energy_interval_s = energy_interval_s
@@ -255,6 +259,8 @@ class NvmlPoller:
             self._init_error = f"NVML unavailable: {type(exc).__name__}: {exc}"
             if not self._warned:
                 self._warned = True
+                if self._quiet:
+                    return
                 log.warning(
                     "nvml_unavailable",
                     error=self._init_error,
@@ -265,7 +271,7 @@ class NvmlPoller:
             return
         self._up = True
         self._init_error = None
-        if self._warned:
+        if self._warned and not self._quiet:
             log.info("nvml_available")
         self._warned = False
         try:
@@ -349,7 +355,8 @@ class NvmlPoller:
         )
 
     def _lost_nvml(self, exc: BaseException) -> None:
-        log.warning("nvml_lost", error=str(exc), retry_in_s=self._retry_init_s)
+        if not self._quiet:
+            log.warning("nvml_lost", error=str(exc), retry_in_s=self._retry_init_s)
         self.close()
         self._up = False
         self._warned = True  # already said it; the next failing init stays quiet

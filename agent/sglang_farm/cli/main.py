@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from sglang_farm import __version__
-from sglang_farm.cli.options import config_option
+from sglang_farm.cli.options import config_error_text, config_option, gpus_option
 from sglang_farm.gpu import gpu_count_for_config
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 
@@ -63,21 +63,28 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
     sys.exit(code)
 
 
+def _gpu_count(config_path: str, gpus: int | None) -> int | None:
+    """`--gpus N` when given, else NVML's count when the config says gpus = "all"."""
+    return gpus if gpus is not None else gpu_count_for_config(config_path)
+
+
 @cli.command("check-config")
 @config_option
-def check_config(config_path: str) -> None:
+@gpus_option
+def check_config(config_path: str, gpus: int | None) -> None:
     """Validate the config and print every problem with its line; exit 1 if there are any.
 
     Warnings (e.g. a flag spelt as an older SGLang spells it: this check has no SGLang at
-    hand, `sglang-farm doctor` asks the installed one) go to stderr and do not fail.
+    hand, `sglang-farm doctor` asks the installed one; workers reachable from other hosts
+    without an API key) go to stderr and do not fail.
     """
     from sglang_farm.config import check_spec_file
     from sglang_farm.errors import ConfigError
 
     try:
-        result = check_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
+        result = check_spec_file(config_path, gpu_count=_gpu_count(config_path, gpus))
     except ConfigError as exc:
-        click.echo(str(exc), err=True)
+        click.echo(config_error_text(exc, gpus_given=gpus is not None), err=True)
         sys.exit(1)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -104,7 +111,8 @@ def check_config(config_path: str) -> None:
     show_default=True,
     help="Path of sglang-farm inside the units (the readiness gate runs it).",
 )
-def render(config_path: str, out: Path, agent_bin: str) -> None:
+@gpus_option
+def render(config_path: str, out: Path, agent_bin: str, gpus: int | None) -> None:
     """Write the systemd units for this config: template, one drop-in per worker, agent, target."""
     from sglang_farm.config import load_spec_file
     from sglang_farm.errors import ConfigError
@@ -112,9 +120,9 @@ def render(config_path: str, out: Path, agent_bin: str) -> None:
     from sglang_farm.units import write_units
 
     try:
-        spec = load_spec_file(config_path, gpu_count=gpu_count_for_config(config_path))
+        spec = load_spec_file(config_path, gpu_count=_gpu_count(config_path, gpus))
     except ConfigError as exc:
-        click.echo(str(exc), err=True)
+        click.echo(config_error_text(exc, gpus_given=gpus is not None), err=True)
         sys.exit(1)
     files = render_units(spec, agent_bin=agent_bin, config_path=str(Path(config_path).resolve()))
     changes = write_units(out, files)

@@ -161,7 +161,8 @@ def gather(
         try:
             return ProbeOutcome(result=runner(spec.farm.python, env, mode, payload))
         except ProbeError as exc:
-            return ProbeOutcome(error=str(exc))
+            missing = not os.path.exists(spec.farm.python)
+            return ProbeOutcome(error=str(exc), missing=missing)
 
     env_out: dict[int, ProbeOutcome] = {}
     flags_out: dict[int, FlagsOutcome] = {}

@@ -34,7 +34,8 @@ def format_report(report: DoctorReport) -> str:
     counts = report.counts()
     picked = sorted(set(report.attention.values()))
     lines.append("")
-    lines.append(f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed"
+    warnings = f"{counts['warn']} warning{'' if counts['warn'] == 1 else 's'}"
+    lines.append(f"{counts['fail']} failed, {warnings}, {counts['pass']} passed"
                  + (f"; attention backend: {', '.join(picked)}" if picked else ""))
     lines.append("OK: nothing blocks a start." if report.ok else
                  "NOT OK: the failed checks above would stop the workers they name.")

@@ -24,6 +24,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.sglang_flags import (
     ATTENTION_BACKEND_KEYS,
@@ -80,6 +81,7 @@ class CheckId(StrEnum):
     SHM = "shm"
     MEMORY = "mem_fraction_static"
     NCCL = "nccl"
+    EXPOSURE = "exposure"
 
 
 # Checks whose verdict goes stale within seconds (another process binds the port; the
@@ -154,6 +156,7 @@ class ProbeOutcome:
 
     result: Mapping[str, Any] | None = None
     error: str | None = None
+    missing: bool = False  # the interpreter itself does not exist
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,18 +382,34 @@ def _gpu_checks(fleet: FleetSnapshot, w: WorkerSpec) -> list[Check]:
     return out
 
 
-_FIX_PYTHON = ("set [farm] python to the interpreter of the SGLang environment "
-               "(e.g. /opt/sglang/bin/python3)")
+_EXAMPLE_PYTHON = "/opt/sglang/bin/python3"
+# For an interpreter that is not there: what to do, never the path just found missing.
+_FIX_MISSING_PYTHON = (
+    "install SGLang in a virtual environment (`python3 -m venv DIR && DIR/bin/pip install "
+    "sglang`) and set [farm] python to DIR/bin/python3, or to the interpreter of an "
+    "existing SGLang environment (the one where `import sglang` works)"
+)
+
+
+def _fix_python(python: str) -> str:
+    """Point [farm] python elsewhere; the example only when it is not the configured path."""
+    example = f" (e.g. {_EXAMPLE_PYTHON})" if python != _EXAMPLE_PYTHON else ""
+    return f"set [farm] python to the interpreter of the SGLang environment{example}"
 
 
 def _env_checks(
     spec: FarmSpec, w: WorkerSpec, cc: tuple[int, int] | None, probe: ProbeOutcome
 ) -> list[Check]:
     python = spec.farm.python
-    if probe.result is None:
+    if probe.result is None and probe.missing:
         return [Check(CheckId.ENVIRONMENT, Status.FAIL,
-                      f"cannot probe the SGLang environment {python}: {probe.error}",
-                      _FIX_PYTHON)]
+                      f"the workers' interpreter {python} ([farm] python) does not exist",
+                      _FIX_MISSING_PYTHON)]
+    if probe.result is None:
+        error = (probe.error or "no result").replace(python, "it")
+        return [Check(CheckId.ENVIRONMENT, Status.FAIL,
+                      f"cannot probe the SGLang environment {python}: {error}",
+                      _fix_python(python))]
     r = probe.result
     out = [Check(CheckId.ENVIRONMENT, Status.PASS,
                  f"{python}: Python {r.get('python', {}).get('version', '?')}")]
@@ -404,7 +423,7 @@ def _env_checks(
         else:
             out.append(Check(CheckId.SGLANG, Status.FAIL,
                              f"sglang is not installed in {python}",
-                             f"`{python} -m pip install sglang`, or " + _FIX_PYTHON))
+                             f"`{python} -m pip install sglang`, or " + _fix_python(python)))
         out.append(_kernel_check(r.get("sgl_kernel") or {}, cc, python))
         out.append(_deep_gemm_check(r, cc))
     return out
@@ -805,6 +824,26 @@ def _memory_fraction_check(w: WorkerSpec, mem_total: int | None) -> list[Check]:
     return [Check(CheckId.MEMORY, Status.PASS, f"mem_fraction_static {frac}{share}")]
 
 
+_FIX_EXPOSURE = (
+    'bind the workers to loopback (host = "127.0.0.1" in [workers]) and serve through the '
+    "gateway ([gateway] mode = \"managed\"), or set api_key and keep the key out of "
+    "world-readable files (docs/config.md, \"Exposure and keys\")"
+)
+
+
+def _exposure_check(w: WorkerSpec) -> Check:
+    """Whether anyone on the network can use the worker (docs/reference/sglang.md §6.2:
+    without --api-key SGLang serves every route, admin ones included, to any caller)."""
+    if is_loopback(w.host):
+        return Check(CheckId.EXPOSURE, Status.PASS, f"listens on loopback ({w.host})")
+    if w.flags.get("api_key"):
+        return Check(CheckId.EXPOSURE, Status.PASS,
+                     f"listens on {w.host!r}; api_key is set (routes need the key)")
+    return Check(CheckId.EXPOSURE, Status.WARN,
+                 f"workers listen on {w.host!r} (not loopback) without api_key: anyone who "
+                 "can reach this host can use them, admin routes included", _FIX_EXPOSURE)
+
+
 def _merge(checks: Iterable[tuple[int | None, Check]]) -> tuple[Check, ...]:
     """One row per distinct verdict, with the workers it applies to (first-seen order)."""
     rows: dict[tuple[CheckId, Status, str, str], list[int]] = {}
@@ -853,6 +892,7 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
         found += [(w.id, c) for c in _flag_checks(spec, w, obs.flags.get(w.id),
                                                   installed_sglang(probe))]
         found += [(w.id, c) for c in _port_checks(obs, w)]
+        found.append((w.id, _exposure_check(w)))
         if spec.farm.module == SGLANG_MODULE:
             found += [(w.id, c) for c in _model_checks(obs, w, mem_total)]
             found += [(w.id, c) for c in _memory_fraction_check(w, mem_total)]
