@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 
 from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 
-__all__ = ["Farm", "FarmSetup", "event_time", "running_farm", "sim_env"]
+__all__ = ["Farm", "FarmSetup", "event_time", "free_port_block", "running_farm", "sim_env"]
 
 LOAD_S = 1.0  # SGLANG_SIM_LOAD_SECONDS of every benchmark worker
 WARMUP_S = 0.1

@@ -23,11 +23,15 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.farmrun import LOAD_S
 from bench.stats import summary
+
+if TYPE_CHECKING:
+    from sdfarm import SdFarm
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -66,17 +70,13 @@ _SIMLOAD = (
 )
 
 
-def _harness() -> tuple[Any, Any]:
-    """tests/sdcontainer.py and tests/sdfarm.py (plain modules on tests/, not a package)."""
+def _tests_on_path() -> None:
+    """tests/sdcontainer.py and tests/sdfarm.py are plain modules on tests/, not a package."""
     if str(TESTS) not in sys.path:
         sys.path.append(str(TESTS))
-    import sdcontainer  # type: ignore[import-not-found]  # tests/ is put on sys.path
-    import sdfarm  # type: ignore[import-not-found]  # ditto
-
-    return sdcontainer, sdfarm
 
 
-def _signal(farm: Any, py: str, sig: str, worker: int, *, cgroup: bool) -> dict[str, Any]:
+def _signal(farm: SdFarm, py: str, sig: str, worker: int, *, cgroup: bool) -> dict[str, Any]:
     unit = f"sglang@{worker}.service"
     show = farm.show([unit], "MainPID,ControlGroup")[unit]
     pid = int(show.get("MainPID", "0") or 0)
@@ -88,7 +88,7 @@ def _signal(farm: Any, py: str, sig: str, worker: int, *, cgroup: bool) -> dict[
     return out
 
 
-def _event(farm: Any, event: str, worker: int, after: float, timeout: float, **f: Any) -> Any:
+def _event(farm: SdFarm, event: str, worker: int, after: float, timeout: float, **f: Any) -> Any:
     """The agent's first `event` for `worker` logged at or after epoch `after`."""
 
     def probe() -> tuple[bool, Any]:
@@ -98,7 +98,7 @@ def _event(farm: Any, event: str, worker: int, after: float, timeout: float, **f
     return farm.wait(f"{event} of worker {worker}", probe, timeout=timeout, interval=0.1)
 
 
-def _exit_record(farm: Any, worker: int, after: float) -> float | None:
+def _exit_record(farm: SdFarm, worker: int, after: float) -> float | None:
     """Epoch of systemd's "Main process exited" journal record for the unit, at/after `after`."""
     for e in farm.journal_json("-u", f"sglang@{worker}.service", "--since", f"@{int(after) - 1}"):
         msg = e.get("MESSAGE", "")
@@ -110,7 +110,7 @@ def _exit_record(farm: Any, worker: int, after: float) -> float | None:
     return None
 
 
-def crashes(farm: Any, py: str, workers: list[int], sim_load_s: float) -> dict[str, Any]:
+def crashes(farm: SdFarm, py: str, workers: list[int], sim_load_s: float) -> dict[str, Any]:
     """SIGKILL each unit's MainPID in turn; wait until it is ready again before the next."""
     recorded, sd_record, sd_to_agent, relaunch, ready_again = [], [], [], [], []
     launch_to_ready, unit_started_to_ready = [], []
@@ -150,7 +150,7 @@ def crashes(farm: Any, py: str, workers: list[int], sim_load_s: float) -> dict[s
     }
 
 
-def hangs(farm: Any, py: str, workers: list[int]) -> dict[str, Any]:
+def hangs(farm: SdFarm, py: str, workers: list[int]) -> dict[str, Any]:
     """SIGSTOP every process of each unit's cgroup; time until the agent issues the hang restart."""
     issued, signalled = [], []
     for w in workers:
@@ -180,12 +180,14 @@ def _all(states: dict[int, str], want: str) -> tuple[bool, dict[int, str]]:
     return all(s == want for s in states.values()), states
 
 
-def run(quick: bool = False, say: Any = None) -> dict[str, Any]:
+def run(quick: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Boot the container, start the farm, measure; {"not_measured": why} when it cannot."""
     t0 = time.monotonic()
     tell = say or (lambda _msg: None)
+    _tests_on_path()
     try:
-        sdc, sdf = _harness()
+        import sdcontainer as sdc
+        import sdfarm as sdf
     except ImportError as exc:  # pytest (a dev dependency) missing, or the tests/ folder
         return {"not_measured": f"the systemd container harness (tests/) cannot load: {exc}"}
     reason = sdc.skip_reason()

@@ -21,6 +21,8 @@ and the tail of the agent's journal.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterable
@@ -28,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sdcontainer import VENV_PYTHON, SystemdContainer
+from sdcontainer import REPO, VENV_PYTHON, SystemdContainer
 
 T = TypeVar("T")
 
@@ -38,11 +40,14 @@ FARMCTL = str(BIN / "farmctl")
 CONFIG = "/etc/sglang-farm/farm.toml"
 AGENT = "sglang-farm.service"
 TARGET = "sglang-farm.target"
+GATEWAY = "sglang-farm-gateway.service"
 BASE_PORT = 30000
 
-# systemd's catalog ids (sd-messages.h) for a unit's start job beginning and ending well.
+# systemd's catalog ids (sd-messages.h) for a unit's start job beginning and ending well,
+# and for its stop job beginning (logged just before the stop signal is sent).
 MSG_UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
+MSG_UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
 
 
 def unit(n: int) -> str:
@@ -129,6 +134,89 @@ def farm_toml(
         """
         )
     )
+
+
+def gateway_toml(
+    *,
+    listen: str = "127.0.0.1:8000",
+    metrics_listen: str = "127.0.0.1:29000",
+    admin_key_file: str | None = None,
+    drain_timeout: str = "5s",
+    extra_args: Iterable[str] = ("--shutdown-grace-period-secs", "2"),
+) -> str:
+    """A `[gateway]` section running smg managed, to append to `farm_toml()`.
+
+    The default extra flag shortens smg's shutdown grace so that stopping it stays quick.
+    """
+    lines = [
+        "",
+        "[gateway]",
+        'mode = "managed"',
+        f'listen = "{listen}"',
+        f'metrics_listen = "{metrics_listen}"',
+        'policy = "round_robin"',
+        f'drain_timeout = "{drain_timeout}"',
+        f"extra_args = {json.dumps(list(extra_args))}",
+    ]
+    if admin_key_file is not None:
+        lines.append(f'admin_key_file = "{admin_key_file}"')
+    return "\n".join(lines) + "\n"
+
+
+def open_to_dynamic_users(c: SystemdContainer, paths: Iterable[str | Path]) -> list[str]:
+    """Let any user enter the folders above `paths` (and run what is there), inside.
+
+    The managed gateway runs as a DynamicUser= and needs the test venv's interpreter,
+    which may live in a folder only root may enter (pyenv under /root, mode 0700). The
+    chmod lands in the container's overlay: the host is untouched. Returns the folders
+    changed.
+    """
+    folders: set[str] = set()
+    for p in paths:
+        real = Path(os.path.realpath(p))
+        for d in (real, *real.parents) if real.is_dir() else real.parents:
+            if not os.stat(d).st_mode & 0o001:
+                folders.add(str(d))
+    if folders:
+        c.run(["chmod", "o+x", *sorted(folders)])
+    return sorted(folders)
+
+
+def open_test_venv_to_dynamic_users(c: SystemdContainer) -> list[str]:
+    """`open_to_dynamic_users` for this venv's interpreter, its base Python and the checkout."""
+    return open_to_dynamic_users(c, [VENV_PYTHON, sys.prefix, sys.base_prefix, REPO])
+
+
+_HTTP_GET = """
+import json, sys, urllib.error, urllib.request
+url, key = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+try:
+    with urllib.request.urlopen(req, timeout=float(sys.argv[3])) as r:
+        status, body = r.status, r.read()
+except urllib.error.HTTPError as exc:
+    status, body = exc.code, exc.read()
+except Exception as exc:
+    status, body = type(exc).__name__, b""
+text = body.decode("utf-8", "replace")
+try:
+    out = json.loads(text)
+except ValueError:
+    out = text
+print(json.dumps([status, out]))
+"""
+
+
+def http_get(
+    c: SystemdContainer, url: str, key: str | None = None, timeout: float = 3.0
+) -> tuple[int | str, Any]:
+    """GET `url` from inside the container: (HTTP status or error name, JSON or text body)."""
+    r = c.run([VENV_PYTHON, "-c", _HTTP_GET, url, key or "", str(timeout)], check=False)
+    try:
+        status, body = json.loads(r.stdout)
+    except ValueError:
+        return f"no answer: {r.stderr.strip()[-300:]}", None
+    return status, body
 
 
 def install_farm(c: SystemdContainer, toml: str) -> None:
@@ -234,8 +322,13 @@ class SdFarm:
         return out
 
     def unit_jobs(self, ids: Iterable[int]) -> list[tuple[float, str, int]]:
-        """systemd's own records: (epoch seconds, "starting"|"started", worker), in order."""
-        kinds = {MSG_UNIT_STARTING: "starting", MSG_UNIT_STARTED: "started"}
+        """systemd's own records: (epoch seconds, "starting"|"started"|"stopping", worker),
+        in order."""
+        kinds = {
+            MSG_UNIT_STARTING: "starting",
+            MSG_UNIT_STARTED: "started",
+            MSG_UNIT_STOPPING: "stopping",
+        }
         args: list[str] = []
         for n in ids:
             args += ["-u", unit(n)]

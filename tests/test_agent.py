@@ -541,3 +541,19 @@ def test_a_restart_racing_the_removal_of_its_worker_leaves_nothing_running(tmp: 
             assert set(f.runtime.procs) == set(range(6))  # nothing of 6 or 7 still runs
 
     run_virtual(scenario())
+
+
+def test_a_reload_that_changes_the_gateway_is_refused_and_says_to_restart(tmp: Path) -> None:
+    """The gateway is set up at agent start: a reload cannot move it; it says so."""
+    new_text = farm_toml(tmp, extra=GATEWAY.replace("30s", "45s"))
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), loader=loader) as f:
+            await f.until(f.all_ready)
+            result = await f.agent.reload()
+            assert not result.applied
+            assert "restart the agent" in result.problems[0]
+            assert f.agent.spec.gateway.drain_timeout == 30.0
+
+    run_virtual(scenario())

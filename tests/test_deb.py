@@ -9,9 +9,12 @@ the host's, already installed):
     apt-get install ./sglang-farm_*.deb (dependencies present: nothing to fetch)
     farm.toml -> 4 simulated workers as user sglang      systemctl start sglang-farm
     farmctl status: all ready; farmctl restart 3: only sglang@3 gets a new MainPID
-    the exporter answers; systemctl stop sglang-farm.target: no worker process left
-    start again; apt-get remove: farm stopped, config and state kept
-    apt-get purge: no unit, no process, no file of ours
+    the exporter answers
+    the gateway switched on as docs/install.md says (key file, [gateway], restart):
+        sglang-farm-gateway.service runs the venv's smg; the workers are routed through it
+    systemctl stop sglang-farm.target: no worker process left, the gateway stopped
+    start again; apt-get remove: farm and gateway stopped, config and state kept
+    apt-get purge: no unit (the rendered gateway unit included), no process, no file of ours
 
 The tests of the container part run in file order and share one container: each
 step builds on the one before (an install that failed fails everything after it).
@@ -51,6 +54,9 @@ WORKERS = 4
 BASE_PORT = 30000
 METRICS = "127.0.0.1:9840"
 IN = "/root/deb"  # where the .deb is copied inside the container
+GATEWAY = "sglang-farm-gateway.service"
+GATEWAY_LISTEN = "127.0.0.1:8000"
+ADMIN_KEY_FILE = "/etc/sglang-farm/gateway-admin.key"
 
 FARM_TOML = textwrap.dedent(
     f"""
@@ -88,6 +94,39 @@ FARM_TOML = textwrap.dedent(
     model_path = "sim/Qwen3.6-27B"
     """
 )
+
+# docs/install.md's [gateway] section; smg's shutdown grace shortened so stops stay quick.
+GATEWAY_TOML = textwrap.dedent(
+    f"""
+    [gateway]
+    mode = "managed"
+    listen = "{GATEWAY_LISTEN}"
+    admin_key_file = "{ADMIN_KEY_FILE}"
+    extra_args = ["--shutdown-grace-period-secs", "2"]
+    """
+)
+
+# GET or POST from inside the container with the system's python3: prints [status, body].
+_HTTP = """
+import json, sys, urllib.error, urllib.request
+url, key, data = sys.argv[1], sys.argv[2], sys.argv[3]
+headers = {"Authorization": f"Bearer {key}"} if key else {}
+if data:
+    headers["Content-Type"] = "application/json"
+req = urllib.request.Request(url, data=data.encode() or None, headers=headers)
+try:
+    with urllib.request.urlopen(req, timeout=10) as r:
+        status, body = r.status, r.read()
+except urllib.error.HTTPError as exc:
+    status, body = exc.code, exc.read()
+except Exception as exc:
+    status, body = type(exc).__name__, b""
+try:
+    out = json.loads(body)
+except ValueError:
+    out = body.decode("utf-8", "replace")
+print(json.dumps([status, out]))
+"""
 
 T = TypeVar("T")
 
@@ -228,6 +267,17 @@ class Box:
             "{ pgrep -a -f '[s]glang_farm'; pgrep -a -u sglang; } 2>/dev/null | sort -u || true"
         ).strip()
 
+    def http(self, url: str, key: str = "", data: str = "") -> tuple[Any, Any]:
+        r = self.c.run(["python3", "-c", _HTTP, url, key, data], check=False, timeout=30)
+        try:
+            status, body = json.loads(r.stdout)
+        except json.JSONDecodeError:
+            return f"no answer: {r.stderr.strip()[-300:]}", None
+        return status, body
+
+    def state(self, unit: str) -> str:
+        return self.sh(f"systemctl is-active {unit} || true").strip()
+
     def wait_all_ready(self, timeout: float = 90.0) -> dict[int, str]:
         def probe() -> tuple[bool, Any]:
             rc, st = self.farmctl_json("status")
@@ -355,6 +405,52 @@ def test_exporter_answers_on_its_port(sd_box: Box) -> None:
     poll("the exporter shows every worker ready", probe, 30)
 
 
+def test_gateway_switched_on_in_one_step_routes_to_every_worker(sd_box: Box) -> None:
+    b = sd_box
+    # The package's venv carries smg, without what only `smg serve` needs (debian/rules).
+    found = b.sh(
+        f"{VENV_PY} -I -c 'import importlib.util as u; "
+        'print([m for m in ("smg", "setproctitle", "grpc", "yaml") if u.find_spec(m)])\''
+    )
+    assert found.strip() == "['smg', 'setproctitle']", found
+    # docs/install.md, "Put the gateway in front": a random key in a root-only file, the
+    # [gateway] section, then a restart of the agent (the workers keep serving).
+    b.sh(
+        f"install -m 600 /dev/null {ADMIN_KEY_FILE} && "
+        f"python3 -c 'import secrets; print(secrets.token_hex(32))' > {ADMIN_KEY_FILE}"
+    )
+    key = b.sh(f"cat {ADMIN_KEY_FILE}").strip()
+    b.c.write_file("/etc/sglang-farm/farm.toml", FARM_TOML + GATEWAY_TOML)
+    b.sh("sglang-farm check-config")
+    b.sh("systemctl restart sglang-farm", timeout=120)
+    poll(f"{GATEWAY} active", lambda: (lambda s: (s == "active", s))(b.state(GATEWAY)))
+    urls = {f"http://127.0.0.1:{BASE_PORT + i}" for i in range(WORKERS)}
+
+    def routed() -> tuple[bool, Any]:
+        status, body = b.http(f"http://{GATEWAY_LISTEN}/workers", key)
+        if status != 200 or not isinstance(body, dict):
+            return False, (status, body)
+        got = {w["url"].rstrip("/"): w["status"] for w in body["workers"]}
+        return got == dict.fromkeys(urls, "ready"), got
+
+    poll("every worker ready in the gateway", routed, 60)
+    # One URL for users: a chat completion through the gateway, answered by a worker.
+    request = json.dumps(
+        {
+            "model": "sim/Qwen3.6-27B",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
+    )
+    status, body = b.http(f"http://{GATEWAY_LISTEN}/v1/chat/completions", data=request)
+    assert status == 200 and body["choices"], (status, body)
+    # The gateway's own user, and its key nowhere in its unit or command line.
+    pid = b.sh(f"systemctl show -p MainPID --value {GATEWAY}").strip()
+    assert b.sh(f"stat -c %u /proc/{pid}").strip() != "0"
+    shown = b.sh(f"systemctl cat {GATEWAY}; systemctl show {GATEWAY}; cat /proc/{pid}/cmdline")
+    assert key not in shown
+
+
 def test_stopping_the_target_leaves_no_worker_process(sd_box: Box) -> None:
     b = sd_box
     b.sh("systemctl stop sglang-farm.target", timeout=120)
@@ -364,6 +460,13 @@ def test_stopping_the_target_leaves_no_worker_process(sd_box: Box) -> None:
         + " ".join(f"sglang@{i}.service" for i in range(WORKERS))
     ).split()
     assert set(states) == {"inactive"}, states
+    # The gateway is PartOf= the target (systemctl waits only for the target's own job;
+    # smg exits after its 5 s propagation window and the 2 s grace it was given).
+    poll(
+        f"{GATEWAY} stopped with the target",
+        lambda: (lambda s: (s == "inactive", s))(b.state(GATEWAY)),
+        30,
+    )
 
 
 def test_remove_stops_the_farm_and_keeps_config_and_state(sd_box: Box) -> None:
@@ -375,6 +478,11 @@ def test_remove_stops_the_farm_and_keeps_config_and_state(sd_box: Box) -> None:
     b.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y sglang-farm", timeout=300)
     poll("no farm process after remove", lambda: (lambda p: (p == "", p))(b.sim_processes()), 30)
     assert b.sh("systemctl is-active sglang-farm.service || true").strip() in ("inactive", "failed")
+    poll(
+        f"{GATEWAY} stopped by the remove",
+        lambda: (lambda s: (s in ("inactive", "failed", "unknown"), s))(b.state(GATEWAY)),
+        30,
+    )
     b.sh("test -f /etc/sglang-farm/farm.toml && test -d /var/lib/sglang-farm")
     assert b.sh("dpkg-query -W -f '${Status}' sglang-farm") == "deinstall ok config-files"
 

@@ -19,6 +19,7 @@ serving, on purpose: that is how the agent is restarted or upgraded).
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +29,20 @@ import pytest
 
 import sdcontainer
 from sdcontainer import SystemdContainer
-from sdfarm import AGENT, BASE_PORT, CONFIG, TARGET, SdFarm, farm_toml, install_farm, unit
+from sdfarm import (
+    AGENT,
+    BASE_PORT,
+    CONFIG,
+    GATEWAY,
+    TARGET,
+    SdFarm,
+    farm_toml,
+    gateway_toml,
+    http_get,
+    install_farm,
+    open_test_venv_to_dynamic_users,
+    unit,
+)
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
@@ -448,4 +462,95 @@ def test_stopping_the_target_leaves_no_process_and_no_port(farm: SdFarm) -> None
     ports = {BASE_PORT + n for n in IDS}
     busy = [ln for ln in listening.splitlines() if any(f":{p} " in ln for p in ports)]
     assert busy == [], listening
+
+
+# -- the managed gateway (a farm of its own, after the one above stopped) --------------
+
+GW_IDS = range(2)
+GW_LISTEN = "127.0.0.1:8000"
+ADMIN_KEY_FILE = "/etc/sglang-farm/gateway-admin.key"
+
+
+def _gateway_members(farm: SdFarm, key: str) -> tuple[int | str, dict[str, str]]:
+    """(HTTP status, {worker URL: smg's status}) of the gateway's GET /workers."""
+    status, body = http_get(farm.c, f"http://{GW_LISTEN}/workers", key=key)
+    if status != 200 or not isinstance(body, dict):
+        return status, {}
+    return status, {w["url"].rstrip("/"): w["status"] for w in body["workers"]}
+
+
+def test_managed_gateway_unit_follows_readiness_drains_before_sigterm_outlives_agent(
+    farm: SdFarm, sd: SystemdContainer
+) -> None:
+    t0 = time.monotonic()
+    c = farm.c
+    key = os.urandom(16).hex()
+    # docs/install.md's step: a root-only key file, then [gateway] in farm.toml.
+    c.sh(f"install -m 600 /dev/null {ADMIN_KEY_FILE} && printf %s {key} > {ADMIN_KEY_FILE}")
+    c.write_file(
+        CONFIG,
+        farm_toml(workers=len(GW_IDS), canary=0, parallel=2)
+        + gateway_toml(listen=GW_LISTEN, admin_key_file=ADMIN_KEY_FILE),
+    )
+    c.run(["rm", "-f", "/var/lib/sglang-farm/state.json"])  # a new farm, not the one above
+    # The gateway's DynamicUser= must reach this venv's interpreter (it has smg).
+    open_test_venv_to_dynamic_users(c)
+    c.run(["systemctl", "start", AGENT], timeout=90)
+    farm.wait(f"{GATEWAY} active", lambda: ((s := farm.is_active(GATEWAY)) == "active", s))
+    urls = {n: f"http://127.0.0.1:{BASE_PORT + n}" for n in GW_IDS}
+
+    def members_are(want: dict[str, str]) -> tuple[bool, object]:
+        status, got = _gateway_members(farm, key)
+        return status == 200 and got == want, (status, got)
+
+    farm.wait(
+        "every worker ready in the gateway",
+        lambda: members_are({u: "ready" for u in urls.values()}),
+        timeout=45,
+        interval=0.2,
+    )
+    log(f"gateway: both workers routed {time.monotonic() - t0:.1f} s after systemctl start")
+
+    # A planned stop: out of the gateway first, then the stop (SIGTERM) systemd sends.
+    t_stop = time.time()
+    farm.farmctl("stop", "1", timeout=60)
+    status, after_stop = _gateway_members(farm, key)
+    assert status == 200 and after_stop.get(urls[1]) in (None, "draining"), after_stop
+    assert after_stop.get(urls[0]) == "ready", after_stop
+    removed = [e["_t"] for e in farm.agent_events("gateway_removed", worker=1) if e["_t"] >= t_stop]
+    stopping = [t for t, kind, w in farm.unit_jobs([1]) if kind == "stopping" and t >= t_stop]
+    assert removed and stopping, (removed, stopping)
+    log(f"gateway: worker 1 removed {stopping[0] - removed[0]:.3f} s before systemd stopped it")
+    assert removed[0] < stopping[0], (removed, stopping)
+
+    # The agent restarts; the gateway unit does not, and the new agent keeps its members.
+    gw_pid = farm.show([GATEWAY], "MainPID")[GATEWAY]["MainPID"]
+    old_agent = farm.agent_pid()
+    c.run(["systemctl", "restart", AGENT], timeout=90)
+    assert farm.agent_pid() not in (0, old_agent)
+    farm.wait(
+        "worker 0 ready for the new agent", lambda: ((s := farm.status()[0])["state"] == "ready", s)
+    )
+    assert farm.is_active(GATEWAY) == "active"
+    assert farm.show([GATEWAY], "MainPID")[GATEWAY]["MainPID"] == gw_pid
+    farm.wait("worker 0 still in the gateway", lambda: members_are({urls[0]: "ready"}))
+    # ...and adds a worker once it is ready again.
+    farm.farmctl("start", "1")
+    farm.wait(
+        "worker 1 back in the gateway",
+        lambda: members_are({u: "ready" for u in urls.values()}),
+        timeout=30,
+        interval=0.2,
+    )
+
+    # Stopping the farm's target stops the gateway too (PartOf=).
+    c.run(["systemctl", "stop", TARGET], timeout=60)
+    farm.wait(
+        f"{GATEWAY} stopped with the target",
+        lambda: ((s := farm.is_active(GATEWAY)) in ("inactive", "failed"), s),
+        timeout=30,
+    )
+    took = time.monotonic() - t0
+    log(f"test_managed_gateway...: {took:.1f} s")
+    assert took < 90, took
     log(f"test_systemd_farm module: {time.monotonic() - T_MODULE:.1f} s since import")

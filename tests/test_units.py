@@ -10,29 +10,36 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import pytest
 
+from sglang_farm.gateway.managed import from_config, launch_argv
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
     FarmSection,
     FarmSpec,
     FlagValue,
+    GatewaySpec,
     RestartPolicy,
     StartupPolicy,
     WorkerSpec,
 )
 from sglang_farm.units import (
+    GATEWAY_UNIT,
     HEADER_PREFIX,
     STATIC_UNITS,
     UnitChanges,
+    credential_line,
     environment_line,
     exec_line,
+    gateway_python,
     render,
     render_to_dir,
+    smg_stop_timeout,
     systemd_quote,
     write_units,
 )
@@ -93,22 +100,59 @@ def demo_spec(
 # --- golden files -------------------------------------------------------------------
 
 
-def test_render_matches_golden_files_byte_for_byte(update_golden: bool) -> None:
-    files = render(demo_spec())
+def gateway_spec(
+    *,
+    n: int = 2,
+    python: str = "/opt/sglang-farm/venv/bin/python3",
+    gateway: GatewaySpec | None = None,
+) -> FarmSpec:
+    """The demo farm with a managed gateway: both key files, a policy and extra flags."""
+    return replace(
+        demo_spec(n=n, python=python),
+        gateway=gateway
+        or GatewaySpec(
+            mode="managed",
+            listen="127.0.0.1:8000",
+            policy="round_robin",
+            metrics_listen="127.0.0.1:29000",
+            extra_args=("--log-level", "warn", "--request-timeout-secs", "600"),
+            admin_key_file="/etc/sglang-farm/gateway-admin.key",
+            api_key_file="/etc/sglang-farm/gateway-api.key",
+        ),
+    )
+
+
+GOLDEN_CASES = {
+    # etc/sglang-farm/demo.toml's shape: 8 simulated workers, no gateway.
+    "demo": lambda: render(demo_spec()),
+    # [gateway] mode = "managed": the gateway's own unit beside the workers' drop-ins.
+    "managed-gateway": lambda: render(gateway_spec()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_render_matches_golden_files_byte_for_byte(case: str, update_golden: bool) -> None:
+    files = GOLDEN_CASES[case]()
+    folder = GOLDEN / case
     if update_golden:
-        shutil.rmtree(GOLDEN, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         for rel, text in files.items():
-            target = GOLDEN.joinpath(*rel.parts)
+            target = folder.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(text.encode())
     on_disk = {
-        PurePosixPath(p.relative_to(GOLDEN).as_posix()): p.read_bytes()
-        for p in GOLDEN.rglob("*")
+        PurePosixPath(p.relative_to(folder).as_posix()): p.read_bytes()
+        for p in folder.rglob("*")
         if p.is_file()
     }
     assert sorted(on_disk) == sorted(files), "run pytest --update-golden after a deliberate change"
     for rel, text in files.items():
-        assert text.encode() == on_disk[rel], f"{rel} differs from its golden file"
+        assert text.encode() == on_disk[rel], f"{case}/{rel} differs from its golden file"
+
+
+def test_golden_folder_holds_only_the_cases() -> None:
+    # A case renamed or dropped must not leave its old files behind unchecked.
+    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(GOLDEN_CASES)
 
 
 def test_render_is_deterministic_and_lists_static_units_and_one_dropin_per_worker() -> None:
@@ -153,8 +197,7 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     assert lines[lines.index("ExecStart=") + 1].startswith("ExecStart=")
     assert (
         "ExecStartPost=/usr/bin/sglang-farm wait-ready --config /etc/sglang-farm/demo.toml"
-        " --main-pid $MAINPID %i"
-        in lines
+        " --main-pid $MAINPID %i" in lines
     )
     # The ExecStart= value, continuation lines joined the way systemd joins them,
     # holds exactly build_command's argv.
@@ -188,6 +231,140 @@ def test_agent_dropin_only_when_binary_or_config_differ_from_the_package() -> No
         "ExecStart=\n"
         "ExecStart=/home/dev/venv/bin/sglang-farm run --runtime systemd --config /home/dev/f.toml\n"
     )
+
+
+# --- the managed gateway's unit ----------------------------------------------------
+
+GW = PurePosixPath(GATEWAY_UNIT)
+
+
+def _exec_start_words(text: str) -> list[str]:
+    """The ExecStart= words of a unit, continuation lines joined as systemd joins them."""
+    start = text.index("\nExecStart=") + len("\nExecStart=")
+    end = start
+    while text[end:].split("\n", 1)[0].endswith("\\"):
+        end = text.index("\n", end) + 1
+    end = text.index("\n", end)
+    return text[start:end].replace("\\\n", " ").split()
+
+
+def test_gateway_unit_only_in_managed_mode_and_also_when_not_static() -> None:
+    managed = gateway_spec()
+    assert GW in render(managed)
+    # The agent's own render (Runtime.prepare) leaves out the shipped units, not this one.
+    assert set(render(managed, static=False)) == {
+        GW,
+        *(PurePosixPath(f"sglang@{i}.service.d/50-farm.conf") for i in range(2)),
+    }
+    for mode, url in (("off", None), ("external", "http://10.0.0.5:8000")):
+        spec = gateway_spec(gateway=GatewaySpec(mode=mode, url=url))
+        assert GW not in render(spec)
+        assert GW not in render(spec, static=False)
+
+
+def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() -> None:
+    spec = gateway_spec()
+    text = render(spec, static=False)[GW]
+    assert text.startswith(f"{HEADER_PREFIX} from /etc/sglang-farm/farm.toml, do not edit.\n")
+    lines = text.splitlines()
+    words = _exec_start_words(text)
+    expected = launch_argv(
+        from_config("127.0.0.1:8000", "127.0.0.1:29000", "round_robin", spec.gateway.extra_args),
+        "/usr/lib/sglang-farm/venv/bin/python3",
+        admin_key_file="%d/admin-key",
+        api_key_file="%d/api-key",
+    )
+    # The packaged interpreter, isolated (-I), then exactly the launcher's argv.
+    assert words == [expected[0], "-I", *expected[1:]]
+    assert "--admin-key-file" in words and "--api-key-file" in words
+    # The keys reach the service only through its credentials directory (%d).
+    assert "LoadCredential=admin-key:/etc/sglang-farm/gateway-admin.key" in lines
+    assert "LoadCredential=api-key:/etc/sglang-farm/gateway-api.key" in lines
+    for directive in (
+        "Type=exec",
+        "PartOf=sglang-farm.target",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "DynamicUser=yes",
+        "CapabilityBoundingSet=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "SystemCallFilter=@system-service",
+        "MemoryDenyWriteExecute=yes",
+    ):
+        assert directive in lines, directive
+    # The agent starts it (after rendering it): nothing installs or wants it.
+    assert "[Install]" not in text and not any(ln.startswith("Wants=") for ln in lines)
+
+
+def test_gateway_unit_without_key_files_has_no_credentials() -> None:
+    spec = gateway_spec(gateway=GatewaySpec(mode="managed"))
+    text = render(spec)[GW]
+    lines = text.splitlines()
+    assert not any(ln.startswith("LoadCredential=") for ln in lines)
+    assert "# No key files in [gateway]: its worker API (/workers) is open to whoever" in text
+    assert "-file" not in " ".join(_exec_start_words(text))
+
+
+def test_gateway_interpreter_is_the_packaged_venv_or_the_one_beside_the_agent() -> None:
+    assert gateway_python("/usr/bin/sglang-farm") == "/usr/lib/sglang-farm/venv/bin/python3"
+    assert gateway_python("/home/dev/venv/bin/sglang-farm") == "/home/dev/venv/bin/python3"
+    spec = gateway_spec()
+    dev = render(spec, agent_bin="/home/dev/venv/bin/sglang-farm")[GW]
+    assert _exec_start_words(dev)[0] == "/home/dev/venv/bin/python3"
+    given = render(spec, agent_bin="/home/dev/venv/bin/sglang-farm", python="/opt/py/bin/python3")
+    assert _exec_start_words(given[GW])[0] == "/opt/py/bin/python3"
+
+
+def test_gateway_stop_timeout_outlasts_smg_drain_and_grace() -> None:
+    # smg: 5 s of listening after SIGTERM, then up to its shutdown grace (180 s default).
+    assert "TimeoutStopSec=195s" in render(gateway_spec())[GW].splitlines()
+    assert smg_stop_timeout(["--shutdown-grace-period-secs", "30"]) == 45.0
+    assert smg_stop_timeout(["--shutdown-grace-period-secs=0"]) == 15.0
+    assert smg_stop_timeout(["--shutdown-grace-period-secs", "soon"]) == 195.0
+
+
+def test_gateway_unit_escapes_paths_and_flags_for_systemd() -> None:
+    spec = gateway_spec(
+        gateway=GatewaySpec(
+            mode="managed",
+            extra_args=("--log-dir", "/var/log/smg 100%", "--x", "$HOME"),
+            admin_key_file="/etc/sf/admin 100%.key",
+        )
+    )
+    text = render(spec, python="/opt/my env/bin/python3")[GW]
+    assert "LoadCredential=admin-key:/etc/sf/admin 100%%.key" in text.splitlines()
+    assert 'ExecStart="/opt/my env/bin/python3" -I -m sglang_farm.gateway.launch' in text
+    assert '"/var/log/smg 100%%"' in text and "$$HOME" in text
+    # The key file's word is the one specifier left for systemd to expand.
+    assert "--admin-key-file %d/admin-key" in text
+
+
+@pytest.mark.parametrize(
+    "bad", ["etc/key", "/etc/key\nExecStartPre=/bin/sh", "/etc/\tkey", "/etc/key ", "/etc/key\\"]
+)
+def test_credential_line_refuses_paths_systemd_would_misread(bad: str) -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        credential_line("admin-key", bad)
+
+
+def test_exec_line_writes_specifier_words_bare_and_refuses_unsafe_ones() -> None:
+    assert exec_line(["/p", "--f", "%d/k", "%d"], specifiers=[2]) == "/p --f %d/k %%d"
+    with pytest.raises(ValueError, match="bare word"):
+        exec_line(["/p", "%d/a b"], specifiers=[1])
+    with pytest.raises(ValueError, match="bare word"):
+        exec_line(["/p"], specifiers=[0])
+
+
+def test_gateway_unit_for_a_non_loopback_listen_with_an_admin_key_file() -> None:
+    spec = gateway_spec(
+        gateway=GatewaySpec(
+            mode="managed", listen="0.0.0.0:8000", admin_key_file="/etc/sglang-farm/k"
+        )
+    )
+    assert "--host 0.0.0.0" in render(spec)[GW]
 
 
 # --- quoting ------------------------------------------------------------------------
@@ -328,6 +505,21 @@ def test_write_units_removes_a_stale_agent_dropin(tmp_path: Path) -> None:
     assert not (tmp_path / "sglang-farm.service.d").exists()
 
 
+def test_write_units_removes_a_stale_gateway_unit_but_never_a_foreign_one(
+    tmp_path: Path,
+) -> None:
+    write_units(tmp_path, render(gateway_spec(), static=False))
+    assert (tmp_path / GATEWAY_UNIT).is_file()
+    off = render(demo_spec(n=2), static=False)
+    changes = write_units(tmp_path, off)
+    assert changes.removed == (GATEWAY_UNIT,) and changes.changed
+    assert not (tmp_path / GATEWAY_UNIT).exists()
+    # An administrator's own unit of that name (no header) stays.
+    (tmp_path / GATEWAY_UNIT).write_text("[Service]\nExecStart=/usr/local/bin/my-gateway\n")
+    assert write_units(tmp_path, off).removed == ()
+    assert (tmp_path / GATEWAY_UNIT).exists()
+
+
 def test_write_units_overwrites_a_rendered_path_even_without_header(tmp_path: Path) -> None:
     (tmp_path / "sglang-farm.target").write_text("old\n")
     files = {_p("sglang-farm.target"): "new\n"}
@@ -377,12 +569,21 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     agent = bindir / "sglang-farm"
     agent.write_text("#!/bin/sh\nexit 0\n")
     agent.chmod(0o755)
-    spec = demo_spec(n=8, python=str(python), user="root", group="root")
+    # The managed gateway too: its interpreter is the one beside the agent (same awkward
+    # folder), its key files have awkward names, its extra flags awkward values.
+    gateway = GatewaySpec(
+        mode="managed",
+        extra_args=("--log-dir", "/var/log/smg 100% $x", "--shutdown-grace-period-secs", "7"),
+        admin_key_file=str(tmp_path / "keys 100%" / "admin.key"),
+        api_key_file=str(tmp_path / "keys 100%" / "api.key"),
+    )
+    spec = replace(demo_spec(n=8, python=str(python), user="root", group="root"), gateway=gateway)
     out = tmp_path / "units"
     render_to_dir(spec, out, agent_bin=str(agent), config_path=str(tmp_path / "farm.toml"))
+    assert (out / GATEWAY_UNIT).is_file()
 
     names = [f"sglang@{i}.service" for i in spec.worker_ids]
-    names += ["sglang-farm.service", "sglang-farm.target"]
+    names += ["sglang-farm.service", "sglang-farm.target", GATEWAY_UNIT]
     result = _verify(out, names)
     assert result.returncode == 0, result.stderr
     assert result.stdout + result.stderr == ""
@@ -611,3 +812,68 @@ def test_agent_hardening_allows_what_the_agent_does(unit_container: SystemdConta
     # (systemctl waits for the target's job only; the PartOf= stops follow.)
     for unit in ("sglang-farm.service", "sglang@1.service"):
         _wait_state(c, unit, "inactive")
+
+
+@pytest.mark.systemd
+def test_gateway_unit_serves_as_a_dynamic_user_under_its_hardening_keys_unseen(
+    unit_container: SystemdContainer,
+) -> None:
+    from sdcontainer import VENV_PYTHON
+    from sdfarm import http_get, open_test_venv_to_dynamic_users
+
+    c = unit_container
+    key = f"sf-admin-{os.urandom(8).hex()}"
+    c.write_file("/etc/sf-gw/admin.key", key + "\n", mode=0o600)
+    spec = replace(
+        _container_spec(),
+        gateway=GatewaySpec(
+            mode="managed",
+            listen="127.0.0.1:18000",
+            metrics_listen="127.0.0.1:18001",
+            admin_key_file="/etc/sf-gw/admin.key",
+            # smg waits 5 s after SIGTERM, then this grace: the stop below stays quick.
+            extra_args=("--shutdown-grace-period-secs", "1"),
+        ),
+    )
+    # The interpreter of this test run (it has smg), as the agent's would be.
+    text = render(spec, python=VENV_PYTHON, static=False)[GW]
+    c.write_file(f"/run/systemd/system/{GATEWAY_UNIT}", text)
+    open_test_venv_to_dynamic_users(c)
+    c.run(["systemctl", "daemon-reload"])
+    c.run(["systemctl", "start", GATEWAY_UNIT], timeout=30)
+
+    deadline = time.monotonic() + 30
+    health: object = None
+    while time.monotonic() < deadline:
+        health = http_get(c, "http://127.0.0.1:18000/health")[0]
+        failed = c.run(["systemctl", "is-failed", GATEWAY_UNIT], check=False).stdout.strip()
+        if health == 200 or failed == "failed":
+            break
+        time.sleep(0.2)
+    assert health == 200, (health, c.journal(GATEWAY_UNIT, lines=40))
+    # The worker API wants the admin key, read from the credential; /metrics answers on
+    # its own listener.
+    assert http_get(c, "http://127.0.0.1:18000/workers")[0] == 401
+    status, body = http_get(c, "http://127.0.0.1:18000/workers", key=key)
+    assert status == 200 and body["workers"] == [], (status, body)
+    assert http_get(c, "http://127.0.0.1:18001/metrics")[0] == 200
+    # A user of its own (not root), and the key in no command line, property or unit text.
+    pid = c.run(["systemctl", "show", "-p", "MainPID", "--value", GATEWAY_UNIT]).stdout.strip()
+    uid = c.run(["stat", "-c", "%u", f"/proc/{pid}"]).stdout.strip()
+    assert uid not in ("", "0"), uid
+    for shown in (
+        c.run(["cat", f"/proc/{pid}/cmdline"]).stdout,
+        c.run(["systemctl", "show", GATEWAY_UNIT]).stdout,
+        c.run(["systemctl", "cat", GATEWAY_UNIT]).stdout,
+        c.journal(GATEWAY_UNIT),
+    ):
+        assert key not in shown
+    # Still up a moment later: nothing it does trips the syscall filter or W^X.
+    time.sleep(1.0)
+    assert c.run(["systemctl", "is-active", GATEWAY_UNIT], check=False).stdout.strip() == "active"
+    t0 = time.monotonic()
+    c.run(["systemctl", "stop", GATEWAY_UNIT], timeout=60)
+    took = time.monotonic() - t0
+    result = c.run(["systemctl", "show", "-p", "Result", "--value", GATEWAY_UNIT]).stdout.strip()
+    # smg exits by itself after its 5 s window and 1 s grace: no SIGKILL, no timeout.
+    assert result == "success" and took < 15, (result, took)

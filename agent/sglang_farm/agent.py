@@ -579,9 +579,17 @@ class Agent:
         except ConfigError as exc:
             log.error("reload_rejected", problems=list(exc.problems))
             return ReloadResult(applied=False, problems=exc.problems)
+        old = self._spec
+        if new.gateway != old.gateway:
+            # The gateway (its process or unit, its URL, its keys) is set up at agent start.
+            problem = (
+                f"{new.source}: [gateway] changed; a reload does not apply it: restart the "
+                "agent (systemctl restart sglang-farm) to apply [gateway] changes"
+            )
+            log.error("reload_rejected", problems=[problem])
+            return ReloadResult(applied=False, problems=(problem,))
         if self._hooks.refresh_preflight is not None:
             await self._hooks.refresh_preflight(new)
-        old = self._spec
         plan = plan_reload(
             {w: self.command_for(w, old) for w in old.worker_ids},
             {w: self.command_for(w, new) for w in new.worker_ids},

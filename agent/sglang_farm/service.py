@@ -70,6 +70,7 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
                 spec,
                 config_path=config_path,
                 agent_bin=agent_bin,
+                python=sys.executable,  # the gateway unit runs the agent's own interpreter
                 static=False,
                 flags_by_worker={w: dict(f) for w, f in flags.items()},
             )
@@ -169,17 +170,21 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     log.info("control_listening", socket=spec.control.socket)
 
     await pollers.start()
-    if front is not None and front.runner is not None:
-        await front.runner.start()
-        log.info("gateway_managed", url=front.client.url)
     extra: list[asyncio.Task[None]] = []
     interval = watchdog_interval()
     if interval:
         extra.append(asyncio.create_task(_watchdog(interval)))
     try:
-        await agent.run(
-            stop, ready=lambda: notify("READY=1", f"STATUS={status_line(agent.view())}")
-        )
+
+        def on_ready() -> None:
+            # The agent has rendered its units (the managed gateway's among them under
+            # systemd): only now can the gateway be started.
+            notify("READY=1", f"STATUS={status_line(agent.view())}")
+            if front is not None and front.runner is not None:
+                agent.spawn(front.runner.start())
+                log.info("gateway_managed", url=front.client.url)
+
+        await agent.run(stop, ready=on_ready)
     finally:
         notify("STOPPING=1")
         for t in extra:

@@ -88,8 +88,11 @@ class ManagedGateway:
         return self.admin_key or self.api_key
 
 
-def problems(spec: ManagedGateway) -> list[str]:
-    """Everything wrong with `spec`, each a complete line; empty when it can be launched."""
+def problems(spec: ManagedGateway, *, keyed: bool = False) -> list[str]:
+    """Everything wrong with `spec`, each a complete line; empty when it can be launched.
+
+    `keyed`: a key is given another way (a key file the launcher reads), not in `spec`.
+    """
     out = []
     if spec.policy not in POLICIES:
         out.append(f"policy: expected one of {', '.join(POLICIES)}, got {spec.policy!r}")
@@ -101,7 +104,8 @@ def problems(spec: ManagedGateway) -> list[str]:
     for name, key in (("api_key", spec.api_key), ("admin_key", spec.admin_key)):
         if key is not None and (not key or any(c.isspace() for c in key)):
             out.append(f"{name}: expected a non-empty key without blanks")
-    if spec.admin_key is None and spec.api_key is None and not is_loopback(spec.host):
+    keyless = spec.admin_key is None and spec.api_key is None and not keyed
+    if keyless and not is_loopback(spec.host):
         out.append(
             f"admin_key: required when the gateway listens on {spec.host!r} (not loopback): "
             "without a key anyone who reaches it can add and remove its backends"
@@ -126,10 +130,12 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to anything
 
 
-def smg_argv(spec: ManagedGateway, smg: Sequence[str] = ("smg",)) -> list[str]:
+def smg_argv(
+    spec: ManagedGateway, smg: Sequence[str] = ("smg",), *, keyed: bool = False
+) -> list[str]:
     """The full argv: `smg` (the launcher: a path, or an interpreter and `-m smg...`),
     then `launch` and the flags. Raises ValueError listing `problems(spec)` if any."""
-    found = problems(spec)
+    found = problems(spec, keyed=keyed)
     if found:
         raise ValueError("managed gateway: " + "; ".join(found))
     argv = [
@@ -194,4 +200,4 @@ def launch_argv(
         smg += ["--api-key-file", api_key_file]
     if admin_key_file:
         smg += ["--admin-key-file", admin_key_file]
-    return smg_argv(gateway, smg)
+    return smg_argv(gateway, smg, keyed=bool(admin_key_file or api_key_file))
