@@ -97,6 +97,7 @@ class FakeProber:
     load_s: float = 10.0
     hung: set[int] = field(default_factory=set)  # probes never answer
     failing: set[int] = field(default_factory=set)  # probes answer 503
+    starved: set[int] = field(default_factory=set)  # the agent's own EMFILE on these probes
     probes: int = 0
 
     def _worker(self, url: str) -> int:
@@ -120,6 +121,8 @@ class FakeProber:
             return ProbeResult(False, "connection refused", refused=True)
         if worker in self.failing:
             return ProbeResult(False, "503")
+        if worker in self.starved:
+            return ProbeResult(False, "local error: Too many open files", local_error=True)
         return ProbeResult(True, "200")
 
     async def aclose(self) -> None:

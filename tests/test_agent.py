@@ -24,6 +24,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.launcher import Preflight
 from sglang_farm.phase import Phase
+from sglang_farm.ports import PortState
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
 from virtual_time import run_virtual
@@ -139,7 +140,7 @@ async def farm(
         wall=lambda: 1.8e9 + loop.time(),
         hooks=AgentHooks(
             prober=prober,
-            port_is_free=lambda _h, _p: True,
+            port_state=lambda _h, _p: PortState.FREE,
             gateway=gw if spec.gateway.enabled else None,
             in_flight=in_flight,
             preflight=preflight,
@@ -555,5 +556,21 @@ def test_a_reload_that_changes_the_gateway_is_refused_and_says_to_restart(tmp: P
             assert not result.applied
             assert "restart the agent" in result.problems[0]
             assert f.agent.spec.gateway.drain_timeout == 30.0
+
+    run_virtual(scenario())
+
+
+def test_the_agents_own_fd_exhaustion_is_never_the_workers_failure(tmp: Path) -> None:
+    """#1: probes that fail with the agent's own EMFILE skip the beat; no hang restart."""
+
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            f.prober.starved.add(4)
+            await asyncio.sleep(120)  # 60 periods of 2 s
+            assert f.phase(4) is Phase.READY and 4 not in f.runtime.stops
+            f.prober.starved.discard(4)
+            f.prober.failing.add(4)  # a real failure still counts
+            await f.until(lambda: 4 in f.runtime.stops, within=20)
 
     run_virtual(scenario())

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from metrics_fixtures import farm, state
-from sglang_farm.exporter import Exporter, parse_listen, sd_targets
+from sglang_farm.exporter import (
+    MAX_CONNECTIONS,
+    MAX_PENDING,
+    Exporter,
+    parse_listen,
+    sd_targets,
+)
 from sglang_farm.farm_view import Phase
 from sglang_farm.metrics import MetricsState, build_registry
 
@@ -158,3 +170,112 @@ def test_the_body_is_formatted_once_per_state_and_follows_a_swap() -> None:
         current = dataclasses.replace(current, snapshot_at=current.snapshot_at + 100)
         third = httpx.get(f"{exp.url}/metrics", timeout=5).text
         assert third != first and "sglang_farm_snapshot_timestamp_seconds" in third
+
+
+# --- connection limits ------------------------------------------------------------------
+
+_EXPORTER_PROCESS = r"""
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+# As the agent's unit would have it, and under the 300 idle connections the test opens.
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from metrics_fixtures import state
+from sglang_farm.exporter import Exporter
+from sglang_farm.metrics import build_registry
+st = state()
+exp = Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0")
+print("PORT", exp.port, flush=True)
+sys.stdin.read()  # serve until the test closes our stdin
+exp.close()
+"""
+
+
+def _threads_and_fds(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _open_idle(port: int, n: int) -> list[socket.socket]:
+    """`n` connections that never send a byte, opened one after the other.
+
+    A connect that the server's full backlog leaves hanging is given up after a moment
+    (the socket is kept all the same: its SYN is retried by the kernel).
+    """
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(0.2)
+        with contextlib.suppress(OSError):
+            s.connect(("127.0.0.1", port))
+        socks.append(s)
+    return socks
+
+
+def test_300_idle_connections_pin_no_threads_or_fds_and_a_scrape_still_succeeds() -> None:
+    """1,100 idle connections once grew the agent to ~250 threads and its fd limit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXPORTER_PROCESS, str(Path(__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    idle: list[socket.socket] = []
+    try:
+        line = ""
+        while not line.startswith("PORT "):  # after the agent's own log lines
+            line = proc.stdout.readline()
+            assert line, "the exporter process exited"
+        port = int(line.split()[1])
+        threads0, fds0 = _threads_and_fds(proc.pid)
+        idle = _open_idle(port, 300)
+        peak_threads, peak_fds = threads0, fds0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            threads, fds = _threads_and_fds(proc.pid)
+            peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
+            time.sleep(0.05)
+        assert peak_threads <= threads0 + MAX_CONNECTIONS, (threads0, peak_threads)
+        assert peak_fds <= fds0 + MAX_PENDING + MAX_CONNECTIONS, (fds0, peak_fds)
+        # The idle ones stay open on the client side, yet a scrape gets through.
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert r.status_code == 200 and "sglang_farm_worker_state" in r.text
+    finally:
+        for s in idle:
+            s.close()
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout() -> None:
+    st = state()
+    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0", idle_timeout=0.3) as exp:
+        with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as silent:
+            t0 = time.monotonic()
+            assert silent.recv(1) == b""  # the server hung up
+            assert time.monotonic() - t0 < 3
+        with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            t0 = time.monotonic()
+            assert slow.recv(65536) == b""  # no answer: the handler timed out and closed
+            assert time.monotonic() - t0 < 3
+
+
+def test_connections_over_the_cap_are_shed_at_once_and_their_slots_come_back() -> None:
+    st = state()
+    with Exporter(
+        build_registry(lambda: st), lambda: st, "127.0.0.1:0", max_connections=2, idle_timeout=30
+    ) as exp:
+        # Two clients that started a request and stalled: each holds a handler.
+        stalled = [socket.create_connection(("127.0.0.1", exp.port), timeout=5) for _ in range(2)]
+        for s in stalled:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = httpx.get(f"{exp.url}/metrics", timeout=5)
+        assert r.status_code == 503 and time.monotonic() - t0 < 1
+        assert r.headers["Retry-After"] == "1"
+        for s in stalled:
+            s.close()
+        time.sleep(0.3)
+        assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200

@@ -14,12 +14,14 @@ import httpx
 import pytest
 
 from sglang_farm.workerstats import (
+    BODY_LIMIT,
     WorkerSample,
     WorkerStats,
     WorkerStatsTracker,
     parse_metrics_text,
     poll_worker,
 )
+from test_health import endless_body_server
 
 # What SGLang 0.5.23 serves with --enable-metrics and --dp-size 2 (docs/reference/sglang.md §9):
 # scheduler gauges per dp_rank, tokenizer counters, an HTTP counter that moves on every scrape.
@@ -224,6 +226,29 @@ async def test_frozen_values_under_load_become_stale_through_real_polls(
         state.gen_tokens += 50  # it moves again
         prev = tracker.update(prev, await poll_worker(client, url, 2.0, worker=0), 41.0)
     assert not prev.stale and prev.changed_at == 41.0
+
+
+_CHUNK = b"x" * (256 * 1024)  # every 10 ms: ~25 MB/s, far past the limit within the timeout
+
+
+async def test_a_worker_answering_an_endless_metrics_body_is_cut_off_at_the_limit() -> None:
+    with endless_body_server(chunk=_CHUNK) as url:
+        t0 = time.monotonic()
+        async with httpx.AsyncClient() as client:
+            s = await poll_worker(client, url, 5.0, worker=3, known_version="0.5.23")
+    assert time.monotonic() - t0 < 2.5  # not the timeout: the limit stopped the read
+    assert not s.ok and s.error is not None
+    assert f"{url}/metrics answered more than {BODY_LIMIT >> 20} MiB" in s.error
+
+
+async def test_a_worker_answering_an_endless_loads_body_is_cut_off_at_the_limit() -> None:
+    with endless_body_server(chunk=_CHUNK, not_found=("/metrics",)) as url:
+        t0 = time.monotonic()
+        async with httpx.AsyncClient() as client:
+            s = await poll_worker(client, url, 5.0, worker=3)
+    assert time.monotonic() - t0 < 2.5
+    assert not s.ok and s.error is not None
+    assert f"{url}/v1/loads answered more than {BODY_LIMIT >> 20} MiB" in s.error
 
 
 # --- the pure rule ----------------------------------------------------------------

@@ -38,7 +38,7 @@ from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.phase import Phase
-from sglang_farm.ports import port_is_free
+from sglang_farm.ports import PortState, port_state
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command, build_command
@@ -105,7 +105,7 @@ class AgentHooks:
     compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
-    port_is_free: Callable[[str, int], bool] = port_is_free
+    port_state: Callable[[str, int], PortState] = port_state
 
 
 class Agent:
@@ -136,7 +136,7 @@ class Agent:
             self.runtime,
             clock=clock,
             preflight=hooks.preflight,
-            port_is_free=hooks.port_is_free,
+            port_state=hooks.port_state,
             log_for=self._bind,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)

@@ -1,8 +1,16 @@
 """I/O: the exporter's HTTP server: `/metrics`, `/sd` (Prometheus http_sd_configs) and `/`.
 
-A `ThreadingHTTPServer` in one background thread. Every answer is formatted from
-the state the agent already holds (`metrics.MetricsState`), so a request never
-waits on a worker, NVML or the agent's event loop.
+One background thread accepts connections and waits, with a selector, for each to send
+its request; only then does a handler thread take it. So connections are bounded in what
+they can hold: at most `MAX_PENDING` silent ones (the oldest is dropped for a newcomer,
+and each is dropped after `idle_timeout`), at most `MAX_CONNECTIONS` handler threads (a
+request past the cap is answered 503 at once), and a handler gives up on a client silent
+for `idle_timeout`. The agent's fds (its unit's `LimitNOFILE=`) stay well clear of
+these bounds, so no client can starve the health probes of descriptors.
+
+Every answer is formatted from the state the agent already holds
+(`metrics.MetricsState`), so a request never waits on a worker, NVML or the agent's
+event loop.
 
 The default listen address, 127.0.0.1:9840, is set in `spec.MetricsSpec`; see
 docs/metrics.md for why that port.
@@ -10,11 +18,14 @@ docs/metrics.md for why that port.
 
 from __future__ import annotations
 
+import errno
 import json
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +37,16 @@ from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.metrics import MetricsState, gpu_label
 
 log = structlog.get_logger(__name__)
+
+MAX_CONNECTIONS = 64  # requests served at once (a thread each); more are answered 503
+MAX_PENDING = 64  # accepted connections waiting for their request (no thread, one fd each)
+IDLE_TIMEOUT_S = 10.0  # a client silent this long is dropped (Prometheus sends at once)
+
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nContent-Length: 41\r\nConnection: close\r\n\r\n"
+    b"too many connections; try again shortly\r\n"
+)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -77,15 +98,22 @@ _INDEX = """<!doctype html>
 """
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client never blocks close()
+class _Server(HTTPServer):
+    """Binds and formats bodies; `serve` runs the bounded accept loop described above."""
+
+    request_queue_size = 128  # a burst of connects waits in the backlog, not in SYN retries
     registry: CollectorRegistry
     state_getter: Callable[[], MetricsState]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, max_connections: int, idle_timeout: float, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.cache: dict[object, tuple[MetricsState, bytes]] = {}
         self.cache_lock = threading.Lock()
+        self.idle_timeout = idle_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._stopping = threading.Event()
 
     def body(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
         """The exposition of the current state, formatted once per state and encoder.
@@ -104,6 +132,101 @@ class _Server(ThreadingHTTPServer):
             self.cache[encoder] = (state, data)
         return data
 
+    # ---- the accept loop (the serving thread) ----------------------------------------
+
+    def serve(self, poll_interval: float) -> None:
+        """Accept, hold silent connections in a selector, hand talking ones to handlers."""
+        self.socket.setblocking(False)
+        pending: dict[socket.socket, tuple[Any, float]] = {}  # oldest first
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ)
+            try:
+                while not self._stopping.is_set():
+                    for key, _ in sel.select(poll_interval):
+                        if key.fileobj is self.socket:
+                            self._accept(sel, pending)
+                        else:
+                            conn = key.fileobj
+                            assert isinstance(conn, socket.socket)
+                            sel.unregister(conn)
+                            self._dispatch(conn, pending.pop(conn)[0])
+                    limit = time.monotonic() - self.idle_timeout
+                    for conn, (_, since) in list(pending.items()):
+                        if since < limit:
+                            self._drop(sel, pending, conn)
+            finally:
+                for conn in list(pending):
+                    self._drop(sel, pending, conn)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _accept(
+        self, sel: selectors.BaseSelector, pending: dict[socket.socket, tuple[Any, float]]
+    ) -> None:
+        for _ in range(MAX_PENDING):  # drain a burst, but come back to the talking ones
+            try:
+                conn, addr = self.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and pending:
+                    # Out of fds: the oldest silent client gives its up.
+                    self._drop(sel, pending, next(iter(pending)))
+                    continue
+                log.warning("metrics_accept_failed", error=str(exc))
+                time.sleep(0.05)  # the listening socket stays readable: no busy loop
+                return
+            if len(pending) >= MAX_PENDING:
+                self._drop(sel, pending, next(iter(pending)))
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+            pending[conn] = (addr, time.monotonic())
+
+    @staticmethod
+    def _drop(
+        sel: selectors.BaseSelector,
+        pending: dict[socket.socket, tuple[Any, float]],
+        conn: socket.socket,
+    ) -> None:
+        sel.unregister(conn)
+        del pending[conn]
+        conn.close()
+
+    def _dispatch(self, conn: socket.socket, addr: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._shed(conn)
+            return
+        try:
+            threading.Thread(
+                target=self._handle, args=(conn, addr), name="sglang-farm-metrics-req", daemon=True
+            ).start()
+        except RuntimeError:  # no thread to be had: shed it like any request past the cap
+            self._slots.release()
+            self._shed(conn)
+
+    def _shed(self, conn: socket.socket) -> None:
+        """503 without a thread: read what the client sent (so closing sends no RST), answer."""
+        try:
+            conn.recv(65536)
+            conn.send(_BUSY)
+        except OSError:
+            pass  # a client that went away needs no answer
+        finally:
+            conn.close()
+
+    def _handle(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.setblocking(True)  # the handler sets its own timeout
+            self.finish_request(conn, addr)
+        except OSError:
+            pass  # the client hung up or stalled: nothing to answer
+        except Exception:  # task root of one connection: log it, keep serving
+            log.exception("metrics_connection_failed")
+        finally:
+            self.shutdown_request(conn)
+            self._slots.release()
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
@@ -112,7 +235,11 @@ class _Server6(_Server):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "sglang-farm"
-    timeout = 30  # seconds a silent client may hold a handler thread
+
+    def setup(self) -> None:
+        super().setup()
+        # Seconds a stalled client may hold this handler (and its thread).
+        self.connection.settimeout(self.server.idle_timeout)
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -146,7 +273,8 @@ class Exporter:
     """Serves `registry` and `/sd` on `listen` ("host:port"; port 0 picks a free one).
 
     Binds in the constructor, so a taken port fails at once with OSError; serves
-    in a daemon thread until `close()`.
+    in a daemon thread until `close()`. At most `max_connections` requests are served
+    at once; a client silent for `idle_timeout` seconds is dropped.
     """
 
     def __init__(
@@ -154,11 +282,19 @@ class Exporter:
         registry: CollectorRegistry,
         state_getter: Callable[[], MetricsState],
         listen: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT_S,
     ) -> None:
         host, port = parse_listen(listen)
         cls = _Server6 if ":" in host else _Server
         try:
-            server = cls((host, port), _Handler)
+            server = cls(
+                (host, port),
+                _Handler,
+                max_connections=max_connections,
+                idle_timeout=idle_timeout,
+            )
         except OSError as exc:
             raise OSError(
                 exc.errno,
@@ -170,7 +306,7 @@ class Exporter:
         self._server = server
         self._thread = threading.Thread(
             # poll_interval bounds how long close() waits for the serving loop to notice.
-            target=server.serve_forever,
+            target=server.serve,
             args=(0.1,),
             name="sglang-farm-metrics",
             daemon=True,
@@ -194,7 +330,7 @@ class Exporter:
     def close(self) -> None:
         """Stop serving and free the port. Safe to call twice."""
         if self._thread.is_alive():
-            self._server.shutdown()
+            self._server.stop()
             self._thread.join(timeout=5)
         self._server.server_close()
 

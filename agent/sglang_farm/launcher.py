@@ -18,6 +18,7 @@ import structlog
 
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.phase import Phase
+from sglang_farm.ports import PortState
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
@@ -52,14 +53,14 @@ class Launcher:
         *,
         clock: Callable[[], float],
         preflight: Preflight | None = None,
-        port_is_free: Callable[[str, int], bool],
+        port_state: Callable[[str, int], PortState],
         log_for: Callable[[int], structlog.typing.FilteringBoundLogger],
     ) -> None:
         self._host = host
         self._runtime = runtime
         self._clock = clock
         self._preflight = preflight
-        self._port_is_free = port_is_free
+        self._port_state = port_state
         self._log_for = log_for
 
     async def launch(self, worker: int) -> None:
@@ -86,12 +87,18 @@ class Launcher:
                 abandon(blocking[0])
                 return
             deadline = self._clock() + PORT_FREE_WAIT_S
-            while not self._port_is_free(w.host, w.port) and self._clock() < deadline:
+            state = self._port_state(w.host, w.port)
+            while state is not PortState.FREE and self._clock() < deadline:
                 await asyncio.sleep(PORT_POLL_S)
                 if not still_wanted():
                     abandon(None)
                     return
-            if not self._port_is_free(w.host, w.port):
+                state = self._port_state(w.host, w.port)
+            if state is PortState.UNKNOWN:
+                # The agent could not test the port (its own trouble, e.g. out of fds): not
+                # the worker's failure. Launch; SGLang itself reports a port in use.
+                blog.warning("worker_port_unchecked", port=w.port)
+            elif state is PortState.IN_USE:
                 blog.error("worker_port_busy", port=w.port)
                 abandon(
                     Failure(

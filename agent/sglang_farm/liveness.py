@@ -20,11 +20,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
+
 from sglang_farm.health import Prober, ProbeResult
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import Event, HealthFailed, HealthPassed, WorkerState
+
+log = structlog.get_logger("sglang_farm.liveness")
 
 _PROBED = (Phase.READY, Phase.UNHEALTHY)
 
@@ -117,7 +121,15 @@ class LivenessWatcher:
             return
         res = self._pending.result()
         self._pending = None
-        self._feed(self.worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+        if res.local_error:
+            # The agent's own trouble (out of fds, no buffers): says nothing about the
+            # worker. The beat is skipped, never counted as the worker's failure.
+            log.warning(
+                "probe_local_error", worker=self.worker, detail=res.detail,
+                hint="the agent is short of a resource (see LimitNOFILE); the worker is not blamed",
+            )
+        else:
+            self._feed(self.worker, HealthPassed() if res.ok else HealthFailed(res.detail))
         rest = hp.period - (self._clock() - started)
         if rest > 0:
             await self._wait_change(self.worker, rest)

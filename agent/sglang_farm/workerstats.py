@@ -24,6 +24,11 @@ from dataclasses import dataclass, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+# Most bytes read of one answer (/metrics, /v1/loads). SGLang's /metrics is tens of KiB
+# per DP rank; a worker answering more (or an endless body) gets a failed sample, not
+# the agent's memory and event loop.
+BODY_LIMIT = 4 << 20
+
 # Samples whose values move whenever the scheduler does work. Tokenizer-side HTTP
 # counters (`sglang:http_requests_total`, ...) are left out on purpose: they keep
 # counting incoming requests (and our own scrapes) while the scheduler is hung.
@@ -258,6 +263,7 @@ async def poll_worker(
     `/metrics` first; on 404 (no `--enable-metrics`) `/v1/loads`. While the SGLang
     version is unknown (`known_version` None), `/v1/loads` is also read once for
     its `version`. `api_key` is sent to `/v1/loads` (SGLang's `/metrics` is always open).
+    At most `BODY_LIMIT` bytes of an answer are read; a longer one is a failed sample.
     """
     taken_at = clock()
     t0 = time.monotonic()
@@ -265,27 +271,50 @@ async def poll_worker(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with asyncio.timeout(timeout):
-            r = await client.get(f"{base}/metrics", timeout=timeout)
-            if r.status_code == 404:
-                r = await client.get(f"{base}/v1/loads", headers=headers, timeout=timeout)
-                r.raise_for_status()
-                sample = parse_loads_json(worker, taken_at, json.loads(r.text))
+            url = f"{base}/metrics"
+            status, text = await _get(client, url, {}, timeout)
+            if status == 404:
+                url = f"{base}/v1/loads"
+                status, text = await _get(client, url, headers, timeout)
+                if not 200 <= status < 300:
+                    return _failed(worker, taken_at, t0, f"{url} answered {status}")
+                sample = parse_loads_json(worker, taken_at, json.loads(text))
             else:
-                r.raise_for_status()
-                sample = parse_metrics_text(worker, taken_at, r.text)
+                if not 200 <= status < 300:
+                    return _failed(worker, taken_at, t0, f"{url} answered {status}")
+                sample = parse_metrics_text(worker, taken_at, text)
                 if known_version is None:
                     sample = await _with_version(client, base, headers, timeout, sample)
     except TimeoutError:
         return _failed(worker, taken_at, t0, f"no answer within {timeout:g}s from {base}")
-    except httpx.HTTPStatusError as exc:
-        return _failed(
-            worker, taken_at, t0, f"{exc.request.url} answered {exc.response.status_code}"
-        )
+    except BodyTooLarge as exc:
+        return _failed(worker, taken_at, t0, str(exc))
     except httpx.HTTPError as exc:
         return _failed(worker, taken_at, t0, f"{base}: {type(exc).__name__}: {exc}")
     except ValueError as exc:  # json.JSONDecodeError is a ValueError; so are parser errors
         return _failed(worker, taken_at, t0, f"{base}: unreadable answer: {exc}")
     return replace(sample, duration_s=time.monotonic() - t0)
+
+
+class BodyTooLarge(Exception):
+    """A worker's answer went past `BODY_LIMIT`; the rest was not read."""
+
+
+async def _get(
+    client: httpx.AsyncClient, url: str, headers: Mapping[str, str], timeout: float
+) -> tuple[int, str]:
+    """(status, body as text) of GET `url`, reading at most `BODY_LIMIT` bytes of the body."""
+    async with client.stream("GET", url, headers=headers, timeout=timeout) as r:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in r.aiter_bytes():  # decoded: a compressed bomb is bounded too
+            size += len(chunk)
+            if size > BODY_LIMIT:
+                raise BodyTooLarge(
+                    f"{url} answered more than {BODY_LIMIT >> 20} MiB; not read further"
+                )
+            chunks.append(chunk)
+    return r.status_code, b"".join(chunks).decode("utf-8", "replace")
 
 
 async def _with_version(
@@ -296,9 +325,9 @@ async def _with_version(
     sample: WorkerSample,
 ) -> WorkerSample:
     try:
-        r = await client.get(f"{base}/v1/loads?include=core", headers=headers, timeout=timeout)
-        body = json.loads(r.text) if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        status, text = await _get(client, f"{base}/v1/loads?include=core", headers, timeout)
+        body = json.loads(text) if status == 200 else None
+    except (httpx.HTTPError, ValueError, BodyTooLarge):
         return sample  # the version is a nicety; the figures already came from /metrics
     version = body.get("version") if isinstance(body, dict) else None
     if not isinstance(version, str):

@@ -1,10 +1,25 @@
 """I/O: workers as plain child processes, for hosts and containers without systemd, and the demo.
 
 Each worker runs in its own session (so its process group holds SGLang's scheduler and
-detokenizer children, and SGLang's optional `killpg` cannot reach the agent). A stop
-signals the whole group: SIGTERM, then SIGKILL after the deadline, since SGLang's drain
-has no upper bound. When the main process exits on its own, whatever it left in its group
-is killed too: orphaned schedulers otherwise keep holding GPU memory (sglang#23627).
+detokenizer children, and SGLang's optional `killpg` cannot reach the agent).
+
+A stop sends SIGTERM to the main process only, as systemd's `KillMode=mixed` does: SGLang's
+main process drains and then stops its own children, while a SIGTERM to the whole group
+would stop the scheduler first and cut the drain short. At the deadline the whole group
+gets SIGKILL, since SGLang's drain has no upper bound. When the main process exits, on
+its own or not, whatever it left in its group is killed too: orphaned schedulers
+otherwise keep holding GPU memory (sglang#23627).
+
+The group is signalled by its number, which is the main process's pid: safe only while
+that pid is still ours. So the runtime reaps its children itself (not asyncio's child
+watcher), and only after it is done signalling the group: until then the main process is
+at worst a zombie, whose pid (and group number) no other process can be given.
+
+Run by root, workers run as `[farm] user` and `[farm] group` (with the user's
+supplementary groups, HOME, USER and LOGNAME), as the worker unit's `User=` does under
+systemd. Run by anyone else, they run as the agent's own user (nothing to drop), and the
+agent says so once if `[farm] user` names someone else.
+
 Output (stdout and stderr, merged) is kept in a ring buffer per worker and emitted line
 by line for the classifier.
 """
@@ -13,10 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
+import pwd
 import signal
+import subprocess
+import threading
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import structlog
 
@@ -32,13 +52,114 @@ _GROUP_GONE_WAIT = 5.0  # seconds to wait for a SIGKILLed group to disappear
 _LINE_LIMIT = 1 << 20
 
 
-def _killpg(pgid: int, sig: signal.Signals) -> bool:
-    """Signal a process group; False if it no longer exists."""
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a worker runs as when the agent is root."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups, as initgroups(3) would set them
+    home: str
+
+
+def worker_identity(user: str, group: str, *, euid: int) -> Identity | None:
+    """The identity workers run as; None: as the agent itself.
+
+    Only root can switch users: for any other `euid` workers run as the agent (None).
+    Root with `user` "root" also gets None. Raises RuntimeFailure, saying what to do,
+    for a user or group this host does not know.
+    """
+    if euid != 0:
+        return None
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise RuntimeFailure(
+            f"[farm] user {user!r} does not exist on this host; the process runtime runs "
+            "workers as that user when the agent runs as root: create it "
+            f"(`useradd --system {user}`) or set [farm] user and group to an existing "
+            'user ("root" to run workers as root)'
+        ) from None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise RuntimeFailure(
+            f"[farm] group {group!r} does not exist on this host; create it "
+            f"(`groupadd --system {group}`) or set [farm] user and group to an existing "
+            "user and group"
+        ) from None
+    if pw.pw_uid == 0 and gid == 0:
+        return None
+    groups = tuple(sorted({gid, *os.getgrouplist(user, gid)}))
+    return Identity(user, pw.pw_uid, gid, groups, pw.pw_dir)
+
+
+def _exit_future(pid: int) -> asyncio.Future[None]:
+    """Done when process `pid` (our child) has exited, without reaping it.
+
+    A pidfd turns readable on exit; without one (a kernel before 5.3, a seccomp filter)
+    a thread waits with WNOWAIT, which leaves the zombie in place.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def done() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+
+        def wait() -> None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done)
+
+        threading.Thread(target=wait, name=f"sglang-farm-wait-{pid}", daemon=True).start()
+        return fut
+
+    def readable() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        done()
+
+    loop.add_reader(pidfd, readable)
+    return fut
+
+
+@dataclass(eq=False, slots=True)
+class _Child:
+    """One worker's main process, from its start until it is reaped."""
+
+    popen: subprocess.Popen[bytes]
+    exited: asyncio.Future[None]  # the main process exited (a zombie until reaped)
+    transport: asyncio.ReadTransport
+    reader: asyncio.StreamReader
+    follow: asyncio.Task[None] | None = None
+    reaped: bool = False  # once True, the pid (and the group's number) may be anyone's
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal_main(self, sig: signal.Signals) -> None:
+        """Signal the main process only; nothing once it is reaped."""
+        if not self.reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def signal_group(self, sig: signal.Signals) -> bool:
+        """Signal the whole group, while its number is still ours; False if it is gone."""
+        if self.reaped:
+            return False
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _group_alive(pgid: int) -> bool:
@@ -82,96 +203,136 @@ class ProcessRuntime:
     def __init__(self, emit: Emit, *, log_lines: int = 5000) -> None:
         self._emit = emit
         self._log_lines = log_lines
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
-        self._readers: dict[int, asyncio.Task[None]] = {}
+        self._procs: dict[int, _Child] = {}
         self._logs: dict[int, deque[str]] = {}
+        self._identity: Identity | None = None
+        self._said_user: str | None = None
 
     async def start(self, worker: int, command: Command) -> None:
         if worker in self._procs:
             raise RuntimeFailure(
                 f"worker {worker} is already running (pid {self._procs[worker].pid})"
             )
-        env = {**os.environ, **command.env_dict}
+        who = self._identity
+        env = dict(os.environ)
+        if who is not None:
+            env.update(HOME=who.home, USER=who.user, LOGNAME=who.user)
+        env.update(command.env_dict)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *command.argv,
+            # Not asyncio's subprocesses: their child watcher reaps the main process behind
+            # our back, and the group's number with it (see the module docstring).
+            # Blocking for the fork and exec only, as asyncio's own subprocesses are.
+            popen = subprocess.Popen(  # noqa: ASYNC220
+                command.argv,
                 env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-                limit=_LINE_LIMIT,
+                cwd="/" if who is not None else None,  # as systemd's default
+                user=who.uid if who is not None else None,
+                group=who.gid if who is not None else None,
+                extra_groups=list(who.groups) if who is not None else None,
             )
         except OSError as exc:
             raise RuntimeFailure(f"cannot run {command.argv[0]}: {exc.strerror}") from exc
-        self._procs[worker] = proc
-        self._watch_main(proc.pid)
-        self._logs.setdefault(worker, deque(maxlen=self._log_lines))
-        self._emit(Started(worker, proc.pid))
-        self._readers[worker] = asyncio.create_task(self._follow(worker, proc))
-
-    def _watch_main(self, pid: int) -> None:
-        """Kill the group the moment the main process exits.
-
-        asyncio's `wait()` only returns once the output pipe closes, and SGLang's children
-        (which inherit the pipe) can outlive the main process: without this, a SIGKILLed
-        worker would be noticed only when its orphans die, if ever. A pidfd becomes readable
-        when the process exits.
-        """
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            return  # kernel without pidfd: the group is killed once the pipe closes
+        assert popen.stdout is not None
         loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
+        )
+        child = _Child(popen, _exit_future(popen.pid), transport, reader)
+        self._procs[worker] = child
+        self._logs.setdefault(worker, deque(maxlen=self._log_lines))
+        self._emit(Started(worker, popen.pid))
+        child.follow = asyncio.create_task(self._follow(worker, child))
 
-        def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            _killpg(pid, signal.SIGKILL)
-
-        loop.add_reader(pidfd, exited)
-
-    async def _follow(self, worker: int, proc: asyncio.subprocess.Process) -> None:
+    async def _read(self, worker: int, reader: asyncio.StreamReader) -> None:
         buf = self._logs[worker]
-        assert proc.stdout is not None
         while True:
             try:
-                raw = await proc.stdout.readline()
+                raw = await reader.readline()
             except ValueError:  # a line over the limit: asyncio dropped it; keep reading
                 raw = (
                     f"[sglang-farm: a line longer than {_LINE_LIMIT} bytes was dropped]\n".encode()
                 )
             if not raw:
-                break
+                return
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
             buf.append(text)
             self._emit(LogLine(worker, text))
-        status = await proc.wait()
-        # The main process is gone; its group may still hold children (the scheduler): kill them.
-        if _killpg(proc.pid, signal.SIGKILL):
-            await _wait_group_gone(proc.pid, _GROUP_GONE_WAIT)
-        self._procs.pop(worker, None)
-        self._emit(Exited(worker, proc.pid, status))
+
+    async def _follow(self, worker: int, child: _Child) -> None:
+        reading = asyncio.create_task(self._read(worker, child.reader))
+        try:
+            await child.exited
+            # The main process is gone (a zombie: the group's number is still ours). Its
+            # group may still hold children (the scheduler): kill them.
+            if child.signal_group(signal.SIGKILL):
+                await _wait_group_gone(child.pid, _GROUP_GONE_WAIT)
+            # The output ends when the last holder of the pipe is gone; one that left the
+            # group could hold it forever, so the wait is bounded.
+            try:
+                await asyncio.wait_for(asyncio.shield(reading), _GROUP_GONE_WAIT)
+            except TimeoutError:
+                child.transport.close()
+                await reading
+        finally:
+            child.transport.close()
+            status = self._reap(child)
+            self._procs.pop(worker, None)
+        self._emit(Exited(worker, child.pid, status))
+
+    @staticmethod
+    def _reap(child: _Child) -> int | None:
+        """Collect the main process's exit status; from here on its pid is not ours."""
+        try:
+            _, raw = os.waitpid(child.pid, 0)
+        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): status unknown
+            status = None
+        else:
+            status = os.waitstatus_to_exitcode(raw)
+        child.reaped = True
+        child.popen.returncode = status if status is not None else -1  # Popen: not running
+        return status
 
     async def stop(self, worker: int, timeout: float) -> None:
-        proc = self._procs.get(worker)
-        reader = self._readers.get(worker)
-        if proc is None or reader is None:
+        child = self._procs.get(worker)
+        if child is None or child.follow is None:
             return
-        _killpg(proc.pid, signal.SIGTERM)
-        # As systemd does: a stopped (SIGSTOP, hung) process must run to act on SIGTERM.
-        _killpg(proc.pid, signal.SIGCONT)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), timeout)
-        except TimeoutError:
-            log.warning("worker_stop_timeout", worker=worker, pid=proc.pid, after_s=timeout)
-            _killpg(proc.pid, signal.SIGKILL)
-        await asyncio.shield(reader)
+        if not child.exited.done():
+            child.signal_main(signal.SIGTERM)  # the main process drains, then stops its children
+            # As systemd does: a stopped (SIGSTOP, hung) process must run to act on SIGTERM.
+            child.signal_group(signal.SIGCONT)
+            try:
+                await asyncio.wait_for(asyncio.shield(child.exited), timeout)
+            except TimeoutError:
+                log.warning("worker_stop_timeout", worker=worker, pid=child.pid, after_s=timeout)
+                child.signal_group(signal.SIGKILL)
+        await asyncio.shield(child.follow)
 
     async def prepare(
         self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
     ) -> None:
-        """Nothing to install: `start` is given the whole command line."""
+        """Nothing to install (`start` is given the whole command line); settle who the
+        workers run as. Raises RuntimeFailure for an unknown `[farm] user` or group."""
+        euid = os.geteuid()
+        self._identity = worker_identity(spec.farm.user, spec.farm.group, euid=euid)
+        if euid == 0 or self._said_user == spec.farm.user:
+            return
+        self._said_user = spec.farm.user
+        try:
+            me = pwd.getpwuid(euid).pw_name
+        except KeyError:  # a uid without a passwd entry (some containers)
+            me = str(euid)
+        if spec.farm.user != me:
+            log.warning(
+                "worker_user_not_applied",
+                user=spec.farm.user,
+                running_as=me,
+                why="only an agent run as root can run workers as another user",
+            )
 
     async def confirm_ready(self, worker: int) -> bool:
         return True  # no second opinion: /health answering is the whole readiness rule
@@ -190,7 +351,8 @@ class ProcessRuntime:
 
     async def close(self) -> None:
         """Kill every worker that is left (the agent is going away; so do its children)."""
-        for worker, proc in list(self._procs.items()):
-            _killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._readers[worker]), _GROUP_GONE_WAIT)
+        for child in list(self._procs.values()):
+            child.signal_group(signal.SIGKILL)
+            if child.follow is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(child.follow), _GROUP_GONE_WAIT)

@@ -1,0 +1,233 @@
+"""Health probes against real sockets: the worker's failures vs the agent's own, bounded bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from sglang_farm.health import HEALTH_BODY_LIMIT, probe
+
+
+@contextmanager
+def endless_body_server(
+    *,
+    status: int = 200,
+    chunk: bytes = b"x" * 65536,
+    interval_s: float = 0.01,
+    not_found: tuple[str, ...] = (),
+) -> Iterator[str]:
+    """An HTTP server whose every answer is `status` followed by a body that never ends
+    (but 404 for the paths in `not_found`).
+
+    Throttled (one `chunk` per `interval_s`) so that a client that reads it all grows
+    by megabytes in the test's time, not gigabytes. Yields the base URL.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path in not_found:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                    time.sleep(interval_s)
+            except OSError:
+                return  # the client hung up: what a bounded reader does
+
+        def log_message(self, format: str, *args: object) -> None:  # `format`: stdlib's name
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def health_server(status: int = 200) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # `format`: stdlib's name
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_healthy_worker_is_ok_and_not_local() -> None:
+    with health_server(200) as url:
+        async with httpx.AsyncClient() as client:
+            r = await probe(client, f"{url}/health", 5)
+    assert (r.ok, r.detail, r.refused, r.local_error) == (True, "200", False, False)
+
+
+async def test_a_refused_connection_is_the_workers_and_not_local() -> None:
+    async with httpx.AsyncClient() as client:
+        r = await probe(client, f"http://127.0.0.1:{_closed_port()}/health", 5)
+    assert (r.ok, r.refused, r.local_error) == (False, True, False)
+
+
+_EXHAUST = r"""
+import asyncio, json, os, resource, sys
+import httpx
+from sglang_farm.health import probe
+
+async def main() -> None:
+    async with httpx.AsyncClient() as warm:  # imports what a probe needs while fds are left
+        await probe(warm, sys.argv[1], 5)
+    async with httpx.AsyncClient() as client:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == 24, exc  # EMFILE: every descriptor is taken
+        r = await probe(client, sys.argv[1], 5)
+        for fd in held:
+            os.close(fd)
+    print(json.dumps({"ok": r.ok, "refused": r.refused, "local": r.local_error,
+                      "detail": r.detail}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_probe_that_finds_the_agent_out_of_fds_is_unknown_not_the_workers_failure() -> None:
+    """The agent's own EMFILE must never read as the worker refusing or failing."""
+    with health_server(200) as url:
+        out = subprocess.run(
+            [sys.executable, "-c", _EXHAUST, f"{url}/health"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["local"] is True, result
+    assert result["ok"] is False and result["refused"] is False, result
+    assert "Too many open files" in result["detail"], result
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM])
+async def test_a_local_oserror_raised_by_the_transport_is_unknown(code: int) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise OSError(code, "local trouble")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r = await probe(client, "http://127.0.0.1:1/health", 5)
+    assert (r.ok, r.refused, r.local_error) == (False, False, True)
+
+
+async def test_a_reset_connection_stays_the_workers_failure() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("reset", request=request) from ConnectionResetError(
+            errno.ECONNRESET, "Connection reset by peer"
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r = await probe(client, "http://127.0.0.1:1/health", 5)
+    assert (r.ok, r.local_error) == (False, False)
+
+
+async def test_an_endless_health_body_is_judged_by_its_status_without_reading_it_all() -> None:
+    with endless_body_server(status=200) as url:
+        async with httpx.AsyncClient() as client:
+            t0 = time.monotonic()
+            async with asyncio.timeout(5):
+                r = await probe(client, f"{url}/health", 3)
+    assert time.monotonic() - t0 < 2
+    assert r.ok and r.local_error is False
+    assert f"over {HEALTH_BODY_LIMIT // 1024} KiB" in r.detail
+
+
+async def test_a_worker_dripping_a_body_forever_times_out_at_the_probe_timeout() -> None:
+    """httpx's timeout is per read: one byte every 50 ms would never trip it on its own."""
+    with endless_body_server(status=200, chunk=b"x", interval_s=0.05) as url:
+        async with httpx.AsyncClient() as client:
+            t0 = time.monotonic()
+            async with asyncio.timeout(8):
+                r = await probe(client, f"{url}/health", 1)
+    assert 0.9 < time.monotonic() - t0 < 3
+    assert (r.ok, r.local_error) == (False, False)
+    assert r.detail == "timeout after 1 s"
+
+
+_PORT_CHECK_OUT_OF_FDS = r"""
+import json, os, resource, sys
+from sglang_farm.ports import port_problem, port_state
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as exc:
+    assert exc.errno == 24, exc  # EMFILE: every descriptor is taken
+problem = port_problem("127.0.0.1", int(sys.argv[1]))
+state = str(port_state("127.0.0.1", int(sys.argv[1])))
+for fd in held:
+    os.close(fd)
+print(json.dumps({"problem": problem, "state": state}))
+"""
+
+
+def test_the_port_check_reports_rather_than_raises_when_the_agent_is_out_of_fds() -> None:
+    """The relaunch's port gate must not raise (a raise there counted as the worker's crash)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PORT_CHECK_OUT_OF_FDS, str(_closed_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["state"] == "unknown"  # the launch gate does not blame the worker
+    assert "Too many open files" in result["problem"]
+    assert "agent" in result["problem"]  # says whose problem it is, not the port's
