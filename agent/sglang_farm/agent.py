@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from sglang_farm import xid
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
@@ -33,6 +34,8 @@ from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
+from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.gpu_health import gpu_faults, pending_remaps
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
@@ -49,11 +52,13 @@ from sglang_farm.supervisor import (
     Drain,
     Event,
     FailureSeen,
+    GpuFailing,
     Launch,
     Launched,
     Note,
     Policy,
     ProcessExited,
+    ReleaseRequested,
     StopRequested,
     Supervisor,
     Terminate,
@@ -103,9 +108,18 @@ class AgentHooks:
     # a fixed model path or a new flag changes is judged anew, not from the start's report.
     refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None = None
     compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    # Re-check a quarantined GPU through NVML before its worker is released: the problems
+    # that keep it set aside (empty: clear).
+    check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
     port_state: Callable[[str, int], PortState] = port_state
+
+
+def _xid_detail(code: int) -> str:
+    """What a quarantine's reason says about XID `code`: NVIDIA's meaning and action."""
+    info = xid.classify(code)
+    return f"{info.meaning}; NVIDIA's action: {info.action_text}"
 
 
 class Agent:
@@ -152,6 +166,7 @@ class Agent:
             else None
         )
         self._in_flight = hooks.in_flight or HttpInFlight()
+        self._last_fleet: FleetSnapshot | None = None
         self._classifiers: dict[int, LogClassifier] = {}
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._any_change = asyncio.Condition()
@@ -380,6 +395,60 @@ class Agent:
             base_url=lambda: self._spec.worker(worker).base_url,
             feed=self.feed,
         )
+
+    # ---- GPU health -----------------------------------------------------------------------
+
+    def observe_fleet(self, fleet: FleetSnapshot) -> None:
+        """The NVML poller's latest snapshot: set aside the workers whose GPU is failing.
+
+        Which faults count is `gpu_health`'s (pure) decision over NVIDIA's XID catalog;
+        only the workers on the failing GPU are touched, never the rest of the farm.
+        """
+        faults = gpu_faults(
+            self._last_fleet, fleet, quarantines=xid.quarantines, describe=_xid_detail
+        )
+        self._last_fleet = fleet
+        remaps = pending_remaps(fleet)
+        for wid, s in list(self.sup.workers.items()):
+            gpus = self._spec.worker(wid).gpus
+            fault = next((f for f in faults if f.gpu in gpus), None)
+            if fault is not None:
+                self.feed(wid, GpuFailing(fault.gpu, fault.reason, fault.detail))
+                continue
+            remapped = next((g for g in gpus if g in remaps), None)
+            if remapped is not None and s.phase in (Phase.PENDING, Phase.BACKOFF):
+                # At a (re)start: a GPU with row remaps pending needs a reset first.
+                self.feed(
+                    wid,
+                    GpuFailing(
+                        remapped,
+                        "pending row remaps",
+                        "NVML reports row remaps pending: reset the GPU before it is used",
+                    ),
+                )
+
+    async def release_gpu(self, gpu: int) -> list[str]:
+        """Start the workers quarantined on `gpu` again, once NVML says it is clear.
+
+        Returns what keeps it set aside (its quarantine then stays); empty when released.
+        """
+        held = [
+            w
+            for w, s in self.sup.workers.items()
+            if s.phase is Phase.QUARANTINED and s.quarantine is not None and s.quarantine.gpu == gpu
+        ]
+        if not held:
+            return [f"no worker is quarantined on GPU {gpu}"]
+        if self._hooks.check_gpu is None:
+            return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
+        problems = await self._hooks.check_gpu(gpu)
+        if problems:
+            log.warning("gpu_release_refused", gpu=gpu, problems=problems)
+            return problems
+        async with self._changes:
+            for wid in held:
+                self.feed(wid, ReleaseRequested())
+        return []
 
     def _gateway_changed(self) -> None:
         """The gateway went up or down: the view (status, metrics) says so at once."""

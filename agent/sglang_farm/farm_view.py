@@ -16,7 +16,15 @@ from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import WorkerState
 
-__all__ = ["FarmView", "GatewayStatus", "Phase", "RestartRecord", "WorkerView", "build_view"]
+__all__ = [
+    "FarmView",
+    "GatewayStatus",
+    "Phase",
+    "Quarantine",
+    "RestartRecord",
+    "WorkerView",
+    "build_view",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +36,16 @@ class GatewayStatus:
     members: int  # the farm's own workers the gateway routes to (as last confirmed)
     errors: int  # failed calls and reconciles since the agent started
     last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """Why a worker's GPU is set aside (docs/gpu-health.md)."""
+
+    gpu: int
+    reason: str  # "xid 79", "gpu lost", "pending row remaps", ...
+    detail: str  # the XID catalog's meaning and action, or NVML's error
+    since: float  # wall clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +75,8 @@ class WorkerView:
     argv: tuple[str, ...] = ()
     in_gateway: bool = False  # the gateway confirmed it routes to this worker
     last_drain_seconds: float | None = None  # the last planned stop's drain
+    quarantine: Quarantine | None = None  # set while its GPU is set aside
+    quarantines_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def ready(self) -> bool:
@@ -129,6 +149,15 @@ def build_view(
                 argv=tuple(argv.get(ws.id, ())),
                 in_gateway=s.in_gateway,
                 last_drain_seconds=s.last_drain_seconds,
+                quarantine=Quarantine(
+                    s.quarantine.gpu,
+                    s.quarantine.reason,
+                    s.quarantine.detail,
+                    s.quarantine.at + mono_to_wall,
+                )
+                if s.quarantine is not None
+                else None,
+                quarantines_by_reason=MappingProxyType(dict(s.quarantines_by_reason)),
             )
         )
     return FarmView(

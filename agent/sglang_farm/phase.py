@@ -16,4 +16,5 @@ class Phase(StrEnum):
     DRAINING = "draining"  # planned stop: out of the gateway, its requests finishing
     STOPPING = "stopping"  # stop or restart issued; waiting for the process tree to exit
     BACKOFF = "backoff"  # exited; a restart is scheduled after the back-off delay
+    QUARANTINED = "quarantined"  # its GPU is failing: stopped, not restarted until released
     FAILED = "failed"  # given up: crash-loop limit, a deterministic failure, or a failed canary

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -49,10 +49,19 @@ def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
 class MetricPollers:
     """Owns the GPU poller, the worker-stats poller and the exporter of one agent."""
 
-    def __init__(self, spec: FarmSpec, poller: GpuPoller | None, view: FarmView) -> None:
-        """`view`: the farm as it stands now; `on_view` keeps it current."""
+    def __init__(
+        self,
+        spec: FarmSpec,
+        poller: GpuPoller | None,
+        view: FarmView,
+        *,
+        on_fleet: Callable[[FleetSnapshot], None] | None = None,
+    ) -> None:
+        """`view`: the farm as it stands now; `on_view` keeps it current. `on_fleet` gets
+        every GPU snapshot (the agent's GPU-health rules)."""
         self.spec = spec
         self.poller = poller
+        self._on_fleet = on_fleet
         self._view = view
         self._state = MetricsState(snapshot_at=time.time(), farm=view)
         self.registry = build_registry(self.state)
@@ -116,6 +125,8 @@ class MetricPollers:
                 ok = fleet.nvml_up
                 self._probe("gpu", ok, time.monotonic() - t0)
                 self._swap(fleet=fleet, worker_pids=MappingProxyType(pids))
+                if self._on_fleet is not None:
+                    self._on_fleet(fleet)
             except Exception as exc:  # task root: a poller bug must not stop the exporter
                 log.error("gpu_poll_failed", error=repr(exc))
                 self._probe("gpu", False, time.monotonic() - t0)

@@ -149,9 +149,10 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             compute_caps=doctor.compute_caps,
             observers=(on_status, to_pollers),
             stats=FarmStats(gpu_memory, queue_depths),
+            check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
         ),
     )
-    pollers = MetricPollers(spec, poller, agent.view())
+    pollers = MetricPollers(spec, poller, agent.view(), on_fleet=agent.observe_fleet)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -196,6 +197,17 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
                 await front.runner.close()  # after the workers: it routed to them until now
             await front.client.aclose()
     return 0
+
+
+RELEASE_SLACK_BYTES = 1 << 30  # used memory beyond the driver's reserve that still counts as free
+
+
+async def check_gpu(poller: GpuPoller, gpu: int) -> list[str]:
+    """A fresh NVML read of `gpu`: what keeps it from being released (empty: clear)."""
+    from sglang_farm.gpu_health import release_problems
+
+    fleet = await asyncio.to_thread(poller.snapshot)
+    return release_problems(fleet, gpu, slack_bytes=RELEASE_SLACK_BYTES)
 
 
 @dataclass(frozen=True, slots=True)

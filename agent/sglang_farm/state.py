@@ -19,7 +19,7 @@ import structlog
 from sglang_farm.atomicfile import write_atomic
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import Phase
-from sglang_farm.supervisor import Supervisor, WorkerState
+from sglang_farm.supervisor import HELD_PHASES, GpuQuarantine, Supervisor, WorkerState
 
 log = structlog.get_logger("sglang_farm.state")
 FORMAT = 1
@@ -29,7 +29,16 @@ def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
     """The persisted part of a worker's state; monotonic times become wall-clock times."""
     return {
         # Only phases an agent restart must not undo; the rest is observed anew.
-        "phase": str(s.phase) if s.phase in (Phase.FAILED, Phase.STOPPED) else None,
+        "phase": str(s.phase) if s.phase in HELD_PHASES else None,
+        "quarantine": {
+            "gpu": s.quarantine.gpu,
+            "reason": s.quarantine.reason,
+            "detail": s.quarantine.detail,
+            "at": s.quarantine.at + mono_to_wall,
+        }
+        if s.quarantine is not None
+        else None,
+        "quarantines_by_reason": dict(s.quarantines_by_reason),
         "failures": s.failures,
         "oom_step": s.oom_step,
         "restarts": [[at + mono_to_wall, reason] for at, reason in s.restarts],
@@ -65,8 +74,21 @@ def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> Wo
         return float(v) if isinstance(v, (int, float)) else default
 
     at = d.get("last_failure_at")
+    q = d.get("quarantine")
+    quarantine = None
+    if isinstance(q, dict) and isinstance(q.get("gpu"), int):
+        quarantine = GpuQuarantine(
+            q["gpu"],
+            str(q.get("reason", "")),
+            str(q.get("detail", "")),
+            float(q["at"]) + wall_to_mono if isinstance(q.get("at"), (int, float)) else 0.0,
+        )
     return replace(
         s,
+        quarantine=quarantine,
+        quarantines_by_reason={
+            str(k): int(v) for k, v in dict(d.get("quarantines_by_reason", {})).items()
+        },
         failures=int(num("failures", 0)),
         oom_step=int(num("oom_step", 0)),
         restarts=tuple(
@@ -129,6 +151,7 @@ def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
             v.get("last_action"),
             v.get("last_load_seconds"),
             v.get("phase"),
+            (v.get("quarantine") or {}).get("reason"),
         )
         for w, v in d.items()
     }

@@ -90,6 +90,7 @@ class StopIntent(StrEnum):
     STOP = "stop"  # operator stop: stay stopped
     RESTART = "restart"  # operator or config restart: start again at once
     FAILURE = "failure"  # the farm stopped it (hang, load timeout, OOM while serving)
+    QUARANTINE = "quarantine"  # its GPU is failing: stay stopped until the GPU is released
 
 
 # ---- events -----------------------------------------------------------------------------
@@ -148,6 +149,31 @@ class RestartRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuQuarantine:
+    """Why a worker's GPU is set aside: `reason` short ("xid 79", "gpu lost"), `detail`
+    the catalog's words or NVML's error, `at` the supervisor's clock."""
+
+    gpu: int
+    reason: str
+    detail: str
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFailing:
+    """The worker's GPU cannot be trusted (a reset-class XID, lost, pending row remaps)."""
+
+    gpu: int
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequested:
+    """The operator released the GPU after it passed its checks: start the worker again."""
+
+
+@dataclass(frozen=True, slots=True)
 class Drained:
     """A draining worker is out of the gateway and has no request running or queued."""
 
@@ -175,6 +201,8 @@ Event = (
     | RestartRequested
     | Drained
     | GatewayMembership
+    | GpuFailing
+    | ReleaseRequested
     | Tick
 )
 
@@ -274,6 +302,8 @@ class WorkerState:
     last_load_seconds: float | None = None
     in_gateway: bool = False  # the gateway confirmed it routes to this worker
     last_drain_seconds: float | None = None
+    quarantine: GpuQuarantine | None = None  # set while its GPU is set aside
+    quarantines_by_reason: Mapping[str, int] = field(default_factory=dict)
 
     def enter(self, phase: Phase, now: float, **changes: object) -> WorkerState:
         # replace() checks the field names at run time; mypy cannot type **changes per field.
@@ -294,7 +324,7 @@ _RUNNING = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY})
 # Serving: in the gateway (when there is one) and answering; a planned stop drains these.
 _SERVING = frozenset({Phase.READY, Phase.UNHEALTHY})
 # Phases a restarted agent keeps for a worker that is not running (see Supervisor.adopt).
-HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED})
+HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED})
 
 
 def backoff_delay(failures: int, policy: RestartPolicy) -> float:
@@ -414,6 +444,38 @@ def _terminate_for(s: WorkerState, failure: Failure, now: float) -> Decision:
 def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
     """One worker's transition. Raises IllegalTransition for events that make no sense now."""
     match event:
+        case GpuFailing(gpu=gpu, reason=reason, detail=detail):
+            if s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE:
+                return Decision(s)  # set aside already: the first reason stands
+            q = GpuQuarantine(gpu, reason, detail, now)
+            s = replace(
+                s,
+                quarantine=q,
+                quarantines_by_reason=_bump(s.quarantines_by_reason, reason),
+                last_action=f"GPU {gpu} quarantined ({reason}); not restarted until released",
+            )
+            note = Note("gpu_quarantined", {"reason": reason, "detail": detail})
+            if s.phase in (*_RUNNING, Phase.DRAINING):
+                # RUNNING -> STOPPING: out of service; its exit leads to QUARANTINED.
+                s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.QUARANTINE)
+                return Decision(s, (Terminate(s.id), note))
+            if s.phase is Phase.STOPPING:
+                return Decision(replace(s, stop_intent=StopIntent.QUARANTINE), (note,))
+            # PENDING/BACKOFF/STOPPED/FAILED -> QUARANTINED: nothing runs; never started.
+            return Decision(s.enter(Phase.QUARANTINED, now, retry_at=None), (note,))
+        case ReleaseRequested():
+            if s.phase is not Phase.QUARANTINED:
+                return Decision(s)
+            # QUARANTINED -> PENDING: the GPU passed its checks; start afresh.
+            return Decision(
+                s.enter(Phase.PENDING, now, quarantine=None, failures=0, retry_at=None),
+                (Note("gpu_released"),),
+            )
+        case StopRequested() if s.phase is Phase.QUARANTINED:
+            return Decision(s)  # stopped already, and it must stay set aside (not STOPPED)
+        case StartRequested() | RestartRequested() if s.phase is Phase.QUARANTINED:
+            # QUARANTINED stays: only a release (after the GPU's checks) starts it again.
+            return Decision(s, (Note("worker_quarantined_not_started"),))
         case StartRequested(fresh=fresh):
             if s.phase in (Phase.STOPPED, Phase.FAILED):
                 # STOPPED/FAILED -> PENDING: wanted again; the rollout planner launches it.
@@ -534,6 +596,14 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             if s.phase in (Phase.STOPPING, Phase.DRAINING):
                 # (a draining worker that exits on its own has done what was asked)
                 intent = s.stop_intent
+                if intent is StopIntent.QUARANTINE:
+                    # STOPPING -> QUARANTINED: stopped because its GPU is failing.
+                    return Decision(
+                        s.enter(
+                            Phase.QUARANTINED, now, pid=None, stop_intent=None, health_failures=0
+                        ),
+                        (Note("worker_quarantined"),),
+                    )
                 if intent is StopIntent.STOP:
                     # STOPPING -> STOPPED: operator stop done.
                     return Decision(
@@ -682,12 +752,14 @@ class Supervisor:
         not this restart's to start. With nothing running, nothing is held (a cold start).
         """
         held: set[int] = set()
-        if running:
-            for wid, phase in remembered.items():
-                if wid in self.workers and wid not in running and phase in HELD_PHASES:
-                    # (remembered) -> FAILED/STOPPED: kept as it was before the agent restarted.
-                    self.workers[wid] = self.workers[wid].enter(phase, now)
-                    held.add(wid)
+        for wid, phase in remembered.items():
+            if wid not in self.workers or wid in running or phase not in HELD_PHASES:
+                continue
+            if running or phase is Phase.QUARANTINED:
+                # (remembered) -> FAILED/STOPPED/QUARANTINED: kept as it was before the agent
+                # restarted. A quarantine is kept even at a cold start: the GPU is still bad.
+                self.workers[wid] = self.workers[wid].enter(phase, now)
+                held.add(wid)
         adopted: set[int] = set()
         actions: list[Action] = []
         for wid, pid in running.items():
@@ -801,7 +873,7 @@ class Supervisor:
         """A worker of a rolling wave is done: serving again (and back in the gateway when
         there is one), or failed, or stopped."""
         s = self.workers.get(worker)
-        if s is None or s.phase in (Phase.FAILED, Phase.STOPPED):
+        if s is None or s.phase in (Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED):
             return True
         return s.phase is Phase.READY and (self.policy.drain_timeout is None or s.in_gateway)
 
@@ -842,6 +914,10 @@ class Supervisor:
                 self.rollout = Rollout.ROLLING
                 self.rollout_reason = None
                 actions.append(Note("rollout_canary_ready", {"canary": canary}))
+            elif self.rollout is Rollout.CANARY and c.phase is Phase.QUARANTINED:
+                # CANARY -> ROLLING: a failing GPU says nothing about the config; go on.
+                self.rollout = Rollout.ROLLING
+                actions.append(Note("rollout_canary_quarantined", {"canary": canary}))
             elif self.rollout is Rollout.CANARY and c.phase in (Phase.FAILED, Phase.STOPPED):
                 self.rollout = Rollout.HALTED
                 why = c.last_failure.summary if c.last_failure else "the canary was stopped"

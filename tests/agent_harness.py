@@ -1,0 +1,166 @@
+"""Test harness: the real Agent with a fake runtime, prober and gateway, on a virtual clock.
+
+`farm(...)` runs an Agent on the test's loop; `run_virtual` (virtual_time.py) makes
+minutes of farm time take milliseconds. No processes, no sockets, no real sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fake_gateway import FakeGateway
+from fake_runtime import FakeInFlight, FakeProber, FakeRuntime
+from sglang_farm.agent import Agent, AgentHooks
+from sglang_farm.config import load_spec
+from sglang_farm.launcher import Preflight
+from sglang_farm.phase import Phase
+from sglang_farm.ports import PortState
+from sglang_farm.runtime import Emit, Running
+from sglang_farm.spec import FarmSpec
+
+OOM_LINE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+    "total capacity of 79.11 GiB of which 1.00 GiB is free."
+)
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def farm_toml(state_dir: Path, *, extra: str = "", sglang: str = "", workers: int = 8) -> str:
+    return f"""
+[farm]
+name = "test-farm"
+python = "{sys.executable}"
+module = "sglang_farm.sim"
+state_dir = "{state_dir}"
+
+[workers]
+gpus = {list(range(workers))}
+host = "127.0.0.1"
+base_port = 30000
+
+[startup]
+canary = 0
+parallel = 3
+load_timeout = "2m"
+poll_interval = "500ms"
+
+[health]
+period = "2s"
+timeout = "5s"
+failure_threshold = 3
+
+[restart]
+backoff_initial = "1s"
+backoff_max = "30s"
+reset_after = "1m"
+stop_timeout = "10s"
+
+[metrics]
+gpu_source = "none"
+
+[control]
+socket = "{state_dir}/control.sock"
+
+[sglang]
+model_path = "sim/model"
+mem_fraction_static = 0.8
+{sglang}
+{extra}
+"""
+
+
+@dataclass
+class Farm:
+    agent: Agent
+    runtime: FakeRuntime
+    prober: FakeProber
+    stop: asyncio.Event
+    gateway: FakeGateway
+    in_flight: FakeInFlight
+
+    def phases(self) -> dict[int, Phase]:
+        return {w.id: w.phase for w in self.agent.view().workers}
+
+    def phase(self, worker: int) -> Phase:
+        return self.agent.view().worker(worker).phase
+
+    async def until(self, cond: Callable[[], bool], within: float = 600.0) -> None:
+        """Wait (in farm time) until `cond` holds; fail the test past `within` seconds."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
+        while not cond():
+            if loop.time() > end:
+                raise AssertionError(f"not within {within} s of farm time: {self.phases()}")
+            await asyncio.sleep(0.1)
+
+    def all_ready(self) -> bool:
+        return all(p is Phase.READY for p in self.phases().values())
+
+
+@asynccontextmanager
+async def farm(
+    tmp: Path,
+    *,
+    text: str | None = None,
+    running: dict[int, Running] | None = None,
+    loader: Callable[[], FarmSpec] | None = None,
+    gateway: FakeGateway | None = None,
+    preflight: Preflight | None = None,
+    refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
+    check_gpu: Callable[[int], Awaitable[list[str]]] | None = None,
+) -> AsyncIterator[Farm]:
+    loop = asyncio.get_running_loop()
+    spec = load_spec(text or farm_toml(tmp), source="test.toml")
+    gw = gateway or FakeGateway()
+    in_flight = FakeInFlight()
+    prober = FakeProber(spec)
+    made: list[FakeRuntime] = []
+
+    def factory(emit: Emit) -> FakeRuntime:
+        rt = FakeRuntime(emit, running_at_start=running or {})
+        prober.runtime = rt
+        made.append(rt)
+        return rt
+
+    agent = Agent(
+        spec,
+        factory,
+        config_loader=loader,
+        clock=loop.time,
+        wall=lambda: 1.8e9 + loop.time(),
+        hooks=AgentHooks(
+            prober=prober,
+            port_state=lambda _h, _p: PortState.FREE,
+            gateway=gw if spec.gateway.enabled else None,
+            in_flight=in_flight,
+            preflight=preflight,
+            refresh_preflight=refresh,
+            check_gpu=check_gpu,
+        ),
+    )
+    stop = asyncio.Event()
+    f = Farm(agent, made[0], prober, stop, gw, in_flight)
+
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        yield f
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 120)
+
+
+GATEWAY = """
+[gateway]
+mode = "external"
+url = "http://127.0.0.1:8000"
+drain_timeout = "30s"
+"""
+
+
+def urls(ids: range | list[int]) -> set[str]:
+    return {f"http://127.0.0.1:{30000 + w}" for w in ids}

@@ -1,0 +1,132 @@
+"""The agent and the gateway: membership follows readiness, planned stops drain (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_harness import (
+    GATEWAY,
+    farm,
+    farm_toml,
+    urls,
+)
+from fake_gateway import FakeGateway
+from sglang_farm.phase import Phase
+from virtual_time import run_virtual
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def test_gateway_membership_follows_readiness_and_a_crash_leaves_at_once(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            await asyncio.sleep(1)
+            assert sorted(f.gateway.calls) == sorted(("add", u) for u in urls(range(8)))
+            assert all(w.in_gateway for w in f.agent.view().workers)
+            gw = f.agent.view().gateway
+            assert gw is not None and gw.up and gw.members == 8
+            f.runtime.crash(3, 1)
+            # Out of the gateway as soon as the farm saw the exit, before any relaunch.
+            await f.until(lambda: urls([3]).isdisjoint(f.gateway.routed()), within=0.5)
+            assert f.runtime.starts_of(3) == 1
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            assert f.runtime.starts_of(3) == 2
+
+    run_virtual(scenario())
+
+
+def test_planned_stop_leaves_the_gateway_then_waits_for_in_flight_requests(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            f.in_flight.counts[2] = 5
+            stopping = asyncio.create_task(f.agent.stop([2]))
+            await f.until(lambda: urls([2]).isdisjoint(f.gateway.routed()), within=1)
+            await asyncio.sleep(10)
+            # Out of the gateway, its requests still running: not signalled yet.
+            assert f.phase(2) is Phase.DRAINING
+            assert 2 not in f.runtime.stops
+            removed_at = f.gateway.calls.index(("remove", "http://127.0.0.1:30002"))
+            assert removed_at >= 0
+            f.in_flight.counts[2] = 0
+            await asyncio.wait_for(stopping, 5)
+            assert f.phase(2) is Phase.STOPPED and f.runtime.stops == [2]
+            drained = f.agent.view().worker(2).last_drain_seconds
+            assert drained is not None and 10 <= drained <= 11
+
+    run_virtual(scenario())
+
+
+def test_drain_budget_bounds_the_wait_and_no_drain_skips_it(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            loop = asyncio.get_running_loop()
+            f.in_flight.counts[4] = 3  # never finishes
+            t0 = loop.time()
+            await f.agent.stop([4])
+            assert f.phase(4) is Phase.STOPPED
+            assert 30 <= loop.time() - t0 <= 31  # drain_timeout = 30 s, then the stop
+            f.in_flight.counts[5] = 3
+            t0 = loop.time()
+            await f.agent.stop([5], drain=False)
+            assert f.phase(5) is Phase.STOPPED and loop.time() - t0 < 1
+
+    run_virtual(scenario())
+
+
+def test_restart_all_keeps_workers_minus_parallel_in_the_gateway(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            fewest = [8]
+            order: list[int] = []
+
+            async def sample() -> None:
+                while True:
+                    fewest[0] = min(fewest[0], len(f.gateway.routed()))
+                    for w in f.runtime.stops:
+                        if w not in order:
+                            order.append(w)
+                    await asyncio.sleep(0.05)
+
+            sampler = asyncio.create_task(sample())
+            await f.agent.restart(list(range(8)))
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            sampler.cancel()
+            assert order[0] == 0  # the canary first
+            assert fewest[0] == 8 - 3  # parallel = 3: never more out of the gateway
+
+    run_virtual(scenario())
+
+
+def test_gateway_down_keeps_supervising_and_reconciles_when_back(tmp: Path) -> None:
+    other = "http://10.0.0.9:30000"
+    async def scenario() -> None:
+        gw = FakeGateway(others=[other])
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)) | {other})
+            f.gateway.down = True
+            f.runtime.crash(6, 1)
+            await f.until(lambda: f.runtime.starts_of(6) == 2)
+            await f.until(lambda: f.phase(6) is Phase.READY)
+            view = f.agent.view()
+            assert view.gateway is not None and not view.gateway.up and view.gateway.errors > 0
+            # Back, and restarted empty but for the other host's worker: refilled.
+            f.gateway.members = {k: v for k, v in f.gateway.members.items() if k == other}
+            f.gateway.down = False
+            await f.until(lambda: f.gateway.routed() == urls(range(8)) | {other}, within=30)
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.up and view.gateway.members == 8
+            assert ("remove", other) not in f.gateway.calls
+
+    run_virtual(scenario())

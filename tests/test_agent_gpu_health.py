@@ -1,0 +1,144 @@
+"""GPU health: a failing GPU is quarantined, not crash-looped (issue 14), through the
+NVML poller's seam (`Agent.observe_fleet`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from agent_harness import (
+    farm,
+)
+from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
+from sglang_farm.phase import Phase
+from virtual_time import run_virtual
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def fleet(
+    xids: dict[tuple[int, int], int] | None = None,
+    *,
+    lost: set[int] | None = None,
+    remaps: set[int] | None = None,
+) -> FleetSnapshot:
+    """What the NVML poller would report for 8 GPUs (the poller's seam)."""
+    gpus = tuple(
+        GpuSnapshot(
+            index=i,
+            uuid=f"GPU-{i}",
+            healthy=i not in (lost or set()),
+            error="nvmlDeviceGetMemoryInfo: GPU is lost" if i in (lost or set()) else None,
+            remapped_rows_pending=i in (remaps or set()),
+        )
+        for i in range(8)
+    )
+    return FleetSnapshot(0.0, 0.0, True, gpus, MappingProxyType(dict(xids or {})))
+
+
+def test_a_reset_class_xid_quarantines_only_its_worker_and_it_stays_stopped(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            f.agent.observe_fleet(fleet())
+            t0 = loop.time()
+            f.agent.observe_fleet(fleet({(5, 79): 1}))  # XID 79: fell off the bus
+            await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
+            assert loop.time() - t0 <= 10
+            q = f.agent.view().worker(5).quarantine
+            assert q is not None and q.reason == "xid 79" and q.gpu == 5
+            await asyncio.sleep(120)  # long past any back-off: never restarted
+            assert f.phase(5) is Phase.QUARANTINED and f.runtime.starts_of(5) == 1
+            assert all(f.phase(w) is Phase.READY for w in range(8) if w != 5)
+            assert all(f.runtime.starts_of(w) == 1 for w in range(8) if w != 5)
+            # An operator's start does not bypass it.
+            await f.agent.start([5])
+            await asyncio.sleep(5)
+            assert f.phase(5) is Phase.QUARANTINED
+
+    run_virtual(scenario())
+
+
+def test_an_application_xid_does_not_quarantine(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(2, 13): 3}))  # XID 13: the application's fault
+            await asyncio.sleep(30)
+            assert f.phase(2) is Phase.READY and 2 not in f.runtime.stops
+
+    run_virtual(scenario())
+
+
+def test_lost_gpus_quarantine_their_workers_two_at_once(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet(lost={1, 6}))
+            await f.until(
+                lambda: f.phase(1) is Phase.QUARANTINED and f.phase(6) is Phase.QUARANTINED,
+                within=10,
+            )
+            q = f.agent.view().worker(6).quarantine
+            assert q is not None and q.reason == "gpu lost" and "lost" in q.detail
+            assert sum(1 for w in range(8) if f.phase(w) is Phase.READY) == 6
+
+    run_virtual(scenario())
+
+
+def test_pending_row_remaps_at_a_restart_quarantine_instead_of_relaunching(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet(remaps={3}))
+            assert f.phase(3) is Phase.READY  # running: judged at its next start
+            f.runtime.crash(3, 1)
+            await f.until(lambda: f.phase(3) is Phase.BACKOFF, within=1)
+            f.agent.observe_fleet(fleet(remaps={3}))
+            await f.until(lambda: f.phase(3) is Phase.QUARANTINED, within=1)
+            await asyncio.sleep(30)
+            assert f.runtime.starts_of(3) == 1
+
+    run_virtual(scenario())
+
+
+def test_quarantine_survives_an_agent_restart_and_release_checks_the_gpu(tmp: Path) -> None:
+    problems: list[str] = ["GPU 5 has row remaps pending: reset it (nvidia-smi -r -i 5)"]
+    checked: list[int] = []
+
+    async def check_gpu(gpu: int) -> list[str]:
+        checked.append(gpu)
+        return list(problems)
+
+    async def first() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(5, 79): 1}))
+            await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
+
+    async def second() -> None:
+        async with farm(tmp, check_gpu=check_gpu) as f:  # a new agent: cold start
+            await f.until(lambda: all(f.phase(w) is Phase.READY for w in range(8) if w != 5))
+            assert f.phase(5) is Phase.QUARANTINED and f.runtime.starts_of(5) == 0
+            q = f.agent.view().worker(5).quarantine
+            assert q is not None and q.reason == "xid 79"
+            assert await f.agent.release_gpu(5) == problems  # refused: stays quarantined
+            assert f.phase(5) is Phase.QUARANTINED and checked == [5]
+            problems.clear()  # the operator reset the GPU
+            assert await f.agent.release_gpu(5) == []
+            await f.until(lambda: f.phase(5) is Phase.READY, within=60)
+            assert f.agent.view().worker(5).quarantine is None
+            assert dict(f.agent.view().worker(5).quarantines_by_reason) == {"xid 79": 1}
+
+    run_virtual(first())
+    run_virtual(second())
