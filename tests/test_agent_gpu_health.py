@@ -15,6 +15,7 @@ from agent_harness import (
 )
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.phase import Phase
+from sglang_farm.workerstats import WorkerStats
 from virtual_time import run_virtual
 
 
@@ -142,3 +143,63 @@ def test_quarantine_survives_an_agent_restart_and_release_checks_the_gpu(tmp: Pa
 
     run_virtual(first())
     run_virtual(second())
+
+
+# ---- busy versus dead ---------------------------------------------------------------------
+
+
+def stats(worker: int, *, running: float, changed_at: float) -> dict[int, WorkerStats]:
+    """What the worker pollers report: its running requests and when its counters moved."""
+    return {
+        worker: WorkerStats(
+            worker=worker, taken_at=changed_at, up=True, running=running, changed_at=changed_at
+        )
+    }
+
+
+def test_a_busy_worker_with_a_slow_health_is_not_restarted(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            wall = 1.8e9  # the harness's wall clock is 1.8e9 + loop time
+            f.prober.hung.add(4)  # /health queues behind a long batch
+            for _ in range(30):  # 60 s of polls every 2 s: the counters keep moving
+                f.agent.observe_stats(stats(4, running=8, changed_at=wall + loop.time()))
+                await asyncio.sleep(2)
+            assert f.phase(4) is Phase.READY and 4 not in f.runtime.stops
+            # The counters stop moving: the same slow /health is now a hang.
+            await f.until(lambda: 4 in f.runtime.stops, within=60)
+            assert dict(f.agent.view().worker(4).restarts_by_reason) == {}  # not yet relaunched
+            f.prober.hung.discard(4)
+            await f.until(lambda: f.phase(4) is Phase.READY)
+            assert dict(f.agent.view().worker(4).restarts_by_reason) == {"hang": 1}
+
+    run_virtual(scenario())
+
+
+def test_a_wedged_worker_is_restarted_though_its_health_answers(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            frozen = 1.8e9 + loop.time()
+            f.agent.observe_fleet(fleet())  # NVML: the GPU is idle (no utilization sample)
+            f.agent.observe_stats(stats(6, running=5, changed_at=frozen))
+            await asyncio.sleep(60)
+            f.agent.observe_stats(stats(6, running=5, changed_at=frozen))
+            assert f.phase(6) is Phase.READY  # 60 s frozen: within the 120 s stall window
+            await asyncio.sleep(70)
+            f.agent.observe_stats(stats(6, running=5, changed_at=frozen))
+            await f.until(lambda: 6 in f.runtime.stops, within=5)
+            await f.until(lambda: f.phase(6) is Phase.READY)
+            w = f.agent.view().worker(6)
+            assert dict(w.restarts_by_reason) == {"hang": 1}
+            assert w.last_failure is not None and "wedged" in w.last_failure.summary
+            # Frozen counters with no request running are an idle worker: left alone.
+            f.agent.observe_stats(stats(2, running=0, changed_at=frozen))
+            await asyncio.sleep(200)
+            f.agent.observe_stats(stats(2, running=0, changed_at=frozen))
+            assert 2 not in f.runtime.stops
+
+    run_virtual(scenario())

@@ -42,6 +42,7 @@ from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState, port_state
+from sglang_farm.progress import judge
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command, build_command
@@ -58,12 +59,15 @@ from sglang_farm.supervisor import (
     Note,
     Policy,
     ProcessExited,
+    ProgressSeen,
     ReleaseRequested,
     StopRequested,
     Supervisor,
     Terminate,
+    Wedged,
     WorkerState,
 )
+from sglang_farm.workerstats import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
 
@@ -167,6 +171,7 @@ class Agent:
         )
         self._in_flight = hooks.in_flight or HttpInFlight()
         self._last_fleet: FleetSnapshot | None = None
+        self._last_change: dict[int, float | None] = {}
         self._classifiers: dict[int, LogClassifier] = {}
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._any_change = asyncio.Condition()
@@ -426,6 +431,39 @@ class Agent:
                         "NVML reports row remaps pending: reset the GPU before it is used",
                     ),
                 )
+
+    def observe_stats(self, stats: Mapping[int, WorkerStats]) -> None:
+        """The worker pollers' latest figures: progress excuses a slow /health (busy); no
+        progress with requests running and an idle GPU restarts the worker (wedged)."""
+        now = self._wall()
+        for wid, st in stats.items():
+            s = self.sup.workers.get(wid)
+            if s is None or wid not in self._spec.worker_ids:
+                continue
+            verdict = judge(
+                self._last_change.get(wid),
+                st,
+                gpu_util=self._gpu_util(wid),
+                stall_window=self._spec.health.stall_window,
+                now=now,
+            )
+            self._last_change[wid] = st.changed_at
+            if verdict.progressed:
+                self.feed(wid, ProgressSeen())
+            if verdict.wedged is not None and s.phase in (Phase.READY, Phase.UNHEALTHY):
+                self.feed(wid, Wedged(verdict.wedged))
+
+    def _gpu_util(self, worker: int) -> float | None:
+        """The busiest of the worker's GPUs, per the last NVML snapshot (None: unknown)."""
+        fleet = self._last_fleet
+        if fleet is None or not fleet.nvml_up or fleet.simulated:
+            return None
+        utils = [
+            g.utilization_gpu_ratio
+            for i in self._spec.worker(worker).gpus
+            if (g := fleet.gpu(i)) is not None and g.utilization_gpu_ratio is not None
+        ]
+        return max(utils) if utils else None
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.

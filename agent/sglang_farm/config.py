@@ -727,7 +727,8 @@ def _url_path(v: object) -> str:
 def _health(r: _Reader, doc: _Table) -> HealthPolicy:
     path = ("health",)
     d = HealthPolicy()
-    tbl = r.table(path, doc.get("health", {}), ("period", "timeout", "failure_threshold", "path"))
+    tbl = r.table(path, doc.get("health", {}), (
+        "period", "timeout", "failure_threshold", "path", "busy_window", "stall_window"))
     # No lower bound on timeout: SGLang's /health may take up to 20 s (hence the 25 s
     # default), but the simulator answers in about 1 s and the demo wants short probes.
     return HealthPolicy(
@@ -735,6 +736,8 @@ def _health(r: _Reader, doc: _Table) -> HealthPolicy:
         timeout=r.get(tbl, path, "timeout", _duration(), d.timeout),
         failure_threshold=r.get(tbl, path, "failure_threshold", _int(1), d.failure_threshold),
         path=r.get(tbl, path, "path", _url_path, d.path),
+        busy_window=r.get(tbl, path, "busy_window", _duration(allow_zero=True), d.busy_window),
+        stall_window=r.get(tbl, path, "stall_window", _duration(), d.stall_window),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -56,12 +56,14 @@ class MetricPollers:
         view: FarmView,
         *,
         on_fleet: Callable[[FleetSnapshot], None] | None = None,
+        on_stats: Callable[[Mapping[int, WorkerStats]], None] | None = None,
     ) -> None:
         """`view`: the farm as it stands now; `on_view` keeps it current. `on_fleet` gets
         every GPU snapshot (the agent's GPU-health rules)."""
         self.spec = spec
         self.poller = poller
         self._on_fleet = on_fleet
+        self._on_stats = on_stats
         self._view = view
         self._state = MetricsState(snapshot_at=time.time(), farm=view)
         self.registry = build_registry(self.state)
@@ -186,6 +188,8 @@ class MetricPollers:
                     del self._stats[wid]  # not serving: no figures rather than old ones
                 self._probe("workers", all(s.ok for s in samples), time.monotonic() - t0)
                 self._swap(workers=MappingProxyType(dict(self._stats)))
+                if self._on_stats is not None:
+                    self._on_stats(dict(self._stats))
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
     def _probe(self, source: str, ok: bool, duration: float) -> None:

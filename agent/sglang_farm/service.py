@@ -152,7 +152,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
         ),
     )
-    pollers = MetricPollers(spec, poller, agent.view(), on_fleet=agent.observe_fleet)
+    pollers = MetricPollers(
+        spec, poller, agent.view(), on_fleet=agent.observe_fleet, on_stats=agent.observe_stats
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -169,6 +169,19 @@ class GpuFailing:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressSeen:
+    """The worker's own token or request counters advanced (its engine is working)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wedged:
+    """Requests run but nothing advances (and its GPU idles): the engine is stuck even if
+    /health answers (a CUDA error can leave it answering)."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseRequested:
     """The operator released the GPU after it passed its checks: start the worker again."""
 
@@ -203,6 +216,8 @@ Event = (
     | GatewayMembership
     | GpuFailing
     | ReleaseRequested
+    | ProgressSeen
+    | Wedged
     | Tick
 )
 
@@ -302,6 +317,8 @@ class WorkerState:
     last_load_seconds: float | None = None
     in_gateway: bool = False  # the gateway confirmed it routes to this worker
     last_drain_seconds: float | None = None
+    progress_at: float | None = None  # when its counters last advanced (while serving)
+    busy: bool = False  # its last failed probe was excused: counters were advancing
     quarantine: GpuQuarantine | None = None  # set while its GPU is set aside
     quarantines_by_reason: Mapping[str, int] = field(default_factory=dict)
 
@@ -554,9 +571,33 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             if s.phase is Phase.UNHEALTHY:
                 # UNHEALTHY -> READY: a probe passed again before the threshold.
                 return Decision(
-                    s.enter(Phase.READY, now, health_failures=0), (Note("worker_recovered"),)
+                    s.enter(Phase.READY, now, health_failures=0, busy=False),
+                    (Note("worker_recovered"),),
                 )
-            return Decision(replace(s, health_failures=0))
+            return Decision(replace(s, health_failures=0, busy=False))
+        case ProgressSeen():
+            return Decision(replace(s, progress_at=now) if s.phase in _SERVING else s)
+        case Wedged(detail=detail):
+            if s.phase not in _SERVING:
+                return Decision(s)
+            # READY -> STOPPING: requests run, nothing advances: a wedged engine.
+            failure = Failure(
+                FailureKind.HANG,
+                f"wedged: {detail}",
+                "the farm restarts it even though /health answered; if it recurs, look at "
+                "`farmctl logs` for CUDA errors and at GPU health (XID errors)",
+            )
+            return _terminate_for(replace(s, busy=False), failure, now)
+        case HealthFailed(detail=detail) if (
+            s.phase in _SERVING
+            and s.progress_at is not None
+            and now - s.progress_at <= policy.health.busy_window
+        ):
+            # READY stays: its /health queues behind a long batch while tokens flow: busy.
+            busy_note: tuple[Action, ...] = (
+                () if s.busy else (Note("worker_busy", {"detail": detail}),)
+            )
+            return Decision(replace(s, busy=True, health_failures=0), busy_note)
         case HealthFailed(detail=detail):
             if s.phase in (Phase.READY, Phase.UNHEALTHY):
                 n = s.health_failures + 1
@@ -686,6 +727,8 @@ def launch(s: WorkerState, now: float) -> Decision:
         launched_at=now,
         ready_since=None,
         health_failures=0,
+        progress_at=None,
+        busy=False,
         pid=None,
         next_reason=None,
         restarts=restarts,
