@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from types import MappingProxyType
 
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics import MetricsState, ProbeStatus
 from sglang_farm.workerstats import WorkerStats
@@ -53,8 +53,10 @@ def fleet() -> FleetSnapshot:
             gpu(1, processes=(GpuProcess(201, 5 * GiB),)),
             gpu(2, ecc_corrected_volatile_total=None, ecc_uncorrected_volatile_total=None),
             GpuSnapshot(3, uuid="GPU-0003", healthy=False, error="GPU is lost"),
+            # GPU 5 fell off the bus (XID 79): worker 4 on it is quarantined.
+            GpuSnapshot(5, uuid="GPU-0005", healthy=False, error="GPU is lost"),
         ),
-        xid_events_total=MappingProxyType({(0, 79): 2, (-1, 48): 1}),
+        xid_events_total=MappingProxyType({(0, 79): 2, (-1, 48): 1, (5, 79): 1}),
         driver_version="580.159.04",
     )
 
@@ -102,7 +104,29 @@ def farm() -> FarmView:
                 pid=None,
                 restarts_by_reason=MappingProxyType({"crash": 5}),
             ),
+            quarantined_worker(),
         ),
+    )
+
+
+QUARANTINE_DETAIL = "GPU has fallen off the bus; NVIDIA's action: RESTART_BM"
+
+
+def quarantined_worker() -> WorkerView:
+    """Worker 4 on GPU 5, quarantined after XID 79; its GPU was quarantined once before
+    for pending row remaps (released since)."""
+    return WorkerView(
+        id=4,
+        gpus=(5,),
+        port=30004,
+        base_url="http://127.0.0.1:30004",
+        phase=Phase.QUARANTINED,
+        since=NOW - 50,
+        pid=None,
+        restarts_by_reason=MappingProxyType({"crash": 1}),
+        argv=("python", "-m", "sglang.launch_server", "--model-path", "/models/qwen3-8b"),
+        quarantine=Quarantine(gpu=5, reason="xid 79", detail=QUARANTINE_DETAIL, since=NOW - 50),
+        quarantines_by_reason=MappingProxyType({"pending row remaps": 1, "xid 79": 1}),
     )
 
 
@@ -111,7 +135,7 @@ GATEWAY_URL = "http://127.0.0.1:8000"
 
 def gateway_farm() -> FarmView:
     """`farm()` behind a gateway: worker 0 routed to (its last restart drained in 12.5 s),
-    and a fourth worker on GPU 4 draining for a planned restart, already out of the gateway."""
+    and a worker 3 on GPU 4 draining for a planned restart, already out of the gateway."""
     view = farm()
     routed = dataclasses.replace(view.workers[0], in_gateway=True, last_drain_seconds=12.5)
     draining = WorkerView(
@@ -129,7 +153,7 @@ def gateway_farm() -> FarmView:
     )
     return dataclasses.replace(
         view,
-        workers=(routed, *view.workers[1:], draining),
+        workers=(routed, *view.workers[1:3], draining, *view.workers[3:]),
         gateway=GatewayStatus(url=GATEWAY_URL, up=True, members=1, errors=4),
     )
 

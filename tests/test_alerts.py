@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import gateway_state
 from sglang_farm.metrics import build_registry
+from sglang_farm.xid import CATALOG_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "etc" / "prometheus" / "alerts.yml"
@@ -107,8 +108,29 @@ def test_dashboard_panels_have_unique_ids_and_cover_the_issue_views() -> None:
         "sglang_farm_gateway_errors_total",
         "sglang_farm_worker_in_gateway",
         "sglang_farm_worker_last_drain_duration_seconds",
+        "sglang_farm_gpu_quarantined",
+        "sglang_farm_worker_quarantines_total",
     ):
         assert needed in text, needed
+
+
+def _rule(alert: str) -> str:
+    # The rule's block of alerts.yml, up to the next rule (no YAML library in the test deps).
+    text = ALERTS.read_text()
+    start = text.index(f"- alert: {alert}\n")
+    end = text.find("- alert:", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_the_quarantine_alert_pages_at_once_and_says_what_to_do() -> None:
+    rule = _rule("SglangFarmGpuQuarantined")
+    assert "expr: sglang_farm_gpu_quarantined == 1\n" in rule
+    assert "for:" not in rule  # a quarantine is held until released: no reason to wait
+    assert "severity: critical" in rule
+    for needed in ("docs/gpu-health.md", CATALOG_URL, "farmctl why", "farmctl release-gpu"):
+        assert needed in rule, needed
+    # WorkerDown leaves the quarantined phase out: one page per quarantine, not two.
+    assert "quarantined" not in _rule("SglangFarmWorkerDown").split("labels:")[0]
 
 
 def test_dashboard_panels_do_not_overlap() -> None:

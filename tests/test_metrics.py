@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import GATEWAY_URL, NOW, GiB, farm, gateway_state, state
-from sglang_farm.farm_view import Phase
+from sglang_farm.farm_view import Phase, Quarantine
 from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.metrics import (
     MetricsState,
@@ -187,6 +187,65 @@ def test_a_farm_without_a_gateway_exports_no_gateway_series() -> None:
     w0 = {"worker": "0", "gpu": "0"}
     assert _v(st, "sglang_farm_worker_queued_requests", **w0) == 7
     assert _v(st, "sglang_farm_worker_in_gateway", **w0) is None
+
+
+def test_a_quarantined_gpu_is_1_with_its_uuid_and_reason() -> None:
+    st = state()
+    q = "sglang_farm_gpu_quarantined"
+    assert _v(st, q, gpu="5", uuid="GPU-0005", reason="xid 79") == 1
+    assert _v(st, q, gpu="5", uuid="GPU-0005", reason="") is None  # one series per GPU
+    assert _v(st, "sglang_farm_worker_state", worker="4", gpu="5", state="quarantined") == 1
+
+
+def test_the_farms_other_gpus_are_0_with_no_reason() -> None:
+    st = state()
+    q = "sglang_farm_gpu_quarantined"
+    got = {g: _v(st, q, gpu=g, uuid=f"GPU-000{g}", reason="") for g in ("0", "1", "2", "3")}
+    assert got == {"0": 0, "1": 0, "2": 0, "3": 0}
+    # A failed worker on a lost GPU is not quarantined: that is the supervisor's call.
+    assert _v(st, q, gpu="3", uuid="GPU-0003", reason="gpu lost") is None
+
+
+def test_a_quarantine_on_one_gpu_of_a_tensor_parallel_worker_names_that_gpu() -> None:
+    st = state()
+    assert st.farm is not None
+    w1 = dataclasses.replace(
+        st.farm.workers[1],
+        phase=Phase.QUARANTINED,
+        quarantine=Quarantine(gpu=2, reason="pending row remaps", detail="", since=NOW),
+    )
+    workers = (st.farm.workers[0], w1, *st.farm.workers[2:])
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, workers=workers))
+    q = "sglang_farm_gpu_quarantined"
+    assert _v(st, q, gpu="2", uuid="GPU-0002", reason="pending row remaps") == 1
+    assert _v(st, q, gpu="1", uuid="GPU-0001", reason="") == 0
+
+
+def test_a_quarantined_gpu_without_a_fleet_snapshot_has_an_empty_uuid() -> None:
+    st = dataclasses.replace(state(), fleet=None)
+    assert _v(st, "sglang_farm_gpu_quarantined", gpu="5", uuid="", reason="xid 79") == 1
+
+
+def test_quarantines_are_counted_per_worker_by_reason() -> None:
+    st = state()
+    total = "sglang_farm_worker_quarantines_total"
+    w4 = {"worker": "4", "gpu": "5"}
+    assert _v(st, total, reason="xid 79", **w4) == 1
+    assert _v(st, total, reason="pending row remaps", **w4) == 1
+    # Reasons are free-form ("xid N"): only those that happened have a series.
+    assert _v(st, total, reason="gpu lost", **w4) is None
+    assert _v(st, total, reason="xid 79", worker="0", gpu="0") is None
+
+
+def test_a_released_gpu_reads_0_and_keeps_its_count() -> None:
+    st = state()
+    assert st.farm is not None
+    released = dataclasses.replace(st.farm.workers[3], phase=Phase.STARTING, quarantine=None)
+    workers = (*st.farm.workers[:3], released)
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, workers=workers))
+    assert _v(st, "sglang_farm_gpu_quarantined", gpu="5", uuid="GPU-0005", reason="") == 0
+    assert _v(st, "sglang_farm_gpu_quarantined", gpu="5", uuid="GPU-0005", reason="xid 79") is None
+    assert _v(st, "sglang_farm_worker_quarantines_total", worker="4", gpu="5", reason="xid 79") == 1
 
 
 def test_a_worker_on_two_gpus_is_labelled_with_both() -> None:

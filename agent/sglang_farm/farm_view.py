@@ -75,6 +75,7 @@ class WorkerView:
     argv: tuple[str, ...] = ()
     in_gateway: bool = False  # the gateway confirmed it routes to this worker
     last_drain_seconds: float | None = None  # the last planned stop's drain
+    busy: bool = False  # its last failed probe was excused: its counters were advancing
     quarantine: Quarantine | None = None  # set while its GPU is set aside
     quarantines_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -148,6 +149,7 @@ def build_view(
                 last_load_seconds=s.last_load_seconds,
                 argv=tuple(argv.get(ws.id, ())),
                 in_gateway=s.in_gateway,
+                busy=s.busy,
                 last_drain_seconds=s.last_drain_seconds,
                 quarantine=Quarantine(
                     s.quarantine.gpu,

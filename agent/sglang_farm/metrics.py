@@ -128,6 +128,7 @@ class FarmCollector(Collector):
             yield from _gpus(st.fleet)
         if st.farm is not None:
             yield from _workers(st)
+            yield from _quarantines(st)
 
     def _agent(self, st: MetricsState) -> Iterator[Metric]:
         m = _g("sglang_farm_build_info", "The agent's version; always 1.", ["version"])
@@ -441,6 +442,40 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
     if gateway:
         yield in_gateway
     yield from (queued, running, kv, tput, hit, mem, stale, polled, poll_dur)
+
+
+def _quarantines(st: MetricsState) -> Iterator[Metric]:
+    # A quarantine is the worker's (the supervisor sets it), but it names one GPU: the
+    # gauge is per GPU, so an alert says which card to reset; the counter is per worker,
+    # like restarts. XID reasons are free-form ("xid 79"), so only counted reasons appear.
+    assert st.farm is not None
+    uuids = {g.index: g.uuid or "" for g in st.fleet.gpus} if st.fleet is not None else {}
+    gauge = _g(
+        "sglang_farm_gpu_quarantined",
+        "1 while the GPU is quarantined (its worker stopped, not restarted until released); "
+        '0 with reason="" for the farm\'s other GPUs.',
+        ["gpu", "uuid", "reason"],
+    )
+    total = _c(
+        "sglang_farm_worker_quarantines",
+        'Times the worker\'s GPU was quarantined, by reason ("xid 79", "gpu lost", ...).',
+        ["worker", "gpu", "reason"],
+    )
+    shown: dict[int, str] = {}
+    for w in st.farm.workers:
+        q = w.quarantine
+        if q is not None:
+            shown[q.gpu] = q.reason
+        for g in w.gpus:
+            shown.setdefault(g, "")
+        lv = [str(w.id), gpu_label(w.gpus)]
+        for reason in sorted(w.quarantines_by_reason):
+            total.add_metric([*lv, reason], w.quarantines_by_reason[reason])
+    for gpu in sorted(shown):
+        reason = shown[gpu]
+        gauge.add_metric([str(gpu), uuids.get(gpu, ""), reason], 1 if reason else 0)
+    yield gauge
+    yield total
 
 
 def _add_counts(
