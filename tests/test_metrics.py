@@ -419,3 +419,17 @@ def test_promtool_finds_no_problem_in_the_exposition(golden: str) -> None:
     )
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
     assert r.stdout.decode().strip() == "", r.stdout.decode()
+
+
+def test_a_busy_worker_is_marked_and_others_are_not() -> None:
+    base = state()
+    assert base.farm is not None
+    workers = tuple(dataclasses.replace(w, busy=(w.id == 1)) for w in base.farm.workers)
+    st = dataclasses.replace(base, farm=dataclasses.replace(base.farm, workers=workers))
+    text = generate_latest(build_registry(lambda: st)).decode()
+    busy = {
+        line.split('worker="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
+        for line in text.splitlines()
+        if line.startswith("sglang_farm_worker_busy{")
+    }
+    assert busy["1"] == "1.0" and all(v == "0.0" for k, v in busy.items() if k != "1")

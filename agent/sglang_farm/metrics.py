@@ -368,6 +368,11 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
     in_gateway = _g(
         "sglang_farm_worker_in_gateway", "1 if the gateway confirmed it routes to the worker.", wl
     )
+    busy = _g(
+        "sglang_farm_worker_busy",
+        "1 while a slow /health is excused: the worker's own counters were advancing.",
+        wl,
+    )
     gateway = st.farm.gateway is not None
     queued = _g("sglang_farm_worker_queued_requests", "Requests waiting in the worker's queue.", wl)
     running = _g("sglang_farm_worker_running_requests", "Requests the worker is running.", wl)
@@ -412,6 +417,7 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         _add_counts(restarts, lv, w.restarts_by_reason, [str(r) for r in RestartReason])
         _add_counts(ooms, lv, w.oom_events_by_kind, [str(k) for k in OomKind])
         step.add_metric(lv, w.oom_step)
+        busy.add_metric(lv, 1 if w.busy else 0)
         if w.last_load_seconds is not None:
             load.add_metric(lv, w.last_load_seconds)
         if w.last_drain_seconds is not None:
@@ -438,7 +444,7 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         ):
             if v is not None:
                 fam.add_metric(lv, v)
-    yield from (state, since, info, up, restarts, ooms, step, load, drain)
+    yield from (state, since, info, up, restarts, ooms, step, busy, load, drain)
     if gateway:
         yield in_gateway
     yield from (queued, running, kv, tput, hit, mem, stale, polled, poll_dur)
