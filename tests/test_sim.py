@@ -5,26 +5,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+import sglang_farm.sim
+from sglang_farm.cli.main import cli
 from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
 from sglang_farm.sim.options import (
     FailMode,
     SettingsError,
+    build_parser,
     human_readable_int,
     load_settings,
     parse_options,
@@ -204,6 +209,104 @@ def sims() -> Iterator[StartSim]:
 
 
 # -- pure parts ----------------------------------------------------------------------------
+
+
+class RecordingEnv(Mapping[str, str]):
+    """An empty environment that remembers every variable looked up in it."""
+
+    def __init__(self) -> None:
+        self.asked: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+SIM_PACKAGE = Path(sglang_farm.sim.__file__).parent
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
+
+
+def sim_environment_variables() -> set[str]:
+    """Every variable the simulator reads, from its code: what `load_settings` looks up, and
+    every SGLANG_SIM_* name in the package's source (not `_SGLANG_SIM_CHILD`, the launcher's
+    private hand-over to its children), so a variable added anywhere counts."""
+    env = RecordingEnv()
+    load_settings(env)
+    named = {
+        m
+        for f in SIM_PACKAGE.glob("*.py")
+        for m in re.findall(r"\bSGLANG_SIM_[A-Z0-9_]+", f.read_text())
+    }
+    assert "SGLANG_SIM_FAIL" in env.asked and "SGL_FORCE_SHUTDOWN" in env.asked
+    return env.asked | named
+
+
+def sim_help(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SIM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_farm.sim", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_help_is_the_simulators_own_and_names_every_control_flag_and_failure_mode() -> None:
+    done = sim_help("--help")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("usage: python -m sglang_farm.sim --model-path PATH"), out[:200]
+    assert "usage: sglang serve" not in out
+    assert "It is not SGLang" in out and "not SGLang's" in out
+    for name in sorted(sim_environment_variables()):
+        lines = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
+        assert len(lines) == 1, f"{name} is not documented once in --help"
+        assert "(default" in lines[0], lines[0]
+    for mode in FailMode:
+        assert re.search(rf"^  {mode.value} ", out, re.M), f"failure mode {mode} not in --help"
+    modelled = [a for a in build_parser()._actions if a.option_strings != ["-h", "--help"]]
+    for action in modelled:
+        assert ", ".join(action.option_strings) in out, action.option_strings
+    assert "SGLANG_SIM_LOAD_SECONDS  (default 2)" in out
+    assert "SGLANG_SIM_DRAIN_SECONDS  (default unset" in out
+    assert sim_help("-h").stdout == out
+    assert sim_help("--model-path", "m", "--some-future-flag", "7", "--help").stdout == out
+
+
+def test_sglang_farm_sim_help_prints_the_same_help() -> None:
+    result = CliRunner().invoke(cli, ["sim", "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.output == sim_help("--help").stdout
+
+
+def test_parse_errors_keep_sglangs_usage_and_prog_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as missing:
+        parse_options(["--port", "30000"])
+    assert missing.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sglang serve [-h] ")
+    assert "sglang serve: error: the following arguments are required: --model-path" in err
+
+
+def test_docs_name_every_simulator_control_and_failure_mode() -> None:
+    docs = DOCS.read_text()
+    for name in sorted(sim_environment_variables()):
+        assert f"| `{name}` |" in docs, f"{name} has no row in docs/simulator.md"
+    for mode in FailMode:
+        assert f"| `{mode.value}` |" in docs, f"failure mode {mode} has no row in docs/simulator.md"
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            assert f"`{flag}`" in docs, f"{flag} is not in docs/simulator.md"
 
 
 def test_human_readable_int_follows_sglang_si_and_binary_suffixes() -> None:

@@ -128,43 +128,127 @@ def _json_labels(text: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+class _SimHelp(argparse.Action):
+    """`-h`/`--help`: the simulator's own help (usage.py), not argparse's `usage: sglang serve`."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_: object) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, help="this help")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from sglang_farm.sim.usage import help_text  # usage.py imports this module
+
+        # argparse keeps no public list of a parser's arguments; `_actions` is typed in typeshed.
+        print(help_text(parser._actions), end="")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The modelled subset of SGLang's parser; `parse_known_args` ignores the rest."""
-    p = argparse.ArgumentParser(prog="sglang serve")
+    """The modelled subset of SGLang's parser; `parse_known_args` ignores the rest.
+
+    Its `help=` texts are the simulator's, shown by `--help` (usage.py); errors keep SGLang's
+    `usage: sglang serve ...` and `sglang serve: error: ...`.
+    """
+    p = argparse.ArgumentParser(prog="sglang serve", add_help=False)
     add = p.add_argument
-    add("--model-path", "--model", dest="model_path", required=True)
-    add("--tokenizer-path")
-    add("--served-model-name")
-    add("--host", default="127.0.0.1")
-    add("--port", type=int, default=30000)
-    add("--nccl-port", type=int)
-    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
-    add("--pp-size", type=int, default=1)
-    add("--base-gpu-id", type=int, default=0)
-    add("--mem-fraction-static", type=float)
-    add("--max-running-requests", type=int)
-    add("--max-queued-requests", type=int)
-    add("--max-total-tokens", type=human_readable_int)
-    add("--context-length", type=human_readable_int)
-    add("--chunked-prefill-size", type=int)
-    add("--page-size", type=int, default=1)
-    add("--enable-metrics", action="store_true")
-    add("--enable-metrics-for-all-schedulers", action="store_true")
-    add("--extra-metric-labels", type=_json_labels)
-    add("--api-key")
-    add("--skip-server-warmup", action="store_true")
-    add("--attention-backend")
-    add("--kv-cache-dtype", default="auto")
-    add("--log-level", default="info")
-    add("--log-level-http")
-    add("--uvicorn-access-log-exclude-prefixes", nargs="*", default=[])
-    add("--watchdog-timeout", type=float, default=300.0)
+    add("-h", "--help", action=_SimHelp)
+    shown = "reported only (ServerArgs log line, /server_info)"
+    add(
+        "--model-path",
+        "--model",
+        dest="model_path",
+        required=True,
+        help="required; reported by /model_info and /server_info",
+    )
+    add("--tokenizer-path", help="reported by /model_info (default: the model path)")
+    add(
+        "--served-model-name",
+        help="the model id on every route (default: the model path; a ':' in it exits 1)",
+    )
+    add("--host", default="127.0.0.1", help="where HTTP listens (default 127.0.0.1)")
+    add(
+        "--port",
+        type=int,
+        default=30000,
+        help="HTTP port (default 30000), bound only after the simulated load",
+    )
+    add("--nccl-port", type=int, help=shown)
+    add(
+        "--tp-size",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="one sglang::scheduler_TPn child process per rank (default 1)",
+    )
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1, help=shown)
+    add("--pp-size", type=int, default=1, help=shown)
+    add("--base-gpu-id", type=int, default=0, help=shown)
+    add(
+        "--mem-fraction-static",
+        type=float,
+        help="sizes the reported KV cache (default 0.88 of a pretend 139.8 GB GPU)",
+    )
+    add(
+        "--max-running-requests",
+        type=int,
+        help="requests generating at once (default 1024); the rest wait in the queue",
+    )
+    add(
+        "--max-queued-requests",
+        type=int,
+        help="queue bound; beyond it 503 'The request queue is full.' (default: none)",
+    )
+    add(
+        "--max-total-tokens",
+        type=human_readable_int,
+        help="reported in logs, /metrics, /v1/loads, /server_info (32k, 32Ki accepted)",
+    )
+    add("--context-length", type=human_readable_int, help="reported (default 32768)")
+    add("--chunked-prefill-size", type=int, help="reported (default 8192)")
+    add("--page-size", type=int, default=1, help="reported (default 1)")
+    add(
+        "--enable-metrics",
+        action="store_true",
+        help="/metrics with SGLang's names and labels (404 without it)",
+    )
+    add("--enable-metrics-for-all-schedulers", action="store_true", help="accepted, no effect")
+    add(
+        "--extra-metric-labels",
+        type=_json_labels,
+        help="JSON object of labels added to every /metrics sample",
+    )
+    add(
+        "--api-key",
+        help="every route but /health*, /ready*, /metrics* needs 'Authorization: Bearer KEY'",
+    )
+    add(
+        "--skip-server-warmup",
+        action="store_true",
+        help="no warm-up: /health is 200 as soon as the port is bound",
+    )
+    add("--attention-backend", help=shown)
+    add("--kv-cache-dtype", default="auto", help=shown)
+    add("--log-level", default="info", help="'info' or 'debug' logs HTTP access lines")
+    add("--log-level-http", help="overrides --log-level for the access lines")
+    add(
+        "--uvicorn-access-log-exclude-prefixes",
+        nargs="*",
+        default=[],
+        help="paths whose access lines are not logged",
+    )
+    add("--watchdog-timeout", type=float, default=300.0, help=shown)
     # Modelled only so that the removed `--cuda-graph-max-bs` is ambiguous, as in SGLang.
-    add("--cuda-graph-max-bs-decode", type=int)
-    add("--cuda-graph-max-bs-prefill", type=int)
-    add("--mamba-radix-cache-strategy", default="auto")
-    add("--trust-remote-code", action="store_true")
+    ambiguity = "accepted, no effect (makes --cuda-graph-max-bs ambiguous, as in SGLang)"
+    add("--cuda-graph-max-bs-decode", type=int, help=ambiguity)
+    add("--cuda-graph-max-bs-prefill", type=int, help=ambiguity)
+    add("--mamba-radix-cache-strategy", default="auto", help="accepted, no effect")
+    add("--trust-remote-code", action="store_true", help="accepted, no effect")
     return p
 
 
