@@ -836,3 +836,204 @@ def test_doctor_passes_keyed_or_loopback_workers(extra: str, message: str) -> No
 def _with_worker_flags(spec: FarmSpec, flags: Mapping[str, FlagValue]) -> FarmSpec:
     """`spec` with worker 0's flags replaced and only worker 0 kept."""
     return replace(spec, workers=(replace(spec.workers[0], flags=flags),))
+
+
+# --- the probe runs as the workers' account (issue 15, item 2) -------------------------------
+
+_needs_root = pytest.mark.skipif(
+    sys.platform != "linux" or __import__("os").geteuid() != 0,
+    reason="switching to the workers' account needs root (CI runs as root)",
+)
+
+
+def _unprivileged_account() -> tuple[str, str]:
+    """(user, group) of an existing non-root account: nobody, or a system user made here."""
+    import grp
+    import pwd
+    import subprocess
+
+    for name in ("nobody", "sf-probe-test"):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if pw.pw_uid != 0:
+            return name, grp.getgrgid(pw.pw_gid).gr_name
+    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                    "--shell", "/usr/sbin/nologin", "sf-probe-test"], check=True)
+    return "sf-probe-test", "sf-probe-test"
+
+
+@pytest.fixture
+def uid_python(request: pytest.FixtureRequest) -> Path:
+    """A fake `farm.python` that prints, as the probe's JSON, who it runs as.
+
+    In a world-readable folder under /dev/shm: pytest's tmp_path is root-only (0700), and
+    /tmp is private to a transient unit (PrivateTmp=)."""
+    import os
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="sf-probe-", dir="/dev/shm"))
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    folder.chmod(0o755)
+    script = folder / "python3"
+    script.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        [ -n "$SF_PROBE_MARK" ] && touch "$SF_PROBE_MARK"
+        printf '{"uid": %s, "gid": %s, "groups": "%s", "home": "%s", "user": "%s"}\\n' \\
+            "$(id -u)" "$(id -g)" "$(id -G)" "$HOME" "$USER"
+        """))
+    script.chmod(0o755)
+    assert os.access(script, os.X_OK)
+    return script
+
+
+def _account_spec(python: Path, user: str, group: str, module: str = "sglang_farm.sim") -> FarmSpec:
+    text = textwrap.dedent(f"""
+        [farm]
+        python = "{python}"
+        module = "{module}"
+        user = "{user}"
+        group = "{group}"
+        [workers]
+        gpus = [0]
+        host = "127.0.0.1"
+        [sglang]
+        model_path = "/m"
+        """)
+    return load_spec(text, source="farm.toml")
+
+
+@_needs_root
+def test_doctor_run_as_root_probes_as_the_workers_user_not_as_root(uid_python: Path) -> None:
+    user, group = _unprivileged_account()
+    spec = _account_spec(uid_python, user, group)
+    report = run_doctor(spec, Sm120Poller(count=1), port_check=lambda host, port: None)
+    (probed,) = report.environments
+    import pwd
+
+    assert probed["uid"] != 0
+    assert probed["uid"] == pwd.getpwnam(user).pw_uid
+    assert probed["user"] == user
+
+
+@_needs_root
+def test_probe_child_drops_uid_gid_and_groups_and_gets_the_users_home(uid_python: Path) -> None:
+    from sglang_farm.doctor.gather import worker_account
+
+    user, group = _unprivileged_account()
+    account = worker_account(user, group)
+    runner = make_probe_runner(account=account, isolation="process", timeout=30)
+    got = runner(str(uid_python), {"PYTHONPATH": "/nowhere"}, "env", None)
+    assert (got["uid"], got["gid"]) == (account.uid, account.gid)
+    assert sorted(int(g) for g in got["groups"].split()) == sorted({account.gid, *account.groups})
+    assert 0 not in account.groups or account.gid == 0
+    assert got["home"] == account.home and got["user"] == user
+
+
+@_needs_root
+def test_missing_workers_user_is_a_doctor_failure_and_nothing_runs_as_root(
+    uid_python: Path, tmp_path: Path
+) -> None:
+    mark = tmp_path / "ran"
+    spec = _account_spec(uid_python, "sf-no-such-user", "root")
+    spec = replace(spec, workers=tuple(replace(w, env={**w.env, "SF_PROBE_MARK": str(mark)})
+                                       for w in spec.workers))
+    report = run_doctor(spec, Sm120Poller(count=1), port_check=lambda host, port: None)
+    assert not mark.exists()  # the interpreter never ran
+    (env_check,) = _by_id(report, CheckId.ENVIRONMENT)
+    assert env_check.status is Status.FAIL
+    assert "'sf-no-such-user' ([farm] user) does not exist" in env_check.message
+    assert "never as root" in env_check.message
+    assert "useradd" in env_check.fix and "sf-no-such-user" in env_check.fix
+    assert preflight_blocking(spec, 0, report, port_check=lambda host, port: None)
+
+
+def test_a_non_root_doctor_probes_as_itself() -> None:
+    from sglang_farm.doctor.gather import choose_isolation, probe_account
+
+    spec = load_spec("[farm]\nuser = 'sf-no-such-user'\n[workers]\ngpus = [0]\n"
+                     "[sglang]\nmodel_path = '/m'\n", source="f")
+    assert probe_account(spec, euid=1000) is None  # cannot switch, nothing to hand over
+    assert choose_isolation(None, "auto", systemd=True) == "self"
+
+
+def test_isolation_is_a_transient_unit_under_systemd_else_a_dropping_child() -> None:
+    from sglang_farm.doctor.gather import Account, choose_isolation
+
+    acct = Account("sglang", "sglang", 999, 999, (999,), "/var/lib/sglang")
+    assert choose_isolation(acct, "auto", systemd=True) == "unit"
+    assert choose_isolation(acct, "auto", systemd=False) == "process"
+    assert choose_isolation(acct, "process", systemd=True) == "process"
+
+
+def test_transient_probe_unit_runs_as_the_account_in_the_worker_sandbox() -> None:
+    from sglang_farm.doctor.gather import WORKER_SANDBOX, Account, transient_unit_argv
+
+    acct = Account("sglang", "gpu", 999, 44, (44, 999), "/var/lib/sglang")
+    argv = transient_unit_argv("/opt/sglang/bin/python3", "print('$HOME')", "env", acct,
+                               "/run/sglang-farm/probe-x.env", 240.0)
+    assert argv[0] == "systemd-run"
+    for opt in ("--wait", "--pipe", "--collect", "--uid=sglang", "--gid=gpu",
+                "--property=EnvironmentFile=/run/sglang-farm/probe-x.env",
+                "--property=RuntimeMaxSec=240", "--property=NoNewPrivileges=yes"):
+        assert opt in argv
+    assert [a for a in argv if a.startswith("--property=")][2:] == [
+        f"--property={p}" for p in WORKER_SANDBOX]
+    assert not any(a.startswith("--setenv") for a in argv)  # secrets stay in the 0600 file
+    assert argv[argv.index("--") + 1:] == [
+        "/opt/sglang/bin/python3", "-c", "print('$$HOME')", "env"]
+
+
+def test_worker_sandbox_is_the_worker_units_hardening() -> None:
+    from sglang_farm.doctor.gather import WORKER_SANDBOX
+
+    text = (REPO / "units" / "sglang@.service").read_text()
+    hardening = text[text.index("# --- Hardening"):]
+    lines = [ln for ln in hardening.splitlines() if ln[:1].isupper() and "=" in ln]
+    assert tuple(lines) == WORKER_SANDBOX
+
+
+def test_probe_environment_file_quotes_what_systemd_would_expand() -> None:
+    from sglang_farm.doctor.gather import environment_file_text
+
+    assert environment_file_text({"B": "plain", "A": 'x"y$z\\w`q'}) == (
+        'A="x\\"y\\$z\\\\w\\`q"\nB="plain"\n')
+
+
+def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fake systemd-run: what it gets (argv, environment, the EnvironmentFile's mode and
+    text) is what systemd would get. It runs as root, so no worker variable reaches it."""
+    import importlib
+    import os
+    import stat
+
+    g = importlib.import_module("sglang_farm.doctor.gather")  # the package re-exports gather()
+    monkeypatch.setattr(g, "PROBE_ENV_DIRS", (str(tmp_path / "nope"), str(tmp_path)))
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "systemd-run").write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, os, stat, sys
+        envfile = next(a.split("=", 2)[2] for a in sys.argv if "EnvironmentFile=" in a)
+        print(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ),
+                          "mode": stat.S_IMODE(os.stat(envfile).st_mode),
+                          "file": open(envfile).read(), "envfile": envfile,
+                          "stdin": sys.stdin.read()}}))
+        """))
+    (fake_bin / "systemd-run").chmod(0o755)
+    acct = g.Account("sglang", "sglang", 999, 999, (999,), "/var/lib/sglang")
+    runner = make_probe_runner(base_env={"PATH": str(fake_bin), "LANG": "C.UTF-8"},
+                               account=acct, isolation="unit", timeout=30)
+    got = runner("/opt/sglang/bin/python3", {"LD_PRELOAD": "/home/x/evil.so", "HF_TOKEN": "s"},
+                 "flags", {"argvs": [["--port", "1"]]})
+    assert "LD_PRELOAD" not in got["env"] and "HF_TOKEN" not in got["env"]
+    assert got["mode"] == stat.S_IMODE(0o600)
+    assert 'LD_PRELOAD="/home/x/evil.so"\n' in got["file"] and 'HF_TOKEN="s"\n' in got["file"]
+    assert 'HOME="/var/lib/sglang"\n' in got["file"] and 'USER="sglang"\n' in got["file"]
+    assert json.loads(got["stdin"]) == {"argvs": [["--port", "1"]]}
+    assert "--uid=sglang" in got["argv"] and got["argv"][-1] == "flags"
+    assert not os.path.exists(got["envfile"])  # removed after the run

@@ -311,6 +311,11 @@ def test_start_ready_gate_sigkill_and_stop(farm: SystemdContainer, sd: SystemdCo
     )
     assert any("fired up and ready to roll" in ln for ln in out["tail"])
     assert "sglang@0.service: Main process exited, code=killed, status=9/KILL" in out["tail"]
+    # sglang@0 had never logged when the follower started: it learned the unit from
+    # systemd's "Starting" entry, so systemd's own lines about it come through too.
+    followed = [ln["text"] for ln in out["logs"] if ln["worker"] == 0]
+    assert any(t.startswith("Starting ") for t in followed), followed[:5]
+    assert "sglang@0.service: Main process exited, code=killed, status=9/KILL" in followed
     # stop() returns after the unit is down and Exited is out (SGLang drains on SIGTERM, exits 0).
     assert out["second_pid"] != out["main_pid"]
     stop_events = out["events_during_stop"]

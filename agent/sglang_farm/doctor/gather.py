@@ -6,27 +6,57 @@ GPU architecture); SGLang's own argument parser over every rendered command line
 probe's `flags` mode); bind tests of the HTTP and NCCL ports; the model directory; and
 `/dev/shm`. `run_doctor` gathers and evaluates; `preflight_blocking` is what the agent
 calls before starting a worker.
+
+The probe runs the workers' interpreter with the workers' environment, so it runs as
+the workers' account ([farm] user/group), never as root: anything that account can
+write (a `.pth` file in the venv, a directory on `PYTHONPATH`) runs when the
+interpreter starts, and must not run with the agent's privileges. When this process is
+root (the agent; `sglang-farm doctor` under sudo), the probe runs as that account:
+
+- on a systemd host, as a transient unit (`systemd-run`) with the worker unit's own
+  sandbox (`WORKER_SANDBOX`, the hardening of units/sglang@.service) and its
+  environment in a root-only `EnvironmentFile=`. Chosen over dropping privileges in
+  the child because the agent's unit grants no CAP_SETUID/CAP_SETGID (it would need
+  both, only for this), because the probe (torch, sglang: gigabytes, many threads)
+  then counts against its own cgroup instead of the agent's memory and task limits,
+  and because it sees what a worker sees (the worker's sandbox, not the agent's);
+- elsewhere (no systemd: containers, CI, the process runtime), in a child that drops
+  to the account's uid, gid and supplementary groups before it execs, with HOME,
+  USER and LOGNAME of that account.
+
+A missing account is a doctor finding (the environment checks fail and say so), never
+a reason to run the probe as root.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import grp
 import json
+import math
 import os
+import pwd
 import shutil
 import subprocess
+import tempfile
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from sglang_farm.doctor.rules import (
     Check,
+    CheckId,
     DoctorReport,
     FlagsOutcome,
     Observations,
     PathFacts,
     ProbeOutcome,
+    Status,
     blocking_checks,
     evaluate,
     live_port_keys,
@@ -50,6 +80,144 @@ SYSTEMD_BASE_ENV: Mapping[str, str] = MappingProxyType(
     {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 )
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# The worker unit's hardening, as units/sglang@.service writes it (a test keeps the two
+# equal): the sandbox of the probe's transient unit, so the probe sees what a worker sees.
+WORKER_SANDBOX: tuple[str, ...] = (
+    "NoNewPrivileges=yes",
+    "CapabilityBoundingSet=",
+    "AmbientCapabilities=",
+    "ProtectSystem=full",
+    "PrivateTmp=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectHostname=yes",
+    "ProtectProc=invisible",
+    "RestrictNamespaces=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "LockPersonality=yes",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "PrivateMounts=yes",
+    "SystemCallArchitectures=native",
+    "SystemCallFilter=~@clock @cpu-emulation @module @mount @obsolete @raw-io @reboot @swap",
+    "SystemCallErrorNumber=EPERM",
+    "UMask=0027",
+)
+# Where the transient unit's environment file is written (root only, 0600): a place
+# systemd itself can read, so not under the agent's PrivateTmp=. The first that works.
+PROBE_ENV_DIRS = ("/run/sglang-farm", "/run")
+# How long systemd-run may take beyond the probe's own limit (RuntimeMaxSec=) to return.
+_UNIT_GRACE_S = 15.0
+
+Isolation = Literal["auto", "unit", "process"]
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """The account the probe runs as: the workers' ([farm] user and group)."""
+
+    user: str
+    group: str
+    uid: int
+    gid: int
+    # Supplementary groups, as systemd's User= gives them (getgrouplist of user and gid).
+    groups: tuple[int, ...]
+    home: str
+
+
+def worker_account(user: str, group: str) -> Account:
+    """I/O (passwd, group databases): the account; `ProbeError` saying what is missing."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ProbeError(
+            f"the workers' user {user!r} ([farm] user) does not exist on this host, and the "
+            "probe runs only as that user, never as root"
+        ) from None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ProbeError(
+            f"the workers' group {group!r} ([farm] group) does not exist on this host, and "
+            "the probe runs only as the workers' account, never as root"
+        ) from None
+    groups = tuple(sorted(set(os.getgrouplist(user, gid))))
+    return Account(user, group, pw.pw_uid, gid, groups, pw.pw_dir)
+
+
+def probe_account(spec: FarmSpec, *, euid: int | None = None) -> Account | None:
+    """Whom the probe must run as: the workers' account when this process is root (raises
+    `ProbeError` when it does not exist); None otherwise (this process's own user, which
+    cannot switch and has no privilege to hand the probe)."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None
+    return worker_account(spec.farm.user, spec.farm.group)
+
+
+def account_fix(user: str, group: str) -> str:
+    """The fix for a missing workers' account."""
+    return (
+        f"create the account the workers run as (e.g. `groupadd --system {group}; useradd "
+        f"--system --gid {group} --home-dir /var/lib/sglang --shell /usr/sbin/nologin "
+        f"{user}`), or set [farm] user and group to an existing one"
+    )
+
+
+def choose_isolation(account: Account | None, isolation: Isolation, *, systemd: bool) -> str:
+    """Pure: "unit", "process" (drop to the account in the child) or "self" (no account)."""
+    if account is None:
+        return "self"
+    if isolation == "auto":
+        return "unit" if systemd else "process"
+    return isolation
+
+
+def environment_file_text(env: Mapping[str, str]) -> str:
+    """Pure: `env` as a systemd EnvironmentFile= (each value double-quoted, escaped)."""
+    lines = []
+    for key, value in sorted(env.items()):
+        quoted = "".join("\\" + c if c in '"\\`$' else c for c in value)
+        lines.append(f'{key}="{quoted}"\n')
+    return "".join(lines)
+
+
+def transient_unit_argv(
+    python: str, source: str, mode: str, account: Account, env_file: str, timeout: float
+) -> list[str]:
+    """Pure: `systemd-run` running the probe as the workers' account in their sandbox.
+
+    `--pipe` hands the probe our stdin (the payload) and stdout (its JSON); `--wait`
+    returns when it ended; `--collect` leaves no failed unit behind. ExecStart= expands
+    `$NAME`, so a `$` in the source is written `$$` (systemd.service(5), Command lines).
+    """
+    name = f"sglang-farm-probe-{uuid.uuid4().hex[:12]}.service"
+    args = [
+        "systemd-run", "--quiet", "--wait", "--pipe", "--collect", "--service-type=exec",
+        f"--unit={name}", "--description=sglang-farm doctor: environment probe",
+        f"--uid={account.user}", f"--gid={account.group}", "--working-directory=/",
+        f"--property=EnvironmentFile={env_file}",
+        f"--property=RuntimeMaxSec={math.ceil(timeout)}",
+    ]  # fmt: skip
+    args += [f"--property={p}" for p in WORKER_SANDBOX]
+    return [*args, "--", python, "-c", source.replace("$", "$$"), mode]
+
+
+def _write_env_file(env: Mapping[str, str]) -> str:
+    """The environment in a new 0600 file that systemd can read; its path."""
+    text = environment_file_text(env)
+    last: OSError | None = None
+    for d in PROBE_ENV_DIRS:
+        try:
+            fd, path = tempfile.mkstemp(prefix="probe-", suffix=".env", dir=d)
+        except OSError as exc:
+            last = exc
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+    raise ProbeError(f"cannot write the probe's environment file in {PROBE_ENV_DIRS}: {last}")
 
 
 ProbeRunner = Callable[[str, Mapping[str, str], str, Mapping[str, Any] | None], Mapping[str, Any]]
@@ -69,37 +237,70 @@ def make_probe_runner(
     base_env: Mapping[str, str] = SYSTEMD_BASE_ENV,
     extra_env: Mapping[str, str] | None = None,
     timeout: float = PROBE_TIMEOUT_S,
+    account: Account | None = None,
+    isolation: Isolation = "auto",
 ) -> ProbeRunner:
     """A `ProbeRunner` that runs `envprobe.py` with the worker's interpreter.
 
     The environment is `base_env` (what a systemd service sees), then `extra_env`, then
-    the worker's own (`[farm] env`, CUDA_VISIBLE_DEVICES, ...).
+    the account's HOME/USER/LOGNAME, then the worker's own (`[farm] env`,
+    CUDA_VISIBLE_DEVICES, ...). With an `account` (see `probe_account`) the probe runs
+    as that account: in a transient unit or a child that drops to it (`isolation`;
+    "auto": a unit on a systemd host). Without one it runs as this process's user.
     """
     source = _probe_source()
+    how = choose_isolation(account, isolation, systemd=os.path.isdir("/run/systemd/system"))
 
     def run(
         python: str, env: Mapping[str, str], mode: str, payload: Mapping[str, Any] | None
     ) -> Mapping[str, Any]:
-        full = {**base_env, **(extra_env or {}), **env}
+        ident = {}
+        if account is not None:
+            ident = {"HOME": account.home, "USER": account.user, "LOGNAME": account.user}
+        full = {**base_env, **(extra_env or {}), **ident, **env}
+        drop: dict[str, Any] = {}
+        argv = [python, "-c", source, mode]
+        run_env: Mapping[str, str] = full
+        env_file: str | None = None
+        limit = timeout
+        if how == "process" and account is not None and (
+            (account.uid, account.gid) != (os.geteuid(), os.getegid())
+        ):
+            # setgroups, setregid, setreuid in the child, before exec: the interpreter
+            # (and the dynamic loader, with the worker's LD_* variables) runs as the account.
+            drop = {"user": account.uid, "group": account.gid,
+                    "extra_groups": list(account.groups)}  # fmt: skip
+        elif how == "unit" and account is not None:
+            env_file = _write_env_file(full)
+            argv = transient_unit_argv(python, source, mode, account, env_file, timeout)
+            # systemd-run itself runs as root: none of the worker's variables (LD_PRELOAD...).
+            run_env = {k: v for k, v in base_env.items() if k in ("PATH", "LANG")}
+            limit = timeout + _UNIT_GRACE_S
         try:
             proc = subprocess.run(
-                [python, "-c", source, mode],
+                argv,
                 input=json.dumps(payload or {}),
                 capture_output=True,
                 text=True,
-                env=full,
+                env=run_env,
                 cwd="/",
-                timeout=timeout,
+                timeout=limit,
                 check=False,
+                **drop,
             )
         except FileNotFoundError as exc:
-            raise ProbeError(f"{python} does not exist") from exc
+            raise ProbeError(f"{argv[0]} does not exist") from exc
         except PermissionError as exc:
-            raise ProbeError(f"{python} is not executable") from exc
+            who = f" as user {account.user!r}" if account is not None else ""
+            raise ProbeError(f"{argv[0]} cannot be run{who}: {exc.strerror or exc}") from exc
         except OSError as exc:
-            raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from exc
+            raise ProbeError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
         except subprocess.TimeoutExpired as exc:
             raise ProbeError(f"the probe took over {timeout:g} s") from exc
+        finally:
+            if env_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(env_file)
         for line in reversed(proc.stdout.splitlines()):
             if line.startswith("{"):
                 try:
@@ -150,7 +351,13 @@ def gather(
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report)."""
-    runner = run_probe or make_probe_runner()
+    account_error: str | None = None
+    runner = run_probe
+    if runner is None:
+        try:
+            runner = make_probe_runner(account=probe_account(spec))
+        except ProbeError as exc:
+            account_error = str(exc)  # no probe at all: never as root instead
     fleet = gpu_poller.snapshot()
     groups: dict[tuple[object, ...], list[WorkerSpec]] = {}
     for w in spec.workers:
@@ -158,6 +365,9 @@ def gather(
 
     def call(w: WorkerSpec, mode: str, payload: Mapping[str, Any] | None) -> ProbeOutcome:
         env = build_command(spec.farm, w).env_dict
+        if runner is None:
+            missing = not os.path.exists(spec.farm.python)
+            return ProbeOutcome(error=account_error or "not probed", missing=missing)
         try:
             return ProbeOutcome(result=runner(spec.farm.python, env, mode, payload))
         except ProbeError as exc:
@@ -220,8 +430,28 @@ def run_doctor(
     port_check: Callable[[str, int], str | None] = port_problem,
 ) -> DoctorReport:
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
-    from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env)."""
-    return evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check))
+    from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
+    the workers' account (`probe_account`)."""
+    report = evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check))
+    if run_probe is None:
+        try:
+            probe_account(spec)
+        except ProbeError as exc:
+            return _account_missing(spec, report, str(exc))
+    return report
+
+
+def _account_missing(spec: FarmSpec, report: DoctorReport, problem: str) -> DoctorReport:
+    """The environment checks that failed because the workers' account is missing: say
+    how to create it (their own fix is about the interpreter, which never ran)."""
+    fix = account_fix(spec.farm.user, spec.farm.group)
+    checks = tuple(
+        dataclasses.replace(c, fix=fix)
+        if c.id is CheckId.ENVIRONMENT and c.status is Status.FAIL and problem in c.message
+        else c
+        for c in report.checks
+    )
+    return dataclasses.replace(report, checks=checks)
 
 
 def preflight_blocking(

@@ -1,8 +1,16 @@
 """I/O: the systemd runtime's journal: following worker output, and ordering exits after it.
 
-`JournalFollower` runs one `journalctl -f -o json` for every `sglang@` unit and turns
-each entry into `LogLine`s (the worker's own lines and systemd's lines about the unit,
-as `journalctl -u` shows them).
+`JournalFollower` runs one `journalctl -f -o json` restricted to the farm's worker units
+and to the fields it reads (`follow_args`), and turns each entry into `LogLine`s (the
+worker's own lines and systemd's lines about the unit, as `journalctl -u` shows them).
+It does not use `journalctl -u 'sglang@*'`: journalctl expands such a pattern once, at
+start, against the unit names already in the journal (systemd's journalctl.c,
+`add_units`), so a worker unit that had not logged yet would never be followed, and with
+none at all journalctl exits ("No data available"). Instead the follower names each unit
+it knows, learns new ones from systemd's "Starting" entry for them (logged before the
+unit's first process runs), and then restarts journalctl after that entry's cursor, so
+nothing is lost or read twice. An entry longer than `LINE_LIMIT` is skipped, never
+replayed: one such entry must not blind the follower.
 
 `ExitOrdering` exists because the journal and D-Bus are two channels: systemd may report
 a unit's exit over D-Bus before the journal has delivered the worker's last lines (the
@@ -17,7 +25,8 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 
 import structlog
 
@@ -29,6 +38,17 @@ log = structlog.get_logger("sglang_farm.runtime.journal")
 SYSTEMD_EXIT_LINES = re.compile(r"Main process exited, code=|Failed with result '")
 # Delay before re-running a journalctl follower that died (journald restarted, ...).
 FOLLOW_RETRY_S = 1.0
+# The longest journalctl output line (one entry) the follower reads; longer ones are skipped.
+# With `--all` a MESSAGE comes whole (without it, journalctl prints null for any field of
+# 4 KiB or more); a worker's stdout line is at most journald's LineMax= (48 KiB by default).
+LINE_LIMIT = 1 << 20
+# Read size for journalctl's output.
+_CHUNK = 1 << 16
+# The only fields the follower reads (journalctl adds __CURSOR and the timestamps anyway).
+FOLLOW_FIELDS = ("MESSAGE", "_SYSTEMD_UNIT", "UNIT", "_PID", "__CURSOR")
+# systemd's MESSAGE_ID for "Starting <unit>..." (SD_MESSAGE_UNIT_STARTING, systemd's
+# src/systemd/sd-messages.h): how the follower learns of a worker unit it does not know yet.
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 
 
 class ExitOrdering:
@@ -87,35 +107,139 @@ class ExitOrdering:
         self._timers.clear()
 
 
+def follow_args(
+    units: Collection[str], *, after_cursor: str | None, since: int | None = None
+) -> list[str]:
+    """Pure: the journalctl command line that follows `units` (and nothing else of the host).
+
+    Matches, as `journalctl -u` builds them for each unit: the unit's own output
+    (`_SYSTEMD_UNIT=`) and systemd's lines about it (`_PID=1` and `UNIT=`); plus
+    systemd's "Starting" entries of any unit, to learn of new worker units. Two matches
+    on one field are alternatives, matches on different fields all apply, `+` separates
+    alternatives (journalctl(1), MATCHES). Position: after `after_cursor`; else from the
+    wall-clock second `since`; else from now on.
+    """
+    args = ["journalctl", "--follow", "--quiet", "--no-pager", "--all", "--output=json"]
+    args.append("--output-fields=" + ",".join(FOLLOW_FIELDS))
+    if after_cursor is not None:
+        args.append(f"--after-cursor={after_cursor}")
+    elif since is not None:
+        args.append(f"--since=@{since}")
+    else:
+        args.append("--lines=0")
+    names = sorted(units)
+    if names:
+        args += [*(f"_SYSTEMD_UNIT={u}" for u in names), "+"]
+        args += ["_PID=1", *(f"UNIT={u}" for u in names), "+"]
+    args += ["_PID=1", f"MESSAGE_ID={UNIT_STARTING}"]
+    return args
+
+
+class LineSplitter:
+    """Pure: bytes in, whole lines out; a line longer than `limit` is dropped, not kept.
+
+    `feed` returns the complete lines (without the newline) and how many over-long lines
+    it dropped; the rest of a dropped line is discarded as it arrives, up to its newline.
+    Memory stays within `limit` plus one chunk, however long the line.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buf = bytearray()
+        self._skipping = False
+
+    def feed(self, chunk: bytes) -> tuple[list[bytes], int]:
+        lines: list[bytes] = []
+        dropped = 0
+        start = 0
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl
+            if not self._skipping:
+                self._buf += chunk[start:end]
+                if len(self._buf) > self._limit:
+                    self._buf.clear()
+                    self._skipping = True
+                    dropped += 1
+            if nl < 0:
+                break
+            if not self._skipping:
+                lines.append(bytes(self._buf))
+            self._buf.clear()
+            self._skipping = False
+            start = nl + 1
+        return lines, dropped
+
+
+def _message_text(msg: object) -> str | None:
+    """journalctl's JSON for MESSAGE: a string, a byte array (not UTF-8), or a list of those."""
+    if isinstance(msg, str):
+        return msg
+    if isinstance(msg, list):
+        if all(isinstance(b, int) and 0 <= b <= 255 for b in msg):
+            return bytes(msg).decode("utf-8", "replace")  # journald keeps non-UTF-8 as bytes
+        parts = [t for t in map(_message_text, msg) if t is not None]  # the field repeated
+        return "\n".join(parts) if parts else None
+    return None  # null: a field journalctl did not print
+
+
+def entry_unit(entry: object, worker_of: Callable[[str], int | None]) -> str | None:
+    """Pure: the worker unit an entry is from (its output) or about (systemd's line), or None."""
+    if not isinstance(entry, dict):
+        return None
+    unit = entry.get("_SYSTEMD_UNIT")
+    if isinstance(unit, str) and worker_of(unit) is not None:
+        return unit
+    about = entry.get("UNIT")
+    if entry.get("_PID") == "1" and isinstance(about, str) and worker_of(about) is not None:
+        return about  # systemd's own line about the unit
+    return None
+
+
 def worker_entry_lines(
     entry: object, worker_of: Callable[[str], int | None]
 ) -> tuple[int | None, list[str], str | None]:
     """Pure: one journal JSON entry -> (worker, its lines, cursor)."""
     if not isinstance(entry, dict):
         return None, [], None
-    unit = entry.get("_SYSTEMD_UNIT")
-    worker = worker_of(unit) if isinstance(unit, str) else None
-    if worker is None and entry.get("_PID") == "1" and isinstance(entry.get("UNIT"), str):
-        worker = worker_of(entry["UNIT"])  # systemd's own line about the unit
+    unit = entry_unit(entry, worker_of)
+    worker = worker_of(unit) if unit is not None else None
     lines: list[str] = []
     if worker is not None:
-        msg = entry.get("MESSAGE")
-        if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
-            msg = bytes(b for b in msg if isinstance(b, int)).decode("utf-8", "replace")
-        if isinstance(msg, str):
+        msg = _message_text(entry.get("MESSAGE"))
+        if msg is not None:
             lines = msg.splitlines() or [""]
     c = entry.get("__CURSOR")
     return worker, lines, c if isinstance(c, str) else None
 
 
+def _known_units(text: str, worker_of: Callable[[str], int | None]) -> set[str]:
+    """Pure: the worker units among `journalctl --field=_SYSTEMD_UNIT` output lines."""
+    return {u for u in text.splitlines() if worker_of(u) is not None}
+
+
 class JournalFollower:
-    """Feeds `LogLine` events from the journal until closed; restarts journalctl if it dies."""
+    """Feeds `LogLine` events from the journal until closed; restarts journalctl if it dies.
+
+    `worker_of` maps a unit name to its worker id (None for any other unit): it decides
+    which units are the farm's, so the follower needs no list of workers. At start it
+    seeds its units from the journal (units that logged before: workers this agent
+    adopts), then learns new ones as systemd starts them.
+    """
 
     def __init__(self, emit: Emit, worker_of: Callable[[str], int | None]) -> None:
         self._emit = emit
         self._worker_of = worker_of
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._units: set[str] = set()
+        self._cursor: str | None = None
+        self._since = int(time.time())  # where a follower without any cursor yet starts
+
+    @property
+    def units(self) -> frozenset[str]:
+        """The units followed now."""
+        return frozenset(self._units)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name="sf-journal-follow")
@@ -127,44 +251,75 @@ class JournalFollower:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    async def _seed(self) -> None:
+        """Units that have logged before (those of workers that outlived an agent)."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "journalctl", "--quiet", "--no-pager", "--field=_SYSTEMD_UNIT",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+        except OSError as exc:
+            log.warning("journal_seed_failed", error=str(exc))
+            return
+        self._units |= _known_units(out.decode("utf-8", "replace"), self._worker_of)
+
     async def _follow(self) -> None:
-        cursor: str | None = None
+        await self._seed()
         while not self._closed:
-            args = ["journalctl", "-f", "-q", "-o", "json", "--no-pager"]
-            args += ["--after-cursor", cursor] if cursor else ["-n", "0"]
+            args = follow_args(self._units, after_cursor=self._cursor, since=self._since)
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *args,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.DEVNULL,
-                    limit=1 << 20,
+                    *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
                 )
             except OSError as exc:
                 log.error("journal_follow_failed", error=str(exc))
                 await asyncio.sleep(FOLLOW_RETRY_S)
                 continue
             assert proc.stdout is not None  # asked for with PIPE
+            new_unit = False
             try:
-                async for raw in proc.stdout:
-                    cursor = self._line(raw) or cursor
-            except (asyncio.LimitOverrunError, ValueError) as exc:
-                log.warning("journal_line_skipped", error=str(exc))
+                new_unit = await self._read(proc.stdout)
             finally:
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
-                    await proc.wait()
-            if not self._closed:
+                await proc.wait()
+            if new_unit:
+                log.info("journal_follow_units", units=sorted(self._units))
+            elif not self._closed:
                 log.warning("journal_follow_restarting", returncode=proc.returncode)
                 await asyncio.sleep(FOLLOW_RETRY_S)
 
-    def _line(self, raw: bytes) -> str | None:
+    async def _read(self, stream: asyncio.StreamReader) -> bool:
+        """Handle journalctl's lines until it ends (False) or names a new unit (True)."""
+        splitter = LineSplitter(LINE_LIMIT)
+        while chunk := await stream.read(_CHUNK):
+            lines, dropped = splitter.feed(chunk)
+            if dropped:
+                # The next entry's cursor moves past it; a restart before that reads it
+                # once more and skips it again: never a loop.
+                log.warning("journal_entry_skipped", count=dropped, limit_bytes=LINE_LIMIT)
+            for raw in lines:
+                if self._line(raw):
+                    return True  # the rest of this output is read again, with the new unit
+        return False
+
+    def _line(self, raw: bytes) -> bool:
+        """Emit one entry's lines; True when it is about a unit not followed until now."""
         try:
-            entry = json.loads(raw)
+            entry = json.loads(raw.decode("utf-8", "replace"))
         except ValueError:
-            return None
+            return False
         worker, lines, cursor = worker_entry_lines(entry, self._worker_of)
         if worker is not None:
             for line in lines:
                 self._emit(LogLine(worker, line))
-        return cursor
+        if cursor is not None:
+            self._cursor = cursor
+        unit = entry_unit(entry, self._worker_of)
+        if unit is None or unit in self._units:
+            return False
+        self._units.add(unit)
+        return cursor is not None  # without a cursor, it is followed from the next restart

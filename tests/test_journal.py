@@ -1,0 +1,278 @@
+"""The journal follower (runtime.journal): its pure parts, and the follower run against a
+fake `journalctl` on PATH that prints scripted JSON entries the way journalctl does:
+only those its matches select (two matches on one field are alternatives, `+` separates
+alternatives), after `--after-cursor=`, then it keeps following (sleeps) like `-f`.
+The real journalctl is exercised in the systemd container (test_systemd_runtime.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_farm.runtime import LogLine, RuntimeEvent
+from sglang_farm.runtime import journal as jr
+from sglang_farm.runtime.systemd import worker_of
+
+
+def _ours(unit: str) -> int | None:
+    return worker_of(unit, "sglang")
+
+
+# -- pure: entries -------------------------------------------------------------------------
+
+
+def test_worker_output_entry_gives_its_worker_lines_and_cursor() -> None:
+    entry = {"_SYSTEMD_UNIT": "sglang@3.service", "MESSAGE": "a\nb", "__CURSOR": "c1"}
+    assert jr.worker_entry_lines(entry, _ours) == (3, ["a", "b"], "c1")
+
+
+def test_systemd_line_about_a_worker_unit_counts_for_that_worker() -> None:
+    entry = {
+        "_PID": "1",
+        "_SYSTEMD_UNIT": "init.scope",
+        "UNIT": "sglang@2.service",
+        "MESSAGE": "sglang@2.service: Main process exited, code=killed, status=9/KILL",
+        "__CURSOR": "c2",
+    }
+    assert jr.worker_entry_lines(entry, _ours)[:2] == (
+        2,
+        ["sglang@2.service: Main process exited, code=killed, status=9/KILL"],
+    )
+    assert jr.entry_unit(entry, _ours) == "sglang@2.service"
+
+
+def test_unit_field_from_a_process_other_than_systemd_is_not_the_workers() -> None:
+    # Anyone can log UNIT=sglang@2.service; only PID 1's word about a unit counts.
+    entry = {"_PID": "4242", "_SYSTEMD_UNIT": "evil.service", "UNIT": "sglang@2.service"}
+    assert jr.worker_entry_lines(entry | {"MESSAGE": "x"}, _ours)[:2] == (None, [])
+    assert jr.entry_unit(entry, _ours) is None
+
+
+def test_other_units_and_other_prefixes_are_ignored() -> None:
+    for unit in ("sglang-farm.service", "sglang@x.service", "other@1.service"):
+        assert jr.worker_entry_lines({"_SYSTEMD_UNIT": unit, "MESSAGE": "m"}, _ours)[:2] == (
+            None,
+            [],
+        )
+    mine = {"_SYSTEMD_UNIT": "gpu@1.service", "MESSAGE": "m"}
+    assert jr.worker_entry_lines(mine, lambda u: worker_of(u, "gpu"))[:2] == (1, ["m"])
+
+
+def test_message_as_bytes_repeated_field_or_null() -> None:
+    unit = {"_SYSTEMD_UNIT": "sglang@0.service"}
+    raw = [*"caf\u00e9 ".encode(), 0xFF]  # not UTF-8: journalctl prints a byte array
+    assert jr.worker_entry_lines(unit | {"MESSAGE": raw}, _ours)[1] == ["caf\u00e9 \ufffd"]
+    assert jr.worker_entry_lines(unit | {"MESSAGE": ["one", "two"]}, _ours)[1] == ["one", "two"]
+    assert jr.worker_entry_lines(unit | {"MESSAGE": None}, _ours)[1] == []
+    assert jr.worker_entry_lines(unit | {"MESSAGE": ""}, _ours)[1] == [""]
+    assert jr.worker_entry_lines(["not", "an", "entry"], _ours) == (None, [], None)
+
+
+# -- pure: the command line ------------------------------------------------------------------
+
+
+def test_follow_args_select_the_farm_units_and_few_fields_no_glob() -> None:
+    args = jr.follow_args({"sglang@1.service", "sglang@0.service"}, after_cursor="s=1")
+    assert args[:2] == ["journalctl", "--follow"]
+    assert "--all" in args and "--output=json" in args and "--after-cursor=s=1" in args
+    assert "--output-fields=MESSAGE,_SYSTEMD_UNIT,UNIT,_PID,__CURSOR" in args
+    matches = args[args.index("--after-cursor=s=1") + 1 :]
+    assert matches == [
+        "_SYSTEMD_UNIT=sglang@0.service",
+        "_SYSTEMD_UNIT=sglang@1.service",
+        "+",
+        "_PID=1",
+        "UNIT=sglang@0.service",
+        "UNIT=sglang@1.service",
+        "+",
+        "_PID=1",
+        f"MESSAGE_ID={jr.UNIT_STARTING}",
+    ]
+    assert not any("*" in a for a in args)  # journalctl expands globs once, at start
+
+
+def test_follow_args_without_units_follow_only_systemds_starting_entries() -> None:
+    args = jr.follow_args((), after_cursor=None, since=1700000000)
+    assert "--since=@1700000000" in args
+    assert args[-2:] == ["_PID=1", f"MESSAGE_ID={jr.UNIT_STARTING}"]
+    assert "--lines=0" in jr.follow_args((), after_cursor=None)
+
+
+# -- pure: line splitting ----------------------------------------------------------------------
+
+
+def test_splitter_drops_an_overlong_line_across_chunks_and_keeps_the_next() -> None:
+    sp = jr.LineSplitter(10)
+    assert sp.feed(b"short\nabcdefgh") == ([b"short"], 0)
+    assert sp.feed(b"ijklmnop") == ([], 1)  # 16 bytes without a newline: dropped
+    assert sp.feed(b"qrstuvwxyz" * 3) == ([], 0)  # still the same line: discarded
+    assert sp.feed(b"xyz\nnext\nexactly10!") == ([b"next"], 0)
+    assert sp.feed(b"\n\n") == ([b"exactly10!", b""], 0)
+
+
+# -- the follower against a fake journalctl ----------------------------------------------------
+
+FAKE_JOURNALCTL = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, sys, time
+    args = sys.argv[1:]
+    with open(os.environ["FAKE_JOURNAL_CALLS"], "a") as f:
+        f.write(json.dumps(args) + "\\n")
+    if any(a.startswith("--field=") for a in args):
+        print(os.environ.get("FAKE_JOURNAL_UNITS", ""))
+        sys.exit(0)
+    after = None
+    groups, group = [], {{}}
+    for i, a in enumerate(args):
+        if a.startswith("--after-cursor="):
+            after = a.split("=", 1)[1]
+        elif a == "--after-cursor":
+            after = args[i + 1]
+        elif a == "+":
+            groups.append(group)
+            group = {{}}
+        elif not a.startswith("-") and "=" in a:
+            k, v = a.split("=", 1)
+            group.setdefault(k, set()).add(v)
+    if group:
+        groups.append(group)
+    entries = [json.loads(ln) for ln in open(os.environ["FAKE_JOURNAL_ENTRIES"])]
+    if after is not None:
+        entries = entries[[e["__CURSOR"] for e in entries].index(after) + 1 :]
+    out = sys.stdout.buffer
+    for e in entries:
+        if not groups or any(all(e.get(k) in vs for k, vs in g.items()) for g in groups):
+            out.write(e.get("__RAW", json.dumps(e)).encode() + b"\\n")
+    out.flush()
+    time.sleep(3600)  # -f: keep following
+    """
+)
+
+
+@pytest.fixture
+def fake_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Path]]:
+    """Install the fake journalctl; call it with the entries it holds. Returns its calls log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "journalctl"
+    script.write_text(FAKE_JOURNALCTL.format(python=sys.executable))
+    script.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    calls.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_JOURNAL_CALLS", str(calls))
+
+    def install(entries: list[dict[str, Any]], units: str = "") -> Path:
+        path = tmp_path / "entries.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        monkeypatch.setenv("FAKE_JOURNAL_ENTRIES", str(path))
+        monkeypatch.setenv("FAKE_JOURNAL_UNITS", units)
+        return calls
+
+    yield install
+
+
+def _follow_calls(calls: Path) -> list[list[str]]:
+    rows = [json.loads(ln) for ln in calls.read_text().splitlines()]
+    return [r for r in rows if not any(a.startswith("--field=") for a in r)]
+
+
+async def _run_follower(
+    want: Callable[[list[LogLine]], bool], timeout: float = 10
+) -> list[LogLine]:
+    """Run a follower until the lines seen satisfy `want` (or `timeout`); return them."""
+    seen: list[LogLine] = []
+    done = asyncio.Event()
+
+    def emit(ev: RuntimeEvent) -> None:
+        if isinstance(ev, LogLine):
+            seen.append(ev)
+            if want(seen):
+                done.set()
+
+    follower = jr.JournalFollower(emit, _ours)
+    follower.start()
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    except TimeoutError:
+        pass
+    finally:
+        await follower.close()
+    return seen
+
+
+def _out(unit: str, msg: str, cursor: str) -> dict[str, Any]:
+    return {"_SYSTEMD_UNIT": unit, "_PID": "77", "MESSAGE": msg, "__CURSOR": cursor}
+
+
+def _pid1(unit: str, msg: str, cursor: str, starting: bool = False) -> dict[str, Any]:
+    e = {"_SYSTEMD_UNIT": "init.scope", "_PID": "1", "UNIT": unit, "MESSAGE": msg}
+    return e | {"__CURSOR": cursor} | ({"MESSAGE_ID": jr.UNIT_STARTING} if starting else {})
+
+
+def test_a_2mib_entry_is_skipped_and_the_next_line_arrives(
+    fake_journal: Callable[..., Path],
+) -> None:
+    huge = "x" * (2 << 20)
+    calls = fake_journal(
+        [
+            _out("sglang@0.service", "before", "c1"),
+            _out("sglang@0.service", huge, "c2"),
+            _out("sglang@0.service", "after", "c3"),
+        ],
+        units="sglang@0.service\nsshd.service",
+    )
+    seen = asyncio.run(_run_follower(lambda s: any(x.text == "after" for x in s), timeout=8))
+    assert [(x.worker, x.text) for x in seen] == [(0, "before"), (0, "after")]
+    # One journalctl, never restarted at the long entry (the old follower replayed it forever).
+    assert len(_follow_calls(calls)) == 1
+
+
+def test_a_unit_never_seen_is_learned_from_its_starting_entry_without_losing_lines(
+    fake_journal: Callable[..., Path],
+) -> None:
+    calls = fake_journal(
+        [
+            _out("sshd.service", "noise", "c0"),
+            _pid1("sglang@3.service", "Starting sglang@3.service...", "c1", starting=True),
+            _out("sglang@3.service", "hello from 3", "c2"),
+            _out("sshd.service", "more noise", "c3"),
+            _pid1("sglang@3.service", "sglang@3.service: Main process exited, code=exited", "c4"),
+            _pid1("cron.service", "cron.service: Main process exited, code=exited", "c5"),
+        ]
+    )
+    seen = asyncio.run(_run_follower(lambda s: any("Main process" in x.text for x in s)))
+    assert [(x.worker, x.text) for x in seen] == [
+        (3, "Starting sglang@3.service..."),
+        (3, "hello from 3"),
+        (3, "sglang@3.service: Main process exited, code=exited"),
+    ]
+    first, second = _follow_calls(calls)[:2]
+    assert "_SYSTEMD_UNIT=sglang@3.service" not in first
+    assert "--after-cursor=c1" in second and "_SYSTEMD_UNIT=sglang@3.service" in second
+
+
+def test_units_in_the_journal_already_are_followed_from_the_start(
+    fake_journal: Callable[..., Path],
+) -> None:
+    # A worker that outlived the agent logged before; it is not "Starting" again.
+    calls = fake_journal(
+        [_out("sglang@1.service", "still serving", "c1")],
+        units="sglang@1.service\nsglang@x.service\nsglang-farm.service",
+    )
+    seen = asyncio.run(_run_follower(lambda s: bool(s)))
+    assert [(x.worker, x.text) for x in seen] == [(1, "still serving")]
+    first = _follow_calls(calls)[0]
+    assert [a for a in first if a.startswith("_SYSTEMD_UNIT=")] == [
+        "_SYSTEMD_UNIT=sglang@1.service"
+    ]
