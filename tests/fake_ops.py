@@ -1,6 +1,7 @@
 """A scripted `FarmOps` for control-socket tests: a farm of N workers that move
 through phases on their own (restart → [draining →] stopping → starting → ready, or
-failed), recording every call. Time is real but short (`step` seconds per phase).
+failed; quarantined → released → starting → ready), recording every call. Time is
+real but short (`step` seconds per phase).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import TypedDict, Unpack
 
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import (
+    FarmView,
+    GatewayStatus,
+    Phase,
+    Quarantine,
+    RestartRecord,
+    WorkerView,
+)
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:
@@ -43,6 +51,7 @@ class _Changes(TypedDict, total=False):
     last_load_seconds: float | None
     in_gateway: bool
     last_drain_seconds: float | None
+    quarantine: Quarantine | None
 
 
 OOM_FAILURE = Failure(
@@ -50,6 +59,11 @@ OOM_FAILURE = Failure(
     summary="CUDA out of memory while loading the model",
     advice="lower --mem-fraction-static or use more GPUs (tp)",
     lines=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",),
+)
+
+XID_79_DETAIL = (
+    "GPU has fallen off the bus; NVIDIA's action: RESTART_BM: Restart bare metal, "
+    "system should be restarted."
 )
 
 
@@ -64,6 +78,11 @@ class FakeOps:
     (its `members` is counted from the workers), ready workers are in it, and a stop
     or restart with `drain` passes through DRAINING (out of the gateway) for one
     `step`. `drains` records the `drain` argument of every `stop` and `restart`.
+
+    `quarantine(worker)` sets a worker's GPU aside as the agent does (stopped, state
+    QUARANTINED); `start` and `restart` leave such a worker as it is. `release_gpu`
+    answers `release_problems` when set (the quarantine stays), else starts the workers
+    quarantined on that GPU again (or says none is).
     """
 
     def __init__(
@@ -90,6 +109,7 @@ class FakeOps:
         self.follow_queues: list[asyncio.Queue[str | None]] = []
         self.oom_resets: list[int] = []
         self.startup_reason: str | None = None
+        self.release_problems: list[str] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- FarmOps ---
@@ -128,9 +148,14 @@ class FakeOps:
     def _set(self, i: int, phase: Phase, **kw: Unpack[_Changes]) -> None:
         self.workers[i] = replace(self.workers[i], phase=phase, since=time.time(), **kw)
 
+    def _quarantined(self, i: int) -> bool:
+        return self.workers[i].phase is Phase.QUARANTINED
+
     async def start(self, worker_ids: Sequence[int]) -> None:
         await self._issue("start", worker_ids)
         for i in worker_ids:
+            if self._quarantined(i):
+                continue  # only a release starts it again
             self._set(i, Phase.STARTING, pid=None)
             self._spawn(self._come_up(i, stop_first=False))
 
@@ -154,6 +179,8 @@ class FakeOps:
         self.drains.append(("restart", tuple(worker_ids), drain))
         await self._issue("restart", worker_ids)
         for i in worker_ids:
+            if self._quarantined(i):
+                continue  # only a release starts it again
             if self._drains(drain):
                 self._set(i, Phase.DRAINING, in_gateway=False)
             else:
@@ -225,7 +252,46 @@ class FakeOps:
         await self._issue("reload", ())
         return self.reload_result
 
+    async def release_gpu(self, gpu: int) -> list[str]:
+        await self._issue("release-gpu", (gpu,))
+        if self.release_problems:
+            return list(self.release_problems)
+        held = [
+            i
+            for i, w in sorted(self.workers.items())
+            if w.phase is Phase.QUARANTINED and w.quarantine is not None and w.quarantine.gpu == gpu
+        ]
+        if not held:
+            return [f"no worker is quarantined on GPU {gpu}"]
+        for i in held:
+            self._set(i, Phase.PENDING, quarantine=None)
+            self._spawn(self._come_up(i, stop_first=False))
+        return []
+
     # --- test helpers ---
+
+    def quarantine(
+        self,
+        worker: int,
+        *,
+        gpu: int | None = None,
+        reason: str = "xid 79",
+        detail: str = XID_79_DETAIL,
+    ) -> None:
+        """Set `worker`'s GPU aside (its first GPU unless `gpu` says): stopped, QUARANTINED."""
+        w = self.workers[worker]
+        g = w.gpus[0] if gpu is None else gpu
+        by = dict(w.quarantines_by_reason)
+        by[reason] = by.get(reason, 0) + 1
+        self.workers[worker] = replace(w, quarantines_by_reason=MappingProxyType(by))
+        self._set(
+            worker,
+            Phase.QUARANTINED,
+            pid=None,
+            in_gateway=False,
+            quarantine=Quarantine(g, reason, detail, time.time()),
+            last_action=f"GPU {g} quarantined ({reason}); not restarted until released",
+        )
 
     async def aclose(self) -> None:
         """Cancel the phase changes still scheduled."""

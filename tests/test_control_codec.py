@@ -15,6 +15,7 @@ from sglang_farm.control import codec
 from sglang_farm.control.codec import (
     Command,
     ErrorCode,
+    GpuArgs,
     LogsArgs,
     NoArgs,
     RequestError,
@@ -125,6 +126,14 @@ def test_unknown_command_keeps_id_and_lists_commands() -> None:
         ({"id": 1, "cmd": "start", "args": {"worker": 1, "drain": False}}, "['drain']"),
         ({"id": 1, "cmd": "stop", "args": {"drain": False}}, "'worker' must be a worker id"),
         ({"id": 1, "cmd": "stop", "args": {"worker": 1, "force": 1}}, "accepted: drain, worker"),
+        ({"id": 1, "cmd": "release-gpu", "args": {}}, "missing 'gpu' (a GPU index"),
+        ({"id": 1, "cmd": "release-gpu"}, "missing 'gpu'"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": -1}}, "(an integer >= 0), got -1"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": "5"}}, "got '5'"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": True}}, "'gpu' must be a GPU index"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": 1.0}}, "'gpu' must be a GPU index"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": "all"}}, "'gpu' must be a GPU index"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"worker": 5}}, "['worker']; accepted: gpu"),
     ],
 )
 def test_bad_shapes_and_args_are_bad_request_with_id(obj: object, fragment: str) -> None:
@@ -154,7 +163,14 @@ def test_every_command_is_classified_once() -> None:
         Command.RESTART,
         Command.RELOAD,
         Command.RESET_OOM,
+        Command.RELEASE_GPU,
     } == codec.STATE_CHANGING
+
+
+def test_release_gpu_takes_one_gpu_index_and_changes_state() -> None:
+    r = decode_request(req({"id": 3, "cmd": "release-gpu", "args": {"gpu": 5}}))
+    assert (r.id, r.cmd, r.args, r.changes_state) == (3, Command.RELEASE_GPU, GpuArgs(5), True)
+    assert decode_request(codec.encode_request(4, "release-gpu", {"gpu": 0})).args == GpuArgs(0)
 
 
 def test_replies_round_trip_and_are_single_ascii_lines() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from fake_ops import FakeOps
 from sglang_farm.control.codec import (
     Command,
     ErrorCode,
+    GpuArgs,
     LogsArgs,
     NoArgs,
     Request,
@@ -119,6 +121,7 @@ STATE_CHANGES = [
     Request(4, Command.RESTART, StopArgs(2)),
     Request(5, Command.RELOAD, NoArgs()),
     Request(6, Command.RESET_OOM, WorkerArgs(3)),
+    Request(7, Command.RELEASE_GPU, GpuArgs(1)),
 ]
 
 
@@ -213,3 +216,126 @@ async def test_status_endpoints_and_why_report_the_gateway() -> None:
         assert isinstance(note, str) and note.startswith("draining before a planned stop")
     finally:
         await ops.aclose()
+
+
+# --- release-gpu --------------------------------------------------------------------------
+
+
+async def test_release_gpu_starts_the_quarantined_worker_again(ops: FakeOps) -> None:
+    ops.quarantine(2)
+    h = handlers(ops)
+    st = await h.handle(Request(1, Command.STATUS, NoArgs()), Channel())
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert workers[2]["state"] == "quarantined" and workers[2]["quarantine"]["reason"] == "xid 79"
+    why = await h.handle(Request(2, Command.WHY, WorkerArgs(2)), Channel())
+    step = why["next_step"]
+    assert isinstance(step, str) and "`farmctl release-gpu 2`" in step
+
+    r = await h.handle(Request(3, Command.RELEASE_GPU, GpuArgs(2)), Channel())
+    assert r == {"released": True, "gpu": 2, "workers": [2], "problems": []}
+    assert ops.calls == [("release-gpu", (2,))]
+    assert ops.workers[2].quarantine is None
+    await until(lambda: ops.workers[2].phase is Phase.READY)
+
+
+async def test_refused_release_keeps_the_quarantine_and_lists_the_problems(ops: FakeOps) -> None:
+    ops.quarantine(2, reason="pending row remaps", detail="2 rows pending")
+    ops.release_problems = [
+        "GPU 2 has row remaps pending: reset it (nvidia-smi -r -i 2)",
+        "GPU 2 still has compute processes (4242): stop them first",
+    ]
+    r = await handlers(ops).handle(Request(1, Command.RELEASE_GPU, GpuArgs(2)), Channel())
+    assert r == {
+        "released": False,
+        "gpu": 2,
+        "workers": [2],
+        "problems": ops.release_problems,
+    }
+    assert ops.workers[2].phase is Phase.QUARANTINED and ops.workers[2].quarantine is not None
+
+
+async def test_release_of_a_gpu_nothing_is_quarantined_on_is_refused_by_the_agent(
+    ops: FakeOps,
+) -> None:
+    r = await handlers(ops).handle(Request(1, Command.RELEASE_GPU, GpuArgs(1)), Channel())
+    assert r == {
+        "released": False,
+        "gpu": 1,
+        "workers": [],
+        "problems": ["no worker is quarantined on GPU 1"],
+    }
+    assert ops.workers[1].phase is Phase.READY
+
+
+async def test_release_of_a_gpu_no_worker_uses_is_bad_request_naming_the_farms_gpus(
+    ops: FakeOps,
+) -> None:
+    ops.workers[3] = replace(ops.workers[3], gpus=(3, 6))  # a worker with tp 2
+    with pytest.raises(RequestError) as ei:
+        await handlers(ops).handle(Request(9, Command.RELEASE_GPU, GpuArgs(4)), Channel())
+    assert ei.value.error_code is ErrorCode.BAD_REQUEST and ei.value.request_id == 9
+    assert ei.value.message == (
+        "no worker of this farm uses GPU 4; its workers use GPU 0-3, 6 (farmctl status lists them)"
+    )
+    assert ops.calls == []  # the agent was never asked
+
+
+async def test_release_of_the_second_gpu_of_a_worker_reaches_the_agent(ops: FakeOps) -> None:
+    ops.workers[3] = replace(ops.workers[3], gpus=(3, 6))
+    ops.quarantine(3, gpu=6, reason="gpu lost", detail="GPU is lost")
+    r = await handlers(ops).handle(Request(1, Command.RELEASE_GPU, GpuArgs(6)), Channel())
+    assert (r["released"], r["workers"]) == (True, [3])
+    assert ops.calls == [("release-gpu", (6,))]
+
+
+async def test_release_is_busy_while_its_worker_changes_and_the_other_way_round(
+    ops: FakeOps,
+) -> None:
+    ops.quarantine(1)
+    ops.issue_delay = 0.2
+    h = handlers(ops)
+    stop = asyncio.ensure_future(h.handle(Request(1, Command.STOP, StopArgs(1)), Channel()))
+    await until(lambda: ops.calls)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(2, Command.RELEASE_GPU, GpuArgs(1)), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY and "worker 1 is busy" in ei.value.message
+    await stop
+    assert ops.calls == [("stop", (1,))]
+
+    ops.calls.clear()
+    ops.quarantine(1)
+    release = asyncio.ensure_future(
+        h.handle(Request(3, Command.RELEASE_GPU, GpuArgs(1)), Channel())
+    )
+    await until(lambda: ops.calls)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(4, Command.RESTART, StopArgs("all")), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY and "worker 1 is busy" in ei.value.message
+    # Other workers' changes go on meanwhile: the GPU's lock is its workers' only.
+    await h.handle(Request(5, Command.RESET_OOM, WorkerArgs(0)), Channel())
+    assert (await release)["released"] is True
+    assert ops.calls == [("release-gpu", (1,))] and ops.oom_resets == [0]
+
+
+async def test_release_gpu_is_busy_while_the_agent_starts_even_for_an_unknown_gpu(
+    ops: FakeOps,
+) -> None:
+    ops.startup_reason = STARTING
+    with pytest.raises(RequestError) as ei:
+        await handlers(ops).handle(Request(1, Command.RELEASE_GPU, GpuArgs(99)), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY
+    assert "retry release-gpu in a few seconds" in ei.value.message
+
+
+async def test_wait_ready_ends_at_once_on_a_quarantined_worker(ops: FakeOps) -> None:
+    # start and restart leave it quarantined: waiting for ready would only run out the clock.
+    ops.quarantine(0)
+    ch = Channel()
+    r = await handlers(ops).handle(
+        Request(1, Command.WAIT_READY, WaitArgs(0, timeout=5.0, after=ops.workers[0].since + 1)),
+        ch,
+    )
+    assert (r["state"], r["ready"], r["timed_out"]) == ("quarantined", False, False)
+    assert isinstance(r["waited_s"], float) and r["waited_s"] < 1.0
+    assert [kind for kind, _ in ch.streamed] == ["phase"]

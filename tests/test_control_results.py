@@ -10,7 +10,14 @@ import pytest
 from sglang_farm.control import codec, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, RestartRecord, WorkerView
+from sglang_farm.farm_view import (
+    FarmView,
+    GatewayStatus,
+    Phase,
+    Quarantine,
+    RestartRecord,
+    WorkerView,
+)
 
 
 def _view() -> FarmView:
@@ -92,6 +99,8 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "last_load_seconds",
         "in_gateway",
         "last_drain_seconds",
+        "quarantine",
+        "quarantines_by_reason",
     ]
 
 
@@ -234,7 +243,24 @@ def test_why_of_a_draining_worker_out_of_the_gateway_says_it_waits_for_its_reque
         "running and queued requests to finish, at most the drain budget "
         "([gateway] drain_timeout), then stops it (and starts it again if this is a restart)"
     )
-    assert list(why)[-2:] == ["in_gateway", "state_note"]  # new keys after the old ones
+    # New keys come after the old ones (protocol version 1): the order is pinned.
+    assert list(why) == [
+        "worker",
+        "state",
+        "since",
+        "last_failure",
+        "last_failure_at",
+        "last_action",
+        "advice",
+        "oom_step",
+        "oom_step_name",
+        "restarts_by_reason",
+        "in_gateway",
+        "state_note",
+        "quarantine",
+        "quarantines_by_reason",
+        "next_step",
+    ]
 
 
 def test_why_of_a_draining_worker_still_listed_says_it_is_being_taken_out() -> None:
@@ -268,3 +294,124 @@ def test_why_of_a_ready_worker_out_of_the_gateway_says_why() -> None:
     assert results.why_result(_worker(Phase.READY, in_gateway=True), GW)["state_note"] is None
     assert results.why_result(w)["state_note"] is None
     assert results.why_result(_worker(Phase.STOPPED, in_gateway=False), GW)["state_note"] is None
+
+
+# --- quarantine ---------------------------------------------------------------------------
+
+XID_79 = Quarantine(
+    5,
+    "xid 79",
+    "GPU has fallen off the bus; NVIDIA's action: RESTART_BM: Restart bare metal, "
+    "system should be restarted.",
+    1000.0,
+)
+
+
+def _quarantined(q: Quarantine = XID_79, phase: Phase = Phase.QUARANTINED) -> WorkerView:
+    return WorkerView(
+        5,
+        (5,),
+        30005,
+        "http://127.0.0.1:30005",
+        phase,
+        1001.0,
+        None,
+        last_action=f"GPU {q.gpu} quarantined ({q.reason}); not restarted until released",
+        quarantine=q,
+        quarantines_by_reason={q.reason: 1, "gpu lost": 2},
+    )
+
+
+def test_status_carries_each_workers_quarantine_and_its_count_by_reason() -> None:
+    v = FarmView("f", "process", (_view().worker(0), _quarantined()), "/etc/x.toml", 50.0, "done")
+    st = results.status_result(v, [], version="9.9", now=1100.0)
+    json.dumps(st)  # JSON-ready
+    workers = st["workers"]
+    assert isinstance(workers, list)
+    assert (workers[0]["quarantine"], workers[0]["quarantines_by_reason"]) == (None, {})
+    assert workers[1]["state"] == "quarantined"
+    assert workers[1]["quarantine"] == {
+        "gpu": 5,
+        "reason": "xid 79",
+        "detail": XID_79.detail,
+        "since": 1000.0,
+    }
+    assert workers[1]["quarantines_by_reason"] == {"xid 79": 1, "gpu lost": 2}
+    assert st["ready"] == 1  # a quarantined worker serves nothing
+
+
+def test_why_of_a_quarantined_worker_gives_the_reason_and_the_next_step() -> None:
+    why = results.why_result(_quarantined())
+    json.dumps(why)
+    assert list(why)[-4:] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
+    assert why["state"] == "quarantined"
+    assert why["quarantine"] == results.quarantine_result(XID_79)
+    assert why["state_note"] == (
+        "GPU 5 is quarantined (xid 79): GPU has fallen off the bus; NVIDIA's action: "
+        "RESTART_BM: Restart bare metal, system should be restarted. The farm stopped the "
+        "worker and does not start it again (farmctl start and restart leave it stopped) "
+        "until the GPU is released; the farm's other GPUs are not affected"
+    )
+    # XID 79 is RESTART_BM in NVIDIA's catalog: a reset does not recover it.
+    step = why["next_step"]
+    assert isinstance(step, str)
+    assert step.startswith("reboot the node (NVIDIA's catalog says a GPU reset does not recover")
+    assert step.endswith(
+        "then `farmctl release-gpu 5`, which re-checks the GPU through NVML (healthy, no row "
+        "remaps pending, memory free, no compute process) before it starts the worker again"
+    )
+    assert "nvidia-smi -r" not in step
+
+
+@pytest.mark.parametrize(
+    ("reason", "detail"),
+    [
+        ("xid 48", "Double Bit ECC Error; NVIDIA's action: WORKFLOW_XID_48"),
+        ("xid 999", "not in the farm's copy of NVIDIA's XID catalog"),
+        ("gpu lost", "GPU is lost"),
+        ("gpu unhealthy", "Unknown Error"),
+        ("pending row remaps", "row remaps pending"),
+    ],
+)
+def test_why_asks_for_a_gpu_reset_for_reset_class_and_nvml_reasons(
+    reason: str, detail: str
+) -> None:
+    why = results.why_result(_quarantined(Quarantine(3, reason, detail, 1000.0)))
+    step = why["next_step"]
+    assert isinstance(step, str)
+    assert step.startswith(
+        "reset the GPU with `nvidia-smi -r -i 3` when no process holds it (or reboot), "
+        "then `farmctl release-gpu 3`"
+    )
+    assert "nvidia-smi --query-compute-apps=pid --format=csv -i 3" in step
+    note = why["state_note"]
+    assert isinstance(note, str) and note.startswith(f"GPU 3 is quarantined ({reason}): {detail}. ")
+
+
+def test_why_of_a_worker_being_stopped_for_a_quarantine_says_so() -> None:
+    why = results.why_result(_quarantined(phase=Phase.STOPPING))
+    note = why["state_note"]
+    assert isinstance(note, str)
+    assert "The farm is stopping the worker (now stopping) and does not start it again" in note
+    assert why["next_step"] is not None
+
+
+def test_why_without_a_quarantine_has_null_quarantine_and_next_step() -> None:
+    why = results.why_result(_view().worker(1))
+    assert (why["quarantine"], why["quarantines_by_reason"], why["next_step"]) == (None, {}, None)
+
+
+def test_release_gpu_result_is_released_only_without_problems() -> None:
+    assert results.release_gpu_result(5, [5], []) == {
+        "released": True,
+        "gpu": 5,
+        "workers": [5],
+        "problems": [],
+    }
+    refused = results.release_gpu_result(5, (5,), ("GPU 5 has row remaps pending",))
+    assert refused == {
+        "released": False,
+        "gpu": 5,
+        "workers": [5],
+        "problems": ["GPU 5 has row remaps pending"],
+    }

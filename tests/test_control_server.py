@@ -721,3 +721,88 @@ async def test_connections_beyond_the_cap_get_busy_and_others_still_work(
     for c in (*held, extra):
         await c.close()
     await srv.close()
+
+
+# --- quarantine and release-gpu -----------------------------------------------------------
+
+
+async def test_quarantined_worker_in_status_and_why_over_the_socket(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.quarantine(2)
+    st = (await call(server.path, "status"))["result"]
+    w2 = st["workers"][2]
+    assert (w2["state"], w2["pid"], st["ready"]) == ("quarantined", None, 3)
+    assert w2["quarantine"]["gpu"] == 2 and w2["quarantine"]["reason"] == "xid 79"
+    assert w2["quarantine"]["detail"].startswith("GPU has fallen off the bus")
+    assert w2["quarantines_by_reason"] == {"xid 79": 1}
+    assert st["workers"][0]["quarantine"] is None
+    why = (await call(server.path, "why", {"worker": 2}))["result"]
+    assert why["state"] == "quarantined" and why["quarantine"] == w2["quarantine"]
+    assert why["state_note"].startswith("GPU 2 is quarantined (xid 79): GPU has fallen off")
+    assert "`farmctl release-gpu 2`" in why["next_step"]
+
+
+async def test_release_gpu_arguments_are_checked_and_the_connection_keeps_serving(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    c = await Conn.open(server.path)
+    try:
+        await c.send({"id": 1, "cmd": "release-gpu", "args": {"gpu": "two"}})
+        r = await c.recv()
+        assert r["id"] == 1 and error_code(r) == "bad_request"
+        assert r["error"]["message"] == (
+            "release-gpu: 'gpu' must be a GPU index (an integer >= 0), got 'two'"
+        )
+        await c.send({"id": 2, "cmd": "release-gpu", "args": {"gpu": 7}})
+        r = await c.recv()
+        assert r["id"] == 2 and error_code(r) == "bad_request"
+        assert r["error"]["message"] == (
+            "no worker of this farm uses GPU 7; its workers use GPU 0-3 (farmctl status lists them)"
+        )
+        await c.send({"id": 3, "cmd": "status"})
+        assert (await c.recv())["ok"] is True
+    finally:
+        await c.close()
+    assert ops.calls == []
+
+
+async def test_refused_then_granted_release_over_the_socket(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.quarantine(2)
+    ops.release_problems = ["GPU 2 still has 3.0 GiB in use: free it first"]
+    with capture_logs() as logs:
+        r = await call(server.path, "release-gpu", {"gpu": 2}, rid="rel")
+    assert r["id"] == "rel" and r["ok"] is True
+    assert r["result"] == {
+        "released": False,
+        "gpu": 2,
+        "workers": [2],
+        "problems": ["GPU 2 still has 3.0 GiB in use: free it first"],
+    }
+    assert list(r["result"]) == ["released", "gpu", "workers", "problems"]
+    ev = [e for e in logs if e["event"] == "control_command"]
+    assert ev and ev[0]["cmd"] == "release-gpu" and ev[0]["args"] == {"gpu": 2}
+    st = (await call(server.path, "status"))["result"]
+    assert st["workers"][2]["state"] == "quarantined"  # the quarantine stays
+
+    ops.release_problems = []
+    r = await call(server.path, "release-gpu", {"gpu": 2})
+    assert r["result"] == {"released": True, "gpu": 2, "workers": [2], "problems": []}
+    msgs = await _wait_stream(server.path, {"worker": 2, "timeout": 5})
+    assert msgs[-1]["result"]["ready"] is True
+    assert (await call(server.path, "status"))["result"]["workers"][2]["quarantine"] is None
+
+
+async def test_release_gpu_while_the_agent_restores_state_is_busy(
+    server: ControlServer, ops: FakeOps
+) -> None:
+    ops.quarantine(1)
+    ops.startup_reason = "the agent is restoring its state and adopting running workers"
+    r = await call(server.path, "release-gpu", {"gpu": 1})
+    assert error_code(r) == "busy"
+    assert r["error"]["message"].startswith(
+        f"{ops.startup_reason}; state changes wait until it is done: retry release-gpu in"
+    )
+    assert ops.calls == [] and ops.workers[1].quarantine is not None

@@ -23,9 +23,10 @@ from click.testing import CliRunner, Result
 from structlog.testing import capture_logs
 
 from fake_ops import FakeOps
-from sglang_farm.cli.farmctl import Exit, cli, format_status
+from sglang_farm.cli.farmctl import Exit, _agent_error, cli, format_status
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.control.server import ControlServer
+from sglang_farm.errors import AgentError
 from sglang_farm.farm_view import GatewayStatus
 
 GATEWAY = GatewayStatus("http://127.0.0.1:8000", up=True, members=0, errors=0)
@@ -127,6 +128,7 @@ AGENT_COMMANDS = [
     ("stop", "1"),
     ("start", "1"),
     ("restart", "0", "--no-wait"),
+    ("release-gpu", "1"),  # worker 1 quarantined before each run
 ]
 
 
@@ -139,8 +141,13 @@ def test_status_json_after_the_subcommand_as_the_readme_writes_it(agent: Agent) 
 
 @pytest.mark.parametrize("argv", AGENT_COMMANDS, ids=lambda a: a[0])
 def test_json_works_before_and_after_every_subcommand(agent: Agent, argv: tuple[str, ...]) -> None:
-    before = agent.run("--json", *argv)
-    after = agent.run(*argv, "--json")
+    def run(*args: str) -> Result:
+        if argv[0] == "release-gpu":
+            agent.ops.quarantine(1)
+        return agent.run(*args)
+
+    before = run("--json", *argv)
+    after = run(*argv, "--json")
     assert before.exit_code == 0 and after.exit_code == 0, (before.output, after.output)
     a, b = json.loads(before.output), json.loads(after.output)
     assert isinstance(a, dict) and isinstance(b, dict) and a and set(a) == set(b)
@@ -555,3 +562,163 @@ def test_endpoints_gateway_without_one_exits_1_and_says_what_to_do(agent: Agent)
         "as docs/gateway.md says, or use the workers' URLs (farmctl endpoints)\n"
     )
     assert json.loads(agent.run("--json", "endpoints").output)["gateway"] is None
+
+
+# --- quarantine and release-gpu -----------------------------------------------------------
+
+
+def test_status_shows_quarantined_and_a_note_per_quarantined_worker(agent: Agent) -> None:
+    agent.ops.quarantine(2)
+    agent.ops.quarantine(3, reason="gpu lost", detail="GPU is lost")
+    r = agent.run("status")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "farm test-farm · process runtime · rollout done · 2/4 ready"
+    assert lines[5].split()[:6] == ["2", "2", "30002", "quarantined", "0s", "-"]
+    assert lines[-2:] == [
+        "worker 2: GPU 2 quarantined (xid 79): farmctl why 2",
+        "worker 3: GPU 3 quarantined (gpu lost): farmctl why 3",
+    ]
+    raw = json.loads(agent.run("status", "--json").output)
+    assert raw["workers"][2]["state"] == "quarantined"
+    assert raw["workers"][3]["quarantine"]["reason"] == "gpu lost"
+
+
+def test_format_status_notes_a_quarantine_decided_while_the_worker_stops() -> None:
+    w = {"id": 5, "gpus": [5], "port": 30005, "since": 990.0, "pid": 77, "restarts_total": 0}
+    q = {"gpu": 5, "reason": "xid 48", "detail": "Double Bit ECC Error", "since": 995.0}
+    text = format_status(
+        {
+            "farm": "f",
+            "runtime": "systemd",
+            "rollout": "done",
+            "now": 1000.0,
+            "workers": [{**w, "state": "stopping", "quarantine": q}],
+            "gpus": [],
+        }
+    )
+    assert text.splitlines()[-1] == "worker 5: GPU 5 quarantined (xid 48): farmctl why 5"
+
+
+def test_why_explains_a_quarantine_and_the_next_step(agent: Agent) -> None:
+    agent.ops.quarantine(2, reason="xid 48", detail="Double Bit ECC Error")
+    r = agent.run("why", "2")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "worker 2: quarantined for 0s"
+    assert lines[1].startswith(
+        "GPU 2 is quarantined (xid 48): Double Bit ECC Error. The farm stopped the worker"
+    )
+    assert lines[2].startswith(
+        "next step: reset the GPU with `nvidia-smi -r -i 2` when no process holds it "
+        "(or reboot), then `farmctl release-gpu 2`"
+    )
+    assert len(lines) == 3  # no "no failure recorded": the GPU's failure is the story
+    raw = json.loads(agent.run("why", "2", "--json").output)
+    assert raw["quarantine"]["reason"] == "xid 48" and raw["next_step"] == lines[2][11:]
+
+
+def test_release_gpu_brings_the_worker_back(agent: Agent) -> None:
+    agent.ops.quarantine(2)
+    r = agent.run("release-gpu", "2")
+    assert r.exit_code == 0, r.output
+    assert r.output == (
+        "GPU 2 released: worker 2 starting again "
+        "(farmctl status shows the progress; farmctl logs 2 -f the output)\n"
+    )
+    assert agent.ops.calls == [("release-gpu", (2,))]
+    deadline = time.monotonic() + 5
+    while agent.run("status", "--json").output.count('"state": "ready"') < 4:
+        assert time.monotonic() < deadline, "worker 2 did not come back"
+        time.sleep(0.05)
+    assert agent.ops.workers[2].quarantine is None
+
+
+def test_refused_release_prints_each_problem_and_exits_1(agent: Agent) -> None:
+    agent.ops.quarantine(2)
+    agent.ops.release_problems = [
+        "GPU 2 has row remaps pending: reset it (nvidia-smi -r -i 2)",
+        "GPU 2 still has compute processes (4242): stop them first",
+    ]
+    r = agent.run("release-gpu", "2")
+    assert r.exit_code == Exit.FAILED
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "  GPU 2 has row remaps pending: reset it (nvidia-smi -r -i 2)",
+        "  GPU 2 still has compute processes (4242): stop them first",
+        "farmctl: GPU 2 not released: the quarantine stays; worker 2 stays stopped; fix what "
+        "is listed and run farmctl release-gpu 2 again",
+    ]
+    assert agent.ops.workers[2].quarantine is not None
+    raw = agent.run("release-gpu", "2", "--json")
+    assert raw.exit_code == Exit.FAILED
+    assert json.loads(raw.stdout) == {
+        "released": False,
+        "gpu": 2,
+        "workers": [2],
+        "problems": agent.ops.release_problems,
+    }
+
+
+def test_release_of_a_gpu_with_nothing_quarantined_says_so(agent: Agent) -> None:
+    r = agent.run("release-gpu", "1")
+    assert r.exit_code == Exit.FAILED
+    assert r.stderr.splitlines() == [
+        "  no worker is quarantined on GPU 1",
+        "farmctl: GPU 1 not released: the quarantine stays; fix what is listed and run "
+        "farmctl release-gpu 1 again",
+    ]
+
+
+def test_release_of_a_gpu_the_farm_does_not_use_is_usage_exit_2(agent: Agent) -> None:
+    r = agent.run("release-gpu", "9")
+    assert r.exit_code == Exit.USAGE
+    assert r.stderr == (
+        "farmctl: release-gpu failed (bad_request): no worker of this farm uses GPU 9; its "
+        "workers use GPU 0-3 (farmctl status lists them)\n"
+    )
+    assert agent.run("release-gpu", "-1").exit_code == Exit.USAGE  # click's own check
+    assert agent.ops.calls == []
+
+
+def test_release_gpu_while_the_agent_starts_is_busy(agent: Agent) -> None:
+    agent.ops.quarantine(2)
+    agent.ops.startup_reason = "the agent is restoring its state and adopting running workers"
+    r = agent.run("release-gpu", "2")
+    assert r.exit_code == Exit.FAILED
+    assert r.stderr.startswith(
+        "farmctl: release-gpu refused (busy): the agent is restoring its state"
+    )
+    assert agent.ops.calls == []
+
+
+def test_an_agent_older_than_a_command_is_named_as_such() -> None:
+    exc = AgentError("unknown_command", "unknown command 'release-gpu'; commands are status")
+    err = _agent_error("release-gpu", exc, as_json=False)
+    assert err.exit_code == Exit.FAILED
+    assert err.format_message() == (
+        "the agent does not know release-gpu: it is older than this farmctl (0.1.0); "
+        "upgrade sglang-farm and restart it (systemctl restart sglang-farm)"
+    )
+
+
+def test_completion_offers_release_gpu() -> None:
+    # The completion script calls farmctl back: new commands complete with no new script.
+    env = {"_FARMCTL_COMPLETE": "bash_complete", "COMP_WORDS": "farmctl rel", "COMP_CWORD": "1"}
+    r = CliRunner().invoke(cli, [], env=env, prog_name="farmctl")
+    assert r.exit_code == 0, r.output
+    assert sorted(r.output.splitlines()) == ["plain,release-gpu", "plain,reload"]
+
+
+def test_restart_of_a_quarantined_worker_exits_3_at_once_and_says_why(agent: Agent) -> None:
+    agent.ops.quarantine(3)
+    t0 = time.monotonic()
+    r = agent.run("restart", "3")
+    assert time.monotonic() - t0 < 5  # not the 1200 s default timeout
+    assert r.exit_code == Exit.NOT_RUNNING
+    assert r.stdout == "restart issued for worker 3\n"
+    assert r.stderr == (
+        "farmctl: worker 3 is quarantined: GPU 3 is set aside (xid 79); start and restart "
+        "leave it stopped until farmctl release-gpu 3; see farmctl why 3\n"
+    )
+    assert agent.run("start", "3", "--wait").exit_code == Exit.NOT_RUNNING

@@ -75,6 +75,11 @@ def _agent_error(cmd: str, exc: AgentError, as_json: bool) -> FarmctlError:
     if as_json:
         click.echo(json.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message}}))
     cls = BadUsage if exc.code in ("unknown_worker", "bad_request") else Failed
+    if exc.code == "unknown_command":
+        return cls(
+            f"the agent does not know {cmd}: it is older than this farmctl ({__version__}); "
+            "upgrade sglang-farm and restart it (systemctl restart sglang-farm)"
+        )
     what = {
         "forbidden": f"{cmd} refused",
         "busy": f"{cmd} refused (busy)",
@@ -284,7 +289,8 @@ def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
 
 def format_status(st: Mapping[str, Any]) -> str:
     """The `farmctl status` text: a header line, the gateway's line when there is one,
-    a table, and one line per failure (and for a gateway that does not answer)."""
+    a table, and one line per quarantined GPU or failure (and for a gateway that does
+    not answer)."""
     now = float(st.get("now") or time.time())
     workers: list[Mapping[str, Any]] = st.get("workers", [])
     gpus = {int(g["index"]): g for g in st.get("gpus", [])}
@@ -322,8 +328,14 @@ def format_status(st: Mapping[str, Any]) -> str:
         if gpus:
             row.append(_vram(w, gpus))
         rows.append(row)
+        q = w.get("quarantine")
         f = w.get("last_failure")
-        if f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
+        if q:
+            notes.append(
+                f"worker {w['id']}: GPU {q.get('gpu')} quarantined ({q.get('reason')}): "
+                f"farmctl why {w['id']}"
+            )
+        elif f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
     if gw is not None and not gw.get("up"):
@@ -344,7 +356,8 @@ def status(ctl: Ctl) -> None:
     """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM.
 
     With a gateway: its URL, whether it answers, how many workers it routes to,
-    and a GATEWAY column (in/out) per worker.
+    and a GATEWAY column (in/out) per worker. A note line follows for each worker
+    whose GPU is quarantined and each failing worker.
     """
     if (st := ctl.query("status")) is not None:
         click.echo(format_status(st))
@@ -399,6 +412,13 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
                 f"worker {wid} is not ready after {timeout:g}s (state {final.get('state')}); "
                 f"see farmctl logs {wid}, or wait longer with --timeout"
             )
+        q = final.get("quarantine")
+        if q:
+            raise NotRunning(
+                f"worker {wid} is quarantined: GPU {q.get('gpu')} is set aside "
+                f"({q.get('reason')}); start and restart leave it stopped until "
+                f"farmctl release-gpu {q.get('gpu')}; see farmctl why {wid}"
+            )
         f = final.get("last_failure") or {}
         summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
         raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
@@ -408,12 +428,12 @@ def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> None:
     """One progress line, for a phase this request caused and that is not the last one.
 
     Skipped: a phase entered before the request (the worker's state before its turn
-    came), and ready/failed, which the final line reports.
+    came), and ready/failed/quarantined, which the final line reports.
     """
     since = p.get("since")
     if isinstance(since, int | float) and since < issued_at:
         return
-    if p.get("state") in ("ready", "failed"):
+    if p.get("state") in ("ready", "failed", "quarantined"):
         return
     click.echo(f"worker {wid}: {p.get('state')} ({_since_issue(p, issued_at, 'elapsed_s'):.1f}s)")
 
@@ -554,6 +574,42 @@ def reload(ctl: Ctl) -> None:
     click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
 
 
+@cli.command("release-gpu")
+@click.argument("gpu", metavar="GPU", type=click.IntRange(min=0))
+@pass_ctl
+def release_gpu(ctl: Ctl, gpu: int) -> None:
+    """Take a quarantined GPU back into service and start its worker again.
+
+    The agent first re-checks the GPU through NVML: healthy, no row remaps pending,
+    memory free, no compute process left. Reset the GPU before this (nvidia-smi -r -i
+    GPU, or reboot: farmctl why N says which). Exits 1, printing each problem, when a
+    check fails: the quarantine then stays.
+    """
+    res = ctl.call("release-gpu", {"gpu": gpu}, timeout=CHANGE_TIMEOUT)
+    if ctl.as_json:
+        ctl.emit_json(res)
+    held = [int(i) for i in res.get("workers", [])]
+    if not res.get("released"):
+        problems = [str(p) for p in res.get("problems", [])]
+        if not ctl.as_json:
+            for p in problems:
+                click.echo(f"  {p}", err=True)
+        stays = f"; {_who(held)} stay{'s' if len(held) == 1 else ''} stopped" if held else ""
+        raise Failed(
+            f"GPU {gpu} not released: the quarantine stays{stays}; fix what is listed and "
+            f"run farmctl release-gpu {gpu} again"
+        )
+    if ctl.as_json:
+        return
+    if not held:
+        click.echo(f"GPU {gpu} released")
+        return
+    click.echo(
+        f"GPU {gpu} released: {_who(held)} starting again "
+        f"(farmctl status shows the progress; farmctl logs {held[0]} -f the output)"
+    )
+
+
 # --- read-only ---------------------------------------------------------------------------
 
 
@@ -598,23 +654,25 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
 def why(ctl: Ctl, worker: int) -> None:
     """Explain WORKER's last failure: the log lines, what the farm did, what to do.
 
-    Also says what its state means when the name alone does not (draining; ready
-    but not in the gateway).
+    Also says what its state means when the name alone does not (quarantined,
+    with the next step; draining; ready but not in the gateway).
     """
     r = ctl.query("why", {"worker": worker})
     if r is None:
         return
     state = r.get("state")
     since = r.get("since")
-    for_how_long = (
-        f" for {_duration(time.time() - float(since))}" if state == "draining" and since else ""
-    )
+    timed = state in ("draining", "quarantined") and since
+    for_how_long = f" for {_duration(time.time() - float(since))}" if timed else ""
     click.echo(f"worker {worker}: {state}{for_how_long}")
     if r.get("state_note"):
         click.echo(str(r["state_note"]))
+    if r.get("next_step"):
+        click.echo(f"next step: {r['next_step']}")
     f = r.get("last_failure")
     if not f:
-        click.echo("no failure recorded")
+        if not r.get("quarantine"):  # a quarantine is the GPU's failure, said above
+            click.echo("no failure recorded")
         return
     when = ""
     if r.get("last_failure_at"):

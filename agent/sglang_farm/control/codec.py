@@ -63,6 +63,7 @@ class Command(StrEnum):
     VERSION = "version"
     RESET_OOM = "reset-oom"
     WAIT_READY = "wait-ready"
+    RELEASE_GPU = "release-gpu"
 
 
 READ_ONLY: Final = frozenset(
@@ -133,7 +134,14 @@ class WaitArgs:
     after: float = 0.0
 
 
-Args = NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs
+@dataclass(frozen=True, slots=True)
+class GpuArgs:
+    """`release-gpu`: one GPU index (the handler checks that a worker of the farm uses it)."""
+
+    gpu: int
+
+
+Args = NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs | GpuArgs
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +271,7 @@ _ALLOWED: Final[Mapping[Command, frozenset[str]]] = {
     Command.RESET_OOM: frozenset({"worker"}),
     Command.LOGS: frozenset({"worker", "lines", "follow"}),
     Command.WAIT_READY: frozenset({"worker", "timeout", "after"}),
+    Command.RELEASE_GPU: frozenset({"gpu"}),
 }
 
 
@@ -289,6 +298,8 @@ def _parse_args(cmd: Command, args: dict[str, object]) -> Args:
             )
         after = _number(args, "after", 0.0)
         return WaitArgs(_worker(args), timeout, after)
+    if cmd is Command.RELEASE_GPU:
+        return GpuArgs(_gpu(args))
     return NoArgs()
 
 
@@ -299,6 +310,15 @@ def _worker(args: Mapping[str, object]) -> int:
     if isinstance(w, bool) or not isinstance(w, int) or w < 0:
         raise _ArgError(f"'worker' must be a worker id (an integer >= 0), got {w!r}")
     return w
+
+
+def _gpu(args: Mapping[str, object]) -> int:
+    if "gpu" not in args:
+        raise _ArgError("missing 'gpu' (a GPU index, as NVML and nvidia-smi number them)")
+    g = args["gpu"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise _ArgError(f"'gpu' must be a GPU index (an integer >= 0), got {g!r}")
+    return g
 
 
 def _target(args: Mapping[str, object]) -> int | Literal["all"]:

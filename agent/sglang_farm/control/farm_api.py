@@ -90,3 +90,16 @@ class FarmOps(Protocol):
     async def reload(self) -> ReloadResult:
         """Re-read the config; apply it only if valid."""
         ...
+
+    async def release_gpu(self, gpu: int) -> list[str]:
+        """Take GPU `gpu` out of quarantine and start its worker(s) again, if it is clear.
+
+        Re-checks the GPU through NVML first: healthy, no row remaps pending, its memory
+        free, no compute process left on it. When every check passes, the workers
+        quarantined on it go back to `pending` (the farm starts them as usual) and the
+        answer is empty. Otherwise nothing changes (the quarantine stays) and the answer
+        is the problems, one complete line each (also when no worker is quarantined on
+        `gpu`, or the agent has no NVML to check with). `gpu` is validated by the caller:
+        a worker of the farm uses it.
+        """
+        ...

@@ -12,7 +12,8 @@ already changing is answered `busy` at once, never queued (a queued restart runs
 after the operator has moved on). Reloads are serialized the same way. Until the
 agent has restored its state and adopted its running workers
 (`FarmOps.startup_pending`), every state change is answered `busy` with the
-agent's reason; read-only commands are served throughout.
+agent's reason; read-only commands are served throughout. `release-gpu` is a
+state change of every worker on that GPU.
 
 Handlers read the agent only through `FarmOps`: `view()`, `gpu_memory()` and
 `queue_depths()` never block, so no handler calls a worker, NVML or systemd.
@@ -34,6 +35,7 @@ from sglang_farm.control import results
 from sglang_farm.control.codec import (
     Command,
     ErrorCode,
+    GpuArgs,
     LogsArgs,
     Request,
     RequestError,
@@ -99,6 +101,7 @@ class Handlers:
             Command.RESTART: self._restart,
             Command.RESET_OOM: self._reset_oom,
             Command.RELOAD: self._reload,
+            Command.RELEASE_GPU: self._release_gpu,
         }
 
     async def handle(self, req: Request, channel: Channel) -> Result:
@@ -221,7 +224,8 @@ class Handlers:
         return results.logs_ended_result(a.worker)
 
     async def _wait_ready(self, req: Request, channel: Channel) -> Result:
-        """Stream phase changes until ready/failed (entered at or after `after`) or timeout.
+        """Stream phase changes until ready/failed (entered at or after `after`),
+        quarantined (whenever entered: start and restart leave it so), or timeout.
 
         Polls `view()` (a reference read): the progress lines need every phase, and
         `after` must skip a ready phase that predates the restart the client just issued.
@@ -238,7 +242,9 @@ class Handlers:
             if (w.phase, w.since) != last:
                 last = (w.phase, w.since)
                 await channel.stream("phase", results.phase_payload(w, elapsed))
-            settled = w.phase in (Phase.READY, Phase.FAILED) and w.since >= a.after
+            settled = (
+                w.phase in (Phase.READY, Phase.FAILED) and w.since >= a.after
+            ) or w.phase is Phase.QUARANTINED
             if settled or elapsed >= a.timeout:
                 return results.wait_result(w, settled=settled, elapsed=elapsed)
             await asyncio.sleep(min(WAIT_POLL, max(a.timeout - elapsed, 0.0)))
@@ -276,6 +282,30 @@ class Handlers:
         async with self._locked([w.id], req):
             self._ops.reset_oom(w.id)
         return results.reset_oom_result(w.id)
+
+    async def _release_gpu(self, req: Request, channel: Channel) -> Result:
+        """Re-check a quarantined GPU and start its workers again (`FarmOps.release_gpu`).
+
+        Holds the lock of every worker on the GPU while the agent checks it, so that a
+        restart or stop of one of them is `busy` meanwhile, and the other way round.
+        """
+        assert isinstance(req.args, GpuArgs)  # the codec pairs each command with its args
+        gpu = req.args.gpu
+        view = self._ops.view()
+        users = [w.id for w in view.workers if gpu in w.gpus]
+        if not users:
+            used = sorted({g for w in view.workers for g in w.gpus})
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"no worker of this farm uses GPU {gpu}; its workers use GPU "
+                f"{results.describe_ids(used)} (farmctl status lists them)",
+                req.id,
+            )
+        held = [w.id for w in view.workers if w.quarantine is not None and w.quarantine.gpu == gpu]
+        async with self._locked(users, req):
+            problems = list(await self._ops.release_gpu(gpu))
+        log.info("control_release_gpu_done", request_id=req.id, gpu=gpu, problems=problems)
+        return results.release_gpu_result(gpu, held, problems)
 
     async def _reload(self, req: Request, channel: Channel) -> Result:
         if self._reload_lock.locked():

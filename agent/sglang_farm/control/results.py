@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sglang_farm import xid
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 
 Result = dict[str, object]
 
@@ -42,7 +43,48 @@ def worker_result(w: WorkerView) -> Result:
         "last_load_seconds": w.last_load_seconds,
         "in_gateway": w.in_gateway,
         "last_drain_seconds": w.last_drain_seconds,
+        "quarantine": quarantine_result(w.quarantine),
+        "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
     }
+
+
+def quarantine_result(q: Quarantine | None) -> Result | None:
+    """A worker's quarantine as `status` and `why` carry it; None when its GPU is in service."""
+    if q is None:
+        return None
+    return {"gpu": q.gpu, "reason": q.reason, "detail": q.detail, "since": q.since}
+
+
+def _xid_code(reason: str) -> int | None:
+    """The XID code of a quarantine reason such as "xid 79"; None for NVML's reasons."""
+    kind, _, code = reason.partition(" ")
+    return int(code) if kind == "xid" and code.isdigit() else None
+
+
+def quarantine_next_step(q: Quarantine) -> str:
+    """What the operator does to bring a quarantined GPU back, for `why`.
+
+    A reboot-class XID (NVIDIA's catalog: a GPU reset does not recover it, xid.py) asks
+    for a reboot; everything else (a reset-class XID, a GPU lost or unhealthy, row remaps
+    pending, which a reset applies) for a GPU reset, or a reboot where the reset fails.
+    """
+    g = q.gpu
+    then = (
+        f"then `farmctl release-gpu {g}`, which re-checks the GPU through NVML (healthy, no "
+        "row remaps pending, memory free, no compute process) before it starts the worker "
+        "again"
+    )
+    code = _xid_code(q.reason)
+    if code is not None and xid.classify(code).xid_class is xid.XidClass.REBOOT:
+        return (
+            f"reboot the node (NVIDIA's catalog says a GPU reset does not recover XID {code}; "
+            f"if it comes back after the reboot, contact your support organization), {then}"
+        )
+    return (
+        f"reset the GPU with `nvidia-smi -r -i {g}` when no process holds it (or reboot), "
+        f"{then}; `nvidia-smi --query-compute-apps=pid --format=csv -i {g}` lists the "
+        "processes that hold it"
+    )
 
 
 def gateway_result(g: GatewayStatus | None) -> Result | None:
@@ -101,9 +143,22 @@ def version_result(version: str) -> Result:
 def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
     """What the worker's state means now, where the state name alone does not say; else None.
 
-    Built only from the view: a draining worker's `since` is when its drain began, and
-    `in_gateway` is what the gateway last confirmed.
+    Built only from the view: a quarantined worker's `quarantine` is what set its GPU
+    aside (also while the stop it caused is under way), a draining worker's `since` is
+    when its drain began, and `in_gateway` is what the gateway last confirmed.
     """
+    q = w.quarantine
+    if q is not None:
+        detail = q.detail.rstrip(". ")
+        what = f"GPU {q.gpu} is quarantined ({q.reason})" + (f": {detail}" if detail else "")
+        if w.phase is Phase.QUARANTINED:
+            done = "The farm stopped the worker"
+        else:  # decided, the stop under way
+            done = f"The farm is stopping the worker (now {w.phase})"
+        return (
+            f"{what}. {done} and does not start it again (farmctl start and restart leave it "
+            f"stopped) until the GPU is released; the farm's other GPUs are not affected"
+        )
     if w.phase is Phase.DRAINING:
         # As drain.watch_drain goes: out of the gateway (or the gateway down, routing
         # nothing) first, then the worker's own running + queued count.
@@ -131,8 +186,10 @@ def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
 
 def why_result(w: WorkerView, gateway: GatewayStatus | None = None) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it,
-    and what its state means now (`state_note`: draining, or ready but out of the gateway)."""
+    what its state means now (`state_note`: quarantined, draining, or ready but out of the
+    gateway), and for a quarantined GPU the quarantine and the operator's `next_step`."""
     f = w.last_failure
+    q = w.quarantine
     return {
         "worker": w.id,
         "state": str(w.phase),
@@ -146,6 +203,9 @@ def why_result(w: WorkerView, gateway: GatewayStatus | None = None) -> Result:
         "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
         "in_gateway": w.in_gateway,
         "state_note": state_note(w, gateway),
+        "quarantine": quarantine_result(q),
+        "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
+        "next_step": quarantine_next_step(q) if q is not None else None,
     }
 
 
@@ -181,8 +241,8 @@ def phase_payload(w: WorkerView, elapsed: float) -> Result:
 def wait_result(w: WorkerView, *, settled: bool, elapsed: float) -> Result:
     """`wait-ready`'s final reply: the worker, whether it is ready, and whether time ran out.
 
-    `settled` says the worker reached ready or failed after the client's `after`;
-    when it did not, the wait timed out.
+    `settled` says the worker reached ready or failed after the client's `after`, or is
+    quarantined; when it did not, the wait timed out.
     """
     result = worker_result(w)
     result["ready"] = w.phase is Phase.READY and settled
@@ -198,6 +258,17 @@ def change_result(ids: Sequence[int], issued_at: float) -> Result:
 
 def reset_oom_result(worker: int) -> Result:
     return {"worker": worker, "oom_step": 0}
+
+
+def release_gpu_result(gpu: int, workers: Sequence[int], problems: Sequence[str]) -> Result:
+    """`release-gpu`: released when the agent found no problem; `workers` are those that
+    were quarantined on the GPU (started again, or still set aside when refused)."""
+    return {
+        "released": not problems,
+        "gpu": gpu,
+        "workers": list(workers),
+        "problems": list(problems),
+    }
 
 
 def reload_result(r: ReloadResult) -> Result:
