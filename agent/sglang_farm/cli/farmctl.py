@@ -390,7 +390,8 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
         left = max(deadline - time.monotonic(), 0.001)
         args = {"worker": wid, "timeout": min(left, 3600.0), "after": issued_at}
         final: Mapping[str, Any] = {}
-        # The server sends a line only on a phase change: the read bound is the wait's own.
+        shown: set[tuple[object, object]] = set()  # (state, since) already printed
+        # The server sends a line only on a change: the read bound is the wait's own.
         for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
             if ctl.as_json:
                 ctl.emit_json(
@@ -399,7 +400,10 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
                     else reply.result
                 )
             elif not reply.final and reply.payload is not None:
-                _print_phase(wid, reply.payload, issued_at)
+                key = (reply.payload.get("state"), reply.payload.get("since"))
+                if key not in shown:  # a change of another field repeats the phase
+                    shown.add(key)
+                    _print_phase(wid, reply.payload, issued_at)
             if reply.final and isinstance(reply.result, dict):
                 final = reply.result
         if final.get("ready"):
