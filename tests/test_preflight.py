@@ -1037,3 +1037,40 @@ def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
     assert json.loads(got["stdin"]) == {"argvs": [["--port", "1"]]}
     assert "--uid=sglang" in got["argv"] and got["argv"][-1] == "flags"
     assert not os.path.exists(got["envfile"])  # removed after the run
+
+
+# ---- GPU health in the doctor (issue 14 §5) ------------------------------------------------
+
+
+def _gpu_checks_for(
+    *, persistence_mode: bool | None = None, remapped_rows_pending: bool | None = None
+) -> list[str]:
+    from sglang_farm.doctor.rules import _gpu_checks
+    from sglang_farm.spec import WorkerSpec
+
+    gpu = GpuSnapshot(
+        index=0,
+        name="NVIDIA H200",
+        compute_capability=(9, 0),
+        persistence_mode=persistence_mode,
+        remapped_rows_pending=remapped_rows_pending,
+    )
+    fleet = FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=True, gpus=(gpu,))
+    worker = WorkerSpec(
+        id=0, gpus=(0,), host="127.0.0.1", port=30000, nccl_port=31000, flags={}, env={}
+    )
+    return [f"{c.status}: {c.message} | {c.fix}" for c in _gpu_checks(fleet, worker)]
+
+
+def test_doctor_warns_when_persistence_mode_is_off() -> None:
+    lines = _gpu_checks_for(persistence_mode=False)
+    assert any(ln.startswith("warn") and "persistence mode is off" in ln for ln in lines), lines
+    assert not any("persistence" in ln for ln in _gpu_checks_for(persistence_mode=True))
+
+
+def test_doctor_fails_a_gpu_with_pending_row_remaps_naming_the_reset() -> None:
+    lines = _gpu_checks_for(remapped_rows_pending=True)
+    assert any(
+        ln.startswith("fail") and "row remaps pending" in ln and "nvidia-smi -r -i 0" in ln
+        for ln in lines
+    ), lines

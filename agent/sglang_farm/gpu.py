@@ -72,6 +72,9 @@ class GpuSnapshot:
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    # Persistence mode: off, every NVML open re-initialises the driver (tens of ms) and its
+    # state is torn down between processes.
+    persistence_mode: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
     healthy: bool = True
     error: str | None = None
@@ -449,6 +452,7 @@ class NvmlPoller:
                 nvml.NVML_VOLATILE_ECC,
             )
             rows = self._field(nvml.nvmlDeviceGetRemappedRows, h)
+            persistence = self._field(nvml.nvmlDeviceGetPersistenceMode, h)
             procs = self._field(nvml.nvmlDeviceGetComputeRunningProcesses, h)
         except _GpuFailed as exc:
             log.warning("gpu_unhealthy", gpu=index, uuid=uuid, error=str(exc))
@@ -478,6 +482,7 @@ class NvmlPoller:
             remapped_rows_correctable=int(rows[0]) if rows is not None else None,
             remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
             remapped_rows_pending=bool(rows[2]) if rows is not None else None,
+            persistence_mode=bool(persistence) if persistence is not None else None,
             remapped_rows_failure=bool(rows[3]) if rows is not None else None,
             # usedGpuMemory is None only under Windows WDDM; count it as 0 there.
             processes=tuple(

@@ -374,6 +374,22 @@ def _gpu_checks(fleet: FleetSnapshot, w: WorkerSpec) -> list[Check]:
             out.append(Check(CheckId.GPU, Status.PASS,
                              f"{g.name or 'GPU'}: {_sm(g.compute_capability)}{mem}"
                              + (" (simulated)" if fleet.simulated else "")))
+    for i in w.gpus:
+        g = fleet.gpu(i)
+        if g is None or not g.healthy:
+            continue
+        if g.remapped_rows_pending:
+            out.append(Check(CheckId.GPU, Status.FAIL,
+                             f"GPU {i} has row remaps pending: the farm would quarantine it "
+                             "at its worker's start",
+                             f"reset it once no process holds it (sudo nvidia-smi -r -i {i}), "
+                             "or reboot (docs/gpu-health.md)"))
+        if g.persistence_mode is False and not fleet.simulated:
+            out.append(Check(CheckId.GPU, Status.WARN,
+                             f"GPU {i}: persistence mode is off (each NVML open re-initialises "
+                             "the driver, tens of ms, and its state is torn down between "
+                             "processes)",
+                             "sudo nvidia-smi -pm 1, or enable nvidia-persistenced"))
     ccs = {g.compute_capability for i in w.gpus if (g := fleet.gpu(i)) is not None}
     if len(ccs) > 1:
         out.append(Check(CheckId.GPU, Status.WARN,
