@@ -185,6 +185,9 @@ class FakeNvml:
     def nvmlDeviceGetRemappedRows(self, h: FakeDevice) -> tuple[int, int, int, int]:
         return tuple(self._get(h, "rows", (1, 0, 0, 0)))
 
+    def nvmlDeviceGetPersistenceMode(self, h: FakeDevice) -> int:
+        return int(self._get(h, "persistence", 1))
+
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeDevice) -> list[Any]:
         procs = self._get(h, "procs", h.procs)
         return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in procs]
@@ -232,6 +235,7 @@ def test_snapshot_reads_every_field_in_base_units() -> None:
         remapped_rows_uncorrectable=0,
         remapped_rows_pending=False,
         remapped_rows_failure=False,
+        persistence_mode=True,
         processes=(GpuProcess(4242, 5 * GiB),),
     )
 
