@@ -14,6 +14,7 @@ interpreter, as the doctor runs it on a host.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import sys
@@ -1074,3 +1075,21 @@ def test_doctor_fails_a_gpu_with_pending_row_remaps_naming_the_reset() -> None:
         ln.startswith("fail") and "row remaps pending" in ln and "nvidia-smi -r -i 0" in ln
         for ln in lines
     ), lines
+
+
+def test_doctor_warns_about_a_gpu_the_farm_has_quarantined(tmp_path: Path) -> None:
+    env = make_fake_env(tmp_path / "env")
+    seed = seed_spec(tmp_path)
+    spec = dataclasses.replace(
+        seed, farm=dataclasses.replace(seed.farm, state_dir=str(tmp_path / "state"))
+    )
+    state = Path(spec.farm.state_dir) / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    quarantine = {"gpu": 5, "reason": "xid 79", "detail": "fell off the bus", "at": 1.0}
+    worker = {"phase": "quarantined", "quarantine": quarantine}
+    state.write_text(json.dumps({"format": 1, "workers": {"5": worker}}))
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    warned = [c for c in report.checks if "quarantined" in c.message]
+    assert len(warned) == 1 and warned[0].status is Status.WARN
+    assert "GPU 5" in warned[0].message and "xid 79" in warned[0].message
+    assert "farmctl release-gpu 5" in warned[0].fix and warned[0].workers == (5,)

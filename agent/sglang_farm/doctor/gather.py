@@ -433,12 +433,38 @@ def run_doctor(
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
     the workers' account (`probe_account`)."""
     report = evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check))
+    quarantined = quarantine_checks(spec)
+    if quarantined:
+        report = dataclasses.replace(report, checks=(*report.checks, *quarantined))
     if run_probe is None:
         try:
             probe_account(spec)
         except ProbeError as exc:
             return _account_missing(spec, report, str(exc))
     return report
+
+
+def quarantine_checks(spec: FarmSpec) -> list[Check]:
+    """A warning per worker whose GPU the farm has set aside (from its state file)."""
+    from sglang_farm.state import load
+
+    out = []
+    for wid, d in sorted(load(Path(spec.farm.state_dir) / "state.json").items()):
+        q = d.get("quarantine")
+        if d.get("phase") != "quarantined" or not isinstance(q, dict):
+            continue
+        gpu = q.get("gpu")
+        out.append(
+            Check(
+                CheckId.GPU,
+                Status.WARN,
+                f"GPU {gpu} is quarantined ({q.get('reason')}): worker {wid} stays stopped",
+                f"see farmctl why {wid}; reset the GPU, then farmctl release-gpu {gpu} "
+                "(docs/gpu-health.md)",
+                (wid,) if wid in spec.worker_ids else (),
+            )
+        )
+    return out
 
 
 def _account_missing(spec: FarmSpec, report: DoctorReport, problem: str) -> DoctorReport:
