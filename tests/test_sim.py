@@ -34,6 +34,7 @@ from sglang_farm.sim.options import (
     load_settings,
     parse_options,
 )
+from sglang_farm.workerstats import parse_metrics_text
 
 FAST = {
     "SGLANG_SIM_LOAD_SECONDS": "0.3",
@@ -354,6 +355,24 @@ def test_settings_reject_unknown_mode_and_bad_numbers_by_name() -> None:
         load_settings({"SGLANG_SIM_FAIL": "nope"})
     with pytest.raises(SettingsError, match="SGLANG_SIM_LOAD_SECONDS='soon'"):
         load_settings({"SGLANG_SIM_LOAD_SECONDS": "soon"})
+
+
+def test_wedge_and_health_queue_settings_and_switches_refuse_what_they_do_not_know() -> None:
+    d = load_settings({})
+    assert (d.wedge_after, d.health_queues, d.ignore_sigterm) == (None, False, False)
+    s = load_settings(
+        {
+            "SGLANG_SIM_WEDGE_AFTER": "7.5",
+            "SGLANG_SIM_HEALTH_QUEUES": "yes",
+            "SGLANG_SIM_IGNORE_SIGTERM": "True",
+        }
+    )
+    assert (s.wedge_after, s.health_queues, s.ignore_sigterm) == (7.5, True, True)
+    assert not load_settings({"SGLANG_SIM_HEALTH_QUEUES": "0"}).health_queues
+    with pytest.raises(SettingsError, match=r"SGLANG_SIM_HEALTH_QUEUES='maybe'.*1, true or yes"):
+        load_settings({"SGLANG_SIM_HEALTH_QUEUES": "maybe"})
+    with pytest.raises(SettingsError, match="SGLANG_SIM_WEDGE_AFTER='-1' is negative"):
+        load_settings({"SGLANG_SIM_WEDGE_AFTER": "-1"})
 
 
 def test_sigterm_drain_is_unbounded_unless_asked_and_force_shutdown_is_sglangs_name() -> None:
@@ -782,6 +801,126 @@ def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims: St
         assert client.get("/ready").status_code == 200  # a flag check, as in SGLang
         with pytest.raises(httpx.ReadTimeout):
             client.get("/server_info")
+
+
+def progress(client: httpx.Client) -> tuple[tuple[str, float], ...]:
+    """The farm's progress fingerprint of the worker (what `workerstats` compares)."""
+    return parse_metrics_text(0, 0.0, client.get("/metrics").text).progress
+
+
+class Streams:
+    """Streamed /generate requests in daemon threads, counting the events each received."""
+
+    def __init__(self, url: str, n: int, max_new_tokens: int) -> None:
+        self.events = [0] * n
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": max_new_tokens}}
+        for i in range(n):
+            threading.Thread(target=self._run, args=(url, i, body), daemon=True).start()
+
+    def _run(self, url: str, i: int, body: dict[str, object]) -> None:
+        try:
+            with (
+                httpx.Client(base_url=url, timeout=60) as client,
+                client.stream("POST", "/generate", json={**body, "stream": True}) as r,
+            ):
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        self.events[i] += 1
+        except httpx.HTTPError:
+            pass  # the simulator is killed at teardown with the requests still open
+
+    def total(self) -> int:
+        return sum(self.events)
+
+
+@pytest.mark.slow
+def test_health_queues_waits_behind_a_full_long_batch_while_its_counters_advance(
+    sims: StartSim,
+) -> None:
+    env = {
+        **FAST,
+        "SGLANG_SIM_HEALTH_QUEUES": "1",
+        "SGLANG_SIM_TOKEN_SECONDS": "0.02",
+        "SGLANG_HEALTH_CHECK_TIMEOUT": "1.5",
+    }
+    sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
+    sim.wait_ready()
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 175}}  # 3.5 s each
+    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(3) as pool:
+        t = time.monotonic()
+        assert client.get("/health").status_code == 200  # idle: its own token, at the first look
+        assert time.monotonic() - t < 0.5
+        futures = [pool.submit(client.post, "/generate", json=body) for _ in range(3)]
+
+        def counts() -> tuple[float, float]:
+            v = metric_values(client)
+            return v["sglang:num_running_reqs"], v["sglang:num_queue_reqs"]
+
+        wait_until("2 running and 1 queued", lambda: counts() == (2, 1), 3)
+        before = progress(client)
+        with pytest.raises(httpx.ReadTimeout):  # a farm's probe with a 1 s timeout
+            client.get("/health", timeout=1.0)
+        assert progress(client) != before  # tokens flow all the while
+        t = time.monotonic()
+        assert client.get("/health").status_code == 503  # SGLANG_HEALTH_CHECK_TIMEOUT passed
+        assert time.monotonic() - t >= 1.4
+        assert "Health check failed. Server couldn't get a response from detokenizer" in sim.log
+        # The probe left the queue when it gave up; the batch is as it was.
+        wait_until("the probes gone from the queue", lambda: counts() == (2, 1), 2)
+        # A request finishing is an output: the next look answers 200.
+        t = time.monotonic()
+        with httpx.Client(base_url=sim.url, timeout=10) as slow:
+            status = slow.get("/health").status_code
+            while status != 200 and time.monotonic() - t < 6:
+                status = slow.get("/health").status_code
+        assert status == 200
+        assert futures[0].result().status_code == 200 or futures[1].result().status_code == 200
+        # One streamed request in a full batch sends each token: /health answers at once.
+        streams = Streams(sim.url, 1, 200)
+        wait_until("a streamed token", lambda: streams.total() > 0, 5)
+        wait_until("the batch full again", lambda: counts()[0] == 2, 2)
+        t = time.monotonic()
+        assert client.get("/health").status_code == 200
+        assert time.monotonic() - t < 0.5
+        assert all(f.result().status_code == 200 for f in futures)
+
+
+@pytest.mark.slow
+def test_wedge_freezes_tokens_and_counters_while_health_and_server_info_answer(
+    sims: StartSim,
+) -> None:
+    env = {
+        **FAST,
+        "SGLANG_SIM_WEDGE_AFTER": "1.0",
+        "SGLANG_SIM_HEALTH_QUEUES": "1",  # the wedge answers even SGLang's generating /health
+        "SGLANG_SIM_TOKEN_SECONDS": "0.02",
+    }
+    sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
+    sim.wait_ready()
+    streams = Streams(sim.url, 2, 1000)  # 20 s each: still running when the engine wedges
+    with httpx.Client(base_url=sim.url, timeout=2.0) as client:
+        wait_until("both streams under way", lambda: all(streams.events), 2)
+        time.sleep(1.5)  # past the wedge
+
+        def now() -> tuple[int, tuple[tuple[str, float], ...], float]:
+            stamp = client.get("/v1/loads").json()["loads"][0]["timestamp"]
+            return streams.total(), progress(client), stamp
+
+        frozen = now()
+        time.sleep(1.0)
+        t = time.monotonic()
+        assert client.get("/health").status_code == 200
+        assert time.monotonic() - t < 0.5
+        assert client.get("/server_info").status_code == 200
+        assert client.get("/ready").status_code == 200
+        assert now() == frozen  # no token, same fingerprint, same snapshot time
+        values = metric_values(client)
+        assert values["sglang:num_running_reqs"] == 2
+        assert values["sglang:num_requests_total"] == 1  # the warmup; neither stream finished
+        assert 0 < streams.total() < 2 * 1000
+        with pytest.raises(httpx.ReadTimeout):  # a new request is never admitted either
+            client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+        assert now() == frozen
 
 
 @pytest.mark.slow

@@ -4,8 +4,16 @@ Each request waits in the queue until a running slot is free, then produces one
 token every `token_seconds`: `stream()` hands it out token by token (for streamed
 answers), `generate()` runs it to the end. What the scheduler publishes (`/v1/loads`, the
 scheduler gauges of `/metrics`) is a snapshot refreshed by `publish()`; once the
-engine hangs, nothing moves and the snapshot stays frozen, as SGLang's file-backed
-metrics do.
+engine hangs or wedges, nothing moves and the snapshot stays frozen, as SGLang's
+file-backed metrics do.
+
+`health_generate()` is SGLang's `/health` with generation (`entrypoints/http_server.py`,
+`health_generate`): a one-token request queued like any other, and a look every `period`
+for *any* output having reached the tokenizer since the probe began. Outputs are what
+SGLang's scheduler sends the tokenizer: each token of a streamed request, a finished
+request, the probe's own token. Non-streamed requests send nothing until they finish, so
+under a full batch of long non-streamed requests the probe waits for a request to finish
+or for a running slot, however fast the tokens flow.
 """
 
 from __future__ import annotations
@@ -174,11 +182,13 @@ class Engine:
         self._sleep = sleep
         self._cond = threading.Condition()
         self._hung = False
+        self._wedged = False
         self._running = 0
         self._queued = 0
         self._waiting_tokens = 0
         self._used = 0
         self._generated = 0
+        self._last_output = -float("inf")  # clock time of the last output to the tokenizer
         self._history: deque[tuple[float, int]] = deque()
         self._queue_hist = HistogramSnapshot.empty(QUEUE_BUCKETS)
         self._tok = TokenizerStats(
@@ -190,31 +200,34 @@ class Engine:
 
     def generate(self, prompt_tokens: int, max_new_tokens: int) -> Completion:
         """Queue, run and finish one request; raises QueueFull when the queue limit is reached."""
-        steps = self.stream(prompt_tokens, max_new_tokens)
+        steps = self.stream(prompt_tokens, max_new_tokens, streamed=False)
         for _ in steps:
             pass
         return steps.completion
 
-    def stream(self, prompt_tokens: int, max_new_tokens: int) -> Generation:
+    def stream(
+        self, prompt_tokens: int, max_new_tokens: int, *, streamed: bool = True
+    ) -> Generation:
         """One request, token by token: iterate it (each step sleeps one token's time).
 
         The first `next()` queues the request and raises QueueFull when the queue limit
         is reached. Closing it before the last token aborts the request, as a client
-        that hangs up does in SGLang (`sglang:num_aborted_requests_total`).
+        that hangs up does in SGLang (`sglang:num_aborted_requests_total`). `streamed`:
+        each token reaches the tokenizer as it is made (else only the finished request).
         """
-        return Generation(self, prompt_tokens, max_new_tokens)
+        return Generation(self, prompt_tokens, max_new_tokens, streamed=streamed)
 
     def _admit(self, prompt_tokens: int) -> float:
         """Wait for a running slot; returns the time spent queued."""
         t0 = self._clock()
         with self._cond:
-            busy = self._running >= self._max_running or self._hung
+            busy = self._running >= self._max_running or self._stuck
             if busy and self._max_queued is not None and self._queued >= self._max_queued:
                 self._tok = _replace_tok(self._tok, num_aborted=self._tok.num_aborted + 1)
                 raise QueueFull("The request queue is full.")
             self._queued += 1
             self._waiting_tokens += prompt_tokens
-            while self._running >= self._max_running or self._hung:
+            while self._running >= self._max_running or self._stuck:
                 self._cond.wait()
             self._queued -= 1
             self._waiting_tokens -= prompt_tokens
@@ -224,14 +237,23 @@ class Engine:
             self._queue_hist = self._queue_hist.observe(queue_s)
         return queue_s
 
-    def _token(self) -> None:
-        """One decode step of one request: a token's time, then account for the token."""
+    @property
+    def _stuck(self) -> bool:
+        return self._hung or self._wedged
+
+    def _token(self, *, output: bool) -> None:
+        """One decode step of one request: a token's time, then account for the token.
+
+        `output`: the token is sent to the tokenizer at once (a streamed request).
+        """
         self._sleep(self._token_s)
         with self._cond:
-            while self._hung:
+            while self._stuck:
                 self._cond.wait()
             self._used += 1
             self._generated += 1
+            if output:
+                self._last_output = self._clock()
 
     def _release(self, prompt_tokens: int, produced: int) -> None:
         with self._cond:
@@ -241,6 +263,7 @@ class Engine:
 
     def _finish(self, prompt_tokens: int, produced: int, e2e: float, ttft: float) -> None:
         with self._cond:
+            self._last_output = self._clock()
             t = self._tok
             self._tok = TokenizerStats(
                 prompt_tokens=t.prompt_tokens + prompt_tokens,
@@ -264,6 +287,77 @@ class Engine:
     def hung(self) -> bool:
         return self._hung
 
+    def wedge(self) -> None:
+        """Break the engine for good, as a CUDA error can: running requests stop making
+        tokens, queued ones are never admitted, the snapshot freezes; unlike `hang`, the
+        server around it (`/health`, `/server_info`) goes on answering."""
+        with self._cond:
+            self._wedged = True
+
+    @property
+    def wedged(self) -> bool:
+        return self._wedged
+
+    def health_generate(
+        self, timeout: float, period: float, *, stop: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """SGLang's generating `/health` (module docstring): True when some output reached
+        the tokenizer since the call began, found at a look every `period` seconds; False
+        after `timeout` (or once `stop()` is true at a look). The probe's own request
+        waits for a running slot, then takes one token's time; it leaves the queue when
+        the call ends, as SGLang cancels it. It is not counted in the tokenizer metrics
+        (SGLang sends it with `log_metrics=False`). Waits in real time: a test's clock
+        must follow it.
+        """
+        period = max(period, 0.01)
+        tic = self._clock()
+        deadline = tic + timeout
+        next_look = tic + period
+        admitted_at: float | None = None
+        produced = False
+        with self._cond:
+            self._queued += 1
+            self._waiting_tokens += 1
+            try:
+                while True:
+                    now = self._clock()
+                    free = self._running < self._max_running and not self._stuck
+                    if admitted_at is None and free:
+                        # queued -> running: a slot is free
+                        self._queued -= 1
+                        self._waiting_tokens -= 1
+                        self._running += 1
+                        self._used += 1
+                        admitted_at = now
+                    token_at = None if admitted_at is None else admitted_at + self._token_s
+                    due = token_at is not None and now >= token_at
+                    if due and not produced and not self._stuck:
+                        # its one token, sent to the tokenizer; the request ends
+                        produced = True
+                        self._generated += 1
+                        self._last_output = now
+                        self._running -= 1
+                        self._used -= 1
+                        self._cond.notify_all()
+                    if now >= next_look:
+                        if self._last_output > tic:
+                            return True
+                        if now >= deadline or stop():
+                            return False
+                        next_look = min(next_look + period, deadline)
+                    wake = next_look
+                    if token_at is not None and not produced:
+                        wake = min(wake, token_at)
+                    self._cond.wait(max(0.0, wake - now))
+            finally:
+                if admitted_at is None:
+                    self._queued -= 1
+                    self._waiting_tokens -= 1
+                elif not produced:
+                    self._running -= 1
+                    self._used -= 1
+                    self._cond.notify_all()
+
     def inflight(self) -> int:
         """Running plus queued requests."""
         with self._cond:
@@ -272,9 +366,10 @@ class Engine:
     # -- what the scheduler publishes ------------------------------------------------------
 
     def publish(self) -> None:
-        """Refresh the published snapshot (the scheduler's periodic write); a no-op once hung."""
+        """Refresh the published snapshot (the scheduler's periodic write); a no-op once
+        hung or wedged."""
         with self._cond:
-            if self._hung:
+            if self._stuck:
                 return
             self._published = self._compute()
 
@@ -314,8 +409,11 @@ class Generation(Iterator[int]):
     once it is exhausted, and so that `close()` before the end counts as an abort.
     """
 
-    def __init__(self, engine: Engine, prompt_tokens: int, max_new_tokens: int) -> None:
+    def __init__(
+        self, engine: Engine, prompt_tokens: int, max_new_tokens: int, *, streamed: bool = True
+    ) -> None:
         self._engine = engine
+        self._streamed = streamed
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self._t0 = 0.0
@@ -340,7 +438,7 @@ class Generation(Iterator[int]):
             self._end()
             raise StopIteration
         try:
-            eng._token()
+            eng._token(output=self._streamed)
         except BaseException:
             self.close()
             raise

@@ -108,6 +108,8 @@ class SimSettings:
     fail: FailMode | None = None
     fail_after: float | None = None
     hang_after: float | None = None
+    wedge_after: float | None = None
+    health_queues: bool = False
     ignore_sigterm: bool = False
     gpu_mem_gib: float | None = None
 
@@ -325,6 +327,19 @@ def _float(env: Mapping[str, str], name: str, default: float | None) -> float | 
     return value
 
 
+_YES = frozenset({"1", "true", "yes"})
+_NO = frozenset({"", "0", "false", "no"})
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if raw.lower() in _YES:
+        return True
+    if raw.lower() in _NO:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a switch; give 1, true or yes (0, false, no: off)")
+
+
 def load_settings(env: Mapping[str, str]) -> SimSettings:
     """Read the SGLANG_SIM_* variables.
 
@@ -358,7 +373,8 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         fail=fail,
         fail_after=_float(env, "SGLANG_SIM_FAIL_AFTER", None),
         hang_after=_float(env, "SGLANG_SIM_HANG_AFTER", None),
-        ignore_sigterm=env.get("SGLANG_SIM_IGNORE_SIGTERM", "").strip().lower()
-        in {"1", "true", "yes"},
+        wedge_after=_float(env, "SGLANG_SIM_WEDGE_AFTER", None),
+        health_queues=_switch(env, "SGLANG_SIM_HEALTH_QUEUES"),
+        ignore_sigterm=_switch(env, "SGLANG_SIM_IGNORE_SIGTERM"),
         gpu_mem_gib=_float(env, "SGLANG_SIM_GPU_MEM_GIB", None),
     )

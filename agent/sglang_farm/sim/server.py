@@ -201,11 +201,14 @@ class Launcher:
         self.serving = True
         self.log.info(texts.READY)
         self._tell_children(b"serving\n")
-        hang_after = self.settings.hang_after
-        if hang_after is not None:
-            timer = threading.Timer(hang_after, state.engine.hang)
-            timer.daemon = True  # a SIGTERM before the hang must not wait for it
-            timer.start()
+        for after, fault in (
+            (self.settings.hang_after, state.engine.hang),
+            (self.settings.wedge_after, state.engine.wedge),
+        ):
+            if after is not None:
+                timer = threading.Timer(after, fault)
+                timer.daemon = True  # a SIGTERM before the fault must not wait for it
+                timer.start()
 
     def _publisher(self, state: ServerState) -> None:
         while not self.shutting_down:

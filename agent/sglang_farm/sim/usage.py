@@ -49,7 +49,8 @@ CONTROLS: tuple[Control, ...] = (
     Control(
         "SGLANG_HEALTH_CHECK_TIMEOUT",
         "health_timeout",
-        "SGLang's own: seconds /health waits on a hung scheduler before answering 503",
+        "SGLang's own: seconds /health waits for the scheduler (hung, or busy with "
+        "SGLANG_SIM_HEALTH_QUEUES) before answering 503",
     ),
     Control(
         "SGLANG_SIM_TOKEN_SECONDS",
@@ -85,6 +86,22 @@ CONTROLS: tuple[Control, ...] = (
         None,
         "T: T seconds after 'fired up', the scheduler hangs: /health and /server_info stop "
         "answering, /metrics and /v1/loads answer frozen values, /ready stays 200",
+    ),
+    Control(
+        "SGLANG_SIM_WEDGE_AFTER",
+        None,
+        "T: T seconds after 'fired up', the engine wedges (as a CUDA error can leave it): "
+        "running requests make no more tokens and never finish, queued ones never start, "
+        "/metrics and /v1/loads freeze, but /health, /server_info and /ready answer 200",
+    ),
+    Control(
+        "SGLANG_SIM_HEALTH_QUEUES",
+        None,
+        "1, true or yes: /health is SGLang's generating check: a one-token request queued "
+        "like any other, 200 once any output reached the tokenizer (a streamed token, a "
+        "finished request, its own token), else 503 after SGLANG_HEALTH_CHECK_TIMEOUT; so it "
+        "is slow behind a full batch of long non-streamed requests while their tokens flow",
+        unset="unset: /health takes SGLANG_SIM_HEALTH_DELAY",
     ),
     Control(
         "SGLANG_SIM_IGNORE_SIGTERM",
@@ -182,12 +199,14 @@ Failure modes. SGLANG_SIM_FAIL=MODE fails while starting, printing SGLang's own 
 and exiting as SGLang does (docs/reference/sglang.md §11, §13):"""
 
 _FAIL_TAIL = """\
-While serving, SGLANG_SIM_FAIL_AFTER=T dies of a CUDA OOM (exit -9) and
-SGLANG_SIM_HANG_AFTER=T hangs. Without SGLANG_SIM_FAIL the same exits come from real
-causes: a removed or ambiguous flag exits 2, a served model name with ':' exits 1, a
-taken port exits 3, a scheduler killed by someone exits 1 while loading and -9 while
-serving. SIGTERM (or SIGINT) drains as SGLang does: /health turns 503, in-flight
-requests finish, exit 0.
+While serving, SGLANG_SIM_FAIL_AFTER=T dies of a CUDA OOM (exit -9),
+SGLANG_SIM_HANG_AFTER=T hangs (/health stops answering) and SGLANG_SIM_WEDGE_AFTER=T
+wedges (no token, frozen counters, /health still 200); SGLANG_SIM_HEALTH_QUEUES=1 makes
+a busy server's /health slow while its tokens flow. Without SGLANG_SIM_FAIL the same
+exits come from real causes: a removed or ambiguous flag exits 2, a served model name
+with ':' exits 1, a taken port exits 3, a scheduler killed by someone exits 1 while
+loading and -9 while serving. SIGTERM (or SIGINT) drains as SGLang does: /health turns
+503, in-flight requests finish, exit 0.
 
 Details: docs/simulator.md."""
 

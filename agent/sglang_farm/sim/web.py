@@ -6,6 +6,10 @@ is 503 while starting or exiting and otherwise takes `health_delay` (SGLang slee
 SGLANG_HEALTH_CHECK_TIMEOUT, logs SGLang's "Health check failed" line and answers
 503, so a probe with a shorter timeout simply times out. `/server_info` blocks
 while the scheduler hangs; `/metrics` and `/v1/loads` keep answering frozen values.
+With SGLANG_SIM_HEALTH_QUEUES, `/health` is SGLang's generating check instead
+(`Engine.health_generate`): it answers once any output reached the tokenizer, so it is
+slow behind a full batch of long non-streamed requests while their tokens flow. A wedged
+engine (SGLANG_SIM_WEDGE_AFTER) makes no token, yet `/health` and `/server_info` answer.
 The generation routes run each request through the engine (queue, then one token per
 `token_seconds`) and, with `"stream": true`, write server-sent events as the tokens come
 (bodies and events in `replies.py`). After SIGTERM they keep admitting, as SGLang's do.
@@ -244,6 +248,18 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 self._send(503)
                 return
             tic = time.time()
+            settings = state.settings
+            if settings.health_queues and not state.engine.wedged:
+                ok = state.engine.health_generate(
+                    settings.health_timeout, settings.health_delay, stop=state.exiting.is_set
+                )
+                if ok and not state.exiting.is_set():
+                    self._send(200)
+                    return
+                if not state.exiting.is_set():
+                    self._health_failed(tic)
+                self._send(503)
+                return
             deadline = time.monotonic() + max(
                 state.settings.health_timeout, state.settings.health_delay
             )
@@ -253,16 +269,20 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 time.sleep(0.1)
             if state.engine.hung or state.exiting.is_set():
                 if state.engine.hung:
-                    state.unhealthy = True
-                    state.log.info(
-                        "Health check failed. Server couldn't get a response from detokenizer "
-                        "for last "
-                        f"{state.settings.health_timeout:g} seconds. tic start time: {tic:.2f}. "
-                        f"last_heartbeat time: {state.engine.scheduler_stats().timestamp:.2f}"
-                    )
+                    self._health_failed(tic)
                 self._send(503)
                 return
             self._send(200)
+
+        def _health_failed(self, tic: float) -> None:
+            """SGLang's ServerStatus.UnHealthy: logged, and a SIGTERM then skips the drain."""
+            state.unhealthy = True
+            state.log.info(
+                "Health check failed. Server couldn't get a response from detokenizer "
+                "for last "
+                f"{state.settings.health_timeout:g} seconds. tic start time: {tic:.2f}. "
+                f"last_heartbeat time: {state.engine.scheduler_stats().timestamp:.2f}"
+            )
 
         def ready(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
             up = state.status is Status.UP and not state.exiting.is_set()
