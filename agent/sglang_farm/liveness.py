@@ -57,6 +57,7 @@ class LivenessWatcher:
         self._wait_change = wait_change
         self._clock = clock
         self._pending: asyncio.Task[ProbeResult] | None = None
+        self._counted = False
 
     async def run(self) -> None:
         try:
@@ -106,6 +107,7 @@ class LivenessWatcher:
         hp = self._spec().health
         if self._pending is None:
             self._pending = asyncio.create_task(self._prober.probe(self._url(), hp.timeout))
+            self._counted = False  # this probe has not been counted as a missed beat yet
         started = self._clock()
         done: set[Any]
         done, _ = await asyncio.wait({self._pending}, timeout=hp.period)
@@ -118,9 +120,12 @@ class LivenessWatcher:
             return
         if not done:
             self._feed(self.worker, HealthFailed(f"no answer within {hp.period:g} s"))
+            self._counted = True
             return
         res = self._pending.result()
         self._pending = None
+        if self._counted and not res.ok:
+            return  # its silence was counted already, beat by beat: not twice; probe again now
         if res.local_error:
             # The agent's own trouble (out of fds, no buffers): says nothing about the
             # worker. The beat is skipped, never counted as the worker's failure.

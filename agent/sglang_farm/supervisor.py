@@ -593,10 +593,13 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             and s.progress_at is not None
             and now - s.progress_at <= policy.health.busy_window
         ):
-            # READY stays: its /health queues behind a long batch while tokens flow: busy.
+            # READY stays (UNHEALTHY -> READY): its /health is slow behind a batch while
+            # its counters advance: busy, and the failure is excused.
             busy_note: tuple[Action, ...] = (
                 () if s.busy else (Note("worker_busy", {"detail": detail}),)
             )
+            if s.phase is Phase.UNHEALTHY:
+                return Decision(s.enter(Phase.READY, now, busy=True, health_failures=0), busy_note)
             return Decision(replace(s, busy=True, health_failures=0), busy_note)
         case HealthFailed(detail=detail):
             if s.phase in (Phase.READY, Phase.UNHEALTHY):
