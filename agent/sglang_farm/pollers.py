@@ -41,6 +41,14 @@ log = structlog.get_logger("sglang_farm.pollers")
 _SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
 
 
+def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
+    """The worker's SGLang `--api-key`, which its `/v1/loads` requires (None: none set)."""
+    if worker not in spec.worker_ids:
+        return None
+    key = spec.worker(worker).flags.get("api_key")
+    return key if isinstance(key, str) and key else None
+
+
 def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
     count = max((g for w in spec.workers for g in w.gpus), default=-1) + 1
     return choose_gpu_poller(spec.metrics.gpu_source, count)
@@ -175,6 +183,7 @@ class MetricPollers:
                             known_version=self._stats[w.id].sglang_version
                             if w.id in self._stats
                             else None,
+                            api_key=worker_api_key(self.spec, w.id),
                         )
                         for w in serving
                     )
