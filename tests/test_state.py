@@ -75,3 +75,29 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     state.save(path, {0: {"failures": 2}})
     assert state.load(path) == {0: {"failures": 2}}
     assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+
+
+def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
+    tmp_path: Path,
+) -> None:
+    """#16: such a file is corrupt: a copy is kept, the farm starts clean and says so."""
+    from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+    from sglang_farm.supervisor import Policy, Supervisor
+
+    policy = Policy(StartupPolicy(), HealthPolicy(), RestartPolicy())
+    for text in (
+        '{"format": 1, "workers": {"0": {"failures": 1e999, "oom_step": 1e999}}}',
+        '{"format": 1, "workers": {"0": {"failures": 2, "x": ' + "[" * 100_000 + "]" * 100_000
+        + "}}}",
+    ):
+        path = tmp_path / "state.json"
+        path.write_text(text)
+        store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
+        sup = Supervisor([0, 1], policy)
+        remembered = store.restore(sup)  # must not raise
+        assert sup.workers[0].failures in (0, 2)
+        assert isinstance(remembered, dict)
+        kept = sorted(tmp_path.glob("state.json.corrupt-*"))
+        assert kept, "a copy of the unreadable file is kept for a post-mortem"
+        for k in kept:
+            k.unlink()

@@ -9,6 +9,8 @@ as "nothing remembered", logging why, so a broken file never stops the farm.
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -119,19 +121,35 @@ def save(path: Path, workers: dict[int, dict[str, Any]]) -> None:
     write_atomic(path, data.encode(), 0o600)  # as before: only root reads it
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number out of range: {text[:40]}")
+    return value
+
+
 def load(path: Path) -> dict[int, dict[str, Any]]:
+    """The remembered workers; {} when there is no file. An unreadable file (not JSON,
+    numbers out of range, nesting too deep) is kept aside as `<name>.corrupt-<time>` for
+    a post-mortem, and the farm starts with nothing remembered, saying so."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), parse_float=_finite)
         workers = raw["workers"]
         return {int(k): v for k, v in workers.items() if isinstance(v, dict)}
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        try:
+            path.rename(kept)
+        except OSError:
+            kept = path
         log.warning(
             "state_unreadable",
             path=str(path),
-            error=str(exc),
-            hint="starting with no remembered restarts; the file is overwritten",
+            error=str(exc)[:200],
+            kept=str(kept),
+            hint="starting with no remembered restarts; the unreadable file is kept aside",
         )
         return {}
 
@@ -184,7 +202,7 @@ class StateStore:
                 sup.restore(wid, restore_worker(sup.workers[wid], d, offset))
                 phase = d.get("phase")
                 phases[wid] = Phase(phase) if isinstance(phase, str) else None
-            except (TypeError, ValueError, AttributeError) as exc:
+            except (TypeError, ValueError, AttributeError, OverflowError) as exc:
                 log.warning(
                     "state_worker_skipped",
                     worker=wid,
