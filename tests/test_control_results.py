@@ -58,7 +58,7 @@ def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
     assert w1["state"] == "failed" and w1["gpus"] == [1, 2] and w1["restarts_total"] == 3
     assert w1["restarts"] == [{"at": 150.0, "reason": "oom"}, {"at": 190.0, "reason": "crash"}]
     assert w1["last_failure"]["kind"] == "cuda_oom_load" and w1["oom_step"] == 2
-    assert st["gpus"] == [{"index": 0, "used_bytes": 1, "total_bytes": 2}]
+    assert st["gpus"] == [{"index": 0, "used_bytes": 1, "total_bytes": 2, "simulated": False}]
 
 
 def test_status_result_keys_keep_their_wire_order() -> None:

@@ -27,7 +27,7 @@ from sglang_farm.cli.farmctl import Exit, _agent_error, cli, format_status
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.control.server import ControlServer
 from sglang_farm.errors import AgentError
-from sglang_farm.farm_view import GatewayStatus
+from sglang_farm.farm_view import GatewayStatus, Phase
 
 GATEWAY = GatewayStatus("http://127.0.0.1:8000", up=True, members=0, errors=0)
 
@@ -722,3 +722,24 @@ def test_restart_of_a_quarantined_worker_exits_3_at_once_and_says_why(agent: Age
         "leave it stopped until farmctl release-gpu 3; see farmctl why 3\n"
     )
     assert agent.run("start", "3", "--wait").exit_code == Exit.NOT_RUNNING
+
+
+def test_simulated_vram_is_marked_and_a_stopped_worker_shows_no_queue() -> None:
+    """#24: simulated figures say so; a queue depth is shown only for a serving worker."""
+    from sglang_farm.control import results
+    from sglang_farm.control.farm_api import GpuMemory
+
+    ops = FakeOps(2)
+    ops._set(1, Phase.STOPPED)
+    st = results.status_result(
+        ops.view(),
+        [GpuMemory(0, 4 << 30, 80 << 30, True), GpuMemory(1, 1 << 30, 80 << 30, True)],
+        version="t",
+        now=0.0,
+        queues={0: 3.0, 1: 7.0},
+    )
+    listed = st["workers"]
+    assert isinstance(listed, list)
+    workers = {w["id"]: w for w in listed}
+    assert workers[0]["queue_depth"] == 3.0 and "queue_depth" not in workers[1]
+    assert "(simulated)" in format_status(st)

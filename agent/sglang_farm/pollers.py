@@ -113,7 +113,7 @@ class MetricPollers:
         if fleet is None:
             return ()
         return tuple(
-            GpuMemory(g.index, g.memory_used_bytes, g.memory_total_bytes)
+            GpuMemory(g.index, g.memory_used_bytes, g.memory_total_bytes, fleet.simulated)
             for g in fleet.gpus
             if g.memory_used_bytes is not None and g.memory_total_bytes is not None
         )

@@ -271,7 +271,8 @@ def _vram(w: Mapping[str, Any], gpus: Mapping[int, Mapping[str, Any]]) -> str:
         return "-"
     used = sum(g["used_bytes"] for g in mine)
     total = sum(g["total_bytes"] for g in mine)
-    return f"{_gib(used)}/{_gib(total)} GiB"
+    sim = " (simulated)" if any(g.get("simulated") for g in mine) else ""
+    return f"{_gib(used)}/{_gib(total)} GiB{sim}"
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:

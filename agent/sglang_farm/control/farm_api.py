@@ -27,6 +27,7 @@ class GpuMemory:
     index: int
     used_bytes: int
     total_bytes: int
+    simulated: bool = False  # the demo's simulated GPUs, not NVML
 
 
 class FarmOps(Protocol):

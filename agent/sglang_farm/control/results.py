@@ -100,6 +100,9 @@ def gateway_result(g: GatewayStatus | None) -> Result | None:
     }
 
 
+_QUEUE_PHASES = frozenset({Phase.READY, Phase.UNHEALTHY, Phase.DRAINING})
+
+
 def _with_queue(result: Result, queued: float | None) -> Result:
     if queued is not None:
         result["queue_depth"] = queued
@@ -127,9 +130,21 @@ def status_result(
         "rollout": view.rollout,
         "rollout_reason": view.rollout_reason,
         "ready": view.ready_count,
-        "workers": [_with_queue(worker_result(w), (queues or {}).get(w.id)) for w in view.workers],
+        # A queue depth only for a worker that serves now: the pollers' last figure for a
+        # worker that stopped since is stale.
+        "workers": [
+            _with_queue(
+                worker_result(w), (queues or {}).get(w.id) if w.phase in _QUEUE_PHASES else None
+            )
+            for w in view.workers
+        ],
         "gpus": [
-            {"index": g.index, "used_bytes": g.used_bytes, "total_bytes": g.total_bytes}
+            {
+                "index": g.index,
+                "used_bytes": g.used_bytes,
+                "total_bytes": g.total_bytes,
+                "simulated": g.simulated,
+            }
             for g in gpus
         ],
         "gateway": gateway_result(view.gateway),
