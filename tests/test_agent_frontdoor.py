@@ -16,6 +16,7 @@ from agent_harness import (
 )
 from fake_gateway import FakeGateway
 from sglang_farm.phase import Phase
+from sglang_farm.runtime import Running
 from virtual_time import run_virtual
 
 
@@ -128,5 +129,20 @@ def test_gateway_down_keeps_supervising_and_reconciles_when_back(tmp: Path) -> N
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up and view.gateway.members == 8
             assert ("remove", other) not in f.gateway.calls
+
+    run_virtual(scenario())
+
+
+def test_an_agent_restart_keeps_serving_workers_in_the_gateway(tmp: Path) -> None:
+    """The soak's finding: a new agent removed every adopted worker, then added it back,
+    and the gateway answered 404 in between. Active units stay routed."""
+    running = {w: Running(w, 5000 + w, True) for w in range(8)}
+    gw = FakeGateway(others=sorted(urls(range(8))))  # what the previous agent registered
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), running=running, gateway=gw):
+            await asyncio.sleep(30)
+            assert not [c for c in gw.calls if c[0] == "remove"], gw.calls
+            assert gw.routed() == urls(range(8))
 
     run_virtual(scenario())

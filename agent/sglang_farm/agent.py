@@ -187,6 +187,9 @@ class Agent:
         self._state_dirty = asyncio.Event()
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
+        # Remembered at once (one small file): status shows the farm's history while the
+        # agent adopts, never a blank farm.
+        self._remembered = self._store.restore(self.sup)
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -233,9 +236,14 @@ class Agent:
 
     async def run(self, stop: asyncio.Event, *, ready: Callable[[], object] | None = None) -> None:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
-        remembered = self._store.restore(self.sup)
+        remembered = self._remembered
         running = await self.runtime.adopt()
-        adoption = self.sup.adopt({w: r.pid for w, r in running.items()}, remembered, self._clock())
+        adoption = self.sup.adopt(
+            {w: r.pid for w, r in running.items()},
+            remembered,
+            self._clock(),
+            serving={w for w, r in running.items() if r.active},
+        )
         for wid in adoption.adopted:
             # An active unit passed its readiness gate: its OOMs are serving-time ones.
             self._classifiers[wid] = LogClassifier(serving=running[wid].active)

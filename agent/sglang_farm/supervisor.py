@@ -23,7 +23,7 @@ Worker phases (phase.Phase):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -790,10 +790,15 @@ class Supervisor:
         running: Mapping[int, int],
         remembered: Mapping[int, Phase | None],
         now: float,
+        *,
+        serving: Collection[int] = (),
     ) -> Adoption:
         """A restarted agent found `running` workers (id -> pid) still up.
 
-        They are STARTING again until their health answers. A worker that had given up, or
+        Those in `serving` passed their readiness gate before (an `active` unit): READY at
+        once, so the gateway keeps routing to them through the agent's restart (liveness
+        probes judge them from the next period on). The others are STARTING until their
+        health answers. A worker that had given up, or
         that an operator stopped (`remembered`), and that is not running stays so: it is
         not this restart's to start. With nothing running, nothing is held (a cold start).
         """
@@ -809,12 +814,25 @@ class Supervisor:
         adopted: set[int] = set()
         actions: list[Action] = []
         for wid, pid in running.items():
-            if wid in self.workers:
+            if wid not in self.workers:
+                continue
+            if wid in serving:
+                # (any) -> READY: it served before the agent restarted and its unit says so.
+                self.workers[wid] = self.workers[wid].enter(
+                    Phase.READY,
+                    now,
+                    pid=pid,
+                    launched_at=now,
+                    ready_since=now,
+                    ever_ready=True,
+                    health_failures=0,
+                )
+            else:
                 # (any) -> STARTING: a live process of ours; READY once its health answers.
                 self.workers[wid] = self.workers[wid].enter(
                     Phase.STARTING, now, pid=pid, launched_at=now
                 )
-                adopted.add(wid)
+            adopted.add(wid)
         if held:
             actions.append(
                 Note(
