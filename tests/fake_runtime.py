@@ -9,7 +9,7 @@ Exited on stop); a test makes a worker crash, log or hang through its methods.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sglang_farm.health import ProbeResult
@@ -34,6 +34,7 @@ class FakeRuntime:
     starts: list[tuple[int, Command]] = field(default_factory=list)
     stops: list[int] = field(default_factory=list)
     prepares: int = 0
+    adopt_configured: Collection[int] | None = None
     procs: dict[int, FakeProcess] = field(default_factory=dict)
     _next_pid: int = 1000
 
@@ -61,9 +62,10 @@ class FakeRuntime:
     def exit_pending(self, worker: int) -> bool:
         return False
 
-    async def adopt(self) -> Mapping[int, Running]:
+    async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
+        self.adopt_configured = configured
         for wid, r in self.running_at_start.items():
-            self.procs[wid] = FakeProcess(r.pid, Command((), ()), -1e9)  # long loaded
+            self.procs[wid] = FakeProcess(r.pid, Command(r.argv or (), ()), -1e9)  # loaded
         return self.running_at_start
 
     def log_tail(self, worker: int, lines: int) -> list[str]:

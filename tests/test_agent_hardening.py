@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -35,9 +35,11 @@ def test_changes_wait_until_state_is_restored_and_workers_adopted(tmp: Path) -> 
         async with farm(tmp, running={0: Running(0, 4242, True)}) as f:
             original = f.runtime.adopt
 
-            async def slow_adopt() -> Mapping[int, Running]:
+            async def slow_adopt(
+                configured: Collection[int] | None = None,
+            ) -> Mapping[int, Running]:
                 await release.wait()
-                return await original()
+                return await original(configured)
 
             # Replaced before the agent's run reaches it (its task has not run yet).
             f.runtime.adopt = slow_adopt  # type: ignore[method-assign]  # a slow D-Bus
@@ -140,5 +142,29 @@ def test_the_agents_own_fd_exhaustion_is_never_the_workers_failure(tmp: Path) ->
             f.prober.starved.discard(4)
             f.prober.failing.add(4)  # a real failure still counts
             await f.until(lambda: 4 in f.runtime.stops, within=20)
+
+    run_virtual(scenario())
+
+
+def test_adopted_workers_running_an_old_command_line_are_restarted_in_waves(tmp: Path) -> None:
+    """#11: a config edited while the agent was down: drifted workers restart, drained;
+    the runtime is told which workers are configured (strays are its to stop)."""
+    spec = load_spec(farm_toml(tmp), source="test.toml")
+    old = ("python", "-m", "sglang_farm.sim", "--an-old-flag")
+
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            f.runtime.running_at_start = {
+                w: Running(
+                    w, 5000 + w, True, argv=old if w in (2, 5) else f.agent.command_for(w).argv
+                )
+                for w in range(8)
+            }
+            # (replaced before the agent's run reaches adopt: its task has not run yet)
+            await f.until(lambda: f.runtime.starts_of(2) == 1 and f.runtime.starts_of(5) == 1)
+            await f.until(f.all_ready)
+            assert all(f.runtime.starts_of(w) == 0 for w in range(8) if w not in (2, 5))
+            assert f.runtime.adopt_configured == spec.worker_ids
+            assert dict(f.agent.view().worker(2).restarts_by_reason) == {"config": 1}
 
     run_virtual(scenario())

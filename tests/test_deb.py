@@ -14,7 +14,8 @@ the host's, already installed):
         sglang-farm-gateway.service runs the venv's smg; the workers are routed through it
     systemctl stop sglang-farm.target: no worker process left, the gateway stopped
     start again; apt-get remove: farm and gateway stopped, config and state kept
-    apt-get purge: no unit (the rendered gateway unit included), no process, no file of ours
+    apt-get purge: no unit (the rendered gateway unit included), no process, no file of ours;
+        the kept worker user's home and the model cache in it survive
 
 The tests of the container part run in file order and share one container: each
 step builds on the one before (an install that failed fails everything after it).
@@ -487,17 +488,26 @@ def test_remove_stops_the_farm_and_keeps_config_and_state(sd_box: Box) -> None:
     assert b.sh("dpkg-query -W -f '${Status}' sglang-farm") == "deinstall ok config-files"
 
 
+# A model in the worker user's Hugging Face cache: hours of download, not the package's.
+HF_MODEL = "/var/lib/sglang/.cache/huggingface/hub/models--org--m/blobs/weights"
+
+
 def test_purge_leaves_no_unit_no_process_and_no_file(sd_box: Box) -> None:
     b = sd_box
+    b.sh(f"install -d -o sglang -g sglang {posixpath.dirname(HF_MODEL)}")
+    b.sh(f"echo weights > {HF_MODEL} && chown sglang:sglang {HF_MODEL}")
     b.sh("DEBIAN_FRONTEND=noninteractive apt-get purge -y sglang-farm", timeout=300)
     assert b.sim_processes() == ""
+    # The worker user is kept, and so are its home and the model cache in it.
+    assert b.sh("getent passwd sglang | cut -d: -f6").strip() == "/var/lib/sglang"
+    assert b.sh(f"cat {HF_MODEL}").strip() == "weights"
+    assert b.sh("stat -c '%U %G' /var/lib/sglang").strip() == "sglang sglang"
     ours = sorted(
         {
             *b.contents,
             *b.installed_files,
             "/etc/sglang-farm",
             "/var/lib/sglang-farm",
-            "/var/lib/sglang",
             "/run/sglang-farm",
             "/usr/lib/sglang-farm",
         }

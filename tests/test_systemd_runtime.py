@@ -12,13 +12,15 @@ system bus and prints what it saw as JSON.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shlex
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -29,11 +31,15 @@ from sglang_farm.runtime import Exited, Started
 from sglang_farm.runtime.systemd import (
     CLD_EXITED,
     CLD_KILLED,
+    SystemdRuntime,
     Tracked,
     UnitState,
+    exec_start_argv,
     exit_status,
     observe,
+    proc_argv,
     unit_name,
+    units_of,
     worker_of,
 )
 
@@ -115,6 +121,65 @@ def test_stale_snapshot_does_not_restart_an_exited_pid() -> None:
 def test_silent_seed_tracks_running_unit_without_events() -> None:
     tracked, events = observe(0, None, UnitState("active", "running", main_pid=7), silent=True)
     assert events == [] and tracked.live_pid == 7
+
+
+def test_exec_start_argv_is_the_commands_argv() -> None:
+    props = {"ExecStart": [(b"/usr/bin/python3", [b"/usr/bin/python3", b"-m", b"x"], False, 0)]}
+    assert exec_start_argv(props) == ("/usr/bin/python3", "-m", "x")
+    assert exec_start_argv({}) is None
+    assert exec_start_argv({"ExecStart": []}) is None
+
+
+def test_proc_argv_is_the_processes_command_line() -> None:
+    assert proc_argv(os.getpid()) == tuple(
+        Path("/proc/self/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    )
+    assert proc_argv(2**22 + 1) is None  # above pid_max: never a process
+
+
+def test_units_of_rendered_files() -> None:
+    files = [
+        PurePosixPath("sglang@3.service.d/50-farm.conf"),
+        PurePosixPath("sglang@3.service.d/60-x.conf"),
+        PurePosixPath("sglang-farm.service.d/50-farm.conf"),
+        PurePosixPath("sglang-farm-gateway.service"),
+    ]
+    assert units_of(files) == [
+        "sglang-farm-gateway.service",
+        "sglang-farm.service",
+        "sglang@3.service",
+    ]
+
+
+class _SlowReload(SystemdRuntime):
+    """A runtime whose daemon-reload waits until released, recording what was on disk."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(lambda ev: None, follow_logs=False)
+        self.path = path
+        self.release = asyncio.Event()
+        self.reloaded: list[str] = []
+
+    async def daemon_reload(self) -> None:
+        self.reloaded.append(self.path.read_text())
+        await self.release.wait()
+
+
+async def test_concurrent_unit_installs_never_interleave(tmp_path: Path) -> None:
+    # An older flags snapshot must never land after a newer one: the second install
+    # waits until the first has written AND reloaded.
+    rel = PurePosixPath("sglang@0.service.d/50-farm.conf")
+    rt = _SlowReload(tmp_path / rel)
+    first = asyncio.create_task(rt.apply_units({rel: "# old\n"}, tmp_path))
+    while not rt.reloaded:  # noqa: ASYNC110  # the reload under test is what sets it
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(rt.apply_units({rel: "# new\n"}, tmp_path))
+    await asyncio.sleep(0.3)  # time for the second install to write, were it not held
+    assert (tmp_path / rel).read_text() == "# old\n"
+    rt.release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert rt.reloaded == ["# old\n", "# new\n"]
+    assert (tmp_path / rel).read_text() == "# new\n"
 
 
 # -- in the container --------------------------------------------------------------------
@@ -245,7 +310,66 @@ DRIVER = textwrap.dedent(
             capture_output=True, text=True).stdout) for n in ns}
         return out
 
-    SCENARIOS = {"start_kill_stop": start_kill_stop, "adopt": adopt}
+    def show(prop, n):
+        return subprocess.run(["systemctl", "show", "-P", prop, f"sglang@{n}"],
+                              capture_output=True, text=True).stdout.strip()
+
+    def on_disk():
+        from pathlib import Path, PurePosixPath
+        root = Path("/run/systemd/system")
+        return {PurePosixPath(p.relative_to(root).as_posix()): p.read_text()
+                for p in root.glob("sglang@*.service.d/50-farm.conf")}
+
+    def environ(pid):
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return [e.decode() for e in fh.read().split(b"\\0") if e]
+
+    async def stale(rt, out):
+        # The agent wrote new drop-ins and died before daemon-reload: the files are what
+        # a new agent renders (nothing changed on disk), systemd still has the old ones.
+        from pathlib import PurePosixPath
+        from sglang_farm.runtime.systemd import install_units
+        # systemd keeps a definition for loaded units only: worker 0 runs, worker 1 is
+        # held loaded (the runtime references every unit it reads).
+        await rt.start(0, None)
+        await rt.wait_for(0, lambda s: s.active_state == "active", 15)
+        await rt.unit_state(1)
+        orig = on_disk()
+        files = dict(orig)
+        d0 = PurePosixPath("sglang@0.service.d/50-farm.conf")
+        d1 = PurePosixPath("sglang@1.service.d/50-farm.conf")
+        files[d0] += "Environment=SF_MARK=0\\n"
+        files[d1] += "Environment=SF_MARK=1\\n"
+        written = {**orig, d0: files[d0]}  # every drop-in: the others are not stale
+        install_units(written)
+        out["stale_before"] = show("NeedDaemonReload", 0)
+        changes = await rt.apply_units(written)
+        out["changed"] = changes.changed
+        out["stale_after"] = show("NeedDaemonReload", 0)
+        out["env_after_apply"] = show("Environment", 0)
+        # The start path: a drop-in rewritten without reload, then started at once.
+        install_units(files)
+        out["stale_before_start"] = show("NeedDaemonReload", 1)
+        await rt.start(1, None)
+        # Active: the main process has long exec'd (at fork it still has systemd's env).
+        s = await rt.wait_for(1, lambda s: s.active_state == "active", 15)
+        out["env_started"] = [e for e in environ(s.main_pid) if e.startswith("SF_MARK=")]
+        await rt.stop(1, 10)
+        await rt.stop(0, 10)
+        return out
+
+    async def adopt_strays(rt, out, keep):
+        found = await rt.adopt(configured=[int(keep)])
+        out["adopted"] = {str(k): {"pid": v.pid, "argv": v.argv} for k, v in found.items()}
+        out["strays"] = [{"worker": r.worker, "pid": r.pid} for r in rt.strays]
+        end = time.monotonic() + 20
+        while time.monotonic() < end and is_active(2) not in ("inactive", "failed"):
+            await asyncio.sleep(0.1)
+        out["stray_state"] = is_active(2)
+        return out
+
+    SCENARIOS = {"start_kill_stop": start_kill_stop, "adopt": adopt, "stale": stale,
+                 "adopt_strays": adopt_strays}
     asyncio.run(main(*sys.argv[1:]))
     """
 )
@@ -380,3 +504,58 @@ def test_start_returns_when_ready_through_the_gate(
         assert "wait_ready_ok" in farm.journal("sglang@1.service")
     finally:
         farm.run(["systemctl", "stop", "sglang@1"], check=False)
+
+
+@pytest.mark.systemd
+def test_units_changed_on_disk_but_not_reloaded_are_reloaded_before_use(
+    farm: SystemdContainer, sd: SystemdContainer
+) -> None:
+    try:
+        out = _drive(farm, "stale")
+        # Identical files (nothing to write), yet systemd's definition was stale: reloaded.
+        assert out["stale_before"] == "yes"
+        assert out["changed"] is False
+        assert out["stale_after"] == "no"
+        assert "SF_MARK=0" in out["env_after_apply"].split()
+        # start() itself refuses to start a unit from its stale definition.
+        assert out["stale_before_start"] == "yes"
+        assert out["env_started"] == ["SF_MARK=1"]
+    finally:
+        farm.run(["systemctl", "stop", "sglang@0", "sglang@1"], check=False)
+        for n in (0, 1):
+            conf = f"/run/systemd/system/sglang@{n}.service.d/50-farm.conf"
+            farm.run(["sed", "-i", "/^Environment=SF_MARK=/d", conf])
+        farm.run(["systemctl", "daemon-reload"])
+
+
+@pytest.mark.systemd
+def test_adoption_reports_and_stops_strays_and_records_each_workers_argv(
+    farm: SystemdContainer, sd: SystemdContainer
+) -> None:
+    # Workers 1 and 2 run; the config now names worker 1 only (a shrink while the agent
+    # was down): worker 2 is a stray holding its GPU.
+    farm.run(["systemctl", "start", "sglang@1", "sglang@2"], timeout=30)
+    try:
+        cmdline = {
+            n: farm.run(
+                [
+                    "sh",
+                    "-c",
+                    f"tr '\\0' '\\n' < /proc/$(systemctl show -P MainPID sglang@{n})/cmdline",
+                ]
+            ).stdout.splitlines()
+            for n in (1,)
+        }
+        out = _drive(farm, "adopt_strays", "1")
+        assert list(out["adopted"]) == ["1"]
+        # What worker 1 runs, to compare with what the config renders now.
+        assert out["adopted"]["1"]["argv"] == cmdline[1]
+        assert "--port" in cmdline[1] and str(BASE_PORT + 1) in cmdline[1]
+        assert [s["worker"] for s in out["strays"]] == [2]
+        assert out["stray_state"] == "inactive"
+        # Worker 1 keeps running.
+        assert farm.run(["systemctl", "is-active", "sglang@1"], check=False).stdout.strip() == (
+            "active"
+        )
+    finally:
+        farm.run(["systemctl", "stop", "sglang@1", "sglang@2"], check=False)

@@ -202,3 +202,71 @@ def test_gives_up_at_once_when_the_main_process_is_gone(server_factory: type[_Se
     t0 = time.monotonic()
     assert wait_ready(_spec(srv.port), 3, deadline=30.0, main_pid=dead.pid) == WaitExit.NOT_READY
     assert time.monotonic() - t0 < 5.0  # not the 30 s deadline
+
+
+# --- the gate as the rendered drop-in runs it: everything on its command line ---------
+
+
+def _gate_argv(spec: FarmSpec, worker: int, *, agent_bin: str, config_path: str) -> list[str]:
+    """The rendered ExecStartPost= of `worker`, as systemd would pass it (no specifiers
+    or quoting in it here), with $MAINPID and %i filled in."""
+    from sglang_farm.units import dropin_path, render
+
+    text = render(spec, agent_bin=agent_bin, config_path=config_path, static=False)[
+        dropin_path(worker)
+    ]
+    line = next(x for x in text.splitlines() if x.startswith("ExecStartPost="))
+    words = line.removeprefix("ExecStartPost=").split()
+    return [str(worker) if w == "%i" else w for w in words if w not in ("--main-pid", "$MAINPID")]
+
+
+def test_rendered_gate_runs_isolated_in_the_agents_interpreter() -> None:
+    srv_port = _free_port()
+    argv = _gate_argv(
+        _spec(srv_port), 3, agent_bin="/opt/venv/bin/sglang-farm", config_path="/x/farm.toml"
+    )
+    assert argv[:5] == ["/opt/venv/bin/python3", "-I", "-m", "sglang_farm.cli.main", "wait-ready"]
+    # The packaged agent: the private venv's interpreter.
+    packaged = _gate_argv(
+        _spec(srv_port), 3, agent_bin="/usr/bin/sglang-farm", config_path="/x/farm.toml"
+    )
+    assert packaged[0] == "/usr/lib/sglang-farm/venv/bin/python3" and packaged[1] == "-I"
+
+
+def test_rendered_gate_reads_no_config_so_a_half_edited_file_cannot_break_a_start(
+    server_factory: type[_Server], tmp_path: Path
+) -> None:
+    srv = server_factory(ready_in=0.2)
+    cfg = tmp_path / "farm.toml"
+    spec = _spec(srv.port, path="/health")
+    argv = _gate_argv(spec, 3, agent_bin="/opt/venv/bin/sglang-farm", config_path=str(cfg))
+    assert "--config" not in argv and str(cfg) not in argv
+    # The live file is mid-edit: it no longer parses, and names another port.
+    cfg.write_text(f"[workers]\nbase_port = {srv.port + 7}\ngpus = [\n")
+    args = argv[argv.index("wait-ready") + 1 :]
+    r = CliRunner().invoke(wait_ready_command, args)
+    assert r.exit_code == WaitExit.READY, r.output
+
+
+def test_rendered_gate_carries_the_health_path_and_timeouts(server_factory: type[_Server]) -> None:
+    srv = server_factory(ready_in=0)
+    spec = _spec(srv.port, path="/ready")  # 404 on this server: never ready
+    spec = FarmSpec(
+        source=spec.source,
+        farm=spec.farm,
+        workers=spec.workers,
+        startup=StartupPolicy(poll_interval=0.05, load_timeout=0.4),
+        health=spec.health,
+    )
+    argv = _gate_argv(spec, 3, agent_bin="/opt/venv/bin/sglang-farm", config_path="/x.toml")
+    assert f"http://127.0.0.1:{srv.port}/ready" in argv
+    t0 = time.monotonic()
+    r = CliRunner().invoke(wait_ready_command, argv[argv.index("wait-ready") + 1 :])
+    assert r.exit_code == WaitExit.NOT_READY, r.output
+    assert time.monotonic() - t0 < 3.0  # the load_timeout from the drop-in: 0.4 s
+
+
+def test_command_with_url_needs_its_deadline() -> None:
+    r = CliRunner().invoke(wait_ready_command, ["--url", "http://127.0.0.1:1/health", "3"])
+    assert r.exit_code == WaitExit.USAGE
+    assert "--timeout" in r.output

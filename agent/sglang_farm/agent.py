@@ -237,7 +237,7 @@ class Agent:
     async def run(self, stop: asyncio.Event, *, ready: Callable[[], object] | None = None) -> None:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
         remembered = self._remembered
-        running = await self.runtime.adopt()
+        running = await self.runtime.adopt(configured=self._spec.worker_ids)
         adoption = self.sup.adopt(
             {w: r.pid for w, r in running.items()},
             remembered,
@@ -268,6 +268,18 @@ class Agent:
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
         self._apply_actions(self.sup.start(start, self._clock(), fresh=False))
+        drifted = sorted(
+            w
+            for w, r in running.items()
+            if w in adoption.adopted and r.argv is not None and r.argv != self.command_for(w).argv
+        )
+        if drifted:
+            # Adopted, but started with another command line than the config renders now
+            # (a config edited while the agent was down): restarted in waves, drained.
+            log.warning("workers_drifted", workers=drifted)
+            self._apply_actions(
+                self.sup.restart_rolling(drifted, RestartReason.CONFIG, self._clock())
+            )
         self._startup = None
         if ready is not None:
             ready()

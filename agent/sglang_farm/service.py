@@ -29,7 +29,7 @@ from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpu import GpuPoller
-from sglang_farm.notify import notify, watchdog_interval
+from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
 from sglang_farm.spec import FarmSpec, FlagValue
@@ -116,7 +116,10 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
 
     poller = make_gpu_poller(spec)
     doctor = DoctorVerdict(poller)
-    await doctor.refresh(spec)
+    # The preflight may take minutes (a cold `import torch`): systemd's start deadline is
+    # extended while it runs, so a slow doctor does not kill the start.
+    async with keep_start_alive():
+        await doctor.refresh(spec)
     last_status: list[str] = [""]
 
     def on_status(view: FarmView) -> None:

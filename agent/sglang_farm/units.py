@@ -8,7 +8,8 @@
   exact command line (`sglang_argv.build_command`), environment, user, timeouts and
   the readiness gate, so `systemctl cat sglang@3` shows exactly what runs;
 - `sglang-farm.service.d/50-farm.conf` only when the agent binary or the config
-  path differ from the packaged defaults (a development install);
+  path differ from the packaged defaults (a development install), or the config
+  needs other groups or IP addresses than the shipped agent unit allows;
 - `sglang-farm-gateway.service`, a whole unit, only with `[gateway] mode = "managed"`:
   SGLang's gateway (smg) run by the agent's own interpreter through
   `python -m sglang_farm.gateway.launch` (`gateway.managed.launch_argv`), its keys
@@ -26,12 +27,15 @@ functions here that touch the file system.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import os
+import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from sglang_farm.atomicfile import fsync_dir, write_atomic
 from sglang_farm.gateway.managed import from_config, launch_argv
@@ -60,6 +64,9 @@ API_KEY_CREDENTIAL = "api-key"
 SMG_PROPAGATION_S = 5.0
 SMG_SHUTDOWN_GRACE_S = 180.0
 GATEWAY_STOP_MARGIN_S = 10.0
+# SupplementaryGroups= of the shipped sglang-farm.service (the package creates both):
+# the control socket's default group and the workers' default group.
+SHIPPED_AGENT_GROUPS = ("sglang-farm", "sglang")
 # The agent's ExecStart= in the shipped sglang-farm.service, minus the binary.
 _AGENT_ARGS = ("run", "--runtime", "systemd")
 
@@ -171,8 +178,18 @@ def environment_line(key: str, value: str) -> str:
     return '"' + _cescape(f"{key}={value}".replace("%", "%%")) + '"'
 
 
-def _seconds(value: float) -> str:
-    """A systemd time span: whole seconds as `Ns`, fractions in ms, inf as infinity."""
+def _seconds(value: float, setting: str) -> str:
+    """A systemd time span: whole seconds as `Ns`, fractions in ms, inf as infinity.
+
+    Raises ValueError naming `setting` for NaN or a negative value: config.py refuses
+    both, and this is the last check before a unit file (systemd would reject the line
+    and start the unit with its default timeout instead).
+    """
+    if math.isnan(value) or value < 0:
+        raise ValueError(
+            f"{setting} = {value!r} is not a duration systemd accepts; "
+            "use 0 or more seconds (or infinity)"
+        )
     if math.isinf(value):
         return "infinity"
     if float(value).is_integer():
@@ -180,13 +197,42 @@ def _seconds(value: float) -> str:
     return f"{round(value * 1000)}ms"
 
 
-def _spec_text(text: str) -> str:
-    """A plain setting value (Description=, User=): specifiers escaped."""
+def _control_character(text: str) -> str | None:
+    """The first control character (Unicode category Cc: C0, DEL, C1) in `text`, or None."""
+    return next((ch for ch in text if unicodedata.category(ch) == "Cc"), None)
+
+
+def _spec_text(text: str, setting: str) -> str:
+    """A plain setting value (Description=, User=, Group=): specifiers escaped.
+
+    Raises ValueError naming `setting` when the value holds a control character: a
+    newline would end the line and let the rest become a directive of its own
+    (`ExecStartPre=+...` runs as root), and systemd unescapes nothing here.
+    """
+    bad = _control_character(text)
+    if bad is not None:
+        raise ValueError(
+            f"{setting} {text!r} contains the control character {bad!r}, which would break "
+            "the unit file; remove it from the config"
+        )
     return text.replace("%", "%%")
 
 
 def _comment_text(text: str) -> str:
+    """`text` for a `#` comment line: every non-printable character (newline included)
+    shown as `?`, so nothing in it can end the comment."""
     return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def _listen_text(worker: WorkerSpec) -> str:
+    """Where the worker listens (its `--host`), and the URL the farm probes when that
+    differs (a wildcard host is probed on loopback): what the drop-in's comment says."""
+    host = f"[{worker.host}]" if ":" in worker.host else worker.host
+    listen = f"listening on {host}:{worker.port}"
+    probed = worker.base_url
+    if probed.split("://", 1)[-1] == f"{host}:{worker.port}":
+        return listen
+    return f"{listen}, probed at {probed}"
 
 
 def _header(config_path: str) -> list[str]:
@@ -197,6 +243,35 @@ def _header(config_path: str) -> list[str]:
     ]
 
 
+def _number(value: float, setting: str) -> str:
+    """A number of seconds as a command-line word that reads back exactly."""
+    _seconds(value, setting)  # NaN or negative: refused with the setting named
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def gate_argv(spec: FarmSpec, worker: WorkerSpec, python: str) -> list[str]:
+    """The readiness gate's argv, up to `--main-pid` (which systemd fills in).
+
+    `python -I -m sglang_farm.cli.main wait-ready --url URL --timeout S --probe-timeout S
+    --interval S`: the URL and timeouts as the agent's loaded config has them.
+    """
+    return [
+        python,
+        "-I",
+        "-m",
+        "sglang_farm.cli.main",
+        "wait-ready",
+        "--url",
+        worker.base_url + spec.health.path,
+        "--timeout",
+        _number(spec.startup.load_timeout, "[startup] load_timeout"),
+        "--probe-timeout",
+        _number(spec.health.timeout, "[health] timeout"),
+        "--interval",
+        _number(spec.startup.poll_interval, "[startup] poll_interval"),
+    ]
+
+
 def render_worker_dropin(
     spec: FarmSpec,
     worker: WorkerSpec,
@@ -204,63 +279,145 @@ def render_worker_dropin(
     agent_bin: str = DEFAULT_AGENT_BIN,
     config_path: str = DEFAULT_CONFIG_PATH,
     flags: Mapping[str, FlagValue] | None = None,
+    python: str | None = None,
 ) -> str:
-    """The text of one worker's `50-farm.conf`; `flags` replaces the worker's flags."""
+    """The text of one worker's `50-farm.conf`; `flags` replaces the worker's flags.
+
+    `python` runs the readiness gate (default: `gateway_python(agent_bin)`).
+    """
     cmd = build_command(spec.farm, worker, flags)
+    python = python or gateway_python(agent_bin)
     gpus = ",".join(str(g) for g in worker.gpus)
     gpu_word = "GPU" if len(worker.gpus) == 1 else "GPUs"
     lines = [
         *_header(config_path),
-        f"# Worker {worker.id}: {gpu_word} {gpus}, {worker.base_url}"
-        f" (NCCL port {worker.nccl_port}).",
+        _comment_text(f"# Worker {worker.id}: {gpu_word} {gpus}, {_listen_text(worker)}")
+        + f" (NCCL port {worker.nccl_port}).",
         "",
         "[Unit]",
-        _spec_text(
-            f"Description=SGLang worker {worker.id} ({gpu_word} {gpus}, port {worker.port})"
-        ),
+        f"Description=SGLang worker {worker.id} ({gpu_word} {gpus}, port {worker.port})",
         "",
         "[Service]",
-        f"User={_spec_text(spec.farm.user)}",
-        f"Group={_spec_text(spec.farm.group)}",
+        f"User={_spec_text(spec.farm.user, '[farm] user')}",
+        f"Group={_spec_text(spec.farm.group, '[farm] group')}",
     ]
     lines += [f"Environment={environment_line(k, v)}" for k, v in cmd.env]
     lines += [
         "# SGLang binds its port only after weights, KV pool and CUDA graphs: the",
         "# start deadline is [startup] load_timeout.",
-        f"TimeoutStartSec={_seconds(spec.startup.load_timeout)}",
+        f"TimeoutStartSec={_seconds(spec.startup.load_timeout, '[startup] load_timeout')}",
         "# SGLang's SIGTERM drain has no bound: SIGKILL after [restart] stop_timeout.",
-        f"TimeoutStopSec={_seconds(spec.restart.stop_timeout)}",
+        f"TimeoutStopSec={_seconds(spec.restart.stop_timeout, '[restart] stop_timeout')}",
         "ExecStart=",
         f"ExecStart={exec_line(cmd.argv, wrap=True)}",
         "# Readiness gate: the unit stays `activating` until the worker's /health",
         "# answers, then turns `active`; it fails when the start deadline passes, or at",
         "# once when the main process dies (systemd 252 would wait for the gate).",
-        "ExecStartPost="
-        + exec_line([agent_bin, "wait-ready", "--config", config_path])
-        + " --main-pid $MAINPID %i",
+        "# Everything it needs is on its command line (it never reads the config, which",
+        "# may be mid-edit), and Python runs isolated (-I): no PYTHON* variable or",
+        "# working folder changes what it imports.",
+        "ExecStartPost=" + exec_line(gate_argv(spec, worker, python)) + " --main-pid $MAINPID %i",
         "",
     ]
     return "\n".join(lines)
 
 
-def render_agent_dropin(*, agent_bin: str, config_path: str) -> str:
-    """`sglang-farm.service.d/50-farm.conf`: the agent's own binary and config path."""
-    argv = [agent_bin, *_AGENT_ARGS]
-    if config_path != DEFAULT_CONFIG_PATH:
-        argv += ["--config", config_path]
-    lines = [
-        *_header(config_path),
-        "",
-        "[Service]",
-        "ExecStart=",
-        f"ExecStart={exec_line(argv)}",
-        "",
-    ]
-    return "\n".join(lines)
+def _ip_allowed(host: str, *, wildcard: str | None) -> str | None:
+    """The IPAddressAllow= entry the agent needs to reach (or be reached at) `host`:
+    None for loopback, the address for an IP literal, `any` for a host name (resolved at
+    run time, through a DNS server that may be anywhere) and `wildcard` for 0.0.0.0/::."""
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return wildcard
+    if host == "localhost":
+        return None
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return "any"
+    return None if addr.is_loopback else str(addr)
+
+
+def agent_ip_allow(spec: FarmSpec) -> tuple[str, ...]:
+    """What the agent's IPAddressAllow= needs beyond the shipped `localhost`, sorted.
+
+    The agent probes and polls each worker at its base URL (a wildcard host on loopback),
+    serves /metrics at `[metrics] listen` (scrapers on a real address may be anywhere:
+    `any`), and calls the gateway: a managed one at its listen address (a wildcard on
+    loopback), an external one at its URL's host. IPAddressAllow= matches the peer's
+    address of each packet, so every entry is an address the agent talks to; `any`
+    alone when one of them cannot be listed.
+    """
+    wanted: set[str | None] = {_ip_allowed(w.host, wildcard=None) for w in spec.workers}
+    metrics_host = spec.metrics.listen.rpartition(":")[0]
+    wanted.add(None if _ip_allowed(metrics_host, wildcard="any") is None else "any")
+    g = spec.gateway
+    if g.mode == "managed":
+        wanted.add(_ip_allowed(g.listen.rpartition(":")[0], wildcard=None))
+    elif g.mode == "external" and g.url:
+        wanted.add(_ip_allowed(urlsplit(g.url).hostname or "", wildcard="any"))
+    found = {entry for entry in wanted if entry is not None}
+    if "any" in found:
+        return ("any",)
+    return tuple(sorted(found, key=lambda a: (ipaddress.ip_address(a).version, a)))
+
+
+def agent_groups(spec: FarmSpec) -> tuple[str, ...]:
+    """The agent's supplementary groups for this config: the control socket's group (it
+    hands the socket over without CAP_CHOWN) and the workers' group (it reads their
+    files without CAP_DAC_READ_SEARCH); root, the agent's own group, needs no entry."""
+    groups = [spec.control.group, spec.farm.group]
+    return tuple(dict.fromkeys(g for g in groups if g != "root"))
+
+
+def _needs_agent_dropin(spec: FarmSpec, agent_bin: str, config_path: str) -> bool:
+    return (
+        agent_bin != DEFAULT_AGENT_BIN
+        or config_path != DEFAULT_CONFIG_PATH
+        or agent_groups(spec) != SHIPPED_AGENT_GROUPS
+        or bool(agent_ip_allow(spec))
+    )
+
+
+def render_agent_dropin(*, agent_bin: str, config_path: str, spec: FarmSpec | None = None) -> str:
+    """`sglang-farm.service.d/50-farm.conf`: what the shipped agent unit cannot know.
+
+    The agent's own binary and config path when they are not the packaged ones; with
+    `spec`, its supplementary groups (`agent_groups`) and the IP addresses it talks to
+    beyond loopback (`agent_ip_allow`). Without `spec` (a development install set up
+    before any config is read) the package's groups are reset: they may not exist
+    there, and the agent's own group (root) then owns the control socket.
+    Raises ValueError for a group name with a control character.
+    """
+    lines = [*_header(config_path), "", "[Service]"]
+    if agent_bin != DEFAULT_AGENT_BIN or config_path != DEFAULT_CONFIG_PATH:
+        argv = [agent_bin, *_AGENT_ARGS]
+        if config_path != DEFAULT_CONFIG_PATH:
+            argv += ["--config", config_path]
+        lines += ["ExecStart=", f"ExecStart={exec_line(argv)}"]
+    groups = agent_groups(spec) if spec is not None else ()
+    if spec is None or groups != SHIPPED_AGENT_GROUPS:
+        lines += [
+            "# The config's groups in place of the package's: the control socket's and the",
+            "# workers' (the agent has no CAP_CHOWN or CAP_DAC_READ_SEARCH).",
+            "SupplementaryGroups=",
+        ]
+        if groups:
+            names = [_spec_text(g, "[control] group / [farm] group") for g in groups]
+            lines.append("SupplementaryGroups=" + " ".join(names))
+    allow = agent_ip_allow(spec) if spec is not None else ()
+    if allow:
+        lines += [
+            "# Beyond loopback (the shipped IPAddressAllow=localhost): the addresses this",
+            "# config's workers, exporter and gateway are reached or scraped at.",
+            "IPAddressAllow=" + " ".join(allow),
+        ]
+    return "\n".join([*lines, ""])
 
 
 def gateway_python(agent_bin: str) -> str:
-    """The interpreter that runs the managed gateway (it must have smg installed).
+    """The agent's interpreter: it runs the readiness gate and the managed gateway (which
+    needs smg installed beside the farm).
 
     The packaged agent's is the private venv's (`PACKAGED_PYTHON`); any other agent
     binary is a virtualenv's console script, whose interpreter sits beside it.
@@ -288,7 +445,7 @@ def credential_line(name: str, path: str) -> str:
             f"key file {path!r} must be an absolute path without control characters, "
             "surrounding blanks or a trailing backslash"
         )
-    return f"{name}:{_spec_text(path)}"
+    return f"{name}:{_spec_text(path, 'key file')}"
 
 
 def smg_stop_timeout(extra_args: Sequence[str]) -> float:
@@ -338,6 +495,8 @@ def render_gateway_unit(
     (`gateway.managed` refuses the config, or a path systemd cannot run).
     """
     g = spec.gateway
+    # First: a control character in the listen address is the clearest message.
+    listen = _spec_text(g.listen, "[gateway] listen")
     argv, marks = gateway_argv(spec, python)
     stop = smg_stop_timeout(g.extra_args)
     lines = [
@@ -356,7 +515,7 @@ def render_gateway_unit(
         ),
         "",
         "[Unit]",
-        _spec_text(f"Description=sglang-farm gateway (smg at {g.listen})"),
+        f"Description=sglang-farm gateway (smg at {listen})",
         "Documentation=man:sglang-farm(8) man:farm.toml(5)",
         "# Stopping or restarting sglang-farm.target stops or restarts the gateway with the",
         "# farm. Nothing Wants= it: the agent (which the target wants) starts it each time",
@@ -393,7 +552,7 @@ def render_gateway_unit(
         f"# smg keeps listening {SMG_PROPAGATION_S:g} s after SIGTERM, then waits up to its"
         f" shutdown grace ({stop - SMG_PROPAGATION_S - GATEWAY_STOP_MARGIN_S:g} s)",
         f"# for requests in flight; SIGKILL only after both, plus {GATEWAY_STOP_MARGIN_S:g} s.",
-        f"TimeoutStopSec={_seconds(stop)}",
+        f"TimeoutStopSec={_seconds(stop, '[gateway] extra_args --shutdown-grace-period-secs')}",
         "",
         "# --- Hardening: smg needs no privilege. It listens on TCP (clients, /metrics),",
         "# connects to the workers over TCP, reads its keys from the credentials directory,",
@@ -466,10 +625,11 @@ def render(
     `flags_by_worker` replaces the flags of the workers it names (the OOM
     ladder's adjusted set). `static=False` leaves out the three shipped units
     (the agent installs only drop-ins and the gateway unit; the package ships the
-    units themselves). `python` runs the managed gateway (default:
-    `gateway_python(agent_bin)`). Reading the shipped units is the only file
-    access, and they are package data. Raises ValueError for a gateway or a worker
-    command line systemd cannot run.
+    units themselves). `python` is the agent's interpreter, which runs the managed
+    gateway and the workers' readiness gate (default: `gateway_python(agent_bin)`).
+    Reading the shipped units is the only file access, and they are package data.
+    Raises ValueError for a gateway or a worker command line systemd cannot run, or a
+    value that would break a unit file (a control character, a NaN or negative time).
     """
     files: dict[PurePosixPath, str] = {}
     if static:
@@ -479,9 +639,9 @@ def render(
         files[PurePosixPath(GATEWAY_UNIT)] = render_gateway_unit(
             spec, python=python or gateway_python(agent_bin), config_path=config_path
         )
-    if agent_bin != DEFAULT_AGENT_BIN or config_path != DEFAULT_CONFIG_PATH:
+    if _needs_agent_dropin(spec, agent_bin, config_path):
         path = PurePosixPath("sglang-farm.service.d") / DROPIN_NAME
-        files[path] = render_agent_dropin(agent_bin=agent_bin, config_path=config_path)
+        files[path] = render_agent_dropin(agent_bin=agent_bin, config_path=config_path, spec=spec)
     overrides = flags_by_worker or {}
     for worker in spec.workers:
         files[dropin_path(worker.id)] = render_worker_dropin(
@@ -490,6 +650,7 @@ def render(
             agent_bin=agent_bin,
             config_path=config_path,
             flags=overrides.get(worker.id),
+            python=python,
         )
     return dict(sorted(files.items()))
 

@@ -8,9 +8,12 @@ truth: `systemctl is-active sglang@3` says `activating` while the model loads an
 
 The gate polls `[health] path` with the `[health] timeout` per request (SGLang's
 /health can take up to 20 s server-side), every `[startup] poll_interval`, until
-the deadline (default `[startup] load_timeout`, the same value the unit's
-TimeoutStartSec= holds). Connection refused is normal meanwhile: SGLang binds its
-port only after the full model load.
+the deadline (`[startup] load_timeout`, the same value the unit's TimeoutStartSec=
+holds). Connection refused is normal meanwhile: SGLang binds its port only after the
+full model load. The rendered drop-ins pass all of that on the gate's command line
+(`--url`, `--timeout`, `--probe-timeout`, `--interval`), rendered from the config the
+agent loaded, so the gate never reads farm.toml: a half-edited, unreloaded file cannot
+break a restart or make it probe the wrong port. `--config` is for a person's use.
 
 Exit status (`WaitExit`): 0 ready, 1 not ready by the deadline, 2 bad config or
 unknown worker. If the worker's main process dies while loading, systemd stops the
@@ -30,6 +33,7 @@ from sglang_farm.health import probe
 from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.waitready")
+
 
 class WaitExit(IntEnum):
     READY = 0
@@ -77,10 +81,35 @@ async def _wait(
             await asyncio.sleep(pause)
 
 
-def wait_ready(
-    spec: FarmSpec, worker_id: int, deadline: float, main_pid: int | None = None
+def wait_url(
+    worker_id: int,
+    url: str,
+    *,
+    deadline: float,
+    probe_timeout: float,
+    interval: float,
+    main_pid: int | None = None,
 ) -> int:
-    """Block until worker `worker_id`'s health endpoint answers 200, at most `deadline` seconds.
+    """Block until `url` answers 200, at most `deadline` seconds; returns a `WaitExit` value.
+
+    What the rendered drop-ins run: the URL and every timeout come from the unit's own
+    command line, so the gate never reads farm.toml (a half-edited file must not change
+    what a restart probes).
+    """
+    t0 = time.monotonic()
+    log.info("wait_ready_start", worker=worker_id, url=url, deadline_s=deadline)
+    ready, detail = asyncio.run(_wait(url, probe_timeout, interval, deadline, main_pid))
+    after = round(time.monotonic() - t0, 3)
+    if ready:
+        log.info("wait_ready_ok", worker=worker_id, url=url, after_s=after)
+        return WaitExit.READY
+    log.error("wait_ready_timeout", worker=worker_id, url=url, after_s=after, last=detail)
+    return WaitExit.NOT_READY
+
+
+def wait_ready(spec: FarmSpec, worker_id: int, deadline: float, main_pid: int | None = None) -> int:
+    """Block until worker `worker_id`'s health endpoint (from `spec`) answers 200, at most
+    `deadline` seconds.
 
     Returns a `WaitExit` value (0 ready, 1 not ready in time, 2 no such worker).
     """
@@ -90,15 +119,11 @@ def wait_ready(
         ids = ", ".join(str(i) for i in spec.worker_ids) or "none"
         log.error("wait_ready_unknown_worker", worker=worker_id, config=spec.source, workers=ids)
         return WaitExit.USAGE
-    url = worker.base_url + spec.health.path
-    t0 = time.monotonic()
-    log.info("wait_ready_start", worker=worker_id, url=url, deadline_s=deadline)
-    ready, detail = asyncio.run(
-        _wait(url, spec.health.timeout, spec.startup.poll_interval, deadline, main_pid)
+    return wait_url(
+        worker_id,
+        worker.base_url + spec.health.path,
+        deadline=deadline,
+        probe_timeout=spec.health.timeout,
+        interval=spec.startup.poll_interval,
+        main_pid=main_pid,
     )
-    after = round(time.monotonic() - t0, 3)
-    if ready:
-        log.info("wait_ready_ok", worker=worker_id, url=url, after_s=after)
-        return WaitExit.READY
-    log.error("wait_ready_timeout", worker=worker_id, url=url, after_s=after, last=detail)
-    return WaitExit.NOT_READY

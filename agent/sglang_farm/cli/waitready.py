@@ -1,7 +1,8 @@
 """I/O: `sglang-farm wait-ready N`: the readiness gate as a command (see `waitready`).
 
-Exit 0 when the worker is ready, 1 when the deadline passed, 2 for a bad config or an
-unknown worker (`waitready.WaitExit`).
+Exit 0 when the worker is ready, 1 when the deadline passed, 2 for a bad config, an
+unknown worker or bad usage (`waitready.WaitExit`). The units pass `--url` and the
+timeouts, so the gate never reads farm.toml (`waitready`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,34 @@ import click
 
 from sglang_farm.cli.options import config_option
 from sglang_farm.gpu import gpu_count_for_config
-from sglang_farm.waitready import WaitExit, wait_ready
+from sglang_farm.spec import HealthPolicy, StartupPolicy
+from sglang_farm.waitready import WaitExit, wait_ready, wait_url
 
 
 @click.command("wait-ready")
 @config_option
 @click.option(
+    "--url",
+    default=None,
+    help="The worker's health URL; with it no config is read (what the units pass).",
+)
+@click.option(
     "--timeout",
     type=float,
     default=None,
-    help="Seconds to wait [default: startup.load_timeout].",
+    help="Seconds to wait [default: startup.load_timeout; required with --url].",
+)
+@click.option(
+    "--probe-timeout",
+    type=float,
+    default=None,
+    help="Seconds per health request, with --url [default: health.timeout's default].",
+)
+@click.option(
+    "--interval",
+    type=float,
+    default=None,
+    help="Seconds between health requests, with --url [default: startup.poll_interval's].",
 )
 @click.option(
     "--main-pid",
@@ -31,12 +50,35 @@ from sglang_farm.waitready import WaitExit, wait_ready
 )
 @click.argument("worker", type=int)
 def wait_ready_command(
-    config_path: str, timeout: float | None, main_pid: int | None, worker: int
+    config_path: str,
+    url: str | None,
+    timeout: float | None,
+    probe_timeout: float | None,
+    interval: float | None,
+    main_pid: int | None,
+    worker: int,
 ) -> None:
     """Wait until worker WORKER answers its health check (a unit's ExecStartPost= gate).
 
-    Exit 0 when ready, 1 when the deadline passed, 2 for a bad config or unknown worker.
+    The units pass --url and the timeouts, and no config is read; without --url they
+    come from the config. Exit 0 when ready, 1 when the deadline passed, 2 for a bad
+    config, unknown worker or bad usage.
     """
+    if url is not None:
+        if timeout is None:
+            raise click.UsageError("--url needs --timeout (the start deadline in seconds)")
+        defaults_h, defaults_s = HealthPolicy(), StartupPolicy()
+        sys.exit(
+            wait_url(
+                worker,
+                url,
+                deadline=timeout,
+                probe_timeout=defaults_h.timeout if probe_timeout is None else probe_timeout,
+                interval=defaults_s.poll_interval if interval is None else interval,
+                main_pid=main_pid,
+            )
+        )
+
     from sglang_farm.config import load_spec_file
     from sglang_farm.errors import ConfigError
 

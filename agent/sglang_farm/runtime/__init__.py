@@ -8,7 +8,7 @@ decides anything (the supervisor does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,6 +51,9 @@ class Running:
     worker: int
     pid: int
     active: bool  # systemd: active (ready gate passed) vs activating
+    # The command line it was started with (systemd: its main process's, else its unit's
+    # ExecStart=), to compare with what the config now renders; None when unknown.
+    argv: tuple[str, ...] | None = None
 
 
 class Runtime(Protocol):
@@ -96,8 +99,12 @@ class Runtime(Protocol):
         """
         ...
 
-    async def adopt(self) -> Mapping[int, Running]:
-        """Workers already running (systemd units survive the agent); empty for processes."""
+    async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
+        """Workers already running (systemd units survive the agent); empty for processes.
+
+        `configured`: the config's worker ids; a running worker outside them is a stray,
+        reported and stopped by the runtime, never adopted.
+        """
         ...
 
     def log_tail(self, worker: int, lines: int) -> list[str]:

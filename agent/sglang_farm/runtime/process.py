@@ -35,7 +35,7 @@ import signal
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -340,7 +340,7 @@ class ProcessRuntime:
     def exit_pending(self, worker: int) -> bool:
         return False  # output and exit come from the same child: never out of order
 
-    async def adopt(self) -> Mapping[int, Running]:
+    async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
         return {}  # children do not outlive the agent
 
     def log_tail(self, worker: int, lines: int) -> list[str]:

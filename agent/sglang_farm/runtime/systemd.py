@@ -35,7 +35,7 @@ import select
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -197,6 +197,43 @@ def unit_state_from(unit_props: Mapping[str, Any], service_props: Mapping[str, A
         result=s(service_props.get("Result"), "success"),
         n_restarts=i(service_props.get("NRestarts")),
     )
+
+
+def exec_start_argv(service_props: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The argv of the unit's (last) ExecStart= from a Service GetAll() dict, or None.
+
+    The property is `a(sasbttttuii)`: per command, the path, the argv, and run-time
+    fields; a worker's drop-in has exactly one command.
+    """
+    commands = service_props.get("ExecStart")
+    if not isinstance(commands, list | tuple) or not commands:
+        return None
+    entry = commands[-1]
+    if not isinstance(entry, list | tuple) or len(entry) < 2:
+        return None
+    argv = entry[1]
+    if not isinstance(argv, list | tuple):
+        return None
+    return tuple(a.decode() if isinstance(a, bytes) else str(a) for a in argv)
+
+
+def proc_argv(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
+    """The command line process `pid` runs (`/proc/PID/cmdline`); None if unreadable or empty."""
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    if not raw:
+        return None
+    return tuple(a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0"))
+
+
+def units_of(files: Iterable[PurePosixPath]) -> list[str]:
+    """The unit names rendered files belong to: `sglang@3.service.d/50-farm.conf` ->
+    `sglang@3.service`, a whole unit file -> itself; sorted, without duplicates."""
+    names = {p.parts[0].removesuffix(".d") for p in files if p.parts}
+    return sorted(n for n in names if n.endswith((".service", ".target")))
 
 
 # --- pystemd adapter (blocking; runs on the command thread or the watcher thread) ----
@@ -415,6 +452,11 @@ class SystemdRuntime:
         self._follower: JournalFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # One unit install at a time (render, write, daemon-reload): two launches
+        # preparing at once must not interleave, or the older flags could land last.
+        self._install_lock = asyncio.Lock()
+        # Units found running at adoption whose worker the config no longer names.
+        self.strays: tuple[Running, ...] = ()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -466,8 +508,16 @@ class SystemdRuntime:
         """Queue the unit's start job and return; Started follows from systemd's signals.
 
         `command` is not used: under systemd the command line lives in the unit's
-        drop-in (install it, and daemon-reload, before starting).
+        drop-in (install it, and daemon-reload, before starting). Should systemd still
+        hold an older definition of the unit than its files (an agent that died between
+        writing them and daemon-reload), it re-reads them first: a worker never starts
+        from a stale definition.
         """
+        unit = unit_name(worker, self._prefix)
+        async with self._install_lock:
+            if await self._call(self._stale, [unit]):
+                log.warning("units_stale", units=[unit], action="daemon-reload")
+                await self.daemon_reload()
         await self._job("StartUnit", worker)
 
     async def prepare(
@@ -479,7 +529,10 @@ class SystemdRuntime:
         means (its OOM-ladder step applied).
         """
         if self._units is not None:
-            await self.apply_units(self._units(spec, flags_by_worker))
+            render = self._units
+            async with self._install_lock:
+                # Rendered under the lock: calls install in the order they were made.
+                await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
 
     async def confirm_ready(self, worker: int) -> bool:
         """The unit turns `active` only when its readiness gate (ExecStartPost=) passed.
@@ -527,20 +580,48 @@ class SystemdRuntime:
         state = await self._call(self._read_unit, unit)
         self._apply({unit: state}, silent=False)
 
-    async def adopt(self) -> Mapping[int, Running]:
-        """Worker units found activating/active with a main process (they survive the agent)."""
+    async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
+        """Worker units found activating/active with a main process (they survive the agent),
+        each with the command line it runs (`Running.argv`).
+
+        With `configured` (the config's worker ids), a running unit whose worker is not
+        among them is a stray: it holds a GPU and a port for a worker the config no
+        longer has (a config shrunk while the agent was down). It is logged
+        (`worker_stray`, warning), left out of the result, kept in `strays`, and stopped:
+        its stop job is queued (SIGTERM: SGLang drains, then SIGKILL after the unit's
+        TimeoutStopSec=) without waiting, so adoption is not delayed by it.
+        """
         await self.open()
         units = await self._call(self._list, ("active", "activating", "reloading"))
         found: dict[int, Running] = {}
+        strays: list[Running] = []
         for unit in units:
             worker = worker_of(unit, self._prefix)
             if worker is None:
                 continue
-            state = await self._call(self._read_unit, unit)
+            state, argv = await self._call(self._read_adoption, unit)
             self._apply({unit: state}, silent=True)
-            if state.running:
-                found[worker] = Running(worker, state.main_pid, state.active_state == "active")
-        log.info("systemd_adopted", workers=sorted(found))
+            if not state.running:
+                continue
+            running = Running(worker, state.main_pid, state.active_state == "active", argv)
+            if configured is not None and worker not in configured:
+                strays.append(running)
+            else:
+                found[worker] = running
+        self.strays = tuple(strays)
+        for stray in strays:
+            unit = unit_name(stray.worker, self._prefix)
+            log.warning(
+                "worker_stray",
+                worker=stray.worker,
+                unit=unit,
+                pid=stray.pid,
+                argv=list(stray.argv) if stray.argv else None,
+                action="stop",
+                why="the config names no such worker; it holds a GPU and a port",
+            )
+            await self._job("StopUnit", stray.worker)
+        log.info("systemd_adopted", workers=sorted(found), strays=[r.worker for r in strays])
         return found
 
     async def daemon_reload(self) -> None:
@@ -551,11 +632,25 @@ class SystemdRuntime:
     async def apply_units(
         self, files: Mapping[PurePosixPath, str], root: str | Path = RUN_UNIT_DIR
     ) -> UnitChanges:
-        """Install rendered units; daemon-reload only if something changed."""
+        """Install rendered units; daemon-reload if something changed, or if systemd still
+        holds an older definition of one of these units than its files (NeedDaemonReload:
+        an agent that died between writing the files and reloading). One install at a
+        time."""
+        async with self._install_lock:
+            return await self._apply_units(files, root)
+
+    async def _apply_units(
+        self, files: Mapping[PurePosixPath, str], root: str | Path
+    ) -> UnitChanges:
         changes = await asyncio.to_thread(install_units, files, root)
         if changes.changed:
             await self.daemon_reload()
             log.info("units_installed", written=changes.written, removed=changes.removed)
+            return changes
+        stale = await self._call(self._stale, units_of(files))
+        if stale:
+            log.warning("units_stale", units=stale, action="daemon-reload")
+            await self.daemon_reload()
         return changes
 
     async def unit_state(self, worker: int) -> UnitState:
@@ -683,6 +778,34 @@ class SystemdRuntime:
                 f"cannot read the state of {unit}: {_dbus_error_text(exc)}"
             ) from exc
 
+    def _read_adoption(self, unit: str) -> tuple[UnitState, tuple[str, ...] | None]:
+        """The unit's state and the command line its main process runs: its own
+        /proc/PID/cmdline (what it was really started with, whatever was reloaded since),
+        else the unit's ExecStart=."""
+        try:
+            self._ref(unit)
+            service = _get_all(self._bus, unit, _SERVICE_IFACE)
+            state = unit_state_from(_get_all(self._bus, unit, _UNIT_IFACE), service)
+        except DBusBaseError as exc:
+            raise RuntimeFailure(
+                f"cannot read the state of {unit}: {_dbus_error_text(exc)}"
+            ) from exc
+        argv = proc_argv(state.main_pid) if state.main_pid > 0 else None
+        return state, argv or exec_start_argv(service)
+
+    def _stale(self, units: list[str]) -> list[str]:
+        """The units among `units` whose files changed since systemd last read them."""
+        try:
+            return [
+                u
+                for u in units
+                if _get_all(self._bus, u, _UNIT_IFACE).get("NeedDaemonReload") is True
+            ]
+        except DBusBaseError as exc:
+            raise RuntimeFailure(
+                f"cannot read NeedDaemonReload of {', '.join(units)}: {_dbus_error_text(exc)}"
+            ) from exc
+
     def _list(self, states: tuple[str, ...]) -> list[str]:
         try:
             return _list_units(self._bus, self._prefix, states)
@@ -797,10 +920,13 @@ __all__ = [
     "Tracked",
     "UnitGateway",
     "UnitState",
+    "exec_start_argv",
     "exit_status",
     "install_units",
     "observe",
+    "proc_argv",
     "unit_name",
     "unit_state_from",
+    "units_of",
     "worker_of",
 ]
