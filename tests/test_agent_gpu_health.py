@@ -203,3 +203,22 @@ def test_a_wedged_worker_is_restarted_though_its_health_answers(tmp: Path) -> No
             assert 2 not in f.runtime.stops
 
     run_virtual(scenario())
+
+
+def test_a_hung_worker_that_worked_a_moment_ago_is_not_excused_as_busy(tmp: Path) -> None:
+    """A SIGSTOPped worker's counters moved before the stop, never after its probes were
+    sent: its failed probes count, within threshold x period as for any hang."""
+
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            f.agent.observe_stats(stats(3, running=2, changed_at=1.8e9 + loop.time()))
+            await asyncio.sleep(0.5)
+            f.agent.observe_stats(stats(3, running=2, changed_at=1.8e9 + loop.time()))
+            t0 = loop.time()
+            f.prober.hung.add(3)  # stopped: no answer, no counter moves any more
+            await f.until(lambda: 3 in f.runtime.stops, within=20)
+            assert loop.time() - t0 <= 8.5  # 3 x 2 s + one period, not the 30 s busy window
+
+    run_virtual(scenario())

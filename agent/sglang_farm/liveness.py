@@ -58,6 +58,7 @@ class LivenessWatcher:
         self._clock = clock
         self._pending: asyncio.Task[ProbeResult] | None = None
         self._counted = False
+        self._sent_at = 0.0
 
     async def run(self) -> None:
         try:
@@ -108,6 +109,7 @@ class LivenessWatcher:
         if self._pending is None:
             self._pending = asyncio.create_task(self._prober.probe(self._url(), hp.timeout))
             self._counted = False  # this probe has not been counted as a missed beat yet
+            self._sent_at = self._clock()
         started = self._clock()
         done: set[Any]
         done, _ = await asyncio.wait({self._pending}, timeout=hp.period)
@@ -119,7 +121,9 @@ class LivenessWatcher:
             await self._wait_change(self.worker, hp.period)
             return
         if not done:
-            self._feed(self.worker, HealthFailed(f"no answer within {hp.period:g} s"))
+            self._feed(
+                self.worker, HealthFailed(f"no answer within {hp.period:g} s", self._sent_at)
+            )
             self._counted = True
             return
         res = self._pending.result()
@@ -134,7 +138,10 @@ class LivenessWatcher:
                 hint="the agent is short of a resource (see LimitNOFILE); the worker is not blamed",
             )
         else:
-            self._feed(self.worker, HealthPassed() if res.ok else HealthFailed(res.detail))
+            self._feed(
+                self.worker,
+                HealthPassed() if res.ok else HealthFailed(res.detail, self._sent_at),
+            )
         rest = hp.period - (self._clock() - started)
         if rest > 0:
             await self._wait_change(self.worker, rest)

@@ -60,8 +60,9 @@ class HealthPolicy:
     timeout: float = 25.0
     failure_threshold: int = 3
     path: str = "/health"
-    # A failed probe of a worker whose token or request counters advanced within this
-    # long is a busy worker (its /health queues behind a long batch), not a hang.
+    # A failed probe of a worker whose token or request counters advanced after the probe
+    # was sent, and within this long, is a busy worker (its /health waits behind a long
+    # batch), not a hang.
     busy_window: float = 30.0
     # Running requests with no counter progress for this long (and an idle GPU where
     # NVML says) is a wedged engine: restarted even while /health still answers.

@@ -119,6 +119,9 @@ class HealthPassed:
 @dataclass(frozen=True, slots=True)
 class HealthFailed:
     detail: str
+    # When the failed probe was sent (the supervisor's clock); None: unknown. A failure
+    # is excused as busy only by counter progress seen after this.
+    started: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,9 +591,11 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 "`farmctl logs` for CUDA errors and at GPU health (XID errors)",
             )
             return _terminate_for(replace(s, busy=False), failure, now)
-        case HealthFailed(detail=detail) if (
+        case HealthFailed(detail=detail, started=started) if (
             s.phase in _SERVING
             and s.progress_at is not None
+            and started is not None
+            and s.progress_at > started
             and now - s.progress_at <= policy.health.busy_window
         ):
             # READY stays (UNHEALTHY -> READY): its /health is slow behind a batch while
