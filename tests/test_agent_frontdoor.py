@@ -146,3 +146,23 @@ def test_an_agent_restart_keeps_serving_workers_in_the_gateway(tmp: Path) -> Non
             assert gw.routed() == urls(range(8))
 
     run_virtual(scenario())
+
+
+def test_a_gateway_not_up_yet_at_start_is_no_error(tmp: Path) -> None:
+    """A managed gateway starts with the agent: calls before it first answers are not
+    errors (the demo showed '1 error since the agent started' on every start)."""
+    gw = FakeGateway()
+    gw.down = True
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+            await asyncio.sleep(3)
+            view = f.agent.view()
+            assert view.gateway is not None and not view.gateway.up
+            assert view.gateway.errors == 0 and view.gateway.last_error is not None
+            gw.down = False
+            await f.until(lambda: f.gateway.routed() == urls(range(8)), within=120)
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.up and view.gateway.errors == 0
+
+    run_virtual(scenario())

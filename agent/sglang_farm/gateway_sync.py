@@ -55,7 +55,8 @@ class MembershipSync:
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconciler: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self.up = True
+        self.up = False  # until the gateway has answered once
+        self._reached = False
         self.errors = 0
         self.last_error: str | None = None
 
@@ -134,8 +135,15 @@ class MembershipSync:
         loop.call_later(delay, self._wake.set)
 
     def _record_error(self, error: str) -> None:
-        self.errors += 1
+        first = self.last_error is None
         self.last_error = error
+        if not self._reached:
+            # Not up yet (a managed gateway starts with the agent): not an error, said once.
+            if first:
+                log.info("gateway_not_reached_yet", gateway=self._gateway.url, error=error)
+            self._on_status()
+            return
+        self.errors += 1
         if self.up:
             self.up = False
             log.warning("gateway_down", gateway=self._gateway.url, error=error)
@@ -144,6 +152,7 @@ class MembershipSync:
     def _mark_up(self) -> None:
         if not self.up:
             self.up = True
+            self._reached = True
             self.last_error = None
             log.info("gateway_up", gateway=self._gateway.url)
             self._wake.set()  # reconcile now: it may have restarted empty
