@@ -3,7 +3,9 @@
 Prints the table and writes bench/results/<date>.json.
 
 Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the docs),
-`--no-64` (skip the 64-worker farm), `--only systemd` (just the reaction times under
+`--no-64` (skip the 64-worker farm), `--only perf` (issue 17's figures: the 64-worker
+farm and `farmctl status`; with `--baseline COMMIT` the same figures for the code as of
+COMMIT, measured in the same run), `--only systemd` (just the reaction times under
 systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
 (just the front door: the gateway under load), `--out PATH`.
 """
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +41,7 @@ from bench import (
     synthetic,
 )
 from bench.farmrun import FarmSetup, running_farm
-from bench.stats import ratio
+from bench.stats import ratio, summary
 from bench.table import markdown, rows
 from sglang_farm.spec import StartupPolicy
 
@@ -200,14 +202,23 @@ def reactions(quick: bool, sim_load: float, own_load: float) -> dict[str, Any]:
     return out
 
 
-def farm64(quick: bool) -> dict[str, Any]:
-    say("farm of 64 workers (128+ simulator processes) at default intervals, parallel 16")
+def farm64(
+    quick: bool, *, farmctl: bool = False, old_pythonpath: str | None = None
+) -> dict[str, Any]:
+    """The 64-worker farm; `farmctl`: also time `farmctl status` against it (the old tree's
+    farmctl too, given `old_pythonpath`)."""
     out: dict[str, Any] = {}
+    say("  the simulators alone under the farm's start plan (64, canary then 16 at a time)")
+    out["sims_alone"] = simload.rollout(64, 16)
+    say(f"  simulators alone: {out['sims_alone']['total_s']:.1f} s")
+    say("farm of 64 workers (128+ simulator processes) at default intervals, parallel 16")
     with running_farm(FarmSetup(64, parallel=16)) as farm:
         farmrun.wait_rollout(farm, 400)
         done = farm.named("rollout_done")[-1]
         first = next(e for e in farm.snapshot() if e.get("event") == "worker_launching")
+        out["agent_cpu_to_rollout_s"] = footprint.cpu_seconds(farm.proc.pid)
         out["rollout_s"] = farmrun.event_time(done) - farmrun.event_time(first)
+        out["launch_s"] = launch_costs(farm)
         say(f"  ready in {out['rollout_s']:.1f} s; idle footprint")
         time.sleep(6)
         out["footprint"] = footprint.watch(farm.proc.pid, 15 if quick else 60)
@@ -217,19 +228,95 @@ def farm64(quick: bool) -> dict[str, Any]:
         sc = scrape_with_hang(farm, 50 if quick else 200, 40, settle=6, budget=10)
         out["control"] = {"status_hung": sc.pop("status_hung")}
         out["scrape"] = sc
-        out["control"]["status"] = control.status_round_trip(
-            farmrun.socket_path(farm), 1000 if not quick else 300
+        sock = farmrun.socket_path(farm)
+        out["control"]["status"] = control.status_round_trip(sock, 1000 if not quick else 300)
+        out["control"]["status_floor"] = control.status_vs_floor(
+            sock,
+            300 if quick else 1000,
+            str(farm.tmp),  # type: ignore[attr-defined]  # set by running_farm
         )
+        if farmctl:
+            say("  farmctl status against it (15 interleaved runs)")
+            out["control"]["farmctl"] = control.farmctl_vs_python(
+                sock, 5 if quick else 15, old_pythonpath=old_pythonpath
+            )
+            out["control"]["importtime"] = control.importtime(sock)
+            if old_pythonpath:
+                out["control"]["importtime_old"] = control.importtime(
+                    sock, {**os.environ, "PYTHONPATH": old_pythonpath}
+                )
         out["restarts_seen"] = len(farm.named("worker_restarting"))
+    say("  the simulators alone again, after the farm (the machine's load drifts)")
+    out["sims_alone_after"] = simload.rollout(64, 16)
+    alone = (out["sims_alone"]["total_s"] + out["sims_alone_after"]["total_s"]) / 2
+    out["agent_share_s"] = out["rollout_s"] - alone
     return out
+
+
+def launch_costs(farm: farmrun.Farm) -> dict[str, Any]:
+    """`worker_launching` -> `worker_launched` per worker (the agent's fork and exec), s."""
+    t: dict[int, float] = {}
+    xs = []
+    for e in farm.snapshot():
+        if e.get("event") == "worker_launching":
+            t[e["worker"]] = farmrun.event_time(e)
+        elif e.get("event") == "worker_launched" and e.get("worker") in t:
+            xs.append(farmrun.event_time(e) - t.pop(e["worker"]))
+    return {"each": summary(xs), "sum": sum(xs)}
+
+
+def baseline_tree(commit: str) -> str:
+    """`agent/` as of `commit`, unpacked in a temp folder (read-only use of git); its path."""
+    root = Path(tempfile.mkdtemp(prefix="sglang-farm-bench-baseline-"))
+    archive = subprocess.run(
+        ["git", "archive", commit, "agent"],
+        cwd=RESULTS.parent.parent,
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return str(root / "agent")
+
+
+@contextlib.contextmanager
+def old_code(pythonpath: str) -> Iterator[None]:
+    """Every child started meanwhile (agent, simulators, farmctl) runs the baseline tree."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = pythonpath
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def perf(results: dict[str, Any], quick: bool, baseline: str | None) -> None:
+    """Issue 17's figures: the 64-worker farm and farmctl, old code and new in one run."""
+    old = baseline_tree(baseline) if baseline else None
+    if old is not None and baseline is not None:
+        results["baseline_commit"] = baseline
+        say(f"64-worker farm on the baseline {baseline} ({old})")
+        with old_code(old):
+            warm_bytecode()
+            section(results, "farm64_old", lambda: farm64(quick))
+    section(results, "farm64", lambda: farm64(quick, farmctl=True, old_pythonpath=old))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-64", dest="no64", action="store_true")
-    ap.add_argument("--only", choices=["systemd", "frontdoor"])
-    ap.add_argument("what", nargs="?", choices=["frontdoor", "systemd"], help="same as --only")
+    ap.add_argument("--only", choices=["systemd", "frontdoor", "perf"])
+    ap.add_argument(
+        "what", nargs="?", choices=["frontdoor", "systemd", "perf"], help="same as --only"
+    )
+    ap.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help="with perf: also measure the 64-worker farm and farmctl as of COMMIT (git archive)",
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     a.only = a.only or a.what
@@ -242,6 +329,9 @@ def main() -> int:
     if a.only == "systemd":
         systemd_reactions(results, a.quick)
         return finish(a, results, t0, suffix="-systemd")
+    if a.only == "perf":
+        perf(results, a.quick, a.baseline)
+        return finish(a, results, t0, suffix="-perf")
     if a.only == "frontdoor":
         section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
         return finish(a, results, t0, suffix="-frontdoor")
@@ -267,7 +357,7 @@ def main() -> int:
     section(results, "reaction", lambda: reactions(a.quick, sim_one, own))
     systemd_reactions(results, a.quick)
     if not a.no64:
-        section(results, "farm64", lambda: farm64(a.quick))
+        perf(results, a.quick, a.baseline)
     section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
     return finish(a, results, t0)
 

@@ -7,8 +7,10 @@ the config here takes the spec's defaults unless a benchmark overrides a section
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +25,40 @@ if str(ROOT) not in sys.path:
 
 from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 
-__all__ = ["Farm", "FarmSetup", "event_time", "free_port_block", "running_farm", "sim_env"]
+__all__ = [
+    "Farm",
+    "FarmSetup",
+    "event_time",
+    "free_port_block",
+    "quiet_port_block",
+    "running_farm",
+    "sim_env",
+]
+
+
+def quiet_port_block(n: int) -> int:
+    """A base port with n consecutive ports free, below the kernel's ephemeral range.
+
+    Ports from `free_port_block` lie in that range, where any outgoing connection (the
+    bench's own polls, the agent's, other work on the machine) may take one as its source
+    port between the check and the bind: a 64-simulator start then failed now and then
+    with EADDRINUSE.
+    """
+    lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        base = random.randrange(10_000, lo - n)
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no block of {n} free ports below {lo}")
+
 
 LOAD_S = 1.0  # SGLANG_SIM_LOAD_SECONDS of every benchmark worker
 WARMUP_S = 0.1
@@ -50,7 +85,7 @@ class FarmSetup:
         self.sections = sections
 
     def write(self, tmp: Path, marker: str) -> Path:
-        base = free_port_block(self.workers * 2)
+        base = quiet_port_block(self.workers * 2)
         env = ", ".join(f'{k} = "{v}"' for k, v in sim_env(marker).items())
         sec = self.sections
         text = f"""

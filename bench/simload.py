@@ -7,15 +7,18 @@ subtract this measured figure, not the configured SGLANG_SIM_LOAD_SECONDS.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from typing import IO
 
-from bench.farmrun import free_port_block, sim_env
+from bench.farmrun import free_port_block, quiet_port_block, sim_env
 from bench.stats import summary
 
 
@@ -141,3 +144,66 @@ def wave(k: int, reps: int = 3) -> dict[str, object]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     return {"spawn_to_all_healthy_s": summary(xs)}
+
+
+def _spawn(port: int, out: IO[bytes]) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "sglang_farm.sim", "--model-path", "sim/Qwen3.6-27B"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+    return subprocess.Popen(
+        argv,
+        env={**os.environ, **sim_env()},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _last_lines(out: IO[bytes]) -> str:
+    out.seek(0)
+    return " | ".join(out.read().decode("utf-8", "replace").splitlines()[-3:])
+
+
+def rollout(n: int, parallel: int, poll: float = 0.02) -> dict[str, object]:
+    """The farm's start plan with no agent: simulator 0 alone, then the other n-1 with at
+    most `parallel` loading at a time, the next spawned as soon as one answers /health 200
+    (looked for every `poll` s: a cheap connect first, HTTP only once the port is bound).
+
+    What the simulators' own start-up costs on this machine under the same schedule; the
+    farm's rollout minus this is the agent's own share.
+    """
+    base = quiet_port_block(n)
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    # What a failed simulator said; closed below.
+    outs = {w: tempfile.TemporaryFile() for w in range(n)}  # noqa: SIM115 -- n files, closed in finally
+    t0 = time.monotonic()
+    try:
+        procs[0] = _spawn(base, outs[0])
+        while not (_bound(base) and _healthy(base)):
+            time.sleep(poll)
+        canary = time.monotonic() - t0
+        todo = list(range(1, n))
+        loading: set[int] = set()
+        deadline = time.monotonic() + 600
+        while todo or loading:
+            while todo and len(loading) < parallel:
+                w = todo.pop(0)
+                procs[w] = _spawn(base + w, outs[w])
+                loading.add(w)
+            time.sleep(poll)
+            for w in sorted(loading):
+                if procs[w].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"simulator {w} (port {base + w}) exited ({procs[w].returncode}) or "
+                        f"never became healthy: {_last_lines(outs[w])}"
+                    )
+                if _bound(base + w) and _healthy(base + w):
+                    loading.discard(w)
+        total = time.monotonic() - t0
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for f in outs.values():
+            f.close()
+    return {"workers": n, "parallel": parallel, "canary_s": canary, "total_s": total}

@@ -62,7 +62,12 @@ def rows(r: dict[str, Any]) -> list[Row]:
                 _ms(fc["format_ms"]),
             )
         )
-    for key, label in (("farm8", "8 workers"), ("farm64", "64 workers")):
+    base = r.get("baseline_commit", "")
+    for key, label in (
+        ("farm8", "8 workers"),
+        ("farm64_old", f"64 workers, OLD ({base})"),
+        ("farm64", "64 workers" + (", NEW" if base else "")),
+    ):
         f = r.get(key)
         if not f:
             continue
@@ -77,6 +82,44 @@ def rows(r: dict[str, Any]) -> list[Row]:
                     f"{f['rollout_s']:.1f} s",
                 )
             )
+        sa = f.get("sims_alone")
+        if sa:
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"{label}: the simulators alone, same plan (no agent; canary then 16 at a time)",
+                    f"{sa['total_s']:.1f} s (canary {sa['canary_s']:.2f} s)",
+                )
+            )
+            after = f.get("sims_alone_after")
+            if after:
+                out.append(
+                    Row(
+                        "4 start-up",
+                        f"{label}:   … the simulators alone again, after the farm",
+                        f"{after['total_s']:.1f} s (canary {after['canary_s']:.2f} s)",
+                    )
+                )
+            share = f["agent_share_s"]
+            out.append(
+                Row(
+                    "4 start-up",
+                    f"{label}: agent's own share = rollout − simulators alone (mean of the two)",
+                    f"{share:.2f} s",
+                    "≤ 1 s",
+                    share <= 1,
+                )
+            )
+            if "agent_cpu_to_rollout_s" in f:
+                ln = f["launch_s"]
+                out.append(
+                    Row(
+                        "4 start-up",
+                        f"{label}: agent CPU from its start to rollout done; its fork+exec per launch",
+                        f"{f['agent_cpu_to_rollout_s']:.2f} s CPU; launch median "
+                        f"{ln['each']['median'] * 1000:.0f} ms, sum {ln['sum']:.2f} s",
+                    )
+                )
         ph = f.get("poll_health")
         if ph:
             out.append(
@@ -131,6 +174,23 @@ def rows(r: dict[str, Any]) -> list[Row]:
                     lat["p99"] <= 5,
                 )
             )
+            fl = ctl.get("status_floor")
+            if fl:
+                out.append(
+                    Row(
+                        "2 control",
+                        f"floor: do-nothing asyncio server sending the same reply ({fl['reply_bytes']} B), interleaved",
+                        _ms(fl["floor_ms"])
+                        + f"; agent in the same loop p99 {fl['agent_ms']['p99']:.2f} ms",
+                    )
+                )
+                out.append(
+                    Row(
+                        "2 control",
+                        f"`status` ÷ floor, {label} (p99; median {fl['ratio_median']:.2f}×)",
+                        f"{fl['ratio_p99']:.2f}×",
+                    )
+                )
             if "status_hung" in ctl:
                 out.append(
                     Row(
@@ -157,12 +217,48 @@ def rows(r: dict[str, Any]) -> list[Row]:
                 out.append(
                     Row(
                         "2 control",
-                        "farmctl ÷ python -c pass (medians)",
+                        f"farmctl ÷ python -c pass (medians, n={fc['farmctl']['n']})",
                         f"{rt:.2f}×",
                         "≤ 3×",
                         rt <= 3,
                     )
                 )
+                if "ratio_farmctl_old_to_python" in fc:
+                    out.append(
+                        Row(
+                            "2 control",
+                            f"`farmctl status` OLD ({base}), same loop",
+                            _ms(fc["farmctl_old"])
+                            + f"; ÷ python -c pass {fc['ratio_farmctl_old_to_python']:.2f}×",
+                        )
+                    )
+                if "python_c_import_click" in fc:
+                    out.append(
+                        Row(
+                            "2 control",
+                            "floor: `python -c 'import click'` ÷ python -c pass",
+                            f"{fc['ratio_import_click_to_python']:.2f}× "
+                            f"({fc['python_c_import_click']['median']:.1f} vs "
+                            f"{fc['python_c_pass']['median']:.1f} ms)",
+                        )
+                    )
+                    out.append(
+                        Row(
+                            "2 control",
+                            "floor: `python -I -c 'import click'` ÷ `python -I -c pass`",
+                            f"{fc['ratio_I_import_click_to_I_pass']:.2f}× "
+                            f"({fc['python_I_c_import_click']['median']:.1f} vs "
+                            f"{fc['python_I_c_pass']['median']:.1f} ms)",
+                        )
+                    )
+                    fl = fc["python_c_import_click"]["median"]
+                    out.append(
+                        Row(
+                            "2 control",
+                            "farmctl beyond the click floor (medians)",
+                            f"{fc['farmctl']['median'] - fl:.1f} ms",
+                        )
+                    )
             fn = ctl.get("farmctl_no_bytecode")
             if fn:
                 out.append(
@@ -172,16 +268,17 @@ def rows(r: dict[str, Any]) -> list[Row]:
                         f"{fn['ratio_farmctl_to_python']:.2f}× ({fn['farmctl']['median']:.0f} vs {fn['python_c_pass']['median']:.0f} ms)",
                     )
                 )
-            it = ctl.get("importtime")
-            if it:
-                top = ", ".join(f"{t['package']} {t['ms']:.1f}" for t in it["top"][:4])
-                out.append(
-                    Row(
-                        "2 control",
-                        "farmctl imports (ms, cumulative)",
-                        f"total {it['total_import_ms']:.1f}: {top}",
+            for ik, il in (("importtime_old", f" OLD ({base})"), ("importtime", "")):
+                it = ctl.get(ik)
+                if it:
+                    top = ", ".join(f"{t['package']} {t['ms']:.1f}" for t in it["top"][:5])
+                    out.append(
+                        Row(
+                            "2 control",
+                            f"farmctl imports{il} (ms, cumulative)",
+                            f"total {it['total_import_ms']:.1f}: {top}",
+                        )
                     )
-                )
         st = f.get("startup")
         if st:
             o = st["overhead_s"]

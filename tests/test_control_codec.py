@@ -207,7 +207,12 @@ def test_codec_pulls_in_no_other_project_module() -> None:
     ).stdout
     loaded = {m for m in json.loads(out) if m.startswith("sglang_farm")}
     assert "sglang_farm.control.codec" in loaded
-    assert loaded <= {"sglang_farm.control", "sglang_farm.control.codec", "sglang_farm.errors"}
+    assert loaded <= {
+        "sglang_farm.control",
+        "sglang_farm.control.codec",
+        "sglang_farm.control.wire",
+        "sglang_farm.errors",
+    }
 
 
 # --- numbers that json.loads would turn into a crash or a non-finite value -------------

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from sglang_farm.health import HEALTH_BODY_LIMIT, probe
+from sglang_farm.health import HEALTH_BODY_LIMIT, LocalHttp, probe
 
 
 @contextmanager
@@ -231,3 +231,79 @@ def test_the_port_check_reports_rather_than_raises_when_the_agent_is_out_of_fds(
     assert result["state"] == "unknown"  # the launch gate does not blame the worker
     assert "Too many open files" in result["problem"]
     assert "agent" in result["problem"]  # says whose problem it is, not the port's
+
+
+# --- LocalHttp: the agent's own client for probes and polls (issue 17) -------------------
+
+
+async def test_local_http_judges_status_and_refusal_as_httpx_does() -> None:
+    client = LocalHttp()
+    with health_server(200) as ok_url, health_server(503) as busy_url:
+        ok = await probe(client, f"{ok_url}/health", 5)
+        busy = await probe(client, f"{busy_url}/health", 5)
+    refused = await probe(client, f"http://127.0.0.1:{_closed_port()}/health", 5)
+    assert (ok.ok, ok.detail, ok.refused, ok.local_error) == (True, "200", False, False)
+    assert (busy.ok, busy.detail, busy.refused) == (False, "503", False)
+    assert (refused.ok, refused.refused, refused.local_error) == (False, True, False)
+
+
+async def test_local_http_reads_chunked_bodies_and_bounds_an_endless_one() -> None:
+    with endless_body_server(status=200) as url:
+        t0 = time.monotonic()
+        async with asyncio.timeout(5):
+            r = await probe(LocalHttp(), f"{url}/health", 3)
+            answer = await LocalHttp().get(f"{url}/x", limit=3 * 65536 + 1)
+    assert time.monotonic() - t0 < 2
+    assert r.ok and f"over {HEALTH_BODY_LIMIT // 1024} KiB" in r.detail
+    assert answer.truncated and len(answer.body) == 3 * 65536  # three whole chunks, no more
+
+
+async def test_local_http_times_out_a_dripping_body_at_the_probe_timeout() -> None:
+    with endless_body_server(status=200, chunk=b"x", interval_s=0.05) as url:
+        t0 = time.monotonic()
+        async with asyncio.timeout(8):
+            r = await probe(LocalHttp(), f"{url}/health", 1)
+    assert 0.9 < time.monotonic() - t0 < 3
+    assert (r.ok, r.local_error, r.detail) == (False, False, "timeout after 1 s")
+
+
+async def test_local_http_answers_a_garbled_head_as_the_workers_failure() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    r = await probe(LocalHttp(), f"http://127.0.0.1:{port}/health", 5)
+    t.join(5)
+    server.close()
+    assert (r.ok, r.refused, r.local_error) == (False, False, False)
+    assert "malformed" in r.detail
+
+
+_EXHAUST_LOCAL = _EXHAUST.replace("import httpx", "from sglang_farm.health import LocalHttp")
+_EXHAUST_LOCAL = _EXHAUST_LOCAL.replace(
+    "async with httpx.AsyncClient() as warm:", "if warm := LocalHttp():"
+).replace("async with httpx.AsyncClient() as client:", "if client := LocalHttp():")
+
+
+def test_local_http_out_of_fds_is_the_agents_trouble_not_the_workers() -> None:
+    with health_server(200) as url:
+        out = subprocess.run(
+            [sys.executable, "-c", _EXHAUST_LOCAL, f"{url}/health"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["local"], result["ok"], result["refused"]) == (True, False, False), result
+    assert "Too many open files" in result["detail"], result

@@ -7,12 +7,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from sglang_farm.health import LocalHttp
 from sglang_farm.workerstats import (
     BODY_LIMIT,
     WorkerSample,
@@ -308,3 +309,56 @@ def test_parse_metrics_ignores_tokenizer_http_counters_in_the_fingerprint() -> N
     b = parse_metrics_text(0, 0, metrics_text(1, 5, 99))
     assert a.progress == b.progress
     assert dict(a.progress)["sglang:generation_tokens_total"] == 5
+
+
+# --- the agent's own client (LocalHttp, issue 17) gives the same samples as httpx ------
+
+
+def _same(a: WorkerSample, b: WorkerSample) -> bool:
+    return replace(a, taken_at=0.0, duration_s=0.0) == replace(b, taken_at=0.0, duration_s=0.0)
+
+
+async def test_local_http_polls_give_the_samples_httpx_gives(fake: tuple[Fake, str]) -> None:
+    state, url = fake
+    async with httpx.AsyncClient() as client:
+        via_httpx = await poll_worker(client, url, 2.0, worker=3)
+    via_local = await poll_worker(LocalHttp(), url, 2.0, worker=3)
+    assert via_local.ok and via_local.sglang_version == "0.5.23"
+    assert _same(via_local, via_httpx)
+    state.metrics = False  # /metrics 404: the /v1/loads fallback
+    async with httpx.AsyncClient() as client:
+        loads_httpx = await poll_worker(client, url, 2.0, worker=1)
+    loads_local = await poll_worker(LocalHttp(), url, 2.0, worker=1)
+    assert loads_local.ok and loads_local.source == "loads"
+    assert _same(loads_local, loads_httpx)
+
+
+async def test_local_http_cuts_an_endless_metrics_body_off_at_the_limit() -> None:
+    with endless_body_server(chunk=_CHUNK) as url:
+        t0 = time.monotonic()
+        s = await poll_worker(LocalHttp(), url, 5.0, worker=3, known_version="0.5.23")
+    assert time.monotonic() - t0 < 2.5
+    assert not s.ok and s.error is not None
+    assert f"{url}/metrics answered more than {BODY_LIMIT >> 20} MiB" in s.error
+
+
+async def test_local_http_poll_of_a_closed_port_is_a_failed_sample() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sample = await poll_worker(LocalHttp(), f"http://127.0.0.1:{port}", 2.0, worker=4)
+    assert not sample.ok and sample.error is not None and "refused" in sample.error
+
+
+def test_the_metrics_parser_reads_labels_with_spaces_and_refuses_a_bad_value() -> None:
+    text = (
+        "# HELP sglang:num_running_reqs x\n"
+        'sglang:num_running_reqs{model_name="my model \\"v2\\"",dp_rank="0"} 4.0\n'
+        'sglang:num_running_reqs{model_name="my model \\"v2\\"",dp_rank="1"} 2 1700000000\n'
+        "sglang:token_usage 0.5\n"
+        'sglang:other_bucket{le="+Inf"} 9\n'
+    )
+    s = parse_metrics_text(0, 0.0, text)
+    assert (s.running, s.token_usage, s.model_name) == (6.0, 0.5, 'my model "v2"')
+    with pytest.raises(ValueError):
+        parse_metrics_text(0, 0.0, 'sglang:num_running_reqs{dp_rank="0"} many\n')

@@ -1,7 +1,8 @@
 """I/O: a small blocking client for the control socket (what farmctl uses).
 
 One connection per call: connect, send one request line, read reply lines until
-the final one. Kept to the standard library and `codec` so that farmctl starts fast.
+the final one. Kept to the standard library and `wire` (not `codec`, whose dataclasses
+and enums cost more at import than the rest of `farmctl status`) so that farmctl starts fast.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import socket
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
-from sglang_farm.control import codec
-from sglang_farm.control.codec import Reply
+from sglang_farm.control import wire
+from sglang_farm.control.wire import Reply
 from sglang_farm.errors import (
     AgentError,
     AgentUnreachable,
@@ -65,7 +66,7 @@ class Client:
         try:
             sock.settimeout(limit)
             try:
-                sock.sendall(codec.encode_request(rid, cmd, args))
+                sock.sendall(wire.encode_request(rid, cmd, args))
                 # Closed explicitly: a socket's fd stays open while a makefile() lives.
                 with sock.makefile("rb") as f:
                     yield from self._replies(f)
@@ -84,7 +85,7 @@ class Client:
             if not line:
                 raise AgentUnreachable(self.path, "the agent closed the connection before replying")
             try:
-                reply = codec.decode_reply(line)
+                reply = wire.decode_reply(line)
             except ProtocolError as exc:
                 raise AgentUnreachable(
                     self.path, f"the agent sent a malformed reply ({exc.message})"

@@ -9,8 +9,9 @@ One UTF-8 JSON object per line, at most `MAX_LINE` bytes before the newline.
 
 This module only turns bytes into typed requests (raising `RequestError`, a
 `ProtocolError` that remembers the request id when one was readable), replies
-into bytes, and reply bytes back into `Reply` (the client side). It imports only
-the standard library and `errors`, so that farmctl, which uses it, starts fast.
+into bytes; the client's half (request lines out, reply bytes back into `Reply`,
+JSON with bounded numbers) is `wire`, which this module re-exports. farmctl imports
+only `wire`, not this module: its dataclasses and enums cost ~8 ms at import.
 What the results contain is `results`; who may send what is `auth`; what each
 command does is `handlers`. No sockets, no clock.
 docs/control-protocol.md is the user-facing description; keep the two in step.
@@ -19,12 +20,18 @@ docs/control-protocol.md is the user-facing description; keep the two in step.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal
 
+# The client's half of the format, re-exported: the agent's side and its tests use them.
+from sglang_farm.control.wire import MAX_INT_DIGITS as MAX_INT_DIGITS
+from sglang_farm.control.wire import NumberError, line, loads
+from sglang_farm.control.wire import Reply as Reply
+from sglang_farm.control.wire import RequestId as RequestId
+from sglang_farm.control.wire import decode_reply as decode_reply
+from sglang_farm.control.wire import encode_request as encode_request
 from sglang_farm.errors import ProtocolError
 
 PROTOCOL_VERSION: Final = 1
@@ -34,8 +41,6 @@ MAX_LINE: Final = 64 * 1024
 MAX_LOG_LINES: Final = 10_000
 # `wait-ready timeout=T` bound: a model load is minutes; an hour is past any deadline.
 MAX_WAIT_SECONDS: Final = 3600.0
-
-RequestId = int | str | None
 
 
 class ErrorCode(StrEnum):
@@ -167,8 +172,8 @@ def decode_request(line: bytes) -> Request:
     except UnicodeDecodeError as exc:
         raise RequestError(ErrorCode.BAD_JSON, f"request is not UTF-8 ({exc.reason})") from exc
     try:
-        obj = _loads(text)
-    except _NumberError as exc:
+        obj = loads(text)
+    except NumberError as exc:
         raise RequestError(ErrorCode.BAD_REQUEST, f"request has {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         where = f" at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
@@ -178,46 +183,6 @@ def decode_request(line: bytes) -> Request:
             ErrorCode.BAD_JSON, f"request must be a JSON object, got {_json_type(obj)}"
         )
     return _request_from_obj(obj)
-
-
-class _NumberError(ValueError):
-    """A number literal outside what the protocol carries (see `_loads`)."""
-
-
-# Every protocol integer (worker ids, line counts, request ids) fits in 64 bits: 20
-# digits. Longer literals are refused before int() sees them: CPython's int() raises a
-# bare ValueError past 4,300 digits (outside json's own errors) and is quadratic below.
-MAX_INT_DIGITS: Final = 20
-
-
-def _parse_int(literal: str) -> int:
-    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
-        raise _NumberError(
-            f"an integer of {len(literal.lstrip('-'))} digits; numbers in a request "
-            f"have at most {MAX_INT_DIGITS}"
-        )
-    return int(literal)
-
-
-def _parse_float(literal: str) -> float:
-    value = float(literal)
-    if not math.isfinite(value):  # 1e400 parses to inf
-        raise _NumberError(
-            f"the number {literal[:32]!r}, out of range; numbers in a request are finite"
-        )
-    return value
-
-
-def _parse_constant(literal: str) -> float:
-    # json accepts NaN, Infinity and -Infinity, which are not JSON (RFC 8259 section 6).
-    raise _NumberError(f"the number {literal!r}; numbers in a request are finite")
-
-
-def _loads(text: str) -> object:
-    """`json.loads`, raising `_NumberError` for huge or non-finite numbers."""
-    return json.loads(
-        text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
-    )
 
 
 def _request_from_obj(obj: dict[str, object]) -> Request:
@@ -370,71 +335,14 @@ def _json_type(v: object) -> str:
 # --- encoding requests and replies ------------------------------------------------
 
 
-def _line(obj: Mapping[str, object]) -> bytes:
-    # ensure_ascii keeps every reply plain ASCII whatever bytes a log line held.
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
-
-
-def encode_request(rid: RequestId, cmd: str, args: Mapping[str, object] | None = None) -> bytes:
-    return _line({"id": rid, "cmd": cmd, "args": dict(args or {})})
-
-
 def encode_ok(rid: RequestId, result: object) -> bytes:
-    return _line({"id": rid, "ok": True, "result": result})
+    return line({"id": rid, "ok": True, "result": result})
 
 
 def encode_error(rid: RequestId, code: ErrorCode, message: str) -> bytes:
-    return _line({"id": rid, "ok": False, "error": {"code": str(code), "message": message}})
+    return line({"id": rid, "ok": False, "error": {"code": str(code), "message": message}})
 
 
 def encode_stream(rid: RequestId, kind: str, payload: Mapping[str, object]) -> bytes:
     """One stream message: `{"id", "ok": true, "stream": kind, **payload}`."""
-    return _line({"id": rid, "ok": True, "stream": kind, **payload})
-
-
-# --- decoding replies (the client side) -------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """One reply line. `stream` is set on stream messages; `error` on failures."""
-
-    id: RequestId
-    ok: bool
-    result: object = None
-    stream: str | None = None
-    payload: Mapping[str, object] | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-
-    @property
-    def final(self) -> bool:
-        return self.stream is None
-
-
-def decode_reply(line: bytes) -> Reply:
-    """Parse one reply line. Raises `ProtocolError` (bad_json) on anything malformed."""
-    try:
-        obj = _loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers json's JSONDecodeError and `_NumberError`.
-        raise ProtocolError(str(ErrorCode.BAD_JSON), f"reply is not JSON: {exc}") from exc
-    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
-        raise ProtocolError(str(ErrorCode.BAD_JSON), "reply is not an object with 'ok'")
-    rid = obj.get("id")
-    rid = rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None
-    if not obj["ok"]:
-        err = obj.get("error")
-        if not isinstance(err, dict):
-            raise ProtocolError(str(ErrorCode.BAD_JSON), "error reply without 'error'")
-        return Reply(
-            rid,
-            False,
-            error_code=str(err.get("code", "")),
-            error_message=str(err.get("message", "")),
-        )
-    stream = obj.get("stream")
-    if isinstance(stream, str):
-        payload = {k: v for k, v in obj.items() if k not in ("id", "ok", "stream")}
-        return Reply(rid, True, stream=stream, payload=payload)
-    return Reply(rid, True, result=obj.get("result"))
+    return line({"id": rid, "ok": True, "stream": kind, **payload})

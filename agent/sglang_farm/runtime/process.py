@@ -33,7 +33,6 @@ import os
 import pwd
 import signal
 import subprocess
-import threading
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import structlog
 
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang_argv import API_KEY_ENV, Command
 from sglang_farm.spec import FarmSpec, FlagValue
 
 log = structlog.get_logger("sglang_farm.runtime.process")
@@ -95,39 +94,48 @@ def worker_identity(user: str, group: str, *, euid: int) -> Identity | None:
     return Identity(user, pw.pw_uid, gid, groups, pw.pw_dir)
 
 
-def _exit_future(pid: int) -> asyncio.Future[None]:
-    """Done when process `pid` (our child) has exited, without reaping it.
+# Without pidfds, how often a child's exit is looked for (a syscall per child per tick).
+_EXIT_POLL_S = 0.05
 
-    A pidfd turns readable on exit; without one (a kernel before 5.3, a seccomp filter)
-    a thread waits with WNOWAIT, which leaves the zombie in place.
+
+def _exit_future(pid: int) -> asyncio.Future[None]:
+    """Done when process `pid` (our child) has exited, without reaping it. No thread.
+
+    A pidfd (Linux 5.3+) turns readable on exit: it is watched by the event loop itself,
+    so N workers cost N descriptors and no thread (there was one waiting thread per worker
+    before: 68 threads at 64 workers). Without pidfds (an older kernel, a seccomp filter)
+    the loop looks every `_EXIT_POLL_S` with `waitid(WNOHANG | WNOWAIT)`, which leaves the
+    zombie in place as well. Either way the exit status is read once, by the reaper.
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
-
-    def done() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
-
-        def wait() -> None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(done)
-
-        threading.Thread(target=wait, name=f"sglang-farm-wait-{pid}", daemon=True).start()
+        _poll_exit(loop, pid, fut)
         return fut
 
     def readable() -> None:
         loop.remove_reader(pidfd)
         os.close(pidfd)
-        done()
+        if not fut.done():
+            fut.set_result(None)
 
     loop.add_reader(pidfd, readable)
     return fut
+
+
+def _poll_exit(loop: asyncio.AbstractEventLoop, pid: int, fut: asyncio.Future[None]) -> None:
+    if fut.done():
+        return
+    try:
+        exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped elsewhere: gone all the same
+        exited = True
+    if exited:
+        fut.set_result(None)
+    else:
+        loop.call_later(_EXIT_POLL_S, _poll_exit, loop, pid, fut)
 
 
 @dataclass(eq=False, slots=True)
@@ -218,6 +226,11 @@ class ProcessRuntime:
         if who is not None:
             env.update(HOME=who.home, USER=who.user, LOGNAME=who.user)
         env.update(command.env_dict)
+        # The API key never goes on a command line (every local user can read those):
+        # the worker's launcher takes it from here and removes it (sglang_argv).
+        env.pop(API_KEY_ENV, None)
+        if command.api_key is not None:
+            env[API_KEY_ENV] = command.api_key
         try:
             # Not asyncio's subprocesses: their child watcher reaps the main process behind
             # our back, and the group's number with it (see the module docstring).
