@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sglang_farm.runtime import LogLine, RuntimeEvent
+from sglang_farm.runtime import Exited, LogLine, RuntimeEvent
 from sglang_farm.runtime import journal as jr
 from sglang_farm.runtime.systemd import worker_of
 
@@ -82,7 +82,9 @@ def test_message_as_bytes_repeated_field_or_null() -> None:
 
 def test_follow_args_select_the_farm_units_and_few_fields_no_glob() -> None:
     args = jr.follow_args({"sglang@1.service", "sglang@0.service"}, after_cursor="s=1")
-    assert args[:2] == ["journalctl", "--follow"]
+    # One-shot reads, polled: `--follow` delivers nothing under the agent's
+    # ProtectKernelTunables=/ProtectControlGroups= (runtime/journal.py).
+    assert args[0] == "journalctl" and "--follow" not in args
     assert "--all" in args and "--output=json" in args and "--after-cursor=s=1" in args
     assert "--output-fields=MESSAGE,_SYSTEMD_UNIT,UNIT,_PID,__CURSOR" in args
     matches = args[args.index("--after-cursor=s=1") + 1 :]
@@ -150,9 +152,14 @@ FAKE_JOURNALCTL = textwrap.dedent(
     if after is not None:
         entries = entries[[e["__CURSOR"] for e in entries].index(after) + 1 :]
     out = sys.stdout.buffer
+    follower = any(a.startswith("MESSAGE_ID=") for a in args)  # not an exit's catch-up
+    if follower and os.environ.get("FAKE_JOURNAL_FOLLOW_DELAY"):
+        time.sleep(float(os.environ["FAKE_JOURNAL_FOLLOW_DELAY"]))  # a silent or late follower
     for e in entries:
         if not groups or any(all(e.get(k) in vs for k, vs in g.items()) for g in groups):
             out.write(e.get("__RAW", json.dumps(e)).encode() + b"\\n")
+    if "--follow" not in args:
+        sys.exit(0)  # a one-shot read (the exit catch-up)
     out.flush()
     time.sleep(3600)  # -f: keep following
     """
@@ -234,8 +241,8 @@ def test_a_2mib_entry_is_skipped_and_the_next_line_arrives(
     )
     seen = asyncio.run(_run_follower(lambda s: any(x.text == "after" for x in s), timeout=8))
     assert [(x.worker, x.text) for x in seen] == [(0, "before"), (0, "after")]
-    # One journalctl, never restarted at the long entry (the old follower replayed it forever).
-    assert len(_follow_calls(calls)) == 1
+    # Never read again from before the long entry (the old follower replayed it forever).
+    assert all("--after-cursor=c3" in c for c in _follow_calls(calls)[1:]), _follow_calls(calls)
 
 
 def test_a_unit_never_seen_is_learned_from_its_starting_entry_without_losing_lines(
@@ -276,3 +283,89 @@ def test_units_in_the_journal_already_are_followed_from_the_start(
     assert [a for a in first if a.startswith("_SYSTEMD_UNIT=")] == [
         "_SYSTEMD_UNIT=sglang@1.service"
     ]
+
+
+# -- an exit while the live follower is silent (the soak's OOM counted as a crash) -------------
+
+OOM_TEXT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def _oom_exit_events(silent: bool) -> list[RuntimeEvent]:
+    """Worker 2 dies of an OOM; its exit arrives over D-Bus. What leaves the ordering?"""
+    out: list[RuntimeEvent] = []
+    done = asyncio.Event()
+
+    def record(ev: RuntimeEvent) -> None:
+        out.append(ev)
+        if isinstance(ev, Exited):
+            done.set()
+
+    async def scenario() -> None:
+        follower: jr.JournalFollower | None = None
+
+        async def catch_up(worker: int) -> None:
+            assert follower is not None
+            await follower.catch_up([f"sglang@{worker}.service"])
+
+        ordering = jr.ExitOrdering(record, 0.3, lambda w: False, catch_up)
+        follower = jr.JournalFollower(ordering.feed, _ours)
+        follower.start()
+        try:
+            await asyncio.sleep(0.5 if not silent else 0.2)
+            ordering.feed(Exited(2, 4242, 1))
+            await asyncio.wait_for(done.wait(), 15)
+            await asyncio.sleep(0.3)  # anything the live follower adds after the exit
+        finally:
+            ordering.close()
+            await follower.close()
+
+    asyncio.run(scenario())
+    return out
+
+
+def _oom_entries() -> list[dict[str, Any]]:
+    return [
+        _out("sglang@2.service", "Traceback (most recent call last):", "c1"),
+        _out("sglang@2.service", OOM_TEXT, "c2"),
+        _pid1("sglang@2.service", "sglang@2.service: Main process exited, code=exited", "c3"),
+    ]
+
+
+def test_an_exit_seen_while_the_follower_is_silent_still_comes_after_its_oom_lines(
+    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 10-minute soak (seed 20261130) counted an OOM as a crash: the follower had gone
+    # silent, the exit was released after the grace without the OOM text before it.
+    monkeypatch.setenv("FAKE_JOURNAL_FOLLOW_DELAY", "3600")  # silent: nothing, ever
+    calls = fake_journal(_oom_entries(), units="sglang@2.service")
+    events = _oom_exit_events(silent=True)
+    texts = [e.text if isinstance(e, LogLine) else "EXIT" for e in events]
+    assert texts.index(OOM_TEXT) < texts.index("EXIT"), texts
+    assert texts.count(OOM_TEXT) == 1
+    catch_ups = [c for c in _follow_calls(calls) if not any("MESSAGE_ID=" in a for a in c)]
+    assert catch_ups and "_SYSTEMD_UNIT=sglang@2.service" in catch_ups[0]
+
+
+def test_lines_read_by_both_a_catch_up_and_the_late_follower_are_emitted_once(
+    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_JOURNAL_FOLLOW_DELAY", "0.5")  # the live follower is late
+    fake_journal(_oom_entries(), units="sglang@2.service")
+
+    async def both() -> list[str]:
+        seen: list[str] = []
+        follower = jr.JournalFollower(
+            lambda ev: seen.append(ev.text) if isinstance(ev, LogLine) else None, _ours
+        )
+        follower.start()
+        try:
+            await asyncio.sleep(0.1)
+            await follower.catch_up(["sglang@2.service"])  # reads all three first
+            assert len(seen) == 3, seen
+            await asyncio.sleep(1.5)  # ...then the live follower delivers them again
+        finally:
+            await follower.close()
+        return seen
+
+    seen = asyncio.run(both())
+    assert seen.count(OOM_TEXT) == 1 and len(seen) == 3, seen

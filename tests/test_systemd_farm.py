@@ -418,8 +418,14 @@ def test_cuda_oom_worker_is_reported_as_such(farm: SdFarm) -> None:
         timeout=30,
     )
     assert w["oom_events_by_kind"].get("cuda", 0) >= 1, w
-    # The drop-in the agent rendered carries the override.
-    assert "SGLANG_SIM_FAIL=cuda_oom" in farm.c.run(["systemctl", "cat", unit(victim)]).stdout
+    # The override reaches the worker through the root-only EnvironmentFile= the agent
+    # wrote (docs/security.md); the world-readable drop-in only names it.
+    dropin = farm.c.run(["systemctl", "cat", unit(victim)]).stdout
+    assert "SGLANG_SIM_FAIL" in dropin and "cuda_oom" not in dropin, dropin
+    env_file = f"/var/lib/sglang-farm/credentials/sglang@{victim}.env"
+    assert 'SGLANG_SIM_FAIL="cuda_oom"' in farm.c.run(["cat", env_file]).stdout
+    mode = farm.c.run(["stat", "-c", "%a %U", env_file]).stdout.split()
+    assert mode == ["600", "root"], mode
     why = farm.farmctl("why", str(victim)).stdout
     assert "cuda_oom" in why and "out of memory" in why.lower(), why
     # The classifier quoted the journal's own lines.

@@ -379,7 +379,7 @@ DRIVER = textwrap.dedent(
 def farm(sd_container: SystemdContainer) -> Iterator[SystemdContainer]:
     """The container with the farm's units installed (template + rendered drop-ins)."""
     from sglang_farm.config import load_spec
-    from sglang_farm.units import render, static_unit
+    from sglang_farm.units import credentials_dir, render, render_secrets, static_unit
 
     c = sd_container
     c.write_file(f"{D}/driver.py", DRIVER)
@@ -391,6 +391,11 @@ def farm(sd_container: SystemdContainer) -> Iterator[SystemdContainer]:
     for rel, text in files.items():
         if rel.parts[0].startswith("sglang@"):
             c.write_file(f"/run/systemd/system/{rel}", text)
+    # The secret files the drop-ins name (EnvironmentFile=), root-only, as `prepare` writes them.
+    folder = str(credentials_dir(spec))
+    c.run(["install", "-d", "-m", "0700", folder])
+    for name, data in render_secrets(spec).items():
+        c.write_file(f"{folder}/{name}", data.decode(), mode=0o600)
     c.run(["systemctl", "daemon-reload"])
     yield c
 

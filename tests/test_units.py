@@ -34,14 +34,17 @@ from sglang_farm.units import (
     STATIC_UNITS,
     UnitChanges,
     credential_line,
+    credentials_dir,
     environment_line,
     exec_line,
     gateway_python,
     render,
     render_agent_dropin,
+    render_secrets,
     render_to_dir,
     smg_stop_timeout,
     systemd_quote,
+    write_secrets,
     write_units,
 )
 
@@ -194,7 +197,9 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     assert "TimeoutStartSec=600s" in lines
     assert "TimeoutStopSec=45500ms" in lines
     assert 'Environment="CUDA_VISIBLE_DEVICES=1"' in lines
-    assert 'Environment="SGLANG_ENABLE_JIT_DEEPGEMM=0"' in lines
+    # The config's own variables (possible tokens) are in a root-only file, not here.
+    assert not any("SGLANG_ENABLE_JIT_DEEPGEMM=0" in line for line in lines)
+    assert "EnvironmentFile=/var/lib/sglang-farm/credentials/sglang@1.env" in lines
     assert lines.count("ExecStart=") == 1  # the reset comes before our one command
     assert lines[lines.index("ExecStart=") + 1].startswith("ExecStart=")
     # The gate: the agent's interpreter, isolated, with the URL and timeouts (no config).
@@ -357,11 +362,11 @@ def test_agent_dropin_refuses_a_group_with_a_control_character() -> None:
 
 
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
-def test_shipped_agent_unit_exposure_is_at_most_2_4(tmp_path: Path) -> None:
-    # issue 15: the agent scored 3.1 before its device, IP, clock and capability limits
-    # (packaging/README.md records the score). ProtectKernelTunables= and
-    # ProtectControlGroups= would make it 2.0, but the agent's journal follower
-    # receives nothing under them (see the unit's comment).
+def test_shipped_agent_unit_exposure_is_at_most_2_0(tmp_path: Path) -> None:
+    # issue 15: the agent scored 3.1 before its device, IP, clock and capability limits,
+    # 2.4 before ProtectKernelTunables= and ProtectControlGroups= (packaging/README.md
+    # records the score). The journal follower reads the journal by polling, which works
+    # under both (test_agent_hardening_allows_what_the_agent_does runs it in the unit).
     assert SYSTEMD_ANALYZE is not None
     shutil.copy(Path(__file__).parent.parent / "units" / "sglang-farm.service", tmp_path)
     result = subprocess.run(
@@ -369,7 +374,7 @@ def test_shipped_agent_unit_exposure_is_at_most_2_4(tmp_path: Path) -> None:
             SYSTEMD_ANALYZE,
             "security",
             "--offline=true",
-            "--threshold=24",
+            "--threshold=20",
             "--no-pager",
             str(tmp_path / "sglang-farm.service"),
         ],
@@ -380,7 +385,8 @@ def test_shipped_agent_unit_exposure_is_at_most_2_4(tmp_path: Path) -> None:
         check=False,
     )
     last = (result.stdout.strip().splitlines() or [""])[-1]
-    assert result.returncode == 0 and "level for sglang-farm.service: 2.4" in last, (
+    score = float(last.rsplit(":", 1)[-1].split()[0]) if ":" in last else 99.0
+    assert result.returncode == 0 and score <= 2.0, (
         last,
         result.stderr,
     )
@@ -772,7 +778,7 @@ port = sys.argv[sys.argv.index("--port") + 1]
 with open("/proc/self/cmdline", "rb") as fh:
     argv = [a.decode() for a in fh.read().split(b"\0")[:-1]]
 with open(f"/run/sf/argv-{port}.json", "w") as fh:
-    json.dump({"argv": argv, "env": dict(os.environ)}, fh)
+    json.dump({"argv": argv, "sys_argv": sys.argv[1:], "env": dict(os.environ)}, fh)
 if os.fork() == 0:
     def child_term(*_):
         open(f"/run/sf/child-got-sigterm-{port}", "w").close()
@@ -850,26 +856,6 @@ def connect(host, port):
     with socket.create_connection((host, port), timeout=5):
         pass
 
-def follow(argv, unit, mark):
-    # A journal follower: the unit's line must arrive while it follows.
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        manager_call("StartUnit", unit.encode(), b"replace")
-        end = time.monotonic() + 15
-        buf = b""
-        while time.monotonic() < end:
-            r, _, _ = select.select([p.stdout], [], [], 0.2)
-            if r:
-                chunk = os.read(p.stdout.fileno(), 65536)
-                buf += chunk
-                if mark.encode() in buf:
-                    return
-        raise AssertionError(f"{mark} never came through {argv}")
-    finally:
-        p.kill()
-        p.wait()
-
 def model_file():
     # Owned by another user, group sglang, 0750/0640: read through the supplementary group.
     assert pathlib.Path("/srv/sf-models/m/config.json").read_text() == "{}"
@@ -895,10 +881,29 @@ attempt("tcp_listen", tcp_listen)
 attempt("state_dir", lambda: pathlib.Path("/var/lib/sglang-farm/x").write_text("1"))
 attempt("journal", lambda: subprocess.run(["journalctl", "-n1", "-q"], check=True))
 def agent_follower():
-    # The agent's own follower command line (runtime/journal.py), for one new unit.
-    from sglang_farm.runtime.journal import follow_args
+    # The agent's own follower (runtime/journal.py), under this unit's hardening: it must
+    # learn a unit started after it and deliver that unit's line.
+    import asyncio
+    from sglang_farm.runtime import LogLine
+    from sglang_farm.runtime.journal import JournalFollower
+    mark = f"sf-mark-{os.getpid()}"
     unit = f"sf-echo@{os.getpid()}.service"
-    follow(follow_args([unit], after_cursor=None), unit, f"sf-mark-{os.getpid()}")
+
+    async def run():
+        got = asyncio.Event()
+        def emit(ev):
+            if isinstance(ev, LogLine) and ev.text == mark:
+                got.set()
+        follower = JournalFollower(emit, lambda u: 0 if u == unit else None)
+        follower.start()
+        try:
+            await asyncio.sleep(1.0)
+            manager_call("StartUnit", unit.encode(), b"replace")
+            await asyncio.wait_for(got.wait(), 15)
+        finally:
+            await follower.close()
+
+    asyncio.run(run())
 
 results["cgroup2"] = "ok" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "no"
 attempt("journal_follow", agent_follower)
@@ -946,8 +951,11 @@ TRICKY_FLAGS: Mapping[str, FlagValue] = MappingProxyType(
 )
 
 
+CONTAINER_API_KEY = "sk-container-secret-77"
+
+
 def _container_spec() -> FarmSpec:
-    env = MappingProxyType({"PYTHONPATH": "/opt/sf", "SF_TRICKY": 'x y "q" \\ $HOME %n ü'})
+    env = MappingProxyType({"PYTHONPATH": "/opt/sf", "SF_TRICKY": 'x y "q" \\ $HOME %n ü\nl2'})
     workers = tuple(
         WorkerSpec(
             id=i,
@@ -955,7 +963,10 @@ def _container_spec() -> FarmSpec:
             host="127.0.0.1",
             port=30000 + i,
             nccl_port=31000 + i,
-            flags=TRICKY_FLAGS,
+            # Worker 0 with an API key (delivered by LoadCredential=), worker 1 without.
+            flags=MappingProxyType({**TRICKY_FLAGS, "api_key": CONTAINER_API_KEY})
+            if i == 0
+            else TRICKY_FLAGS,
             env=env,
         )
         for i in range(2)
@@ -983,7 +994,14 @@ def unit_container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Systemd
     (out / "sglang-farm.service.d" / "50-farm.conf").write_text(
         render_agent_dropin(agent_bin="/opt/sf/sglang-farm", config_path=DEFAULT_CONFIG, spec=spec)
     )
+    secrets = tmp_path_factory.mktemp("secrets")
+    write_secrets(secrets, render_secrets(_container_spec()))
     with booted() as c:
+        # The workers' secret files, as the agent writes them (root-only).
+        folder = str(credentials_dir(_container_spec()))
+        c.run(["install", "-d", "-m", "0700", folder])
+        for entry in sorted(secrets.iterdir()):
+            c.write_file(f"{folder}/{entry.name}", entry.read_text(), mode=0o600)
         c.write_file("/opt/sf/sfworker.py", _FAKE_WORKER)
         # The agent's interpreter, beside its binary (units.gateway_python).
         c.write_file("/opt/sf/python3", _FAKE_WAIT_READY, mode=0o755)
@@ -1010,9 +1028,12 @@ def unit_container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Systemd
                 ["systemd-run", f"--unit={unit}", sys.executable, "/opt/sf/listen.py", host, port]
             )
         # Lives a moment: a line of a process that is already gone may lose its unit.
+        # Type=oneshot: its start job lasts, so systemd logs "Starting" for it (as for a
+        # worker, whose readiness gate keeps it activating), which is how the agent's
+        # follower learns of a new unit; a Type=simple unit gets only "Started".
         c.write_file(
             "/run/systemd/system/sf-echo@.service",
-            "[Service]\nExecStart=/bin/sh -c 'echo sf-mark-%i; sleep 2'\n",
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo sf-mark-%i; sleep 2'\n",
         )
         c.copy_in(out, "/run/systemd/system")
         c.run(["systemctl", "daemon-reload"])
@@ -1046,8 +1067,16 @@ def test_systemd_runs_the_exact_argv_and_env_and_gates_readiness(
     rec = json.loads(c.run(["cat", "/run/sf/argv-30000.json"]).stdout)
     cmd = build_command(spec.farm, spec.workers[0])
     assert rec["argv"] == list(cmd.argv)
+    # The config's environment came from the root-only EnvironmentFile=, exactly.
     for key, value in cmd.env:
         assert rec["env"][key] == value
+    # The key: not on the process's command line, in SGLang's sys.argv (from the credential).
+    assert CONTAINER_API_KEY not in " ".join(rec["argv"])
+    assert rec["sys_argv"][-2:] == ["--api-key", CONTAINER_API_KEY]
+    assert "SGLANG_FARM_API_KEY" not in rec["env"]
+    shown = c.run(["systemctl", "show", "sglang@0.service"]).stdout
+    shown += c.run(["systemctl", "cat", "sglang@0.service"]).stdout
+    assert CONTAINER_API_KEY not in shown and 'x y "q"' not in shown
 
     # Stop: SIGTERM to the main process only (KillMode=mixed), then SIGKILL for the rest.
     c.run(["systemctl", "stop", "sglang@0.service"], timeout=30)

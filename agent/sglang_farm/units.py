@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from sglang_farm.atomicfile import fsync_dir, write_atomic
 from sglang_farm.gateway.managed import from_config, launch_argv
 from sglang_farm.paths import DEFAULT_AGENT_BIN, DEFAULT_CONFIG_PATH
+from sglang_farm.sglang_argv import API_KEY_CREDENTIAL as WORKER_KEY_CREDENTIAL
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import FarmSpec, FlagValue, WorkerSpec
 
@@ -301,7 +302,26 @@ def render_worker_dropin(
         f"User={_spec_text(spec.farm.user, '[farm] user')}",
         f"Group={_spec_text(spec.farm.group, '[farm] group')}",
     ]
-    lines += [f"Environment={environment_line(k, v)}" for k, v in cmd.env]
+    # The config's own variables ([farm] env, a worker's env) may be tokens: they go to a
+    # root-only file (`render_secrets`), never into this world-readable drop-in. Only the
+    # variables the farm itself sets are written here.
+    private = sorted(k for k, _ in cmd.env if k in worker.env)
+    lines += [f"Environment={environment_line(k, v)}" for k, v in cmd.env if k not in worker.env]
+    if private:
+        lines += [
+            "# The config's environment (" + _comment_text(", ".join(private)) + "): its values",
+            "# are in a file only root can read, which systemd reads at each start.",
+            "EnvironmentFile="
+            + _spec_text(str(env_file_path(spec, worker.id)), "[farm] state_dir"),
+        ]
+    if cmd.api_key is not None:
+        lines += [
+            "# The API key: systemd (as root) copies the root-only key file into the worker's",
+            "# credentials directory, readable by its user alone; the launcher in ExecStart=",
+            "# reads it there and hands it to SGLang, so no command line shows it.",
+            "LoadCredential="
+            + credential_line(WORKER_KEY_CREDENTIAL, str(key_file_path(spec, worker.id))),
+        ]
     lines += [
         "# SGLang binds its port only after weights, KV pool and CUDA graphs: the",
         "# start deadline is [startup] load_timeout.",
@@ -320,6 +340,104 @@ def render_worker_dropin(
         "",
     ]
     return "\n".join(lines)
+
+
+# --- the workers' secrets: root-only files beside the state ---------------------------
+
+CREDENTIALS_SUBDIR = "credentials"
+
+
+def credentials_dir(spec: FarmSpec) -> PurePosixPath:
+    """The root-only folder of the workers' secret files: `<state_dir>/credentials`.
+
+    Under the state directory, not /run: a worker restarted by hand (`systemctl restart
+    sglang@3`) while the agent is stopped still finds them (the agent's runtime
+    directory is removed when it stops).
+    """
+    return PurePosixPath(spec.farm.state_dir) / CREDENTIALS_SUBDIR
+
+
+def env_file_path(spec: FarmSpec, worker_id: int) -> PurePosixPath:
+    """The worker's `EnvironmentFile=`: the config's environment variables, mode 0600."""
+    return credentials_dir(spec) / f"sglang@{worker_id}.env"
+
+
+def key_file_path(spec: FarmSpec, worker_id: int) -> PurePosixPath:
+    """The worker's API key (its `LoadCredential=` source), mode 0600."""
+    return credentials_dir(spec) / f"sglang@{worker_id}.api-key"
+
+
+def env_file_text(pairs: Iterable[tuple[str, str]]) -> str:
+    """An `EnvironmentFile=` text that sets each pair exactly.
+
+    Every value is double-quoted, with `\\`, `"`, `$` and backtick escaped by a
+    backslash (systemd's env-file parser takes those escapes inside double quotes, and
+    a newline there literally). Raises ValueError for a NUL, or a name systemd would
+    not read back.
+    """
+    out = [f"{HEADER_PREFIX}, do not edit: the agent rewrites it from the config."]
+    for key, value in pairs:
+        plain = all(ch.isascii() and (ch.isalnum() or ch == "_") for ch in key)
+        if not key or not plain or key[0].isdigit():
+            raise ValueError(f"bad environment variable name {key!r}")
+        if "\0" in value:
+            raise ValueError(f"{key}: a NUL byte cannot be passed to a process by systemd")
+        escaped = "".join("\\" + ch if ch in '\\"$`' else ch for ch in value)
+        out.append(f'{key}="{escaped}"')
+    return "\n".join(out) + "\n"
+
+
+def render_secrets(
+    spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]] | None = None
+) -> dict[str, bytes]:
+    """The workers' secret files, by name inside `credentials_dir(spec)`: for each worker
+    with config environment its env file, with an API key its key file (the key exactly,
+    no newline). What the drop-ins' EnvironmentFile=/LoadCredential= name."""
+    files: dict[str, bytes] = {}
+    overrides = flags_by_worker or {}
+    for worker in spec.workers:
+        cmd = build_command(spec.farm, worker, overrides.get(worker.id))
+        private = [(k, v) for k, v in cmd.env if k in worker.env]
+        if private:
+            files[env_file_path(spec, worker.id).name] = env_file_text(private).encode()
+        if cmd.api_key is not None:
+            files[key_file_path(spec, worker.id).name] = cmd.api_key.encode()
+    return dict(sorted(files.items()))
+
+
+def _secret_name(name: str) -> bool:
+    return name.startswith("sglang@") and name.endswith((".env", ".api-key"))
+
+
+def write_secrets(folder: Path, files: Mapping[str, bytes]) -> UnitChanges:
+    """Make `folder` (mode 0700) hold exactly `files` (each 0600): write what differs
+    atomically, remove our stale ones (`sglang@N.env`, `sglang@N.api-key`).
+
+    Written before the drop-ins that name them. Raises ValueError for a name with a
+    slash, OSError when the folder cannot be written.
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)  # whatever made it before
+    written: list[str] = []
+    unchanged: list[str] = []
+    removed: list[str] = []
+    for name, data in sorted(files.items()):
+        if "/" in name or not _secret_name(name):
+            raise ValueError(f"secret file name {name!r} is not one of ours")
+        target = folder / name
+        if target.is_file() and not target.is_symlink() and target.read_bytes() == data:
+            os.chmod(target, 0o600)
+            unchanged.append(name)
+            continue
+        write_atomic(target, data, mode=0o600)
+        written.append(name)
+    for entry in sorted(folder.iterdir()):
+        if _secret_name(entry.name) and entry.name not in files and not entry.is_dir():
+            entry.unlink()
+            removed.append(entry.name)
+    if removed:
+        fsync_dir(folder)
+    return UnitChanges(written=tuple(written), removed=tuple(removed), unchanged=tuple(unchanged))
 
 
 def _ip_allowed(host: str, *, wildcard: str | None) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from sglang_farm import __version__
 from sglang_farm.cli.options import config_error_text, config_option, gpus_option
 from sglang_farm.gpu import gpu_count_for_config
 from sglang_farm.paths import DEFAULT_AGENT_BIN
+
+# The agent's GIL switch interval (CPython's default: 5 ms); see `run`.
+SWITCH_INTERVAL_S = 0.0005
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,6 +54,10 @@ def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None
     from sglang_farm.service import serve
 
     logsetup.configure(log_level, json=None if log_format == "auto" else log_format == "json")
+    # The event loop shares the GIL with the exporter's threads and the /proc walks of the
+    # default executor: at CPython's 5 ms switch interval a scrape or a control reply waited
+    # up to 5 ms at each hand-over, the tail of both at 64 workers (docs/benchmarks.md).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         config_path = os.path.abspath(config_path)  # units name it; they run elsewhere
         code = asyncio.run(serve(config_path, runtime, gpu_count=gpu_count_for_config(config_path)))
@@ -89,6 +97,15 @@ def check_config(config_path: str, gpus: int | None) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     spec = result.spec
+    from sglang_farm.doctor.rules import config_secrets_check
+
+    try:  # the file may hold the workers' secrets: say so when every user can read it
+        mode: int | None = stat.S_IMODE(os.stat(config_path).st_mode)
+    except OSError:
+        mode = None
+    secrets = config_secrets_check(spec, mode)
+    if secrets is not None:
+        click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
     click.echo(
         f"{config_path}: OK, {len(spec.workers)} workers "
         f"(ports {spec.workers[0].port}-{spec.workers[-1].port})"

@@ -38,6 +38,7 @@ import math
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import tempfile
 import uuid
@@ -418,8 +419,13 @@ def gather(
             shm_free = shutil.disk_usage(shm_path).free
         except OSError:
             shm_free = None
+    try:  # who may read farm.toml: it may hold the workers' secrets (docs/security.md)
+        config_mode: int | None = stat.S_IMODE(os.stat(spec.source).st_mode)
+    except OSError:
+        config_mode = None
     return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
-                        MappingProxyType(ports), MappingProxyType(models), shm_free)
+                        MappingProxyType(ports), MappingProxyType(models), shm_free,
+                        config_mode=config_mode)
 
 
 def run_doctor(

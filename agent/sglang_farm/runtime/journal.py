@@ -1,16 +1,21 @@
 """I/O: the systemd runtime's journal: following worker output, and ordering exits after it.
 
-`JournalFollower` runs one `journalctl -f -o json` restricted to the farm's worker units
-and to the fields it reads (`follow_args`), and turns each entry into `LogLine`s (the
-worker's own lines and systemd's lines about the unit, as `journalctl -u` shows them).
+`JournalFollower` polls: every `POLL_S` it runs a one-shot `journalctl -o json` after the
+last cursor it read, restricted to the farm's worker units and to the fields it reads
+(`follow_args`), and turns each entry into `LogLine`s (the worker's own lines and
+systemd's lines about the unit, as `journalctl -u` shows them). Not `journalctl
+--follow`: under the agent unit's ProtectKernelTunables= or ProtectControlGroups=,
+`--follow` delivered no new entry at all (systemd 252: its inotify wake-ups came, the
+entries did not), while a one-shot read after a cursor sees every entry; those two
+directives are worth more than a process every half second.
 It does not use `journalctl -u 'sglang@*'`: journalctl expands such a pattern once, at
 start, against the unit names already in the journal (systemd's journalctl.c,
 `add_units`), so a worker unit that had not logged yet would never be followed, and with
 none at all journalctl exits ("No data available"). Instead the follower names each unit
 it knows, learns new ones from systemd's "Starting" entry for them (logged before the
-unit's first process runs), and then restarts journalctl after that entry's cursor, so
-nothing is lost or read twice. An entry longer than `LINE_LIMIT` is skipped, never
-replayed: one such entry must not blind the follower.
+unit's first process runs), and then reads again after that entry's cursor with the new
+unit among its matches, so nothing is lost or read twice. An entry longer than
+`LINE_LIMIT` is skipped, never replayed: one such entry must not blind the follower.
 
 `ExitOrdering` exists because the journal and D-Bus are two channels: systemd may report
 a unit's exit over D-Bus before the journal has delivered the worker's last lines (the
@@ -26,7 +31,8 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Collection
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
 
 import structlog
 
@@ -36,7 +42,10 @@ log = structlog.get_logger("sglang_farm.runtime.journal")
 
 # systemd's own journal lines when a unit's main process is gone: the worker's output ends here.
 SYSTEMD_EXIT_LINES = re.compile(r"Main process exited, code=|Failed with result '")
-# Delay before re-running a journalctl follower that died (journald restarted, ...).
+# How often the follower reads the journal: a worker's line reaches the classifier and
+# `farmctl logs -f` at most this late (an exit waits for its lines: `ExitOrdering`).
+POLL_S = 0.5
+# Delay before reading again after journalctl failed (journald restarted, ...).
 FOLLOW_RETRY_S = 1.0
 # The longest journalctl output line (one entry) the follower reads; longer ones are skipped.
 # With `--all` a MESSAGE comes whole (without it, journalctl prints null for any field of
@@ -51,21 +60,48 @@ FOLLOW_FIELDS = ("MESSAGE", "_SYSTEMD_UNIT", "UNIT", "_PID", "__CURSOR")
 UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 
 
+# When the live follower has not delivered a worker's exit line within the grace: read
+# the unit's journal directly (a one-shot journalctl after the last cursor seen) up to
+# this many times, this far apart, each bounded by CATCH_UP_TIMEOUT_S; then the exit
+# goes out with whatever lines came. journald itself may be a moment behind an exit
+# that D-Bus already reported, hence more than one try.
+CATCH_UP_TRIES = 3
+CATCH_UP_RETRY_S = 1.0
+CATCH_UP_TIMEOUT_S = 5.0
+# How many emitted entries' cursors are remembered, so that an entry read both by a
+# catch-up and by the live follower is emitted once.
+_EMITTED_MEMORY = 10_000
+
+
 class ExitOrdering:
     """Passes events on, holding each `Exited` until the journal's exit line (or `grace`).
 
     `live(worker)` says whether the runtime still believes the worker's process runs:
     systemd writes two exit lines per exit, and the second one, arriving when nothing of
     the worker is live, must not pre-empt the next process's exit.
+
+    `catch_up(worker)`, when given, is awaited once the grace has passed without the exit
+    line: it reads the worker's journal entries the live follower has not delivered
+    (`JournalFollower.catch_up`) and feeds them here, so the exit still goes out after its
+    last lines (an OOM traceback) even when the live follower went silent. Bounded:
+    `CATCH_UP_TRIES` tries `CATCH_UP_RETRY_S` apart.
     """
 
-    def __init__(self, emit: Emit, grace: float, live: Callable[[int], bool]) -> None:
+    def __init__(
+        self,
+        emit: Emit,
+        grace: float,
+        live: Callable[[int], bool],
+        catch_up: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
         self._emit = emit
         self._grace = grace
         self._live = live
+        self._catch_up = catch_up
         self._pending: dict[int, Exited] = {}
         self._line_seen: set[int] = set()
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
 
     def pending(self, worker: int) -> bool:
         """True while the worker's exit is known and only its last log lines are awaited."""
@@ -90,7 +126,39 @@ class ExitOrdering:
                 else:
                     self._pending[w] = ev
                     loop = asyncio.get_running_loop()
-                    self._timers[w] = loop.call_later(self._grace, self._release, w)
+                    self._timers[w] = loop.call_later(self._grace, self._expired, w)
+
+    def _expired(self, worker: int) -> None:
+        """The grace passed without the exit line: catch up from the journal, then release."""
+        self._timers.pop(worker, None)
+        if self._catch_up is None or worker not in self._pending:
+            self._release(worker)
+            return
+        self._tasks[worker] = asyncio.get_running_loop().create_task(
+            self._catch_up_then_release(worker), name=f"sf-journal-catch-up-{worker}"
+        )
+
+    async def _catch_up_then_release(self, worker: int) -> None:
+        assert self._catch_up is not None
+        try:
+            for attempt in range(CATCH_UP_TRIES):
+                if attempt:
+                    await asyncio.sleep(CATCH_UP_RETRY_S)
+                try:
+                    await self._catch_up(worker)
+                except Exception as exc:  # task root: the exit must still go out
+                    log.warning("journal_catch_up_failed", worker=worker, error=str(exc))
+                if worker not in self._pending:
+                    return  # the exit line came: released by `feed`
+            log.warning(
+                "worker_exit_lines_missing",
+                worker=worker,
+                why="the journal had no exit line for it; its failure is classified "
+                "from the lines that came",
+            )
+        finally:
+            self._tasks.pop(worker, None)
+            self._release(worker)
 
     def _release(self, worker: int) -> None:
         timer = self._timers.pop(worker, None)
@@ -105,21 +173,25 @@ class ExitOrdering:
         for t in self._timers.values():
             t.cancel()
         self._timers.clear()
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
 
 
 def follow_args(
     units: Collection[str], *, after_cursor: str | None, since: int | None = None
 ) -> list[str]:
-    """Pure: the journalctl command line that follows `units` (and nothing else of the host).
+    """Pure: the one-shot journalctl command line of one poll of `units` (and nothing else
+    of the host): it prints the entries after its position and exits.
 
     Matches, as `journalctl -u` builds them for each unit: the unit's own output
     (`_SYSTEMD_UNIT=`) and systemd's lines about it (`_PID=1` and `UNIT=`); plus
     systemd's "Starting" entries of any unit, to learn of new worker units. Two matches
     on one field are alternatives, matches on different fields all apply, `+` separates
     alternatives (journalctl(1), MATCHES). Position: after `after_cursor`; else from the
-    wall-clock second `since`; else from now on.
+    wall-clock second `since`; else none (`--lines=0`).
     """
-    args = ["journalctl", "--follow", "--quiet", "--no-pager", "--all", "--output=json"]
+    args = ["journalctl", "--quiet", "--no-pager", "--all", "--output=json"]
     args.append("--output-fields=" + ",".join(FOLLOW_FIELDS))
     if after_cursor is not None:
         args.append(f"--after-cursor={after_cursor}")
@@ -132,6 +204,21 @@ def follow_args(
         args += [*(f"_SYSTEMD_UNIT={u}" for u in names), "+"]
         args += ["_PID=1", *(f"UNIT={u}" for u in names), "+"]
     args += ["_PID=1", f"MESSAGE_ID={UNIT_STARTING}"]
+    return args
+
+
+def catch_up_args(units: Collection[str], *, after_cursor: str | None, since: int) -> list[str]:
+    """Pure: a one-shot journalctl (no --follow) of `units`' entries after `after_cursor`
+    (else from the wall-clock second `since`), with the follower's matches and fields."""
+    args = ["journalctl", "--quiet", "--no-pager", "--all", "--output=json"]
+    args.append("--output-fields=" + ",".join(FOLLOW_FIELDS))
+    if after_cursor is not None:
+        args.append(f"--after-cursor={after_cursor}")
+    else:
+        args.append(f"--since=@{since}")
+    names = sorted(units)
+    args += [*(f"_SYSTEMD_UNIT={u}" for u in names), "+"]
+    args += ["_PID=1", *(f"UNIT={u}" for u in names)]
     return args
 
 
@@ -219,7 +306,7 @@ def _known_units(text: str, worker_of: Callable[[str], int | None]) -> set[str]:
 
 
 class JournalFollower:
-    """Feeds `LogLine` events from the journal until closed; restarts journalctl if it dies.
+    """Feeds `LogLine` events from the journal until closed, reading it every `POLL_S`.
 
     `worker_of` maps a unit name to its worker id (None for any other unit): it decides
     which units are the farm's, so the follower needs no list of workers. At start it
@@ -235,6 +322,8 @@ class JournalFollower:
         self._units: set[str] = set()
         self._cursor: str | None = None
         self._since = int(time.time())  # where a follower without any cursor yet starts
+        # Cursors of entries already emitted (live or by a catch-up), oldest first.
+        self._emitted: OrderedDict[str, None] = OrderedDict()
 
     @property
     def units(self) -> frozenset[str]:
@@ -279,18 +368,28 @@ class JournalFollower:
                 continue
             assert proc.stdout is not None  # asked for with PIPE
             new_unit = False
+            done = False
             try:
                 new_unit = await self._read(proc.stdout)
+                done = not new_unit  # read to its end: journalctl is exiting by itself
             finally:
-                if proc.returncode is None:
+                if proc.returncode is None and not done:
+                    # A new unit (the rest is read again, with it matched), or closing.
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
                 await proc.wait()
             if new_unit:
                 log.info("journal_follow_units", units=sorted(self._units))
-            elif not self._closed:
-                log.warning("journal_follow_restarting", returncode=proc.returncode)
+            elif proc.returncode != 0 and not self._closed:
+                # A cursor journalctl cannot seek to (its file vacuumed) fails every read
+                # after it: start over from now (the emitted-cursor memory drops repeats).
+                log.warning("journal_read_failed", returncode=proc.returncode)
+                if self._cursor is not None:
+                    self._cursor = None
+                    self._since = int(time.time())
                 await asyncio.sleep(FOLLOW_RETRY_S)
+            else:
+                await asyncio.sleep(POLL_S)
 
     async def _read(self, stream: asyncio.StreamReader) -> bool:
         """Handle journalctl's lines until it ends (False) or names a new unit (True)."""
@@ -306,16 +405,57 @@ class JournalFollower:
                     return True  # the rest of this output is read again, with the new unit
         return False
 
-    def _line(self, raw: bytes) -> bool:
-        """Emit one entry's lines; True when it is about a unit not followed until now."""
+    async def catch_up(self, units: Collection[str], timeout: float = CATCH_UP_TIMEOUT_S) -> None:
+        """Emit `units`' entries the live follower has not delivered yet (a one-shot read
+        after its last cursor), each entry once whichever reader sees it first. Bounded
+        by `timeout`; raises OSError when journalctl cannot run."""
+        args = catch_up_args(units, after_cursor=self._cursor, since=self._since)
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
+        assert proc.stdout is not None  # asked for with PIPE
+        splitter = LineSplitter(LINE_LIMIT)
+
+        async def read(stream: asyncio.StreamReader) -> None:
+            while chunk := await stream.read(_CHUNK):
+                for raw in splitter.feed(chunk)[0]:
+                    self._entry(raw)
+
+        try:
+            await asyncio.wait_for(read(proc.stdout), timeout)
+        except TimeoutError:
+            log.warning("journal_catch_up_timeout", units=sorted(units), after_s=timeout)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.wait()
+
+    def _entry(self, raw: bytes) -> object:
+        """Emit one entry's lines unless emitted before; returns the parsed entry (None: bad)."""
         try:
             entry = json.loads(raw.decode("utf-8", "replace"))
         except ValueError:
-            return False
+            return None
         worker, lines, cursor = worker_entry_lines(entry, self._worker_of)
+        if cursor is not None:
+            if cursor in self._emitted:
+                return entry
+            self._emitted[cursor] = None
+            if len(self._emitted) > _EMITTED_MEMORY:
+                self._emitted.popitem(last=False)
         if worker is not None:
             for line in lines:
                 self._emit(LogLine(worker, line))
+        return entry
+
+    def _line(self, raw: bytes) -> bool:
+        """Emit one entry's lines; True when it is about a unit not followed until now."""
+        entry = self._entry(raw)
+        if entry is None:
+            return False
+        c = entry.get("__CURSOR") if isinstance(entry, dict) else None
+        cursor = c if isinstance(c, str) else None
         if cursor is not None:
             self._cursor = cursor
         unit = entry_unit(entry, self._worker_of)

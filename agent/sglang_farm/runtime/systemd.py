@@ -51,7 +51,13 @@ from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
 from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
 from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
-from sglang_farm.units import UnitChanges, write_units
+from sglang_farm.units import (
+    UnitChanges,
+    credentials_dir,
+    render_secrets,
+    write_secrets,
+    write_units,
+)
 
 UnitFiles = Mapping[PurePosixPath, str]
 
@@ -403,6 +409,22 @@ def install_units(
         ) from exc
 
 
+def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> UnitChanges:
+    """Write the workers' secret files (`units.write_secrets`: folder 0700, files 0600).
+    Raises RuntimeFailure when the folder cannot be written."""
+    try:
+        changes = write_secrets(Path(folder), files)
+    except OSError as exc:
+        raise RuntimeFailure(
+            f"cannot write the workers' secret files under {folder}: {exc.strerror or exc}; "
+            "the agent must run as root and [farm] state_dir be writable to it"
+        ) from exc
+    if changes.changed:
+        # Names only: the contents are secrets.
+        log.info("secrets_installed", written=changes.written, removed=changes.removed)
+    return changes
+
+
 # --- the runtime -----------------------------------------------------------------------
 
 
@@ -434,7 +456,7 @@ class SystemdRuntime:
         `journal.ExitOrdering`). `ready_gate_wait`: how long `confirm_ready` waits for the
         unit to leave `activating`.
         """
-        self._ordering = ExitOrdering(emit, exit_grace, self._live)
+        self._ordering = ExitOrdering(emit, exit_grace, self._live, self._catch_up)
         self._emit = self._ordering.feed
         self._prefix = prefix
         self._follow_logs = follow_logs
@@ -531,6 +553,9 @@ class SystemdRuntime:
         if self._units is not None:
             render = self._units
             async with self._install_lock:
+                # The secret files first (root-only), then the drop-ins that name them.
+                secrets = render_secrets(spec, flags_by_worker)
+                await asyncio.to_thread(install_secrets, secrets, credentials_dir(spec))
                 # Rendered under the lock: calls install in the order they were made.
                 await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
 
@@ -549,6 +574,12 @@ class SystemdRuntime:
 
     def exit_pending(self, worker: int) -> bool:
         return self._ordering.pending(worker)
+
+    async def _catch_up(self, worker: int) -> None:
+        """The worker's journal lines the live follower has not delivered (see
+        `journal.ExitOrdering`): read once, straight from the journal."""
+        if self._follower is not None:
+            await self._follower.catch_up([unit_name(worker, self._prefix)])
 
     def _live(self, worker: int) -> bool:
         t = self._tracked.get(worker)
