@@ -925,3 +925,21 @@ def test_a_key_file_path_systemd_would_misread_is_refused(path: str) -> None:
     problem = only_problem(MINIMAL + f'[gateway]\nadmin_key_file = "{path}"\n')
     assert problem.startswith("farm.toml:7: gateway.admin_key_file: ")
     assert "blank" in problem and "backslash" in problem
+
+
+def test_check_config_warns_when_a_world_readable_file_holds_a_secret(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sglang_farm.cli.main import cli
+
+    config = tmp_path / "farm.toml"
+    config.write_text('[farm]\nenv = { HF_TOKEN = "hf_secret" }\n' + MINIMAL)
+    config.chmod(0o644)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert f"{config} holds environment values (env)" in result.stderr
+    assert f"chmod 0640 {config}" in result.stderr
+    assert "hf_secret" not in result.output
+    config.chmod(0o600)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0 and "readable by every local user" not in result.stderr

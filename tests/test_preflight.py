@@ -590,7 +590,9 @@ def test_a_busy_port_fails_and_preflight_blocking_rechecks_it_live(tmp_path: Pat
 
 def test_model_path_missing_or_a_repo_id(tmp_path: Path) -> None:
     env = make_fake_env(tmp_path / "env", flashinfer=True)
-    spec = seed_spec(tmp_path, gpus=1)
+    # Without [model]: nothing stages the path, so a missing tmpfs path is the doctor's to
+    # report (with [model], test_staging_doctor.py covers it).
+    spec = replace(seed_spec(tmp_path, gpus=1), model=None)
     missing = _with_worker_flags(spec, {**spec.workers[0].flags, "model_path": "/dev/shm/nope-x"})
     report = run_doctor(missing, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     model = _fails(report)[CheckId.MODEL_PATH]
@@ -1093,3 +1095,20 @@ def test_doctor_warns_about_a_gpu_the_farm_has_quarantined(tmp_path: Path) -> No
     assert len(warned) == 1 and warned[0].status is Status.WARN
     assert "GPU 5" in warned[0].message and "xid 79" in warned[0].message
     assert "farmctl release-gpu 5" in warned[0].fix and warned[0].workers == (5,)
+
+
+def test_doctor_warns_when_a_world_readable_config_holds_secrets(tmp_path: Path) -> None:
+    """The units never show a configured secret (docs/security.md); the doctor says when
+    farm.toml itself does, and stays quiet once it is private."""
+    env = make_fake_env(tmp_path / "env", flashinfer=True)
+    spec = seed_spec(tmp_path, gpus=1, env='{ HF_TOKEN = "hf_secret" }')
+    path = tmp_path / "farm.toml"
+    path.write_text("# the file the spec was read from\n")
+    spec = replace(spec, source=str(path))
+    path.chmod(0o644)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    warned = [c for c in _by_id(report, CheckId.EXPOSURE) if str(path) in c.message]
+    assert warned and warned[0].status is Status.WARN and "chmod" in warned[0].fix
+    path.chmod(0o640)
+    report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
+    assert not [c for c in _by_id(report, CheckId.EXPOSURE) if str(path) in c.message]

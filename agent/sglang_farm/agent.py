@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -31,7 +33,7 @@ from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
 from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
 from sglang_farm.failures import Failure, RestartReason
-from sglang_farm.farm_view import FarmView, build_view
+from sglang_farm.farm_view import FarmView, StagingView, build_view
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu import FleetSnapshot
@@ -47,6 +49,10 @@ from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command, build_command
 from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.staging.copier import StageResult, remove_old
+from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.staging.progress import StageProgress
+from sglang_farm.staging.runner import Stager, model_target, thread_stager
 from sglang_farm.state import StateStore
 from sglang_farm.supervisor import (
     Action,
@@ -80,6 +86,10 @@ _WARNINGS = frozenset(
         "health_failed",
         "worker_terminating",
     }
+)
+# Workers a new copy of the model concerns: they loaded (or load) the previous one.
+_LOADED = frozenset(
+    {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
 )
 TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
@@ -118,6 +128,8 @@ class AgentHooks:
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
     port_state: Callable[[str, int], PortState] = port_state
+    # [model]: how the model is staged before the rollout (None: `stage_model` in a thread).
+    stager: Stager | None = None
 
 
 def _xid_detail(code: int) -> str:
@@ -187,6 +199,11 @@ class Agent:
         self._state_dirty = asyncio.Event()
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
+        self._stager: Stager = hooks.stager or thread_stager
+        self._stage_cancel = threading.Event()  # set at shutdown: the copy stops at once
+        self._staging: StagingView | None = self._staging_for(spec, None)
+        # The workers the rollout starts once a stage succeeds (a failed stage holds them).
+        self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
         self._remembered = self._store.restore(self.sup)
@@ -266,25 +283,24 @@ class Agent:
         )
         self._apply_actions(list(adoption.actions))
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
-        # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self._apply_actions(self.sup.start(start, self._clock(), fresh=False))
         drifted = sorted(
             w
             for w, r in running.items()
             if w in adoption.adopted and r.argv is not None and r.argv != self.command_for(w).argv
         )
-        if drifted:
-            # Adopted, but started with another command line than the config renders now
-            # (a config edited while the agent was down): restarted in waves, drained.
-            log.warning("workers_drifted", workers=drifted)
-            self._apply_actions(
-                self.sup.restart_rolling(drifted, RestartReason.CONFIG, self._clock())
-            )
-        self._startup = None
+        if self._spec.model is None:
+            self._begin_rollout(start, drifted)
+            self._startup = None
+        else:
+            # The rollout waits on the stage; the agent is up meanwhile (status shows the
+            # progress), so READY comes first: a long copy does not run into the start timeout.
+            self._startup = "the agent is staging the model first (farmctl status shows it)"
+            self.spawn(self._stage_then_start(start, drifted))
         if ready is not None:
             ready()
         await stop.wait()
         log.info("farm_stopping", runtime=self.runtime.name)
+        self._stage_cancel.set()
         if not self.runtime.workers_outlive_agent:
             await self._stop_all()
         for t in (ticker, *self._worker_tasks.values()):
@@ -300,6 +316,178 @@ class Agent:
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
+
+    def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
+        # fresh=False: a restarted agent keeps each worker's remembered back-off position.
+        self._apply_actions(self.sup.start(list(start), self._clock(), fresh=False))
+        if drifted:
+            # Adopted, but started with another command line than the config renders now
+            # (a config edited while the agent was down), or loaded a model copy that has
+            # been replaced since: restarted in waves, drained.
+            log.warning("workers_drifted", workers=list(drifted))
+            self._apply_actions(
+                self.sup.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
+            )
+
+    # ---- model staging (docs/staging.md) ---------------------------------------------------
+
+    def _staging_for(self, spec: FarmSpec, prev: StagingView | None) -> StagingView | None:
+        """The staging view for a (new) spec: its totals carried over; None without [model]."""
+        m = spec.model
+        if m is None:
+            return None
+        source = m.source + (f"@{m.revision}" if m.revision else "")
+        fresh = StagingView(source, str(model_target(spec)), "waiting", self._wall())
+        if prev is None:
+            return fresh
+        return replace(
+            fresh,
+            staged_bytes_total=prev.staged_bytes_total,
+            stages_total=prev.stages_total,
+            failures_by_kind=prev.failures_by_kind,
+            last_duration_s=prev.last_duration_s,
+        )
+
+    def _set_staging(self, view: StagingView | None) -> None:
+        self._staging = view
+        self._last_refresh = None
+        self._refresh()
+
+    def _stage_progress(self, p: StageProgress) -> None:
+        """A report from the staging thread (through call_soon_threadsafe)."""
+        s = self._staging
+        if s is None or s.state != "staging":
+            return
+        self._set_staging(
+            replace(
+                s,
+                step=p.step,
+                bytes_done=p.bytes_done,
+                bytes_total=p.bytes_total,
+                rate=p.rate,
+                eta_s=p.eta_s,
+            )
+        )
+
+    async def _stage(self, spec: FarmSpec, *, keep_old: bool) -> StageResult:
+        """Make the workers' model path hold `spec.model`. Raises StageError; the view (status,
+        `why`, metrics) and the log say what failed and what to do."""
+        base = self._staging_for(spec, self._staging)
+        assert base is not None  # spec.model is set
+        self._set_staging(replace(base, state="staging", step="checking"))
+        blog = log.bind(source=base.source, target=base.target)
+        blog.info("model_stage_started")
+        t0 = self._clock()
+
+        def report(p: StageProgress) -> None:
+            self._loop.call_soon_threadsafe(self._stage_progress, p)
+
+        try:
+            try:
+                result = await self._stager(
+                    spec, report=report, cancel=self._stage_cancel, keep_old=keep_old
+                )
+            except OSError as exc:  # outside the copy proper (the mount table, the walk)
+                raise StageError(
+                    StageFailureKind.IO_ERROR,
+                    f"staging {base.source} into {base.target} failed: {exc.strerror or exc}",
+                    "fix the cause (permissions, the disk), then `farmctl start all`",
+                ) from exc
+        except StageError as exc:
+            cur = self._staging or base
+            failures = dict(cur.failures_by_kind)
+            if exc.kind is not StageFailureKind.CANCELLED:
+                failures[str(exc.kind)] = failures.get(str(exc.kind), 0) + 1
+            self._set_staging(
+                replace(
+                    cur,
+                    state="failed",
+                    since=self._wall(),
+                    step=None,
+                    rate=None,
+                    eta_s=None,
+                    error=exc.message,
+                    error_kind=str(exc.kind),
+                    fix=exc.fix,
+                    failures_by_kind=MappingProxyType(failures),
+                    last_duration_s=self._clock() - t0,
+                )
+            )
+            blog.error("model_stage_failed", kind=str(exc.kind), error=exc.message, fix=exc.fix)
+            raise
+        cur = self._staging or base
+        self._set_staging(
+            replace(
+                cur,
+                state="current" if result.current else "done",
+                since=self._wall(),
+                step=None,
+                bytes_done=result.copied_bytes,
+                bytes_total=result.total_bytes,
+                rate=None,
+                eta_s=None,
+                error=None,
+                error_kind=None,
+                fix=None,
+                last_copied_bytes=result.copied_bytes,
+                last_duration_s=result.seconds,
+                staged_bytes_total=cur.staged_bytes_total + result.copied_bytes,
+                stages_total=cur.stages_total + 1,
+            )
+        )
+        blog.info(
+            "model_staged",
+            current=result.current,
+            copied_files=result.copied_files,
+            copied_bytes=result.copied_bytes,
+            total_bytes=result.total_bytes,
+            seconds=round(result.seconds, 3),
+        )
+        return result
+
+    def _loaded(self) -> list[int]:
+        return sorted(w for w, s in self.sup.workers.items() if s.phase in _LOADED)
+
+    async def _stage_then_start(self, start: Sequence[int], drifted: Sequence[int]) -> None:
+        """At agent start: stage, then the rollout; a failed stage starts no worker."""
+        try:
+            loaded = self._loaded()  # adopted workers still running
+            try:
+                result = await self._stage(self._spec, keep_old=bool(loaded))
+            except StageError:
+                self._held_by_stage = list(start)
+                log.warning("rollout_waits_on_stage", workers=list(start))
+                return
+            if not result.current:
+                drifted = sorted({*drifted, *loaded})
+            if self._hooks.refresh_preflight is not None:
+                # The doctor looked before the model was in place: it judges the copy now.
+                await self._hooks.refresh_preflight(self._spec)
+            self._begin_rollout(start, drifted)
+            self._after_swap(result)
+        finally:
+            self._startup = None
+
+    def _after_swap(self, result: StageResult) -> None:
+        """The previous copy goes once no worker loads from it (after the rolling restart)."""
+        old = result.old_copy
+        if old is None:
+            return
+
+        async def remove_when_rolled() -> None:
+            spec = self._spec
+            per_wave = (
+                spec.startup.load_timeout
+                + spec.restart.stop_timeout
+                + (spec.gateway.drain_timeout if spec.gateway.enabled else 0.0)
+            )
+            # Linux keeps the files a worker still has open until it closes them: removal
+            # after a wave timeout is safe even for a worker that never restarted.
+            await self._wait_until(lambda: not self.sup.rolling, per_wave * len(spec.workers) + 60)
+            await asyncio.to_thread(remove_old, old)
+            log.info("model_old_copy_removed", path=str(old))
+
+        self.spawn(remove_when_rolled())
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(
@@ -565,7 +753,12 @@ class Agent:
 
     def _refresh(self) -> None:
         # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
-        current = (dict(self.sup.workers), self.sup.rollout, self.sup.rollout_reason)
+        current = (
+            dict(self.sup.workers),
+            self.sup.rollout,
+            self.sup.rollout_reason,
+            self._staging,
+        )
         if current == self._last_refresh:
             return
         self._last_refresh = current
@@ -610,6 +803,7 @@ class Agent:
             mono_to_wall=self._wall() - self._clock(),
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
             gateway=self._sync.status() if self._sync is not None else None,
+            staging=self._staging,
         )
 
     # ---- FarmOps -------------------------------------------------------------------------
@@ -628,7 +822,13 @@ class Agent:
         return self._startup
 
     async def start(self, worker_ids: Sequence[int]) -> None:
+        """Start workers; while a failed stage holds the farm, stage again first (raises
+        StageError when it fails again: nothing starts)."""
         async with self._changes:
+            if self._staging is not None and self._staging.blocks_rollout:
+                result = await self._stage(self._spec, keep_old=bool(self._loaded()))
+                self._held_by_stage = None
+                self._after_swap(result)
             if self._hooks.refresh_preflight is not None:
                 await self._hooks.refresh_preflight(self._spec)
             ids = [w for w in worker_ids if w in self.sup.workers]
@@ -715,6 +915,23 @@ class Agent:
             )
             log.error("reload_rejected", problems=[problem])
             return ReloadResult(applied=False, problems=(problem,))
+        staged: StageResult | None = None
+        restage = new.model is not None and (
+            new.model != old.model
+            or model_target(new) != (model_target(old) if old.model is not None else None)
+            or (self._staging is not None and self._staging.blocks_rollout)
+        )
+        if restage:
+            # A new source or revision: staged beside the copy workers load from now, which
+            # stays until they have rolled to the new one.
+            try:
+                staged = await self._stage(new, keep_old=bool(self._loaded()))
+            except StageError as exc:
+                problem = f"{new.source}: [model] not staged: {exc.message}; {exc.fix}"
+                log.error("reload_rejected", problems=[problem])
+                return ReloadResult(applied=False, problems=(problem,))
+        elif new.model is None and old.model is not None:
+            self._set_staging(None)  # the model is no longer the farm's to stage
         if self._hooks.refresh_preflight is not None:
             await self._hooks.refresh_preflight(new)
         plan = plan_reload(
@@ -747,14 +964,24 @@ class Agent:
             added=list(plan.added),
             removed=list(plan.removed),
         )
-        if plan.added:
+        changed = list(plan.changed)
+        if staged is not None and not staged.current:
+            # Every worker that loaded the previous copy rolls to the new one, in waves.
+            changed = sorted({*changed, *(w for w in self._loaded() if w not in plan.added)})
+        held, self._held_by_stage = self._held_by_stage, None
+        if held is not None:
+            # The stage that held the rollout at start has now succeeded: the rollout begins.
+            self._apply_actions(self.sup.start(list(new.worker_ids), self._clock()))
+        elif plan.added:
             self._apply_actions(self.sup.start(list(plan.added), self._clock()))
-        if plan.changed:
+        if changed:
             self._apply_actions(
-                self.sup.restart_rolling(plan.changed, RestartReason.CONFIG, self._clock())
+                self.sup.restart_rolling(changed, RestartReason.CONFIG, self._clock())
             )
+        if staged is not None:
+            self._after_swap(staged)
         self._last_refresh = None  # the spec changed (ports, names): rebuild the view
         self._refresh()
         return ReloadResult(
-            applied=True, restarted=plan.changed, added=plan.added, removed=plan.removed
+            applied=True, restarted=tuple(changed), added=plan.added, removed=plan.removed
         )

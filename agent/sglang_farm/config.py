@@ -48,6 +48,7 @@ from sglang_farm.spec import (
     GatewaySpec,
     HealthPolicy,
     MetricsSpec,
+    ModelSpec,
     OomAdjust,
     OomPolicy,
     OomStep,
@@ -580,7 +581,7 @@ def _flag_value(v: object) -> FlagValue:
 
 _SECTIONS = (
     "farm", "workers", "startup", "health", "restart", "oom", "metrics", "control", "gateway",
-    "sglang",
+    "sglang", "model",
 )
 
 _KEY_HINTS: dict[_Path, str] = {
@@ -845,6 +846,90 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
                     f"{host!r} (not loopback): without a key anyone who reaches it can add "
                     "and remove its workers")
     return g
+
+
+# --- [model] (model staging, docs/staging.md) -----------------------------------------
+
+_REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+               "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _model_source(v: object) -> str:
+    if isinstance(v, str) and (v.startswith("/") or _REPO_ID_RE.fullmatch(v)):
+        return v.rstrip("/") if v != "/" else v
+    raise _Bad(f"expected an absolute directory (a persistent disk, NFS) or a Hugging Face "
+               f"repo id like 'Qwen/Qwen3-8B', got {_show(v)}")
+
+
+def _revision(v: object) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]*", v):
+        raise _Bad(f"expected a branch, tag or commit of the repo, got {_show(v)}")
+    return v
+
+
+def _size(v: object) -> int:
+    if _is_int(v) and isinstance(v, int) and v >= 0:
+        return v
+    m = _SIZE_RE.fullmatch(v.strip()) if isinstance(v, str) else None
+    if m is None:
+        raise _Bad(f"expected a size: bytes (a number) or a string like '4GiB', '512MiB', "
+                   f"got {_show(v)}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def _model(r: _Reader, doc: _Table) -> ModelSpec | None:
+    if "model" not in doc:
+        return None
+    path = ("model",)
+    tbl = r.table(path, doc["model"], (
+        "source", "revision", "warm_page_cache", "headroom", "token_file", "cache_dir"))
+    if "source" not in tbl:
+        if isinstance(doc["model"], dict):
+            r.p.add((*path, "source"), "missing: [model] needs source = '/persistent/dir' "
+                    "or a Hugging Face repo id ('org/name')")
+        return None
+    source = r.get(tbl, path, "source", _model_source, "")
+    d = ModelSpec(source)
+    m = ModelSpec(
+        source=source,
+        revision=r.get(tbl, path, "revision", _revision, d.revision),
+        warm_page_cache=r.get(tbl, path, "warm_page_cache", _bool, d.warm_page_cache),
+        headroom=r.get(tbl, path, "headroom", _size, d.headroom),
+        token_file=r.get(tbl, path, "token_file", _key_file, d.token_file),
+        cache_dir=r.get(tbl, path, "cache_dir", _abs_path, d.cache_dir),
+    )
+    if not source:
+        return None  # its problem is recorded; the other keys were checked all the same
+    if m.is_local:
+        for key in ("revision", "token_file", "cache_dir"):
+            if key in tbl:
+                r.p.add((*path, key), f"only for a Hugging Face repo source; {source!r} is a "
+                        "local directory: remove it")
+    return m
+
+
+def _check_model(r: _Reader, model: ModelSpec | None, workers: list[WorkerSpec]) -> None:
+    """[model] stages into the workers' one model path: absolute, the same for all."""
+    if model is None or not workers:
+        return
+    paths = {w.flags.get("model_path") for w in workers}
+    target = workers[0].flags.get("model_path")
+    if len(paths) != 1 or not isinstance(target, str):
+        r.p.add(("sglang", "model_path"), "[model] stages one copy for every worker: set "
+                "model_path in [sglang] (not per worker) to where workers load it from, "
+                "e.g. '/dev/shm/model'")
+        return
+    if not target.startswith("/") or target.rstrip("/") in ("", "/dev/shm", "/tmp"):
+        r.p.add(("sglang", "model_path"), f"[model] stages into model_path: expected an "
+                f"absolute directory of its own (e.g. '/dev/shm/Qwen3.6-27B'), got {target!r}")
+        return
+    t = target.rstrip("/")
+    if model.is_local and (t == model.source or t.startswith(model.source + "/")
+                           or model.source.startswith(t + "/")):
+        r.p.add(("model", "source"), f"the source {model.source!r} and the workers' "
+                f"model_path {target!r} overlap; the source must be another directory")
 
 
 _OOM_OPS = ("set", "add", "multiply")
@@ -1312,6 +1397,7 @@ def check_spec(
     metrics = _metrics(r, doc)
     control = _control(r, doc)
     gateway = _gateway(r, doc)
+    model = _model(r, doc)
     raw_flags = doc.get("sglang", {})
     base_flags: dict[str, FlagValue] = {}
     if isinstance(raw_flags, dict):
@@ -1322,6 +1408,7 @@ def check_spec(
     if resolved is not None:
         workers, claims = resolved
         _cross_check(r, farm, workers, claims, startup, oom, oom_indices, metrics, gateway)
+        _check_model(r, model, workers)
     if problems or resolved is None:
         raise ConfigError(source, problems.sorted() or [f"{source}: no workers"])
     spec = FarmSpec(
@@ -1335,6 +1422,7 @@ def check_spec(
         metrics=metrics,
         control=control,
         gateway=gateway,
+        model=model,
     )
     return LoadResult(spec, tuple(problems.sorted_warnings()))
 

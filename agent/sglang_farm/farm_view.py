@@ -22,6 +22,7 @@ __all__ = [
     "Phase",
     "Quarantine",
     "RestartRecord",
+    "StagingView",
     "WorkerView",
     "build_view",
 ]
@@ -36,6 +37,36 @@ class GatewayStatus:
     members: int  # the farm's own workers the gateway routes to (as last confirmed)
     errors: int  # failed calls and reconciles since the agent started
     last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StagingView:
+    """The model stage ([model], docs/staging.md): the one in progress or the last one,
+    and the totals the metrics count. The rollout waits while `state` is "staging";
+    after "failed" no worker starts until a stage succeeds (`farmctl start`, a reload)."""
+
+    source: str  # [model] source (and revision)
+    target: str  # the workers' model_path
+    state: str  # "waiting" | "staging" | "done" | "current" | "failed"
+    since: float  # wall clock: when `state` was entered
+    step: str | None = None  # while staging: "checking", "downloading", "copying", "warming"
+    bytes_done: int = 0
+    bytes_total: int = 0
+    rate: float | None = None  # bytes/s of the step under way
+    eta_s: float | None = None
+    error: str | None = None  # failed: what, where, by how much
+    error_kind: str | None = None  # failed: a staging.failure.StageFailureKind value
+    fix: str | None = None  # failed: what to do
+    last_copied_bytes: int = 0  # the last completed stage's copied bytes (0: it was current)
+    last_duration_s: float | None = None
+    # Since the agent started (the exporter's counters):
+    staged_bytes_total: int = 0
+    stages_total: int = 0
+    failures_by_kind: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def blocks_rollout(self) -> bool:
+        return self.state in ("waiting", "staging", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +125,7 @@ class FarmView:
     rollout: str  # "idle" | "canary" | "rolling" | "done" | "halted"
     rollout_reason: str | None = None  # why a rollout halted
     gateway: GatewayStatus | None = None  # None: no [gateway]
+    staging: StagingView | None = None  # None: no [model]
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
@@ -117,6 +149,7 @@ def build_view(
     mono_to_wall: float,
     argv: Mapping[int, Sequence[str]],
     gateway: GatewayStatus | None = None,
+    staging: StagingView | None = None,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
@@ -171,4 +204,5 @@ def build_view(
         rollout=rollout,
         rollout_reason=rollout_reason,
         gateway=gateway,
+        staging=staging,
     )

@@ -11,7 +11,8 @@ Conventions (docs/metrics.md lists every family):
   `gpu` = its indices joined with commas in worker order, e.g. "0,1";
 - `worker` is the worker id; `uuid` the GPU UUID;
 - the gateway's series (and each worker's `in_gateway`) exist only when the config
-  has a [gateway]: absent, not 0, on a farm without one;
+  has a [gateway]: absent, not 0, on a farm without one; the model stage's only
+  with a [model];
 - a reading that is unknown (NotSupported, worker not polled yet) is absent,
   never 0 or NaN.
 """
@@ -28,11 +29,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sglang_farm import __version__
 from sglang_farm.failures import OomKind, RestartReason
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, StagingView
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
+from sglang_farm.staging.failure import StageFailureKind
 from sglang_farm.workerstats import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
+STAGE_STATES = ("waiting", "staging", "done", "current", "failed")
+# A stop while staging is no failure of the stage: not counted.
+STAGE_FAILURE_KINDS = tuple(str(k) for k in StageFailureKind if k is not StageFailureKind.CANCELLED)
 # Phases in which a worker serves HTTP, so its polled figures mean something. A draining
 # worker is out of the gateway but still finishing its requests: its running and queued
 # figures falling to 0 are the drain itself.
@@ -124,6 +129,8 @@ class FarmCollector(Collector):
         yield from self._agent(st)
         if st.farm is not None and st.farm.gateway is not None:
             yield from _gateway(st.farm.gateway)
+        if st.farm is not None and st.farm.staging is not None:
+            yield from _staging(st.farm.staging)
         if st.fleet is not None:
             yield from _gpus(st.fleet)
         if st.farm is not None:
@@ -200,6 +207,62 @@ def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
     )
     errors.add_metric([], gw.errors)
     yield errors
+
+
+def _staging(sg: StagingView) -> Iterator[Metric]:
+    # Only with a [model]: a farm that does not stage its model has no staging series.
+    state = _g(
+        "sglang_farm_model_stage_state",
+        "The model stage's state (a state set); failed holds the rollout.",
+        ["state"],
+    )
+    for s in STAGE_STATES:
+        state.add_metric([s], 1 if sg.state == s else 0)
+    yield state
+    staged = _c(
+        "sglang_farm_model_staged_bytes",
+        "Bytes copied into the workers' model path by completed stages since the agent started.",
+        [],
+    )
+    staged.add_metric([], sg.staged_bytes_total)
+    yield staged
+    stages = _c(
+        "sglang_farm_model_stages",
+        "Completed model stages since the agent started (a current copy counts, copying nothing).",
+        [],
+    )
+    stages.add_metric([], sg.stages_total)
+    yield stages
+    failures = _c(
+        "sglang_farm_model_stage_failures",
+        "Failed model stages since the agent started, by what failed.",
+        ["kind"],
+    )
+    for kind in STAGE_FAILURE_KINDS:
+        failures.add_metric([kind], sg.failures_by_kind.get(kind, 0))
+    yield failures
+    if sg.last_duration_s is not None:
+        took = _g(
+            "sglang_farm_model_stage_duration_seconds",
+            "How long the last model stage took (completed or failed).",
+        )
+        took.add_metric([], sg.last_duration_s)
+        yield took
+    if sg.state == "staging" and sg.bytes_total:
+        done = _g(
+            "sglang_farm_model_stage_progress_bytes",
+            "Bytes done of the stage step under way (download, copy or warm-up).",
+            ["step"],
+        )
+        total = _g(
+            "sglang_farm_model_stage_size_bytes",
+            "Bytes the stage step under way handles in all.",
+            ["step"],
+        )
+        done.add_metric([sg.step or ""], sg.bytes_done)
+        total.add_metric([sg.step or ""], sg.bytes_total)
+        yield done
+        yield total
 
 
 def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:

@@ -155,6 +155,28 @@ class GatewaySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """`[model]`: where the workers' model comes from; staged into `[sglang] model_path`
+    before any worker starts (docs/staging.md). Absent: the farm never touches the model."""
+
+    # An absolute directory (a persistent disk, NFS) or a Hugging Face repo id ("org/name").
+    source: str
+    revision: str | None = None  # Hub: a branch, tag or commit; None = "main"
+    # Read every staged file once so the workers' loads hit the page cache (not on tmpfs).
+    warm_page_cache: bool = False
+    # Free space beyond the model's size the target must keep (bytes).
+    headroom: int = 1 << 30
+    # Hub: a root-only file holding the token (never the config itself or argv).
+    token_file: str | None = None
+    # Hub: the persistent download cache; None = <state_dir>/hub-cache.
+    cache_dir: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.source.startswith("/")
+
+
+@dataclass(frozen=True, slots=True)
 class ControlSpec:
     """`[control]`: the local control socket."""
 
@@ -198,6 +220,7 @@ class FarmSpec:
     metrics: MetricsSpec = MetricsSpec()
     control: ControlSpec = ControlSpec()
     gateway: GatewaySpec = GatewaySpec()
+    model: ModelSpec | None = None  # [model]: staged before the rollout (None: not managed)
 
     def worker(self, worker_id: int) -> WorkerSpec:
         """The worker with this id; KeyError if there is none."""

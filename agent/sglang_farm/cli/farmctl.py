@@ -12,14 +12,13 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import IO, Any, NoReturn, TypeVar
 
 import click
 
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
-from sglang_farm.control.codec import Reply
+from sglang_farm.control.wire import Reply
 from sglang_farm.errors import AgentError, AgentUnreachable, SocketPermissionDenied
 from sglang_farm.paths import DEFAULT_SOCKET
 
@@ -59,13 +58,13 @@ class Unreachable(FarmctlError):
     exit_code = Exit.UNREACHABLE
 
 
-
 def _version() -> str:
     """farmctl's version, looked up only by the commands that print it (importlib.metadata
     costs ~30 ms, a third of a `farmctl status`)."""
     from sglang_farm import __version__
 
     return __version__
+
 
 def _unreachable(exc: AgentUnreachable) -> FarmctlError:
     return Unreachable(f"{exc}; is sglang-farm running? (systemctl status sglang-farm)")
@@ -99,16 +98,18 @@ def _agent_error(cmd: str, exc: AgentError, as_json: bool) -> FarmctlError:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass
 class Ctl:
-    """What the root command hands to its subcommands (`ctx.obj`)."""
+    """What the root command hands to its subcommands (`ctx.obj`).
 
-    socket: str
-    as_json: bool
-    client: Client = field(init=False)
+    A plain class: `dataclasses` costs farmctl ~10 ms at import (issue 17).
+    """
 
-    def __post_init__(self) -> None:
-        self.client = Client(self.socket)
+    __slots__ = ("as_json", "client", "socket")
+
+    def __init__(self, socket: str, as_json: bool) -> None:
+        self.socket = socket
+        self.as_json = as_json
+        self.client = Client(socket)
 
     def call(
         self, cmd: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None
@@ -295,6 +296,33 @@ def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
     return f"gateway {gw.get('url')} · {state}"
 
 
+def staging_line(sg: Mapping[str, Any]) -> str:
+    """The model stage in one line: progress (bytes, rate, time left), or how it ended."""
+    from sglang_farm.staging.plan import gib
+    from sglang_farm.staging.progress import StageProgress, describe, seconds_text
+
+    head = f"model {sg.get('source')} -> {sg.get('target')}"
+    state = sg.get("state")
+    if state == "staging":
+        done, total = int(sg.get("bytes_done") or 0), int(sg.get("bytes_total") or 0)
+        rate = sg.get("rate_bytes_per_s")
+        elapsed = done / float(rate) if rate else 0.0
+        progress = StageProgress(sg.get("step") or "checking", done, total, elapsed)
+        return f"{head} · staging: {describe(progress)}"
+    if state == "failed":
+        return (
+            f"{head} · staging FAILED [{sg.get('error_kind')}]: {sg.get('error')}; "
+            f"what to do: {sg.get('fix')}; no worker starts until a stage succeeds"
+        )
+    if state == "waiting":
+        return f"{head} · waiting to stage"
+    took = sg.get("last_duration_s")
+    when = f" in {seconds_text(float(took))}" if took is not None else ""
+    if state == "current":
+        return f"{head} · staged (the copy in place was current{when})"
+    return f"{head} · staged ({gib(int(sg.get('last_copied_bytes') or 0))} copied{when})"
+
+
 def format_status(st: Mapping[str, Any]) -> str:
     """The `farmctl status` text: a header line, the gateway's line when there is one,
     a table, and one line per quarantined GPU or failure (and for a gateway that does
@@ -352,7 +380,14 @@ def format_status(st: Mapping[str, Any]) -> str:
             f"gateway {gw.get('url')} is not answering{why}; the farm keeps supervising "
             "its workers and retries"
         )
-    out = [head, *([_gateway_line(gw, len(workers))] if gw is not None else []), "", _table(rows)]
+    sg: Mapping[str, Any] | None = st.get("staging")
+    out = [
+        head,
+        *([_gateway_line(gw, len(workers))] if gw is not None else []),
+        *([staging_line(sg)] if sg is not None else []),
+        "",
+        _table(rows),
+    ]
     if notes:
         out += ["", *notes]
     return "\n".join(out)
@@ -681,9 +716,12 @@ def why(ctl: Ctl, worker: int) -> None:
         click.echo(str(r["state_note"]))
     if r.get("next_step"):
         click.echo(f"next step: {r['next_step']}")
+    sg = r.get("staging")
+    if sg and sg.get("state") == "staging":
+        click.echo(staging_line(sg))  # the progress; a failed stage is the note above
     f = r.get("last_failure")
     if not f:
-        if not r.get("quarantine"):  # a quarantine is the GPU's failure, said above
+        if not r.get("quarantine") and not sg:  # said above: the GPU's or the stage's failure
             click.echo("no failure recorded")
         return
     when = ""

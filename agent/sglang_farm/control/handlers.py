@@ -184,7 +184,9 @@ class Handlers:
     async def _why(self, req: Request, channel: Channel) -> Result:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         view = self._ops.view()
-        return results.why_result(self._known(view, req.args.worker, req.id), view.gateway)
+        return results.why_result(
+            self._known(view, req.args.worker, req.id), view.gateway, view.staging
+        )
 
     async def _logs(self, req: Request, channel: Channel) -> Result:
         a = req.args
@@ -252,7 +254,17 @@ class Handlers:
     # --- state-changing commands -------------------------------------------------
 
     async def _start(self, req: Request, channel: Channel) -> Result:
-        return await self._change(req, self._ops.start)
+        from sglang_farm.staging.failure import StageError
+
+        try:
+            return await self._change(req, self._ops.start)
+        except StageError as exc:
+            # A failed model stage holds the farm; start staged again and failed again.
+            raise RequestError(
+                ErrorCode.FAILED,
+                f"not started: the model could not be staged: {exc.message}; {exc.fix}",
+                req.id,
+            ) from exc
 
     async def _stop(self, req: Request, channel: Channel) -> Result:
         drain = self._drain(req)

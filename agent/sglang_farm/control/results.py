@@ -15,7 +15,14 @@ from collections.abc import Mapping, Sequence
 from sglang_farm import xid
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
+from sglang_farm.farm_view import (
+    FarmView,
+    GatewayStatus,
+    Phase,
+    Quarantine,
+    StagingView,
+    WorkerView,
+)
 
 Result = dict[str, object]
 
@@ -103,6 +110,45 @@ def gateway_result(g: GatewayStatus | None) -> Result | None:
 _QUEUE_PHASES = frozenset({Phase.READY, Phase.UNHEALTHY, Phase.DRAINING})
 
 
+def staging_result(s: StagingView | None) -> Result | None:
+    """The model stage ([model]): under way (bytes, rate, time left) or the last one."""
+    if s is None:
+        return None
+    return {
+        "source": s.source,
+        "target": s.target,
+        "state": s.state,
+        "since": s.since,
+        "step": s.step,
+        "bytes_done": s.bytes_done,
+        "bytes_total": s.bytes_total,
+        "rate_bytes_per_s": s.rate,
+        "eta_s": s.eta_s,
+        "error": s.error,
+        "error_kind": s.error_kind,
+        "fix": s.fix,
+        "last_copied_bytes": s.last_copied_bytes,
+        "last_duration_s": s.last_duration_s,
+    }
+
+
+def staging_note(w: WorkerView, s: StagingView | None) -> str | None:
+    """Why a stopped worker has not started: the rollout waits on (or was stopped by) the
+    model stage. None when the stage is not what holds it."""
+    if s is None or w.phase is not Phase.STOPPED or not s.blocks_rollout:
+        return None
+    if s.state == "failed":
+        return (
+            f"not started: the model could not be staged into {s.target}: {s.error}. "
+            f"What to do: {s.fix}. No worker starts until a stage succeeds "
+            "(`farmctl start all` or a reload stages again)"
+        )
+    return (
+        f"waiting for the model to be staged into {s.target} (from {s.source}); the "
+        "rollout begins once it is in place"
+    )
+
+
 def _with_queue(result: Result, queued: float | None) -> Result:
     if queued is not None:
         result["queue_depth"] = queued
@@ -118,8 +164,8 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    and the gateway (null without one)."""
-    return {
+    the gateway (null without one), and with a [model] its stage (`staging`, last)."""
+    result: Result = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
         "farm": view.name,
@@ -149,6 +195,9 @@ def status_result(
         ],
         "gateway": gateway_result(view.gateway),
     }
+    if view.staging is not None:
+        result["staging"] = staging_result(view.staging)
+    return result
 
 
 def version_result(version: str) -> Result:
@@ -199,13 +248,15 @@ def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
     return None
 
 
-def why_result(w: WorkerView, gateway: GatewayStatus | None = None) -> Result:
+def why_result(
+    w: WorkerView, gateway: GatewayStatus | None = None, staging: StagingView | None = None
+) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it,
     what its state means now (`state_note`: quarantined, draining, or ready but out of the
     gateway), and for a quarantined GPU the quarantine and the operator's `next_step`."""
     f = w.last_failure
     q = w.quarantine
-    return {
+    result: Result = {
         "worker": w.id,
         "state": str(w.phase),
         "since": w.since,
@@ -217,11 +268,15 @@ def why_result(w: WorkerView, gateway: GatewayStatus | None = None) -> Result:
         "oom_step_name": w.oom_step_name,
         "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
         "in_gateway": w.in_gateway,
-        "state_note": state_note(w, gateway),
+        "state_note": staging_note(w, staging) or state_note(w, gateway),
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q) if q is not None else None,
     }
+    if staging_note(w, staging):
+        # The stage that holds this worker (a failed one: its error and fix).
+        result["staging"] = staging_result(staging)
+    return result
 
 
 def endpoints_result(view: FarmView) -> Result:

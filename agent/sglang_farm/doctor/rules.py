@@ -40,7 +40,7 @@ from sglang_farm.sglang_flags import (
     unknown_flag_hint,
     version_text,
 )
-from sglang_farm.spec import FarmSpec, FlagValue, WorkerSpec
+from sglang_farm.spec import FarmSpec, FlagValue, ModelSpec, WorkerSpec
 
 AUTO = "auto"
 GIB = 1024**3
@@ -188,6 +188,8 @@ class Observations:
     ports: Mapping[tuple[str, int], str | None]  # (host, port) -> None if free, else why not
     models: Mapping[str, PathFacts]  # model_path as configured -> facts
     shm_free_bytes: int | None = None
+    # The config file's permission bits (st_mode & 0o7777), None when not looked at.
+    config_mode: int | None = None
 
 
 # --- pure rules ------------------------------------------------------------------------
@@ -765,13 +767,21 @@ def _port_checks(obs: Observations, w: WorkerSpec) -> list[Check]:
     return out
 
 
-def _model_checks(obs: Observations, w: WorkerSpec, mem_total: int | None) -> list[Check]:
+def _model_checks(
+    obs: Observations, w: WorkerSpec, mem_total: int | None, model: ModelSpec | None = None
+) -> list[Check]:
     raw = w.flags.get("model_path")
     if not isinstance(raw, str):
         return []
     facts = obs.models.get(raw)
     out: list[Check] = []
     if facts is None:
+        return out
+    if not facts.exists and model is not None and raw.startswith("/"):
+        # [model]: the agent stages it here before any worker starts (docs/staging.md).
+        out.append(Check(CheckId.MODEL_PATH, Status.PASS,
+                         f"{raw} is not there yet: the agent stages it from {model.source} "
+                         "before any worker starts ([model])"))
         return out
     if not facts.exists:
         if _HF_REPO_RE.match(raw) and not raw.startswith((".", "/")):
@@ -783,8 +793,12 @@ def _model_checks(obs: Observations, w: WorkerSpec, mem_total: int | None) -> li
         else:
             tmpfs = (" (/dev/shm is a tmpfs, emptied at every boot: copy the model there again)"
                      if raw.startswith("/dev/shm") else "")
+            fix = ("add a [model] section (source = the model's persistent directory or Hugging "
+                   "Face repo id): the agent then stages it here at every start, before any "
+                   "worker (docs/staging.md)" if raw.startswith("/dev/shm")
+                   else "copy the model there or set model_path in [sglang]")
             out.append(Check(CheckId.MODEL_PATH, Status.FAIL, f"{raw} does not exist{tmpfs}",
-                             "copy the model there or set model_path in [sglang]"))
+                             fix))
         return out
     if not facts.is_dir or not facts.has_config:
         out.append(Check(CheckId.MODEL_PATH, Status.FAIL,
@@ -794,6 +808,13 @@ def _model_checks(obs: Observations, w: WorkerSpec, mem_total: int | None) -> li
         return out
     size = f" ({_gb(facts.weights_bytes)} of weights)" if facts.weights_bytes else ""
     out.append(Check(CheckId.MODEL_PATH, Status.PASS, f"{raw} has config.json{size}"))
+    if facts.in_shm and model is None:
+        out.append(Check(CheckId.SHM, Status.WARN,
+                         f"{raw} is on /dev/shm, a tmpfs emptied at every boot, and nothing "
+                         "puts it back: after a reboot every worker fails its load",
+                         "add a [model] section (source = the model's persistent directory or "
+                         "Hugging Face repo id): the agent stages it into model_path at every "
+                         "start, before any worker (docs/staging.md)"))
     if facts.in_shm and obs.shm_free_bytes is not None:
         used = _gb(facts.size_bytes or 0)
         if obs.shm_free_bytes < SHM_MIN_FREE_BYTES:
@@ -860,6 +881,27 @@ def _exposure_check(w: WorkerSpec) -> Check:
                  "can reach this host can use them, admin routes included", _FIX_EXPOSURE)
 
 
+def config_secrets_check(spec: FarmSpec, mode: int | None) -> Check | None:
+    """A warning when the config holds a secret (an `api_key`, or any `env` value: the
+    farm treats every configured variable as possibly a token) and the file is readable
+    by every local user (`mode & 0o004`); None otherwise. The units never show them
+    (docs/security.md), but the file itself would."""
+    if mode is None or not mode & 0o004:
+        return None
+    what = []
+    if any(w.flags.get("api_key") for w in spec.workers):
+        what.append("api_key")
+    if spec.farm.env or any(w.env for w in spec.workers):
+        what.append("environment values (env)")
+    if not what:
+        return None
+    return Check(
+        CheckId.EXPOSURE, Status.WARN,
+        f"{spec.source} holds {' and '.join(what)} and is readable by every local user "
+        f"(mode {mode & 0o7777:04o})",
+        f"chmod 0640 {spec.source} (root:sglang-farm) or chmod 0600 {spec.source}")
+
+
 def _merge(checks: Iterable[tuple[int | None, Check]]) -> tuple[Check, ...]:
     """One row per distinct verdict, with the workers it applies to (first-seen order)."""
     rows: dict[tuple[CheckId, Status, str, str], list[int]] = {}
@@ -910,8 +952,11 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
         found += [(w.id, c) for c in _port_checks(obs, w)]
         found.append((w.id, _exposure_check(w)))
         if spec.farm.module == SGLANG_MODULE:
-            found += [(w.id, c) for c in _model_checks(obs, w, mem_total)]
+            found += [(w.id, c) for c in _model_checks(obs, w, mem_total, spec.model)]
             found += [(w.id, c) for c in _memory_fraction_check(w, mem_total)]
+    secrets = config_secrets_check(spec, obs.config_mode)
+    if secrets is not None:
+        found.append((None, secrets))
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):

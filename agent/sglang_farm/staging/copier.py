@@ -1,0 +1,262 @@
+"""I/O: make a target directory hold exactly a source's files, never half-copied.
+
+Under the target's stage lock: stale temporaries of a killed stage are removed; the plan
+(`plan.plan_stage`) says what to copy; the free space is checked first (`plan.space_problem`);
+the files are copied into a temporary sibling (`.<name>.staging-<pid>`, same filesystem),
+unchanged ones hard-linked from the current copy; each copied file's size is checked and
+its bytes hashed as they stream (sha256, or the git blob id of a Hub small file) against
+the digest the source vouches for; the manifest is recorded inside; then the sibling is
+renamed into place. The previous copy is renamed aside first (`.<name>.old-…`) and removed
+now, or by the caller once no worker uses it (a reload's rolling restart).
+
+A worker only ever sees the old copy or the new one: a kill at any point leaves the
+target as it was, and the next stage removes the temporary and starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_farm.atomicfile import fsync_dir
+from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.staging.lock import stage_lock
+from sglang_farm.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_from_json
+from sglang_farm.staging.plan import MountFacts, gib, plan_stage, space_problem
+from sglang_farm.staging.progress import StageProgress
+from sglang_farm.staging.source import walk_sizes
+from sglang_farm.staging.space import mount_facts
+
+CHUNK = 8 << 20  # bytes per read: large enough for the page cache's read-ahead
+# The workers run as [farm] user, the agent as root under UMask=0077: the copy's modes are
+# set explicitly, whatever the umask, so that the workers can read it.
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+REPORT_EVERY_S = 0.25  # progress reports at most this often (they rebuild the farm view)
+
+Report = Callable[[StageProgress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    target: Path
+    copied_files: int
+    copied_bytes: int
+    total_bytes: int
+    current: bool  # the staged copy was already exactly the source: nothing was done
+    old_copy: Path | None  # the previous copy, renamed aside, still to be removed
+    seconds: float
+    origin: str = ""
+
+
+def temp_sibling(target: Path) -> Path:
+    return target.parent / f".{target.name}.staging-{os.getpid()}"
+
+
+def _leftovers(target: Path) -> list[Path]:
+    """Temporaries of stages that were killed, and old copies a reload left behind."""
+    parent = target.parent
+    if not parent.is_dir():
+        return []
+    prefixes = (f".{target.name}.staging-", f".{target.name}.old-")
+    return [p for p in parent.iterdir() if p.name.startswith(prefixes)]
+
+
+def _recorded(target: Path) -> Manifest | None:
+    try:
+        return manifest_from_json((target / MANIFEST_NAME).read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class _Copy:
+    """One stage's byte copying: progress, cancellation, verification."""
+
+    def __init__(
+        self, total: int, report: Report, cancel: threading.Event, clock: Callable[[], float]
+    ) -> None:
+        self.total = total
+        self.done = 0
+        self.report = report
+        self.cancel = cancel
+        self.clock = clock
+        self.started = clock()
+        self.last = 0.0
+
+    def tell(self, force: bool = False) -> None:
+        now = self.clock()
+        if force or now - self.last >= REPORT_EVERY_S:
+            self.last = now
+            self.report(StageProgress("copying", self.done, self.total, now - self.started))
+
+    def file(self, src: Path, dst: Path, entry: FileEntry, origin: str) -> None:
+        sha = hashlib.sha256() if entry.sha256 else None
+        # git's blob id of a Hub small file is a sha1 over "blob <size>\0" + content.
+        git = hashlib.sha1(b"blob %d\0" % entry.size) if entry.git_sha1 else None
+        _mkdirs(dst.parent)
+        n = 0
+        try:
+            with open(src, "rb") as fin, open(dst, "xb") as fout:
+                os.fchmod(fout.fileno(), FILE_MODE)
+                while chunk := fin.read(CHUNK):
+                    if self.cancel.is_set():
+                        raise StageError(
+                            StageFailureKind.CANCELLED,
+                            f"stage of {origin} cancelled at {entry.path}",
+                            "the agent is stopping; the next start stages again",
+                        )
+                    fout.write(chunk)
+                    n += len(chunk)
+                    self.done += len(chunk)
+                    if sha is not None:
+                        sha.update(chunk)
+                    if git is not None:
+                        git.update(chunk)
+                    self.tell()
+                fout.flush()
+                os.fsync(fout.fileno())
+                written = os.fstat(fout.fileno()).st_size
+        except FileNotFoundError as exc:
+            if exc.filename == str(src):
+                raise StageError(
+                    StageFailureKind.SOURCE_MISSING,
+                    f"{entry.path} vanished from the model source {origin} while staging",
+                    "restore the source (or wait for whatever changes it), then "
+                    "`farmctl start all` stages again",
+                ) from exc
+            raise
+        if n != entry.size or written != entry.size:
+            raise StageError(
+                StageFailureKind.SIZE_MISMATCH,
+                f"{entry.path}: copied {n} bytes, the source listed {entry.size} "
+                f"(from {origin}); it changed while being copied",
+                "stage again once the source is quiet (`farmctl start all`)",
+            )
+        got = sha.hexdigest() if sha is not None else git.hexdigest() if git is not None else None
+        want = entry.sha256 or entry.git_sha1
+        if got is not None and got != want:
+            raise StageError(
+                StageFailureKind.CHECKSUM_MISMATCH,
+                f"checksum mismatch: {entry.path} from {origin} hashes to {got}, the source "
+                f"vouches for {want} ({entry.digest_text.split()[0]})",
+                f"the source file is corrupt or the checksum is stale: check it with "
+                f"`sha256sum {src}`, restore the file (or regenerate SHA256SUMS), then "
+                "`farmctl start all`",
+            )
+
+
+def _mkdirs(d: Path) -> None:
+    """`d` and its missing parents, each DIR_MODE whatever the umask."""
+    if d.is_dir():
+        return
+    _mkdirs(d.parent)
+    with contextlib.suppress(FileExistsError):
+        d.mkdir()
+        os.chmod(d, DIR_MODE)
+
+
+def stage_copy(
+    root: Path,
+    manifest: Manifest,
+    target: Path,
+    *,
+    headroom: int,
+    cancel: threading.Event,
+    report: Report = lambda _p: None,
+    measure: Callable[[Path], MountFacts] = mount_facts,
+    keep_old: bool = False,
+    on_wait: Callable[[str], None] = lambda _holder: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StageResult:
+    """Make `target` hold exactly `manifest`'s files from `root`. Raises StageError."""
+    t0 = clock()
+    with stage_lock(target, cancel=cancel, on_wait=on_wait):
+        for left in _leftovers(target):
+            shutil.rmtree(left, ignore_errors=True)  # ours, under the lock: nobody writes there
+        if target.exists() and not target.is_dir():
+            raise StageError(
+                StageFailureKind.IO_ERROR,
+                f"{target} ([sglang] model_path) exists and is not a directory",
+                f"remove it (rm {target}) or point model_path elsewhere",
+            )
+        present = walk_sizes(target) if target.is_dir() else {}
+        plan = plan_stage(manifest, _recorded(target), present)
+        if plan.current:
+            return StageResult(
+                target, 0, 0, manifest.total_bytes, True, None, clock() - t0, manifest.origin
+            )
+        facts = measure(target.parent)
+        problem = space_problem(plan.copy_bytes, headroom, facts, str(target), manifest.origin)
+        if problem is not None:
+            raise StageError(StageFailureKind.NO_SPACE, *problem)
+        tmp = temp_sibling(target)
+        copy = _Copy(plan.copy_bytes, report, cancel, clock)
+        try:
+            _mkdirs(tmp)
+            for f in plan.keep:
+                dst = tmp / f.path
+                _mkdirs(dst.parent)
+                try:
+                    os.link(target / f.path, dst)
+                except OSError:
+                    shutil.copy2(target / f.path, dst)  # a filesystem without hard links
+            copy.tell(force=True)
+            for f in plan.copy:
+                copy.file(root / f.path, tmp / f.path, f, manifest.origin)
+            copy.tell(force=True)
+            (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+            os.chmod(tmp / MANIFEST_NAME, FILE_MODE)
+            fsync_dir(tmp)
+            old: Path | None = None
+            if target.exists():
+                old = target.parent / f".{target.name}.old-{os.getpid()}-{time.time_ns()}"
+                os.rename(target, old)
+            os.rename(tmp, target)
+            fsync_dir(target.parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno == errno.ENOSPC:
+                facts = measure(target.parent)
+                raise StageError(
+                    StageFailureKind.NO_SPACE,
+                    f"{facts.mount_point} ({facts.fstype}) ran out of space while staging "
+                    f"{manifest.origin} into {target} after {gib(copy.done)}",
+                    "free space there or grow it (a tmpfs: mount -o remount,size=...), "
+                    "then `farmctl start all`",
+                ) from exc
+            raise StageError(
+                StageFailureKind.IO_ERROR,
+                f"staging {manifest.origin} into {target} failed: {exc.strerror or exc} "
+                f"({exc.filename})",
+                "fix the cause (permissions, the disk), then `farmctl start all`",
+            ) from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None and not keep_old:
+            shutil.rmtree(old, ignore_errors=True)
+            old = None
+        return StageResult(
+            target,
+            len(plan.copy),
+            copy.done,
+            manifest.total_bytes,
+            False,
+            old,
+            clock() - t0,
+            manifest.origin,
+        )
+
+
+def remove_old(old: Path) -> None:
+    """Remove a previous copy once no worker is meant to load from it."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(old)

@@ -1,0 +1,107 @@
+"""I/O: one stage of a farm's `[model]` into its workers' `[sglang] model_path`, in order:
+the source (a local directory, or the Hub's snapshot in the persistent cache), the copy
+(`copier.stage_copy`), and the page-cache warm-up where asked for and not on a tmpfs.
+
+Blocking: the agent runs it in a thread (`asyncio.to_thread`) and stops it through
+`cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from sglang_farm.spec import FarmSpec, ModelSpec
+from sglang_farm.staging.copier import Report, StageResult, stage_copy
+from sglang_farm.staging.plan import MountFacts
+from sglang_farm.staging.progress import StageProgress
+from sglang_farm.staging.space import mount_facts
+
+
+def model_target(spec: FarmSpec) -> Path:
+    """The workers' model path (config guarantees one absolute path for all with [model])."""
+    path = spec.workers[0].flags.get("model_path")
+    if not isinstance(path, str):
+        raise ValueError("[model] needs [sglang] model_path")  # config rejects this first
+    return Path(path)
+
+
+def hub_cache_dir(spec: FarmSpec, model: ModelSpec) -> Path:
+    return Path(model.cache_dir or f"{spec.farm.state_dir}/hub-cache")
+
+
+def stage_model(
+    spec: FarmSpec,
+    *,
+    cancel: threading.Event,
+    report: Report = lambda _p: None,
+    keep_old: bool = False,
+    measure: Callable[[Path], MountFacts] = mount_facts,
+    endpoint: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StageResult:
+    """Stage `spec.model` (which must be set). Raises StageError."""
+    from sglang_farm.staging.source import local_manifest
+
+    model = spec.model
+    assert model is not None
+    target = model_target(spec)
+    report(StageProgress("checking", 0, 0, 0.0))
+    if model.is_local:
+        root = Path(model.source)
+        manifest = local_manifest(root)
+    else:
+        from sglang_farm.staging.hub import download, snapshot_manifest
+
+        t0 = clock()
+
+        def on_bytes(done: int, total: int) -> None:
+            report(StageProgress("downloading", done, total, clock() - t0))
+
+        root = download(
+            model.source,
+            model.revision,
+            hub_cache_dir(spec, model),
+            token_file=model.token_file,
+            endpoint=endpoint,
+            report=on_bytes,
+        )
+        manifest = snapshot_manifest(root, f"hub:{model.source}@{root.name}")
+    result = stage_copy(
+        root,
+        manifest,
+        target,
+        headroom=model.headroom,
+        cancel=cancel,
+        report=report,
+        measure=measure,
+        keep_old=keep_old,
+        clock=clock,
+    )
+    if model.warm_page_cache and not measure(target).is_tmpfs:
+        from sglang_farm.staging.warm import warm
+
+        warm(target, cancel=cancel, report=report, clock=clock)
+    return result
+
+
+class Stager(Protocol):
+    """How the agent stages a spec's model (the default runs `stage_model` in a thread)."""
+
+    async def __call__(
+        self, spec: FarmSpec, *, report: Report, cancel: threading.Event, keep_old: bool
+    ) -> StageResult: ...
+
+
+async def thread_stager(
+    spec: FarmSpec, *, report: Report, cancel: threading.Event, keep_old: bool
+) -> StageResult:
+    """`stage_model` off the event loop: the control socket answers while it copies."""
+    return await asyncio.to_thread(
+        functools.partial(stage_model, spec, cancel=cancel, report=report, keep_old=keep_old)
+    )
