@@ -418,3 +418,19 @@ def test_progress_line_has_bytes_rate_and_time_left() -> None:
 def test_sha256sums_format_is_sha256sums_own() -> None:
     d = "a" * 64
     assert parse_sha256sums(f"{d}  x/y.bin\n{d} *z.bin\n\n") == {"x/y.bin": d, "z.bin": d}
+
+
+def test_the_new_copy_replaces_the_old_in_one_step(tmp_path: Path) -> None:
+    """renameat2(RENAME_EXCHANGE): model_path never stops existing while a copy replaces
+    it (two renames would leave a moment with no model for a worker that starts then)."""
+    from sglang_farm.staging.copier import exchange
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (a / "f").write_text("new")
+    b.mkdir()
+    (b / "f").write_text("old")
+    assert exchange(a, b)
+    assert (b / "f").read_text() == "new" and (a / "f").read_text() == "old"
+    with pytest.raises(FileNotFoundError):
+        exchange(tmp_path / "missing", b)
