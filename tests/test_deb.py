@@ -408,12 +408,14 @@ def test_exporter_answers_on_its_port(sd_box: Box) -> None:
 
 def test_gateway_switched_on_in_one_step_routes_to_every_worker(sd_box: Box) -> None:
     b = sd_box
-    # The package's venv carries smg, without what only `smg serve` needs (debian/rules).
+    # The package's venv carries smg, without what only `smg serve` needs (debian/rules);
+    # PyYAML is there for huggingface_hub ([model] from the Hub), as pure Python.
     found = b.sh(
-        f"{VENV_PY} -I -c 'import importlib.util as u; "
-        'print([m for m in ("smg", "setproctitle", "grpc", "yaml") if u.find_spec(m)])\''
+        f"{VENV_PY} -I -c 'import importlib.util as u, yaml; "
+        'print([m for m in ("smg", "setproctitle", "grpc", "yaml") if u.find_spec(m)], '
+        "yaml.__with_libyaml__)'"
     )
-    assert found.strip() == "['smg', 'setproctitle']", found
+    assert found.strip() == "['smg', 'setproctitle', 'yaml'] False", found
     # docs/install.md, "Put the gateway in front": a random key in a root-only file, the
     # [gateway] section, then a restart of the agent (the workers keep serving).
     b.sh(
