@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -24,10 +24,11 @@ from sglang_farm.control.results import status_result, why_result
 from sglang_farm.metrics import MetricsState, build_registry
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState
-from sglang_farm.runtime import Emit
+from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.copier import Report, StageResult
 from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.staging.manifest import MANIFEST_NAME
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, stage_model
@@ -58,15 +59,18 @@ async def staged_farm(
     stager: Stager | None = None,
     loader: Callable[[], FarmSpec] | None = None,
     refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
+    running: Mapping[int, Running] | None = None,
+    process_started: Callable[[int], float | None] | None = None,
 ) -> AsyncIterator[Farm]:
-    """agent_harness.farm with the agent's `stager` hook."""
+    """agent_harness.farm with the agent's `stager` hook, workers found running at start
+    (`running`) and when each process started (`process_started`: pid -> wall time)."""
     loop = asyncio.get_running_loop()
     spec = load_spec(text, source="test.toml")
     prober = FakeProber(spec)
     made: list[FakeRuntime] = []
 
     def factory(emit: Emit) -> FakeRuntime:
-        rt = FakeRuntime(emit, running_at_start={})
+        rt = FakeRuntime(emit, running_at_start=running or {})
         prober.runtime = rt
         made.append(rt)
         return rt
@@ -84,6 +88,8 @@ async def staged_farm(
             in_flight=in_flight,
             stager=stager,
             refresh_preflight=refresh,
+            # The fakes' pids are no real processes: unknown start unless a test says.
+            process_started=process_started or (lambda _pid: None),
         ),
     )
     stop = asyncio.Event()
@@ -316,6 +322,18 @@ def test_a_reload_whose_model_cannot_be_staged_is_rejected_and_workers_keep_serv
             await asyncio.sleep(30)
             assert f.all_ready() and len(f.runtime.starts) == before
             assert (tmp_path / "shm" / "model" / "config.json").exists()
+            # status says the reload was not applied, not that the farm is held.
+            text = status_text(f)
+            assert "no worker starts until" not in text
+            assert f"model {v1} -> {tmp_path}/shm/model · staged" in text
+            assert "reload REJECTED [source_missing]" in text
+            assert "the reload was not applied: workers keep the previous copy" in text
+            # A stopped worker then starts from the copy in place: no stage holds it.
+            await f.agent.stop([3])
+            why = why_result(f.agent.view().worker(3), None, f.agent.view().staging)
+            assert "no worker starts until" not in str(why["state_note"])
+            await f.agent.start([3])
+            await f.until(f.all_ready)
 
     run_virtual(scenario())
 
@@ -351,5 +369,146 @@ def test_a_reload_that_fixes_a_failed_stage_stages_and_begins_the_rollout(
             st = f.agent.view().staging
             assert st is not None and st.state == "done"
             assert st.failures_by_kind == {"source_missing": 1}
+
+    run_virtual(scenario())
+
+
+def test_an_unexpected_error_in_the_stage_is_a_failed_stage_that_status_and_why_name(
+    tmp_path: Path,
+) -> None:
+    calls: list[int] = []
+
+    async def broken(
+        spec: FarmSpec, *, report: Report, cancel: threading.Event, keep_old: bool
+    ) -> StageResult:
+        calls.append(1)
+        raise ValueError("Repo id must not contain '--' or '..'")
+
+    async def scenario() -> None:
+        src = make_source(tmp_path / "src")
+        async with staged_farm(tmp_path, model_toml(tmp_path, src), stager=broken) as f:
+            await asyncio.sleep(60)
+            assert calls == [1] and f.runtime.starts == []
+            assert f.agent.startup_pending() is None
+            st = f.agent.view().staging
+            assert st is not None and st.state == "failed", st
+            assert st.error_kind == "io_error"
+            assert "ValueError" in (st.error or "") and "'--'" in (st.error or "")
+            assert "staging FAILED [io_error]" in status_text(f)
+            why = why_result(f.agent.view().worker(3), None, f.agent.view().staging)
+            assert "ValueError" in str(why["state_note"])
+            try:
+                await f.agent.start([0])
+                raise AssertionError("start should have failed")
+            except StageError as exc:
+                assert exc.kind is StageFailureKind.IO_ERROR
+            assert f.agent.view().staging.state == "failed"  # type: ignore[union-attr]  # set above
+
+    run_virtual(scenario())
+
+
+def adopted_after_a_swap(
+    tmp: Path, text: str, *, before: set[int]
+) -> tuple[dict[int, Running], Callable[[int], float | None]]:
+    """Eight workers found running after an agent restart mid-reload: the copy at
+    model_path was swapped in (its manifest says when); the workers in `before` started
+    before that and still load the old copy, the others after it."""
+    target = tmp / "shm" / "model"
+    installed = (target / MANIFEST_NAME).stat().st_mtime
+    running = {w: Running(w, 5000 + w, True) for w in range(8)}
+
+    def started(pid: int) -> float | None:
+        if not 5000 <= pid < 5008:
+            return None  # the agent's own (fake) launches
+        return installed - 100 if pid - 5000 in before else installed + 10
+
+    return running, started
+
+
+def test_an_agent_restarted_mid_reload_restarts_the_workers_still_on_the_old_copy(
+    tmp_path: Path,
+) -> None:
+    src = make_source(tmp_path / "src", b"v2")
+    text = model_toml(tmp_path, src)
+    # The reload before the restart swapped v2 in; its waves had restarted workers 0-3.
+    stage_model(load_spec(text, source="t"), cancel=threading.Event(), measure=roomy)
+    running, started = adopted_after_a_swap(tmp_path, text, before={4, 5, 6, 7})
+
+    async def scenario() -> None:
+        async with staged_farm(
+            tmp_path, text, running=running, process_started=started
+        ) as f:
+            await f.until(lambda: all(f.runtime.starts_of(w) == 1 for w in (4, 5, 6, 7)))
+            await f.until(f.all_ready)
+            assert all(f.runtime.starts_of(w) == 0 for w in (0, 1, 2, 3))
+            st = f.agent.view().staging
+            assert st is not None and st.state == "current"
+            assert dict(f.agent.view().worker(4).restarts_by_reason) == {"config": 1}
+
+    run_virtual(scenario())
+
+
+def test_farmctl_start_after_a_failed_stage_restarts_adopted_workers_on_the_old_copy(
+    tmp_path: Path,
+) -> None:
+    measure: list[Callable[[Path], MountFacts]] = [small_tmpfs]
+    v1 = make_source(tmp_path / "v1", b"v1")
+    stage_model(load_spec(model_toml(tmp_path, v1), source="t"), cancel=threading.Event(),
+                measure=roomy)
+    # The config now names v2 (edited while the agent was down); the workers load v1.
+    text = model_toml(tmp_path, make_source(tmp_path / "v2", b"v2"))
+    running, started = adopted_after_a_swap(tmp_path, text, before=set(range(8)))
+
+    async def scenario() -> None:
+        async with staged_farm(
+            tmp_path, text, stager=stager_with(measure), running=running,
+            process_started=started,
+        ) as f:
+            await asyncio.sleep(60)
+            st = f.agent.view().staging
+            assert st is not None and st.state == "failed"
+            assert f.runtime.starts == []
+            measure[0] = roomy
+            await f.agent.start(list(range(8)))
+            await f.until(lambda: all(f.runtime.starts_of(w) == 1 for w in range(8)))
+            await f.until(f.all_ready)
+            assert (tmp_path / "shm" / "model" / "config.json").read_bytes() == b'{"v": "v2"}'
+
+    run_virtual(scenario())
+
+
+def test_a_sighup_during_the_start_up_stage_is_refused_and_a_later_one_applies(
+    tmp_path: Path,
+) -> None:
+    gate = asyncio.Event()
+    src = make_source(tmp_path / "src")
+    texts = [model_toml(tmp_path, src)]
+    loads: list[int] = []
+
+    def loader() -> FarmSpec:
+        loads.append(1)
+        return load_spec(texts[0], source="test.toml")
+
+    async def held_stage(
+        spec: FarmSpec, *, report: Report, cancel: threading.Event, keep_old: bool
+    ) -> StageResult:
+        await gate.wait()
+        return StageResult(Path("/x"), 0, 0, 10, True, None, 1.0, "src")
+
+    async def scenario() -> None:
+        async with staged_farm(tmp_path, texts[0], stager=held_stage, loader=loader) as f:
+            await asyncio.sleep(5)
+            # The reload would remove workers 4-7 while the start-up still means to start them.
+            texts[0] = texts[0].replace("gpus = [0, 1, 2, 3, 4, 5, 6, 7]", "gpus = [0, 1, 2, 3]")
+            assert "gpus = [0, 1, 2, 3]\n" in texts[0]
+            f.agent.reload_on_signal()
+            await asyncio.sleep(5)
+            assert loads == []  # refused (logged: retry once started), not raced
+            gate.set()
+            await f.until(f.all_ready)
+            assert len(f.agent.view().workers) == 8
+            f.agent.reload_on_signal()
+            await f.until(lambda: len(f.agent.view().workers) == 4)
+            assert loads == [1]
 
     run_virtual(scenario())

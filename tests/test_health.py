@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -34,6 +35,23 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.server_close()
 
 
+@dataclass
+class Sent:
+    """What an `endless_body_server` saw: body bytes written, and answers whose client
+    hung up (closed the connection) rather than reading on."""
+
+    body_bytes: int = 0
+    hung_up: int = 0
+
+    def wait_hung_up(self, answers: int = 1, within_s: float = 10.0) -> bool:
+        """Whether `answers` clients hung up within `within_s` (a bound that only catches
+        a client that never stops reading)."""
+        end = time.monotonic() + within_s
+        while self.hung_up < answers and time.monotonic() < end:
+            time.sleep(0.01)
+        return self.hung_up >= answers
+
+
 @contextmanager
 def endless_body_server(
     *,
@@ -41,13 +59,16 @@ def endless_body_server(
     chunk: bytes = b"x" * 65536,
     interval_s: float = 0.01,
     not_found: tuple[str, ...] = (),
+    sent: Sent | None = None,
 ) -> Iterator[str]:
     """An HTTP server whose every answer is `status` followed by a body that never ends
     (but 404 for the paths in `not_found`).
 
     Throttled (one `chunk` per `interval_s`) so that a client that reads it all grows
-    by megabytes in the test's time, not gigabytes. Yields the base URL.
+    by megabytes in the test's time, not gigabytes. Yields the base URL; counts into
+    `sent`, when given, what it wrote and which clients hung up.
     """
+    counter = sent if sent is not None else Sent()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -66,8 +87,10 @@ def endless_body_server(
                 while True:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     self.wfile.flush()
+                    counter.body_bytes += len(chunk)
                     time.sleep(interval_s)
             except OSError:
+                counter.hung_up += 1
                 return  # the client hung up: what a bounded reader does
 
         def log_message(self, format: str, *args: object) -> None:  # `format`: stdlib's name
@@ -176,14 +199,16 @@ async def test_a_reset_connection_stays_the_workers_failure() -> None:
 
 
 async def test_an_endless_health_body_is_judged_by_its_status_without_reading_it_all() -> None:
-    with endless_body_server(status=200) as url:
+    sent = Sent()
+    with endless_body_server(status=200, sent=sent) as url:
         async with httpx.AsyncClient() as client:
-            t0 = time.monotonic()
-            async with asyncio.timeout(5):
-                r = await probe(client, f"{url}/health", 3)
-    assert time.monotonic() - t0 < 2
-    assert r.ok and r.local_error is False
-    assert f"over {HEALTH_BODY_LIMIT // 1024} KiB" in r.detail
+            r = await probe(client, f"{url}/health", 3)
+        # The verdict is the status, not "timeout after 3 s": the read stopped at the
+        # limit, and the probe hung up on the rest.
+        assert r.ok and r.local_error is False
+        assert f"over {HEALTH_BODY_LIMIT // 1024} KiB" in r.detail
+        assert await asyncio.to_thread(sent.wait_hung_up)
+    assert sent.body_bytes > HEALTH_BODY_LIMIT  # it did send more than the probe read
 
 
 async def test_a_worker_dripping_a_body_forever_times_out_at_the_probe_timeout() -> None:
@@ -191,9 +216,9 @@ async def test_a_worker_dripping_a_body_forever_times_out_at_the_probe_timeout()
     with endless_body_server(status=200, chunk=b"x", interval_s=0.05) as url:
         async with httpx.AsyncClient() as client:
             t0 = time.monotonic()
-            async with asyncio.timeout(8):
+            async with asyncio.timeout(10):  # 10x the probe's timeout: catches only a hang
                 r = await probe(client, f"{url}/health", 1)
-    assert 0.9 < time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 >= 0.9  # not before its timeout (slowness only adds)
     assert (r.ok, r.local_error) == (False, False)
     assert r.detail == "timeout after 1 s"
 
@@ -248,12 +273,12 @@ async def test_local_http_judges_status_and_refusal_as_httpx_does() -> None:
 
 
 async def test_local_http_reads_chunked_bodies_and_bounds_an_endless_one() -> None:
-    with endless_body_server(status=200) as url:
-        t0 = time.monotonic()
-        async with asyncio.timeout(5):
-            r = await probe(LocalHttp(), f"{url}/health", 3)
-            answer = await LocalHttp().get(f"{url}/x", limit=3 * 65536 + 1)
-    assert time.monotonic() - t0 < 2
+    sent = Sent()
+    with endless_body_server(status=200, sent=sent) as url:
+        r = await probe(LocalHttp(), f"{url}/health", 3)
+        answer = await LocalHttp().get(f"{url}/x", limit=3 * 65536 + 1)
+        # The status verdict, not "timeout after 3 s"; both reads hung up at their limit.
+        assert await asyncio.to_thread(sent.wait_hung_up, 2)
     assert r.ok and f"over {HEALTH_BODY_LIMIT // 1024} KiB" in r.detail
     assert answer.truncated and len(answer.body) == 3 * 65536  # three whole chunks, no more
 
@@ -261,9 +286,9 @@ async def test_local_http_reads_chunked_bodies_and_bounds_an_endless_one() -> No
 async def test_local_http_times_out_a_dripping_body_at_the_probe_timeout() -> None:
     with endless_body_server(status=200, chunk=b"x", interval_s=0.05) as url:
         t0 = time.monotonic()
-        async with asyncio.timeout(8):
+        async with asyncio.timeout(10):  # 10x the probe's timeout: catches only a hang
             r = await probe(LocalHttp(), f"{url}/health", 1)
-    assert 0.9 < time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 >= 0.9  # not before its timeout (slowness only adds)
     assert (r.ok, r.local_error, r.detail) == (False, False, "timeout after 1 s")
 
 

@@ -1,22 +1,28 @@
 """The journal follower (runtime.journal): its pure parts, and the follower run against a
 fake `journalctl` on PATH that prints scripted JSON entries the way journalctl does:
 only those its matches select (two matches on one field are alternatives, `+` separates
-alternatives), after `--after-cursor=`, then it keeps following (sleeps) like `-f`.
+alternatives), after `--after-cursor=` (else from `--since=@`, by `__REALTIME_TIMESTAMP`),
+then it keeps following (sleeps) like `-f`. It can fail the way journalctl does: the next
+reads while journald is away (`FAKE_JOURNAL_FAILS`), every read after a vacuumed cursor
+(`FAKE_JOURNAL_LOST_CURSOR`); both name a file the test writes when the trouble starts.
 The real journalctl is exercised in the systemd container (test_systemd_runtime.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from sglang_farm.runtime import Exited, LogLine, RuntimeEvent
 from sglang_farm.runtime import journal as jr
@@ -133,11 +139,13 @@ FAKE_JOURNALCTL = textwrap.dedent(
     if any(a.startswith("--field=") for a in args):
         print(os.environ.get("FAKE_JOURNAL_UNITS", ""))
         sys.exit(0)
-    after = None
+    after = since = None
     groups, group = [], {{}}
     for i, a in enumerate(args):
         if a.startswith("--after-cursor="):
             after = a.split("=", 1)[1]
+        elif a.startswith("--since=@"):
+            since = float(a.split("@", 1)[1])
         elif a == "--after-cursor":
             after = args[i + 1]
         elif a == "+":
@@ -148,11 +156,23 @@ FAKE_JOURNALCTL = textwrap.dedent(
             group.setdefault(k, set()).add(v)
     if group:
         groups.append(group)
+    follower = any(a.startswith("MESSAGE_ID=") for a in args)  # not an exit's catch-up
+    fails = os.environ.get("FAKE_JOURNAL_FAILS")  # a file: how many follower reads fail next
+    left = int(open(fails).read() or 0) if follower and fails else 0
+    if left > 0:
+        open(fails, "w").write(str(left - 1))
+        sys.stderr.write("Failed to get journal: Connection refused\\n")  # journald away
+        sys.exit(1)
+    lost = os.environ.get("FAKE_JOURNAL_LOST_CURSOR")  # a file: the cursor it cannot seek to
+    if after is not None and lost and after == open(lost).read():
+        sys.stderr.write("Failed to seek to cursor: Invalid argument\\n")  # its file vacuumed
+        sys.exit(1)
     entries = [json.loads(ln) for ln in open(os.environ["FAKE_JOURNAL_ENTRIES"])]
     if after is not None:
         entries = entries[[e["__CURSOR"] for e in entries].index(after) + 1 :]
+    elif since is not None:
+        entries = [e for e in entries if int(e.get("__REALTIME_TIMESTAMP", 1e18)) >= since * 1e6]
     out = sys.stdout.buffer
-    follower = any(a.startswith("MESSAGE_ID=") for a in args)  # not an exit's catch-up
     if follower and os.environ.get("FAKE_JOURNAL_FOLLOW_DELAY"):
         time.sleep(float(os.environ["FAKE_JOURNAL_FOLLOW_DELAY"]))  # a silent or late follower
     for e in entries:
@@ -369,3 +389,119 @@ def test_lines_read_by_both_a_catch_up_and_the_late_follower_are_emitted_once(
 
     seen = asyncio.run(both())
     assert seen.count(OOM_TEXT) == 1 and len(seen) == 3, seen
+
+
+# -- journalctl failing (journald restarting, a vacuumed cursor) -------------------------------
+
+
+def _stamped(entry: dict[str, Any], at: float) -> dict[str, Any]:
+    return entry | {"__REALTIME_TIMESTAMP": str(int(at * 1e6))}
+
+
+def _early_in_a_second() -> float:
+    """Now, at least 0.2 s before the next whole second: the follower about to start reads
+    from the same whole second (`--since=@<now>`), so an entry logged now is its first."""
+    now = time.time()
+    if now % 1 > 0.8:
+        time.sleep(1.01 - now % 1)
+        now = time.time()
+    return now
+
+
+async def _follow_through_failures(
+    entries_path: Path,
+    t0: float,
+    later: list[dict[str, Any]],
+    trouble: Callable[[], object],
+    want: int,
+) -> tuple[list[str], list[MutableMapping[str, Any]]]:
+    """Run a follower; once it has read the first entry (logged at `t0`) and the wall
+    clock is two seconds on (so that "now" is past the `later` entries' second),
+    `trouble` makes journalctl fail and the `later` entries are logged. Returns the
+    texts emitted (until `want` of them, or 10 s) and the events logged."""
+    seen: list[str] = []
+    first = asyncio.Event()
+    done = asyncio.Event()
+
+    def emit(ev: RuntimeEvent) -> None:
+        if isinstance(ev, LogLine):
+            seen.append(ev.text)
+            first.set()
+            if len(seen) >= want:
+                done.set()
+
+    follower = jr.JournalFollower(emit, _ours)
+    with structlog.testing.capture_logs() as logged:
+        follower.start()
+        try:
+            await asyncio.wait_for(first.wait(), 10)
+            await asyncio.sleep(max(0.0, int(t0) + 2 - time.time()))
+            trouble()
+            with entries_path.open("a") as f:
+                f.writelines(json.dumps(e) + "\n" for e in later)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.3)  # anything emitted twice
+        finally:
+            await follower.close()
+    return seen, logged
+
+
+def test_a_transient_journalctl_failure_loses_no_line_logged_meanwhile(
+    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # journald restarts while worker 2 dies of an OOM: the traceback logged during the
+    # outage must still reach the classifier (the follower used to start over from "now").
+    monkeypatch.setattr(jr, "FOLLOW_RETRY_S", 0.05)
+    fails = tmp_path / "fails"
+    fails.write_text("0")
+    monkeypatch.setenv("FAKE_JOURNAL_FAILS", str(fails))
+    t0 = _early_in_a_second()
+    calls = fake_journal(
+        [_stamped(_out("sglang@2.service", "serving", "c1"), t0)], units="sglang@2.service"
+    )
+    later = [_stamped(e, t0 + 0.01) for e in _oom_entries()[1:]]  # before the failures end
+    seen, logged = asyncio.run(
+        _follow_through_failures(
+            tmp_path / "entries.jsonl", t0, later, lambda: fails.write_text("3"), want=3
+        )
+    )
+    assert seen == ["serving", OOM_TEXT, "sglang@2.service: Main process exited, code=exited"]
+    follows = [c for c in _follow_calls(calls) if any("MESSAGE_ID=" in a for a in c)]
+    assert all("--after-cursor=c1" in c for c in follows[1:5]), follows  # retried from it
+    assert not any(a.startswith("--since=") for c in follows[1:] for a in c), follows
+    failed = [e for e in logged if e["event"] == "journal_read_failed"]
+    assert len(failed) == 3 and failed[0]["retry_from"] == "cursor", failed
+
+
+def test_a_cursor_that_keeps_failing_is_given_up_for_its_entrys_time_not_now(
+    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # journalctl cannot seek to the last cursor any more (its file vacuumed): after
+    # FOLLOW_FAILURES_BEFORE_SINCE failures the follower reads from that entry's second.
+    monkeypatch.setattr(jr, "FOLLOW_RETRY_S", 0.05)
+    lost = tmp_path / "lost"
+    lost.write_text("")
+    monkeypatch.setenv("FAKE_JOURNAL_LOST_CURSOR", str(lost))
+    t0 = _early_in_a_second()
+    calls = fake_journal(
+        [_stamped(_out("sglang@2.service", "serving", "c1"), t0)], units="sglang@2.service"
+    )
+    later = [_stamped(e, t0 + 0.01) for e in _oom_entries()[1:]]
+    seen, logged = asyncio.run(
+        _follow_through_failures(
+            tmp_path / "entries.jsonl", t0, later, lambda: lost.write_text("c1"), want=3
+        )
+    )
+    # "serving" is read again from that second, and not emitted twice.
+    assert seen == ["serving", OOM_TEXT, "sglang@2.service: Main process exited, code=exited"]
+    follows = [c for c in _follow_calls(calls) if any("MESSAGE_ID=" in a for a in c)]
+    since = [i for i, c in enumerate(follows) if f"--since=@{int(t0)}" in c]
+    assert len(since) == 2 and since[0] == 0, follows  # the start, then the fallback
+    tried = follows[since[1] - jr.FOLLOW_FAILURES_BEFORE_SINCE : since[1]]
+    assert all("--after-cursor=c1" in c for c in tried), follows
+    failed = [e for e in logged if e["event"] == "journal_read_failed"]
+    assert len(failed) == jr.FOLLOW_FAILURES_BEFORE_SINCE - 1, failed
+    gave_up = [e for e in logged if e["event"] == "journal_cursor_abandoned"]
+    assert len(gave_up) == 1 and gave_up[0]["since"] == int(t0), gave_up
+    assert gave_up[0]["cursor"] == "c1" and gave_up[0]["failures"] == len(tried), gave_up

@@ -240,12 +240,19 @@ print("DONE", flush=True)
 """
 
 
+@pytest.mark.parametrize("replacement", [False, True], ids=["first", "replacement"])
 def test_agent_killed_mid_copy_leaves_no_half_model_and_the_next_stage_completes(
-    tmp_path: Path,
+    tmp_path: Path, replacement: bool
 ) -> None:
     big = {f"shard-{i}.safetensors": os.urandom(3 << 20) for i in range(4)}
-    src = make_source(tmp_path / "src", big)
     target = tmp_path / "shm" / "model"
+    old_copy = {"config.json": b'{"v": "old"}', "shard-0.safetensors": os.urandom(1 << 20)}
+    if replacement:  # model_path holds the previous (staged) copy
+        stage_model(
+            spec_for(tmp_path, make_source(tmp_path / "old", old_copy), target),
+            cancel=threading.Event(), measure=roomy,
+        )
+    src = make_source(tmp_path / "src", big)
     toml = tmp_path / "farm.toml"
     spec = spec_for(tmp_path, src, target)
     toml.write_text(spec_text(tmp_path, src, target))
@@ -272,8 +279,12 @@ def test_agent_killed_mid_copy_leaves_no_half_model_and_the_next_stage_completes
             child.kill()
             child.wait(10)
         child.stdout.close()
-    # The workers' path never held a partial model: it is not there at all.
-    assert not target.exists()
+    if replacement:
+        # The workers' path still holds the previous copy, whole.
+        assert tree(target) == old_copy
+    else:
+        # The workers' path never held a partial model: it is not there at all.
+        assert not target.exists()
     # The next start completes (the dead stage's lock is free, its temporary removed).
     r = stage_model(spec, cancel=threading.Event(), measure=roomy)
     assert not r.current and tree(target) == big
@@ -310,9 +321,12 @@ def test_the_stage_lock_waits_for_its_holder_and_a_killed_holder_frees_it(
         assert err.value.kind is StageFailureKind.CANCELLED and waited == [str(holder.pid)]
         holder.send_signal(signal.SIGKILL)  # a crashed agent
         holder.wait(10)
-        t0 = time.monotonic()
-        with stage_lock(target, cancel=threading.Event()):
-            assert time.monotonic() - t0 < 1.0
+        # Free at once: with `cancel` already set, any wait would raise CANCELLED.
+        again: list[str] = []
+        gone = threading.Event()
+        gone.set()
+        with stage_lock(target, cancel=gone, on_wait=again.append):
+            assert again == []
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -434,3 +448,223 @@ def test_the_new_copy_replaces_the_old_in_one_step(tmp_path: Path) -> None:
     assert (b / "f").read_text() == "new" and (a / "f").read_text() == "old"
     with pytest.raises(FileNotFoundError):
         exchange(tmp_path / "missing", b)
+
+
+def test_stage_lock_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path) -> None:
+    # After a reboot /dev/shm/models is gone; the agent runs under UMask=0077, and the
+    # workers ([farm] user) must still enter every folder above model_path.
+    target = tmp_path / "shm" / "models" / "Qwen"
+    old = os.umask(0o077)
+    try:
+        with stage_lock(target, cancel=threading.Event()):
+            pass
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "shm", tmp_path / "shm" / "models"):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+
+
+def test_process_started_reads_a_real_process_start_as_wall_time(tmp_path: Path) -> None:
+    from sglang_farm.staging.installed import installed_at, process_started
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = process_started(child.pid)
+        assert started is not None and before - 0.5 <= started <= time.time() + 0.5
+    finally:
+        child.kill()
+        child.wait()
+    mine = process_started(os.getpid())
+    assert mine is not None and mine <= before
+    assert installed_at(tmp_path) is None
+
+
+# --- /dev/shm is world-writable: what another local user planted is not trusted ----------
+
+STRANGER = 54321  # a uid that is not the agent's
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+def chown_tree(root: Path, uid: int) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        os.chown(dirpath, uid, uid)
+        for name in files:
+            os.chown(Path(dirpath) / name, uid, uid)
+
+
+@needs_root
+def test_a_copy_planted_by_another_user_is_not_trusted_as_current(tmp_path: Path) -> None:
+    src = make_source(tmp_path / "src", MODEL)
+    target = tmp_path / "shm" / "model"
+    spec = spec_for(tmp_path, src, target)
+    stage_model(spec, cancel=threading.Event(), measure=roomy)
+    # Another user's folder with a matching manifest (its files could hold anything).
+    (target / "config.json").write_bytes(b'{"evil": 1}'.ljust(len(MODEL["config.json"])))
+    chown_tree(target, STRANGER)
+    r = stage_model(spec, cancel=threading.Event(), measure=roomy)
+    assert not r.current and r.copied_files == 4
+    assert tree(target) == MODEL
+    assert target.stat().st_uid == os.geteuid()
+
+
+@needs_root
+def test_a_rename_over_another_users_folder_that_fails_says_who_owns_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno as errno_
+
+    from sglang_farm.staging import copier
+
+    src = make_source(tmp_path / "src", MODEL)
+    target = tmp_path / "shm" / "model"
+    target.mkdir(parents=True)
+    os.chown(target, STRANGER, STRANGER)
+
+    def sticky(a: Path, b: Path) -> bool:  # what /dev/shm's sticky bit does to the agent
+        raise PermissionError(errno_.EPERM, "Operation not permitted", str(a))
+
+    monkeypatch.setattr(copier, "exchange", sticky)
+    with pytest.raises(StageError) as err:
+        stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
+    assert f"{target} is owned by uid {STRANGER}" in err.value.message
+    assert f"rm -rf {target}" in err.value.fix
+    assert target.stat().st_uid == STRANGER and not any(target.iterdir())
+
+
+@needs_root
+def test_a_lock_file_planted_by_another_user_is_refused_clearly(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    lock = lock_path(target)
+    lock.write_text("")
+    os.chown(lock, STRANGER, STRANGER)
+    with pytest.raises(StageError) as err, stage_lock(target, cancel=threading.Event()):
+        pass
+    assert err.value.kind is StageFailureKind.IO_ERROR
+    assert f"{lock} is owned by uid {STRANGER}" in err.value.message
+    assert f"rm {lock}" in err.value.fix
+
+
+def test_a_lock_file_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    lock_path(target).symlink_to(victim)
+    with pytest.raises(StageError) as err, stage_lock(target, cancel=threading.Event()):
+        pass
+    assert "symbolic link" in err.value.message
+    assert victim.read_text() == "keep me\n"
+
+
+# --- after the swap: the stage is done, whatever fails next ------------------------------
+
+
+def staged_v1_then_v2(tmp_path: Path) -> tuple[FarmSpec, Path, dict[str, bytes]]:
+    src = make_source(tmp_path / "src", MODEL)
+    target = tmp_path / "shm" / "model"
+    spec = spec_for(tmp_path, src, target)
+    stage_model(spec, cancel=threading.Event(), measure=roomy)
+    v2 = {**MODEL, "config.json": b'{"architectures": ["Qwen3ForCausalLM"], "v": 2}'}
+    make_source(tmp_path / "src", v2)
+    return spec, target, v2
+
+
+def test_a_failure_after_the_exchange_still_counts_the_stage_as_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang_farm.staging import copier
+
+    spec, target, v2 = staged_v1_then_v2(tmp_path)
+    real_rename = os.rename
+
+    def rename(a: str | Path, b: str | Path) -> None:
+        if ".old-" in str(b):
+            raise OSError(5, "Input/output error", str(a))
+        real_rename(a, b)
+
+    def fsync_dir(d: Path) -> None:
+        if Path(d) == target.parent:
+            raise OSError(5, "Input/output error", str(d))
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(copier, "fsync_dir", fsync_dir)
+    r = stage_model(spec, cancel=threading.Event(), measure=roomy, keep_old=True)
+    assert not r.current and tree(target) == v2
+    # The previous copy is still whole, under the name it got in the swap, to be removed.
+    assert r.old_copy is not None and tree(r.old_copy) == MODEL
+
+
+def test_two_renames_whose_second_fails_put_the_old_copy_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang_farm.staging import copier
+
+    spec, target, _v2 = staged_v1_then_v2(tmp_path)
+    real_rename = os.rename
+
+    def rename(a: str | Path, b: str | Path) -> None:
+        if ".staging-" in str(a) and Path(b) == target:
+            raise OSError(5, "Input/output error", str(a))
+        real_rename(a, b)
+
+    monkeypatch.setattr(copier, "exchange", lambda _a, _b: False)  # a filesystem without it
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(StageError) as err:
+        stage_model(spec, cancel=threading.Event(), measure=roomy)
+    assert err.value.kind is StageFailureKind.IO_ERROR
+    assert tree(target) == MODEL  # the old copy is back at model_path
+    assert siblings(target) == [lock_path(target).name]
+
+
+def test_not_enough_space_beside_an_unmanaged_copy_says_removing_it_frees_the_room(
+    tmp_path: Path,
+) -> None:
+    src = make_source(tmp_path / "src", MODEL)
+    target = tmp_path / "shm" / "model"
+    # The copy the operator made by hand before [model] (no manifest): 3.0 MiB.
+    make_source(target, {"model.safetensors": b"\0" * (3 << 20)})
+
+    def full_tmpfs(path: Path) -> MountFacts:
+        return MountFacts("/dev/shm", "tmpfs", "rw,size=4m", 256 << 10, 4 << 20)
+
+    with pytest.raises(StageError) as err:
+        stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(),
+                    measure=full_tmpfs)
+    e = err.value
+    assert e.kind is StageFailureKind.NO_SPACE
+    assert f"{target} already holds 3.0 MiB not staged by the farm" in e.message
+    assert f"rm -rf {target}" in e.fix and "frees 3.0 MiB" in e.fix
+
+
+def test_a_replacement_keeps_model_path_present_throughout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang_farm.staging import copier
+
+    spec, target, v2 = staged_v1_then_v2(tmp_path)
+    swaps: list[tuple[Path, Path]] = []
+    real_exchange = copier.exchange
+
+    def recording(a: Path, b: Path) -> bool:
+        swaps.append((a, b))
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(copier, "exchange", recording)
+    missing: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if not (target / "config.json").exists():
+                missing.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = stage_model(spec, cancel=threading.Event(), measure=roomy)
+    finally:
+        done.set()
+        watcher.join()
+    assert not r.current and tree(target) == v2
+    assert [b for _a, b in swaps] == [target]  # one atomic exchange, never two renames
+    assert missing == []

@@ -82,3 +82,19 @@ def test_model_needs_one_absolute_model_path_of_its_own() -> None:
     assert "expected an absolute directory of its own" in shm
     overlap = problems(toml('[model]\nsource = "/dev/shm"', sglang='model_path = "/dev/shm/m"'))
     assert "model.source: the source '/dev/shm' and the workers' model_path" in overlap
+
+
+@pytest.mark.parametrize("bad", ["org/name..x", "a--b/model", "org/model.", "org/-model",
+                                 "org/model-", ".org/model"])
+def test_a_repo_id_the_hub_would_refuse_is_a_config_error(bad: str) -> None:
+    # huggingface_hub's validate_repo_id refuses '--' and '..' anywhere and a leading or
+    # trailing '.' or '-' in a part: caught here, not as a stage stuck mid-way.
+    assert "model.source: expected an absolute directory" in problems(
+        toml(f'[model]\nsource = "{bad}"')
+    )
+
+
+def test_a_repo_id_the_hub_accepts_is_kept() -> None:
+    for good in ("Qwen/Qwen3-8B", "org_1/name.v2-x", "a/b"):
+        spec = load_spec(toml(f'[model]\nsource = "{good}"'), source="farm.toml")
+        assert spec.model is not None and spec.model.source == good

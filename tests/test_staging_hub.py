@@ -130,6 +130,8 @@ def test_a_corrupt_cache_blob_is_a_checksum_mismatch(tmp_path: Path, hub: FakeHu
         stage_model(spec, cancel=threading.Event(), measure=roomy, endpoint=hub.url)
     assert err.value.kind is StageFailureKind.CHECKSUM_MISMATCH
     assert "model.safetensors" in err.value.message
+    # The fix: the corrupt blob out of the cache (a Hub snapshot has no SHA256SUMS).
+    assert f"rm {blob}" in err.value.fix and "SHA256SUMS" not in err.value.fix
 
 
 def test_an_unknown_repo_is_a_hub_error_with_what_to_check(tmp_path: Path, hub: FakeHub) -> None:
@@ -160,3 +162,54 @@ def test_the_token_comes_from_a_private_file_and_is_sent(tmp_path: Path, hub: Fa
     token.chmod(0o600)
     stage_model(spec, cancel=threading.Event(), measure=roomy, endpoint=hub.url)
     assert {q.authorization for q in hub.requests} == {"Bearer hf_secret123"}
+
+
+def test_a_repo_id_the_library_refuses_is_a_hub_error_not_a_crash(tmp_path: Path) -> None:
+    from sglang_farm.staging.hub import download
+
+    with pytest.raises(StageError) as err:
+        download("org/name..x", None, tmp_path / "cache")
+    assert err.value.kind is StageFailureKind.HUB_ERROR
+    assert "org/name..x@main" in err.value.message
+    assert "[model] source" in err.value.fix
+
+
+def test_a_recorded_manifest_whose_entries_are_not_objects_is_no_manifest() -> None:
+    assert manifest_from_json('{"origin": "x", "files": [1, "a"]}') is None
+    assert manifest_from_json('{"origin": "x", "files": [{"path": "a", "size": 1,'
+                              ' "sha256": 5}]}') is None
+    assert manifest_from_json('[]') is None
+
+
+def test_download_progress_is_throttled_like_the_copy(tmp_path: Path, hub: FakeHub) -> None:
+    # Each report rebuilds the farm view: at most one per REPORT_EVERY_S of the clock
+    # (frozen here), however many chunks arrive.
+    repo = hub.repos["tiny-org/tiny-model"]
+    for n in range(6):
+        repo.files[f"shard-{n}.safetensors"] = os.urandom(300_000)
+    seen: list[StageProgress] = []
+    stage_model(
+        hub_spec(tmp_path), cancel=threading.Event(), report=seen.append, measure=roomy,
+        endpoint=hub.url, clock=lambda: 100.0,
+    )
+    downloading = [p for p in seen if p.step == "downloading"]
+    assert 1 <= len(downloading) <= 2, len(downloading)
+
+
+def test_cancel_stops_a_download_mid_way(tmp_path: Path, hub: FakeHub) -> None:
+    repo = hub.repos["tiny-org/tiny-model"]
+    for n in range(6):
+        repo.files[f"shard-{n}.safetensors"] = os.urandom(300_000)
+    cancel = threading.Event()
+
+    def report(p: StageProgress) -> None:
+        if p.step == "downloading":
+            cancel.set()  # the agent is stopping
+
+    with pytest.raises(StageError) as err:
+        stage_model(
+            hub_spec(tmp_path), cancel=cancel, report=report, measure=roomy, endpoint=hub.url
+        )
+    assert err.value.kind is StageFailureKind.CANCELLED
+    assert "download" in err.value.message
+    assert not (tmp_path / "shm" / "model").exists()

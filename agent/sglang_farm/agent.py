@@ -51,6 +51,7 @@ from sglang_farm.sglang_argv import Command, build_command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.staging.copier import StageResult, remove_old
 from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.staging.installed import installed_at, process_started
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, model_target, thread_stager
 from sglang_farm.state import StateStore
@@ -91,6 +92,7 @@ _WARNINGS = frozenset(
 _LOADED = frozenset(
     {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
 )
+_STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's install: restarted
 TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
 
@@ -130,6 +132,9 @@ class AgentHooks:
     port_state: Callable[[str, int], PortState] = port_state
     # [model]: how the model is staged before the rollout (None: `stage_model` in a thread).
     stager: Stager | None = None
+    # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
+    # that started before its model copy was installed is restarted onto it.
+    process_started: Callable[[int], float | None] = process_started
 
 
 def _xid_detail(code: int) -> str:
@@ -387,11 +392,26 @@ class Agent:
                 result = await self._stager(
                     spec, report=report, cancel=self._stage_cancel, keep_old=keep_old
                 )
+            except StageError:
+                raise
             except OSError as exc:  # outside the copy proper (the mount table, the walk)
                 raise StageError(
                     StageFailureKind.IO_ERROR,
                     f"staging {base.source} into {base.target} failed: {exc.strerror or exc}",
                     "fix the cause (permissions, the disk), then `farmctl start all`",
+                ) from exc
+            except Exception as exc:
+                # Anything else (a library's own error, a defect): a failed stage, never one
+                # left "staging" forever with the rollout waiting on it.
+                blog.exception("model_stage_crashed")
+                raise StageError(
+                    StageFailureKind.HUB_ERROR
+                    if spec.model is not None and not spec.model.is_local
+                    else StageFailureKind.IO_ERROR,
+                    f"staging {base.source} into {base.target} failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    "check [model] and the agent's log (journalctl -u sglang-farm) for the "
+                    "cause, then `farmctl start all`",
                 ) from exc
         except StageError as exc:
             cur = self._staging or base
@@ -458,8 +478,10 @@ class Agent:
                 self._held_by_stage = list(start)
                 log.warning("rollout_waits_on_stage", workers=list(start))
                 return
-            if not result.current:
-                drifted = sorted({*drifted, *loaded})
+            drifted = sorted({*drifted, *self._on_old_copy(result)})
+            # The workers of the config in force now (never one a reload has removed).
+            start = [w for w in start if w in self.sup.workers]
+            drifted = [w for w in drifted if w in self.sup.workers]
             if self._hooks.refresh_preflight is not None:
                 # The doctor looked before the model was in place: it judges the copy now.
                 await self._hooks.refresh_preflight(self._spec)
@@ -467,6 +489,26 @@ class Agent:
             self._after_swap(result)
         finally:
             self._startup = None
+
+    def _on_old_copy(self, result: StageResult) -> list[int]:
+        """Running workers that load a copy other than the one now at model_path: all of
+        them when this stage replaced it; else those whose process started before the copy
+        was installed (an agent restarted mid-reload adopts them with the same argv)."""
+        loaded = self._loaded()
+        if not result.current:
+            return loaded
+        at = installed_at(result.target)
+        if at is None:
+            return []
+        stale = []
+        for w in loaded:
+            pid = self.sup.workers[w].pid
+            started = self._hooks.process_started(pid) if pid is not None else None
+            # The slack: /proc's start is in clock ticks, and the wall clock may have been
+            # stepped since; one restart too many is harmless, one too few is not.
+            if started is not None and started < at + _STARTED_SLACK_S:
+                stale.append(w)
+        return stale
 
     def _after_swap(self, result: StageResult) -> None:
         """The previous copy goes once no worker loads from it (after the rolling restart)."""
@@ -825,14 +867,22 @@ class Agent:
         """Start workers; while a failed stage holds the farm, stage again first (raises
         StageError when it fails again: nothing starts)."""
         async with self._changes:
+            stale: list[int] = []
             if self._staging is not None and self._staging.blocks_rollout:
                 result = await self._stage(self._spec, keep_old=bool(self._loaded()))
                 self._held_by_stage = None
+                stale = self._on_old_copy(result)
                 self._after_swap(result)
             if self._hooks.refresh_preflight is not None:
                 await self._hooks.refresh_preflight(self._spec)
             ids = [w for w in worker_ids if w in self.sup.workers]
             self._apply_actions(self.sup.start(ids, self._clock()))
+            if stale:
+                # Adopted workers still on the previous copy roll to the staged one.
+                log.warning("workers_on_old_model_copy", workers=stale)
+                self._apply_actions(
+                    self.sup.restart_rolling(stale, RestartReason.CONFIG, self._clock())
+                )
 
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         async with self._changes:
@@ -887,6 +937,20 @@ class Agent:
         self._bind(worker_id).info("oom_ladder_reset")
         self._refresh()
 
+    def reload_on_signal(self) -> None:
+        """SIGHUP: reload, unless the start-up (adoption, the first stage) is still under way:
+        then refused with a log line, as the control socket's `busy` (a reload racing the
+        start-up's rollout would start workers of the config it replaced)."""
+        if self._startup is not None:
+            log.warning(
+                "reload_refused_during_startup",
+                reason=self._startup,
+                fix="send SIGHUP again (systemctl reload sglang-farm) once `farmctl status` "
+                "shows the start-up done",
+            )
+            return
+        self.spawn(self.reload())
+
     async def reload(self) -> ReloadResult:
         """Apply the config file if valid. One at a time (the control socket and SIGHUP
         alike), and worker commands wait for it: a restart racing the removal of its
@@ -922,13 +986,27 @@ class Agent:
             or (self._staging is not None and self._staging.blocks_rollout)
         )
         if restage:
-            # A new source or revision: staged beside the copy workers load from now, which
-            # stays until they have rolled to the new one.
+            # A new source or revision: the new copy takes over model_path at once (the
+            # swap), the old one stays beside it until the workers have rolled to the new.
+            before = self._staging
             try:
                 staged = await self._stage(new, keep_old=bool(self._loaded()))
             except StageError as exc:
                 problem = f"{new.source}: [model] not staged: {exc.message}; {exc.fix}"
                 log.error("reload_rejected", problems=[problem])
+                failed = self._staging
+                if before is not None and not before.blocks_rollout and failed is not None:
+                    # The copy in place still serves: the view stays the previous stage's,
+                    # with the rejected reload's error (status: "reload REJECTED").
+                    self._set_staging(
+                        replace(
+                            before,
+                            error=failed.error,
+                            error_kind=failed.error_kind,
+                            fix=failed.fix,
+                            failures_by_kind=failed.failures_by_kind,
+                        )
+                    )
                 return ReloadResult(applied=False, problems=(problem,))
         elif new.model is None and old.model is not None:
             self._set_staging(None)  # the model is no longer the farm's to stage

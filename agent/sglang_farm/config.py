@@ -850,7 +850,10 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
 
 # --- [model] (model staging, docs/staging.md) -----------------------------------------
 
-_REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+# As huggingface_hub's validate_repo_id: each part starts and ends with a letter, digit or
+# '_', at most 96 characters, and no '--' or '..' anywhere.
+_REPO_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID_RE = re.compile(rf"(?!.*(?:--|\.\.)){_REPO_PART}/{_REPO_PART}")
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

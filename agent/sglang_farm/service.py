@@ -164,10 +164,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    def on_hup() -> None:
-        agent.spawn(agent.reload())
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGHUP, agent.reload_on_signal)
 
     from sglang_farm.control.server import ControlServer
 

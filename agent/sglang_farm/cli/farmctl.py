@@ -319,8 +319,15 @@ def staging_line(sg: Mapping[str, Any]) -> str:
     took = sg.get("last_duration_s")
     when = f" in {seconds_text(float(took))}" if took is not None else ""
     if state == "current":
-        return f"{head} · staged (the copy in place was current{when})"
-    return f"{head} · staged ({gib(int(sg.get('last_copied_bytes') or 0))} copied{when})"
+        line = f"{head} · staged (the copy in place was current{when})"
+    else:
+        line = f"{head} · staged ({gib(int(sg.get('last_copied_bytes') or 0))} copied{when})"
+    if sg.get("error"):  # a reload whose model could not be staged
+        line += (
+            f"; reload REJECTED [{sg.get('error_kind')}]: {sg.get('error')}; what to do: "
+            f"{sg.get('fix')}; the reload was not applied: workers keep the previous copy"
+        )
+    return line
 
 
 def format_status(st: Mapping[str, Any]) -> str:

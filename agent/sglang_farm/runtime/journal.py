@@ -16,6 +16,9 @@ it knows, learns new ones from systemd's "Starting" entry for them (logged befor
 unit's first process runs), and then reads again after that entry's cursor with the new
 unit among its matches, so nothing is lost or read twice. An entry longer than
 `LINE_LIMIT` is skipped, never replayed: one such entry must not blind the follower.
+A failed read (journald restarting) is retried from the same cursor; only after
+`FOLLOW_FAILURES_BEFORE_SINCE` failures in a row is the cursor given up, for the
+wall-clock second of the last entry read (never "now": the lines in between would be lost).
 
 `ExitOrdering` exists because the journal and D-Bus are two channels: systemd may report
 a unit's exit over D-Bus before the journal has delivered the worker's last lines (the
@@ -47,6 +50,11 @@ SYSTEMD_EXIT_LINES = re.compile(r"Main process exited, code=|Failed with result 
 POLL_S = 0.5
 # Delay before reading again after journalctl failed (journald restarted, ...).
 FOLLOW_RETRY_S = 1.0
+# Failed reads in a row after which the follower stops asking for its last cursor (one
+# journalctl cannot seek to any more: its file vacuumed or rotated away) and reads from
+# the wall-clock second of the last entry it read instead. Fewer failures are retried
+# from the cursor: a journald restart must not hide the lines logged meanwhile.
+FOLLOW_FAILURES_BEFORE_SINCE = 5
 # The longest journalctl output line (one entry) the follower reads; longer ones are skipped.
 # With `--all` a MESSAGE comes whole (without it, journalctl prints null for any field of
 # 4 KiB or more); a worker's stdout line is at most journald's LineMax= (48 KiB by default).
@@ -322,6 +330,10 @@ class JournalFollower:
         self._units: set[str] = set()
         self._cursor: str | None = None
         self._since = int(time.time())  # where a follower without any cursor yet starts
+        # The wall-clock second of the last entry read (journalctl's __REALTIME_TIMESTAMP):
+        # where reading starts again when its cursor cannot be read after any more.
+        self._last_entry_s: int | None = None
+        self._failures = 0  # failed reads in a row
         # Cursors of entries already emitted (live or by a catch-up), oldest first.
         self._emitted: OrderedDict[str, None] = OrderedDict()
 
@@ -379,17 +391,44 @@ class JournalFollower:
                         proc.kill()
                 await proc.wait()
             if new_unit:
+                self._failures = 0
                 log.info("journal_follow_units", units=sorted(self._units))
             elif proc.returncode != 0 and not self._closed:
-                # A cursor journalctl cannot seek to (its file vacuumed) fails every read
-                # after it: start over from now (the emitted-cursor memory drops repeats).
-                log.warning("journal_read_failed", returncode=proc.returncode)
-                if self._cursor is not None:
-                    self._cursor = None
-                    self._since = int(time.time())
+                self._failed(proc.returncode)
                 await asyncio.sleep(FOLLOW_RETRY_S)
             else:
+                self._failures = 0
                 await asyncio.sleep(POLL_S)
+
+    def _failed(self, returncode: int | None) -> None:
+        """One failed read: retry from the cursor (journald restarting), but after
+        `FOLLOW_FAILURES_BEFORE_SINCE` failures in a row give the cursor up (one journalctl
+        cannot seek to fails every read after it) and read from the last entry's second:
+        never from "now", which would drop what was logged in between. The entries of that
+        second read again are dropped by the emitted-cursor memory."""
+        self._failures += 1
+        if self._cursor is None or self._failures < FOLLOW_FAILURES_BEFORE_SINCE:
+            log.warning(
+                "journal_read_failed",
+                returncode=returncode,
+                failures=self._failures,
+                retry_from="cursor" if self._cursor is not None else "since",
+                since=None if self._cursor is not None else self._since,
+            )
+            return
+        if self._last_entry_s is not None:
+            self._since = self._last_entry_s
+        log.warning(
+            "journal_cursor_abandoned",
+            returncode=returncode,
+            failures=self._failures,
+            cursor=self._cursor,
+            since=self._since,
+            why="journalctl failed every read after this cursor; reading from the "
+            "last entry's second instead",
+        )
+        self._cursor = None
+        self._failures = 0
 
     async def _read(self, stream: asyncio.StreamReader) -> bool:
         """Handle journalctl's lines until it ends (False) or names a new unit (True)."""
@@ -458,6 +497,9 @@ class JournalFollower:
         cursor = c if isinstance(c, str) else None
         if cursor is not None:
             self._cursor = cursor
+        stamp = entry.get("__REALTIME_TIMESTAMP") if isinstance(entry, dict) else None
+        if isinstance(stamp, str) and stamp.isdigit():
+            self._last_entry_s = int(stamp) // 1_000_000  # microseconds, as a string
         unit = entry_unit(entry, self._worker_of)
         if unit is None or unit in self._units:
             return False

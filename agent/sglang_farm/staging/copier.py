@@ -6,8 +6,9 @@ the files are copied into a temporary sibling (`.<name>.staging-<pid>`, same fil
 unchanged ones hard-linked from the current copy; each copied file's size is checked and
 its bytes hashed as they stream (sha256, or the git blob id of a Hub small file) against
 the digest the source vouches for; the manifest is recorded inside; then the sibling is
-renamed into place. The previous copy is renamed aside first (`.<name>.old-…`) and removed
-now, or by the caller once no worker uses it (a reload's rolling restart).
+renamed into place, the previous copy swapped out in the same step, renamed aside
+(`.<name>.old-…`) and removed now, or by the caller once no worker uses it (a reload's
+rolling restart).
 
 A worker only ever sees the old copy or the new one: a kill at any point leaves the
 target as it was, and the next stage removes the temporary and starts over.
@@ -21,6 +22,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +30,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from sglang_farm.atomicfile import fsync_dir
+from sglang_farm.staging.dirs import make_dirs
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.lock import stage_lock
 from sglang_farm.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_from_json
@@ -37,10 +42,11 @@ from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.source import walk_sizes
 from sglang_farm.staging.space import mount_facts
 
+log = structlog.get_logger("sglang_farm.staging")
+
 CHUNK = 8 << 20  # bytes per read: large enough for the page cache's read-ahead
 # The workers run as [farm] user, the agent as root under UMask=0077: the copy's modes are
 # set explicitly, whatever the umask, so that the workers can read it.
-DIR_MODE = 0o755
 FILE_MODE = 0o644
 REPORT_EVERY_S = 0.25  # progress reports at most this often (they rebuild the farm view)
 # Files copied at once: hashing is the bottleneck of one stream (0.72 GiB/s against 1.1-1.4
@@ -77,10 +83,27 @@ def _leftovers(target: Path) -> list[Path]:
 
 
 def _recorded(target: Path) -> Manifest | None:
+    """The manifest the copy at `target` recorded; trusted only when the copy and the
+    manifest are the agent's own (not links): /dev/shm is writable by every local user, who
+    could plant a folder with a matching manifest over files of their choosing."""
+    me = os.geteuid()
     try:
+        for p in (target, target / MANIFEST_NAME):
+            st = os.lstat(p)
+            if st.st_uid != me or stat.S_ISLNK(st.st_mode):
+                return None
         return manifest_from_json((target / MANIFEST_NAME).read_text())
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def _foreign_owner(target: Path) -> int | None:
+    """The uid owning `target` when it is not the agent's (None: ours, or absent)."""
+    try:
+        uid = os.lstat(target).st_uid
+    except OSError:
+        return None
+    return None if uid == os.geteuid() else uid
 
 
 class _Copy:
@@ -126,7 +149,7 @@ class _Copy:
         sha = hashlib.sha256() if entry.sha256 else None
         # git's blob id of a Hub small file is a sha1 over "blob <size>\0" + content.
         git = hashlib.sha1(b"blob %d\0" % entry.size) if entry.git_sha1 else None
-        _mkdirs(dst.parent)
+        make_dirs(dst.parent)
         n = 0
         try:
             with open(src, "rb") as fin, open(dst, "xb") as fout:
@@ -175,13 +198,24 @@ class _Copy:
         got = sha.hexdigest() if sha is not None else git.hexdigest() if git is not None else None
         want = entry.sha256 or entry.git_sha1
         if got is not None and got != want:
+            if origin.startswith("hub:"):
+                # The Hub vouches for the digest: the cache's blob is what went bad.
+                blob = os.path.realpath(src)
+                fix = (
+                    f"the Hub cache's copy is corrupt: delete the blob (rm {blob}); the next "
+                    "`farmctl start all` downloads it again"
+                )
+            else:
+                fix = (
+                    f"the source file is corrupt or the checksum is stale: check it with "
+                    f"`sha256sum {src}`, restore the file (or regenerate SHA256SUMS), then "
+                    "`farmctl start all`"
+                )
             raise StageError(
                 StageFailureKind.CHECKSUM_MISMATCH,
                 f"checksum mismatch: {entry.path} from {origin} hashes to {got}, the source "
                 f"vouches for {want} ({entry.digest_text.split()[0]})",
-                f"the source file is corrupt or the checksum is stale: check it with "
-                f"`sha256sum {src}`, restore the file (or regenerate SHA256SUMS), then "
-                "`farmctl start all`",
+                fix,
             )
 
 
@@ -209,16 +243,6 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-def _mkdirs(d: Path) -> None:
-    """`d` and its missing parents, each DIR_MODE whatever the umask."""
-    if d.is_dir():
-        return
-    _mkdirs(d.parent)
-    with contextlib.suppress(FileExistsError):
-        d.mkdir()
-        os.chmod(d, DIR_MODE)
-
-
 def stage_copy(
     root: Path,
     manifest: Manifest,
@@ -244,7 +268,8 @@ def stage_copy(
                 f"remove it (rm {target}) or point model_path elsewhere",
             )
         present = walk_sizes(target) if target.is_dir() else {}
-        plan = plan_stage(manifest, _recorded(target), present)
+        recorded = _recorded(target)
+        plan = plan_stage(manifest, recorded, present)
         if plan.current:
             return StageResult(
                 target, 0, 0, manifest.total_bytes, True, None, clock() - t0, manifest.origin
@@ -252,14 +277,23 @@ def stage_copy(
         facts = measure(target.parent)
         problem = space_problem(plan.copy_bytes, headroom, facts, str(target), manifest.origin)
         if problem is not None:
-            raise StageError(StageFailureKind.NO_SPACE, *problem)
+            msg, fix = problem
+            unmanaged = sum(present.values()) if recorded is None else 0
+            if unmanaged:
+                # A copy made by hand before [model]: it fills the room the new copy needs.
+                msg += f"; {target} already holds {gib(unmanaged)} not staged by the farm"
+                fix = (
+                    f"{fix}; or remove that copy (rm -rf {target}): it frees "
+                    f"{gib(unmanaged)}, and the stage copies the model anew"
+                )
+            raise StageError(StageFailureKind.NO_SPACE, msg, fix)
         tmp = temp_sibling(target)
         copy = _Copy(plan.copy_bytes, report, cancel, clock)
         try:
-            _mkdirs(tmp)
+            make_dirs(tmp)
             for f in plan.keep:
                 dst = tmp / f.path
-                _mkdirs(dst.parent)
+                make_dirs(dst.parent)
                 try:
                     os.link(target / f.path, dst)
                 except OSError:
@@ -271,16 +305,16 @@ def stage_copy(
             os.chmod(tmp / MANIFEST_NAME, FILE_MODE)
             fsync_dir(tmp)
             old: Path | None = None
+            exchanged = False
             if target.exists():
                 old = target.parent / f".{target.name}.old-{os.getpid()}-{time.time_ns()}"
-                if exchange(tmp, target):  # one step: model_path is never missing
-                    os.rename(tmp, old)
-                else:
+                # One step: model_path is never missing; `tmp` then holds the old copy.
+                exchanged = exchange(tmp, target)
+                if not exchanged:
                     os.rename(target, old)
-                    os.rename(tmp, target)
+                    _second_rename(tmp, target, old)
             else:
                 os.rename(tmp, target)
-            fsync_dir(target.parent)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if exc.errno == errno.ENOSPC:
@@ -292,6 +326,17 @@ def stage_copy(
                     "free space there or grow it (a tmpfs: mount -o remount,size=...), "
                     "then `farmctl start all`",
                 ) from exc
+            owner = _foreign_owner(target)
+            if exc.errno in (errno.EPERM, errno.EACCES) and owner is not None:
+                # A sticky folder (/dev/shm): another user's folder cannot be replaced.
+                raise StageError(
+                    StageFailureKind.IO_ERROR,
+                    f"cannot replace {target} ([sglang] model_path): {target} is owned by "
+                    f"uid {owner}, not by the agent (uid {os.geteuid()}), and its folder "
+                    f"does not let the agent rename it ({exc.strerror or exc})",
+                    f"check what it is, then remove it as root (rm -rf {target}) and "
+                    "`farmctl start all`",
+                ) from exc
             raise StageError(
                 StageFailureKind.IO_ERROR,
                 f"staging {manifest.origin} into {target} failed: {exc.strerror or exc} "
@@ -301,6 +346,21 @@ def stage_copy(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        # The new copy is at model_path: the stage is done, whatever fails from here on.
+        if exchanged and old is not None:
+            try:
+                os.rename(tmp, old)
+            except OSError as exc:
+                log.warning("model_old_copy_not_renamed", path=str(tmp), error=str(exc))
+                old = tmp  # removed from there (or by the next stage, as a leftover)
+        # Its mtime now says when the copy took over (staging/installed.py): a worker whose
+        # process started before that loads the previous copy.
+        with contextlib.suppress(OSError):
+            os.utime(target / MANIFEST_NAME)
+        try:
+            fsync_dir(target.parent)
+        except OSError as exc:
+            log.warning("model_stage_fsync_failed", path=str(target.parent), error=str(exc))
         if old is not None and not keep_old:
             shutil.rmtree(old, ignore_errors=True)
             old = None
@@ -314,6 +374,25 @@ def stage_copy(
             clock() - t0,
             manifest.origin,
         )
+
+
+def _second_rename(tmp: Path, target: Path, old: Path) -> None:
+    """The fallback's second rename; on failure the old copy goes back to model_path."""
+    try:
+        os.rename(tmp, target)
+    except OSError as exc:
+        try:
+            os.rename(old, target)
+        except OSError as back:
+            raise StageError(
+                StageFailureKind.IO_ERROR,
+                f"{target} ([sglang] model_path) is missing: the new copy could not be put "
+                f"there ({exc.strerror or exc}) nor the previous one back "
+                f"({back.strerror or back}); the previous copy is {old}",
+                f"move it back (mv {old} {target}) before any worker starts, then fix the "
+                "cause and `farmctl start all`",
+            ) from exc
+        raise
 
 
 def remove_old(old: Path) -> None:

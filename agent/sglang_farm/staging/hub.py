@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,19 @@ def read_token(path: str) -> str:
     return text
 
 
-def _progress_class(report: Callable[[int, int], None]) -> Any:
-    """A tqdm class that reports the snapshot's byte bars to `report` and prints nothing."""
+def _cancelled(where: str) -> StageError:
+    return StageError(
+        StageFailureKind.CANCELLED,
+        f"Hub download of {where} cancelled",
+        "the agent is stopping; the next start resumes the download from the cache",
+    )
+
+
+def _progress_class(
+    report: Callable[[int, int], None], cancel: threading.Event, where: str
+) -> Any:
+    """A tqdm class that reports the snapshot's byte bars to `report` and prints nothing;
+    raises StageError(CANCELLED) from the download's next chunk once `cancel` is set."""
     import importlib
     import io
 
@@ -77,6 +89,8 @@ def _progress_class(report: Callable[[int, int], None]) -> Any:
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
+            if cancel.is_set():
+                raise _cancelled(where)
             shown: bool | None = super().update(n)
             if self.unit == "B" and self.total:
                 report(int(self.n), int(self.total))
@@ -93,6 +107,7 @@ def download(
     token_file: str | None = None,
     endpoint: str | None = None,
     report: Callable[[int, int], None] = lambda _done, _total: None,
+    cancel: threading.Event | None = None,
 ) -> Path:
     """The snapshot folder of `repo_id` at `revision` in `cache_dir`. Raises StageError."""
     # The library keeps its other state (the Xet chunk cache, update checks) under HF_HOME,
@@ -105,6 +120,9 @@ def download(
 
     token: str | bool = read_token(token_file) if token_file else False
     where = f"{repo_id}@{revision or 'main'}"
+    cancel = cancel or threading.Event()
+    if cancel.is_set():
+        raise _cancelled(where)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         folder = snapshot_download(
@@ -113,12 +131,18 @@ def download(
             cache_dir=cache_dir,
             token=token,
             endpoint=endpoint,
-            tqdm_class=_progress_class(report),
+            tqdm_class=_progress_class(report, cancel, where),
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, httpx2.HTTPError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StageError(
             StageFailureKind.HUB_ERROR, f"Hub download of {where} failed: {first}", HUB_FIX
+        ) from exc
+    except ValueError as exc:  # HFValidationError: a repo id or revision the library refuses
+        raise StageError(
+            StageFailureKind.HUB_ERROR,
+            f"Hub download of {where} refused: {type(exc).__name__}: {exc}",
+            HUB_FIX,
         ) from exc
     except OSError as exc:
         raise StageError(

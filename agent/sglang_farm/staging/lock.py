@@ -9,12 +9,14 @@ into it for the waiting side's message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from sglang_farm.staging.dirs import make_dirs
 from sglang_farm.staging.failure import StageError, StageFailureKind
 
 LOCK_POLL_S = 0.2  # flock has no timeout: a non-blocking try, then a wait on `cancel`
@@ -22,6 +24,33 @@ LOCK_POLL_S = 0.2  # flock has no timeout: a non-blocking try, then a wait on `c
 
 def lock_path(target: Path) -> Path:
     return target.parent / f".{target.name}.lock"
+
+
+def _open_own(path: Path) -> int:
+    """The lock file, created if missing; refused when it is a symbolic link or another
+    user's (its folder may be /dev/shm, writable by every local user)."""
+    fix = f"check what it is, then remove it (rm {path}) and `farmctl start all`"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StageError(
+                StageFailureKind.IO_ERROR,
+                f"the stage lock {path} is a symbolic link (to {os.readlink(path)}); "
+                "a stage does not follow it",
+                fix,
+            ) from exc
+        raise
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise StageError(
+            StageFailureKind.IO_ERROR,
+            f"the stage lock {path} is owned by uid {owner}, not by the agent "
+            f"(uid {os.geteuid()}): another user created it",
+            fix,
+        )
+    return fd
 
 
 @contextlib.contextmanager
@@ -36,8 +65,8 @@ def stage_lock(
     Raises StageError(CANCELLED) when `cancel` is set while waiting.
     """
     path = lock_path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    make_dirs(path.parent)  # 0755 each: the workers must enter them (UMask=0077)
+    fd = _open_own(path)
     try:
         told = False
         while True:

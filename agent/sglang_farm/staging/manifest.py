@@ -60,19 +60,26 @@ def manifest_from_json(text: str) -> Manifest | None:
     """A recorded manifest; None for anything that is not one (a copy is then redone)."""
     try:
         raw = json.loads(text)
-        files = tuple(
-            FileEntry(
-                path=str(f["path"]),
-                size=int(f["size"]),
-                mtime_ns=None if f.get("mtime_ns") is None else int(f["mtime_ns"]),
-                sha256=f.get("sha256"),
-                git_sha1=f.get("git_sha1"),
-            )
-            for f in raw["files"]
-        )
+        files = tuple(_entry(f) for f in raw["files"])
         return Manifest(str(raw["origin"]), files)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _entry(f: object) -> FileEntry:
+    """One recorded file; ValueError for anything else (a hand-edited or corrupt manifest)."""
+    if not isinstance(f, dict):
+        raise ValueError(f"a manifest entry is not an object: {f!r:.40}")
+    sha256, git_sha1 = f.get("sha256"), f.get("git_sha1")
+    if not all(d is None or isinstance(d, str) for d in (sha256, git_sha1)):
+        raise ValueError("a manifest digest is not a string")
+    return FileEntry(
+        path=str(f["path"]),
+        size=int(f["size"]),
+        mtime_ns=None if f.get("mtime_ns") is None else int(f["mtime_ns"]),
+        sha256=sha256,
+        git_sha1=git_sha1,
+    )
 
 
 def parse_sha256sums(text: str) -> dict[str, str]:

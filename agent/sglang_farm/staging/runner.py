@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sglang_farm.spec import FarmSpec, ModelSpec
-from sglang_farm.staging.copier import Report, StageResult, stage_copy
+from sglang_farm.staging.copier import REPORT_EVERY_S, Report, StageResult, stage_copy
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.space import mount_facts
@@ -59,9 +59,14 @@ def stage_model(
         from sglang_farm.staging.hub import download, snapshot_manifest
 
         t0 = clock()
+        last = [float("-inf")]
 
         def on_bytes(done: int, total: int) -> None:
-            report(StageProgress("downloading", done, total, clock() - t0))
+            # Throttled like the copy's reports (each rebuilds the farm view).
+            now = clock()
+            if now - last[0] >= REPORT_EVERY_S:
+                last[0] = now
+                report(StageProgress("downloading", done, total, now - t0))
 
         root = download(
             model.source,
@@ -70,6 +75,7 @@ def stage_model(
             token_file=model.token_file,
             endpoint=endpoint,
             report=on_bytes,
+            cancel=cancel,
         )
         manifest = snapshot_manifest(root, f"hub:{model.source}@{root.name}")
     result = stage_copy(
