@@ -34,14 +34,18 @@ class FakeRuntime:
     starts: list[tuple[int, Command]] = field(default_factory=list)
     stops: list[int] = field(default_factory=list)
     prepares: int = 0
+    # What the next prepare reports as workers whose secret files it changed.
+    secrets_changed_at_prepare: frozenset[int] = frozenset()
     adopt_configured: Collection[int] | None = None
     procs: dict[int, FakeProcess] = field(default_factory=dict)
     _next_pid: int = 1000
 
     async def prepare(
         self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> None:
+    ) -> frozenset[int]:
         self.prepares += 1
+        changed, self.secrets_changed_at_prepare = self.secrets_changed_at_prepare, frozenset()
+        return changed
 
     async def start(self, worker: int, command: Command) -> None:
         self._next_pid += 1

@@ -168,3 +168,25 @@ def test_adopted_workers_running_an_old_command_line_are_restarted_in_waves(tmp:
             assert dict(f.agent.view().worker(2).restarts_by_reason) == {"config": 1}
 
     run_virtual(scenario())
+
+
+def test_adopted_workers_whose_secrets_changed_while_the_agent_was_down_restart(
+    tmp: Path,
+) -> None:
+    """An API key (or env value) edited while the agent was down: the argv holds no secret,
+    so only the runtime knows the worker was started with the old one (its secret file
+    changed when the agent installed the new ones); that worker restarts in waves."""
+
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            f.runtime.running_at_start = {
+                w: Running(w, 5000 + w, True, argv=f.agent.command_for(w).argv)
+                for w in range(8)
+            }
+            f.runtime.secrets_changed_at_prepare = frozenset({3})
+            await f.until(lambda: f.runtime.starts_of(3) == 1)
+            await f.until(f.all_ready)
+            assert all(f.runtime.starts_of(w) == 0 for w in range(8) if w != 3)
+            assert dict(f.agent.view().worker(3).restarts_by_reason) == {"config": 1}
+
+    run_virtual(scenario())

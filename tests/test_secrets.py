@@ -121,3 +121,18 @@ def test_doctor_warns_when_a_config_holding_secrets_is_world_readable() -> None:
     assert f"chmod 0640 {spec.source}" in check.fix
     assert config_secrets_check(spec, 0o640) is None
     assert config_secrets_check(spec, None) is None
+
+
+def test_secret_files_replaced_or_removed_name_their_workers_new_ones_do_not() -> None:
+    """Only a secret that was there before and changed tells of a worker started with the
+    old one; a file written for the first time (an upgrade) restarts nobody."""
+    from sglang_farm.units import UnitChanges, secrets_changed_workers
+
+    changes = UnitChanges(
+        written=("sglang@1.api-key", "sglang@2.env", "sglang@7.env"),
+        removed=("sglang@4.api-key",),
+        unchanged=("sglang@0.env",),
+    )
+    existed = {"sglang@1.api-key", "sglang@2.env", "sglang@0.env"}
+    assert secrets_changed_workers(changes, existed) == {1, 2, 4}
+    assert secrets_changed_workers(changes, set()) == {4}

@@ -270,7 +270,8 @@ class Agent:
             # An active unit passed its readiness gate: its OOMs are serving-time ones.
             self._classifiers[wid] = LogClassifier(serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
-        await self.runtime.prepare(self._spec, self.flags_by_worker())
+        # Secrets changed while the agent was down (the argv does not show them).
+        resecreted = await self.runtime.prepare(self._spec, self.flags_by_worker())
         if self._sync is not None:
             self._sync.start()
         self.spawn(self._state_writer())
@@ -291,7 +292,8 @@ class Agent:
         drifted = sorted(
             w
             for w, r in running.items()
-            if w in adoption.adopted and r.argv is not None and r.argv != self.command_for(w).argv
+            if w in adoption.adopted
+            and (w in resecreted or (r.argv is not None and r.argv != self.command_for(w).argv))
         )
         if self._spec.model is None:
             self._begin_rollout(start, drifted)

@@ -30,6 +30,7 @@ import contextlib
 import ipaddress
 import math
 import os
+import re
 import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -407,6 +408,15 @@ def render_secrets(
 
 def _secret_name(name: str) -> bool:
     return name.startswith("sglang@") and name.endswith((".env", ".api-key"))
+
+
+def secrets_changed_workers(changes: UnitChanges, existed: Collection[str]) -> frozenset[int]:
+    """Pure: the workers whose secret files were replaced or removed (a file that did not
+    exist before is no change: an upgrade from units that held no secret files must not
+    restart every worker)."""
+    names = [n for n in changes.written if n in existed] + list(changes.removed)
+    found = (re.fullmatch(r"[^@]*@(\d+)\.(?:env|api-key)", n) for n in names)
+    return frozenset(int(m.group(1)) for m in found if m is not None)
 
 
 def write_secrets(folder: Path, files: Mapping[str, bytes]) -> UnitChanges:

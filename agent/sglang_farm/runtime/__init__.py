@@ -67,11 +67,13 @@ class Runtime(Protocol):
 
     async def prepare(
         self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> None:
+    ) -> frozenset[int]:
         """Make the next launch use these command lines (systemd: install the drop-ins).
 
         Called at agent start and before each launch. A no-op where `start` takes the
-        command line itself.
+        command line itself. Returns the workers whose secrets (API key, env values) this
+        call changed: one running was started with the old ones, which its argv cannot
+        show (secrets are kept off it: docs/security.md).
         """
         ...
 

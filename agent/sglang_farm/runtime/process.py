@@ -327,13 +327,14 @@ class ProcessRuntime:
 
     async def prepare(
         self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> None:
+    ) -> frozenset[int]:
         """Nothing to install (`start` is given the whole command line); settle who the
-        workers run as. Raises RuntimeFailure for an unknown `[farm] user` or group."""
+        workers run as. Raises RuntimeFailure for an unknown `[farm] user` or group. No
+        secret outlives a worker here (its environment is given at start): none changed."""
         euid = os.geteuid()
         self._identity = worker_identity(spec.farm.user, spec.farm.group, euid=euid)
         if euid == 0 or self._said_user == spec.farm.user:
-            return
+            return frozenset()
         self._said_user = spec.farm.user
         try:
             me = pwd.getpwuid(euid).pw_name
@@ -346,6 +347,7 @@ class ProcessRuntime:
                 running_as=me,
                 why="only an agent run as root can run workers as another user",
             )
+        return frozenset()
 
     async def confirm_ready(self, worker: int) -> bool:
         return True  # no second opinion: /health answering is the whole readiness rule

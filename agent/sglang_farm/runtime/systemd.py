@@ -55,6 +55,7 @@ from sglang_farm.units import (
     UnitChanges,
     credentials_dir,
     render_secrets,
+    secrets_changed_workers,
     write_secrets,
     write_units,
 )
@@ -409,10 +410,12 @@ def install_units(
         ) from exc
 
 
-def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> UnitChanges:
-    """Write the workers' secret files (`units.write_secrets`: folder 0700, files 0600).
-    Raises RuntimeFailure when the folder cannot be written."""
+def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> frozenset[int]:
+    """Write the workers' secret files (`units.write_secrets`: folder 0700, files 0600);
+    return the workers whose files changed (`units.secrets_changed_workers`). Raises
+    RuntimeFailure when the folder cannot be written."""
     try:
+        existed = {n for n in files if (Path(folder) / n).is_file()}
         changes = write_secrets(Path(folder), files)
     except OSError as exc:
         raise RuntimeFailure(
@@ -422,7 +425,7 @@ def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> 
     if changes.changed:
         # Names only: the contents are secrets.
         log.info("secrets_installed", written=changes.written, removed=changes.removed)
-    return changes
+    return secrets_changed_workers(changes, existed)
 
 
 # --- the runtime -----------------------------------------------------------------------
@@ -544,20 +547,22 @@ class SystemdRuntime:
 
     async def prepare(
         self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> None:
+    ) -> frozenset[int]:
         """Install every worker's drop-in (its current flags); daemon-reload only on change.
 
         Called before each launch, so a unit always starts with the command line the agent
-        means (its OOM-ladder step applied).
+        means (its OOM-ladder step applied). Returns the workers whose secret files changed.
         """
-        if self._units is not None:
-            render = self._units
-            async with self._install_lock:
-                # The secret files first (root-only), then the drop-ins that name them.
-                secrets = render_secrets(spec, flags_by_worker)
-                await asyncio.to_thread(install_secrets, secrets, credentials_dir(spec))
-                # Rendered under the lock: calls install in the order they were made.
-                await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
+        if self._units is None:
+            return frozenset()
+        render = self._units
+        async with self._install_lock:
+            # The secret files first (root-only), then the drop-ins that name them.
+            secrets = render_secrets(spec, flags_by_worker)
+            changed = await asyncio.to_thread(install_secrets, secrets, credentials_dir(spec))
+            # Rendered under the lock: calls install in the order they were made.
+            await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
+        return changed
 
     async def confirm_ready(self, worker: int) -> bool:
         """The unit turns `active` only when its readiness gate (ExecStartPost=) passed.
