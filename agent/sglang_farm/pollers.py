@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -49,9 +50,11 @@ def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-async def _after(delay: float, poll: Awaitable[WorkerSample]) -> WorkerSample:
+async def _after(delay: float, poll: Callable[[], Awaitable[WorkerSample]]) -> WorkerSample:
+    """`poll()` after `delay`; made only then, so a loop cancelled during the delay (the
+    agent stopping) leaves no coroutine that was never awaited."""
     await asyncio.sleep(delay)
-    return await poll
+    return await poll()
 
 
 def make_gpu_poller(spec: FarmSpec) -> GpuPoller | None:
@@ -185,7 +188,8 @@ class MetricPollers:
                 *(
                     _after(
                         k * gap,
-                        poll_worker(
+                        functools.partial(
+                            poll_worker,
                             client,
                             w.base_url,
                             timeout,
