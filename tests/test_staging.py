@@ -230,9 +230,11 @@ from sglang_farm.config import load_spec
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.runner import stage_model
 spec = load_spec(Path({toml!r}).read_text(), source="t.toml")
+said = threading.Lock()  # files are copied several at a time: one line per report
 def slow(p):
     if p.step == "copying" and p.bytes_done:
-        print("COPYING", flush=True)
+        with said:
+            print("COPYING", flush=True)
         time.sleep(0.2)
 stage_model(spec, cancel=threading.Event(), report=slow,
             measure=lambda _p: MountFacts("/", "ext4", "rw", 1 << 40, 1 << 40))

@@ -4,6 +4,7 @@ sha256 its `SHA256SUMS` (if any) vouches for."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from sglang_farm.staging.failure import StageError, StageFailureKind
@@ -17,17 +18,20 @@ from sglang_farm.staging.manifest import (
 )
 
 
-def walk_sizes(root: Path) -> dict[str, int]:
-    """Every regular file under `root` (symlinks followed): relative path -> size."""
-    out: dict[str, int] = {}
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file under `root` (symlinks followed) but a recorded manifest:
+    its relative path and stat."""
     for dirpath, _dirs, files in os.walk(root, followlinks=True):
         for name in files:
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
-            if rel == MANIFEST_NAME:
-                continue
-            out[rel] = full.stat().st_size
-    return out
+            if rel != MANIFEST_NAME:
+                yield rel, full.stat()
+
+
+def walk_sizes(root: Path) -> dict[str, int]:
+    """Every regular file under `root` (symlinks followed): relative path -> size."""
+    return {rel: st.st_size for rel, st in _walk(root)}
 
 
 def local_manifest(root: Path) -> Manifest:
@@ -43,15 +47,9 @@ def local_manifest(root: Path) -> Manifest:
             fix_missing,
         )
     try:
-        entries: dict[str, FileEntry] = {}
-        for dirpath, _dirs, files in os.walk(root, followlinks=True):
-            for name in files:
-                full = Path(dirpath) / name
-                rel = full.relative_to(root).as_posix()
-                if rel == MANIFEST_NAME:
-                    continue
-                st = full.stat()
-                entries[rel] = FileEntry(rel, st.st_size, mtime_ns=st.st_mtime_ns)
+        entries = {
+            rel: FileEntry(rel, st.st_size, mtime_ns=st.st_mtime_ns) for rel, st in _walk(root)
+        }
     except OSError as exc:
         raise StageError(
             StageFailureKind.SOURCE_MISSING,
