@@ -10,7 +10,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
+from tests.farmproc import Farm, block_is_free, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 
 __all__ = [
     "Farm",
@@ -47,15 +46,7 @@ def quiet_port_block(n: int) -> int:
     lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
         base = random.randrange(10_000, lo - n)
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        if block_is_free(base, n):
             return base
     raise RuntimeError(f"no block of {n} free ports below {lo}")
 

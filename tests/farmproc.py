@@ -25,6 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SGLANG_FARM = [sys.executable, "-m", "sglang_farm.cli.main"]
 
 
+def block_is_free(base: int, n: int) -> bool:
+    """Every loopback port in base .. base+n-1 can be bound now."""
+    for p in range(base, base + n):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
 def free_port_block(n: int) -> int:
     """A base port with n consecutive ports free on 127.0.0.1 (best effort, retried)."""
     for _ in range(200):
@@ -33,15 +44,7 @@ def free_port_block(n: int) -> int:
             base: int = s.getsockname()[1]
         if base + n >= 65000:
             continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        if block_is_free(base, n):
             return base
     raise RuntimeError("no free port block")
 
