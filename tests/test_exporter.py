@@ -153,7 +153,15 @@ def test_parse_listen_rejects_bad_addresses_saying_what_is_accepted(listen: str)
         parse_listen(listen)
 
 
-def test_the_body_is_formatted_once_per_state_and_follows_a_swap() -> None:
+# What Prometheus 2.42 (Debian 12's) sends, captured from a real scrape: OpenMetrics first.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT], ids=["text", "prometheus"])
+def test_the_body_is_formatted_once_per_state_and_follows_a_swap(accept: str) -> None:
     calls = 0
     current = state()
 
@@ -162,14 +170,25 @@ def test_the_body_is_formatted_once_per_state_and_follows_a_swap() -> None:
         calls += 1
         return current
 
+    headers = {"Accept": accept} if accept else {}
     with Exporter(build_registry(getter), getter, "127.0.0.1:0") as exp:
-        first = httpx.get(f"{exp.url}/metrics", timeout=5).text
+        first = httpx.get(f"{exp.url}/metrics", headers=headers, timeout=5).text
         formatted = calls
-        assert httpx.get(f"{exp.url}/metrics", timeout=5).text == first
-        assert calls == formatted + 1  # the second scrape only looked the state up
+        for _ in range(3):
+            assert httpx.get(f"{exp.url}/metrics", headers=headers, timeout=5).text == first
+        assert calls == formatted + 3  # the later scrapes only looked the state up
         current = dataclasses.replace(current, snapshot_at=current.snapshot_at + 100)
-        third = httpx.get(f"{exp.url}/metrics", timeout=5).text
+        third = httpx.get(f"{exp.url}/metrics", headers=headers, timeout=5).text
         assert third != first and "sglang_farm_snapshot_timestamp_seconds" in third
+
+
+def test_many_scrapes_keep_one_cached_body_per_format() -> None:
+    """A body is kept per format, not per scrape: 300 KB at 64 workers, every 15 s."""
+    current = state()
+    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+        for accept in [PROMETHEUS_ACCEPT] * 20 + [""] * 5:
+            httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
+        assert len(exp._server.cache) == 2
 
 
 # --- connection limits ------------------------------------------------------------------

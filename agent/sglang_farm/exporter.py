@@ -30,9 +30,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from sglang_farm import exposition
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.metrics import MetricsState, gpu_label
 
@@ -109,27 +109,28 @@ class _Server(HTTPServer):
         self, *args: Any, max_connections: int, idle_timeout: float, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.cache: dict[object, tuple[MetricsState, bytes]] = {}
+        self.cache: dict[str, tuple[MetricsState, bytes]] = {}  # content type -> body
         self.cache_lock = threading.Lock()
         self.idle_timeout = idle_timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self._stopping = threading.Event()
 
-    def body(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
-        """The exposition of the current state, formatted once per state and encoder.
+    def body(self, fmt: exposition.Format) -> bytes:
+        """The exposition of the current state, formatted once per state and format.
 
         The state is immutable and swapped whole, so a body formatted for it stays
         true until the next swap; scrapes between swaps cost a dictionary look-up.
+        Keyed by content type: one body per format, however many scrapes.
         """
         state = self.state_getter()
         with self.cache_lock:
-            hit = self.cache.get(encoder)
+            hit = self.cache.get(fmt.content_type)
             if hit is not None and hit[0] is state:
                 return hit[1]
-        data = encoder(self.registry)
+        data = fmt.encode(self.registry)
         with self.cache_lock:
             # Keep the state object itself: its id cannot be reused while cached.
-            self.cache[encoder] = (state, data)
+            self.cache[fmt.content_type] = (state, data)
         return data
 
     # ---- the accept loop (the serving thread) ----------------------------------------
@@ -245,8 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         try:
             if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, content_type, self.server.body(encoder))
+                fmt = exposition.choose(self.headers.get("Accept", ""))
+                self._send(200, fmt.content_type, self.server.body(fmt))
             elif path == "/sd":
                 body = json.dumps(sd_targets(self.server.state_getter().farm)).encode()
                 self._send(200, "application/json", body)

@@ -1,0 +1,185 @@
+"""The farm's own encoder writes every body byte for byte as prometheus_client does.
+
+Each state below is formatted for each Accept header a scraper may send, once by
+`exposition.choose` (the exporter's path) and once by the library's `choose_encoder`;
+the two must be equal, Content-Type included. Where the fast path cannot be exact
+(`dots` escaping, OpenMetrics 2.0.0, a family of another shape), the answer is still
+the library's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from types import MappingProxyType
+
+import pytest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from metrics_fixtures import NOW, gateway_state, state
+from sglang_farm import exposition
+from sglang_farm.farm_view import StagingView
+from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.workerstats import WorkerStats
+from test_exporter import PROMETHEUS_ACCEPT
+
+ACCEPTS = [
+    "",
+    PROMETHEUS_ACCEPT,
+    "text/plain;version=0.0.4",
+    "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "text/plain;version=1.0.0;escaping=underscores",
+    "application/openmetrics-text",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
+    "application/openmetrics-text;version=1.0.0;escaping=values",
+    "application/openmetrics-text;version=1.0.0;escaping=dots",
+    "text/plain;version=1.0.0;escaping=dots",
+    "application/openmetrics-text;version=2.0.0",
+]
+
+
+def odd_state() -> MetricsState:
+    """Label values that need escaping, values the float writer treats specially, a
+    staging farm behind a gateway with a password in its URL."""
+    st = gateway_state()
+    assert st.farm is not None
+    odd = 'm\\o"d\nel ü'
+    stats = {
+        **st.workers,
+        0: dataclasses.replace(
+            st.workers[0],
+            model_name=odd,
+            sglang_version="",
+            queued=math.inf,
+            running=-0.0,
+            token_usage=math.nan,
+            gen_throughput=12345678.9,
+            cache_hit_rate=1e-9,
+        ),
+    }
+    staging = StagingView(
+        source='/srv/"models"',
+        target="/dev/shm/model",
+        state="staging",
+        since=NOW,
+        step="copying",
+        bytes_done=3 * 1024**3,
+        bytes_total=16 * 1024**3,
+        last_duration_s=0.5,
+        staged_bytes_total=10**12,
+        stages_total=1023,
+        failures_by_kind=MappingProxyType({"checksum": 1024, "no space": 1}),
+    )
+    farm = dataclasses.replace(
+        st.farm,
+        name="lab\\1",
+        staging=staging,
+        gateway=dataclasses.replace(st.farm.gateway, url="http://u:pw@gw:8000"),  # type: ignore[arg-type]  # gateway_state has one
+    )
+    return dataclasses.replace(st, farm=farm, workers=MappingProxyType(stats))
+
+
+STATES = {"plain": state, "gateway": gateway_state, "odd": odd_state}
+
+
+@pytest.mark.parametrize("accept", ACCEPTS)
+@pytest.mark.parametrize("make", STATES.values(), ids=STATES.keys())
+def test_every_body_is_the_librarys_byte_for_byte(accept: str, make: type) -> None:
+    st = make()
+    registry = build_registry(lambda: st)
+    library, content_type = choose_encoder(accept)
+    fmt = exposition.choose(accept)
+    assert fmt.content_type == content_type
+    assert fmt.encode(registry) == library(registry)
+
+
+def test_the_fast_path_serves_what_prometheus_asks_for() -> None:
+    """Not the library behind the same answer: the farm's encoder, and it is exact."""
+    for accept in ["", PROMETHEUS_ACCEPT, "text/plain;version=1.0.0;escaping=allow-utf-8"]:
+        encode = exposition.choose(accept).encode
+        assert getattr(encode, "func", None) is exposition.encode, accept
+    for accept in [
+        "text/plain;version=1.0.0;escaping=dots",
+        "application/openmetrics-text;version=2.0.0",
+    ]:
+        assert getattr(exposition.choose(accept).encode, "func", None) is not exposition.encode
+
+
+class _Extra(Collector):
+    """Families of shapes the fast path does not write: each must reach the library."""
+
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("sglang_farm_ok", "A plain gauge first.", labels=["worker"])
+        g.add_metric(["0"], 1)
+        yield g
+        yield self.family
+
+
+def _histogram() -> Metric:
+    h = HistogramMetricFamily("x_seconds", "A histogram.", labels=["worker"])
+    h.add_metric(["0"], buckets=[("1.0", 2), ("+Inf", 3)], sum_value=4.5)
+    return h
+
+
+def _timestamped() -> Metric:
+    g = GaugeMetricFamily("x", "A gauge with a timestamp.", labels=["worker"])
+    g.add_metric(["0"], 1, timestamp=NOW)
+    return g
+
+
+def _colon() -> Metric:
+    return CounterMetricFamily("x:rate", "A colon in the name.", value=3)
+
+
+def _unit() -> Metric:
+    return GaugeMetricFamily("x_bytes", "With a unit.", value=3, unit="bytes")
+
+
+def _created() -> Metric:
+    return CounterMetricFamily("x", "A counter with its created time.", value=3, created=NOW)
+
+
+def _odd_label_name() -> Metric:
+    g = GaugeMetricFamily("x", "A label name with a dot.", labels=["a.b"])
+    g.add_metric(["v"], 1)
+    return g
+
+
+@pytest.mark.parametrize(
+    "family", [_histogram, _timestamped, _colon, _unit, _created, _odd_label_name]
+)
+@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT])
+def test_a_family_of_another_shape_is_written_by_the_library(family: type, accept: str) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Extra(family()))
+    library, _ = choose_encoder(accept)
+    assert exposition.choose(accept).encode(registry) == library(registry)
+
+
+def test_equal_formats_are_one_cache_key() -> None:
+    a, b = exposition.choose(PROMETHEUS_ACCEPT), exposition.choose(PROMETHEUS_ACCEPT)
+    assert a == b and hash(a) == hash(b)
+    assert a != exposition.choose("")
+
+
+def test_a_64_worker_body_is_the_librarys() -> None:
+    """At the size the benchmark measures (bench/synthetic.py's hand-built farm)."""
+    from bench.synthetic import state as big
+
+    st = big(64)
+    registry = build_registry(lambda: st)
+    for accept in ["", PROMETHEUS_ACCEPT]:
+        library, _ = choose_encoder(accept)
+        assert exposition.choose(accept).encode(registry) == library(registry)
+    assert isinstance(st.workers[0], WorkerStats)
