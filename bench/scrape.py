@@ -9,11 +9,11 @@ import time
 from bench.stats import summary
 
 
-def scrape_once(host: str, port: int) -> tuple[float, int]:
+def scrape_once(host: str, port: int, accept: str = "") -> tuple[float, int]:
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
         resp = conn.getresponse()
         body = resp.read()
         if resp.status != 200:
@@ -24,21 +24,22 @@ def scrape_once(host: str, port: int) -> tuple[float, int]:
 
 
 def measure(
-    host: str, port: int, reps: int, *, pause: float = 0.0, max_s: float = 1e9
+    host: str, port: int, reps: int, *, pause: float = 0.0, max_s: float = 1e9, accept: str = ""
 ) -> dict[str, object]:
     """Latency summary in ms over `reps` scrapes (after 3 warm-up scrapes), and the body size.
 
     Stops early after `max_s` seconds (a hung worker must still be hung at the end).
+    `accept`: the Accept header sent ("": none, the text format).
     """
     for _ in range(3):
-        scrape_once(host, port)
+        scrape_once(host, port, accept)
     xs: list[float] = []
     size = 0
     end = time.monotonic() + max_s
     for _ in range(reps):
         if time.monotonic() > end:
             break
-        dt, size = scrape_once(host, port)
+        dt, size = scrape_once(host, port, accept)
         xs.append(dt)
         if pause:
             time.sleep(pause)

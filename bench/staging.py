@@ -113,12 +113,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.staging", description=__doc__)
     ap.add_argument("--gib", type=float, default=1.0, help="model size (default 1 GiB)")
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--source-dir", type=Path, default=None,
-                    help="where the synthetic source is written (default: a folder in /var/tmp)")
-    ap.add_argument("--target", type=Path, default=None,
-                    help="the workers' path to stage into (default: a folder in /dev/shm)")
-    ap.add_argument("--drop-caches", action="store_true",
-                    help="empty the page cache before cp and before the stage (root)")
+    ap.add_argument(
+        "--source-dir",
+        type=Path,
+        default=None,
+        help="where the synthetic source is written (default: a folder in /var/tmp)",
+    )
+    ap.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="the workers' path to stage into (default: a folder in /dev/shm)",
+    )
+    ap.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="empty the page cache before cp and before the stage (root)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:

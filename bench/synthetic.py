@@ -1,19 +1,28 @@
 """I/O (timing only): format cost of `/metrics` in-process, on a hand-built `MetricsState`.
 
-Splits a scrape's latency into what `generate_latest` costs and what the HTTP server,
-the thread hand-off and the agent's other work add. Sized like a real farm of n
-workers on n GPUs, all ready, each with a GPU process and worker stats.
+Splits a scrape's latency into what formatting costs and what the HTTP server, the
+thread hand-off and the agent's other work add. Sized like a real farm of n workers on
+n GPUs, all ready, each with a GPU process and worker stats.
+
+The exporter formats a body once per state and format, so what a scraper waits for is
+the first scrape after a swap (every Prometheus scrape: swaps come every few seconds,
+scrapes every 15 s). Measured here for each kind of swap the agent makes, in both
+formats, with prometheus_client's encoder over the whole registry (what the exporter
+ran before `exposition.py`) and with the farm's own writer, in the same run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from types import MappingProxyType
 
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
 from tests.metrics_fixtures import GiB, gpu
 
 from bench.stats import summary
+from sglang_farm import exposition
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
@@ -83,14 +92,67 @@ def state(n: int) -> MetricsState:
     )
 
 
-def format_cost(n: int, reps: int) -> dict[str, object]:
-    """`generate_latest` of an n-worker state, ms per call, with the body size."""
-    st = state(n)
-    registry = build_registry(lambda: st)
-    body = generate_latest(registry)
+# What Prometheus 2.42 sends (OpenMetrics first); "" is a client that names no format.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+def _swap(kind: str, st: MetricsState, i: int) -> MetricsState:
+    """`st` after one swap of `kind`, with new objects for the parts that swap replaces."""
+    assert st.farm is not None and st.fleet is not None
+    at = st.snapshot_at + i
+    if kind == "worker poll":
+        return dataclasses.replace(st, snapshot_at=at, workers=MappingProxyType(dict(st.workers)))
+    if kind == "gpu poll":
+        return dataclasses.replace(
+            st,
+            snapshot_at=at,
+            fleet=dataclasses.replace(st.fleet),
+            worker_pids=MappingProxyType(dict(st.worker_pids)),
+        )
+    return dataclasses.replace(st, snapshot_at=at, farm=dataclasses.replace(st.farm))
+
+
+SWAPS = ("worker poll", "gpu poll", "view change")
+
+
+def _timed(
+    reps: int, before: Callable[[int], None], call: Callable[[], object]
+) -> dict[str, float]:
     xs = []
-    for _ in range(reps):
+    for i in range(reps):
+        before(i)
         t0 = time.perf_counter()
-        generate_latest(registry)
+        call()
         xs.append(time.perf_counter() - t0)
-    return {"format_ms": summary(xs, scale=1000), "body_bytes": len(body), "workers": n}
+    return summary(xs, scale=1000)
+
+
+def _costs(st: MetricsState, accept: str, reps: int) -> dict[str, dict[str, float]]:
+    current = [st]
+    registry = build_registry(lambda: current[0])
+    library, _ = choose_encoder(accept)
+    fast = exposition.choose(accept).encode
+    row = {"library_ms": _timed(reps, lambda i: None, lambda: library(registry))}
+    fast(registry)  # every section formatted once: from here on, only what a swap replaced
+    for kind in SWAPS:
+
+        def swap(i: int, kind: str = kind) -> None:
+            current[0] = _swap(kind, st, i + 1)
+
+        row[f"{kind}_ms"] = _timed(reps, swap, lambda: fast(registry))
+    return row
+
+
+def format_cost(n: int, reps: int) -> dict[str, object]:
+    """ms per body of an n-worker state: the library's encoder, and the farm's writer
+    after each kind of swap, for the text format and for what Prometheus asks for."""
+    st = state(n)
+    return {
+        "workers": n,
+        "body_bytes": len(generate_latest(build_registry(lambda: st))),
+        "text": _costs(st, "", reps),
+        "prometheus": _costs(st, PROMETHEUS_ACCEPT, reps),
+    }

@@ -29,6 +29,32 @@ def _s(d: dict[str, Any]) -> str:
     return f"median {d['median']:.3f} / p99 {d['p99']:.3f} s (min–max {d['min']:.3f}–{d['max']:.3f}, n={d['n']})"
 
 
+def _format_rows(n: str, fc: dict[str, Any]) -> list[Row]:
+    """The first scrape after a swap, in process: the library's encoder (the old path)
+    against the farm's writer after each kind of swap."""
+    out = []
+    for fmt, label in (("text", "text format"), ("prometheus", "Prometheus' Accept (OpenMetrics)")):
+        row = fc[fmt]
+        lib = row["library_ms"]["median"]
+        out.append(
+            Row(
+                "1 scrape",
+                f"body after a swap, {n} workers ({fc['body_bytes']} B), {label}: prometheus_client over the whole registry (OLD)",
+                _ms(row["library_ms"]),
+            )
+        )
+        for kind in ("worker poll", "gpu poll", "view change"):
+            d = row[f"{kind}_ms"]
+            out.append(
+                Row(
+                    "1 scrape",
+                    f"body after a {kind}, {n} workers, {label}: the farm's writer (NEW; {lib / d['median']:.1f}× less at p50)",
+                    _ms(d),
+                )
+            )
+    return out
+
+
 def rows(r: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     sim = r.get("sim_load")
@@ -55,13 +81,7 @@ def rows(r: dict[str, Any]) -> list[Row]:
             )
         )
     for n, fc in r.get("format", {}).items():
-        out.append(
-            Row(
-                "1 scrape",
-                f"in-process generate_latest, hand-built state of {n} workers ({fc['body_bytes']} B)",
-                _ms(fc["format_ms"]),
-            )
-        )
+        out.extend(_format_rows(n, fc))
     base = r.get("baseline_commit", "")
     for key, label in (
         ("farm8", "8 workers"),
@@ -162,6 +182,15 @@ def rows(r: dict[str, Any]) -> list[Row]:
                         rt <= 1.2,
                     )
                 )
+        sp = f.get("scrape_prometheus")
+        if sp:
+            out.append(
+                Row(
+                    "1 scrape",
+                    f"/metrics, {label}, healthy, with Prometheus' Accept (OpenMetrics; {sp['body_bytes']} B)",
+                    _ms(sp["latency_ms"]),
+                )
+            )
         ctl = f.get("control")
         if ctl:
             lat = ctl["status"]["latency_ms"]

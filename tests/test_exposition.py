@@ -26,8 +26,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from metrics_fixtures import NOW, gateway_state, state
 from sglang_farm import exposition
-from sglang_farm.farm_view import StagingView
-from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.farm_view import Phase, StagingView
+from sglang_farm.metrics import MetricsState, Section, build_registry
 from sglang_farm.workerstats import WorkerStats
 from test_exporter import PROMETHEUS_ACCEPT
 
@@ -183,3 +183,80 @@ def test_a_64_worker_body_is_the_librarys() -> None:
         library, _ = choose_encoder(accept)
         assert exposition.choose(accept).encode(registry) == library(registry)
     assert isinstance(st.workers[0], WorkerStats)
+
+
+# --- the farm's registry re-formats only what a swap replaced ---------------------------
+
+
+def _swaps(st: MetricsState) -> Iterator[tuple[str, MetricsState]]:
+    """A run of swaps as the agent makes them: each replaces one or two parts."""
+    assert st.farm is not None and st.fleet is not None
+    stats = dict(st.workers)
+    stats[0] = dataclasses.replace(stats[0], queued=11, taken_at=NOW + 5)
+    st = dataclasses.replace(st, snapshot_at=NOW + 5, workers=MappingProxyType(stats))
+    yield "worker poll", st
+    assert st.fleet is not None
+    gpus = (dataclasses.replace(st.fleet.gpus[0], power_w=555.5), *st.fleet.gpus[1:])
+    pids = {**st.worker_pids, 1: frozenset({200, 201})}
+    st = dataclasses.replace(
+        st,
+        snapshot_at=NOW + 6,
+        fleet=dataclasses.replace(st.fleet, gpus=gpus),
+        worker_pids=MappingProxyType(pids),
+    )
+    yield "gpu poll", st
+    assert st.farm is not None
+    first = dataclasses.replace(st.farm.workers[0], phase=Phase.UNHEALTHY, since=NOW + 7)
+    st = dataclasses.replace(
+        st,
+        snapshot_at=NOW + 7,
+        farm=dataclasses.replace(st.farm, workers=(first, *st.farm.workers[1:])),
+    )
+    yield "view change", st
+    yield "no swap", st
+
+
+@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT])
+def test_each_body_after_a_swap_is_the_librarys_for_the_new_state(accept: str) -> None:
+    start = current = gateway_state()
+    registry = build_registry(lambda: current)
+    library, _ = choose_encoder(accept)
+    fmt = exposition.choose(accept)
+    assert fmt.encode(registry) == library(registry)
+    for what, current in _swaps(start):  # noqa: B007  # the getter reads `current`
+        assert fmt.encode(registry) == library(registry), what
+
+
+def test_a_swap_re_formats_only_the_sections_whose_parts_it_replaced() -> None:
+    start = current = gateway_state()
+    registry = build_registry(lambda: current)
+    formatted: list[str] = []
+
+    def counting(section: Section) -> Section:
+        def families(st: MetricsState) -> Iterator[Metric]:
+            formatted.append(section.name)
+            return section.families(st)
+
+        return dataclasses.replace(section, families=families)
+
+    registry.farm.sections = tuple(counting(s) for s in registry.farm.sections)
+    fmt = exposition.choose(PROMETHEUS_ACCEPT)
+    fmt.encode(registry)
+    assert len(formatted) == 7  # the first body formats every section
+    want = {
+        "worker poll": ["agent", "worker_stats"],
+        "gpu poll": ["agent", "gpus", "worker_memory", "quarantines"],
+        "view change": [
+            "agent",
+            "farm",
+            "worker_phases",
+            "worker_stats",
+            "worker_memory",
+            "quarantines",
+        ],
+        "no swap": [],
+    }
+    for what, current in _swaps(start):  # noqa: B007  # the getter reads `current`
+        formatted.clear()
+        fmt.encode(registry)
+        assert formatted == want[what], what

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 from prometheus_client import exposition as text_format
 from prometheus_client.metrics_core import Metric
@@ -90,12 +90,25 @@ class _Collected:
         return iter(self._families)
 
 
+@runtime_checkable
+class WritesItsOwn(Protocol):
+    """A registry that writes its exposition itself (`metrics.FarmRegistry`, which
+    reuses the text of the parts of the state that did not change)."""
+
+    def exposition(self, *, openmetrics: bool) -> bytes: ...
+
+
 def encode(registry: Collector, *, openmetrics: bool, fallback: Encoder) -> bytes:
     """The registry's families in the text format (0.0.4) or OpenMetrics 1.0.0.
 
-    Collects once; if any family is of a shape this module does not write, the same
-    collected families go to `fallback`, the library's encoder for that format.
+    If any family is of a shape this module does not write, `fallback` (the library's
+    encoder for that format) writes the whole body.
     """
+    if isinstance(registry, WritesItsOwn):
+        try:
+            return registry.exposition(openmetrics=openmetrics)
+        except Unsupported:
+            return fallback(registry)
     families = list(registry.collect())
     try:
         return render(families, openmetrics=openmetrics)
@@ -106,6 +119,13 @@ def encode(registry: Collector, *, openmetrics: bool, fallback: Encoder) -> byte
 def render(families: Iterable[Metric], *, openmetrics: bool) -> bytes:
     """Gauges and counters with plain names as the library writes them; `Unsupported`
     for anything else."""
+    text = render_text(families, openmetrics=openmetrics)
+    return (text + "# EOF\n" if openmetrics else text).encode("utf-8")
+
+
+def render_text(families: Iterable[Metric], *, openmetrics: bool) -> str:
+    """`render` without OpenMetrics' closing `# EOF`, not encoded: a run of families
+    that can be joined to others."""
     out: list[str] = []
     add = out.append
     for m in families:
@@ -124,9 +144,7 @@ def render(families: Iterable[Metric], *, openmetrics: bool) -> bytes:
         add(f"# HELP {typed} {doc}\n# TYPE {typed} {m.type}\n")
         for s in m.samples:
             add(_sample_line(s, sample_name))
-    if openmetrics:
-        add("# EOF\n")
-    return "".join(out).encode("utf-8")
+    return "".join(out)
 
 
 def _sample_line(s: Sample, name: str) -> str:

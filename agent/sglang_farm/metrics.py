@@ -15,19 +15,27 @@ Conventions (docs/metrics.md lists every family):
   with a [model];
 - a reading that is unknown (NotSupported, worker not polled yet) is absent,
   never 0 or NaN.
+
+The families come in `Section`s, each drawn from named parts of the state (the fleet,
+the farm view, the worker stats). A swap replaces one or two parts, so `FarmRegistry`
+re-formats only the sections whose parts are new objects and reuses the text of the
+others: the first scrape after a worker poll formats the stats of 64 workers, not the
+whole farm.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sglang_farm import __version__
+from sglang_farm import __version__, exposition
 from sglang_farm.failures import OomKind, RestartReason
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, StagingView
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
@@ -112,12 +120,41 @@ def _c(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=labels)
 
 
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A run of families drawn from some parts of the state only.
+
+    `parts` names them; while each is the same object as at the last format, the
+    section's text is the same too (the state and its parts are immutable).
+    """
+
+    name: str
+    parts: Callable[[MetricsState], tuple[object, ...]]
+    families: Callable[[MetricsState], Iterator[Metric]]
+
+
+def sections(version: str) -> tuple[Section, ...]:
+    """Every family the farm exports, in exposition order, grouped by what they read."""
+    return (
+        Section("agent", lambda st: (st,), partial(_agent, version)),
+        Section("farm", lambda st: (st.farm,), _farm_extras),
+        Section("gpus", lambda st: (st.fleet,), _gpus_of),
+        Section("worker_phases", lambda st: (st.farm,), _worker_phases),
+        Section("worker_stats", lambda st: (st.farm, st.workers), _worker_stats),
+        Section("worker_memory", lambda st: (st.farm, st.fleet, st.worker_pids), _worker_memory),
+        Section("quarantines", lambda st: (st.farm, st.fleet), _quarantines),
+    )
+
+
 class FarmCollector(Collector):
     """Formats the current `MetricsState`; registered on a dedicated registry."""
 
     def __init__(self, state_getter: Callable[[], MetricsState], version: str) -> None:
         self._get = state_getter
-        self._version = version
+        self.sections = sections(version)
+        # (openmetrics, section index) -> the parts it was formatted from, and its text.
+        self._texts: dict[tuple[bool, int], tuple[tuple[object, ...], str]] = {}
+        self._lock = threading.Lock()
 
     def describe(self) -> Iterator[Metric]:
         # Nothing to pre-declare; returning empty keeps any registry from calling
@@ -126,63 +163,86 @@ class FarmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st = self._get()  # the one read of the shared reference
-        yield from self._agent(st)
-        if st.farm is not None and st.farm.gateway is not None:
-            yield from _gateway(st.farm.gateway)
-        if st.farm is not None and st.farm.staging is not None:
-            yield from _staging(st.farm.staging)
-        if st.fleet is not None:
-            yield from _gpus(st.fleet)
-        if st.farm is not None:
-            yield from _workers(st)
-            yield from _quarantines(st)
+        for section in self.sections:
+            yield from section.families(st)
 
-    def _agent(self, st: MetricsState) -> Iterator[Metric]:
-        m = _g("sglang_farm_build_info", "The agent's version; always 1.", ["version"])
-        m.add_metric([self._version], 1)
+    def exposition(self, *, openmetrics: bool) -> bytes:
+        """The body of the current state; sections whose parts did not change since the
+        last call are not formatted again. `exposition.Unsupported` if a family is not
+        one the farm's writer takes (the caller then asks the library)."""
+        st = self._get()
+        out: list[str] = []
+        for i, section in enumerate(self.sections):
+            parts = section.parts(st)
+            with self._lock:
+                hit = self._texts.get((openmetrics, i))
+            if hit is not None and all(a is b for a, b in zip(hit[0], parts, strict=True)):
+                out.append(hit[1])
+                continue
+            text = exposition.render_text(section.families(st), openmetrics=openmetrics)
+            with self._lock:
+                # Keeps the parts themselves: their ids cannot be reused while cached.
+                self._texts[(openmetrics, i)] = (parts, text)
+            out.append(text)
+        if openmetrics:
+            out.append("# EOF\n")
+        return "".join(out).encode("utf-8")
+
+
+def _agent(version: str, st: MetricsState) -> Iterator[Metric]:
+    m = _g("sglang_farm_build_info", "The agent's version; always 1.", ["version"])
+    m.add_metric([version], 1)
+    yield m
+    m = _g(
+        "sglang_farm_snapshot_timestamp_seconds",
+        "When the agent last rebuilt the state scrapes read (Unix time); old = stuck loop.",
+    )
+    m.add_metric([], st.snapshot_at)
+    yield m
+    ok = _g("sglang_farm_probe_success", "1 if the latest poll of a source succeeded.", ["source"])
+    dur = _g(
+        "sglang_farm_probe_duration_seconds",
+        "How long the latest poll of a source took.",
+        ["source"],
+    )
+    last = _g(
+        "sglang_farm_probe_last_success_timestamp_seconds",
+        "When a poll of the source last succeeded (Unix time).",
+        ["source"],
+    )
+    for source in sorted(st.probes):
+        p = st.probes[source]
+        ok.add_metric([source], 1 if p.success else 0)
+        dur.add_metric([source], p.duration_s)
+        if p.last_success_at is not None:
+            last.add_metric([source], p.last_success_at)
+    yield ok
+    yield dur
+    yield last
+    if st.farm is not None:
+        farm = st.farm
+        m = _g("sglang_farm_info", "The farm's name and runtime; always 1.", ["farm", "runtime"])
+        m.add_metric([farm.name, farm.runtime], 1)
         yield m
-        m = _g(
-            "sglang_farm_snapshot_timestamp_seconds",
-            "When the agent last rebuilt the state scrapes read (Unix time); old = stuck loop.",
-        )
-        m.add_metric([], st.snapshot_at)
+        m = _g("sglang_farm_start_time_seconds", "When the agent started (Unix time).")
+        m.add_metric([], farm.started_at)
         yield m
-        ok = _g(
-            "sglang_farm_probe_success", "1 if the latest poll of a source succeeded.", ["source"]
-        )
-        dur = _g(
-            "sglang_farm_probe_duration_seconds",
-            "How long the latest poll of a source took.",
-            ["source"],
-        )
-        last = _g(
-            "sglang_farm_probe_last_success_timestamp_seconds",
-            "When a poll of the source last succeeded (Unix time).",
-            ["source"],
-        )
-        for source in sorted(st.probes):
-            p = st.probes[source]
-            ok.add_metric([source], 1 if p.success else 0)
-            dur.add_metric([source], p.duration_s)
-            if p.last_success_at is not None:
-                last.add_metric([source], p.last_success_at)
-        yield ok
-        yield dur
-        yield last
-        if st.farm is not None:
-            farm = st.farm
-            m = _g(
-                "sglang_farm_info", "The farm's name and runtime; always 1.", ["farm", "runtime"]
-            )
-            m.add_metric([farm.name, farm.runtime], 1)
-            yield m
-            m = _g("sglang_farm_start_time_seconds", "When the agent started (Unix time).")
-            m.add_metric([], farm.started_at)
-            yield m
-            m = _g("sglang_farm_rollout_state", "The rollout's state (a state set).", ["state"])
-            for s in ROLLOUT_STATES:
-                m.add_metric([s], 1 if farm.rollout == s else 0)
-            yield m
+        m = _g("sglang_farm_rollout_state", "The rollout's state (a state set).", ["state"])
+        for s in ROLLOUT_STATES:
+            m.add_metric([s], 1 if farm.rollout == s else 0)
+        yield m
+
+
+def _farm_extras(st: MetricsState) -> Iterator[Metric]:
+    if st.farm is not None and st.farm.gateway is not None:
+        yield from _gateway(st.farm.gateway)
+    if st.farm is not None and st.farm.staging is not None:
+        yield from _staging(st.farm.staging)
+
+
+def _gpus_of(st: MetricsState) -> Iterator[Metric]:
+    if st.fleet is not None:
+        yield from _gpus(st.fleet)
 
 
 def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
@@ -394,23 +454,18 @@ def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:
     yield xid
 
 
-def _workers(st: MetricsState) -> Iterator[Metric]:
-    assert st.farm is not None
-    wl = ["worker", "gpu"]
+_WORKER_LABELS = ["worker", "gpu"]
+
+
+def _worker_phases(st: MetricsState) -> Iterator[Metric]:
+    """What the farm view alone says of each worker: phase, restarts, OOM ladder, loads."""
+    if st.farm is None:
+        return
+    wl = _WORKER_LABELS
     state = _g("sglang_farm_worker_state", "The worker's phase (a state set).", [*wl, "state"])
     since = _g(
         "sglang_farm_worker_state_since_timestamp_seconds",
         "When the worker entered its phase (Unix time).",
-        wl,
-    )
-    info = _g(
-        "sglang_farm_worker_info",
-        "A worker's port, model and SGLang version; always 1.",
-        [*wl, "port", "model_name", "sglang_version"],
-    )
-    up = _g(
-        "sglang_farm_worker_up",
-        "1 if the worker is serving and answered the latest stats poll.",
         wl,
     )
     restarts = _c("sglang_farm_worker_restarts", "Restarts by reason.", [*wl, "reason"])
@@ -437,6 +492,43 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         wl,
     )
     gateway = st.farm.gateway is not None
+    reasons = [str(r) for r in RestartReason]
+    kinds = [str(k) for k in OomKind]
+    for w in st.farm.workers:
+        lv = [str(w.id), gpu_label(w.gpus)]
+        for p in Phase:
+            state.add_metric([*lv, str(p)], 1 if w.phase is p else 0)
+        since.add_metric(lv, w.since)
+        _add_counts(restarts, lv, w.restarts_by_reason, reasons)
+        _add_counts(ooms, lv, w.oom_events_by_kind, kinds)
+        step.add_metric(lv, w.oom_step)
+        busy.add_metric(lv, 1 if w.busy else 0)
+        if w.last_load_seconds is not None:
+            load.add_metric(lv, w.last_load_seconds)
+        if w.last_drain_seconds is not None:
+            drain.add_metric(lv, w.last_drain_seconds)
+        if gateway:
+            in_gateway.add_metric(lv, 1 if w.in_gateway else 0)
+    yield from (state, since, restarts, ooms, step, busy, load, drain)
+    if gateway:
+        yield in_gateway
+
+
+def _worker_stats(st: MetricsState) -> Iterator[Metric]:
+    """What the latest stats poll said of each serving worker (and its model and version)."""
+    if st.farm is None:
+        return
+    wl = _WORKER_LABELS
+    info = _g(
+        "sglang_farm_worker_info",
+        "A worker's port, model and SGLang version; always 1.",
+        [*wl, "port", "model_name", "sglang_version"],
+    )
+    up = _g(
+        "sglang_farm_worker_up",
+        "1 if the worker is serving and answered the latest stats poll.",
+        wl,
+    )
     queued = _g("sglang_farm_worker_queued_requests", "Requests waiting in the worker's queue.", wl)
     running = _g("sglang_farm_worker_running_requests", "Requests the worker is running.", wl)
     kv = _g("sglang_farm_worker_kv_cache_usage_ratio", "KV-cache pool usage (0-1).", wl)
@@ -447,11 +539,6 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
     )
     hit = _g(
         "sglang_farm_worker_prefix_cache_hit_ratio", "Prefix (radix) cache hit ratio (0-1).", wl
-    )
-    mem = _g(
-        "sglang_farm_worker_gpu_memory_bytes",
-        "GPU memory held by the worker's process tree (NVML per-process memory).",
-        wl,
     )
     stale = _g(
         "sglang_farm_worker_stats_stale",
@@ -464,31 +551,12 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
     poll_dur = _g(
         "sglang_farm_worker_stats_poll_duration_seconds", "How long the latest stats poll took.", wl
     )
-    fleet = st.fleet
-    memory: dict[int, int] = {}
-    if fleet is not None and fleet.nvml_up:
-        memory = attribute_memory(fleet, st.worker_pids)
     for w in st.farm.workers:
         lv = [str(w.id), gpu_label(w.gpus)]
-        for p in Phase:
-            state.add_metric([*lv, str(p)], 1 if w.phase is p else 0)
-        since.add_metric(lv, w.since)
         stats = st.workers.get(w.id)
         model = (stats.model_name if stats else None) or model_from_argv(w.argv) or ""
         version = (stats.sglang_version if stats else None) or ""
         info.add_metric([*lv, str(w.port), model, version], 1)
-        _add_counts(restarts, lv, w.restarts_by_reason, [str(r) for r in RestartReason])
-        _add_counts(ooms, lv, w.oom_events_by_kind, [str(k) for k in OomKind])
-        step.add_metric(lv, w.oom_step)
-        busy.add_metric(lv, 1 if w.busy else 0)
-        if w.last_load_seconds is not None:
-            load.add_metric(lv, w.last_load_seconds)
-        if w.last_drain_seconds is not None:
-            drain.add_metric(lv, w.last_drain_seconds)
-        if gateway:
-            in_gateway.add_metric(lv, 1 if w.in_gateway else 0)
-        if w.id in memory and w.id in st.worker_pids:
-            mem.add_metric(lv, memory[w.id])
         serving = w.phase in _SERVING
         up.add_metric(lv, 1 if serving and stats is not None and stats.up else 0)
         if not serving or stats is None:
@@ -507,17 +575,34 @@ def _workers(st: MetricsState) -> Iterator[Metric]:
         ):
             if v is not None:
                 fam.add_metric(lv, v)
-    yield from (state, since, info, up, restarts, ooms, step, busy, load, drain)
-    if gateway:
-        yield in_gateway
-    yield from (queued, running, kv, tput, hit, mem, stale, polled, poll_dur)
+    yield from (info, up, queued, running, kv, tput, hit, stale, polled, poll_dur)
+
+
+def _worker_memory(st: MetricsState) -> Iterator[Metric]:
+    """The GPU memory each worker's process tree holds, from the fleet snapshot."""
+    if st.farm is None:
+        return
+    mem = _g(
+        "sglang_farm_worker_gpu_memory_bytes",
+        "GPU memory held by the worker's process tree (NVML per-process memory).",
+        _WORKER_LABELS,
+    )
+    fleet = st.fleet
+    memory: dict[int, int] = {}
+    if fleet is not None and fleet.nvml_up:
+        memory = attribute_memory(fleet, st.worker_pids)
+    for w in st.farm.workers:
+        if w.id in memory and w.id in st.worker_pids:
+            mem.add_metric([str(w.id), gpu_label(w.gpus)], memory[w.id])
+    yield mem
 
 
 def _quarantines(st: MetricsState) -> Iterator[Metric]:
     # A quarantine is the worker's (the supervisor sets it), but it names one GPU: the
     # gauge is per GPU, so an alert says which card to reset; the counter is per worker,
     # like restarts. XID reasons are free-form ("xid 79"), so only counted reasons appear.
-    assert st.farm is not None
+    if st.farm is None:
+        return
     uuids = {g.index: g.uuid or "" for g in st.fleet.gpus} if st.fleet is not None else {}
     gauge = _g(
         "sglang_farm_gpu_quarantined",
@@ -555,14 +640,25 @@ def _add_counts(
         fam.add_metric([*lv, key], counts.get(key, 0))
 
 
+class FarmRegistry(CollectorRegistry):
+    """A registry of one `FarmCollector`, which writes its own exposition section by
+    section (`exposition.encode` asks it first)."""
+
+    def __init__(self, collector: FarmCollector) -> None:
+        super().__init__(auto_describe=False)
+        self.register(collector)
+        self.farm = collector
+
+    def exposition(self, *, openmetrics: bool) -> bytes:
+        return self.farm.exposition(openmetrics=openmetrics)
+
+
 def build_registry(
     state_getter: Callable[[], MetricsState], *, version: str = __version__
-) -> CollectorRegistry:
+) -> FarmRegistry:
     """A dedicated registry whose one collector formats `state_getter()` at each scrape.
 
     Dedicated, not the global REGISTRY: no process/platform collectors mixed in,
     and tests can build as many as they like.
     """
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(FarmCollector(state_getter, version))
-    return registry
+    return FarmRegistry(FarmCollector(state_getter, version))
