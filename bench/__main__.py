@@ -308,7 +308,10 @@ def format_costs(results: dict[str, Any], quick: bool) -> None:
 def perf(results: dict[str, Any], quick: bool, baseline: str | None) -> None:
     """Issue 17's figures: the 64-worker farm and farmctl, old code and new in one run."""
     format_costs(results, quick)
-    old = baseline_tree(baseline) if baseline else None
+    old = None
+    if baseline:
+        # A commit (git archive), or an `agent/` folder where there is no git history.
+        old = str(Path(baseline).resolve()) if Path(baseline).is_dir() else baseline_tree(baseline)
     if old is not None and baseline is not None:
         results["baseline_commit"] = baseline
         say(f"64-worker farm on the baseline {baseline} ({old})")
@@ -329,7 +332,8 @@ def main() -> int:
     ap.add_argument(
         "--baseline",
         metavar="COMMIT",
-        help="with perf: also measure the 64-worker farm and farmctl as of COMMIT (git archive)",
+        help="with perf: also measure the 64-worker farm and farmctl as of COMMIT (git archive), "
+        "or of an agent/ folder (a copy without git history)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
