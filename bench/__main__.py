@@ -43,6 +43,7 @@ from bench import (
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio, summary
 from bench.table import markdown, rows
+from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.spec import StartupPolicy
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -231,7 +232,7 @@ def farm64(
         out["scrape"] = sc
         say("  scrape with the Accept header Prometheus sends (OpenMetrics first)")
         out["scrape_prometheus"] = scrape.measure(
-            host, port, 50 if quick else 300, accept=synthetic.PROMETHEUS_ACCEPT, max_s=60
+            host, port, 50 if quick else 300, accept=PROMETHEUS_ACCEPT, max_s=60
         )
         sock = farmrun.socket_path(farm)
         out["control"]["status"] = control.status_round_trip(sock, 1000 if not quick else 300)

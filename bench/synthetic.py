@@ -23,6 +23,7 @@ from tests.metrics_fixtures import GiB, gpu
 
 from bench.stats import summary
 from sglang_farm import exposition
+from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpu import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
@@ -90,13 +91,6 @@ def state(n: int) -> MetricsState:
             {"gpu": ProbeStatus(True, 0.001, now), "workers": ProbeStatus(True, 0.01, now)}
         ),
     )
-
-
-# What Prometheus 2.42 sends (OpenMetrics first); "" is a client that names no format.
-PROMETHEUS_ACCEPT = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
 
 
 def _swap(kind: str, st: MetricsState, i: int) -> MetricsState:

@@ -32,6 +32,14 @@ def _s(d: dict[str, Any]) -> str:
 def _format_rows(n: str, fc: dict[str, Any]) -> list[Row]:
     """The first scrape after a swap, in process: the library's encoder (the old path)
     against the farm's writer after each kind of swap."""
+    if "format_ms" in fc:  # a run before the farm's writer: generate_latest alone
+        return [
+            Row(
+                "1 scrape",
+                f"in-process generate_latest, hand-built state of {n} workers ({fc['body_bytes']} B)",
+                _ms(fc["format_ms"]),
+            )
+        ]
     out = []
     for fmt, label in (("text", "text format"), ("prometheus", "Prometheus' Accept (OpenMetrics)")):
         row = fc[fmt]

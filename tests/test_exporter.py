@@ -18,12 +18,14 @@ import pytest
 
 from metrics_fixtures import farm, state
 from sglang_farm.exporter import (
+    MAX_CACHED_FORMATS,
     MAX_CONNECTIONS,
     MAX_PENDING,
     Exporter,
     parse_listen,
     sd_targets,
 )
+from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import Phase
 from sglang_farm.metrics import MetricsState, build_registry
 
@@ -153,13 +155,6 @@ def test_parse_listen_rejects_bad_addresses_saying_what_is_accepted(listen: str)
         parse_listen(listen)
 
 
-# What Prometheus 2.42 (Debian 12's) sends, captured from a real scrape: OpenMetrics first.
-PROMETHEUS_ACCEPT = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
-
-
 @pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT], ids=["text", "prometheus"])
 def test_the_body_is_formatted_once_per_state_and_follows_a_swap(accept: str) -> None:
     calls = 0
@@ -188,7 +183,29 @@ def test_many_scrapes_keep_one_cached_body_per_format() -> None:
     with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
         for accept in [PROMETHEUS_ACCEPT] * 20 + [""] * 5:
             httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
-        assert len(exp._server.cache) == 2
+        assert len(exp._server.cache[1]) == 2
+
+
+def test_a_client_naming_ever_new_formats_costs_no_memory() -> None:
+    """The OpenMetrics version a client names is echoed into the content type: 50
+    versions are 50 formats, and only a few bodies of the current state are kept."""
+    current = state()
+    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+        for i in range(1, 51):
+            accept = f"application/openmetrics-text;version=1.{i}"
+            r = httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
+            assert r.status_code == 200 and f"version=1.{i}" in r.headers["content-type"]
+        assert len(exp._server.cache[1]) <= MAX_CACHED_FORMATS
+
+
+def test_an_accept_header_the_library_cannot_parse_gets_the_text_format() -> None:
+    current = state()
+    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+        accept = "application/openmetrics-text;version=1.0.0a"
+        r = httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert "sglang_farm_worker_state{" in r.text
 
 
 # --- connection limits ------------------------------------------------------------------

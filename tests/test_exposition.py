@@ -14,6 +14,7 @@ import importlib
 import math
 from collections.abc import Callable, Iterator
 from types import MappingProxyType
+from typing import cast
 
 import pytest
 from prometheus_client.core import (
@@ -24,13 +25,17 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
 
 from metrics_fixtures import NOW, gateway_state, state
 from sglang_farm import exposition
+from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import Phase, StagingView
 from sglang_farm.metrics import MetricsState, Section, build_registry
 from sglang_farm.workerstats import WorkerStats
-from test_exporter import PROMETHEUS_ACCEPT
+
+ALLOW_UTF8_TEXT = "text/plain;version=1.0.0;escaping=allow-utf-8"
+ALLOW_UTF8_OM = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8"
 
 ACCEPTS = [
     "",
@@ -153,6 +158,18 @@ def _created() -> Metric:
     return CounterMetricFamily("x", "A counter with its created time.", value=3, created=NOW)
 
 
+def _reserved_label_name() -> Metric:
+    g = GaugeMetricFamily("x", "A label name starting with two underscores.", labels=["__a"])
+    g.add_metric(["v"], 1)
+    return g
+
+
+def _no_value() -> Metric:
+    g = GaugeMetricFamily("x", "A sample without a value.", labels=["worker"])
+    g.samples.append(Sample("x", {"worker": "0"}, None))  # type: ignore[arg-type]  # what the library accepts
+    return g
+
+
 def _odd_label_name() -> Metric:
     g = GaugeMetricFamily("x", "A label name with a dot.", labels=["a.b"])
     g.add_metric(["v"], 1)
@@ -160,14 +177,23 @@ def _odd_label_name() -> Metric:
 
 
 @pytest.mark.parametrize(
-    "family", [_histogram, _timestamped, _colon, _unit, _created, _odd_label_name]
+    "family",
+    [_histogram, _timestamped, _colon, _unit, _created, _odd_label_name, _reserved_label_name],
 )
-@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT])
+@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT, ALLOW_UTF8_TEXT, ALLOW_UTF8_OM])
 def test_a_family_of_another_shape_is_written_by_the_library(family: type, accept: str) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Extra(family()))
     library, _ = choose_encoder(accept)
     assert exposition.choose(accept).encode(registry) == library(registry)
+
+
+def test_a_sample_without_a_value_is_written_by_the_library() -> None:
+    """OpenMetrics writes an empty value (the text format cannot write one at all)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Extra(_no_value()))
+    library, _ = choose_encoder(ALLOW_UTF8_OM)
+    assert exposition.choose(ALLOW_UTF8_OM).encode(registry) == library(registry)
 
 
 def test_equal_formats_are_one_cache_key() -> None:
@@ -263,3 +289,37 @@ def test_a_swap_re_formats_only_the_sections_whose_parts_it_replaced() -> None:
         formatted.clear()
         fmt.encode(registry)
         assert formatted == want[what], what
+
+
+class _Reads:
+    """A `MetricsState` that records which of its fields are read."""
+
+    def __init__(self, st: MetricsState) -> None:
+        self._st = st
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> object:
+        self.read.add(name)
+        return getattr(self._st, name)
+
+
+@pytest.mark.parametrize("make", STATES.values(), ids=STATES.keys())
+def test_every_section_names_every_part_of_the_state_it_reads(
+    make: Callable[[], MetricsState],
+) -> None:
+    """A part read but not named would leave the section's cached text stale after a
+    swap of that part."""
+    for section in build_registry(make).farm.sections:
+        named = _Reads(make())
+        parts = section.parts(cast(MetricsState, named))
+        reading = _Reads(make())
+        list(section.families(cast(MetricsState, reading)))
+        if any(p is named for p in parts):  # the whole state: anything may be read
+            continue
+        assert reading.read <= named.read, section.name
+
+
+def test_the_farms_registry_takes_no_other_collector() -> None:
+    registry = build_registry(state)
+    with pytest.raises(ValueError, match="collector alone"):
+        registry.register(_Extra(_histogram()))

@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 MAX_CONNECTIONS = 64  # requests served at once (a thread each); more are answered 503
 MAX_PENDING = 64  # accepted connections waiting for their request (no thread, one fd each)
 IDLE_TIMEOUT_S = 10.0  # a client silent this long is dropped (Prometheus sends at once)
+MAX_CACHED_FORMATS = 4  # bodies kept for the current state (text and OpenMetrics in use)
 
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -109,7 +110,8 @@ class _Server(HTTPServer):
         self, *args: Any, max_connections: int, idle_timeout: float, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.cache: dict[str, tuple[MetricsState, bytes]] = {}  # content type -> body
+        # The current state's bodies, by content type (`body`).
+        self.cache: tuple[MetricsState | None, dict[str, bytes]] = (None, {})
         self.cache_lock = threading.Lock()
         self.idle_timeout = idle_timeout
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -120,17 +122,22 @@ class _Server(HTTPServer):
 
         The state is immutable and swapped whole, so a body formatted for it stays
         true until the next swap; scrapes between swaps cost a dictionary look-up.
-        Keyed by content type: one body per format, however many scrapes.
+        Only the current state's bodies are kept, at most `MAX_CACHED_FORMATS` of them:
+        a client naming ever new formats (an OpenMetrics version is echoed into the
+        content type) costs a format each time, never memory.
         """
         state = self.state_getter()
         with self.cache_lock:
-            hit = self.cache.get(fmt.content_type)
-            if hit is not None and hit[0] is state:
-                return hit[1]
+            cached_for, bodies = self.cache
+            if cached_for is state and fmt.content_type in bodies:
+                return bodies[fmt.content_type]
         data = fmt.encode(self.registry)
         with self.cache_lock:
-            # Keep the state object itself: its id cannot be reused while cached.
-            self.cache[fmt.content_type] = (state, data)
+            cached_for, bodies = self.cache
+            if cached_for is not state or len(bodies) >= MAX_CACHED_FORMATS:
+                # Keeps the state object itself: its id cannot be reused while cached.
+                self.cache = (state, {})
+            self.cache[1][fmt.content_type] = data
         return data
 
     # ---- the accept loop (the serving thread) ----------------------------------------

@@ -33,10 +33,11 @@ from prometheus_client.utils import floatToGoString
 
 Encoder = Callable[[Collector], bytes]
 
-# Names every escaping but `dots` writes unchanged (OpenMetrics' `underscores` rewrites a
-# `:` in a sample name, so the fast path takes no colon).
+# Names that `underscores` and `allow-utf-8` write unchanged (OpenMetrics' `underscores`
+# rewrites a `:` in a sample name, so the fast path takes no colon; `dots` and `values`
+# rewrite every name, so they go to the library).
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-# Escapings under which a plain name is written unchanged (`dots` doubles each `_`).
+# Escapings under which a plain name is written unchanged.
 _NAMES_UNCHANGED = (om_format.UNDERSCORES, om_format.ALLOWUTF8)
 # The library's float writer (Go's formatting: "+Inf", "1.5e+07"), typed.
 _float_text = cast(Callable[[float], str], floatToGoString)
@@ -60,9 +61,21 @@ class Format:
     encode: Encoder = field(compare=False)
 
 
+# The Accept header of Prometheus 2.42 (Debian 12's), captured from a real scrape:
+# OpenMetrics 1.0.0 first. The tests and the benchmark scrape with it.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
 def choose(accept: str) -> Format:
-    """The format for an Accept header, as prometheus_client chooses it."""
-    library, content_type = text_format.choose_encoder(accept)
+    """The format for an Accept header, as prometheus_client chooses it; the text format
+    for a header the library cannot parse (it raises on `version=1.0.0a`)."""
+    try:
+        library, content_type = text_format.choose_encoder(accept)
+    except (TypeError, ValueError):
+        library, content_type = text_format.choose_encoder("")
     fast = _fast_twin(library)
     return Format(content_type, fast if fast is not None else library)
 
@@ -153,6 +166,8 @@ def _sample_line(s: Sample, name: str) -> str:
     if s.native_histogram is not None:
         raise Unsupported(s.name)
     v = s.value
+    if v is None:  # OpenMetrics writes no value, the text format fails: the library's call
+        raise Unsupported(s.name)
     value = _SMALL_INTS.get(v) if type(v) is int else None
     if value is None:
         value = _float_text(v)
@@ -174,4 +189,5 @@ def _labels(labels: dict[str, str]) -> str:
 
 @lru_cache(maxsize=256)  # the farm uses a dozen label names: each is checked once
 def _plain_label(name: str) -> bool:
-    return _PLAIN_NAME.match(name) is not None
+    # A leading `__` is reserved: the library quotes such a name under `allow-utf-8`.
+    return _PLAIN_NAME.match(name) is not None and not name.startswith("__")

@@ -649,6 +649,13 @@ class FarmRegistry(CollectorRegistry):
         self.register(collector)
         self.farm = collector
 
+    def register(self, collector: Collector) -> None:
+        # The farm's own writer formats the farm's sections only: another collector
+        # would be in the library's bodies and missing from the farm's.
+        if hasattr(self, "farm"):
+            raise ValueError("a FarmRegistry holds the farm's collector alone")
+        super().register(collector)
+
     def exposition(self, *, openmetrics: bool) -> bytes:
         return self.farm.exposition(openmetrics=openmetrics)
 
