@@ -98,19 +98,26 @@ def status_line(view: FarmView) -> str:
     return text
 
 
-def load_config(path: str, gpu_count: int | None) -> FarmSpec:
+def load_config(path: str, gpu_count: int | None, runtime_kind: str = "process") -> FarmSpec:
     """Load and validate the config; its warnings (an older SGLang's spelling of a renamed
-    flag, ...) are logged at start and at every reload, never dropped."""
+    flag, ...) are logged at start and at every reload, never dropped. Under systemd a
+    user or group the host lacks is a problem (`accounts`): the units would name it."""
     result = check_spec_file(path, gpu_count=gpu_count)
     for warning in result.warnings:
         log.warning("config_warning", config=path, warning=warning)
+    if runtime_kind == "systemd":
+        from sglang_farm.accounts import host_account_problems
+
+        problems = host_account_problems(result.spec)
+        if problems:
+            raise ConfigError(path, problems)
     return result.spec
 
 
 async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = None) -> int:
     """Run the farm until SIGTERM/SIGINT. Returns the process exit status."""
-    spec = load_config(config_path, gpu_count)
     kind, why = choose_runtime(runtime_kind)
+    spec = load_config(config_path, gpu_count, kind)
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
@@ -144,7 +151,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     agent = Agent(
         spec,
         runtime_factory(kind, spec, config_path),
-        config_loader=lambda: load_config(config_path, gpu_count),
+        config_loader=lambda: load_config(config_path, gpu_count, kind),
         hooks=AgentHooks(
             gateway=front.client if front is not None else None,
             preflight=doctor.blocking,

@@ -84,7 +84,8 @@ def check_config(config_path: str, gpus: int | None) -> None:
 
     Warnings (e.g. a flag spelt as an older SGLang spells it: this check has no SGLang at
     hand, `sglang-farm doctor` asks the installed one; workers reachable from other hosts
-    without an API key) go to stderr and do not fail.
+    without an API key; a user or group this host lacks, which the agent under systemd
+    refuses) go to stderr and do not fail.
     """
     from sglang_farm.config import check_spec_file
     from sglang_farm.errors import ConfigError
@@ -106,6 +107,10 @@ def check_config(config_path: str, gpus: int | None) -> None:
     secrets = config_secrets_check(spec, mode)
     if secrets is not None:
         click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
+    from sglang_farm.accounts import host_account_problems
+
+    for problem in host_account_problems(spec):  # the agent under systemd refuses these
+        click.echo(f"warning: under systemd: {problem}", err=True)
     click.echo(
         f"{config_path}: OK, {len(spec.workers)} workers "
         f"(ports {spec.workers[0].port}-{spec.workers[-1].port})"
