@@ -3,9 +3,6 @@ check-config (a missing group in the agent's drop-in stops its next start, 216/G
 
 from __future__ import annotations
 
-import grp
-import os
-import pwd
 from pathlib import Path
 
 import pytest
@@ -17,10 +14,18 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.service import load_config
 
-# This machine's own accounts: present wherever the tests run.
-ME = pwd.getpwuid(os.getuid()).pw_name
-MY_GROUP = grp.getgrgid(os.getgid()).gr_name
+# The host's databases as these tests have them: the lookups are replaced, so the
+# machine's own accounts (a CI container's uid may have none) play no part.
+HOST = {"svc", "workers", "ops"}
 NOBODY = "sf-no-such-account"
+
+
+@pytest.fixture(autouse=True)
+def host_accounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_farm import accounts
+
+    monkeypatch.setattr(accounts, "_user_exists", HOST.__contains__)
+    monkeypatch.setattr(accounts, "_group_exists", HOST.__contains__)
 
 
 def config(user: str, farm_group: str, control_group: str) -> str:
@@ -44,7 +49,7 @@ def test_every_missing_account_is_named_with_its_key_and_its_fix() -> None:
     got = problems("svc", "workers", "ops", {"other"})
     assert len(got) == 3
     assert got[0].startswith("[farm] user 'svc' does not exist on this host")
-    assert "217/USER" in got[0] and "useradd --system svc" in got[0]
+    assert "217/USER" in got[0] and "useradd --system --gid workers" in got[0]
     assert got[1].startswith("[control] group 'ops' does not exist on this host")
     assert "216/GROUP" in got[1] and "groupadd --system ops" in got[1]
     assert "the workers (Group=)" not in got[1]
@@ -64,12 +69,12 @@ def test_one_group_named_by_both_keys_is_one_problem_naming_both() -> None:
 
 def test_existing_accounts_and_root_are_no_problem() -> None:
     assert problems("svc", "workers", "ops", {"svc", "workers", "ops"}) == []
-    assert problems("svc", "root", "root", {"svc"}) == []
+    assert problems("root", "root", "root", set()) == []
 
 
 def _write(tmp_path: Path, control_group: str) -> Path:
     path = tmp_path / "farm.toml"
-    path.write_text(config(ME, MY_GROUP, control_group))
+    path.write_text(config("svc", "workers", control_group))
     return path
 
 
@@ -79,14 +84,14 @@ def test_the_agent_under_systemd_refuses_a_group_the_host_lacks(tmp_path: Path) 
     with pytest.raises(ConfigError) as exc:
         load_config(str(path), None, "systemd")
     assert exc.value.problems == (
-        f"[control] group {NOBODY!r} does not exist on this host: systemd would refuse to "
+        f"{path}: [control] group {NOBODY!r} does not exist on this host: systemd would refuse to "
         "start the agent from its next start on (its unit's SupplementaryGroups=), status "
         f"216/GROUP; create it (`groupadd --system {NOBODY}`) or set [control] group to an "
         "existing group",
     )
     # The process runtime names no group in any unit: the same config loads.
     assert load_config(str(path), None, "process").control.group == NOBODY
-    assert load_config(str(_write(tmp_path, MY_GROUP)), None, "systemd").farm.user == ME
+    assert load_config(str(_write(tmp_path, "ops")), None, "systemd").farm.user == "svc"
 
 
 def test_check_config_warns_of_a_group_the_host_lacks_and_passes(tmp_path: Path) -> None:
@@ -94,5 +99,5 @@ def test_check_config_warns_of_a_group_the_host_lacks_and_passes(tmp_path: Path)
     result = CliRunner().invoke(cli, ["check-config", "--config", str(path)])
     assert result.exit_code == 0, result.output
     assert f"warning: under systemd: [control] group {NOBODY!r} does not exist" in result.stderr
-    ok = CliRunner().invoke(cli, ["check-config", "--config", str(_write(tmp_path, MY_GROUP))])
+    ok = CliRunner().invoke(cli, ["check-config", "--config", str(_write(tmp_path, "ops"))])
     assert ok.exit_code == 0 and "under systemd" not in ok.stderr

@@ -198,6 +198,26 @@ def test_a_client_naming_ever_new_formats_costs_no_memory() -> None:
         assert len(exp._server.cache[1]) <= MAX_CACHED_FORMATS
 
 
+def test_a_version_that_is_not_digits_and_dots_is_not_echoed_into_the_header() -> None:
+    """The library echoes the asked-for version into Content-Type: a folded header's
+    CR LF, or markup, would go back to the client."""
+    current = state()
+    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+        with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
+            s.sendall(
+                b"GET /metrics HTTP/1.0\r\n"
+                b"Accept: application/openmetrics-text;version=2.a\r\n\tSet-Cookie: x=1\r\n\r\n"
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(65536)
+                assert chunk, head
+                head += chunk
+        headers = head.split(b"\r\n\r\n", 1)[0].decode()
+        assert "Set-Cookie" not in headers
+        assert "Content-Type: text/plain; version=0.0.4; charset=utf-8" in headers
+
+
 def test_an_accept_header_the_library_cannot_parse_gets_the_text_format() -> None:
     current = state()
     with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:

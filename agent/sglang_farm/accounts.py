@@ -18,17 +18,25 @@ from collections.abc import Callable
 from sglang_farm.spec import FarmSpec
 
 
+def account_fix(user: str, group: str) -> str:
+    """The fix for a missing workers' account (a home for SGLang's caches, no shell)."""
+    return (
+        f"create the account the workers run as (e.g. `groupadd --system {group}; useradd "
+        f"--system --gid {group} --home-dir /var/lib/sglang --shell /usr/sbin/nologin "
+        f"{user}`), or set [farm] user and group to an existing one"
+    )
+
+
 def missing_accounts(
     spec: FarmSpec, *, user_exists: Callable[[str], bool], group_exists: Callable[[str], bool]
 ) -> list[str]:
     """Pure: a problem line for each account of `spec` the lookups do not find."""
     problems = []
     user = spec.farm.user
-    if not user_exists(user):
+    if user != "root" and not user_exists(user):
         problems.append(
             f"[farm] user {user!r} does not exist on this host: systemd would refuse to "
-            "start the workers (User=, status 217/USER); create it "
-            f"(`useradd --system {user}`) or set [farm] user to an existing user"
+            f"start the workers (User=, status 217/USER); {account_fix(user, spec.farm.group)}"
         )
     pairs = [(spec.control.group, "[control] group"), (spec.farm.group, "[farm] group")]
     for group in dict.fromkeys(g for g, _ in pairs):

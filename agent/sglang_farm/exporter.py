@@ -133,10 +133,14 @@ class _Server(HTTPServer):
                 return bodies[fmt.content_type]
         data = fmt.encode(self.registry)
         with self.cache_lock:
+            if self.state_getter() is not state:
+                return data  # swapped meanwhile: a body for a past state is not kept
             cached_for, bodies = self.cache
-            if cached_for is not state or len(bodies) >= MAX_CACHED_FORMATS:
+            if cached_for is not state:
                 # Keeps the state object itself: its id cannot be reused while cached.
                 self.cache = (state, {})
+            elif len(bodies) >= MAX_CACHED_FORMATS:
+                del bodies[next(iter(bodies))]  # the oldest: Prometheus' stays in use
             self.cache[1][fmt.content_type] = data
         return data
 

@@ -37,6 +37,10 @@ Encoder = Callable[[Collector], bytes]
 # rewrites a `:` in a sample name, so the fast path takes no colon; `dots` and `values`
 # rewrite every name, so they go to the library).
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+# A content type the library built from the Accept header with a version of digits and dots.
+_SAFE_CONTENT_TYPE = re.compile(
+    r"[a-z/.-]+(; version=\d+(\.\d+)*)?(; charset=utf-8)?(; escaping=[a-z0-9-]+)?\Z"
+)
 # Escapings under which a plain name is written unchanged.
 _NAMES_UNCHANGED = (om_format.UNDERSCORES, om_format.ALLOWUTF8)
 # The library's float writer (Go's formatting: "+Inf", "1.5e+07"), typed.
@@ -75,6 +79,10 @@ def choose(accept: str) -> Format:
     try:
         library, content_type = text_format.choose_encoder(accept)
     except (TypeError, ValueError):
+        library, content_type = text_format.choose_encoder("")
+    if not _SAFE_CONTENT_TYPE.match(content_type):
+        # The library echoes the asked-for version into the header, whatever it holds
+        # (a folded header's CR LF included): only digits and dots are sent back.
         library, content_type = text_format.choose_encoder("")
     fast = _fast_twin(library)
     return Format(content_type, fast if fast is not None else library)

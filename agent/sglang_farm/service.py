@@ -109,8 +109,8 @@ def load_config(path: str, gpu_count: int | None, runtime_kind: str = "process")
         from sglang_farm.accounts import host_account_problems
 
         problems = host_account_problems(result.spec)
-        if problems:
-            raise ConfigError(path, problems)
+        if problems:  # each names its file, as the config's own problems do
+            raise ConfigError(path, [f"{path}: {p}" for p in problems])
     return result.spec
 
 

@@ -136,7 +136,9 @@ class ControlServer:
         gid = group_gid(self._group)
         if gid is None and self._group is not None:
             # Decision: a missing group is not fatal (the agent must still run and be
-            # reachable by root), but the socket is then root-only, never wider.
+            # reachable by root), but the socket is then root-only, never wider. Only
+            # under the process runtime: under systemd the agent refuses such a config
+            # (`accounts`), its unit naming the group.
             log.warning(
                 "control_group_missing",
                 group=self._group,

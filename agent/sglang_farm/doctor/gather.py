@@ -49,6 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from sglang_farm.accounts import account_fix
 from sglang_farm.doctor.rules import (
     Check,
     CheckId,
@@ -155,15 +156,6 @@ def probe_account(spec: FarmSpec, *, euid: int | None = None) -> Account | None:
     if (os.geteuid() if euid is None else euid) != 0:
         return None
     return worker_account(spec.farm.user, spec.farm.group)
-
-
-def account_fix(user: str, group: str) -> str:
-    """The fix for a missing workers' account."""
-    return (
-        f"create the account the workers run as (e.g. `groupadd --system {group}; useradd "
-        f"--system --gid {group} --home-dir /var/lib/sglang --shell /usr/sbin/nologin "
-        f"{user}`), or set [farm] user and group to an existing one"
-    )
 
 
 def choose_isolation(account: Account | None, isolation: Isolation, *, systemd: bool) -> str:
