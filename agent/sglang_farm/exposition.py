@@ -4,8 +4,8 @@ prometheus_client's encoders are general (any name, any escaping, histograms,
 exemplars) and pay for it on every sample: about 7 µs a sample in the text format and
 20 µs in OpenMetrics, which escapes each sample name a character at a time. A farm of
 64 workers exposes about 3,500 samples, so the first scrape after each state swap cost
-37 ms (text) and 80 ms (OpenMetrics, what Prometheus asks for first) of a 2-core
-machine's CPU, holding the GIL the agent's event loop needs.
+34-43 ms (text) and 54-81 ms (OpenMetrics, what Prometheus asks for first) of a 2-core
+machine's CPU, holding the GIL the agent's event loop needs (docs/benchmarks.md).
 
 The farm's own families are plain gauges and counters with plain names (letters,
 digits, `_`), no unit, timestamp or exemplar. For those both formats are a few
@@ -13,7 +13,8 @@ string joins, and this module writes them byte for byte as the library does
 (`tests/test_exposition.py` compares the two on every family the farm has). Anything
 else (a family of another shape, an escaping that rewrites plain names such as
 `dots`, an OpenMetrics version other than 1.0.0) goes to the library's encoder, so the
-answer is always the library's.
+body is always the library's. The Content-Type is too, unless the library would echo a
+version that is not digits and dots: then the answer is the text format.
 """
 
 from __future__ import annotations
