@@ -53,20 +53,20 @@ def missing_accounts(
     return problems
 
 
-def _user_exists(name: str) -> bool:
+def _found(lookup: Callable[[str], object], name: str) -> bool:
     try:
-        pwd.getpwnam(name)
+        lookup(name)
     except KeyError:
         return False
     return True
+
+
+def _user_exists(name: str) -> bool:
+    return _found(pwd.getpwnam, name)
 
 
 def _group_exists(name: str) -> bool:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        return False
-    return True
+    return _found(grp.getgrnam, name)
 
 
 def host_account_problems(spec: FarmSpec) -> list[str]:
