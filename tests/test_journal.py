@@ -447,15 +447,21 @@ async def _follow_through_failures(
     return seen, logged
 
 
-def test_a_transient_journalctl_failure_loses_no_line_logged_meanwhile(
-    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # journald restarts while worker 2 dies of an OOM: the traceback logged during the
-    # outage must still reach the classifier (the follower used to start over from "now").
+def _oom_through_failures(
+    fake_journal: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    knob: str,
+    before: str,
+    during: str,
+) -> tuple[float, Path, list[str], list[MutableMapping[str, Any]]]:
+    """Worker 2 serving (cursor c1), then its OOM logged while the fake journalctl fails:
+    `knob` names the file that makes it fail, holding `before` until the failures start
+    and `during` from then on. Returns (t0, the calls file, lines seen, events logged)."""
     monkeypatch.setattr(jr, "FOLLOW_RETRY_S", 0.05)
-    fails = tmp_path / "fails"
-    fails.write_text("0")
-    monkeypatch.setenv("FAKE_JOURNAL_FAILS", str(fails))
+    control = tmp_path / knob.lower()
+    control.write_text(before)
+    monkeypatch.setenv(knob, str(control))
     t0 = _early_in_a_second()
     calls = fake_journal(
         [_stamped(_out("sglang@2.service", "serving", "c1"), t0)], units="sglang@2.service"
@@ -463,8 +469,19 @@ def test_a_transient_journalctl_failure_loses_no_line_logged_meanwhile(
     later = [_stamped(e, t0 + 0.01) for e in _oom_entries()[1:]]  # before the failures end
     seen, logged = asyncio.run(
         _follow_through_failures(
-            tmp_path / "entries.jsonl", t0, later, lambda: fails.write_text("3"), want=3
+            tmp_path / "entries.jsonl", t0, later, lambda: control.write_text(during), want=3
         )
+    )
+    return t0, calls, seen, logged
+
+
+def test_a_transient_journalctl_failure_loses_no_line_logged_meanwhile(
+    fake_journal: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # journald restarts while worker 2 dies of an OOM: the traceback logged during the
+    # outage must still reach the classifier (the follower used to start over from "now").
+    _t0, calls, seen, logged = _oom_through_failures(
+        fake_journal, monkeypatch, tmp_path, "FAKE_JOURNAL_FAILS", "0", "3"
     )
     assert seen == ["serving", OOM_TEXT, "sglang@2.service: Main process exited, code=exited"]
     follows = [c for c in _follow_calls(calls) if any("MESSAGE_ID=" in a for a in c)]
@@ -479,19 +496,8 @@ def test_a_cursor_that_keeps_failing_is_given_up_for_its_entrys_time_not_now(
 ) -> None:
     # journalctl cannot seek to the last cursor any more (its file vacuumed): after
     # FOLLOW_FAILURES_BEFORE_SINCE failures the follower reads from that entry's second.
-    monkeypatch.setattr(jr, "FOLLOW_RETRY_S", 0.05)
-    lost = tmp_path / "lost"
-    lost.write_text("")
-    monkeypatch.setenv("FAKE_JOURNAL_LOST_CURSOR", str(lost))
-    t0 = _early_in_a_second()
-    calls = fake_journal(
-        [_stamped(_out("sglang@2.service", "serving", "c1"), t0)], units="sglang@2.service"
-    )
-    later = [_stamped(e, t0 + 0.01) for e in _oom_entries()[1:]]
-    seen, logged = asyncio.run(
-        _follow_through_failures(
-            tmp_path / "entries.jsonl", t0, later, lambda: lost.write_text("c1"), want=3
-        )
+    t0, calls, seen, logged = _oom_through_failures(
+        fake_journal, monkeypatch, tmp_path, "FAKE_JOURNAL_LOST_CURSOR", "", "c1"
     )
     # "serving" is read again from that second, and not emitted twice.
     assert seen == ["serving", OOM_TEXT, "sglang@2.service: Main process exited, code=exited"]

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -571,24 +572,32 @@ def staged_v1_then_v2(tmp_path: Path) -> tuple[FarmSpec, Path, dict[str, bytes]]
     return spec, target, v2
 
 
+def renames_failing(
+    fails: Callable[[str | Path, str | Path], bool],
+) -> Callable[[str | Path, str | Path], None]:
+    """`os.rename`, but an I/O error for the renames `fails` picks."""
+    real_rename = os.rename
+
+    def rename(a: str | Path, b: str | Path) -> None:
+        if fails(a, b):
+            raise OSError(5, "Input/output error", str(a))
+        real_rename(a, b)
+
+    return rename
+
+
 def test_a_failure_after_the_exchange_still_counts_the_stage_as_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sglang_farm.staging import copier
 
     spec, target, v2 = staged_v1_then_v2(tmp_path)
-    real_rename = os.rename
-
-    def rename(a: str | Path, b: str | Path) -> None:
-        if ".old-" in str(b):
-            raise OSError(5, "Input/output error", str(a))
-        real_rename(a, b)
 
     def fsync_dir(d: Path) -> None:
         if Path(d) == target.parent:
             raise OSError(5, "Input/output error", str(d))
 
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "rename", renames_failing(lambda a, b: ".old-" in str(b)))
     monkeypatch.setattr(copier, "fsync_dir", fsync_dir)
     r = stage_model(spec, cancel=threading.Event(), measure=roomy, keep_old=True)
     assert not r.current and tree(target) == v2
@@ -602,15 +611,10 @@ def test_two_renames_whose_second_fails_put_the_old_copy_back(
     from sglang_farm.staging import copier
 
     spec, target, _v2 = staged_v1_then_v2(tmp_path)
-    real_rename = os.rename
-
-    def rename(a: str | Path, b: str | Path) -> None:
-        if ".staging-" in str(a) and Path(b) == target:
-            raise OSError(5, "Input/output error", str(a))
-        real_rename(a, b)
-
     monkeypatch.setattr(copier, "exchange", lambda _a, _b: False)  # a filesystem without it
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(
+        os, "rename", renames_failing(lambda a, b: ".staging-" in str(a) and Path(b) == target)
+    )
     with pytest.raises(StageError) as err:
         stage_model(spec, cancel=threading.Event(), measure=roomy)
     assert err.value.kind is StageFailureKind.IO_ERROR
