@@ -21,6 +21,7 @@ from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
+from sglang_farm.farm_view import StagingView
 from sglang_farm.metrics import MetricsState, build_registry
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState
@@ -314,9 +315,19 @@ def test_a_reload_whose_model_cannot_be_staged_is_rejected_and_workers_keep_serv
         ) as f:
             await f.until(f.all_ready)
             before = len(f.runtime.starts)
+            shown: list[str | None] = []  # every stage view published during the reload
+            publish = f.agent._set_staging
+
+            def record(view: StagingView | None) -> None:
+                shown.append(view.state if view is not None else None)
+                publish(view)
+
+            f.agent._set_staging = record  # type: ignore[method-assign]  # observe, then publish
             texts[0] = model_toml(tmp_path, tmp_path / "missing")
             r = await f.agent.reload()
             assert not r.applied
+            # Never shown as a failed stage (that holds the farm), not even for a moment.
+            assert shown and "failed" not in shown, shown
             assert "[model] not staged: the model source" in r.problems[0]
             assert "does not exist" in r.problems[0]
             await asyncio.sleep(30)

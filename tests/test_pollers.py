@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
 
 from sglang_farm.config import load_spec
 from sglang_farm.pollers import worker_api_key
@@ -34,31 +38,48 @@ def test_the_poller_sends_the_key_a_worker_was_started_with() -> None:
     assert worker_api_key(spec, 7) is None  # not (or no longer) a worker of this farm
 
 
-def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_poll() -> None:
+def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Polls are spread over the interval; the agent stopping meanwhile cancels the wait.
     A poll made before its turn would be a coroutine never awaited (a RuntimeWarning at
     garbage collection, blamed on whatever runs then)."""
+    import dataclasses
     import gc
     import warnings
 
-    from sglang_farm.pollers import _after
+    from metrics_fixtures import farm
+    from sglang_farm import pollers
+    from sglang_farm.farm_view import Phase
 
     made: list[int] = []
 
-    async def poll() -> WorkerSample:
-        made.append(1)
-        raise AssertionError("not reached")
+    def poll_worker(*_args: object, worker: int, **_kw: object) -> Coroutine[Any, Any, Any]:
+        made.append(worker)
+
+        async def never() -> WorkerSample:
+            await asyncio.sleep(3600)
+            raise AssertionError("not reached")
+
+        return never()
+
+    monkeypatch.setattr(pollers, "poll_worker", poll_worker)
+    view = farm()
+    view = dataclasses.replace(
+        view, workers=tuple(dataclasses.replace(w, phase=Phase.READY) for w in view.workers)
+    )
+    spec = load_spec(TOML, source="t.toml")
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(_after(30.0, poll))
-        await asyncio.sleep(0)
-        task.cancel()
+        loop = asyncio.ensure_future(pollers.MetricPollers(spec, None, view)._worker_loop())
+        await asyncio.sleep(0.05)  # the first poll's turn has come; the others' (0.6 s apart) not
+        loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await loop
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         asyncio.run(scenario())
         gc.collect()
-    assert made == []
+    assert made == [view.workers[0].id]
     assert not [w for w in caught if "never awaited" in str(w.message)]

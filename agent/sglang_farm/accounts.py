@@ -11,10 +11,10 @@ under systemd when it loads it (start, reload) and `check-config` warns of it.
 
 from __future__ import annotations
 
-import grp
 import pwd
 from collections.abc import Callable
 
+from sglang_farm.control.auth import group_gid
 from sglang_farm.spec import FarmSpec
 
 
@@ -53,20 +53,16 @@ def missing_accounts(
     return problems
 
 
-def _found(lookup: Callable[[str], object], name: str) -> bool:
+def _user_exists(name: str) -> bool:
     try:
-        lookup(name)
+        pwd.getpwnam(name)
     except KeyError:
         return False
     return True
 
 
-def _user_exists(name: str) -> bool:
-    return _found(pwd.getpwnam, name)
-
-
 def _group_exists(name: str) -> bool:
-    return _found(grp.getgrnam, name)
+    return group_gid(name) is not None
 
 
 def host_account_problems(spec: FarmSpec) -> list[str]:

@@ -376,9 +376,13 @@ class Agent:
             )
         )
 
-    async def _stage(self, spec: FarmSpec, *, keep_old: bool) -> StageResult:
+    async def _stage(
+        self, spec: FarmSpec, *, keep_old: bool, serving: StagingView | None = None
+    ) -> StageResult:
         """Make the workers' model path hold `spec.model`. Raises StageError; the view (status,
-        `why`, metrics) and the log say what failed and what to do."""
+        `why`, metrics) and the log say what failed and what to do. `serving`: the stage
+        whose copy stays in place should this one fail (a reload's); the view then stays
+        that stage's, with this one's error, and never shows the farm as held."""
         base = self._staging_for(spec, self._staging)
         assert base is not None  # spec.model is set
         self._set_staging(replace(base, state="staging", step="checking"))
@@ -420,19 +424,25 @@ class Agent:
             failures = dict(cur.failures_by_kind)
             if exc.kind is not StageFailureKind.CANCELLED:
                 failures[str(exc.kind)] = failures.get(str(exc.kind), 0) + 1
-            self._set_staging(
-                replace(
+            if serving is not None and not serving.blocks_rollout:
+                shown = serving  # the copy in place still serves (status: "reload REJECTED")
+            else:
+                shown = replace(
                     cur,
                     state="failed",
                     since=self._wall(),
                     step=None,
                     rate=None,
                     eta_s=None,
+                    last_duration_s=self._clock() - t0,
+                )
+            self._set_staging(
+                replace(
+                    shown,
                     error=exc.message,
                     error_kind=str(exc.kind),
                     fix=exc.fix,
                     failures_by_kind=MappingProxyType(failures),
-                    last_duration_s=self._clock() - t0,
                 )
             )
             blog.error("model_stage_failed", kind=str(exc.kind), error=exc.message, fix=exc.fix)
@@ -480,7 +490,7 @@ class Agent:
                 self._held_by_stage = list(start)
                 log.warning("rollout_waits_on_stage", workers=list(start))
                 return
-            drifted = sorted({*drifted, *self._on_old_copy(result)})
+            drifted = sorted({*drifted, *await self._on_old_copy(result)})
             # The workers of the config in force now (never one a reload has removed).
             start = [w for w in start if w in self.sup.workers]
             drifted = [w for w in drifted if w in self.sup.workers]
@@ -492,25 +502,31 @@ class Agent:
         finally:
             self._startup = None
 
-    def _on_old_copy(self, result: StageResult) -> list[int]:
+    async def _on_old_copy(self, result: StageResult) -> list[int]:
         """Running workers that load a copy other than the one now at model_path: all of
         them when this stage replaced it; else those whose process started before the copy
-        was installed (an agent restarted mid-reload adopts them with the same argv)."""
+        was installed (an agent restarted mid-reload adopts them with the same argv). The
+        copy's stat and the /proc reads run in a thread, not on the event loop."""
         loaded = self._loaded()
         if not result.current:
             return loaded
-        at = installed_at(result.target)
-        if at is None:
-            return []
-        stale = []
-        for w in loaded:
-            pid = self.sup.workers[w].pid
-            started = self._hooks.process_started(pid) if pid is not None else None
-            # The slack: /proc's start is in clock ticks, and the wall clock may have been
-            # stepped since; one restart too many is harmless, one too few is not.
-            if started is not None and started < at + _STARTED_SLACK_S:
-                stale.append(w)
-        return stale
+        pids = {w: self.sup.workers[w].pid for w in loaded}
+        process_started = self._hooks.process_started
+
+        def stale() -> list[int]:
+            at = installed_at(result.target)
+            if at is None:
+                return []
+            out = []
+            for w, pid in pids.items():
+                started = process_started(pid) if pid is not None else None
+                # The slack: /proc's start is in clock ticks, and the wall clock may have
+                # been stepped since; one restart too many is harmless, one too few is not.
+                if started is not None and started < at + _STARTED_SLACK_S:
+                    out.append(w)
+            return out
+
+        return await asyncio.to_thread(stale)
 
     def _after_swap(self, result: StageResult) -> None:
         """The previous copy goes once no worker loads from it (after the rolling restart)."""
@@ -873,7 +889,7 @@ class Agent:
             if self._staging is not None and self._staging.blocks_rollout:
                 result = await self._stage(self._spec, keep_old=bool(self._loaded()))
                 self._held_by_stage = None
-                stale = self._on_old_copy(result)
+                stale = await self._on_old_copy(result)
                 self._after_swap(result)
             if self._hooks.refresh_preflight is not None:
                 await self._hooks.refresh_preflight(self._spec)
@@ -968,7 +984,8 @@ class Agent:
                 applied=False, problems=("this agent was started without a config file",)
             )
         try:
-            new = self._config_loader()
+            # In a thread: the file read, and under systemd the account lookups (NSS).
+            new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
             log.error("reload_rejected", problems=list(exc.problems))
             return ReloadResult(applied=False, problems=exc.problems)
@@ -990,25 +1007,13 @@ class Agent:
         if restage:
             # A new source or revision: the new copy takes over model_path at once (the
             # swap), the old one stays beside it until the workers have rolled to the new.
-            before = self._staging
             try:
-                staged = await self._stage(new, keep_old=bool(self._loaded()))
+                staged = await self._stage(
+                    new, keep_old=bool(self._loaded()), serving=self._staging
+                )
             except StageError as exc:
                 problem = f"{new.source}: [model] not staged: {exc.message}; {exc.fix}"
                 log.error("reload_rejected", problems=[problem])
-                failed = self._staging
-                if before is not None and not before.blocks_rollout and failed is not None:
-                    # The copy in place still serves: the view stays the previous stage's,
-                    # with the rejected reload's error (status: "reload REJECTED").
-                    self._set_staging(
-                        replace(
-                            before,
-                            error=failed.error,
-                            error_kind=failed.error_kind,
-                            fix=failed.fix,
-                            failures_by_kind=failed.failures_by_kind,
-                        )
-                    )
                 return ReloadResult(applied=False, problems=(problem,))
         elif new.model is None and old.model is not None:
             self._set_staging(None)  # the model is no longer the farm's to stage

@@ -1,11 +1,11 @@
 """Pure: the `/metrics` body of the farm's families, in the format a scraper asked for.
 
 prometheus_client's encoders are general (any name, any escaping, histograms,
-exemplars) and pay for it on every sample: about 7 µs a sample in the text format and
-20 µs in OpenMetrics, which escapes each sample name a character at a time. A farm of
-64 workers exposes about 3,500 samples, so the first scrape after each state swap cost
-34-43 ms (text) and 54-81 ms (OpenMetrics, what Prometheus asks for first) of a 2-core
-machine's CPU, holding the GIL the agent's event loop needs (docs/benchmarks.md).
+exemplars) and pay for it on every sample; OpenMetrics escapes each sample name a
+character at a time. A farm of 64 workers exposes about 3,500 samples, so the first
+scrape after each state swap cost 34-43 ms (text) and 54-81 ms (OpenMetrics, what
+Prometheus asks for first) of a 2-core machine's CPU, holding the GIL the agent's event
+loop needs (docs/benchmarks.md).
 
 The farm's own families are plain gauges and counters with plain names (letters,
 digits, `_`), no unit, timestamp or exemplar. For those both formats are a few

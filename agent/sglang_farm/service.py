@@ -98,7 +98,7 @@ def status_line(view: FarmView) -> str:
     return text
 
 
-def load_config(path: str, gpu_count: int | None, runtime_kind: str = "process") -> FarmSpec:
+def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec:
     """Load and validate the config; its warnings (an older SGLang's spelling of a renamed
     flag, ...) are logged at start and at every reload, never dropped. Under systemd a
     user or group the host lacks is a problem (`accounts`): the units would name it."""
