@@ -1077,3 +1077,18 @@ def test_real_cuda_oom_prints_torchs_own_message_and_exits_minus_9(sims: StartSi
     assert "Scheduler hit an exception: Traceback (most recent call last):" in sim.log
     assert "torch.OutOfMemoryError: CUDA out of memory." in sim.log
     assert "372.53 GiB" not in sim.log  # torch's real figures, not the canned text
+
+
+@pytest.mark.slow
+def test_help_names_the_process_titles_ps_shows(sims: StartSim) -> None:
+    """--help promised `sglang::scheduler_TPn` while a one-rank sim's child is `sglang::scheduler`."""
+    sim = sims(env=FAST)
+    sim.wait_ready()
+    titles = {
+        Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[0].decode()
+        for k in children_of(sim.proc.pid)
+    }
+    assert titles == {"sglang::scheduler", "sglang::detokenizer"}
+    out = " ".join(sim_help("--help").stdout.split())
+    for title in titles:
+        assert re.search(rf"{title}(?!_TP)\b", out), f"{title} (what ps shows) not in --help"

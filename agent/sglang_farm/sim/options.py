@@ -186,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="tp_size",
         type=int,
         default=1,
-        help="one sglang::scheduler_TPn child process per rank (default 1)",
+        help=(
+            "one scheduler child process per rank: sglang::scheduler, or sglang::scheduler_TPn"
+            " when above 1 (default 1)"
+        ),
     )
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1, help=shown)
     add("--pp-size", type=int, default=1, help=shown)

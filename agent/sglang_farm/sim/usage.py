@@ -178,7 +178,8 @@ FAILURES: dict[FailMode, tuple[str, str, str]] = {
 _INTRO = """\
 The farm's SGLang simulator: a stand-in for an SGLang 0.5.23 server (python -m
 sglang.launch_server) where there is no GPU (the demo, CI, a laptop). It takes SGLang's
-argv, starts SGLang's process tree (sglang::scheduler_TPn, sglang::detokenizer), serves
+argv, starts SGLang's process tree (sglang::scheduler, or sglang::scheduler_TPn per rank with
+--tp-size above 1, and sglang::detokenizer; `ps` shows the module after the title), serves
 SGLang's HTTP routes (/health, /metrics, /v1/models, /generate, /v1/chat/completions,
 /v1/completions ...), writes SGLang's log lines and exits with SGLang's exit statuses.
 It is not SGLang: there is no model (every token is " sim"), and its figures (load
