@@ -85,7 +85,7 @@ def test_shipped_farm_toml_reproduces_the_seed_host() -> None:
         "mamba_radix_cache_strategy": "extra_buffer",
         "mamba_ssm_dtype": "bfloat16",
         "enable_metrics": True,
-        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics"),
+        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics", "/v1/loads"),
     }
     assert spec.oom.enabled and spec.oom.scope == "worker"
     assert [(s.name, s.adjust) for s in spec.oom.steps] == [
@@ -122,12 +122,29 @@ def test_shipped_demo_toml_runs_eight_simulated_workers() -> None:
     assert [w.gpus for w in spec.workers] == [(g,) for g in range(8)]
     assert [w.port for w in spec.workers] == list(range(30000, 30008))
     assert all(w.env["SGLANG_SIM_LOAD_SECONDS"] == "3" for w in spec.workers)
-    assert dict(spec.workers[0].flags) == {"model_path": "sim/Qwen3.6-27B", "enable_metrics": True}
+    assert dict(spec.workers[0].flags) == {
+        "model_path": "sim/Qwen3.6-27B",
+        "enable_metrics": True,
+        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics", "/v1/loads"),
+    }
     assert (spec.startup.canary, spec.startup.parallel) == (0, 4)
     assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (2, 5, 3)
     assert (spec.restart.backoff_initial, spec.restart.backoff_max) == (1, 30)
     assert spec.metrics.listen == "127.0.0.1:9840" and spec.metrics.gpu_source == "fake"
     assert spec.control.socket.startswith("/tmp/")
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "farm.toml"])
+def test_shipped_configs_keep_the_polls_out_of_the_workers_access_log(name: str) -> None:
+    """`farmctl logs 3` was mostly the farm's /health and /metrics and the gateway's /v1/loads."""
+    text = (ETC / name).read_text()
+    spec = load_spec(text, source=name, gpu_count=8, agent_python=sys.executable)
+    polled = (spec.health.path, "/metrics", "/v1/loads")  # the prober, workerstats, smg
+    for w in spec.workers:
+        excluded = w.flags.get("uvicorn_access_log_exclude_prefixes")
+        assert isinstance(excluded, tuple), f"worker {w.id}: no access-log exclusions"
+        for path in polled:
+            assert any(path.startswith(p) for p in excluded), f"worker {w.id} logs {path}"
 
 
 def test_demo_without_agent_python_says_what_at_agent_means() -> None:
