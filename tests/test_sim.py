@@ -1081,7 +1081,7 @@ def test_real_cuda_oom_prints_torchs_own_message_and_exits_minus_9(sims: StartSi
 
 @pytest.mark.slow
 def test_help_names_the_process_titles_ps_shows(sims: StartSim) -> None:
-    """--help promised `sglang::scheduler_TPn` while a one-rank sim's child is `sglang::scheduler`."""
+    """--help promised `sglang::scheduler_TPn`; a one-rank sim's child is `sglang::scheduler`."""
     sim = sims(env=FAST)
     sim.wait_ready()
     titles = {
