@@ -144,7 +144,7 @@ def test_shipped_configs_keep_the_polls_out_of_the_workers_access_log(name: str)
         excluded = w.flags.get("uvicorn_access_log_exclude_prefixes")
         assert isinstance(excluded, tuple), f"worker {w.id}: no access-log exclusions"
         for path in polled:
-            assert any(path.startswith(p) for p in excluded), f"worker {w.id} logs {path}"
+            assert any(path.startswith(str(p)) for p in excluded), f"worker {w.id} logs {path}"
 
 
 def test_demo_without_agent_python_says_what_at_agent_means() -> None:
