@@ -109,6 +109,15 @@ def test_status_prints_a_table_with_vram(agent: Agent) -> None:
     assert "QUEUE" not in r.output  # the status carries no queue depth
 
 
+def test_status_shows_no_vram_for_a_worker_without_a_process(agent: Agent) -> None:
+    """A stopped worker showed its GPU's last figure (126.0/140.4 GiB in the demo): stale."""
+    assert agent.run("stop", "1").exit_code == 0
+    rows = {line.split()[0]: line.split() for line in agent.run("status").output.splitlines()[3:7]}
+    assert rows["1"][3] == "stopped"
+    assert rows["1"][-1] == "-"
+    assert rows["0"][-2:] == ["60.0/80.0", "GiB"]  # the serving worker's figure stays
+
+
 def test_status_json_is_the_raw_result(agent: Agent) -> None:
     r = agent.run("--json", "status")
     assert r.exit_code == 0

@@ -266,9 +266,14 @@ def _restarts(w: Mapping[str, Any]) -> str:
     return f"{total} ({parts})" if parts else str(total)
 
 
+# States in which a worker has no process: its GPU's figure is not the worker's (and the
+# last poll may predate the stop).
+_NO_PROCESS = frozenset({"stopped", "pending", "backoff", "quarantined", "failed"})
+
+
 def _vram(w: Mapping[str, Any], gpus: Mapping[int, Mapping[str, Any]]) -> str:
     mine = [gpus[g] for g in w.get("gpus", []) if g in gpus]
-    if not mine:
+    if not mine or w.get("state") in _NO_PROCESS:
         return "-"
     used = sum(g["used_bytes"] for g in mine)
     total = sum(g["total_bytes"] for g in mine)
