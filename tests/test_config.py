@@ -954,9 +954,28 @@ def test_check_config_warns_when_a_world_readable_file_holds_a_secret(tmp_path: 
     config.chmod(0o644)
     result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
     assert result.exit_code == 0, result.output
-    assert f"{config} holds environment values (env)" in result.stderr
+    assert f"{config} holds environment values that look like credentials (HF_TOKEN)" in (
+        result.stderr
+    )
     assert f"chmod 0640 {config}" in result.stderr
     assert "hf_secret" not in result.output
     config.chmod(0o600)
     result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
     assert result.exit_code == 0 and "readable by every local user" not in result.stderr
+
+
+def test_check_config_is_quiet_about_a_world_readable_file_whose_env_holds_no_credential(
+    tmp_path: Path,
+) -> None:
+    """The README's OOM walkthrough (a 0644 copy of the demo with SGLANG_SIM_FAIL_AFTER)
+    drew a warning that it was world-readable: that value is no secret."""
+    from click.testing import CliRunner
+
+    from sglang_farm.cli.main import cli
+
+    config = tmp_path / "farm.toml"
+    config.write_text('[farm]\nenv = { SGLANG_SIM_FAIL_AFTER = "15" }\n' + MINIMAL)
+    config.chmod(0o644)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "readable by every local user" not in result.stderr

@@ -881,18 +881,34 @@ def _exposure_check(w: WorkerSpec) -> Check:
                  "can reach this host can use them, admin routes included", _FIX_EXPOSURE)
 
 
+# Words in an environment variable's name that mark its value as a credential
+# (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, a PASSWORD...).
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a credential."""
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
+
+
 def config_secrets_check(spec: FarmSpec, mode: int | None) -> Check | None:
-    """A warning when the config holds a secret (an `api_key`, or any `env` value: the
-    farm treats every configured variable as possibly a token) and the file is readable
-    by every local user (`mode & 0o004`); None otherwise. The units never show them
-    (docs/security.md), but the file itself would."""
+    """A warning when the config holds a secret (an `api_key`, or an `env` value whose
+    name says it is a credential: `HF_TOKEN`, not `SGLANG_SIM_FAIL_AFTER`) and the file
+    is readable by every local user (`mode & 0o004`); None otherwise. The units never
+    show any configured value (every one goes to a root-only file: docs/security.md),
+    but the file itself would."""
     if mode is None or not mode & 0o004:
         return None
     what = []
     if any(w.flags.get("api_key") for w in spec.workers):
         what.append("api_key")
-    if spec.farm.env or any(w.env for w in spec.workers):
-        what.append("environment values (env)")
+    names = sorted(
+        {n for env in (spec.farm.env, *(w.env for w in spec.workers)) for n in env
+         if is_secret_name(n)}
+    )
+    if names:
+        what.append(f"environment values that look like credentials ({', '.join(names)})")
     if not what:
         return None
     return Check(
