@@ -1,0 +1,182 @@
+"""The README's OOM walkthrough, run as written: every command, every promise in backquotes.
+
+A new user who did the Quickstart first found its promises wrong (restart counts carried
+over, a check that landed after the second OOM). This test follows the section
+"Inject an OOM in the demo and watch the ladder step" line by line: the first block's
+commands (the last one, the farm, in the background), then each command of the second
+block with the outputs its comment promises (`...` in a promise matches anything), then
+the prose's promise (the plain demo restarts worker 3 with the step in force) and the
+third block, which undoes it. It runs the demo's real ports and paths, as the reader does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sglang_farm.ports import port_problem
+
+REPO = Path(__file__).resolve().parent.parent
+SECTION = "### Inject an OOM in the demo and watch the ladder step"
+DEMO_PORTS = [(30000, 8), (31000, 8), (8000, 1), (9840, 1), (29000, 1)]
+PID_PLACEHOLDER = "<worker 3's PID from status>"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Step:
+    command: str
+    promises: tuple[str, ...]  # the comment's `backquoted` parts
+
+
+def section_blocks(readme: str) -> list[list[str]]:
+    """The `sh` code blocks of the walkthrough's section, as lines."""
+    body = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    return [b.strip("\n").splitlines() for b in re.findall(r"```sh\n(.*?)```", body, re.S)]
+
+
+def steps(lines: list[str]) -> list[Step]:
+    """Commands and their promises; a line that is only a comment continues the last one."""
+    out: list[tuple[str, list[str]]] = []
+    for line in lines:
+        code, _, comment = line.partition("  # ")
+        if line.lstrip().startswith("#"):
+            code, comment = "", line.lstrip()[1:]
+        promises = re.findall(r"`([^`]+)`", comment)
+        if code.strip():
+            out.append((code.strip(), promises))
+        else:
+            out[-1][1].extend(promises)
+    return [Step(c, tuple(p)) for c, p in out]
+
+
+def promise_pattern(promise: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in promise.split("...")))
+
+
+def test_the_walkthrough_is_parsed_as_the_reader_reads_it() -> None:
+    blocks = section_blocks((REPO / "README.md").read_text())
+    assert len(blocks) == 3
+    assert steps(blocks[0])[-1].command.startswith(".venv/bin/sglang-farm run")
+    checks = steps(blocks[1])
+    assert [len(s.promises) for s in checks] == [1, 2, 1, 2]
+    assert promise_pattern("a{...x=\"1\"...} 1.0").search('a{w="3",x="1",y="2"} 1.0')
+
+
+def sh(command: str, timeout: float = 30) -> str:
+    r = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, f"{command}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def status(config: str) -> dict[int, dict[str, object]]:
+    r = subprocess.run(
+        [str(REPO / ".venv/bin/farmctl"), "--config", config, "--json", "status"],
+        capture_output=True, text=True, timeout=30,
+    )
+    if r.returncode != 0:
+        return {}
+    return {int(w["id"]): w for w in json.loads(r.stdout)["workers"]}
+
+
+def wait_for(config: str, what: str, ok: object, timeout: float = 240) -> dict[str, object]:
+    """Worker 3's status once `ok(worker)` holds (the farm's own pace; no timing asserted)."""
+    deadline = time.monotonic() + timeout
+    w: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        w = status(config).get(3, {})
+        if w and ok(w):  # type: ignore[operator]
+            return w
+        time.sleep(1)
+    raise AssertionError(f"worker 3 never {what} within {timeout}s; last: {w}")
+
+
+def args_of(pid: object) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+class Farm:
+    """A farm started from a README command line, in its own session; stopped with Ctrl-C."""
+
+    def __init__(self, command: str, log: Path) -> None:
+        self.log = log
+        with log.open("w") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                shlex.split(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)  # what Ctrl-C sends
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired as e:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+                log = self.log.read_text()
+                raise AssertionError(f"Ctrl-C did not stop the farm:\n{log}") from e
+
+
+@pytest.fixture
+def clean_demo_paths() -> Iterator[None]:
+    for base, n in DEMO_PORTS:
+        for port in range(base, base + n):
+            problem = port_problem("127.0.0.1", port)  # the farm's own test (TIME_WAIT is fine)
+            assert problem is None, f"{problem}: is a demo running? Stop it first"
+    yield
+    subprocess.run(["rm", "-rf", "/tmp/sglang-farm-demo/state", "/tmp/oom-demo.toml"])
+
+
+def ready_and_restarted(w: dict[str, object]) -> bool:
+    return w.get("state") == "ready" and int(w.get("restarts_total") or 0) >= 1  # type: ignore[call-overload]
+
+
+def test_the_oom_walkthrough_does_what_the_readme_says(
+    clean_demo_paths: None, tmp_path: Path
+) -> None:
+    first, checks, undo = (steps(b) for b in section_blocks((REPO / "README.md").read_text()))
+    for step in first[:-1]:
+        sh(step.command)
+    copy = Farm(first[-1].command, tmp_path / "copy.log")
+    try:
+        # "about 50 s later": once worker 3 serves again after its first OOM.
+        w3 = wait_for("/tmp/oom-demo.toml", "restarted after an OOM", ready_and_restarted)
+        for step in checks:
+            out = sh(step.command.replace(PID_PLACEHOLDER, str(w3["pid"])))
+            for promise in step.promises:
+                found = promise_pattern(promise).search(out)
+                assert found, f"{step.command}: no {promise!r}:\n{out}"
+        row = next(ln for ln in sh(checks[0].command).splitlines() if ln.split()[:1] == ["3"])
+        assert "1 (oom 1)" in row
+    finally:
+        copy.stop()
+
+    demo = Farm("./scripts/demo", tmp_path / "demo.log")
+    try:
+        # "worker 3 still starts with --mem-fraction-static 0.8"
+        w3 = wait_for("etc/sglang-farm/demo.toml", "ready", lambda w: w.get("state") == "ready")
+        assert "--mem-fraction-static 0.8" in args_of(w3["pid"])
+        old_pid = w3["pid"]
+        for step in undo:
+            sh(step.command, timeout=120)
+        w3 = wait_for(
+            "etc/sglang-farm/demo.toml", "restarted", lambda w: w.get("state") == "ready"
+            and w.get("pid") != old_pid
+        )
+        assert "--mem-fraction-static" not in args_of(w3["pid"])
+    finally:
+        demo.stop()
