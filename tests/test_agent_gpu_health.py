@@ -4,15 +4,19 @@ NVML poller's seam (`Agent.observe_fleet`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent_harness import (
     farm,
+    farm_toml,
 )
+from sglang_farm.config import load_spec
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.phase import Phase
 from sglang_farm.workerstats import WorkerStats
@@ -143,6 +147,110 @@ def test_quarantine_survives_an_agent_restart_and_release_checks_the_gpu(tmp: Pa
 
     run_virtual(first())
     run_virtual(second())
+
+
+# ---- a quarantine never outlives its way out (issue 22, item 7) --------------------------
+
+
+def three_workers(tmp: Path, gpus: str = "[0, 1, 2]") -> str:
+    """Three workers, one per GPU; `gpus` moves them (the config's `workers.gpus`)."""
+    return farm_toml(tmp, workers=3).replace("gpus = [0, 1, 2]", f"gpus = {gpus}")
+
+
+async def ok_gpu(gpu: int) -> list[str]:
+    return []
+
+
+def dropped(logs: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in logs if e["event"] == "quarantine_dropped"]
+
+
+def test_a_quarantine_on_a_gpu_the_config_moved_the_worker_off_is_dropped_at_restore(
+    tmp: Path,
+) -> None:
+    """Quarantined on GPU 2; the config now puts worker 2 on GPU 5. Before: restored as
+    QUARANTINED with a record naming GPU 2, which neither `release-gpu 2` (no worker uses
+    it) nor `release-gpu 5` (nothing quarantined on it) could release."""
+
+    async def first() -> None:
+        async with farm(tmp, text=three_workers(tmp)) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(2, 79): 1}))
+            await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=10)
+
+    async def second() -> None:
+        with capture_logs() as logs:
+            async with farm(tmp, text=three_workers(tmp, "[0, 1, 5]")) as f:
+                await f.until(f.all_ready)
+                w = f.agent.view().worker(2)
+                assert w.quarantine is None and w.gpus == (5,)
+                assert dict(w.quarantines_by_reason) == {"xid 79": 1}  # the history stays
+                assert w.last_action is not None and "GPU 2" in w.last_action
+        [line] = dropped(logs)
+        assert (line["worker"], line["gpu"], line["quarantined_gpu"]) == (2, 5, 2)
+        assert line["log_level"] == "warning"
+        assert "no longer uses GPU 2" in str(line["why"])
+
+    run_virtual(first())
+    run_virtual(second())
+
+
+def test_a_quarantined_phase_without_a_record_is_dropped_at_restore_and_the_worker_starts(
+    tmp: Path,
+) -> None:
+    """Before: worker 1 restored QUARANTINED with no record, released by nothing
+    (`release-gpu` matches the record's GPU) and `start 1` did nothing."""
+    (tmp / "state.json").write_text(
+        json.dumps({"format": 1, "workers": {"1": {"phase": "quarantined", "failures": 0}}})
+    )
+
+    async def scenario() -> None:
+        with capture_logs() as logs:
+            async with farm(tmp, text=three_workers(tmp)) as f:
+                await f.until(f.all_ready)
+                assert f.runtime.starts_of(1) == 1
+        [line] = dropped(logs)
+        assert (line["worker"], line["gpu"], line["quarantined_gpu"]) == (1, 1, None)
+        assert "no record" in str(line["why"])
+
+    run_virtual(scenario())
+
+
+def test_a_worker_quarantined_before_a_reload_moved_it_is_released_by_worker(tmp: Path) -> None:
+    """A reload moves quarantined worker 2 from GPU 2 to GPU 5: it stays quarantined (the
+    reload's restart leaves it so) and is released by its id, after GPU 5 (the GPU it will
+    run on) passes the checks."""
+    checked: list[int] = []
+    problems: list[str] = ["GPU 5 has row remaps pending: reset it (nvidia-smi -r -i 5)"]
+
+    async def check_gpu(gpu: int) -> list[str]:
+        checked.append(gpu)
+        return list(problems)
+
+    async def scenario() -> None:
+        moved = load_spec(three_workers(tmp, "[0, 1, 5]"), source="test.toml")
+        async with farm(
+            tmp, text=three_workers(tmp), loader=lambda: moved, check_gpu=check_gpu
+        ) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(2, 79): 1}))
+            await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=10)
+            assert (await f.agent.reload()).applied
+            await asyncio.sleep(30)
+            assert f.phase(2) is Phase.QUARANTINED and f.runtime.starts_of(2) == 1
+            assert await f.agent.release_worker(2) == problems  # refused: it stays
+            assert f.phase(2) is Phase.QUARANTINED and checked == [5]
+            problems.clear()
+            assert await f.agent.release_worker(2) == []
+            await f.until(lambda: f.phase(2) is Phase.READY, within=60)
+            assert f.agent.view().worker(2).quarantine is None and checked == [5, 5]
+            assert await f.agent.release_worker(2) == [
+                "worker 2 is not quarantined (it is ready): nothing to release"
+            ]
+
+    run_virtual(scenario())
 
 
 # ---- busy versus dead ---------------------------------------------------------------------

@@ -211,7 +211,9 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(self.sup)
+        self._remembered = self._store.restore(
+            self.sup, {w.id: w.gpus for w in spec.workers}
+        )
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------

@@ -491,10 +491,17 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 s.enter(Phase.PENDING, now, quarantine=None, failures=0, retry_at=None),
                 (Note("gpu_released"),),
             )
-        case StopRequested() if s.phase is Phase.QUARANTINED:
-            return Decision(s)  # stopped already, and it must stay set aside (not STOPPED)
-        case StartRequested() | RestartRequested() if s.phase is Phase.QUARANTINED:
-            # QUARANTINED stays: only a release (after the GPU's checks) starts it again.
+        case StopRequested() if (
+            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+        ):
+            # Stopped already, or stopping for its GPU: it must end set aside (QUARANTINED),
+            # never STOPPED with its quarantine still recorded (a start would then run it).
+            return Decision(s)
+        case StartRequested() | RestartRequested() if (
+            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+        ):
+            # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
+            # GPU's checks, starts it again.
             return Decision(s, (Note("worker_quarantined_not_started"),))
         case StartRequested(fresh=fresh):
             if s.phase in (Phase.STOPPED, Phase.FAILED):
@@ -743,6 +750,42 @@ def launch(s: WorkerState, now: float) -> Decision:
         restarts_by_reason=by_reason,
     )
     return Decision(s, (*notes, Launch(s.id)))
+
+
+def restored_quarantine(
+    s: WorkerState, phase: Phase | None, gpus: Collection[int]
+) -> tuple[WorkerState, Phase | None, str | None]:
+    """Pure: a remembered quarantine judged against the GPUs the config gives the worker now.
+
+    Returns the state and phase to restore, and why a quarantine was dropped (None: nothing
+    dropped). A quarantine is released by naming its GPU (`release-gpu G`), so one that
+    names no GPU (a QUARANTINED phase without its record), or a GPU the worker no longer
+    uses (the config moved it), could be released by nothing and would hold the worker
+    for good: it is dropped, and the worker starts as any other. Its history
+    (`quarantines_by_reason`) stays. A GPU left failing shows again at NVML's next look
+    (lost, unhealthy) or at the worker's start (row remaps pending).
+    """
+    q = s.quarantine
+    if q is None and phase is Phase.QUARANTINED:
+        why = (
+            "the state file says quarantined but keeps no record of the GPU or the reason, "
+            "so nothing could release it"
+        )
+    elif q is not None and q.gpu not in gpus:
+        now_on = ", ".join(str(g) for g in sorted(gpus))
+        why = (
+            f"the config puts the worker on GPU {now_on} and it no longer uses GPU {q.gpu}, "
+            "the one the quarantine names"
+        )
+    else:
+        return s, phase, None
+    where = f" on GPU {q.gpu} ({q.reason})" if q is not None else ""
+    s = replace(
+        s,
+        quarantine=None,
+        last_action=f"quarantine{where} dropped at agent start: {why}",
+    )
+    return s, (None if phase is Phase.QUARANTINED else phase), why
 
 
 def _tag(worker_id: int, actions: Sequence[Action]) -> list[Action]:
