@@ -747,11 +747,27 @@ class Agent:
         ]
         if not held:
             return [f"no worker is quarantined on GPU {gpu}"]
+        return await self._release(held, [gpu])
+
+    async def release_worker(self, worker: int) -> list[str]:
+        """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
+        once NVML says each GPU it uses now is clear (a reload may have moved it)."""
+        s = self.sup.workers[worker]
+        if s.phase is not Phase.QUARANTINED:
+            return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
+        return await self._release([worker], self._spec.worker(worker).gpus)
+
+    async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
         if self._hooks.check_gpu is None:
             return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
-        problems = await self._hooks.check_gpu(gpu)
+        problems = [p for g in gpus for p in await self._hooks.check_gpu(g)]
         if problems:
-            log.warning("gpu_release_refused", gpu=gpu, problems=problems)
+            log.warning(
+                "gpu_release_refused",
+                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
+                workers=list(held),
+                problems=problems,
+            )
             return problems
         async with self._changes:
             for wid in held:
