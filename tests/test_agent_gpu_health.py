@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -161,7 +162,7 @@ async def ok_gpu(gpu: int) -> list[str]:
     return []
 
 
-def dropped(logs: list[dict[str, object]]) -> list[dict[str, object]]:
+def dropped(logs: Sequence[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
     return [e for e in logs if e["event"] == "quarantine_dropped"]
 
 
@@ -249,6 +250,30 @@ def test_a_worker_quarantined_before_a_reload_moved_it_is_released_by_worker(tmp
             assert await f.agent.release_worker(2) == [
                 "worker 2 is not quarantined (it is ready): nothing to release"
             ]
+
+    run_virtual(scenario())
+
+
+def test_a_released_gpu_is_not_quarantined_again_by_the_xid_it_already_counted(
+    tmp: Path,
+) -> None:
+    """Issue 27 finding 3: NVML's XID counts are cumulative; after a release, the next
+    snapshots still carry the old count, which is no new fault (only a higher count is)."""
+
+    async def scenario() -> None:
+        async with farm(tmp, check_gpu=ok_gpu) as f:
+            await f.until(f.all_ready)
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(5, 79): 1}))
+            await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
+            assert await f.agent.release_gpu(5) == []
+            await f.until(lambda: f.phase(5) is Phase.READY, within=60)
+            for _ in range(3):  # the poller's next looks: the same count of XID 79
+                f.agent.observe_fleet(fleet({(5, 79): 1}))
+                await asyncio.sleep(5)
+            assert f.phase(5) is Phase.READY and f.agent.view().worker(5).quarantine is None
+            f.agent.observe_fleet(fleet({(5, 79): 2}))  # a new one: set aside again
+            await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
 
     run_virtual(scenario())
 
