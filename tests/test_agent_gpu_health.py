@@ -278,6 +278,46 @@ def test_a_released_gpu_is_not_quarantined_again_by_the_xid_it_already_counted(
     run_virtual(scenario())
 
 
+def test_a_stop_of_a_quarantined_worker_returns_at_once_and_leaves_it_quarantined(
+    tmp: Path,
+) -> None:
+    """Before: `stop` waited for STOPPED or FAILED, which a quarantined worker never
+    reaches: `farmctl stop 5` hung for the whole stop budget (here 25 s of farm time)."""
+
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(5, 79): 1}))
+            await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
+            t0 = loop.time()
+            await f.agent.stop([5])
+            assert loop.time() - t0 < 1
+            assert f.phase(5) is Phase.QUARANTINED
+
+    run_virtual(scenario())
+
+
+def test_a_reload_that_removes_a_quarantined_worker_does_not_wait_for_it_to_stop(
+    tmp: Path,
+) -> None:
+    async def scenario() -> None:
+        fewer = load_spec(three_workers(tmp).replace("[0, 1, 2]", "[0, 1]"), source="t.toml")
+        async with farm(tmp, text=three_workers(tmp), loader=lambda: fewer) as f:
+            await f.until(f.all_ready)
+            loop = asyncio.get_running_loop()
+            f.agent.observe_fleet(fleet())
+            f.agent.observe_fleet(fleet({(2, 79): 1}))
+            await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=10)
+            t0 = loop.time()
+            result = await f.agent.reload()
+            assert result.applied and result.removed == (2,)
+            assert loop.time() - t0 < 1  # before: the whole stop budget (25 s here)
+
+    run_virtual(scenario())
+
+
 # ---- busy versus dead ---------------------------------------------------------------------
 
 

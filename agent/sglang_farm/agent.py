@@ -928,7 +928,7 @@ class Agent:
         budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
             lambda: all(
-                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                 for w in ids
                 if w in self.sup.workers
             ),
@@ -1046,7 +1046,8 @@ class Agent:
                 self.feed(wid, StopRequested())
             await self._wait_until(
                 lambda: all(
-                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                    self.sup.workers[w].phase
+                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,
