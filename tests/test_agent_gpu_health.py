@@ -20,6 +20,7 @@ from agent_harness import (
 from sglang_farm.config import load_spec
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.phase import Phase
+from sglang_farm.runtime import Running
 from sglang_farm.workerstats import WorkerStats
 from virtual_time import run_virtual
 
@@ -314,6 +315,47 @@ def test_a_reload_that_removes_a_quarantined_worker_does_not_wait_for_it_to_stop
             result = await f.agent.reload()
             assert result.applied and result.removed == (2,)
             assert loop.time() - t0 < 1  # before: the whole stop budget (25 s here)
+
+    run_virtual(scenario())
+
+
+def crashed_mid_quarantine(tmp: Path) -> None:
+    """The state file of an agent that went (kill -9) while it stopped worker 2 for its
+    GPU: the quarantine recorded, the phase not yet (STOPPING is not remembered)."""
+    q = {"gpu": 2, "reason": "xid 79", "detail": "fell off the bus", "at": 1.8e9}
+    (tmp / "state.json").write_text(
+        json.dumps({"format": 1, "workers": {"2": {"phase": None, "quarantine": q}}})
+    )
+
+
+def test_a_quarantine_decided_before_the_agent_went_holds_the_worker_at_a_cold_start(
+    tmp: Path,
+) -> None:
+    """Before: worker 2 was started again on its failing GPU, its quarantine still shown."""
+    crashed_mid_quarantine(tmp)
+
+    async def scenario() -> None:
+        async with farm(tmp, text=three_workers(tmp)) as f:
+            await f.until(lambda: f.phase(0) is Phase.READY and f.phase(1) is Phase.READY)
+            await asyncio.sleep(60)
+            assert f.phase(2) is Phase.QUARANTINED and f.runtime.starts_of(2) == 0
+
+    run_virtual(scenario())
+
+
+def test_a_quarantine_decided_before_the_agent_went_stops_the_adopted_worker(
+    tmp: Path,
+) -> None:
+    """Its process outlived the agent (systemd): adopted, the stop for its GPU goes on.
+    Before: adopted as serving, on its failing GPU, with its quarantine shown."""
+    crashed_mid_quarantine(tmp)
+    running = {w: Running(w, 4000 + w, active=True) for w in range(3)}
+
+    async def scenario() -> None:
+        async with farm(tmp, text=three_workers(tmp), running=running) as f:
+            await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=30)
+            assert 2 in f.runtime.stops and f.runtime.starts_of(2) == 0
+            assert f.phase(0) is Phase.READY and 0 not in f.runtime.stops
 
     run_virtual(scenario())
 

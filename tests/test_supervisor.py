@@ -359,6 +359,27 @@ def test_a_restored_quarantine_on_a_gpu_the_worker_still_uses_is_kept() -> None:
     assert restored_quarantine(s, Phase.QUARANTINED, (3, 2)) == (s, Phase.QUARANTINED, None)
     plain = WorkerState(2)
     assert restored_quarantine(plain, Phase.FAILED, (2,)) == (plain, Phase.FAILED, None)
+    assert restored_quarantine(plain, None, (2,)) == (plain, None, None)
+
+
+def test_a_restored_quarantine_without_its_phase_holds_the_worker_quarantined() -> None:
+    """The agent went while stopping the worker for its GPU: the decision stands."""
+    s = WorkerState(2, quarantine=Q2)
+    assert restored_quarantine(s, None, (2,)) == (s, Phase.QUARANTINED, None)
+    assert restored_quarantine(s, Phase.STOPPED, (2,)) == (s, Phase.QUARANTINED, None)
+
+
+def test_adopting_a_running_worker_with_a_quarantine_finishes_its_stop() -> None:
+    sup = Supervisor([1, 2], policy())
+    sup.restore(2, WorkerState(2, quarantine=Q2))
+    adoption = sup.adopt({1: 101, 2: 102}, {2: Phase.QUARANTINED}, 5.0, serving={1, 2})
+    assert adoption.adopted == {1, 2} and adoption.held == set()
+    assert Terminate(2) in adoption.actions and Terminate(1) not in adoption.actions
+    assert phase(sup, 1) is Phase.READY and phase(sup, 2) is Phase.STOPPING
+    # The agent's start of the rollout leaves it alone; its exit ends it quarantined.
+    assert launches(sup.start([1, 2], 6.0, fresh=False)) == []
+    sup.handle(2, ProcessExited(status=-15), 7.0)
+    assert phase(sup, 2) is Phase.QUARANTINED and launches(sup.tick(500.0)) == []
 
 
 def test_a_restored_quarantine_on_a_gpu_the_worker_left_is_dropped_saying_why() -> None:

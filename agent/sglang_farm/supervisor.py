@@ -777,6 +777,11 @@ def restored_quarantine(
             f"the config puts the worker on GPU {now_on} and it no longer uses GPU {q.gpu}, "
             "the one the quarantine names"
         )
+    elif q is not None:
+        # A record without the phase: the agent went while it stopped the worker for its
+        # GPU (STOPPING is not remembered). The farm's decision stands: QUARANTINED (held;
+        # `Supervisor.adopt` finishes the stop of a worker still running).
+        return s, Phase.QUARANTINED, None
     else:
         return s, phase, None
     where = f" on GPU {q.gpu} ({q.reason})" if q is not None else ""
@@ -849,6 +854,8 @@ class Supervisor:
         health answers. A worker that had given up, or
         that an operator stopped (`remembered`), and that is not running stays so: it is
         not this restart's to start. With nothing running, nothing is held (a cold start).
+        A running worker with a quarantine recorded (the agent went while stopping it for
+        its GPU) is stopped: the stop goes on, and it ends QUARANTINED.
         """
         held: set[int] = set()
         for wid, phase in remembered.items():
@@ -863,6 +870,16 @@ class Supervisor:
         actions: list[Action] = []
         for wid, pid in running.items():
             if wid not in self.workers:
+                continue
+            if self.workers[wid].quarantine is not None:
+                # (remembered quarantine) -> STOPPING: the agent went while stopping it
+                # for its GPU and the process outlived it; the stop goes on, then
+                # QUARANTINED. Never READY again on the GPU it was set aside from.
+                self.workers[wid] = self.workers[wid].enter(
+                    Phase.STOPPING, now, pid=pid, stop_intent=StopIntent.QUARANTINE
+                )
+                actions += [Terminate(wid), Note("quarantine_stop_resumed", {"worker": wid})]
+                adopted.add(wid)
                 continue
             if wid in serving:
                 # (any) -> READY: it served before the agent restarted and its unit says so.
