@@ -242,6 +242,12 @@ def test_a_worker_quarantined_before_a_reload_moved_it_is_released_by_worker(tmp
             assert (await f.agent.reload()).applied
             await asyncio.sleep(30)
             assert f.phase(2) is Phase.QUARANTINED and f.runtime.starts_of(2) == 1
+            # By GPU: its quarantine names GPU 2; GPU 5, its GPU now, says the way out.
+            assert await f.agent.release_gpu(5) == [
+                "no worker is quarantined on GPU 5",
+                "worker 2 uses GPU 5 and is quarantined for another GPU: release it with "
+                "farmctl release-gpu --worker 2",
+            ]
             assert await f.agent.release_worker(2) == problems  # refused: it stays
             assert f.phase(2) is Phase.QUARANTINED and checked == [5]
             problems.clear()

@@ -746,7 +746,17 @@ class Agent:
             if s.phase is Phase.QUARANTINED and s.quarantine is not None and s.quarantine.gpu == gpu
         ]
         if not held:
-            return [f"no worker is quarantined on GPU {gpu}"]
+            # A worker a reload moved onto `gpu` keeps a quarantine naming its old GPU.
+            moved = [
+                w
+                for w, s in self.sup.workers.items()
+                if s.phase is Phase.QUARANTINED and gpu in self._spec.worker(w).gpus
+            ]
+            return [f"no worker is quarantined on GPU {gpu}"] + [
+                f"worker {w} uses GPU {gpu} and is quarantined for another GPU: release it "
+                f"with farmctl release-gpu --worker {w}"
+                for w in moved
+            ]
         return await self._release(held, [gpu])
 
     async def release_worker(self, worker: int) -> list[str]:
