@@ -82,7 +82,8 @@ class FakeOps:
     `quarantine(worker)` sets a worker's GPU aside as the agent does (stopped, state
     QUARANTINED); `start` and `restart` leave such a worker as it is. `release_gpu`
     answers `release_problems` when set (the quarantine stays), else starts the workers
-    quarantined on that GPU again (or says none is).
+    quarantined on that GPU again (or says none is); `release_worker` the same for one
+    worker, whichever GPU its quarantine names.
     """
 
     def __init__(
@@ -165,6 +166,8 @@ class FakeOps:
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         self.drains.append(("stop", tuple(worker_ids), drain))
         await self._issue("stop", worker_ids)
+        # A quarantined worker is stopped already and stays set aside (as the agent does).
+        worker_ids = [i for i in worker_ids if not self._quarantined(i)]
         if self._drains(drain):
             for i in worker_ids:
                 self._set(i, Phase.DRAINING, in_gateway=False)
@@ -266,6 +269,17 @@ class FakeOps:
         for i in held:
             self._set(i, Phase.PENDING, quarantine=None)
             self._spawn(self._come_up(i, stop_first=False))
+        return []
+
+    async def release_worker(self, worker: int) -> list[str]:
+        await self._issue("release-worker", (worker,))
+        w = self.workers[worker]
+        if w.phase is not Phase.QUARANTINED:
+            return [f"worker {worker} is not quarantined (it is {w.phase}): nothing to release"]
+        if self.release_problems:
+            return list(self.release_problems)
+        self._set(worker, Phase.PENDING, quarantine=None)
+        self._spawn(self._come_up(worker, stop_first=False))
         return []
 
     # --- test helpers ---

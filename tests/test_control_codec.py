@@ -18,6 +18,7 @@ from sglang_farm.control.codec import (
     GpuArgs,
     LogsArgs,
     NoArgs,
+    ReleaseWorkerArgs,
     RequestError,
     StopArgs,
     TargetArgs,
@@ -133,7 +134,10 @@ def test_unknown_command_keeps_id_and_lists_commands() -> None:
         ({"id": 1, "cmd": "release-gpu", "args": {"gpu": True}}, "'gpu' must be a GPU index"),
         ({"id": 1, "cmd": "release-gpu", "args": {"gpu": 1.0}}, "'gpu' must be a GPU index"),
         ({"id": 1, "cmd": "release-gpu", "args": {"gpu": "all"}}, "'gpu' must be a GPU index"),
-        ({"id": 1, "cmd": "release-gpu", "args": {"worker": 5}}, "['worker']; accepted: gpu"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"gpu": 1, "worker": 1}}, "not both"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"worker": "all"}}, "'worker' must be a"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"worker": -1}}, "got -1"),
+        ({"id": 1, "cmd": "release-gpu", "args": {"id": 5}}, "accepted: gpu, worker"),
     ],
 )
 def test_bad_shapes_and_args_are_bad_request_with_id(obj: object, fragment: str) -> None:
@@ -171,6 +175,13 @@ def test_release_gpu_takes_one_gpu_index_and_changes_state() -> None:
     r = decode_request(req({"id": 3, "cmd": "release-gpu", "args": {"gpu": 5}}))
     assert (r.id, r.cmd, r.args, r.changes_state) == (3, Command.RELEASE_GPU, GpuArgs(5), True)
     assert decode_request(codec.encode_request(4, "release-gpu", {"gpu": 0})).args == GpuArgs(0)
+
+
+def test_release_gpu_takes_a_worker_instead_of_a_gpu() -> None:
+    """Issue 22 item 7: a quarantine naming a GPU the worker no longer uses is released by
+    the worker's id (`farmctl release-gpu --worker N`)."""
+    r = decode_request(req({"id": 3, "cmd": "release-gpu", "args": {"worker": 2}}))
+    assert (r.cmd, r.args, r.changes_state) == (Command.RELEASE_GPU, ReleaseWorkerArgs(2), True)
 
 
 def test_replies_round_trip_and_are_single_ascii_lines() -> None:

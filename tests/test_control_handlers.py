@@ -15,6 +15,7 @@ from sglang_farm.control.codec import (
     GpuArgs,
     LogsArgs,
     NoArgs,
+    ReleaseWorkerArgs,
     Request,
     RequestError,
     StopArgs,
@@ -339,3 +340,111 @@ async def test_wait_ready_ends_at_once_on_a_quarantined_worker(ops: FakeOps) -> 
     assert (r["state"], r["ready"], r["timed_out"]) == ("quarantined", False, False)
     assert isinstance(r["waited_s"], float) and r["waited_s"] < 1.0
     assert [kind for kind, _ in ch.streamed] == ["phase"]
+
+
+
+# --- a quarantine always has a way out (issue 22, item 7) ----------------------------------
+
+
+async def test_start_or_restart_of_a_quarantined_worker_is_refused_naming_the_release(
+    ops: FakeOps,
+) -> None:
+    """Before: `start 1` answered {"workers": [1]} ("start requested") and nothing happened."""
+    ops.quarantine(1)
+    h = handlers(ops)
+    for rid, cmd, args in (
+        (1, Command.START, TargetArgs(1)),
+        (2, Command.RESTART, StopArgs(1)),
+    ):
+        with pytest.raises(RequestError) as ei:
+            await h.handle(Request(rid, cmd, args), Channel())
+        assert ei.value.error_code is ErrorCode.FAILED and ei.value.request_id == rid
+        assert ei.value.message == (
+            f"worker 1 is quarantined: GPU 1 is set aside (xid 79), and {cmd} leaves it "
+            "stopped; deal with the GPU (farmctl why 1 says how), then release it with "
+            "farmctl release-gpu 1, which re-checks the GPU through NVML and starts the worker"
+        )
+    assert ops.calls == []  # the agent was never asked
+    assert ops.workers[1].phase is Phase.QUARANTINED
+
+
+async def test_start_or_restart_all_acts_on_the_others_and_lists_the_quarantined(
+    ops: FakeOps,
+) -> None:
+    ops.quarantine(2)
+    h = handlers(ops)
+    r = await h.handle(Request(1, Command.RESTART, StopArgs("all")), Channel())
+    assert r == {"workers": [0, 1, 3], "issued_at": 1234.5, "quarantined": [2]}
+    r = await h.handle(Request(2, Command.STOP, StopArgs("all")), Channel())
+    assert r == {"workers": [0, 1, 2, 3], "issued_at": 1234.5}  # a stop: nothing to refuse
+    r = await h.handle(Request(3, Command.START, TargetArgs("all")), Channel())
+    assert r == {"workers": [0, 1, 3], "issued_at": 1234.5, "quarantined": [2]}
+    assert ops.calls == [("restart", (0, 1, 3)), ("stop", (0, 1, 2, 3)), ("start", (0, 1, 3))]
+
+
+async def test_a_worker_stopping_for_its_gpu_is_refused_too(ops: FakeOps) -> None:
+    ops.quarantine(3)
+    ops._set(3, Phase.STOPPING)  # the quarantine decided, its stop under way
+    with pytest.raises(RequestError) as ei:
+        await handlers(ops).handle(Request(1, Command.RESTART, StopArgs(3)), Channel())
+    assert ei.value.error_code is ErrorCode.FAILED
+    assert "farmctl release-gpu 3" in ei.value.message
+
+
+async def test_a_quarantine_on_a_gpu_the_worker_was_moved_off_is_released_by_worker(
+    ops: FakeOps,
+) -> None:
+    """Quarantined on GPU 2, then a reload put worker 2 on GPU 5. Before: `release-gpu 2`
+    was bad_request (no worker uses GPU 2), `release-gpu 5` found nothing quarantined on
+    it, and nothing else released it."""
+    ops.quarantine(2)
+    ops.workers[2] = replace(ops.workers[2], gpus=(5,))
+    h = handlers(ops)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(1, Command.RELEASE_GPU, GpuArgs(2)), Channel())
+    assert ei.value.error_code is ErrorCode.BAD_REQUEST
+    assert ei.value.message.endswith(
+        "; worker 2's quarantine names it: farmctl release-gpu --worker 2"
+    )
+    r = await h.handle(Request(2, Command.RELEASE_GPU, GpuArgs(5)), Channel())
+    assert r["released"] is False and r["problems"] == ["no worker is quarantined on GPU 5"]
+    # The way out, as `why` and a refused start say it:
+    why = await h.handle(Request(3, Command.WHY, WorkerArgs(2)), Channel())
+    assert "then `farmctl release-gpu --worker 2`" in str(why["next_step"])
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(4, Command.START, TargetArgs(2)), Channel())
+    assert "release it with farmctl release-gpu --worker 2," in ei.value.message
+
+    r = await h.handle(Request(5, Command.RELEASE_GPU, ReleaseWorkerArgs(2)), Channel())
+    assert r == {
+        "released": True,
+        "gpu": 2,
+        "workers": [2],
+        "problems": [],
+        "worker": 2,
+        "checked": [5],
+    }
+    assert ops.calls[-1] == ("release-worker", (2,))
+    await until(lambda: ops.workers[2].phase is Phase.READY)
+    r = await h.handle(Request(6, Command.RELEASE_GPU, ReleaseWorkerArgs(2)), Channel())
+    assert (r["released"], r["workers"], r["problems"]) == (
+        False,
+        [],
+        ["worker 2 is not quarantined (it is ready): nothing to release"],
+    )
+
+
+async def test_release_by_worker_names_an_unknown_worker_and_is_busy_while_it_changes(
+    ops: FakeOps,
+) -> None:
+    h = handlers(ops)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(1, Command.RELEASE_GPU, ReleaseWorkerArgs(9)), Channel())
+    assert ei.value.error_code is ErrorCode.UNKNOWN_WORKER and "workers are 0-3" in ei.value.message
+    ops.issue_delay = 0.2
+    stop = asyncio.ensure_future(h.handle(Request(2, Command.STOP, StopArgs(1)), Channel()))
+    await until(lambda: ops.calls)
+    with pytest.raises(RequestError) as ei:
+        await h.handle(Request(3, Command.RELEASE_GPU, ReleaseWorkerArgs(1)), Channel())
+    assert ei.value.error_code is ErrorCode.BUSY
+    await stop

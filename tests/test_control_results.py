@@ -310,7 +310,7 @@ XID_79 = Quarantine(
 def _quarantined(q: Quarantine = XID_79, phase: Phase = Phase.QUARANTINED) -> WorkerView:
     return WorkerView(
         5,
-        (5,),
+        (q.gpu,),  # the GPU its quarantine names (release_command: by GPU)
         30005,
         "http://127.0.0.1:30005",
         phase,
@@ -414,4 +414,33 @@ def test_release_gpu_result_is_released_only_without_problems() -> None:
         "gpu": 5,
         "workers": [5],
         "problems": ["GPU 5 has row remaps pending"],
+    }
+
+
+def test_the_way_out_of_a_quarantine_is_by_worker_once_its_gpu_is_not_the_workers() -> None:
+    """Issue 22 item 7: a reload moved worker 5 off GPU 5 (its quarantine's): `release-gpu 5`
+    cannot reach it, so `why` and a refused start name the release by worker."""
+    moved = replace(_quarantined(), gpus=(6,))
+    assert results.release_command(_quarantined()) == "farmctl release-gpu 5"
+    assert results.release_command(moved) == "farmctl release-gpu --worker 5"
+    step = results.why_result(moved)["next_step"]
+    assert isinstance(step, str) and "then `farmctl release-gpu --worker 5`, which" in step
+    assert results.quarantined_refusal(moved, "start") == (
+        "worker 5 is quarantined: GPU 5 is set aside (xid 79), and start leaves it stopped; "
+        "deal with the GPU (farmctl why 5 says how), then release it with farmctl "
+        "release-gpu --worker 5, which re-checks the GPU through NVML and starts the worker"
+    )
+    no_record = replace(_quarantined(), quarantine=None)
+    assert "its GPU is set aside" in results.quarantined_refusal(no_record, "restart")
+    assert results.release_command(no_record) == "farmctl release-gpu --worker 5"
+
+
+def test_release_by_worker_result_adds_the_worker_and_the_gpus_checked() -> None:
+    assert results.release_gpu_result(2, [2], [], worker=2, checked=(5,)) == {
+        "released": True,
+        "gpu": 2,
+        "workers": [2],
+        "problems": [],
+        "worker": 2,
+        "checked": [5],
     }

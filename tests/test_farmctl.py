@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -719,18 +719,92 @@ def test_completion_offers_release_gpu() -> None:
     assert sorted(r.output.splitlines()) == ["plain,release-gpu", "plain,reload"]
 
 
-def test_restart_of_a_quarantined_worker_exits_3_at_once_and_says_why(agent: Agent) -> None:
+def test_start_or_restart_of_a_quarantined_worker_is_refused_with_the_release_command(
+    agent: Agent,
+) -> None:
+    """Issue 22 item 7. Before: `start 3` printed "start requested for worker 3", exit 0,
+    and nothing happened."""
     agent.ops.quarantine(3)
-    t0 = time.monotonic()
-    r = agent.run("restart", "3")
-    assert time.monotonic() - t0 < 5  # not the 1200 s default timeout
-    assert r.exit_code == Exit.NOT_RUNNING
-    assert r.stdout == "restart issued for worker 3\n"
-    assert r.stderr == (
-        "farmctl: worker 3 is quarantined: GPU 3 is set aside (xid 79); start and restart "
-        "leave it stopped until farmctl release-gpu 3; see farmctl why 3\n"
+    for cmd in ("start", "restart"):
+        t0 = time.monotonic()
+        r = agent.run(cmd, "3")
+        assert time.monotonic() - t0 < 5  # not the 1200 s default timeout
+        assert r.exit_code == Exit.FAILED, r.output
+        assert r.stdout == ""
+        assert r.stderr == (
+            f"farmctl: {cmd} failed: worker 3 is quarantined: GPU 3 is set aside (xid 79), and "
+            f"{cmd} leaves it stopped; deal with the GPU (farmctl why 3 says how), then release "
+            "it with farmctl release-gpu 3, which re-checks the GPU through NVML and starts "
+            "the worker\n"
+        )
+    assert agent.run("start", "3", "--wait").exit_code == Exit.FAILED
+    assert agent.ops.calls == []  # refused before the agent was asked
+    raw = agent.run("start", "3", "--json")
+    assert json.loads(raw.stdout)["error"]["code"] == "failed"
+
+
+def test_restart_all_restarts_the_others_and_says_the_quarantined_one_stays(
+    agent: Agent,
+) -> None:
+    agent.ops.quarantine(2)
+    r = agent.run("restart", "all")
+    assert r.exit_code == Exit.NOT_RUNNING, r.output
+    out = r.stdout.splitlines()
+    assert out[0] == "restart issued for workers 0, 1, 3"
+    assert sorted(ln for ln in out if "ready after" in ln)[0].startswith("worker 0: ready after")
+    assert sum("ready after" in ln for ln in out) == 3  # every other worker waited for
+    assert r.stderr.splitlines() == [
+        "worker 2 is quarantined and stays stopped: release it with farmctl release-gpu "
+        "--worker 2 once its GPU is dealt with (farmctl why 2)",
+        "farmctl: worker 2 is quarantined and not running (said above); the others are ready",
+    ]
+    assert agent.ops.calls == [("restart", (0, 1, 3))]
+    started = agent.run("start", "all")  # no wait: said, exit 0
+    assert started.exit_code == Exit.OK and "worker 2 is quarantined" in started.stderr
+
+
+def test_release_by_worker_frees_a_quarantine_on_a_gpu_the_worker_was_moved_off(
+    agent: Agent,
+) -> None:
+    """Quarantined on GPU 2, then a reload put worker 2 on GPU 5. Before: neither
+    `release-gpu 2` (exit 2: no worker uses it) nor `release-gpu 5` (nothing quarantined
+    on it) released it, and no other command did."""
+    agent.ops.quarantine(2)
+    agent.ops.workers[2] = replace(agent.ops.workers[2], gpus=(5,))
+    r = agent.run("release-gpu", "2")
+    assert r.exit_code == Exit.USAGE
+    assert r.stderr.endswith("worker 2's quarantine names it: farmctl release-gpu --worker 2\n")
+    assert agent.run("release-gpu", "5").exit_code == Exit.FAILED
+    r = agent.run("release-gpu", "--worker", "2")
+    assert r.exit_code == Exit.OK, r.output
+    assert r.output == (
+        "worker 2 released (GPU 5 checked): worker 2 starting again "
+        "(farmctl status shows the progress; farmctl logs 2 -f the output)\n"
     )
-    assert agent.run("start", "3", "--wait").exit_code == Exit.NOT_RUNNING
+    assert agent.ops.calls[-1] == ("release-worker", (2,))
+    deadline = time.monotonic() + 5
+    while agent.ops.workers[2].phase is not Phase.READY:
+        assert time.monotonic() < deadline, "worker 2 did not come back"
+        time.sleep(0.05)
+    r = agent.run("release-gpu", "--worker", "2")
+    assert r.exit_code == Exit.FAILED
+    assert r.stderr.splitlines() == [
+        "  worker 2 is not quarantined (it is ready): nothing to release",
+        "farmctl: worker 2 not released: the quarantine stays; fix what is listed and run "
+        "farmctl release-gpu --worker 2 again",
+    ]
+
+
+def test_release_gpu_takes_a_gpu_or_a_worker_not_both_nor_neither(agent: Agent) -> None:
+    for argv in (("release-gpu",), ("release-gpu", "1", "--worker", "1")):
+        r = agent.run(*argv)
+        assert r.exit_code == Exit.USAGE
+        assert r.stderr == (
+            "farmctl: name the GPU (farmctl release-gpu G) or the worker (farmctl release-gpu "
+            "--worker N), one of the two; farmctl status shows which is quarantined\n"
+        )
+    assert agent.run("release-gpu", "--worker", "9").exit_code == Exit.USAGE  # unknown_worker
+    assert agent.ops.calls == []
 
 
 def test_simulated_vram_is_marked_and_a_stopped_worker_shows_no_queue() -> None:

@@ -94,10 +94,45 @@ def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
         path.write_text(text)
         store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
         sup = Supervisor([0, 1], policy)
-        remembered = store.restore(sup)  # must not raise
+        remembered = store.restore(sup, {0: (0,), 1: (1,)})  # must not raise
         assert sup.workers[0].failures in (0, 2)
         assert isinstance(remembered, dict)
         kept = sorted(tmp_path.glob("state.json.corrupt-*"))
         assert kept, "a copy of the unreadable file is kept for a post-mortem"
         for k in kept:
             k.unlink()
+
+
+def test_restore_drops_a_quarantine_nothing_could_release_and_says_why(tmp_path: Path) -> None:
+    """Issue 22 item 7: a quarantine on a GPU the worker no longer uses, or a QUARANTINED
+    phase without its record, is dropped at restore (a warning names worker and GPUs);
+    one on a GPU the worker still uses is kept."""
+    from structlog.testing import capture_logs
+
+    from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+    from sglang_farm.supervisor import GpuQuarantine, Policy, Supervisor
+
+    q = {"gpu": 2, "reason": "xid 79", "detail": "fell off the bus", "at": 900.0}
+    path = tmp_path / "state.json"
+    state.save(
+        path,
+        {
+            0: {"phase": "quarantined", "quarantine": {**q, "gpu": 0}},
+            1: {"phase": "quarantined", "quarantine": q, "quarantines_by_reason": {"xid 79": 1}},
+            2: {"phase": "quarantined"},
+        },
+    )
+    store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
+    sup = Supervisor([0, 1, 2], Policy(StartupPolicy(), HealthPolicy(), RestartPolicy()))
+    with capture_logs() as logs:
+        phases = store.restore(sup, {0: (0,), 1: (5,), 2: (2, 3)})
+    assert phases == {0: Phase.QUARANTINED, 1: None, 2: None}
+    assert sup.workers[0].quarantine == GpuQuarantine(0, "xid 79", "fell off the bus", -100.0)
+    assert sup.workers[1].quarantine is None and sup.workers[2].quarantine is None
+    assert sup.workers[1].quarantines_by_reason == {"xid 79": 1}
+    dropped = [
+        (e["worker"], e["gpu"], e["quarantined_gpu"])
+        for e in logs
+        if e["event"] == "quarantine_dropped" and e["log_level"] == "warning"
+    ]
+    assert dropped == [(1, 5, 2), (2, "2,3", None)]

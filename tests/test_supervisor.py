@@ -11,6 +11,8 @@ from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.supervisor import (
     Action,
+    GpuFailing,
+    GpuQuarantine,
     HealthFailed,
     HealthPassed,
     IllegalTransition,
@@ -19,13 +21,16 @@ from sglang_farm.supervisor import (
     Note,
     Policy,
     ProcessExited,
+    ReleaseRequested,
     RestartRequested,
     Rollout,
+    StartRequested,
     StopRequested,
     Supervisor,
     Terminate,
     WorkerState,
     backoff_delay,
+    restored_quarantine,
     step,
 )
 
@@ -295,3 +300,101 @@ def test_a_halted_rollout_resumes_once_the_restarted_canary_is_ready() -> None:
     assert launches(sup.handle(0, RestartRequested(RestartReason.MANUAL), 2.0)) == [0]
     assert launches(bring_up(sup, 0, 3.0)) == [1, 2]
     assert rollout(sup) is Rollout.ROLLING and sup.rollout_reason is None
+
+
+# ---- quarantine (issue 22 item 7; issue 27 finding 1) ---------------------------------------
+
+
+def quarantined_farm() -> Supervisor:
+    """Workers 0 and 1 ready; worker 1's GPU fails and it is stopped for it (STOPPING)."""
+    sup = Supervisor([0, 1], policy())
+    sup.start([0, 1], 0.0)
+    bring_up(sup, 0, 0.0)
+    bring_up(sup, 1, 0.0)
+    assert sup.handle(1, GpuFailing(1, "xid 79", "fell off the bus"), 1.0)[0] == Terminate(1)
+    return sup
+
+
+def test_a_restart_or_start_of_a_quarantined_worker_is_refused_and_nothing_launches() -> None:
+    sup = quarantined_farm()
+    sup.handle(1, ProcessExited(status=-15), 2.0)
+    assert phase(sup, 1) is Phase.QUARANTINED
+    for event in (RestartRequested(RestartReason.MANUAL), StartRequested()):
+        actions = sup.handle(1, event, 3.0)
+        assert actions == [Note("worker_quarantined_not_started", {"worker": 1})]
+        assert phase(sup, 1) is Phase.QUARANTINED
+    # A rolling restart (restart all, a reload, an OOM step spread) passes it by too.
+    actions = sup.restart_rolling([0, 1], RestartReason.CONFIG, 4.0)
+    actions += sup.handle(0, ProcessExited(status=0), 5.0)
+    actions += sup.tick(500.0)
+    assert 1 not in launches(actions) and Terminate(1) not in actions
+    assert phase(sup, 1) is Phase.QUARANTINED and sup.workers[1].quarantine is not None
+    # Only a release starts it again.
+    assert launches(sup.handle(1, ReleaseRequested(), 600.0)) == [1]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [RestartRequested(RestartReason.MANUAL), StopRequested(), StartRequested()],
+    ids=["restart", "stop", "start"],
+)
+def test_a_request_while_it_stops_for_its_gpu_ends_quarantined_never_relaunched(
+    event: RestartRequested | StopRequested | StartRequested,
+) -> None:
+    """Before: a restart then overrode the quarantine's stop and relaunched the worker on
+    its failing GPU; a stop left it STOPPED with its quarantine recorded."""
+    sup = quarantined_farm()
+    sup.handle(1, event, 1.5)
+    actions = sup.handle(1, ProcessExited(status=-15), 2.0)
+    assert launches(actions) == [] and phase(sup, 1) is Phase.QUARANTINED
+    assert launches(sup.tick(500.0)) == [] and phase(sup, 1) is Phase.QUARANTINED
+
+
+Q2 = GpuQuarantine(2, "xid 79", "fell off the bus", 10.0)
+
+
+def test_a_restored_quarantine_on_a_gpu_the_worker_still_uses_is_kept() -> None:
+    s = WorkerState(2, quarantine=Q2)
+    assert restored_quarantine(s, Phase.QUARANTINED, (2,)) == (s, Phase.QUARANTINED, None)
+    assert restored_quarantine(s, Phase.QUARANTINED, (3, 2)) == (s, Phase.QUARANTINED, None)
+    plain = WorkerState(2)
+    assert restored_quarantine(plain, Phase.FAILED, (2,)) == (plain, Phase.FAILED, None)
+    assert restored_quarantine(plain, None, (2,)) == (plain, None, None)
+
+
+def test_a_restored_quarantine_without_its_phase_holds_the_worker_quarantined() -> None:
+    """The agent went while stopping the worker for its GPU: the decision stands."""
+    s = WorkerState(2, quarantine=Q2)
+    assert restored_quarantine(s, None, (2,)) == (s, Phase.QUARANTINED, None)
+    assert restored_quarantine(s, Phase.STOPPED, (2,)) == (s, Phase.QUARANTINED, None)
+
+
+def test_adopting_a_running_worker_with_a_quarantine_finishes_its_stop() -> None:
+    sup = Supervisor([1, 2], policy())
+    sup.restore(2, WorkerState(2, quarantine=Q2))
+    adoption = sup.adopt({1: 101, 2: 102}, {2: Phase.QUARANTINED}, 5.0, serving={1, 2})
+    assert adoption.adopted == {1, 2} and adoption.held == set()
+    assert Terminate(2) in adoption.actions and Terminate(1) not in adoption.actions
+    assert phase(sup, 1) is Phase.READY and phase(sup, 2) is Phase.STOPPING
+    # The agent's start of the rollout leaves it alone; its exit ends it quarantined.
+    assert launches(sup.start([1, 2], 6.0, fresh=False)) == []
+    sup.handle(2, ProcessExited(status=-15), 7.0)
+    assert phase(sup, 2) is Phase.QUARANTINED and launches(sup.tick(500.0)) == []
+
+
+def test_a_restored_quarantine_on_a_gpu_the_worker_left_is_dropped_saying_why() -> None:
+    s = WorkerState(2, quarantine=Q2, quarantines_by_reason={"xid 79": 1})
+    restored, ph, why = restored_quarantine(s, Phase.QUARANTINED, (5,))
+    assert ph is None and restored.quarantine is None
+    assert restored.quarantines_by_reason == {"xid 79": 1}
+    assert why == (
+        "the config puts the worker on GPU 5 and it no longer uses GPU 2, the one the "
+        "quarantine names"
+    )
+    assert restored.last_action == f"quarantine on GPU 2 (xid 79) dropped at agent start: {why}"
+
+
+def test_a_restored_quarantined_phase_without_a_record_is_dropped_saying_why() -> None:
+    restored, ph, why = restored_quarantine(WorkerState(1), Phase.QUARANTINED, (1,))
+    assert ph is None and restored.quarantine is None
+    assert why is not None and "no record of the GPU" in why

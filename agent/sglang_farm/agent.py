@@ -211,7 +211,9 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(self.sup)
+        self._remembered = self._store.restore(
+            self.sup, {w.id: w.gpus for w in spec.workers}
+        )
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -744,12 +746,38 @@ class Agent:
             if s.phase is Phase.QUARANTINED and s.quarantine is not None and s.quarantine.gpu == gpu
         ]
         if not held:
-            return [f"no worker is quarantined on GPU {gpu}"]
+            # A worker a reload moved onto `gpu` keeps a quarantine naming its old GPU.
+            moved = [
+                w
+                for w, s in self.sup.workers.items()
+                if s.phase is Phase.QUARANTINED and gpu in self._spec.worker(w).gpus
+            ]
+            return [f"no worker is quarantined on GPU {gpu}"] + [
+                f"worker {w} uses GPU {gpu} and is quarantined for another GPU: release it "
+                f"with farmctl release-gpu --worker {w}"
+                for w in moved
+            ]
+        return await self._release(held, [gpu])
+
+    async def release_worker(self, worker: int) -> list[str]:
+        """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
+        once NVML says each GPU it uses now is clear (a reload may have moved it)."""
+        s = self.sup.workers[worker]
+        if s.phase is not Phase.QUARANTINED:
+            return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
+        return await self._release([worker], self._spec.worker(worker).gpus)
+
+    async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
         if self._hooks.check_gpu is None:
             return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
-        problems = await self._hooks.check_gpu(gpu)
+        problems = [p for g in gpus for p in await self._hooks.check_gpu(g)]
         if problems:
-            log.warning("gpu_release_refused", gpu=gpu, problems=problems)
+            log.warning(
+                "gpu_release_refused",
+                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
+                workers=list(held),
+                problems=problems,
+            )
             return problems
         async with self._changes:
             for wid in held:
@@ -910,7 +938,7 @@ class Agent:
         budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
             lambda: all(
-                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                 for w in ids
                 if w in self.sup.workers
             ),
@@ -1028,7 +1056,8 @@ class Agent:
                 self.feed(wid, StopRequested())
             await self._wait_until(
                 lambda: all(
-                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED)
+                    self.sup.workers[w].phase
+                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,13 @@ import structlog
 from sglang_farm.atomicfile import write_atomic
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import Phase
-from sglang_farm.supervisor import HELD_PHASES, GpuQuarantine, Supervisor, WorkerState
+from sglang_farm.supervisor import (
+    HELD_PHASES,
+    GpuQuarantine,
+    Supervisor,
+    WorkerState,
+    restored_quarantine,
+)
 
 log = structlog.get_logger("sglang_farm.state")
 FORMAT = 1
@@ -190,8 +196,15 @@ class StateStore:
         self._wall = wall
         self._persisted: dict[int, dict[str, Any]] = {}
 
-    def restore(self, sup: Supervisor) -> dict[int, Phase | None]:
-        """Put each remembered worker's history back; returns the phases it was left in."""
+    def restore(
+        self, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
+    ) -> dict[int, Phase | None]:
+        """Put each remembered worker's history back; returns the phases it was left in.
+
+        `gpus` are each worker's GPUs in the config now: a remembered quarantine that
+        names none of them, or none at all, is dropped (`supervisor.restored_quarantine`
+        says why), with a warning naming the worker and both GPUs.
+        """
         saved = load(self.path)
         offset = self._clock() - self._wall()
         phases: dict[int, Phase | None] = {}
@@ -199,9 +212,25 @@ class StateStore:
             if wid not in sup.workers:
                 continue
             try:
-                sup.restore(wid, restore_worker(sup.workers[wid], d, offset))
-                phase = d.get("phase")
-                phases[wid] = Phase(phase) if isinstance(phase, str) else None
+                raw = d.get("phase")
+                remembered = Phase(raw) if isinstance(raw, str) else None
+                was = restore_worker(sup.workers[wid], d, offset)
+                restored, phase, dropped = restored_quarantine(
+                    was, remembered, gpus.get(wid, ())
+                )
+                sup.restore(wid, restored)
+                phases[wid] = phase
+                if dropped is not None:
+                    mine = gpus.get(wid, ())
+                    log.warning(
+                        "quarantine_dropped",
+                        worker=wid,
+                        gpu=mine[0] if len(mine) == 1 else ",".join(map(str, mine)),
+                        quarantined_gpu=was.quarantine.gpu if was.quarantine else None,
+                        why=dropped,
+                        then="the worker starts as any other; the farm quarantines its GPU "
+                        "again if NVML finds it failing",
+                    )
             except (TypeError, ValueError, AttributeError, OverflowError) as exc:
                 log.warning(
                     "state_worker_skipped",

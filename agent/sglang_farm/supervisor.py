@@ -491,10 +491,17 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 s.enter(Phase.PENDING, now, quarantine=None, failures=0, retry_at=None),
                 (Note("gpu_released"),),
             )
-        case StopRequested() if s.phase is Phase.QUARANTINED:
-            return Decision(s)  # stopped already, and it must stay set aside (not STOPPED)
-        case StartRequested() | RestartRequested() if s.phase is Phase.QUARANTINED:
-            # QUARANTINED stays: only a release (after the GPU's checks) starts it again.
+        case StopRequested() if (
+            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+        ):
+            # Stopped already, or stopping for its GPU: it must end set aside (QUARANTINED),
+            # never STOPPED with its quarantine still recorded (a start would then run it).
+            return Decision(s)
+        case StartRequested() | RestartRequested() if (
+            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+        ):
+            # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
+            # GPU's checks, starts it again.
             return Decision(s, (Note("worker_quarantined_not_started"),))
         case StartRequested(fresh=fresh):
             if s.phase in (Phase.STOPPED, Phase.FAILED):
@@ -745,6 +752,47 @@ def launch(s: WorkerState, now: float) -> Decision:
     return Decision(s, (*notes, Launch(s.id)))
 
 
+def restored_quarantine(
+    s: WorkerState, phase: Phase | None, gpus: Collection[int]
+) -> tuple[WorkerState, Phase | None, str | None]:
+    """Pure: a remembered quarantine judged against the GPUs the config gives the worker now.
+
+    Returns the state and phase to restore, and why a quarantine was dropped (None: nothing
+    dropped). A quarantine is released by naming its GPU (`release-gpu G`), so one that
+    names no GPU (a QUARANTINED phase without its record), or a GPU the worker no longer
+    uses (the config moved it), could be released by nothing and would hold the worker
+    for good: it is dropped, and the worker starts as any other. Its history
+    (`quarantines_by_reason`) stays. A GPU left failing shows again at NVML's next look
+    (lost, unhealthy) or at the worker's start (row remaps pending).
+    """
+    q = s.quarantine
+    if q is None and phase is Phase.QUARANTINED:
+        why = (
+            "the state file says quarantined but keeps no record of the GPU or the reason, "
+            "so nothing could release it"
+        )
+    elif q is not None and q.gpu not in gpus:
+        now_on = ", ".join(str(g) for g in sorted(gpus))
+        why = (
+            f"the config puts the worker on GPU {now_on} and it no longer uses GPU {q.gpu}, "
+            "the one the quarantine names"
+        )
+    elif q is not None:
+        # A record without the phase: the agent went while it stopped the worker for its
+        # GPU (STOPPING is not remembered). The farm's decision stands: QUARANTINED (held;
+        # `Supervisor.adopt` finishes the stop of a worker still running).
+        return s, Phase.QUARANTINED, None
+    else:
+        return s, phase, None
+    where = f" on GPU {q.gpu} ({q.reason})" if q is not None else ""
+    s = replace(
+        s,
+        quarantine=None,
+        last_action=f"quarantine{where} dropped at agent start: {why}",
+    )
+    return s, (None if phase is Phase.QUARANTINED else phase), why
+
+
 def _tag(worker_id: int, actions: Sequence[Action]) -> list[Action]:
     """Notes name their worker, so every logged event does."""
     return [
@@ -806,6 +854,8 @@ class Supervisor:
         health answers. A worker that had given up, or
         that an operator stopped (`remembered`), and that is not running stays so: it is
         not this restart's to start. With nothing running, nothing is held (a cold start).
+        A running worker with a quarantine recorded (the agent went while stopping it for
+        its GPU) is stopped: the stop goes on, and it ends QUARANTINED.
         """
         held: set[int] = set()
         for wid, phase in remembered.items():
@@ -820,6 +870,16 @@ class Supervisor:
         actions: list[Action] = []
         for wid, pid in running.items():
             if wid not in self.workers:
+                continue
+            if self.workers[wid].quarantine is not None:
+                # (remembered quarantine) -> STOPPING: the agent went while stopping it
+                # for its GPU and the process outlived it; the stop goes on, then
+                # QUARANTINED. Never READY again on the GPU it was set aside from.
+                self.workers[wid] = self.workers[wid].enter(
+                    Phase.STOPPING, now, pid=pid, stop_intent=StopIntent.QUARANTINE
+                )
+                actions += [Terminate(wid), Note("quarantine_stop_resumed", {"worker": wid})]
+                adopted.add(wid)
                 continue
             if wid in serving:
                 # (any) -> READY: it served before the agent restarted and its unit says so.

@@ -499,7 +499,10 @@ def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> None:
 
 def _change(
     ctl: Ctl, cmd: str, target: int | str, *, drain: bool = True
-) -> tuple[list[int], float]:
+) -> tuple[list[int], float, list[int]]:
+    """Issue `cmd`: the workers acted on, when, and (`start`/`restart all`) the quarantined
+    ones the agent left stopped, each said on stderr with its way out. (One named worker
+    that is quarantined the agent refuses outright, with the release command.)"""
     args: dict[str, object] = {"worker": target}
     if not drain:
         # Sent only when asked for: an agent older than the argument still takes the rest.
@@ -507,7 +510,23 @@ def _change(
     res = ctl.call(cmd, args, timeout=CHANGE_TIMEOUT)
     if ctl.as_json:
         ctl.emit_json(res)
-    return list(res.get("workers", [])), float(res.get("issued_at", 0.0))
+    held = [int(i) for i in res.get("quarantined", [])]
+    if not ctl.as_json:
+        for wid in held:
+            click.echo(
+                f"worker {wid} is quarantined and stays stopped: release it with farmctl "
+                f"release-gpu --worker {wid} once its GPU is dealt with (farmctl why {wid})",
+                err=True,
+            )
+    return list(res.get("workers", [])), float(res.get("issued_at", 0.0)), held
+
+
+def _quarantined_left(held: Sequence[int]) -> NoReturn:
+    """After waiting for the others: the quarantined workers are not running (exit 3)."""
+    raise NotRunning(
+        f"{_who(held)} {'is' if len(held) == 1 else 'are'} quarantined and not running "
+        "(said above); the others are ready"
+    )
 
 
 def _timeout_option(text: str) -> Callable[[F], F]:
@@ -552,11 +571,13 @@ def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float, no_drain
     restarted once its requests are done (at most [gateway] drain_timeout).
     Exits 3 if a worker ends failed, 1 if it is not ready within --timeout.
     """
-    ids, issued_at = _change(ctl, "restart", target, drain=not no_drain)
+    ids, issued_at, held = _change(ctl, "restart", target, drain=not no_drain)
     if not ctl.as_json:
         click.echo(f"restart issued for {_who(ids)}{_drain_note(no_drain)}")
     if not no_wait:
         _wait_ready(ctl, ids, issued_at, timeout)
+        if held:
+            _quarantined_left(held)
 
 
 @cli.command()
@@ -566,11 +587,13 @@ def restart(ctl: Ctl, target: int | str, no_wait: bool, timeout: float, no_drain
 @pass_ctl
 def start(ctl: Ctl, target: int | str, wait: bool, timeout: float) -> None:
     """Start worker TARGET (an id, or 'all'); returns once the start is recorded."""
-    ids, issued_at = _change(ctl, "start", target)
+    ids, issued_at, held = _change(ctl, "start", target)
     if not ctl.as_json:
         click.echo(f"start requested for {_who(ids)}")
     if wait:
         _wait_ready(ctl, ids, issued_at, timeout)
+        if held:
+            _quarantined_left(held)
 
 
 @cli.command()
@@ -583,7 +606,7 @@ def stop(ctl: Ctl, target: int | str, no_drain: bool) -> None:
     With a gateway, each worker is drained first: taken out of the gateway, then
     stopped once its requests are done (at most [gateway] drain_timeout).
     """
-    ids, _ = _change(ctl, "stop", target, drain=not no_drain)
+    ids, _, _ = _change(ctl, "stop", target, drain=not no_drain)
     if not ctl.as_json:
         click.echo(f"stopped {_who(ids)}{_drain_note(no_drain)}")
 
@@ -634,20 +657,39 @@ def reload(ctl: Ctl) -> None:
 
 
 @cli.command("release-gpu")
-@click.argument("gpu", metavar="GPU", type=click.IntRange(min=0))
+@click.argument("gpu", metavar="[GPU]", type=click.IntRange(min=0), required=False)
+@click.option(
+    "--worker",
+    type=WORKER,
+    metavar="N",
+    help="Release worker N instead, whichever GPU its quarantine names (a reload moved "
+    "it): the GPUs it uses now are the ones re-checked.",
+)
 @pass_ctl
-def release_gpu(ctl: Ctl, gpu: int) -> None:
+def release_gpu(ctl: Ctl, gpu: int | None, worker: int | None) -> None:
     """Take a quarantined GPU back into service and start its worker again.
 
     The agent first re-checks the GPU through NVML: healthy, no row remaps pending,
     memory free, no compute process left. Reset the GPU before this (nvidia-smi -r -i
     GPU, or reboot: farmctl why N says which). Exits 1, printing each problem, when a
-    check fails: the quarantine then stays.
+    check fails: the quarantine then stays. With --worker N instead of GPU: worker N's
+    quarantine, whichever GPU it names.
     """
-    res = ctl.call("release-gpu", {"gpu": gpu}, timeout=CHANGE_TIMEOUT)
+    if (gpu is None) == (worker is None):
+        raise BadUsage(
+            "name the GPU (farmctl release-gpu G) or the worker (farmctl release-gpu "
+            "--worker N), one of the two; farmctl status shows which is quarantined"
+        )
+    args = {"gpu": gpu} if worker is None else {"worker": worker}
+    res = ctl.call("release-gpu", args, timeout=CHANGE_TIMEOUT)
     if ctl.as_json:
         ctl.emit_json(res)
     held = [int(i) for i in res.get("workers", [])]
+    what, again = (
+        (f"GPU {gpu}", f"farmctl release-gpu {gpu}")
+        if worker is None
+        else (f"worker {worker}", f"farmctl release-gpu --worker {worker}")
+    )
     if not res.get("released"):
         problems = [str(p) for p in res.get("problems", [])]
         if not ctl.as_json:
@@ -655,16 +697,18 @@ def release_gpu(ctl: Ctl, gpu: int) -> None:
                 click.echo(f"  {p}", err=True)
         stays = f"; {_who(held)} stay{'s' if len(held) == 1 else ''} stopped" if held else ""
         raise Failed(
-            f"GPU {gpu} not released: the quarantine stays{stays}; fix what is listed and "
-            f"run farmctl release-gpu {gpu} again"
+            f"{what} not released: the quarantine stays{stays}; fix what is listed and "
+            f"run {again} again"
         )
     if ctl.as_json:
         return
     if not held:
-        click.echo(f"GPU {gpu} released")
+        click.echo(f"{what} released")
         return
+    checked = ", ".join(str(int(g)) for g in res.get("checked", []))
+    gpus = f" (GPU {checked} checked)" if worker is not None and checked else ""
     click.echo(
-        f"GPU {gpu} released: {_who(held)} starting again "
+        f"{what} released{gpus}: {_who(held)} starting again "
         f"(farmctl status shows the progress; farmctl logs {held[0]} -f the output)"
     )
 

@@ -146,7 +146,17 @@ class GpuArgs:
     gpu: int
 
 
-Args = NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs | GpuArgs
+@dataclass(frozen=True, slots=True)
+class ReleaseWorkerArgs:
+    """`release-gpu` by worker (`{"worker": N}` instead of `{"gpu": G}`): release that
+    worker's quarantine whichever GPU it names, after the GPUs the worker uses now pass."""
+
+    worker: int
+
+
+Args = (
+    NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs | GpuArgs | ReleaseWorkerArgs
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +246,7 @@ _ALLOWED: Final[Mapping[Command, frozenset[str]]] = {
     Command.RESET_OOM: frozenset({"worker"}),
     Command.LOGS: frozenset({"worker", "lines", "follow"}),
     Command.WAIT_READY: frozenset({"worker", "timeout", "after"}),
-    Command.RELEASE_GPU: frozenset({"gpu"}),
+    Command.RELEASE_GPU: frozenset({"gpu", "worker"}),
 }
 
 
@@ -264,6 +274,11 @@ def _parse_args(cmd: Command, args: dict[str, object]) -> Args:
         after = _number(args, "after", 0.0)
         return WaitArgs(_worker(args), timeout, after)
     if cmd is Command.RELEASE_GPU:
+        # One or the other: by GPU (every worker quarantined on it) or by worker.
+        if "worker" in args and "gpu" in args:
+            raise _ArgError("give 'gpu' (a GPU index) or 'worker' (a worker id), not both")
+        if "worker" in args:
+            return ReleaseWorkerArgs(_worker(args))
         return GpuArgs(_gpu(args))
     return NoArgs()
 
@@ -279,7 +294,10 @@ def _worker(args: Mapping[str, object]) -> int:
 
 def _gpu(args: Mapping[str, object]) -> int:
     if "gpu" not in args:
-        raise _ArgError("missing 'gpu' (a GPU index, as NVML and nvidia-smi number them)")
+        raise _ArgError(
+            "missing 'gpu' (a GPU index, as NVML and nvidia-smi number them) or 'worker' "
+            "(a worker id)"
+        )
     g = args["gpu"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 0:
         raise _ArgError(f"'gpu' must be a GPU index (an integer >= 0), got {g!r}")

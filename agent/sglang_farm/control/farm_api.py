@@ -104,3 +104,14 @@ class FarmOps(Protocol):
         a worker of the farm uses it.
         """
         ...
+
+    async def release_worker(self, worker: int) -> list[str]:
+        """Take worker `worker` out of quarantine, whichever GPU its quarantine names.
+
+        For a quarantine `release_gpu` cannot reach: a reload moved the worker off the
+        GPU it names. Re-checks, as `release_gpu` does, every GPU the worker uses now
+        (those it will run on); the answer is the same (empty: released; else the
+        problems, also when the worker is not quarantined). `worker` is validated by the
+        caller: a worker of the farm.
+        """
+        ...

@@ -13,7 +13,11 @@ after the operator has moved on). Reloads are serialized the same way. Until the
 agent has restored its state and adopted its running workers
 (`FarmOps.startup_pending`), every state change is answered `busy` with the
 agent's reason; read-only commands are served throughout. `release-gpu` is a
-state change of every worker on that GPU.
+state change of every worker on that GPU (by worker: of that worker).
+
+A quarantined worker is started only by a release: `start N`/`restart N` of one is
+refused (`failed`) with the release command in the message, never answered as if
+it had started; `start all`/`restart all` act on the others and list it apart.
 
 Handlers read the agent only through `FarmOps`: `view()`, `gpu_memory()` and
 `queue_depths()` never block, so no handler calls a worker, NVML or systemd.
@@ -37,6 +41,7 @@ from sglang_farm.control.codec import (
     ErrorCode,
     GpuArgs,
     LogsArgs,
+    ReleaseWorkerArgs,
     Request,
     RequestError,
     RequestId,
@@ -257,7 +262,7 @@ class Handlers:
         from sglang_farm.staging.failure import StageError
 
         try:
-            return await self._change(req, self._ops.start)
+            return await self._change(req, self._ops.start, skip_quarantined=True)
         except StageError as exc:
             # A failed model stage holds the farm; start staged again and failed again.
             raise RequestError(
@@ -272,21 +277,48 @@ class Handlers:
 
     async def _restart(self, req: Request, channel: Channel) -> Result:
         drain = self._drain(req)
-        return await self._change(req, lambda ids: self._ops.restart(ids, drain=drain))
+        return await self._change(
+            req, lambda ids: self._ops.restart(ids, drain=drain), skip_quarantined=True
+        )
 
     @staticmethod
     def _drain(req: Request) -> bool:
         assert isinstance(req.args, StopArgs)  # the codec pairs each command with its args
         return req.args.drain
 
-    async def _change(self, req: Request, op: Callable[[Sequence[int]], Awaitable[None]]) -> Result:
+    async def _change(
+        self,
+        req: Request,
+        op: Callable[[Sequence[int]], Awaitable[None]],
+        *,
+        skip_quarantined: bool = False,
+    ) -> Result:
         ids = self._targets(req)
         async with self._locked(ids, req):
+            held: list[int] = []
+            if skip_quarantined:
+                ids, held = self._not_quarantined(req, ids)
             # Taken before the call: every phase the agent enters for this request
             # has `since >= issued_at`, which `wait-ready after=` relies on.
             issued_at = self._wall_clock()
-            await op(ids)
-        return results.change_result(ids, issued_at)
+            if ids:
+                await op(ids)
+        return results.change_result(ids, issued_at, held)
+
+    def _not_quarantined(self, req: Request, ids: list[int]) -> tuple[list[int], list[int]]:
+        """`ids` split into those a start or restart acts on and the quarantined ones
+        (stopped, or stopping for their GPU: the agent leaves them so). One named worker
+        that is quarantined is refused with the way out: a release."""
+        view = self._ops.view()
+        held = [w.id for w in view.workers if w.id in ids and _quarantined(w)]
+        assert isinstance(req.args, TargetArgs | StopArgs)  # the codec pairs them
+        if held and req.args.worker != "all":
+            raise RequestError(
+                ErrorCode.FAILED,
+                results.quarantined_refusal(view.worker(held[0]), str(req.cmd)),
+                req.id,
+            )
+        return [i for i in ids if i not in held], held
 
     async def _reset_oom(self, req: Request, channel: Channel) -> Result:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
@@ -301,16 +333,24 @@ class Handlers:
         Holds the lock of every worker on the GPU while the agent checks it, so that a
         restart or stop of one of them is `busy` meanwhile, and the other way round.
         """
+        if isinstance(req.args, ReleaseWorkerArgs):
+            return await self._release_worker(req, req.args.worker)
         assert isinstance(req.args, GpuArgs)  # the codec pairs each command with its args
         gpu = req.args.gpu
         view = self._ops.view()
         users = [w.id for w in view.workers if gpu in w.gpus]
         if not users:
             used = sorted({g for w in view.workers for g in w.gpus})
+            # A quarantine on a GPU that a reload took from its worker: released by worker.
+            moved = [w.id for w in view.workers if w.quarantine and w.quarantine.gpu == gpu]
+            hint = "".join(
+                f"; worker {i}'s quarantine names it: farmctl release-gpu --worker {i}"
+                for i in moved
+            )
             raise RequestError(
                 ErrorCode.BAD_REQUEST,
                 f"no worker of this farm uses GPU {gpu}; its workers use GPU "
-                f"{results.describe_ids(used)} (farmctl status lists them)",
+                f"{results.describe_ids(used)} (farmctl status lists them){hint}",
                 req.id,
             )
         held = [w.id for w in view.workers if w.quarantine is not None and w.quarantine.gpu == gpu]
@@ -318,6 +358,24 @@ class Handlers:
             problems = list(await self._ops.release_gpu(gpu))
         log.info("control_release_gpu_done", request_id=req.id, gpu=gpu, problems=problems)
         return results.release_gpu_result(gpu, held, problems)
+
+    async def _release_worker(self, req: Request, worker: int) -> Result:
+        """`release-gpu` by worker (`FarmOps.release_worker`): its quarantine, whichever
+        GPU that names; the agent re-checks the GPUs the worker uses now."""
+        w = self._known(self._ops.view(), worker, req.id)
+        async with self._locked([w.id], req):
+            problems = list(await self._ops.release_worker(w.id))
+        log.info(
+            "control_release_gpu_done", request_id=req.id, worker=w.id, problems=problems
+        )
+        q = w.quarantine
+        return results.release_gpu_result(
+            q.gpu if q is not None else None,
+            [w.id] if w.phase is Phase.QUARANTINED else [],
+            problems,
+            worker=w.id,
+            checked=w.gpus,
+        )
 
     async def _reload(self, req: Request, channel: Channel) -> Result:
         if self._reload_lock.locked():
@@ -334,3 +392,11 @@ class Handlers:
             restarted=list(r.restarted),
         )
         return results.reload_result(r)
+
+
+def _quarantined(w: WorkerView) -> bool:
+    """Set aside: quarantined, or stopping because its GPU is failing (the quarantine is
+    recorded as soon as the farm decides); a start or restart leaves it so."""
+    return w.phase is Phase.QUARANTINED or (
+        w.quarantine is not None and w.phase in (Phase.STOPPING, Phase.DRAINING)
+    )

@@ -68,16 +68,39 @@ def _xid_code(reason: str) -> int | None:
     return int(code) if kind == "xid" and code.isdigit() else None
 
 
-def quarantine_next_step(q: Quarantine) -> str:
+def release_command(w: WorkerView) -> str:
+    """The farmctl command that ends `w`'s quarantine: by GPU when the quarantine names a
+    GPU the worker uses, else by worker (a reload moved the worker to another GPU; the
+    GPUs checked are then the ones it will run on)."""
+    q = w.quarantine
+    if q is not None and q.gpu in w.gpus:
+        return f"farmctl release-gpu {q.gpu}"
+    return f"farmctl release-gpu --worker {w.id}"
+
+
+def quarantined_refusal(w: WorkerView, cmd: str) -> str:
+    """`start`/`restart` of a quarantined worker, refused: what holds it and the way out."""
+    q = w.quarantine
+    what = f"GPU {q.gpu} is set aside ({q.reason})" if q is not None else "its GPU is set aside"
+    return (
+        f"worker {w.id} is quarantined: {what}, and {cmd} leaves it stopped; deal with the "
+        f"GPU (farmctl why {w.id} says how), then release it with {release_command(w)}, "
+        "which re-checks the GPU through NVML and starts the worker"
+    )
+
+
+def quarantine_next_step(q: Quarantine, worker: WorkerView | None = None) -> str:
     """What the operator does to bring a quarantined GPU back, for `why`.
 
     A reboot-class XID (NVIDIA's catalog: a GPU reset does not recover it, xid.py) asks
     for a reboot; everything else (a reset-class XID, a GPU lost or unhealthy, row remaps
     pending, which a reset applies) for a GPU reset, or a reboot where the reset fails.
+    The release is `release_command` (by GPU, or by worker once a reload moved it).
     """
     g = q.gpu
+    release = release_command(worker) if worker is not None else f"farmctl release-gpu {g}"
     then = (
-        f"then `farmctl release-gpu {g}`, which re-checks the GPU through NVML (healthy, no "
+        f"then `{release}`, which re-checks the GPU through NVML (healthy, no "
         "row remaps pending, memory free, no compute process) before it starts the worker "
         "again"
     )
@@ -271,7 +294,7 @@ def why_result(
         "state_note": staging_note(w, staging) or state_note(w, gateway),
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
-        "next_step": quarantine_next_step(q) if q is not None else None,
+        "next_step": quarantine_next_step(q, w) if q is not None else None,
     }
     if staging_note(w, staging):
         # The stage that holds this worker (a failed one: its error and fix).
@@ -321,24 +344,46 @@ def wait_result(w: WorkerView, *, settled: bool, elapsed: float) -> Result:
     return result
 
 
-def change_result(ids: Sequence[int], issued_at: float) -> Result:
-    """`start`/`stop`/`restart`: the workers acted on and when (for `wait-ready after=`)."""
-    return {"workers": list(ids), "issued_at": issued_at}
+def change_result(
+    ids: Sequence[int], issued_at: float, quarantined: Sequence[int] = ()
+) -> Result:
+    """`start`/`stop`/`restart`: the workers acted on and when (for `wait-ready after=`);
+    after `start`/`restart all`, `quarantined` (only when there are some): the workers left
+    as they are, since only a release starts them."""
+    result: Result = {"workers": list(ids), "issued_at": issued_at}
+    if quarantined:
+        result["quarantined"] = list(quarantined)
+    return result
 
 
 def reset_oom_result(worker: int) -> Result:
     return {"worker": worker, "oom_step": 0}
 
 
-def release_gpu_result(gpu: int, workers: Sequence[int], problems: Sequence[str]) -> Result:
+def release_gpu_result(
+    gpu: int | None,
+    workers: Sequence[int],
+    problems: Sequence[str],
+    *,
+    worker: int | None = None,
+    checked: Sequence[int] = (),
+) -> Result:
     """`release-gpu`: released when the agent found no problem; `workers` are those that
-    were quarantined on the GPU (started again, or still set aside when refused)."""
-    return {
+    were quarantined on the GPU (started again, or still set aside when refused).
+
+    By worker (`worker` set), two keys follow: `worker`, and `checked`, the GPUs the
+    worker uses now (those the agent re-checks); `gpu` is then the GPU its quarantine
+    names (null when none)."""
+    result: Result = {
         "released": not problems,
         "gpu": gpu,
         "workers": list(workers),
         "problems": list(problems),
     }
+    if worker is not None:
+        result["worker"] = worker
+        result["checked"] = list(checked)
+    return result
 
 
 def reload_result(r: ReloadResult) -> Result:
