@@ -1101,6 +1101,23 @@ def test_doctor_warns_about_a_gpu_the_farm_has_quarantined(tmp_path: Path) -> No
     assert "farmctl release-gpu 5" in warned[0].fix and warned[0].workers == (5,)
 
 
+def test_doctor_is_quiet_about_a_quarantine_the_agent_drops_at_start(tmp_path: Path) -> None:
+    """A quarantine naming a GPU the worker no longer uses is dropped at agent start
+    (supervisor.restored_quarantine): the doctor said the worker "stays stopped"."""
+    env = make_fake_env(tmp_path / "env")
+    seed = seed_spec(tmp_path)
+    spec = dataclasses.replace(
+        seed, farm=dataclasses.replace(seed.farm, state_dir=str(tmp_path / "state"))
+    )
+    state = Path(spec.farm.state_dir) / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    moved = {"gpu": 6, "reason": "xid 79", "detail": "fell off the bus", "at": 1.0}
+    workers = {"5": {"phase": "quarantined", "quarantine": moved}, "4": {"phase": "quarantined"}}
+    state.write_text(json.dumps({"format": 1, "workers": workers}))
+    report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
+    assert not [c for c in report.checks if "quarantined" in c.message]
+
+
 def test_doctor_warns_when_a_world_readable_config_holds_secrets(tmp_path: Path) -> None:
     """The units never show a configured secret (docs/security.md); the doctor says when
     farm.toml itself does, and stays quiet once it is private."""

@@ -443,15 +443,21 @@ def run_doctor(
 
 
 def quarantine_checks(spec: FarmSpec) -> list[Check]:
-    """A warning per worker whose GPU the farm has set aside (from its state file)."""
+    """A warning per worker whose GPU the farm has set aside (from its state file).
+
+    Only a quarantine the agent keeps at start (`supervisor.restored_quarantine`): one
+    without its record, or naming a GPU the config no longer gives the worker, is dropped.
+    """
     from sglang_farm.state import load
 
     out = []
     for wid, d in sorted(load(Path(spec.farm.state_dir) / "state.json").items()):
         q = d.get("quarantine")
-        if d.get("phase") != "quarantined" or not isinstance(q, dict):
+        if not isinstance(q, dict):
             continue
         gpu = q.get("gpu")
+        if wid in spec.worker_ids and gpu not in spec.worker(wid).gpus:
+            continue
         out.append(
             Check(
                 CheckId.GPU,
