@@ -219,13 +219,11 @@ class FakeOps:
                 oom_step_name="less-static-memory",
             )
         else:
-            self._set(
-                i,
-                Phase.READY,
-                pid=2000 + i,
-                last_load_seconds=self.step,
-                in_gateway=self.gateway is not None,
-            )
+            self._set(i, Phase.READY, pid=2000 + i, last_load_seconds=self.step)
+            if self.gateway is not None:
+                # As with a real gateway: it routes to a ready worker a moment later.
+                await asyncio.sleep(self.step)
+                self.workers[i] = replace(self.workers[i], in_gateway=True)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         t = asyncio.ensure_future(coro)

@@ -130,13 +130,13 @@ def test_why_endpoints_reload_results() -> None:
 
 def test_wait_result_is_ready_only_when_settled_on_ready() -> None:
     v = _view()
-    ready = results.wait_result(v.worker(0), settled=True, elapsed=1.23456)
+    ready = results.wait_result(v.worker(0), None, settled=True, elapsed=1.23456)
     assert (ready["ready"], ready["timed_out"], ready["waited_s"]) == (True, False, 1.235)
     assert ready["id"] == 0 and ready["pid"] == 11
-    failed = results.wait_result(v.worker(1), settled=True, elapsed=2.0)
+    failed = results.wait_result(v.worker(1), None, settled=True, elapsed=2.0)
     assert (failed["ready"], failed["timed_out"]) == (False, False)
     # Ready, but entered before the client's `after`: not settled, so the wait timed out.
-    stale = results.wait_result(v.worker(0), settled=False, elapsed=5.0)
+    stale = results.wait_result(v.worker(0), None, settled=False, elapsed=5.0)
     assert (stale["ready"], stale["timed_out"]) == (False, True)
 
 
@@ -444,3 +444,16 @@ def test_release_by_worker_result_adds_the_worker_and_the_gpus_checked() -> None
         "worker": 2,
         "checked": [5],
     }
+
+
+def test_a_ready_worker_waits_for_the_gateway_unless_it_is_down_or_the_grace_ran_out() -> None:
+    w = replace(_view().worker(0), phase=Phase.READY, since=100.0, in_gateway=False)
+    up = GatewayStatus(url="http://gw:8000", up=True, members=3, errors=0)
+    assert results.routed_or_never(w, None, 101.0)  # no gateway: ready is the end
+    assert not results.routed_or_never(w, up, 101.0)  # the farm is adding it
+    assert results.routed_or_never(replace(w, in_gateway=True), up, 101.0)
+    assert results.routed_or_never(w, replace(up, up=False), 101.0)  # down: say so, end
+    assert results.routed_or_never(w, up, 100.0 + results.GATEWAY_JOIN_GRACE_S)
+    out = results.wait_result(w, replace(up, up=False), settled=True, elapsed=1.0)
+    assert (out["ready"], out["routed"], out["gateway_up"]) == (True, False, False)
+    assert results.wait_result(w, None, settled=True, elapsed=1.0)["routed"] is None

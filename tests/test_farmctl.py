@@ -272,7 +272,8 @@ def test_restart_all_reports_each_worker_once_with_its_real_duration(agent: Agen
     r = agent.run("restart", "all")
     assert r.exit_code == 0, r.output
     ready = _ready_lines(r.output)
-    assert [who for who, _ in ready] == ["worker 0", "worker 1", "worker 2", "worker 3"], r.output
+    # In the order they became ready (every worker is followed at once).
+    assert sorted(who for who, _ in ready) == ["worker 0", "worker 1", "worker 2", "worker 3"]
     assert all(0.9 <= secs < 5 for _, secs in ready), r.output  # never "ready after 0.0s"
 
 
@@ -502,6 +503,29 @@ def test_restart_drains_by_default_and_shows_the_draining_phase(gw_agent: Agent)
     assert sum(1 for ln in out if ln.startswith("worker 2: draining")) == 1  # said once
     assert out[-1].startswith("worker 2: ready after")
     assert gw_agent.ops.drains == [("restart", (2,), True)]
+
+
+def test_restart_returns_once_the_gateway_routes_to_the_worker_again(gw_agent: Agent) -> None:
+    """`restart 3` returned at "ready" while the worker was still out of the gateway."""
+    gw_agent.ops.step = 0.3
+    r = gw_agent.run("restart", "3")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[-1].startswith("worker 3: ready after")
+    assert gw_agent.ops.workers[3].in_gateway  # back in when the command returned
+
+
+def test_restart_all_follows_every_worker_and_says_each_phase_once(agent: Agent) -> None:
+    """`restart all` followed only the first worker of each wave (the others were ready by
+    their turn) and said a phase more than once."""
+    agent.ops.step = 0.3
+    r = agent.run("restart", "all")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()[1:]
+    for wid in range(4):
+        mine = [ln.split(" (")[0] for ln in lines if ln.startswith(f"worker {wid}:")]
+        assert mine[:2] == [f"worker {wid}: stopping", f"worker {wid}: starting"], lines
+        assert mine[2].startswith(f"worker {wid}: ready after")
+        assert len(mine) == 3, lines
 
 
 def test_restart_no_drain_says_so_and_reaches_the_agent(gw_agent: Agent) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from enum import IntEnum
 from typing import IO, Any, NoReturn, TypeVar
 
@@ -433,21 +434,50 @@ def _since_issue(obj: Mapping[str, object], issued_at: float, fallback_key: str)
 
 
 def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) -> None:
-    """Wait for each worker in turn (one deadline for all), printing phase changes.
+    """Follow every worker at once (one deadline for all), printing each phase once.
 
-    Each worker is reported once: its phases entered since the request, then
-    "ready after S" where S counts from when the agent took the request (the agent's
-    clock), never from when this wait began: with `all`, later workers are usually
-    ready by the time their turn comes, after a restart that still took S seconds.
+    Each worker is followed on its own connection from the start, so the workers of a
+    later wave show their phases too (followed one after another, they were ready by
+    their turn). Each worker is reported once: its phases entered since the request,
+    then "ready after S" where S counts from when the agent took the request (the
+    agent's clock). Failures are raised afterwards, in the order of `ids`.
     """
+    import threading
+
     deadline = time.monotonic() + timeout
+    finals: dict[int, Mapping[str, Any]] = {}
+    errors: dict[int, BaseException] = {}
+    out = threading.Lock()
+
+    def follow(wid: int) -> None:
+        try:
+            finals[wid] = _follow(ctl, wid, issued_at, deadline, out)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors[wid] = exc
+
+    threads = [threading.Thread(target=follow, args=(wid,), daemon=True) for wid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     for wid in ids:
-        left = max(deadline - time.monotonic(), 0.001)
-        args = {"worker": wid, "timeout": min(left, 3600.0), "after": issued_at}
-        final: Mapping[str, Any] = {}
-        shown: set[tuple[object, object]] = set()  # (state, since) already printed
-        # The server sends a line only on a change: the read bound is the wait's own.
-        for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
+        if wid in errors:
+            raise errors[wid]
+    for wid in ids:
+        _judge(wid, finals[wid], timeout)
+
+
+def _follow(
+    ctl: Ctl, wid: int, issued_at: float, deadline: float, out: AbstractContextManager[object]
+) -> Mapping[str, Any]:
+    """One worker's `wait-ready` stream: its phases printed once each; the final result."""
+    left = max(deadline - time.monotonic(), 0.001)
+    args = {"worker": wid, "timeout": min(left, 3600.0), "after": issued_at}
+    final: Mapping[str, Any] = {}
+    shown: set[object] = set()  # phases already printed (a drain's restart moves `since`)
+    # The server sends a line only on a change: the read bound is the wait's own.
+    for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
+        with out:
             if ctl.as_json:
                 ctl.emit_json(
                     {"stream": reply.stream, **(reply.payload or {})}
@@ -455,46 +485,62 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
                     else reply.result
                 )
             elif not reply.final and reply.payload is not None:
-                key = (reply.payload.get("state"), reply.payload.get("since"))
-                if key not in shown:  # a change of another field repeats the phase
-                    shown.add(key)
-                    _print_phase(wid, reply.payload, issued_at)
-            if reply.final and isinstance(reply.result, dict):
-                final = reply.result
-        if final.get("ready"):
-            if not ctl.as_json:
-                secs = _since_issue(final, issued_at, "waited_s")
-                click.echo(f"worker {wid}: ready after {secs:.1f}s")
-            continue
-        if final.get("timed_out"):
-            raise Failed(
-                f"worker {wid} is not ready after {timeout:g}s (state {final.get('state')}); "
-                f"see farmctl logs {wid}, or wait longer with --timeout"
-            )
-        q = final.get("quarantine")
-        if q:
-            raise NotRunning(
-                f"worker {wid} is quarantined: GPU {q.get('gpu')} is set aside "
-                f"({q.get('reason')}); start and restart leave it stopped until "
-                f"farmctl release-gpu {q.get('gpu')}; see farmctl why {wid}"
-            )
-        f = final.get("last_failure") or {}
-        summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
-        raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+                state = reply.payload.get("state")
+                if state not in shown and _print_phase(wid, reply.payload, issued_at):
+                    shown.add(state)
+        if reply.final and isinstance(reply.result, dict):
+            final = reply.result
+    if final.get("ready") and not ctl.as_json:
+        secs = _since_issue(final, issued_at, "waited_s")
+        with out:
+            click.echo(f"worker {wid}: ready after {secs:.1f}s{_routing_note(final)}")
+    return final
 
 
-def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> None:
-    """One progress line, for a phase this request caused and that is not the last one.
+def _routing_note(final: Mapping[str, Any]) -> str:
+    """Said after "ready after S" when the gateway does not route to the worker yet."""
+    if final.get("routed") is not False:
+        return ""  # routed to, or no gateway
+    if final.get("gateway_up") is False:
+        return ", but not in the gateway: the gateway is down (farmctl status)"
+    return ", but the gateway does not route to it yet (farmctl status; farmctl why)"
+
+
+def _judge(wid: int, final: Mapping[str, Any], timeout: float) -> None:
+    """Raise what a worker's final `wait-ready` result means, unless it is ready."""
+    if final.get("ready"):
+        return
+    if final.get("timed_out"):
+        raise Failed(
+            f"worker {wid} is not ready after {timeout:g}s (state {final.get('state')}); "
+            f"see farmctl logs {wid}, or wait longer with --timeout"
+        )
+    q = final.get("quarantine")
+    if q:
+        raise NotRunning(
+            f"worker {wid} is quarantined: GPU {q.get('gpu')} is set aside "
+            f"({q.get('reason')}); start and restart leave it stopped until "
+            f"farmctl release-gpu {q.get('gpu')}; see farmctl why {wid}"
+        )
+    f = final.get("last_failure") or {}
+    summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
+    raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+
+
+def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> bool:
+    """One progress line, for a phase this request caused and that is not the last one;
+    whether it was printed.
 
     Skipped: a phase entered before the request (the worker's state before its turn
     came), and ready/failed/quarantined, which the final line reports.
     """
     since = p.get("since")
     if isinstance(since, int | float) and since < issued_at:
-        return
+        return False
     if p.get("state") in ("ready", "failed", "quarantined"):
-        return
+        return False
     click.echo(f"worker {wid}: {p.get('state')} ({_since_issue(p, issued_at, 'elapsed_s'):.1f}s)")
+    return True
 
 
 def _change(

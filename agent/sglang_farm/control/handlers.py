@@ -231,8 +231,9 @@ class Handlers:
         return results.logs_ended_result(a.worker)
 
     async def _wait_ready(self, req: Request, channel: Channel) -> Result:
-        """Stream phase changes until ready/failed (entered at or after `after`),
-        quarantined (whenever entered: start and restart leave it so), or timeout.
+        """Stream phase changes until ready (and, with a gateway, routed to: see
+        `results.routed_or_never`) or failed (entered at or after `after`), quarantined
+        (whenever entered: start and restart leave it so), or timeout.
 
         Polls `view()` (a reference read): the progress lines need every phase, and
         `after` must skip a ready phase that predates the restart the client just issued.
@@ -249,11 +250,16 @@ class Handlers:
             if (w.phase, w.since) != last:
                 last = (w.phase, w.since)
                 await channel.stream("phase", results.phase_payload(w, elapsed))
+            view = self._ops.view()
             settled = (
-                w.phase in (Phase.READY, Phase.FAILED) and w.since >= a.after
-            ) or w.phase is Phase.QUARANTINED
+                w.phase is Phase.FAILED and w.since >= a.after
+            ) or w.phase is Phase.QUARANTINED or (
+                w.phase is Phase.READY
+                and w.since >= a.after
+                and results.routed_or_never(w, view.gateway, self._wall_clock())
+            )
             if settled or elapsed >= a.timeout:
-                return results.wait_result(w, settled=settled, elapsed=elapsed)
+                return results.wait_result(w, view.gateway, settled=settled, elapsed=elapsed)
             await asyncio.sleep(min(WAIT_POLL, max(a.timeout - elapsed, 0.0)))
 
     # --- state-changing commands -------------------------------------------------

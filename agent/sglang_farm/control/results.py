@@ -331,8 +331,28 @@ def phase_payload(w: WorkerView, elapsed: float) -> Result:
     return {"worker": w.id, "state": str(w.phase), "since": w.since, "elapsed_s": round(elapsed, 3)}
 
 
-def wait_result(w: WorkerView, *, settled: bool, elapsed: float) -> Result:
-    """`wait-ready`'s final reply: the worker, whether it is ready, and whether time ran out.
+# How long `wait-ready` waits, once a worker is ready, for the gateway to route to it (the
+# farm adds it within a reconcile or two); past that it ends and says the worker is out.
+GATEWAY_JOIN_GRACE_S = 30.0
+
+
+def routed_or_never(w: WorkerView, gateway: GatewayStatus | None, now: float) -> bool:
+    """Whether a ready worker's wait is over as far as the gateway goes: no gateway, the
+    gateway routes to it, the gateway is down (it will not join soon), or it has been ready
+    for `GATEWAY_JOIN_GRACE_S` without joining (the final reply says it is out)."""
+    return (
+        gateway is None
+        or w.in_gateway
+        or not gateway.up
+        or now - w.since >= GATEWAY_JOIN_GRACE_S
+    )
+
+
+def wait_result(
+    w: WorkerView, gateway: GatewayStatus | None, *, settled: bool, elapsed: float
+) -> Result:
+    """`wait-ready`'s final reply: the worker, whether it is ready, whether time ran out,
+    and with a gateway whether it routes to the worker (`routed`; null without one).
 
     `settled` says the worker reached ready or failed after the client's `after`, or is
     quarantined; when it did not, the wait timed out.
@@ -341,6 +361,8 @@ def wait_result(w: WorkerView, *, settled: bool, elapsed: float) -> Result:
     result["ready"] = w.phase is Phase.READY and settled
     result["timed_out"] = not settled
     result["waited_s"] = round(elapsed, 3)
+    result["routed"] = None if gateway is None else w.in_gateway
+    result["gateway_up"] = None if gateway is None else gateway.up
     return result
 
 
