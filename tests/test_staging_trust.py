@@ -382,3 +382,19 @@ def test_a_model_path_that_is_another_users_symlink_is_not_followed(
     stage(tmp_path, src, target)
     assert not target.is_symlink() and tree(target) == MODEL
     assert os.listdir(victim) == ["keep"]
+
+
+def test_a_hub_cache_folder_another_user_owns_is_refused_before_any_download(
+    tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its owner could plant a snapshot of files no blob name vouches for.
+    from sglang_farm.staging.hub import download
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+
+    cache = nobody_owned(shared_dir, "hub-cache", 0o755)
+    with pytest.raises(StageError) as err:
+        download("org/tiny", None, cache, endpoint="http://127.0.0.1:9")
+    assert "[model] cache_dir" in err.value.message and str(cache) in err.value.message
+    assert f"uid {NOBODY_UID}" in err.value.message
+    assert os.listdir(cache) == []

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sglang_farm.staging.dirs import trusted_dir
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.manifest import FileEntry, Manifest, digest_from_blob_name
 from sglang_farm.staging.source import SourceTree
@@ -125,8 +126,9 @@ def download(
     cancel = cancel or threading.Event()
     if cancel.is_set():
         raise _cancelled(where)
+    # Another user who can write the cache could plant a snapshot of its own files.
+    trusted_dir(cache_dir, "[model] cache_dir")
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
         folder = snapshot_download(
             repo_id,
             revision=revision,
