@@ -59,8 +59,10 @@ def stage(
     *,
     state_dir: Path | None = None,
     before: Callable[[int], None] = lambda _pid: None,
+    capless: bool = True,
 ) -> bool:
-    """Stage as the agent under its unit (uid 0, no capabilities); True when the copy was
+    """Stage as the agent under its unit (uid 0, no capabilities; `capless=False`: root with
+    every capability, as `sglang-farm run` from a root shell); True when the copy was
     already current. `before(pid)` runs once the stager's pid is known, before it stages.
     Raises the stage's StageError."""
     text = spec_text(tmp, source, target)
@@ -70,7 +72,7 @@ def stage(
     toml = tmp / "farm.toml"
     toml.write_text(text)
     child = subprocess.Popen(
-        [*CAPLESS_ROOT, sys.executable, "-c", STAGE_CHILD, str(toml)],
+        [*(CAPLESS_ROOT if capless else []), sys.executable, "-c", STAGE_CHILD, str(toml)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": AGENT_DIR},
     )
@@ -174,9 +176,11 @@ def test_a_manifest_symlink_planted_in_the_temporary_folder_is_not_followed(
     assert not (target / MANIFEST_NAME).is_symlink()
 
 
+@pytest.mark.parametrize("capless", [True, False], ids=["unit", "root-shell"])
 def test_a_leftover_temporary_of_another_user_is_left_alone_and_ours_removed(
-    tmp_path: Path, shared_dir: Path
+    tmp_path: Path, shared_dir: Path, capless: bool
 ) -> None:
+    # Root with its capabilities (the agent run by hand) removed whatever bore the name.
     src = make_source(tmp_path / "src", MODEL)
     target = shared_dir / "model"
     foreign = nobody_owned(shared_dir, ".model.staging-1", 0o755)
@@ -184,7 +188,7 @@ def test_a_leftover_temporary_of_another_user_is_left_alone_and_ours_removed(
     ours = shared_dir / ".model.staging-2"  # a killed stage of the agent's
     ours.mkdir()
     (ours / "half.bin").write_bytes(b"x" * 10)
-    stage(tmp_path, src, target)
+    stage(tmp_path, src, target, capless=capless)
     assert not ours.exists() and tree(target) == MODEL
     assert (foreign / "keep.txt").read_bytes() == b"nobody's"
 
