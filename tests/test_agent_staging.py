@@ -299,7 +299,7 @@ def test_reload_with_a_new_revision_stages_beside_rolls_in_waves_then_removes_th
             assert starts == sorted(starts) and len(set(starts[1:4])) == 1
             assert starts[4] > starts[3]
             await f.until(lambda: not olds[0].exists())
-            assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]
+            assert sorted(p.name for p in target.parent.iterdir()) == ["model"]
 
     run_virtual(scenario())
 

@@ -115,8 +115,9 @@ def test_first_stage_copies_every_file_verified_and_records_the_manifest(tmp_pat
     # Readable by the workers whatever the agent's umask (the unit runs it with 0077).
     assert oct((target / "config.json").stat().st_mode & 0o777) == "0o644"
     assert oct(target.stat().st_mode & 0o777) == "0o755"
-    # Only the lock file is left beside the copy: no temporary, no old copy.
-    assert siblings(target) == [lock_path(target).name]
+    # Nothing is left beside the copy: no temporary, no old copy (the lock lives in
+    # [farm] state_dir, a folder only root can write).
+    assert siblings(target) == []
     assert seen[-1].step == "copying" and seen[-1].bytes_done == seen[-1].bytes_total > 0
 
 
@@ -147,7 +148,7 @@ def test_changed_file_is_copied_again_and_the_unchanged_ones_are_linked(tmp_path
     assert (target / "model-00002-of-00002.safetensors").read_bytes() == new
     assert not (target / "tokenizer" / "tokenizer.json").exists()  # gone from the source
     assert (target / "model-00001-of-00002.safetensors").stat().st_ino == kept_inode
-    assert siblings(target) == [lock_path(target).name]  # the old copy was removed
+    assert siblings(target) == []  # the old copy was removed
 
 
 def test_a_staged_file_damaged_in_place_is_copied_again(tmp_path: Path) -> None:
@@ -182,7 +183,7 @@ def test_not_enough_space_names_the_tmpfs_size_option_and_the_shortfall(tmp_path
     assert "size=256k" in e.message and "/dev/shm (tmpfs)" in e.message
     assert str(target) in e.message and "[model] headroom" in e.message
     assert "mount -o remount,size=" in e.fix
-    assert not target.exists() and siblings(target) == [lock_path(target).name]
+    assert not target.exists() and siblings(target) == []
 
 
 def test_checksum_mismatch_fails_clearly_and_keeps_the_previous_copy(tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_checksum_mismatch_fails_clearly_and_keeps_the_previous_copy(tmp_path: P
     assert "sha256sum" in e.fix
     # The workers' copy is the previous, verified one; no temporary is left behind.
     assert tree(target) == {**MODEL, "SHA256SUMS": sums.encode()}
-    assert siblings(target) == [lock_path(target).name]
+    assert siblings(target) == []
 
 
 def test_source_missing_and_sha256sums_errors_say_what_and_where(tmp_path: Path) -> None:
@@ -291,19 +292,21 @@ def test_agent_killed_mid_copy_leaves_no_half_model_and_the_next_stage_completes
     # The next start completes (the dead stage's lock is free, its temporary removed).
     r = stage_model(spec, cancel=threading.Event(), measure=roomy)
     assert not r.current and tree(target) == big
-    assert siblings(target) == [lock_path(target).name]
+    assert siblings(target) == []
 
 
 def test_the_stage_lock_waits_for_its_holder_and_a_killed_holder_frees_it(
     tmp_path: Path,
 ) -> None:
     target = tmp_path / "model"
+    locks = tmp_path / "state" / "staging"
+    locks.mkdir(parents=True)
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import fcntl, os, sys, time\n"
-            f"fd = os.open({str(lock_path(target))!r}, os.O_RDWR | os.O_CREAT)\n"
+            f"fd = os.open({str(lock_path(locks, target))!r}, os.O_RDWR | os.O_CREAT)\n"
             "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'%d' % os.getpid())\n"
             "print('HELD', flush=True); time.sleep(60)\n",
         ],
@@ -318,7 +321,7 @@ def test_the_stage_lock_waits_for_its_holder_and_a_killed_holder_frees_it(
         threading.Timer(0.5, cancel.set).start()
         with (
             pytest.raises(StageError) as err,
-            stage_lock(target, cancel=cancel, on_wait=waited.append),
+            stage_lock(target, lock_dir=locks, cancel=cancel, on_wait=waited.append),
         ):
             pass
         assert err.value.kind is StageFailureKind.CANCELLED and waited == [str(holder.pid)]
@@ -328,7 +331,7 @@ def test_the_stage_lock_waits_for_its_holder_and_a_killed_holder_frees_it(
         again: list[str] = []
         gone = threading.Event()
         gone.set()
-        with stage_lock(target, cancel=gone, on_wait=again.append):
+        with stage_lock(target, lock_dir=locks, cancel=gone, on_wait=again.append):
             assert again == []
     finally:
         if holder.poll() is None:
@@ -453,18 +456,20 @@ def test_the_new_copy_replaces_the_old_in_one_step(tmp_path: Path) -> None:
         exchange(tmp_path / "missing", b)
 
 
-def test_stage_lock_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path) -> None:
+def test_a_stage_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path) -> None:
     # After a reboot /dev/shm/models is gone; the agent runs under UMask=0077, and the
     # workers ([farm] user) must still enter every folder above model_path.
+    src = make_source(tmp_path / "src", MODEL)
     target = tmp_path / "shm" / "models" / "Qwen"
     old = os.umask(0o077)
     try:
-        with stage_lock(target, cancel=threading.Event()):
-            pass
+        stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
     finally:
         os.umask(old)
-    for d in (tmp_path / "shm", tmp_path / "shm" / "models"):
+    for d in (tmp_path / "shm", tmp_path / "shm" / "models", target, target / "tokenizer"):
         assert d.stat().st_mode & 0o777 == 0o755, d
+    # The stage lock's folder is root's alone.
+    assert (tmp_path / "state" / "staging").stat().st_mode & 0o777 == 0o700
 
 
 def test_process_started_reads_a_real_process_start_as_wall_time(tmp_path: Path) -> None:
@@ -512,22 +517,15 @@ def test_a_copy_planted_by_another_user_is_not_trusted_as_current(tmp_path: Path
 
 
 @needs_root
-def test_a_rename_over_another_users_folder_that_fails_says_who_owns_it(
+def test_another_users_folder_at_model_path_that_cannot_be_moved_says_who_owns_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import errno as errno_
-
-    from sglang_farm.staging import copier
-
     src = make_source(tmp_path / "src", MODEL)
     target = tmp_path / "shm" / "model"
     target.mkdir(parents=True)
     os.chown(target, STRANGER, STRANGER)
-
-    def sticky(a: Path, b: Path) -> bool:  # what /dev/shm's sticky bit does to the agent
-        raise PermissionError(errno_.EPERM, "Operation not permitted", str(a))
-
-    monkeypatch.setattr(copier, "exchange", sticky)
+    # What renaming it would meet in a folder the agent does not own.
+    monkeypatch.setattr(os, "rename", renames_failing(lambda a, b: ".foreign-" in str(b)))
     with pytest.raises(StageError) as err:
         stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
     assert f"{target} is owned by uid {STRANGER}" in err.value.message
@@ -536,12 +534,20 @@ def test_a_rename_over_another_users_folder_that_fails_says_who_owns_it(
 
 
 @needs_root
-def test_a_lock_file_planted_by_another_user_is_refused_clearly(tmp_path: Path) -> None:
+def test_a_lock_file_in_the_lock_folder_of_another_user_is_refused_clearly(
+    tmp_path: Path,
+) -> None:
+    # The lock folder is root's 0700: a file of another user's there was put by root.
     target = tmp_path / "model"
-    lock = lock_path(target)
+    locks = tmp_path / "state" / "staging"
+    locks.mkdir(parents=True, mode=0o700)
+    lock = lock_path(locks, target)
     lock.write_text("")
     os.chown(lock, STRANGER, STRANGER)
-    with pytest.raises(StageError) as err, stage_lock(target, cancel=threading.Event()):
+    with (
+        pytest.raises(StageError) as err,
+        stage_lock(target, lock_dir=locks, cancel=threading.Event()),
+    ):
         pass
     assert err.value.kind is StageFailureKind.IO_ERROR
     assert f"{lock} is owned by uid {STRANGER}" in err.value.message
@@ -550,10 +556,15 @@ def test_a_lock_file_planted_by_another_user_is_refused_clearly(tmp_path: Path) 
 
 def test_a_lock_file_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
     target = tmp_path / "model"
+    locks = tmp_path / "state" / "staging"
+    locks.mkdir(parents=True, mode=0o700)
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
-    lock_path(target).symlink_to(victim)
-    with pytest.raises(StageError) as err, stage_lock(target, cancel=threading.Event()):
+    lock_path(locks, target).symlink_to(victim)
+    with (
+        pytest.raises(StageError) as err,
+        stage_lock(target, lock_dir=locks, cancel=threading.Event()),
+    ):
         pass
     assert "symbolic link" in err.value.message
     assert victim.read_text() == "keep me\n"
@@ -619,7 +630,7 @@ def test_two_renames_whose_second_fails_put_the_old_copy_back(
         stage_model(spec, cancel=threading.Event(), measure=roomy)
     assert err.value.kind is StageFailureKind.IO_ERROR
     assert tree(target) == MODEL  # the old copy is back at model_path
-    assert siblings(target) == [lock_path(target).name]
+    assert siblings(target) == []
 
 
 def test_not_enough_space_beside_an_unmanaged_copy_says_removing_it_frees_the_room(

@@ -8,7 +8,8 @@ library's (`HF_ENDPOINT` in the agent's environment; tests point it at a local s
 
 The snapshot's manifest comes from the cache itself: the Hub names an LFS file's blob by
 its sha256 (its etag) and a small file's by its git blob id, so every copied file is
-verified against what the Hub vouches for.
+verified against what the Hub vouches for. A snapshot's files are links into the repo's
+`blobs/`; only such links are read (source.SourceTree), never one leading elsewhere.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sglang_farm.staging.dirs import trusted_dir
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.manifest import FileEntry, Manifest, digest_from_blob_name
+from sglang_farm.staging.source import SourceTree
 
 HUB_FIX = (
     "check [model] source (the repo id) and revision, the token file for a private or "
@@ -123,8 +126,9 @@ def download(
     cancel = cancel or threading.Event()
     if cancel.is_set():
         raise _cancelled(where)
+    # Another user who can write the cache could plant a snapshot of its own files.
+    trusted_dir(cache_dir, "[model] cache_dir")
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
         folder = snapshot_download(
             repo_id,
             revision=revision,
@@ -154,22 +158,16 @@ def download(
 
 
 def snapshot_manifest(folder: Path, origin: str) -> Manifest:
-    """Each file of a snapshot with the digest its cache blob's name vouches for."""
+    """Each file of a snapshot with the digest its cache blob's name vouches for.
+
+    The snapshot's links are read only where they lead to a file directly in the repo's
+    `blobs/` (source.SourceTree); any other link (the cache changed by hand) raises
+    StageError (BAD_SOURCE)."""
+    tree = SourceTree(folder, folder.parent.parent / "blobs")
     entries: list[FileEntry] = []
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            full = Path(dirpath) / name
-            sha256, git_sha1 = digest_from_blob_name(os.path.basename(os.readlink(full))) if (
-                full.is_symlink()
-            ) else (None, None)
-            entries.append(
-                FileEntry(
-                    full.relative_to(folder).as_posix(),
-                    full.stat().st_size,
-                    sha256=sha256,
-                    git_sha1=git_sha1,
-                )
-            )
+    for f in tree.files():
+        sha256, git_sha1 = digest_from_blob_name(f.blob) if f.blob else (None, None)
+        entries.append(FileEntry(f.rel, f.stat.st_size, sha256=sha256, git_sha1=git_sha1))
     if not entries:
         raise StageError(
             StageFailureKind.HUB_ERROR, f"the Hub snapshot {origin} holds no files", HUB_FIX

@@ -19,7 +19,7 @@ from sglang_farm.staging.manifest import MANIFEST_NAME
 def installed_at(target: Path) -> float | None:
     """Wall time the copy at `target` was swapped in (None: no recorded manifest)."""
     try:
-        return (target / MANIFEST_NAME).stat().st_mtime
+        return os.lstat(target / MANIFEST_NAME).st_mtime  # the agent's file, not a link
     except OSError:
         return None
 

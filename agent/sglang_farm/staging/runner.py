@@ -18,6 +18,7 @@ from typing import Protocol
 
 from sglang_farm.spec import FarmSpec, ModelSpec
 from sglang_farm.staging.copier import REPORT_EVERY_S, Report, StageResult, stage_copy
+from sglang_farm.staging.lock import lock_dir_of
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.space import mount_facts
@@ -82,6 +83,7 @@ def stage_model(
         root,
         manifest,
         target,
+        lock_dir=lock_dir_of(spec.farm.state_dir),
         headroom=model.headroom,
         cancel=cancel,
         report=report,

@@ -28,7 +28,7 @@ def warm(
     done = 0
     t0 = last = clock()
     for rel in sorted(sizes):
-        fd = os.open(target / rel, os.O_RDONLY)
+        fd = os.open(target / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             while chunk := os.read(fd, CHUNK):
