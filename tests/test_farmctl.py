@@ -405,6 +405,26 @@ def farmctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_an_unreachable_demo_gets_the_demos_hint_not_systemctl(tmp_path: Path) -> None:
+    """With the demo's agent down, farmctl suggested `systemctl status sglang-farm`."""
+    demo = tmp_path / "etc" / "demo.toml"
+    demo.parent.mkdir()
+    demo.write_text(f'[control]\nsocket = "{tmp_path / "gone.sock"}"\n')
+    p = farmctl("--config", str(demo), "status")
+    assert p.returncode == Exit.UNREACHABLE
+    assert "systemctl" not in p.stderr
+    assert p.stderr.rstrip().endswith(
+        f"is the demo running? start it with ./scripts/demo "
+        f"(or sglang-farm run --config {demo} --runtime process)"
+    )
+    other = tmp_path / "oom-demo.toml"
+    other.write_text(demo.read_text())
+    p = farmctl("--config", str(other), "status")
+    assert p.stderr.rstrip().endswith(
+        f"is its farm running? start it with: sglang-farm run --config {other} --runtime process"
+    )
+
+
 def test_unreachable_agent_is_exit_4_with_one_line(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.sock")
     p = farmctl("--socket", missing, "status")

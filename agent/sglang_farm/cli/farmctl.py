@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,7 +22,7 @@ import click
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
 from sglang_farm.errors import AgentError, AgentUnreachable, SocketPermissionDenied
-from sglang_farm.paths import DEFAULT_SOCKET
+from sglang_farm.paths import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET
 
 
 class Exit(IntEnum):
@@ -67,8 +68,22 @@ def _version() -> str:
     return __version__
 
 
-def _unreachable(exc: AgentUnreachable) -> FarmctlError:
-    return Unreachable(f"{exc}; is sglang-farm running? (systemctl status sglang-farm)")
+def start_hint(config: str | None) -> str:
+    """How to start the agent that `--config` names: the systemd service runs only the
+    packaged /etc/sglang-farm/farm.toml; any other file is a farm run by hand (the demo's
+    own script for the shipped demo)."""
+    if config is None or os.path.abspath(config) == DEFAULT_CONFIG_PATH:
+        return "is sglang-farm running? (systemctl status sglang-farm)"
+    import shlex  # only when --config is given
+
+    run = f"sglang-farm run --config {shlex.quote(config)} --runtime process"
+    if os.path.basename(config) == "demo.toml":
+        return f"is the demo running? start it with ./scripts/demo (or {run})"
+    return f"is its farm running? start it with: {run}"
+
+
+def _unreachable(exc: AgentUnreachable, config: str | None) -> FarmctlError:
+    return Unreachable(f"{exc}; {start_hint(config)}")
 
 
 def _denied(exc: SocketPermissionDenied) -> FarmctlError:
@@ -105,11 +120,12 @@ class Ctl:
     A plain class: `dataclasses` costs farmctl ~10 ms at import (issue 17).
     """
 
-    __slots__ = ("as_json", "client", "socket")
+    __slots__ = ("as_json", "client", "config", "socket")
 
-    def __init__(self, socket: str, as_json: bool) -> None:
+    def __init__(self, socket: str, as_json: bool, config: str | None = None) -> None:
         self.socket = socket
         self.as_json = as_json
+        self.config = config
         self.client = Client(socket)
 
     def call(
@@ -140,7 +156,7 @@ class Ctl:
         try:
             yield
         except AgentUnreachable as exc:
-            raise _unreachable(exc) from None
+            raise _unreachable(exc, self.config) from None
         except SocketPermissionDenied as exc:
             raise _denied(exc) from None
         except AgentError as exc:
@@ -237,7 +253,7 @@ def cli(
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
-    ctx.obj = Ctl(socket_path, as_json)
+    ctx.obj = Ctl(socket_path, as_json, config_path)
 
 
 # --- status ------------------------------------------------------------------------
