@@ -386,9 +386,9 @@ class Exporter:
         cls = _Server6 if ":" in host else _Server
         if max_pending is None:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            if soft == resource.RLIM_INFINITY:
-                soft = fdbudget.UNLIMITED_TARGET
-            max_pending = fdbudget.exporter_pending_cap(soft)
+            max_pending = fdbudget.exporter_pending_cap(
+                fdbudget.usable(soft, resource.RLIM_INFINITY)
+            )
         try:
             server = cls(
                 (host, port),

@@ -37,6 +37,11 @@ def _share(nofile: int, ceiling: int) -> int:
     return max(MIN_CAP, min(ceiling, nofile // SHARE))
 
 
+def usable(soft: int, unlimited: int) -> int:
+    """The soft limit as a count (`unlimited` is `resource.RLIM_INFINITY`)."""
+    return UNLIMITED_TARGET if soft == unlimited else soft
+
+
 def control_client_cap(nofile: int) -> int:
     """Control connections held at once under a soft descriptor limit of `nofile`."""
     return _share(nofile, CONTROL_MAX)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import resource
 import socket
 import stat
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from typing import Final
 
 import structlog
 
+from sglang_farm import fdbudget
 from sglang_farm.control import codec
 from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
 from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
@@ -39,8 +41,10 @@ log = structlog.get_logger("sglang_farm.control")
 IDLE_TIMEOUT: Final = 30.0
 # A client that does not read its reply for this long is dropped (its task only).
 WRITE_TIMEOUT: Final = 10.0
-# Far above any real use (a few operators, a router polling endpoints); bounds fds.
-MAX_CLIENTS: Final = 1024
+# Connections held at once: by default `fdbudget.control_client_cap` of the process's
+# soft descriptor limit (1,024 under the unit's LimitNOFILE=65536, far above any real use;
+# an eighth of a smaller limit), so a flood of idle connections gets `busy` at once and
+# never drives accept() into EMFILE, where the next farmctl would wait unanswered.
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
@@ -87,12 +91,12 @@ class ControlServer:
         *,
         version: str,
         idle_timeout: float = IDLE_TIMEOUT,
-        max_clients: int = MAX_CLIENTS,
+        max_clients: int | None = None,
     ) -> None:
         self._path = path
         self._group = group
         self._idle_timeout = idle_timeout
-        self._max_clients = max_clients
+        self._max_clients = max_clients if max_clients is not None else _client_cap()
         # Root-only until start() has resolved the group.
         self._gate = Gate(None, group)
         self._handlers = Handlers(ops, version=version)
@@ -102,6 +106,11 @@ class ControlServer:
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def max_clients(self) -> int:
+        """Connections held at once; past it a newcomer is answered `busy` and closed."""
+        return self._max_clients
 
     @property
     def group_gid(self) -> int | None:
@@ -130,7 +139,13 @@ class ControlServer:
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
             raise
-        log.info("control_listening", path=self._path, mode=oct(mode), group=self._group)
+        log.info(
+            "control_listening",
+            path=self._path,
+            mode=oct(mode),
+            group=self._group,
+            max_clients=self._max_clients,
+        )
 
     def _resolve_group(self) -> int | None:
         gid = group_gid(self._group)
@@ -328,6 +343,12 @@ class ControlServer:
                     "see the agent's log: journalctl -u sglang-farm",
                 )
             )
+
+
+def _client_cap() -> int:
+    """`fdbudget.control_client_cap` of this process's soft descriptor limit, now."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return fdbudget.control_client_cap(fdbudget.usable(soft, resource.RLIM_INFINITY))
 
 
 def _args_log(req: Request) -> dict[str, object]:
