@@ -63,6 +63,25 @@ def raise_nofile() -> None:
     log.info("nofile_raised", soft=want, was=soft)
 
 
+def ensure_state_folder(path: str) -> None:
+    """Create the state folder if missing; refuse one another user could write (or owns).
+
+    Raises `UntrustedFolder` naming the folder, its owner and mode, and the fix: a state
+    folder pre-created by another user let it plant links that root's writes followed
+    (issue 22, item 11).
+    """
+    from sglang_farm.errors import UntrustedFolder
+    from sglang_farm.securepath import folder_problem
+
+    what, key = "the state folder", "[farm] state_dir"
+    problem = folder_problem(path, what, key)
+    if problem is None:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        problem = folder_problem(path, what, key)  # what is there now, whoever made it
+    if problem is not None:
+        raise UntrustedFolder(problem)
+
+
 def systemd_is_pid1() -> bool:
     """sd_booted(): systemd creates /run/systemd/system/ early at boot, and only then."""
     return os.path.isdir("/run/systemd/system")
@@ -144,6 +163,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
     if kind == "process":
         raise_nofile()  # before anything sizes itself from the limit (control, exporter)
+    ensure_state_folder(spec.farm.state_dir)
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)

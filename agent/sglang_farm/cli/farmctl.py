@@ -19,7 +19,12 @@ import click
 
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
-from sglang_farm.errors import AgentError, AgentUnreachable, SocketPermissionDenied
+from sglang_farm.errors import (
+    AgentError,
+    AgentUnreachable,
+    SocketPermissionDenied,
+    UntrustedSocket,
+)
 from sglang_farm.paths import DEFAULT_SOCKET
 
 
@@ -142,6 +147,8 @@ class Ctl:
             raise _unreachable(exc) from None
         except SocketPermissionDenied as exc:
             raise _denied(exc) from None
+        except UntrustedSocket as exc:  # its message says what and what to do
+            raise Failed(str(exc)) from None
         except AgentError as exc:
             raise _agent_error(cmd, exc, self.as_json) from None
 

@@ -33,6 +33,7 @@ from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestI
 from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import ControlSocketError, FarmError
+from sglang_farm.securepath import folder_problem
 
 log = structlog.get_logger("sglang_farm.control")
 
@@ -166,6 +167,11 @@ class ControlServer:
     async def _bind(self) -> socket.socket:
         parent = os.path.dirname(self._path) or "."
         os.makedirs(parent, mode=0o755, exist_ok=True)
+        # Never in a folder another user could write: it could swap in its own socket,
+        # and root's farmctl would talk to it (issue 22, item 11).
+        problem = folder_problem(parent, "the control socket's folder", "[control] socket")
+        if problem is not None:
+            raise ControlSocketError(problem)
         self._clear_stale()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
