@@ -100,6 +100,18 @@ def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) ->
     assert list(state.iterdir()) == []  # nothing written there
 
 
+def test_check_config_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:  # noqa: F811
+    from sglang_farm.cli.main import cli
+
+    state = asuser.nobody_owned(shared_dir, "state", 0o755)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(_config(shared_dir, state))])
+    assert result.exit_code == 0, result.output
+    assert (
+        f"warning: the agent would stop: refusing the state folder {state}: {state} is owned "
+        f"by nobody (uid {NOBODY})" in result.stderr
+    )
+
+
 def test_a_shared_folder_is_refused_as_the_state_folder_even_with_its_sticky_bit(
     shared_dir: Path,  # noqa: F811
 ) -> None:
