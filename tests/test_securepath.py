@@ -202,3 +202,16 @@ def test_farmctl_talks_to_the_agents_socket_in_a_root_folder(tmp_path: Path) -> 
         s.bind(str(path))
         assert socket_problem(str(path)) is None
     assert os.geteuid() == ROOT
+
+
+def test_folders_the_farm_makes_are_0755_whatever_the_umask(tmp_path: Path) -> None:
+    from sglang_farm.securepath import make_folders
+
+    old = os.umask(0o002)
+    try:
+        make_folders(str(tmp_path / "a" / "b" / "state"))
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "state"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o755, p
+    assert folder_problem(str(tmp_path / "a" / "b" / "state"), "the state folder", "k") is None

@@ -18,6 +18,7 @@ farmctl's (never talk to a socket another user could have put there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
@@ -116,6 +117,14 @@ def _walk_problem(path: str, trusted: frozenset[int], *, own: bool) -> str | Non
         if problem:
             return problem
     return None
+
+
+def make_folders(path: str) -> None:
+    """Create `path` and its missing parents at 0755 (never wider, whatever the umask:
+    `os.makedirs` makes the parents 0777 less the umask, group-writable under 002)."""
+    for p in _chain(path)[1:]:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(p, 0o755)
 
 
 def folder_problem(path: str, what: str, key: str) -> str | None:

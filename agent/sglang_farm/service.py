@@ -71,12 +71,12 @@ def ensure_state_folder(path: str) -> None:
     (issue 22, item 11).
     """
     from sglang_farm.errors import UntrustedFolder
-    from sglang_farm.securepath import folder_problem
+    from sglang_farm.securepath import folder_problem, make_folders
 
     what, key = "the state folder", "[farm] state_dir"
     problem = folder_problem(path, what, key)
     if problem is None:
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        make_folders(path)
         problem = folder_problem(path, what, key)  # what is there now, whoever made it
     if problem is not None:
         raise UntrustedFolder(problem)

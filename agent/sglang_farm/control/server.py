@@ -33,7 +33,7 @@ from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestI
 from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import ControlSocketError, FarmError
-from sglang_farm.securepath import folder_problem
+from sglang_farm.securepath import folder_problem, make_folders
 
 log = structlog.get_logger("sglang_farm.control")
 
@@ -166,7 +166,7 @@ class ControlServer:
 
     async def _bind(self) -> socket.socket:
         parent = os.path.dirname(self._path) or "."
-        os.makedirs(parent, mode=0o755, exist_ok=True)
+        make_folders(parent)
         # Never in a folder another user could write: it could swap in its own socket,
         # and root's farmctl would talk to it (issue 22, item 11).
         problem = folder_problem(parent, "the control socket's folder", "[control] socket")
