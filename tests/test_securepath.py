@@ -215,3 +215,20 @@ def test_folders_the_farm_makes_are_0755_whatever_the_umask(tmp_path: Path) -> N
     for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "state"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o755, p
     assert folder_problem(str(tmp_path / "a" / "b" / "state"), "the state folder", "k") is None
+
+
+def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:  # noqa: F811
+    from sglang_farm.config import load_spec
+    from sglang_farm.doctor.gather import farm_folder_problems
+    from sglang_farm.doctor.rules import CheckId, Observations, Status, evaluate
+    from sglang_farm.gpu import FleetSnapshot
+
+    state = asuser.nobody_owned(shared_dir, "state", 0o755)
+    spec = load_spec(_config(shared_dir, state).read_text(), source="farm.toml")
+    obs = Observations(
+        fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
+        env={}, flags={}, ports={}, models={}, folder_problems=farm_folder_problems(spec),
+    )
+    found = [c for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE
+             and c.message.startswith(f"refusing the state folder {state}: ")]
+    assert [c.status for c in found] == [Status.WARN]

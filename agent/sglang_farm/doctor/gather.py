@@ -322,6 +322,18 @@ def key_file_facts(spec: FarmSpec) -> dict[str, KeyFileFacts]:
     return out
 
 
+def farm_folder_problems(spec: FarmSpec) -> tuple[str, ...]:
+    """Why the agent would refuse its state folder or its control socket's folder."""
+    from sglang_farm.securepath import folder_problem
+
+    found = (
+        folder_problem(spec.farm.state_dir, "the state folder", "[farm] state_dir"),
+        folder_problem(os.path.dirname(spec.control.socket), "the control socket's folder",
+                       "[control] socket"),
+    )
+    return tuple(p for p in found if p is not None)
+
+
 def path_facts(path: str) -> PathFacts:
     """What is at a configured model path (sizes from one walk; no file is read)."""
     p = Path(path)
@@ -433,7 +445,8 @@ def gather(
     return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
                         MappingProxyType(ports), MappingProxyType(models), shm_free,
                         config_mode=config_mode,
-                        key_files=MappingProxyType(key_file_facts(spec)), agent_uid=os.geteuid())
+                        key_files=MappingProxyType(key_file_facts(spec)), agent_uid=os.geteuid(),
+                        folder_problems=farm_folder_problems(spec))
 
 
 def run_doctor(

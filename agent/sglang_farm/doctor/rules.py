@@ -194,6 +194,8 @@ class Observations:
     key_files: Mapping[str, KeyFileFacts] = field(default_factory=lambda: MappingProxyType({}))
     # The uid the agent runs as (the key files' owner); None when not looked at.
     agent_uid: int | None = None
+    # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
+    folder_problems: tuple[str, ...] = ()
 
 
 # --- pure rules ------------------------------------------------------------------------
@@ -1012,6 +1014,9 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
         found.append((None, secrets))
     if obs.agent_uid is not None:
         found += [(None, c) for c in key_file_checks(spec, obs.key_files, obs.agent_uid)]
+    found += [(None, Check(CheckId.EXPOSURE, Status.WARN, problem,
+                           "the agent refuses to start until then: fix the folder as said"))
+              for problem in obs.folder_problems]
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):
