@@ -9,7 +9,9 @@ else is `internal` (the traceback goes to the log, never to the client).
 
 Robustness: each connection is its own task with an idle timeout and bounded
 writes, lines are capped at `codec.MAX_LINE`, and the number of connections is
-capped; nothing a client sends or fails to read can block another client.
+capped below the descriptor limit; nothing a client sends or fails to read can block
+another client. The socket is made only in a folder no other user can write
+(`securepath`): one that could would let that user swap in its own socket.
 """
 
 from __future__ import annotations
@@ -42,10 +44,6 @@ log = structlog.get_logger("sglang_farm.control")
 IDLE_TIMEOUT: Final = 30.0
 # A client that does not read its reply for this long is dropped (its task only).
 WRITE_TIMEOUT: Final = 10.0
-# Connections held at once: by default `fdbudget.control_client_cap` of the process's
-# soft descriptor limit (1,024 under the unit's LimitNOFILE=65536, far above any real use;
-# an eighth of a smaller limit), so a flood of idle connections gets `busy` at once and
-# never drives accept() into EMFILE, where the next farmctl would wait unanswered.
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
@@ -92,7 +90,7 @@ class ControlServer:
         *,
         version: str,
         idle_timeout: float = IDLE_TIMEOUT,
-        max_clients: int | None = None,
+        max_clients: int | None = None,  # None: from the descriptor limit (`_client_cap`)
     ) -> None:
         self._path = path
         self._group = group
@@ -352,7 +350,12 @@ class ControlServer:
 
 
 def _client_cap() -> int:
-    """`fdbudget.control_client_cap` of this process's soft descriptor limit, now."""
+    """The default cap: `fdbudget.control_client_cap` of this process's soft descriptor limit.
+
+    1,024 under the unit's LimitNOFILE=65536 (far above any real use), an eighth of a
+    smaller limit: a flood of idle connections gets `busy` at once and never drives
+    accept() into EMFILE, where the next farmctl would wait unanswered (issue 22, item 13).
+    """
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return fdbudget.control_client_cap(fdbudget.usable(soft, resource.RLIM_INFINITY))
 
