@@ -8,6 +8,7 @@ import grp
 import json
 import os
 import pwd
+import resource
 import shutil
 import socket
 import stat
@@ -806,3 +807,77 @@ async def test_release_gpu_while_the_agent_restores_state_is_busy(
         f"{ops.startup_reason}; state changes wait until it is done: retry release-gpu in"
     )
     assert ops.calls == [] and ops.workers[1].quarantine is not None
+
+
+# --- a flood of idle connections under a small descriptor limit (issue 22, item 13) ------
+
+_SERVER_PROCESS = r"""
+import asyncio, resource, sys
+sys.path.insert(0, sys.argv[1])
+# The process runtime's inherited limit (a login shell's soft 1,024), and nothing above it.
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+from fake_ops import FakeOps
+from sglang_farm.control.server import ControlServer
+
+async def main() -> None:
+    ops = FakeOps(4)
+    srv = ControlServer(ops, sys.argv[2], None, version="x", idle_timeout=60)
+    await srv.start()
+    print("LISTENING", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await srv.close()
+    await ops.aclose()
+
+asyncio.run(main())
+"""
+
+
+def _flood(path: str, n: int) -> list[socket.socket]:
+    """`n` connections that never send a byte (a full listen queue leaves some unconnected)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            s.connect(path)
+        socks.append(s)
+    return socks
+
+
+def test_1100_idle_connections_under_nofile_1024_leave_a_request_answered(sockdir: str) -> None:
+    """1,100 idle connections made accept() fail with EMFILE (the cap of 1,024 was above the
+    limit), so the next farmctl waited in the listen queue until it timed out. The cap now
+    follows the limit: the next request is answered, at worst `busy`, at once."""
+    from sglang_farm.control.client import Client
+    from sglang_farm.errors import AgentError
+
+    path = os.path.join(sockdir, "control.sock")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))  # for the flood
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_PROCESS, str(Path(__file__).parent), path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    idle: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = ""
+        while line != "LISTENING\n":  # after the server's own log lines
+            line = proc.stdout.readline()
+            assert line, "the server process exited"
+        idle = _flood(path, 1100)
+        time.sleep(0.5)  # the server takes (and answers or holds) the flood
+        try:
+            answer: object = Client(path, timeout=10).call("version")
+        except AgentError as exc:
+            answer = exc.code
+        assert answer == "busy" or isinstance(answer, dict), answer
+    finally:
+        for s in idle:
+            s.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=20)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,18 +16,21 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
 
+import asuser
 from metrics_fixtures import farm, state
 from sglang_farm.exporter import (
     MAX_CACHED_FORMATS,
     MAX_CONNECTIONS,
-    MAX_PENDING,
     Exporter,
     parse_listen,
     sd_targets,
 )
 from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import Phase
+from sglang_farm.fdbudget import exporter_pending_cap
 from sglang_farm.metrics import MetricsState, build_registry
 
 
@@ -291,7 +295,8 @@ def test_300_idle_connections_pin_no_threads_or_fds_and_a_scrape_still_succeeds(
             peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
             time.sleep(0.05)
         assert peak_threads <= threads0 + MAX_CONNECTIONS, (threads0, peak_threads)
-        assert peak_fds <= fds0 + MAX_PENDING + MAX_CONNECTIONS, (fds0, peak_fds)
+        pending_cap = exporter_pending_cap(256)  # the process's limit, below
+        assert peak_fds <= fds0 + pending_cap + MAX_CONNECTIONS, (fds0, peak_fds)
         # The idle ones stay open on the client side, yet a scrape gets through.
         r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
         assert r.status_code == 200 and "sglang_farm_worker_state" in r.text
@@ -303,9 +308,11 @@ def test_300_idle_connections_pin_no_threads_or_fds_and_a_scrape_still_succeeds(
         proc.stdout.close()
 
 
-def test_a_silent_connection_is_closed_after_the_idle_timeout() -> None:
+def test_a_silent_or_unfinished_request_is_closed_at_the_request_deadline() -> None:
     st = state()
-    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0", idle_timeout=0.3) as exp:
+    with Exporter(
+        build_registry(lambda: st), lambda: st, "127.0.0.1:0", request_timeout=0.3
+    ) as exp:
         with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as silent:
             t0 = time.monotonic()
             assert silent.recv(1) == b""  # the server hung up
@@ -313,25 +320,94 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout() -> None:
         with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as slow:
             slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
             t0 = time.monotonic()
-            assert slow.recv(65536) == b""  # no answer: the handler timed out and closed
+            assert slow.recv(65536) == b""  # no answer: dropped at its deadline
             assert time.monotonic() - t0 < 3
 
 
-def test_connections_over_the_cap_are_shed_at_once_and_their_slots_come_back() -> None:
+class _Gate:
+    """A collector that blocks each scrape until the test opens the gate: busy handlers."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.waiting = threading.Semaphore(0)
+
+    def collect(self) -> Iterator[Metric]:
+        self.waiting.release()
+        self.open.wait(10)
+        yield GaugeMetricFamily("gate_open", "whether the test opened the gate", value=1)
+
+
+def test_requests_over_the_cap_are_shed_at_once_and_their_slots_come_back() -> None:
+    st = state()
+    gate = _Gate()
+    registry = CollectorRegistry()
+    registry.register(gate)
+    with Exporter(registry, lambda: st, "127.0.0.1:0", max_connections=2) as exp:
+        with ThreadPoolExecutor(2) as pool:
+            # Two requests whose answers are being formatted: each holds a handler.
+            held = [pool.submit(httpx.get, f"{exp.url}/metrics", timeout=10) for _ in range(2)]
+            for _ in range(2):
+                assert gate.waiting.acquire(timeout=5)
+            r = httpx.get(f"{exp.url}/", timeout=5)
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+            gate.open.set()
+            assert [f.result().status_code for f in held] == [200, 200]
+        assert httpx.get(f"{exp.url}/", timeout=5).status_code == 200
+
+
+# --- slow clients (issue 22, item 6) ----------------------------------------------------
+
+_DRIBBLER = r"""
+import socket, sys, time
+port, n, every = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+def opened():
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    return s
+
+socks = [opened() for _ in range(n)]
+print("DRIBBLING", flush=True)
+line = 0
+while True:  # one header line per connection every `every` s; a dropped one comes back
+    time.sleep(every)
+    line += 1
+    for i, s in enumerate(socks):
+        try:
+            s.sendall(b"X-Slow-%d: 1\r\n" % line)
+        except OSError:
+            s.close()
+            try:
+                socks[i] = opened()
+            except OSError:
+                pass
+"""
+
+
+def test_70_dribbling_clients_of_another_user_leave_every_scrape_answered() -> None:
+    """Issue 22 item 6: 70 connections from nobody, each sending one header line every few
+    seconds, held every handler (the timeout was per read), so scrapes answered 503.
+
+    The whole request now has a deadline from accept, and a connection still sending its
+    headers holds no handler."""
+    asuser.require()
     st = state()
     with Exporter(
-        build_registry(lambda: st), lambda: st, "127.0.0.1:0", max_connections=2, idle_timeout=30
+        build_registry(lambda: st), lambda: st, "127.0.0.1:0", request_timeout=1.0
     ) as exp:
-        # Two clients that started a request and stalled: each holds a handler.
-        stalled = [socket.create_connection(("127.0.0.1", exp.port), timeout=5) for _ in range(2)]
-        for s in stalled:
-            s.sendall(b"GET /metrics HTTP/1.1\r\n")
-        time.sleep(0.3)
-        t0 = time.monotonic()
-        r = httpx.get(f"{exp.url}/metrics", timeout=5)
-        assert r.status_code == 503 and time.monotonic() - t0 < 1
-        assert r.headers["Retry-After"] == "1"
-        for s in stalled:
-            s.close()
-        time.sleep(0.3)
-        assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200
+        slow = asuser.popen_as_nobody(
+            [sys.executable, "-I", "-c", _DRIBBLER, str(exp.port), "70", "0.2"]
+        )
+        try:
+            assert slow.stdout is not None
+            assert slow.stdout.readline() == "DRIBBLING\n", slow.communicate(timeout=5)
+            statuses = []
+            with httpx.Client(timeout=5) as client:
+                for _ in range(20):  # across several of the dribblers' deadlines
+                    statuses.append(client.get(f"{exp.url}/metrics").status_code)
+                    time.sleep(0.15)
+            assert statuses == [200] * 20
+            assert slow.poll() is None, "the dribbler stopped early"
+        finally:
+            slow.kill()
+            slow.communicate(timeout=10)

@@ -54,6 +54,11 @@ class ControlSocketError(FarmError):
     """The control socket could not be created (path in use by a live agent, not a socket...)."""
 
 
+class UntrustedFolder(FarmError):
+    """A folder the agent would keep its state or socket in could be another user's
+    (`securepath`); the message names it, its owner and mode, and the fix."""
+
+
 class ClientError(FarmError):
     """Base of what the client raises."""
 
@@ -73,6 +78,15 @@ class SocketPermissionDenied(ClientError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"permission denied on {path}")
+
+
+class UntrustedSocket(ClientError):
+    """The socket, or a folder on its way, could have been put there by another user."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(reason)
 
 
 class AgentError(ClientError):

@@ -1,12 +1,18 @@
 """I/O: the exporter's HTTP server: `/metrics`, `/sd` (Prometheus http_sd_configs) and `/`.
 
-One background thread accepts connections and waits, with a selector, for each to send
-its request; only then does a handler thread take it. So connections are bounded in what
-they can hold: at most `MAX_PENDING` silent ones (the oldest is dropped for a newcomer,
-and each is dropped after `idle_timeout`), at most `MAX_CONNECTIONS` handler threads (a
-request past the cap is answered 503 at once), and a handler gives up on a client silent
-for `idle_timeout`. The agent's fds (its unit's `LimitNOFILE=`) stay well clear of
-these bounds, so no client can starve the health probes of descriptors.
+One background thread accepts connections and reads, with a selector, each one's request
+up to its blank line; only a complete request is handed to a handler thread. So what a
+client can hold is bounded whatever it sends:
+
+- a connection still sending its request holds no thread, one fd and at most
+  `MAX_REQUEST_BYTES`; it must finish within `request_timeout` of its accept (a deadline
+  for the whole request, not per read: a client sending one header line every few seconds
+  is dropped at the deadline all the same, issue 22 item 6);
+- at most `max_pending` such connections (by default `fdbudget.exporter_pending_cap` of the
+  agent's descriptor limit, far above 64): past it the oldest is dropped for the newcomer,
+  and a well-behaved client (Prometheus sends its request at once) is never the oldest;
+- at most `max_connections` handler threads, each bounded by `write_timeout` for the whole
+  answer; a complete request past the cap is answered 503 at once.
 
 Every answer is formatted from the state the agent already holds
 (`metrics.MetricsState`), so a request never waits on a worker, NVML or the agent's
@@ -19,12 +25,15 @@ docs/metrics.md for why that port.
 from __future__ import annotations
 
 import errno
+import io
 import json
+import resource
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,15 +41,20 @@ from urllib.parse import urlsplit
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
-from sglang_farm import exposition
+from sglang_farm import exposition, fdbudget
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.metrics import MetricsState, gpu_label
 
 log = structlog.get_logger(__name__)
 
 MAX_CONNECTIONS = 64  # requests served at once (a thread each); more are answered 503
-MAX_PENDING = 64  # accepted connections waiting for their request (no thread, one fd each)
-IDLE_TIMEOUT_S = 10.0  # a client silent this long is dropped (Prometheus sends at once)
+# From accept to the request's blank line. Prometheus sends its request at once; a
+# person's curl too. A client slower than this is dropped, however it dribbles.
+REQUEST_TIMEOUT_S = 5.0
+# The whole answer's send (a /metrics body is tens of KiB; loopback takes it at once).
+WRITE_TIMEOUT_S = 10.0
+# A request's line and headers: Prometheus sends under 1 KiB; more is not a scrape.
+MAX_REQUEST_BYTES = 8192
 MAX_CACHED_FORMATS = 4  # bodies kept for the current state (text and OpenMetrics in use)
 
 _BUSY = (
@@ -99,6 +113,21 @@ _INDEX = """<!doctype html>
 """
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A connection still sending its request: who, its deadline, what it sent so far."""
+
+    addr: Any
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+
+
+def _request_end(data: bytearray, since: int) -> bool:
+    """Whether the request's blank line has arrived (looked for from `since`, minus 3)."""
+    start = max(0, since - 3)
+    return data.find(b"\r\n\r\n", start) >= 0 or data.find(b"\n\n", start) >= 0
+
+
 class _Server(HTTPServer):
     """Binds and formats bodies; `serve` runs the bounded accept loop described above."""
 
@@ -107,13 +136,21 @@ class _Server(HTTPServer):
     state_getter: Callable[[], MetricsState]
 
     def __init__(
-        self, *args: Any, max_connections: int, idle_timeout: float, **kwargs: Any
+        self,
+        *args: Any,
+        max_connections: int,
+        max_pending: int,
+        request_timeout: float,
+        write_timeout: float,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         # The current state's bodies, by content type (`body`).
         self.cache: tuple[MetricsState | None, dict[str, bytes]] = (None, {})
         self.cache_lock = threading.Lock()
-        self.idle_timeout = idle_timeout
+        self.max_pending = max_pending
+        self.request_timeout = request_timeout
+        self.write_timeout = write_timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self._stopping = threading.Event()
 
@@ -147,25 +184,34 @@ class _Server(HTTPServer):
     # ---- the accept loop (the serving thread) ----------------------------------------
 
     def serve(self, poll_interval: float) -> None:
-        """Accept, hold silent connections in a selector, hand talking ones to handlers."""
+        """Accept, read requests in a selector, hand complete ones to handlers.
+
+        `pending` is in accept order, so deadlines (accept + `request_timeout`) are in
+        order too: the expired ones are at its front.
+        """
         self.socket.setblocking(False)
-        pending: dict[socket.socket, tuple[Any, float]] = {}  # oldest first
+        pending: dict[socket.socket, _Pending] = {}
         with selectors.DefaultSelector() as sel:
             sel.register(self.socket, selectors.EVENT_READ)
             try:
                 while not self._stopping.is_set():
-                    for key, _ in sel.select(poll_interval):
+                    wait = poll_interval
+                    if pending:
+                        first = next(iter(pending.values()))
+                        wait = max(0.0, min(wait, first.deadline - time.monotonic()))
+                    for key, _ in sel.select(wait):
                         if key.fileobj is self.socket:
                             self._accept(sel, pending)
                         else:
                             conn = key.fileobj
                             assert isinstance(conn, socket.socket)
-                            sel.unregister(conn)
-                            self._dispatch(conn, pending.pop(conn)[0])
-                    limit = time.monotonic() - self.idle_timeout
-                    for conn, (_, since) in list(pending.items()):
-                        if since < limit:
-                            self._drop(sel, pending, conn)
+                            if conn in pending:  # not dropped by an accept this round
+                                self._read(sel, pending, conn)
+                    now = time.monotonic()
+                    for conn, p in list(pending.items()):
+                        if p.deadline > now:
+                            break
+                        self._drop(sel, pending, conn)
             finally:
                 for conn in list(pending):
                     self._drop(sel, pending, conn)
@@ -173,64 +219,92 @@ class _Server(HTTPServer):
     def stop(self) -> None:
         self._stopping.set()
 
-    def _accept(
-        self, sel: selectors.BaseSelector, pending: dict[socket.socket, tuple[Any, float]]
-    ) -> None:
-        for _ in range(MAX_PENDING):  # drain a burst, but come back to the talking ones
+    def _accept(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]) -> None:
+        for _ in range(64):  # drain a burst, but come back to the talking ones
             try:
                 conn, addr = self.socket.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and pending:
-                    # Out of fds: the oldest silent client gives its up.
+                    # Out of fds: the oldest unfinished request gives its up.
                     self._drop(sel, pending, next(iter(pending)))
                     continue
                 log.warning("metrics_accept_failed", error=str(exc))
                 time.sleep(0.05)  # the listening socket stays readable: no busy loop
                 return
-            if len(pending) >= MAX_PENDING:
+            if len(pending) >= self.max_pending:
                 self._drop(sel, pending, next(iter(pending)))
             conn.setblocking(False)
             sel.register(conn, selectors.EVENT_READ)
-            pending[conn] = (addr, time.monotonic())
+            pending[conn] = _Pending(addr, time.monotonic() + self.request_timeout)
+
+    def _read(
+        self,
+        sel: selectors.BaseSelector,
+        pending: dict[socket.socket, _Pending],
+        conn: socket.socket,
+    ) -> None:
+        """Take what the client sent; a complete request goes to a handler."""
+        p = pending[conn]
+        try:
+            chunk = conn.recv(MAX_REQUEST_BYTES + 1 - len(p.data))
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client hung up (or reset) before its request was complete
+            self._drop(sel, pending, conn)
+            return
+        since = len(p.data)
+        p.data += chunk
+        if _request_end(p.data, since):
+            sel.unregister(conn)
+            del pending[conn]
+            self._dispatch(conn, p.addr, bytes(p.data))
+        elif len(p.data) > MAX_REQUEST_BYTES:
+            self._drop(sel, pending, conn)  # not a scrape: no answer owed
 
     @staticmethod
     def _drop(
         sel: selectors.BaseSelector,
-        pending: dict[socket.socket, tuple[Any, float]],
+        pending: dict[socket.socket, _Pending],
         conn: socket.socket,
     ) -> None:
         sel.unregister(conn)
         del pending[conn]
         conn.close()
 
-    def _dispatch(self, conn: socket.socket, addr: Any) -> None:
+    def _dispatch(self, conn: socket.socket, addr: Any, request: bytes) -> None:
         if not self._slots.acquire(blocking=False):
             self._shed(conn)
             return
         try:
             threading.Thread(
-                target=self._handle, args=(conn, addr), name="sglang-farm-metrics-req", daemon=True
+                target=self._handle,
+                args=(conn, addr, request),
+                name="sglang-farm-metrics-req",
+                daemon=True,
             ).start()
         except RuntimeError:  # no thread to be had: shed it like any request past the cap
             self._slots.release()
             self._shed(conn)
 
-    def _shed(self, conn: socket.socket) -> None:
-        """503 without a thread: read what the client sent (so closing sends no RST), answer."""
+    @staticmethod
+    def _shed(conn: socket.socket) -> None:
+        """503 without a thread (its request was read, so closing sends no RST)."""
         try:
-            conn.recv(65536)
-            conn.send(_BUSY)
+            conn.send(_BUSY)  # small: fits the empty send buffer of a new connection
         except OSError:
             pass  # a client that went away needs no answer
         finally:
             conn.close()
 
-    def _handle(self, conn: socket.socket, addr: Any) -> None:
+    def _handle(self, conn: socket.socket, addr: Any, request: bytes) -> None:
         try:
-            conn.setblocking(True)  # the handler sets its own timeout
-            self.finish_request(conn, addr)
+            # Blocking, bounded: since 3.5 a timeout bounds a whole sendall(), not one send.
+            conn.settimeout(self.write_timeout)
+            _Handler(conn, addr, self, request)
         except OSError:
             pass  # the client hung up or stalled: nothing to answer
         except Exception:  # task root of one connection: log it, keep serving
@@ -245,13 +319,19 @@ class _Server6(_Server):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One request, already read whole by the accept loop (`request`); answers it."""
+
     server: _Server
     server_version = "sglang-farm"
 
+    def __init__(self, conn: socket.socket, addr: Any, server: _Server, request: bytes) -> None:
+        self._request_bytes = request
+        super().__init__(conn, addr, server)  # runs setup, handle, finish
+
     def setup(self) -> None:
         super().setup()
-        # Seconds a stalled client may hold this handler (and its thread).
-        self.connection.settimeout(self.server.idle_timeout)
+        # The request was read by the accept loop: parse it from memory, never the socket.
+        self.rfile = io.BytesIO(self._request_bytes)
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -286,7 +366,9 @@ class Exporter:
 
     Binds in the constructor, so a taken port fails at once with OSError; serves
     in a daemon thread until `close()`. At most `max_connections` requests are served
-    at once; a client silent for `idle_timeout` seconds is dropped.
+    at once; a client whose request is not complete `request_timeout` seconds after its
+    connection was accepted is dropped; at most `max_pending` such connections are held
+    (None: `fdbudget.exporter_pending_cap` of the process's soft descriptor limit now).
     """
 
     def __init__(
@@ -296,16 +378,25 @@ class Exporter:
         listen: str,
         *,
         max_connections: int = MAX_CONNECTIONS,
-        idle_timeout: float = IDLE_TIMEOUT_S,
+        max_pending: int | None = None,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        write_timeout: float = WRITE_TIMEOUT_S,
     ) -> None:
         host, port = parse_listen(listen)
         cls = _Server6 if ":" in host else _Server
+        if max_pending is None:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            max_pending = fdbudget.exporter_pending_cap(
+                fdbudget.usable(soft, resource.RLIM_INFINITY)
+            )
         try:
             server = cls(
                 (host, port),
                 _Handler,
                 max_connections=max_connections,
-                idle_timeout=idle_timeout,
+                max_pending=max_pending,
+                request_timeout=request_timeout,
+                write_timeout=write_timeout,
             )
         except OSError as exc:
             raise OSError(

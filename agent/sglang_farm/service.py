@@ -40,6 +40,48 @@ log = structlog.get_logger("sglang_farm.service")
 SYSTEMD_EXIT_GRACE_S = 2.0
 
 
+def raise_nofile() -> None:
+    """Raise the soft descriptor limit to the hard one (process runtime, issue 22 item 13).
+
+    A login shell hands the agent a soft limit of 1,024; its workers' pipes, probes, the
+    exporter and the control socket share it, and the servers' caps are fractions of it
+    (`fdbudget`). Under systemd the unit's LimitNOFILE= sets both already.
+    """
+    import resource
+
+    from sglang_farm.fdbudget import nofile_target
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = nofile_target(soft, hard, resource.RLIM_INFINITY)
+    if want is None:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as exc:  # e.g. above fs.nr_open: keep what we have
+        log.warning("nofile_not_raised", soft=soft, hard=hard, wanted=want, error=str(exc))
+        return
+    log.info("nofile_raised", soft=want, was=soft)
+
+
+def ensure_state_folder(path: str) -> None:
+    """Create the state folder if missing; refuse one another user could write (or owns).
+
+    Raises `UntrustedFolder` naming the folder, its owner and mode, and the fix: a state
+    folder pre-created by another user let it plant links that root's writes followed
+    (issue 22, item 11).
+    """
+    from sglang_farm.errors import UntrustedFolder
+    from sglang_farm.securepath import folder_problem, make_folders
+
+    what, key = "the state folder", "[farm] state_dir"
+    problem = folder_problem(path, what, key)
+    if problem is None:
+        make_folders(path)
+        problem = folder_problem(path, what, key)  # what is there now, whoever made it
+    if problem is not None:
+        raise UntrustedFolder(problem)
+
+
 def systemd_is_pid1() -> bool:
     """sd_booted(): systemd creates /run/systemd/system/ early at boot, and only then."""
     return os.path.isdir("/run/systemd/system")
@@ -119,6 +161,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     kind, why = choose_runtime(runtime_kind)
     spec = load_config(config_path, gpu_count, kind)
     log.info("runtime_chosen", runtime=kind, why=why, config=config_path)
+    if kind == "process":
+        raise_nofile()  # before anything sizes itself from the limit (control, exporter)
+    ensure_state_folder(spec.farm.state_dir)
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)

@@ -21,7 +21,12 @@ import click
 
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
-from sglang_farm.errors import AgentError, AgentUnreachable, SocketPermissionDenied
+from sglang_farm.errors import (
+    AgentError,
+    AgentUnreachable,
+    SocketPermissionDenied,
+    UntrustedSocket,
+)
 from sglang_farm.paths import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET
 
 
@@ -159,6 +164,8 @@ class Ctl:
             raise _unreachable(exc, self.config) from None
         except SocketPermissionDenied as exc:
             raise _denied(exc) from None
+        except UntrustedSocket as exc:  # its message says what and what to do
+            raise Failed(str(exc)) from None
         except AgentError as exc:
             raise _agent_error(cmd, exc, self.as_json) from None
 

@@ -107,6 +107,13 @@ def check_config(config_path: str, gpus: int | None) -> None:
     secrets = config_secrets_check(spec, mode)
     if secrets is not None:
         click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
+    from sglang_farm.doctor.gather import farm_folder_problems, key_file_facts
+    from sglang_farm.doctor.rules import key_file_checks
+
+    for check in key_file_checks(spec, key_file_facts(spec), os.geteuid()):
+        click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)
+    for problem in farm_folder_problems(spec):  # the agent refuses these at start
+        click.echo(f"warning: the agent would stop: {problem}", err=True)
     from sglang_farm.accounts import host_account_problems
 
     for problem in host_account_problems(spec):  # the agent under systemd refuses these

@@ -19,8 +19,10 @@ from sglang_farm.errors import (
     AgentUnreachable,
     ProtocolError,
     SocketPermissionDenied,
+    UntrustedSocket,
 )
 from sglang_farm.paths import DEFAULT_SOCKET
+from sglang_farm.securepath import socket_problem
 
 # Read-only answers come from state the agent already holds: seconds are plenty.
 DEFAULT_TIMEOUT = 15.0
@@ -57,8 +59,9 @@ class Client:
         """Yield every reply line (stream messages, then the final one).
 
         `timeout` bounds each wait for a line (None: `self.timeout`; 0: no bound).
-        Raises `AgentError` for an error reply and `AgentUnreachable` if the
-        connection fails or ends before the final reply.
+        Raises `AgentError` for an error reply, `AgentUnreachable` if the
+        connection fails or ends before the final reply, and `UntrustedSocket` (before
+        connecting) for a socket another user could have put there (`securepath`).
         """
         rid = next(self._ids)
         limit = self.timeout if timeout is None else (timeout or None)
@@ -97,6 +100,11 @@ class Client:
                 return
 
     def _connect(self) -> socket.socket:
+        # Before connecting: a socket another user could have put there gets no request
+        # (it would see the command, and its answer would be printed as the agent's).
+        problem = socket_problem(self.path)
+        if problem is not None:
+            raise UntrustedSocket(self.path, problem)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:

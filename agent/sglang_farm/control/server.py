@@ -9,7 +9,9 @@ else is `internal` (the traceback goes to the log, never to the client).
 
 Robustness: each connection is its own task with an idle timeout and bounded
 writes, lines are capped at `codec.MAX_LINE`, and the number of connections is
-capped; nothing a client sends or fails to read can block another client.
+capped below the descriptor limit; nothing a client sends or fails to read can block
+another client. The socket is made only in a folder no other user can write
+(`securepath`): one that could would let that user swap in its own socket.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import resource
 import socket
 import stat
 from collections.abc import Mapping
@@ -25,12 +28,14 @@ from typing import Final
 
 import structlog
 
+from sglang_farm import fdbudget
 from sglang_farm.control import codec
 from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
 from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
 from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import ControlSocketError, FarmError
+from sglang_farm.securepath import folder_problem, make_folders
 
 log = structlog.get_logger("sglang_farm.control")
 
@@ -39,8 +44,6 @@ log = structlog.get_logger("sglang_farm.control")
 IDLE_TIMEOUT: Final = 30.0
 # A client that does not read its reply for this long is dropped (its task only).
 WRITE_TIMEOUT: Final = 10.0
-# Far above any real use (a few operators, a router polling endpoints); bounds fds.
-MAX_CLIENTS: Final = 1024
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
@@ -87,12 +90,12 @@ class ControlServer:
         *,
         version: str,
         idle_timeout: float = IDLE_TIMEOUT,
-        max_clients: int = MAX_CLIENTS,
+        max_clients: int | None = None,  # None: from the descriptor limit (`_client_cap`)
     ) -> None:
         self._path = path
         self._group = group
         self._idle_timeout = idle_timeout
-        self._max_clients = max_clients
+        self._max_clients = max_clients if max_clients is not None else _client_cap()
         # Root-only until start() has resolved the group.
         self._gate = Gate(None, group)
         self._handlers = Handlers(ops, version=version)
@@ -102,6 +105,11 @@ class ControlServer:
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def max_clients(self) -> int:
+        """Connections held at once; past it a newcomer is answered `busy` and closed."""
+        return self._max_clients
 
     @property
     def group_gid(self) -> int | None:
@@ -130,7 +138,13 @@ class ControlServer:
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
             raise
-        log.info("control_listening", path=self._path, mode=oct(mode), group=self._group)
+        log.info(
+            "control_listening",
+            path=self._path,
+            mode=oct(mode),
+            group=self._group,
+            max_clients=self._max_clients,
+        )
 
     def _resolve_group(self) -> int | None:
         gid = group_gid(self._group)
@@ -150,7 +164,12 @@ class ControlServer:
 
     async def _bind(self) -> socket.socket:
         parent = os.path.dirname(self._path) or "."
-        os.makedirs(parent, mode=0o755, exist_ok=True)
+        make_folders(parent)
+        # Never in a folder another user could write: it could swap in its own socket,
+        # and root's farmctl would talk to it (issue 22, item 11).
+        problem = folder_problem(parent, "the control socket's folder", "[control] socket")
+        if problem is not None:
+            raise ControlSocketError(problem)
         self._clear_stale()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -328,6 +347,17 @@ class ControlServer:
                     "see the agent's log: journalctl -u sglang-farm",
                 )
             )
+
+
+def _client_cap() -> int:
+    """The default cap: `fdbudget.control_client_cap` of this process's soft descriptor limit.
+
+    1,024 under the unit's LimitNOFILE=65536 (far above any real use), an eighth of a
+    smaller limit: a flood of idle connections gets `busy` at once and never drives
+    accept() into EMFILE, where the next farmctl would wait unanswered (issue 22, item 13).
+    """
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return fdbudget.control_client_cap(fdbudget.usable(soft, resource.RLIM_INFINITY))
 
 
 def _args_log(req: Request) -> dict[str, object]:

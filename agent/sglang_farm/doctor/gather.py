@@ -55,12 +55,14 @@ from sglang_farm.doctor.rules import (
     CheckId,
     DoctorReport,
     FlagsOutcome,
+    KeyFileFacts,
     Observations,
     PathFacts,
     ProbeOutcome,
     Status,
     blocking_checks,
     evaluate,
+    key_files,
     live_port_keys,
     resolve_flags,
     worker_cc,
@@ -307,6 +309,31 @@ def make_probe_runner(
     return run
 
 
+def key_file_facts(spec: FarmSpec) -> dict[str, KeyFileFacts]:
+    """Owner and mode of each key file the config names (`rules.key_files`); no key is read."""
+    out: dict[str, KeyFileFacts] = {}
+    for _key, path in key_files(spec):
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            out[path] = KeyFileFacts(error=exc.strerror or str(exc))
+        else:
+            out[path] = KeyFileFacts(uid=st.st_uid, mode=stat.S_IMODE(st.st_mode))
+    return out
+
+
+def farm_folder_problems(spec: FarmSpec) -> tuple[str, ...]:
+    """Why the agent would refuse its state folder or its control socket's folder."""
+    from sglang_farm.securepath import folder_problem
+
+    found = (
+        folder_problem(spec.farm.state_dir, "the state folder", "[farm] state_dir"),
+        folder_problem(os.path.dirname(spec.control.socket), "the control socket's folder",
+                       "[control] socket"),
+    )
+    return tuple(p for p in found if p is not None)
+
+
 def path_facts(path: str) -> PathFacts:
     """What is at a configured model path (sizes from one walk; no file is read)."""
     p = Path(path)
@@ -417,7 +444,9 @@ def gather(
         config_mode = None
     return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
                         MappingProxyType(ports), MappingProxyType(models), shm_free,
-                        config_mode=config_mode)
+                        config_mode=config_mode,
+                        key_files=MappingProxyType(key_file_facts(spec)), agent_uid=os.geteuid(),
+                        folder_problems=farm_folder_problems(spec))
 
 
 def run_doctor(

@@ -190,6 +190,12 @@ class Observations:
     shm_free_bytes: int | None = None
     # The config file's permission bits (st_mode & 0o7777), None when not looked at.
     config_mode: int | None = None
+    # The key files the config names (`key_files`), by path; those absent were not looked at.
+    key_files: Mapping[str, KeyFileFacts] = field(default_factory=lambda: MappingProxyType({}))
+    # The uid the agent runs as (the key files' owner); None when not looked at.
+    agent_uid: int | None = None
+    # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
+    folder_problems: tuple[str, ...] = ()
 
 
 # --- pure rules ------------------------------------------------------------------------
@@ -918,6 +924,55 @@ def config_secrets_check(spec: FarmSpec, mode: int | None) -> Check | None:
         f"chmod 0640 {spec.source} (root:sglang-farm) or chmod 0600 {spec.source}")
 
 
+@dataclass(frozen=True, slots=True)
+class KeyFileFacts:
+    """A key file's owner and permission bits (`st_mode & 0o7777`), or why `stat` failed."""
+
+    uid: int | None = None
+    mode: int | None = None
+    error: str | None = None
+
+
+def key_files(spec: FarmSpec) -> tuple[tuple[str, str], ...]:
+    """The files the config names that hold a secret: (its key in the config, path)."""
+    named = [
+        ("[gateway] admin_key_file", spec.gateway.admin_key_file),
+        ("[gateway] api_key_file", spec.gateway.api_key_file),
+        ("[model] token_file", spec.model.token_file if spec.model is not None else None),
+    ]
+    return tuple((key, path) for key, path in named if path)
+
+
+def key_file_checks(
+    spec: FarmSpec, facts: Mapping[str, KeyFileFacts], agent_uid: int
+) -> list[Check]:
+    """A warning for each key file (`key_files`) that another user could read or replace:
+    any group or other permission bit, or an owner other than the agent's user
+    (`agent_uid`). The Hub token file is refused at stage time for the same reasons
+    (`staging.hub.read_token`); the gateway's keys are read by whoever starts smg, so the
+    config check and the doctor say it before a key leaks (issue 22, item 12)."""
+    out = []
+    for key, path in key_files(spec):
+        f = facts.get(path)
+        fix = f"chown root: {path} && chmod 0600 {path}"
+        if f is None:
+            continue  # not looked at
+        if f.error is not None:
+            out.append(Check(CheckId.EXPOSURE, Status.WARN,
+                             f"{key} {path}: cannot read it: {f.error}",
+                             f"write the key alone into {path}; {fix}"))
+            continue
+        if f.mode is not None and f.mode & 0o077:
+            out.append(Check(CheckId.EXPOSURE, Status.WARN,
+                             f"{key} {path} is open to other users (mode {f.mode:04o}): "
+                             "only its owner may read a key", fix))
+        if f.uid is not None and f.uid != agent_uid:
+            out.append(Check(CheckId.EXPOSURE, Status.WARN,
+                             f"{key} {path} is owned by uid {f.uid}, not by the agent's user "
+                             f"(uid {agent_uid}): its owner can change the key", fix))
+    return out
+
+
 def _merge(checks: Iterable[tuple[int | None, Check]]) -> tuple[Check, ...]:
     """One row per distinct verdict, with the workers it applies to (first-seen order)."""
     rows: dict[tuple[CheckId, Status, str, str], list[int]] = {}
@@ -973,6 +1028,11 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     secrets = config_secrets_check(spec, obs.config_mode)
     if secrets is not None:
         found.append((None, secrets))
+    if obs.agent_uid is not None:
+        found += [(None, c) for c in key_file_checks(spec, obs.key_files, obs.agent_uid)]
+    found += [(None, Check(CheckId.EXPOSURE, Status.WARN, problem,
+                           "the agent refuses to start until then: fix the folder as said"))
+              for problem in obs.folder_problems]
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):

@@ -1,0 +1,115 @@
+"""Key files' permissions (issue 22, item 12): check-config and the doctor warn of a key
+file another user can read or replace, as they would of the Hub token file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import asuser
+from asuser import shared_dir  # noqa: F401 (a fixture)
+from sglang_farm.cli.main import cli
+from sglang_farm.config import load_spec
+from sglang_farm.doctor.gather import key_file_facts
+from sglang_farm.doctor.rules import CheckId, Observations, Status, evaluate
+from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.spec import FarmSpec
+
+
+def _config(folder: Path, admin: Path, api: Path) -> Path:
+    config = folder / "farm.toml"
+    config.write_text(
+        "[workers]\ngpus = [0]\n[sglang]\nmodel_path = '/models/m'\n"
+        f'[gateway]\nmode = "managed"\nadmin_key_file = "{admin}"\napi_key_file = "{api}"\n'
+    )
+    config.chmod(0o600)
+    return config
+
+
+def _keys(folder: Path) -> tuple[Path, Path]:
+    """A root-owned admin key at 0644, and an API key written by nobody at 0600."""
+    admin = folder / "admin.key"
+    admin.write_text("k-admin\n")
+    admin.chmod(0o644)
+    api = folder / "api.key"
+    asuser.nobody_python(
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600);"
+        " os.write(fd, b'k-api'); os.close(fd)",
+        str(api),
+    )
+    return admin, api
+
+
+def test_check_config_warns_of_key_files_others_can_read_or_replace(
+    shared_dir: Path,  # noqa: F811 (the fixture)
+) -> None:
+    admin, api = _keys(shared_dir)
+    config = _config(shared_dir, admin, api)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert (
+        f"warning: [gateway] admin_key_file {admin} is open to other users (mode 0644)"
+        in result.stderr
+    )
+    assert f"fix: chown root: {admin} && chmod 0600 {admin}" in result.stderr
+    assert (
+        f"warning: [gateway] api_key_file {api} is owned by uid {asuser.NOBODY_UID}, "
+        "not by the agent's user (uid 0)" in result.stderr
+    )
+    assert "k-admin" not in result.output and "k-api" not in result.output
+
+
+def test_root_only_key_files_get_no_warning(tmp_path: Path) -> None:
+    admin, api = tmp_path / "admin.key", tmp_path / "api.key"
+    for key in (admin, api):
+        key.write_text("k\n")
+        key.chmod(0o600)
+    config = _config(tmp_path, admin, api)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "key_file" not in result.stderr
+
+
+def _doctor_exposure(spec: FarmSpec) -> dict[str, Status]:
+    obs = Observations(
+        fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
+        env={}, flags={}, ports={}, models={},
+        key_files=key_file_facts(spec), agent_uid=os.geteuid(),
+    )
+    return {
+        c.message: c.status for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE
+    }
+
+
+def test_the_doctor_warns_of_the_same_key_files(shared_dir: Path) -> None:  # noqa: F811
+    admin, api = _keys(shared_dir)
+    spec = load_spec(_config(shared_dir, admin, api).read_text(), source="farm.toml")
+    found = _doctor_exposure(spec)
+    assert found[
+        f"[gateway] admin_key_file {admin} is open to other users (mode 0644): "
+        "only its owner may read a key"
+    ] is Status.WARN
+    owned = [m for m in found if m.startswith(f"[gateway] api_key_file {api} is owned by uid")]
+    assert owned and found[owned[0]] is Status.WARN
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_any_group_or_other_bit_on_the_hub_token_file_is_warned_of(
+    tmp_path: Path, mode: int
+) -> None:
+    token = tmp_path / "hub.token"
+    token.write_text("hf_x\n")
+    token.chmod(mode)
+    spec = load_spec(
+        "[workers]\ngpus = [0]\n[sglang]\nmodel_path = '/models/m'\n"
+        f'[model]\nsource = "org/m"\ntoken_file = "{token}"\n',
+        source="farm.toml",
+    )
+    found = _doctor_exposure(spec)
+    assert found[
+        f"[model] token_file {token} is open to other users (mode {mode:04o}): "
+        "only its owner may read a key"
+    ] is Status.WARN
