@@ -45,12 +45,15 @@ class SmgGateway:
     """Membership of one smg gateway, through its worker API.
 
     `api_key` is the control-plane key the farm sends (never logged, never in an
-    error). `worker_api_key` is the key smg must present to the workers (SGLang's
-    `--api-key`), if they have one: smg does not give its own `--api-key` to workers
-    added through the API. Bounds: `add` waits at most `add_timeout` seconds for the
-    worker to be listed as ready; `remove` at most `remove_timeout` for it to leave
-    the routed set (measured: a few milliseconds); both raise `GatewayError` with code
-    TIMEOUT past them. Every single HTTP request is bounded by `request_timeout`.
+    error). The key smg must present to a worker (SGLang's `--api-key`) is given with
+    each `add`, from the config in force: smg does not give its own `--api-key` to
+    workers added through the API, and takes a key per worker (`"api_key"` in
+    `POST /workers`), so a reload that adds or changes a worker's key re-registers it
+    with the new one when it comes back (item 8 of issue 22). Bounds: `add` waits at
+    most `add_timeout` seconds for the worker to be listed as ready; `remove` at most
+    `remove_timeout` for it to leave the routed set (measured: a few milliseconds);
+    both raise `GatewayError` with code TIMEOUT past them. Every single HTTP request is
+    bounded by `request_timeout`.
 
     Workers are registered with `labels` and smg's per-worker `health` overrides
     (`timeout_secs`, `check_interval_secs`, `failure_threshold`, `success_threshold`,
@@ -66,7 +69,6 @@ class SmgGateway:
         url: str,
         *,
         api_key: str | None = None,
-        worker_api_key: str | None = None,
         labels: Mapping[str, str] | None = None,
         health: Mapping[str, int | bool] | None = None,
         client: httpx.AsyncClient | None = None,
@@ -79,7 +81,6 @@ class SmgGateway:
         self._url = url.strip().rstrip("/")
         self._has_key = bool(api_key)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._worker_api_key = worker_api_key
         self._labels = dict(labels or {})
         self._health = dict(health or {})
         self._own_client = client is None
@@ -134,11 +135,11 @@ class SmgGateway:
                 "gateway (the farm is tested against smg 1.13)?",
             ) from exc
 
-    async def add(self, url: str) -> None:
+    async def add(self, url: str, *, api_key: str | None = None) -> None:
         u = normalize_url(url)
         try:
             async with asyncio.timeout(self._add_timeout):
-                await self._register(u)
+                await self._register(u, api_key)
                 # Polling: the gateway has no way to tell when a registration finished.
                 while True:
                     if any(m.url == u and m.routed for m in await self.list()):
@@ -182,14 +183,15 @@ class SmgGateway:
 
     # -- membership steps --------------------------------------------------------------
 
-    async def _register(self, u: str) -> None:
-        """POST the worker until smg accepts it or it is already routed."""
+    async def _register(self, u: str, api_key: str | None) -> None:
+        """POST the worker (with the key smg must present to it) until smg accepts it or
+        it is already routed."""
         body: dict[str, Any] = {
             "url": u,
             "health": {"drain_settle_secs": self._drain_settle_s, **self._health},
         }
-        if self._worker_api_key:
-            body["api_key"] = self._worker_api_key
+        if api_key:
+            body["api_key"] = api_key
         if self._labels:
             body["labels"] = self._labels
         while True:
