@@ -288,3 +288,74 @@ def test_a_reload_adding_api_key_puts_every_worker_back_into_smg() -> None:
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 4})
             assert answer.status_code == 200, answer.text
+
+
+@contextlib.contextmanager
+def keyed_sim_and_gateway(tmp: Path) -> Iterator[tuple[str, str]]:
+    """A simulator started with SGLang's --api-key, and an smg (admin key only) in front:
+    (worker URL, gateway URL)."""
+    from sglang_farm.gateway.managed import ManagedGateway, smg_argv
+
+    wport, gport = free_port_block(1), free_port_block(2)
+    (tmp / "admin.key").write_text("admin-key-for-the-test")
+    (tmp / "admin.key").chmod(0o600)
+    spec = ManagedGateway(host="127.0.0.1", port=gport, metrics_port=gport + 1,
+                          policy="round_robin")
+    argv = smg_argv(spec, smg=[sys.executable, "-m", "sglang_farm.gateway.launch",
+                               "--admin-key-file", str(tmp / "admin.key")])
+    env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0"}
+    log = (tmp / "smg.log").open("w")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sglang_farm.sim", "--model-path", MODEL, "--port",
+             str(wport), "--api-key", WORKER_KEY],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        ),
+        subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
+    ]
+    log.close()  # the child has its own copy
+    worker, gateway = f"http://127.0.0.1:{wport}", spec.url
+    try:
+        until(lambda: httpx.get(f"{gateway}/health", timeout=2).status_code == 200, 30, "smg")
+        until(lambda: httpx.get(f"{worker}/health", timeout=2).status_code == 200, 30, "sim")
+        yield worker, gateway
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+WORKER_KEY = "k-worker-0123"
+
+
+@pytest.mark.slow
+@needs_smg
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("removed_between", [False, True])
+async def test_a_registration_stuck_on_an_old_key_gives_way_to_the_new_one(
+    tmp_path: Path, removed_between: bool
+) -> None:
+    """Issue 22 item 8, the gateway's side: a registration made with the worker's old key
+    (none) is never listed (smg retries it against the worker's 401s for minutes, and
+    answers 409 WORKER_CREATE_IN_PROGRESS to any new POST of the URL). The next add
+    with the current key (straight after, or after the drain's remove) must cancel it
+    and bring the worker in; before, it waited on the stuck one and timed out."""
+    from sglang_farm.errors import GatewayError
+    from sglang_farm.gateway.smg import SmgGateway
+
+    with keyed_sim_and_gateway(tmp_path) as (worker, gateway):
+        async with SmgGateway(gateway, api_key="admin-key-for-the-test",
+                              add_timeout=3) as gw:
+            with pytest.raises(GatewayError, match="did not list worker"):
+                await gw.add(worker)  # no key: smg's registration loops on 401
+            if removed_between:
+                await gw.remove(worker)
+            await gw.add(worker, api_key=WORKER_KEY)
+            assert [(m.url, m.status) for m in await gw.list()] == [(worker, "ready")]
+            async with httpx.AsyncClient() as client:
+                r = await client.post(f"{gateway}/v1/chat/completions", timeout=30, json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2})
+            assert r.status_code == 200, r.text

@@ -14,6 +14,10 @@ simulator (docs/gateway.md has the commands and figures):
 - 409 `WORKER_ALREADY_EXISTS` for a URL that is listed (a draining one too: a new
   POST must wait until it is gone); 409 `WORKER_CREATE_IN_PROGRESS` while a
   registration for the URL runs. Only "ready" workers receive traffic.
+- `POST /workers` takes the key smg must present to that worker (`"api_key"`). A
+  registration whose worker refuses it (401 on `/v1/models`) is not listed and is
+  retried by smg in the background for minutes, answering 409 `WORKER_CREATE_IN_PROGRESS`
+  to any new POST of the URL; `DELETE /workers/{id}` with the id of the 202 ends that.
 - Control-plane auth is `Authorization: Bearer <key>` (an admin key given to smg by
   `--control-plane-api-keys`, or its shared `--api-key`); 401 without a valid one.
 """
@@ -90,6 +94,10 @@ class SmgGateway:
         self._remove_timeout = remove_timeout
         self._poll = poll_interval
         self._drain_settle_s = drain_settle_s
+        # smg's id of each registration this adapter started that has not been listed
+        # ready yet, and of those its `add` gave up on (see `_register`).
+        self._started: dict[str, str] = {}
+        self._stale: dict[str, str] = {}
 
     @property
     def url(self) -> str:
@@ -143,9 +151,12 @@ class SmgGateway:
                 # Polling: the gateway has no way to tell when a registration finished.
                 while True:
                     if any(m.url == u and m.routed for m in await self.list()):
+                        self._started.pop(u, None)
                         return
                     await asyncio.sleep(self._poll)
         except TimeoutError:
+            if u in self._started:
+                self._stale[u] = self._started.pop(u)
             raise GatewayError(
                 self._url,
                 GatewayErrorCode.TIMEOUT,
@@ -166,6 +177,11 @@ class SmgGateway:
                     # come back into rotation when it answers them again.
                     if m.url == u and m.status != DRAINING_STATUS:
                         await self._delete(m)
+                # A registration of ours still running (not listed): cancelled, so that
+                # it cannot bring the worker in later, with what may be an old key.
+                for pending in (self._started.pop(u, None), self._stale.pop(u, None)):
+                    if pending is not None:
+                        await self._delete(Member(url=u, id=pending, status="pending"))
                 while True:
                     last = [m for m in await self.list() if m.url == u]
                     if not any(m.routed for m in last):
@@ -197,11 +213,22 @@ class SmgGateway:
         while True:
             r = await self._request("POST", "/workers", body)
             if r.status_code in (200, 201, 202):
+                wid = _worker_id(r)
+                if wid is not None:
+                    self._started[u] = wid
                 return
             if r.status_code != 409:
                 raise self._refused(f"add worker {u}", r)
             if _error_code(r) == "WORKER_CREATE_IN_PROGRESS":
-                return  # someone's registration of the same URL runs: wait for its result
+                stale = self._stale.pop(u, None)
+                if stale is None:
+                    return  # a registration of the same URL runs: wait for its result
+                # Ours, and not done within a whole `add_timeout`: smg keeps retrying it
+                # (with the key it was given then: a reload may have changed the
+                # worker's since, and smg's 401s never end). Cancel it, register anew.
+                await self._delete(Member(url=u, id=stale, status="pending"))
+                await asyncio.sleep(self._poll)
+                continue
             mine = [m for m in await self.list() if m.url == u]
             if any(m.routed for m in mine):
                 return
@@ -294,6 +321,19 @@ def parse_members(body: object) -> list[Member]:
             )
         )
     return members
+
+
+def _worker_id(r: httpx.Response) -> str | None:
+    """The id smg gives a registration it accepted (`{"worker_id": ...}`), if any."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    wid = body.get("worker_id") if isinstance(body, dict) else None
+    # It goes into a path (DELETE /workers/{id}): smg's ids are UUIDs.
+    if isinstance(wid, str) and wid and all(c.isalnum() or c in "-_" for c in wid):
+        return wid
+    return None
 
 
 def _error_code(r: httpx.Response) -> str | None:
