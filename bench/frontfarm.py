@@ -29,6 +29,7 @@ import httpx
 from tests.farmproc import marked_pids, new_marker, tmpdir
 
 from bench.farmrun import ROOT, Farm, free_port_block, sim_env
+from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
 
 DEMO = ROOT / "etc" / "sglang-farm" / "demo.toml"
 MODEL = "sim/Qwen3.6-27B"
@@ -127,10 +128,19 @@ class FrontFarm:
         tmp.write_text(toml_dumps(doc))
         os.replace(tmp, self.config)
 
+    def admin_headers(self) -> dict[str, str]:
+        """The managed gateway's worker API needs its admin key: the one the agent
+        generated in its state directory (the demo names no admin_key_file)."""
+        path = Path(self.doc["farm"]["state_dir"]) / GENERATED_ADMIN_KEY_NAME
+        try:
+            return {"Authorization": f"Bearer {path.read_text().strip()}"}
+        except OSError:
+            return {}  # not made yet: the agent is still starting
+
     def members(self) -> dict[str, str]:
         """The gateway's worker list, url -> status ({} when it does not answer)."""
         try:
-            r = self.http.get(f"{self.gateway_url}/workers")
+            r = self.http.get(f"{self.gateway_url}/workers", headers=self.admin_headers())
             body = r.json()
         except (httpx.HTTPError, ValueError):
             return {}

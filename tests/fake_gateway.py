@@ -23,6 +23,7 @@ class FakeGateway:
         self._ids = itertools.count(1)
         self.members: dict[str, Member] = {}
         self.calls: list[tuple[str, str]] = []  # ("add" | "remove", normalized URL)
+        self.keys: dict[str, str | None] = {}  # the worker key each URL was last added with
         self.down = False
         self.fail_add: set[str] = set()
         self.fail_remove: set[str] = set()
@@ -40,9 +41,10 @@ class FakeGateway:
     async def up(self) -> bool:
         return not self.down
 
-    async def add(self, url: str) -> None:
+    async def add(self, url: str, *, api_key: str | None = None) -> None:
         u = normalize_url(url)
         self.calls.append(("add", u))
+        self.keys[u] = api_key
         self._check(u, self.fail_add, "add")
         if u not in self.members:
             self._put(u)

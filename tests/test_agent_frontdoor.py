@@ -15,6 +15,11 @@ from agent_harness import (
     urls,
 )
 from fake_gateway import FakeGateway
+from sglang_farm.cli.farmctl import _gateway_line
+from sglang_farm.config import load_spec
+from sglang_farm.control.results import status_result
+from sglang_farm.gateway import Member
+from sglang_farm.metrics import MetricsState, build_registry
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from virtual_time import run_virtual
@@ -164,5 +169,80 @@ def test_a_gateway_not_up_yet_at_start_is_no_error(tmp: Path) -> None:
             await f.until(lambda: f.gateway.routed() == urls(range(8)), within=120)
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up and view.gateway.errors == 0
+
+    run_virtual(scenario())
+
+
+MANAGED = """
+[gateway]
+mode = "managed"
+listen = "127.0.0.1:8000"
+drain_timeout = "30s"
+"""
+
+
+def test_a_managed_gateway_loses_members_the_farm_did_not_add(tmp: Path) -> None:
+    """Issue 22 item 3: a managed gateway is the farm's alone. A member someone else
+    registered (behind the farm's back, with the key) is removed at the next reconcile,
+    and the farm's own workers stay."""
+    rogue = "http://127.0.0.1:31500"
+    gw = FakeGateway(others=[rogue])
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=MANAGED), gateway=gw) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)), within=60)
+            assert ("remove", rogue) in f.gateway.calls
+            # One planted while the farm runs: gone within one reconcile period.
+            gw.members[rogue] = Member(url=rogue, id="planted", status="ready")
+            await f.until(lambda: rogue not in f.gateway.routed(), within=11)
+            await asyncio.sleep(15)
+            assert f.gateway.routed() == urls(range(8))
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.foreign == ()
+
+    run_virtual(scenario())
+
+
+def test_an_external_gateways_foreign_members_are_shown_not_removed(tmp: Path) -> None:
+    """Issue 22 item 3: an external gateway is shared; another host's worker is left in
+    it, and status (text and --json) and the metrics name it."""
+    other = "http://10.0.0.9:30000"
+    gw = FakeGateway(others=[other])
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)) | {other})
+            await asyncio.sleep(25)  # two reconciles
+            assert ("remove", other) not in f.gateway.calls
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.foreign == (other,)
+            result = status_result(view, [], version="t", now=0.0)
+            gateway = result["gateway"]
+            assert isinstance(gateway, dict) and gateway["foreign"] == [other]
+            assert f"1 member not of this farm: {other}" in _gateway_line(gateway, 8)
+            registry = build_registry(lambda: MetricsState(snapshot_at=0.0, farm=view), version="t")
+            assert registry.get_sample_value("sglang_farm_gateway_foreign_members") == 1
+
+    run_virtual(scenario())
+
+
+def test_a_reload_adding_api_key_brings_every_worker_back_with_its_key(tmp: Path) -> None:
+    """Issue 22 item 8: the key the gateway presents to a worker follows reloads. Each
+    worker restarts with the new key and is added back with it (per-worker keys too);
+    before, the gateway kept the key read at agent start and smg never took them back."""
+    new = [farm_toml(tmp, extra=GATEWAY, sglang='api_key = "k-farm"')
+           + '\n[workers.overrides.5]\nsglang = { api_key = "k-five" }\n']
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(new[0], source="test.toml")  # noqa: E731 -- one-liner
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), loader=loader) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            assert set(f.gateway.keys.values()) == {None}
+            result = await f.agent.reload()
+            assert result.applied and result.restarted == tuple(range(8))
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            want = {u: "k-farm" for u in urls(range(8))} | {"http://127.0.0.1:30005": "k-five"}
+            assert f.gateway.keys == want
 
     run_virtual(scenario())

@@ -29,6 +29,7 @@ GATEWAY_FAMILIES = (
     "sglang_farm_gateway_up",
     "sglang_farm_gateway_members",
     "sglang_farm_gateway_errors",
+    "sglang_farm_gateway_foreign_members",
     "sglang_farm_worker_in_gateway",
 )
 

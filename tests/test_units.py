@@ -458,13 +458,19 @@ def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() ->
     assert "[Install]" not in text and not any(ln.startswith("Wants=") for ln in lines)
 
 
-def test_gateway_unit_without_key_files_has_no_credentials() -> None:
+def test_gateway_unit_without_key_files_loads_the_generated_admin_key() -> None:
+    """Issue 22 item 3: a managed gateway is never left with an open worker API. Without
+    [gateway] admin_key_file, the unit loads the key the agent generates in the state
+    directory (gateway.adminkey), and only the admin key."""
     spec = gateway_spec(gateway=GatewaySpec(mode="managed"))
     text = render(spec)[GW]
     lines = text.splitlines()
-    assert not any(ln.startswith("LoadCredential=") for ln in lines)
-    assert "# No key files in [gateway]: its worker API (/workers) is open to whoever" in text
-    assert "-file" not in " ".join(_exec_start_words(text))
+    creds = [ln for ln in lines if ln.startswith("LoadCredential=")]
+    assert creds == [f"LoadCredential=admin-key:{spec.farm.state_dir}/gateway-admin.key"]
+    words = _exec_start_words(text)
+    assert words[words.index("--admin-key-file") + 1] == "%d/admin-key"
+    assert "--api-key-file" not in words
+    assert "open to whoever" not in text
 
 
 def test_gateway_interpreter_is_the_packaged_venv_or_the_one_beside_the_agent() -> None:

@@ -37,6 +37,9 @@ class GatewayStatus:
     members: int  # the farm's own workers the gateway routes to (as last confirmed)
     errors: int  # failed calls and reconciles since the agent started
     last_error: str | None = None
+    # Members the farm did not register, as of the last reconcile (an external gateway's
+    # other hosts; on a managed gateway, removed by that reconcile).
+    foreign: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

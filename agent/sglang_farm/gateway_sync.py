@@ -10,7 +10,17 @@ periodic reconcile, compare what should be with what the gateway lists, so a fai
 call, a gateway restart (which forgets its workers) or a registration smg finished
 late all converge. The gateway being down never stops supervision: calls are retried
 with back-off, the state says so (`up`), and the next reconcile repairs the rest.
-Only the farm's own addresses are touched: other hosts' workers are left alone.
+
+Members that are not the farm's ("foreign": registered by someone else): a MANAGED
+gateway is the farm's alone, so each reconcile removes them (logged with their URL:
+someone with the admin key routed users elsewhere behind the farm's back). An
+EXTERNAL gateway is shared with other hosts' farms: their workers are left alone, and
+shown (`GatewayStatus.foreign`: status, metrics) so that an operator sees who else
+takes the users' requests.
+
+A worker is added with the key the gateway must present to it (SGLang's `--api-key`)
+read from the config in force at that moment, so a reload that adds or changes a key
+brings the worker back with it (issue 22, item 8).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import structlog
 
 from sglang_farm.errors import GatewayError
 from sglang_farm.farm_view import GatewayStatus
-from sglang_farm.gateway.port import Gateway, normalize_url
+from sglang_farm.gateway.port import Gateway, Member, normalize_url
 from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
 
@@ -45,6 +55,8 @@ class MembershipSync:
         on_status: Callable[[], None] = lambda: None,
     ) -> None:
         self._gateway = gateway
+        self._evicting: set[str] = set()  # foreign URLs whose removal runs
+        self.foreign: tuple[str, ...] = ()  # as of the last reconcile
         self._spec = spec
         self._states = states
         self._feed = feed
@@ -66,7 +78,9 @@ class MembershipSync:
 
     def status(self) -> GatewayStatus:
         members = sum(1 for s in self._states().values() if s.in_gateway)
-        return GatewayStatus(self._gateway.url, self.up, members, self.errors, self.last_error)
+        return GatewayStatus(
+            self._gateway.url, self.up, members, self.errors, self.last_error, self.foreign
+        )
 
     def start(self) -> None:
         self._reconciler = asyncio.create_task(self._reconcile_loop(), name="sf-gateway-sync")
@@ -99,7 +113,7 @@ class MembershipSync:
         blog = log.bind(worker=wid, gpu=self._gpu(wid), gateway=self._gateway.url)
         try:
             if want:
-                await self._gateway.add(url)
+                await self._gateway.add(url, api_key=worker_key(self._spec(), wid))
             else:
                 await self._gateway.remove(url)
         except GatewayError as exc:
@@ -184,8 +198,10 @@ class MembershipSync:
             log.warning("gateway_reconcile_failed", gateway=self._gateway.url, error=str(exc))
             return
         self._mark_up()
-        listed = {normalize_url(m.url) for m in members if m.routed}
-        known = {normalize_url(m.url) for m in members}
+        # Managed: the farm runs it, so no member but the farm's belongs there.
+        self._foreign(members, set(ours), managed=spec.gateway.mode == "managed")
+        listed = {_url(m) for m in members if m.routed}
+        known = {_url(m) for m in members}
         states = self._states()
         for url, wid in ours.items():
             s = states.get(wid)
@@ -204,8 +220,63 @@ class MembershipSync:
         self._retry_at.clear()  # a reconcile is a fresh attempt for every worker
         self.update()
 
+    def _foreign(self, members: list[Member], ours: set[str], *, managed: bool) -> None:
+        """Note the members that are not the farm's; on a managed gateway, remove them."""
+        foreign = sorted({_url(m) for m in members} - ours)
+        if tuple(foreign) != self.foreign:
+            self.foreign = tuple(foreign)
+            if foreign and not managed:
+                log.warning("gateway_foreign_members", gateway=self._gateway.url, urls=foreign)
+            self._on_status()
+        if not managed:
+            return
+        for url in foreign:
+            if url in self._evicting:
+                continue
+            self._evicting.add(url)
+            task = asyncio.create_task(self._evict(url, [m for m in members if _url(m) == url]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _evict(self, url: str, seen: list[Member]) -> None:
+        """Take a member the farm did not register out of its managed gateway."""
+        what = ", ".join(f"{m.id} {m.status}" for m in seen)
+        try:
+            log.warning("gateway_foreign_member", gateway=self._gateway.url, url=url,
+                        members=what, action="removing: a managed gateway routes only to "
+                        "the farm's workers")
+            await self._gateway.remove(url)
+        except GatewayError as exc:
+            self._record_error(str(exc))
+            log.warning("gateway_foreign_remove_failed", gateway=self._gateway.url, url=url,
+                        error=str(exc))
+            return
+        finally:
+            self._evicting.discard(url)
+        log.warning("gateway_foreign_removed", gateway=self._gateway.url, url=url)
+        self.foreign = tuple(u for u in self.foreign if u != url)
+        self._on_status()
+
     def _gpu(self, wid: int) -> str:
         spec = self._spec()
         if wid not in spec.worker_ids:
             return "?"
         return ",".join(map(str, spec.worker(wid).gpus))
+
+
+def worker_key(spec: FarmSpec, wid: int) -> str | None:
+    """The key the gateway must present to worker `wid` (its SGLang `--api-key`, per worker
+    or farm-wide), as the config in force says; None without one."""
+    if wid not in spec.worker_ids:
+        return None
+    key = spec.worker(wid).flags.get("api_key")
+    return key if isinstance(key, str) and key else None
+
+
+def _url(m: Member) -> str:
+    """A member's URL in the form the farm compares (a scheme the farm does not know of,
+    such as smg's grpc://, as listed)."""
+    try:
+        return normalize_url(m.url)
+    except ValueError:
+        return m.url

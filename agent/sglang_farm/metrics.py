@@ -267,6 +267,13 @@ def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
     )
     errors.add_metric([], gw.errors)
     yield errors
+    foreign = _g(
+        "sglang_farm_gateway_foreign_members",
+        "Workers in the gateway that the farm did not register (farmctl status names them); "
+        "a managed gateway's are removed at the next reconcile.",
+    )
+    foreign.add_metric([], len(gw.foreign))
+    yield foreign
 
 
 def _staging(sg: StagingView) -> Iterator[Metric]:

@@ -296,14 +296,20 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     from sglang_farm.gateway.managed import from_config, launch_argv
     from sglang_farm.gateway.smg import SmgGateway
 
-    # The farm's own calls use the control-plane key, else the shared one (smg accepts
-    # it on /workers when no control-plane key is set).
-    key = read_key(g.admin_key_file, "admin_key_file") or read_key(g.api_key_file, "api_key_file")
-    worker_key = next(
-        (k for w in spec.workers if isinstance(k := w.flags.get("api_key"), str)), None
-    )
     runner: GatewayRunner | None = None
     if g.mode == "managed":
+        # A managed gateway always has an admin key, or smg leaves its worker API open to
+        # every local user: the configured file, else one generated in the state
+        # directory at first start (root-only; gateway.adminkey). The launcher and,
+        # under systemd, the unit's LoadCredential= read that same file.
+        from sglang_farm.gateway.adminkey import ensure_admin_key
+        from sglang_farm.gateway.managed import admin_key_path
+
+        admin_file = admin_key_path(g.admin_key_file, spec.farm.state_dir)
+        if g.admin_key_file is None:
+            key: str | None = ensure_admin_key(Path(admin_file))
+        else:
+            key = read_key(g.admin_key_file, "admin_key_file")
         managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
         url = managed.url
         if kind == "systemd":
@@ -316,16 +322,22 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
             argv = launch_argv(
                 managed,
                 sys.executable,
-                admin_key_file=g.admin_key_file,
+                admin_key_file=admin_file,
                 api_key_file=g.api_key_file,
             )
             runner = ChildGateway(argv, Path(spec.farm.state_dir) / "gateway.log")
     else:
         assert g.url is not None  # config: external needs url
         url = g.url
+        # The farm's own calls use the control-plane key, else the shared one (smg
+        # accepts it on /workers when no control-plane key is set).
+        key = read_key(g.admin_key_file, "admin_key_file") or read_key(
+            g.api_key_file, "api_key_file"
+        )
     # SGLang's /health can take up to 20 s on a busy worker (docs/reference/sglang.md):
-    # smg's own 5 s probe timeout would drop busy workers.
-    client = SmgGateway(url, api_key=key, worker_api_key=worker_key, health={"timeout_secs": 20})
+    # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
+    # worker is given with each add, from the config in force (gateway_sync.worker_key).
+    client = SmgGateway(url, api_key=key, health={"timeout_secs": 20})
     return FrontDoor(client, runner)
 
 

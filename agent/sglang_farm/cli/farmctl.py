@@ -322,6 +322,10 @@ def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
     errors = int(gw.get("errors") or 0)
     if errors:
         state += f" · {errors} error{'s' if errors != 1 else ''} since the agent started"
+    foreign = [str(u) for u in gw.get("foreign") or ()]
+    if foreign:
+        state += (f" · {len(foreign)} member{'s' if len(foreign) != 1 else ''} not of this "
+                  f"farm: {', '.join(foreign)}")
     return f"gateway {gw.get('url')} · {state}"
 
 

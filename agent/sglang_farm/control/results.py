@@ -127,6 +127,7 @@ def gateway_result(g: GatewayStatus | None) -> Result | None:
         "members": g.members,
         "errors": g.errors,
         "last_error": g.last_error,
+        "foreign": list(g.foreign),
     }
 
 

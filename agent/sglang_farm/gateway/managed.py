@@ -11,7 +11,8 @@ runtime runs. The farm owns the flags below; `extra_args` carries any other smg 
 - `--control-plane-api-keys farm:sglang-farm:admin:<key>` when `admin_key` is set: the
   worker API (`/workers`) then needs that key, and the serving routes stay as
   `api_key` says. Without any key smg leaves `/workers` open to any caller that can
-  reach it: anyone could add or remove backends.
+  reach it: anyone could add or remove backends. So the farm always gives its managed
+  gateway one (`admin_key_path`: the configured file, else one it generates).
 - `--api-key` when `api_key` is set: the shared key of the serving routes (clients
   send `Authorization: Bearer <key>`); smg also presents it to the workers given by
   `--worker-urls`, and accepts it on `/workers` when no `admin_key` is set.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 # `smg launch --policy` choices in smg 1.13.0 (smg/router_args.py, COMMON_POLICY_CHOICES).
 POLICIES = (
@@ -56,6 +58,18 @@ OWNED_FLAGS = (
 # The control-plane key's id and name in smg's 'id:name:role:key' format; they show in
 # smg's audit log (`--control-plane-audit-enabled`).
 ADMIN_KEY_ID = "sglang-farm"
+
+# The admin key the agent generates (gateway.adminkey) when [gateway] admin_key_file is
+# not set, in the state directory.
+GENERATED_ADMIN_KEY_NAME = "gateway-admin.key"
+
+
+def admin_key_path(admin_key_file: str | None, state_dir: str) -> str:
+    """The file holding a managed gateway's admin key: the configured one, else the one
+    the agent generates in `state_dir`. A managed gateway always has one."""
+    if admin_key_file is not None:
+        return admin_key_file
+    return str(PurePosixPath(state_dir) / GENERATED_ADMIN_KEY_NAME)
 
 
 @dataclass(frozen=True, slots=True)

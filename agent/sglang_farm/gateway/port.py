@@ -61,10 +61,12 @@ class Gateway(Protocol):
         """The gateway's base URL, for messages, status and metrics."""
         ...
 
-    async def add(self, url: str) -> None:
+    async def add(self, url: str, *, api_key: str | None = None) -> None:
         """Route to the worker at `url`; returns once the gateway lists it as routed.
 
-        Idempotent: a worker already routed is left as it is.
+        `api_key`: the key the gateway must present to the worker (SGLang's `--api-key`),
+        from the config in force when the worker is added. Idempotent: a worker already
+        routed is left as it is.
         """
         ...
 

@@ -14,6 +14,10 @@ simulator (docs/gateway.md has the commands and figures):
 - 409 `WORKER_ALREADY_EXISTS` for a URL that is listed (a draining one too: a new
   POST must wait until it is gone); 409 `WORKER_CREATE_IN_PROGRESS` while a
   registration for the URL runs. Only "ready" workers receive traffic.
+- `POST /workers` takes the key smg must present to that worker (`"api_key"`). A
+  registration whose worker refuses it (401 on `/v1/models`) is not listed and is
+  retried by smg in the background for minutes, answering 409 `WORKER_CREATE_IN_PROGRESS`
+  to any new POST of the URL; `DELETE /workers/{id}` with the id of the 202 ends that.
 - Control-plane auth is `Authorization: Bearer <key>` (an admin key given to smg by
   `--control-plane-api-keys`, or its shared `--api-key`); 401 without a valid one.
 """
@@ -45,12 +49,15 @@ class SmgGateway:
     """Membership of one smg gateway, through its worker API.
 
     `api_key` is the control-plane key the farm sends (never logged, never in an
-    error). `worker_api_key` is the key smg must present to the workers (SGLang's
-    `--api-key`), if they have one: smg does not give its own `--api-key` to workers
-    added through the API. Bounds: `add` waits at most `add_timeout` seconds for the
-    worker to be listed as ready; `remove` at most `remove_timeout` for it to leave
-    the routed set (measured: a few milliseconds); both raise `GatewayError` with code
-    TIMEOUT past them. Every single HTTP request is bounded by `request_timeout`.
+    error). The key smg must present to a worker (SGLang's `--api-key`) is given with
+    each `add`, from the config in force: smg does not give its own `--api-key` to
+    workers added through the API, and takes a key per worker (`"api_key"` in
+    `POST /workers`), so a reload that adds or changes a worker's key re-registers it
+    with the new one when it comes back (item 8 of issue 22). Bounds: `add` waits at
+    most `add_timeout` seconds for the worker to be listed as ready; `remove` at most
+    `remove_timeout` for it to leave the routed set (measured: a few milliseconds);
+    both raise `GatewayError` with code TIMEOUT past them. Every single HTTP request is
+    bounded by `request_timeout`.
 
     Workers are registered with `labels` and smg's per-worker `health` overrides
     (`timeout_secs`, `check_interval_secs`, `failure_threshold`, `success_threshold`,
@@ -66,7 +73,6 @@ class SmgGateway:
         url: str,
         *,
         api_key: str | None = None,
-        worker_api_key: str | None = None,
         labels: Mapping[str, str] | None = None,
         health: Mapping[str, int | bool] | None = None,
         client: httpx.AsyncClient | None = None,
@@ -79,7 +85,6 @@ class SmgGateway:
         self._url = url.strip().rstrip("/")
         self._has_key = bool(api_key)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._worker_api_key = worker_api_key
         self._labels = dict(labels or {})
         self._health = dict(health or {})
         self._own_client = client is None
@@ -89,6 +94,10 @@ class SmgGateway:
         self._remove_timeout = remove_timeout
         self._poll = poll_interval
         self._drain_settle_s = drain_settle_s
+        # smg's id of each registration this adapter started that has not been listed
+        # ready yet, and of those its `add` gave up on (see `_register`).
+        self._started: dict[str, str] = {}
+        self._stale: dict[str, str] = {}
 
     @property
     def url(self) -> str:
@@ -134,17 +143,20 @@ class SmgGateway:
                 "gateway (the farm is tested against smg 1.13)?",
             ) from exc
 
-    async def add(self, url: str) -> None:
+    async def add(self, url: str, *, api_key: str | None = None) -> None:
         u = normalize_url(url)
         try:
             async with asyncio.timeout(self._add_timeout):
-                await self._register(u)
+                await self._register(u, api_key)
                 # Polling: the gateway has no way to tell when a registration finished.
                 while True:
                     if any(m.url == u and m.routed for m in await self.list()):
+                        self._started.pop(u, None)
                         return
                     await asyncio.sleep(self._poll)
         except TimeoutError:
+            if u in self._started:
+                self._stale[u] = self._started.pop(u)
             raise GatewayError(
                 self._url,
                 GatewayErrorCode.TIMEOUT,
@@ -165,6 +177,11 @@ class SmgGateway:
                     # come back into rotation when it answers them again.
                     if m.url == u and m.status != DRAINING_STATUS:
                         await self._delete(m)
+                # A registration of ours still running (not listed): cancelled, so that
+                # it cannot bring the worker in later, with what may be an old key.
+                for pending in (self._started.pop(u, None), self._stale.pop(u, None)):
+                    if pending is not None:
+                        await self._delete(Member(url=u, id=pending, status="pending"))
                 while True:
                     last = [m for m in await self.list() if m.url == u]
                     if not any(m.routed for m in last):
@@ -182,24 +199,36 @@ class SmgGateway:
 
     # -- membership steps --------------------------------------------------------------
 
-    async def _register(self, u: str) -> None:
-        """POST the worker until smg accepts it or it is already routed."""
+    async def _register(self, u: str, api_key: str | None) -> None:
+        """POST the worker (with the key smg must present to it) until smg accepts it or
+        it is already routed."""
         body: dict[str, Any] = {
             "url": u,
             "health": {"drain_settle_secs": self._drain_settle_s, **self._health},
         }
-        if self._worker_api_key:
-            body["api_key"] = self._worker_api_key
+        if api_key:
+            body["api_key"] = api_key
         if self._labels:
             body["labels"] = self._labels
         while True:
             r = await self._request("POST", "/workers", body)
             if r.status_code in (200, 201, 202):
+                wid = _worker_id(r)
+                if wid is not None:
+                    self._started[u] = wid
                 return
             if r.status_code != 409:
                 raise self._refused(f"add worker {u}", r)
             if _error_code(r) == "WORKER_CREATE_IN_PROGRESS":
-                return  # someone's registration of the same URL runs: wait for its result
+                stale = self._stale.pop(u, None)
+                if stale is None:
+                    return  # a registration of the same URL runs: wait for its result
+                # Ours, and not done within a whole `add_timeout`: smg keeps retrying it
+                # (with the key it was given then: a reload may have changed the
+                # worker's since, and smg's 401s never end). Cancel it, register anew.
+                await self._delete(Member(url=u, id=stale, status="pending"))
+                await asyncio.sleep(self._poll)
+                continue
             mine = [m for m in await self.list() if m.url == u]
             if any(m.routed for m in mine):
                 return
@@ -292,6 +321,19 @@ def parse_members(body: object) -> list[Member]:
             )
         )
     return members
+
+
+def _worker_id(r: httpx.Response) -> str | None:
+    """The id smg gives a registration it accepted (`{"worker_id": ...}`), if any."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    wid = body.get("worker_id") if isinstance(body, dict) else None
+    # It goes into a path (DELETE /workers/{id}): smg's ids are UUIDs.
+    if isinstance(wid, str) and wid and all(c.isalnum() or c in "-_" for c in wid):
+        return wid
+    return None
 
 
 def _error_code(r: httpx.Response) -> str | None:
