@@ -866,6 +866,17 @@ def test_workers_on_a_public_address_without_api_key_are_a_warning() -> None:
     assert "docs/config.md" in warning
 
 
+def test_a_managed_gateway_off_loopback_needs_no_key_file_and_warns_of_keyless_users() -> None:
+    """The worker API of a managed gateway always has a key now (generated when no
+    admin_key_file is set): off loopback only users' requests are open, a warning."""
+    text = MINIMAL + '[gateway]\nmode = "managed"\nlisten = "0.0.0.0:8000"\n'
+    (warning,) = check_spec(text, source="farm.toml").warnings
+    assert warning.startswith("farm.toml:8: gateway.listen: the gateway listens on '0.0.0.0'")
+    assert "api_key_file" in warning and "anyone who reaches it can send requests" in warning
+    keyed = text + 'api_key_file = "/etc/sglang-farm/users.key"\n'
+    assert check_spec(keyed, source="farm.toml").warnings == ()
+
+
 def test_an_override_host_off_loopback_is_warned_about_on_the_override() -> None:
     text = MINIMAL + '[workers.overrides.1]\nhost = "10.0.0.5"\n'
     (warning,) = check_spec(text, source="farm.toml").warnings

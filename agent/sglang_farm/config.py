@@ -841,10 +841,12 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
                 r.p.add((*path, "extra_args"), f"{flag} is set by the farm from [gateway] "
                         "(listen, policy, metrics_listen, the key files); remove it")
         host = g.listen.rpartition(":")[0].strip("[]")
-        if g.admin_key_file is None and g.api_key_file is None and not is_loopback(host):
-            r.p.add((*path, "admin_key_file"), f"required when the gateway listens on "
-                    f"{host!r} (not loopback): without a key anyone who reaches it can add "
-                    "and remove its workers")
+        # The worker API always has a key (admin_key_file, else one the agent generates:
+        # gateway/adminkey.py); only users' requests may be open.
+        if g.api_key_file is None and not is_loopback(host):
+            r.p.warn((*path, "listen"), f"the gateway listens on {host!r} (not loopback) "
+                     "without api_key_file: anyone who reaches it can send requests; set "
+                     "api_key_file to require a key, or listen on 127.0.0.1")
     return g
 
 
