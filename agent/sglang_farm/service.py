@@ -82,9 +82,11 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
             exit_grace=SYSTEMD_EXIT_GRACE_S,
             ready_gate_wait=spec.health.timeout + 2 * spec.startup.poll_interval + 5.0,
         )
+    from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
     from sglang_farm.runtime.process import ProcessRuntime
 
-    return lambda emit: ProcessRuntime(emit)
+    records = ChildRecords(Path(spec.farm.state_dir) / RECORDS_SUBDIR)
+    return lambda emit: ProcessRuntime(emit, records=records)
 
 
 def status_line(view: FarmView) -> str:
@@ -266,6 +268,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
 
             runner = UnitGateway()
         else:
+            from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
             from sglang_farm.runtime.gateway_child import ChildGateway
 
             argv = launch_argv(
@@ -274,7 +277,10 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
                 admin_key_file=g.admin_key_file,
                 api_key_file=g.api_key_file,
             )
-            runner = ChildGateway(argv, Path(spec.farm.state_dir) / "gateway.log")
+            state = Path(spec.farm.state_dir)
+            runner = ChildGateway(
+                argv, state / "gateway.log", records=ChildRecords(state / RECORDS_SUBDIR)
+            )
     else:
         assert g.url is not None  # config: external needs url
         url = g.url
