@@ -41,7 +41,7 @@ def tmp() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _wait_gone(pids: list[int] | None, marker: str, timeout: float = 15.0) -> list[int]:
+def _wait_gone(marker: str, timeout: float = 15.0) -> list[int]:
     end = time.monotonic() + timeout
     left = marked_pids(marker)
     while left and time.monotonic() < end:
@@ -175,8 +175,7 @@ def test_records_in_a_folder_another_user_owns_are_never_acted_on(shared_dir: Pa
 # -- the real agent ----------------------------------------------------------------------------
 
 
-def _gateway_section(tmp: Path) -> str:
-    base = free_port_block(2)
+def _gateway_section(base: int) -> str:
     return textwrap.dedent(
         f"""
         [gateway]
@@ -192,9 +191,8 @@ def _gateway_section(tmp: Path) -> str:
 @pytest.mark.slow
 def test_kill_9_of_the_agent_leaves_no_worker_and_no_gateway(tmp: Path) -> None:
     marker = new_marker()
-    config = farm_config(
-        tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=_gateway_section(tmp)
-    )
+    gateway = _gateway_section(free_port_block(2))
+    config = farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=gateway)
     farm = Farm(config, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
@@ -203,34 +201,47 @@ def test_kill_9_of_the_agent_leaves_no_worker_and_no_gateway(tmp: Path) -> None:
         assert len(marked_pids(marker)) >= 5
     finally:
         farm.stop(signal.SIGKILL)
-    left = _wait_gone(None, marker)
+    left = _wait_gone(marker)
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == [], "processes outlived the agent's kill -9"
 
 
 @pytest.mark.slow
-def test_the_next_agent_stops_a_leftover_on_a_workers_port_and_brings_all_workers_up(
+def test_the_next_agent_stops_leftovers_on_its_ports_and_brings_all_workers_and_smg_up(
     tmp: Path,
 ) -> None:
+    """What PDEATHSIG could not catch (here: started by an "agent" that exits without it),
+    on record, holding worker 0's port and the gateway's: reclaimed, not a conflict."""
     marker = new_marker()
-    config = farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker)
+    gw = free_port_block(2)
+    config = farm_config(
+        tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=_gateway_section(gw)
+    )
     base = int(next(ln for ln in config.read_text().splitlines()
                     if ln.startswith("base_port")).split("=")[1])
     (tmp / "state").mkdir(mode=0o700)
-    leftover_pid = _left_by_a_dead_agent(
-        tmp / "state" / "children", "worker 0", _holder(base), {"SGLANG_FARM_TEST_MARKER": marker}
-    )
+    env = {"SGLANG_FARM_TEST_MARKER": marker}
+    children = tmp / "state" / "children"
+    worker_left = _left_by_a_dead_agent(children, "worker 0", _holder(base), env)
+    gateway_left = _left_by_a_dead_agent(children, "gateway", _holder(gw), env)
     farm = Farm(config, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
+        farm.wait_for(lambda e: e.get("event") == "gateway_member" and e.get("worker") == 1,
+                      timeout=60)
         assert sorted(e["worker"] for e in farm.named("worker_ready")) == [0, 1]
-        assert [e["pid"] for e in farm.named("leftover_stopped", worker=0)] == [leftover_pid]
-        assert proc_facts(leftover_pid) is None or proc_facts(leftover_pid).zombie  # type: ignore[union-attr]
+        stopped = {e["child"]: e["pid"] for e in farm.named("leftover_stopped")}
+        assert stopped == {"worker 0": worker_left, "gateway": gateway_left}
+        for pid in (worker_left, gateway_left):
+            facts = proc_facts(pid)
+            assert facts is None or facts.zombie
+        assert farm.named("gateway_exited") == []
+        assert farm.named("worker_failed") == []
     finally:
         code = farm.stop(signal.SIGINT)
     assert code == 0
-    left = _wait_gone(None, marker)
+    left = _wait_gone(marker)
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == []

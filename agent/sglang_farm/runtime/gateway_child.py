@@ -60,7 +60,7 @@ def open_log(path: Path) -> IO[bytes]:
     try:
         fd = os.open(
             path,
-            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
             LOG_MODE,
         )
     except OSError as exc:
@@ -125,15 +125,16 @@ class ChildGateway:
         env = {**os.environ, "NO_COLOR": "1"}  # plain text in gateway.log
         while not self._closing:
             started = loop.time()
-            code = await self._run_once(env)
+            code, why = await self._run_once(env)
             if self._closing:
                 return
             delay = restart_delay(delay, loop.time() - started)
-            # One line per attempt, and attempts back off: a gateway that cannot start is
-            # said once per step, never a flood.
+            # One line per attempt, and the attempts back off: a gateway that cannot start
+            # (smg missing: it exits at once) is said once per step, never a flood.
             log.warning(
-                "gateway_exited" if code is not None else "gateway_not_started",
+                "gateway_exited" if why is None else "gateway_not_started",
                 status=code,
+                error=why,
                 log=str(self._log_path),
                 retry_in_s=delay,
                 hint="the farm starts it again; its log says why it stopped "
@@ -141,14 +142,13 @@ class ChildGateway:
             )
             await self._sleep(delay)
 
-    async def _run_once(self, env: dict[str, str]) -> int | None:
-        """Start smg and wait for its exit; its status, or None when it could not start
-        (the reason logged)."""
+    async def _run_once(self, env: dict[str, str]) -> tuple[int | None, str | None]:
+        """Start smg and wait for its exit: (its status, None), or (None, why) when it
+        could not be started."""
         try:
             out = await asyncio.to_thread(open_log, self._log_path)
         except RuntimeFailure as exc:
-            log.error("gateway_log_refused", error=str(exc), log=str(self._log_path))
-            return None
+            return None, str(exc)
         with out:
             try:
                 self._proc = await asyncio.create_subprocess_exec(
@@ -162,9 +162,8 @@ class ChildGateway:
                     preexec_fn=die_with_agent(),
                 )
             except OSError as exc:
-                log.error("gateway_start_failed", error=str(exc), argv0=self._argv[0])
                 self._proc = None
-                return None
+                return None, f"cannot run {self._argv[0]}: {exc.strerror or exc}"
         pid = self._proc.pid
         facts = proc_facts(pid)
         if self._records is not None and facts is not None:
@@ -173,7 +172,7 @@ class ChildGateway:
         code = await self._proc.wait()
         if self._records is not None:
             await asyncio.to_thread(self._records.forget, "gateway", pid)
-        return code
+        return code, None
 
     async def close(self) -> None:
         self._closing = True
