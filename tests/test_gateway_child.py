@@ -184,3 +184,24 @@ async def test_the_agent_starts_no_gateway_into_a_planted_log(shared_dir: Path) 
     assert secret.read_text() == "root's\n"
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["gateway_not_started"]
     assert not any(e["event"] == "gateway_started" for e in logs)
+
+
+async def test_smg_writes_its_log_without_colour_codes(tmp_path: Path) -> None:
+    """Issue 25 item 8: smg's text log carries ANSI colours even into a file."""
+    from farmproc import free_port_block
+
+    base = free_port_block(2)
+    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin",
+                          metrics_port=base + 1)
+    path = tmp_path / "gateway.log"
+    gw = ChildGateway(launch_argv(spec, sys.executable), path)
+    await gw.start()
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while b"INFO" not in (path.read_bytes() if path.exists() else b""):
+            assert loop.time() < end, "smg wrote no log line"
+            await asyncio.sleep(0.1)
+    finally:
+        await gw.close()
+    assert b"\x1b" not in path.read_bytes()

@@ -14,8 +14,10 @@ Its output goes to a log file beside the farm's state (`gateway.log`): smg logs 
 request, which would drown the agent's own console. Root writes it, in a folder the
 agent may not own alone (the demo's /tmp): it is opened without following a symlink,
 made 0640, and refused unless it is a plain file of the agent's own user (`open_log`).
-smg is asked for no colours (`NO_COLOR`) and the file is cut to its last half once it
-passes `LOG_MAX_BYTES` at a (re)start, so it cannot fill the disk across restarts.
+smg writes it as JSON lines (`--log-json`: its text format carries ANSI colour codes
+whatever the output is, and ignores NO_COLOR; measured with smg 1.13.0), and the file is
+cut to its last half once it passes `LOG_MAX_BYTES` at a (re)start, so it cannot fill
+the disk across restarts.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ RESTART_INITIAL_S = 1.0
 RESTART_MAX_S = 600.0  # 10 min: a gateway that cannot start is tried 10 times the first hour
 LOG_MODE = 0o640
 LOG_MAX_BYTES = 64 << 20  # at a (re)start, a larger gateway.log keeps its last half
+LOG_FLAGS = ("--log-json",)  # smg's own flag: no colour codes in the file
 STOP_TIMEOUT_S = 15.0  # smg drains for 5 s after SIGTERM (docs/gateway.md)
 STABLE_S = 60.0  # up this long: the back-off starts over
 
@@ -103,7 +106,8 @@ class ChildGateway:
         records: ChildRecords | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._argv = list(argv)
+        # Appended to smg's `launch` flags (a flag repeated in extra_args is harmless).
+        self._argv = [*argv, *LOG_FLAGS]
         self._log_path = log_path
         self._records = records
         self._sleep = sleep  # the back-off's wait (tests count the steps without waiting)
@@ -122,10 +126,9 @@ class ChildGateway:
     async def _supervise(self) -> None:
         delay: float | None = None
         loop = asyncio.get_running_loop()
-        env = {**os.environ, "NO_COLOR": "1"}  # plain text in gateway.log
         while not self._closing:
             started = loop.time()
-            code, why = await self._run_once(env)
+            code, why = await self._run_once()
             if self._closing:
                 return
             delay = restart_delay(delay, loop.time() - started)
@@ -142,7 +145,7 @@ class ChildGateway:
             )
             await self._sleep(delay)
 
-    async def _run_once(self, env: dict[str, str]) -> tuple[int | None, str | None]:
+    async def _run_once(self) -> tuple[int | None, str | None]:
         """Start smg and wait for its exit: (its status, None), or (None, why) when it
         could not be started."""
         try:
@@ -157,7 +160,6 @@ class ChildGateway:
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
-                    env=env,
                     # Called from the loop's thread, which lives as long as the agent.
                     preexec_fn=die_with_agent(),
                 )
