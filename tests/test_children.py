@@ -245,3 +245,25 @@ def test_the_next_agent_stops_leftovers_on_its_ports_and_brings_all_workers_and_
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == []
+
+
+def test_the_first_record_makes_the_state_folder_and_a_private_records_folder(
+    tmp_path: Path,
+) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        facts = proc_facts(child.pid)
+        assert facts is not None
+        folder = tmp_path / "state" / "children"
+        records = ChildRecords(folder)
+        records.record("worker 2", child.pid, facts.start)
+        assert (folder.stat().st_mode & 0o777) == 0o700
+        assert ((folder / "worker-2.json").stat().st_mode & 0o777) == 0o600
+        # Its agent (this process) still runs: a second agent leaves it alone.
+        assert records.stop_leftovers() == []
+        assert child.poll() is None and (folder / "worker-2.json").exists()
+        records.forget("worker 2", child.pid)
+        assert not (folder / "worker-2.json").exists()
+    finally:
+        child.kill()
+        child.wait()

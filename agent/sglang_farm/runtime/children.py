@@ -163,6 +163,9 @@ class ChildRecords:
     def _open_folder(self, *, create: bool) -> int:
         """The folder's fd, after checking it is ours and no one else may write it."""
         if create:
+            # The state folder itself, as `state.save` makes it (its trust is checked
+            # where the agent starts); this folder, the agent's alone.
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.folder, 0o700)
         fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
