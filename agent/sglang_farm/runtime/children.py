@@ -251,9 +251,10 @@ class ChildRecords:
 
     def stop_leftovers(self) -> list[ChildRecord]:
         """SIGKILL (with its process group) every recorded child that outlived its agent and
-        is still the same process; wait for each group to be gone (its ports free). Every
-        record is dropped afterwards. Returns the stopped ones. Never raises: an untrusted
-        folder is logged and left alone."""
+        is still the same process; wait for each group to be gone (its ports free). The
+        records are dropped then, but for those of an agent that still runs (a second
+        agent on this state folder: said in the log). Returns the stopped ones. Never
+        raises: an untrusted folder is logged and left alone."""
         try:
             fd = self._open_folder(create=False)
         except FileNotFoundError:
@@ -296,10 +297,13 @@ def _kill_leftover(rec: ChildRecord, boot: str) -> None:
     signal cannot reach a process that took its pid in between; while the leader lives,
     no other group can have its number.
     """
+    pidfd: int | None
     try:
         pidfd = os.pidfd_open(rec.pid)
-    except OSError:
+    except ProcessLookupError:
         return  # gone since it was looked at
+    except OSError:
+        pidfd = None  # no pidfds here (an old kernel, a seccomp filter): the pid alone
     try:
         facts = proc_facts(rec.pid)
         if facts is None or not is_same(rec, facts, boot):
@@ -307,9 +311,13 @@ def _kill_leftover(rec: ChildRecord, boot: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             if facts.pgrp == rec.pid:
                 os.killpg(rec.pid, signal.SIGKILL)
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            else:
+                os.kill(rec.pid, signal.SIGKILL)
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
     end = time.monotonic() + _GONE_WAIT_S
     while time.monotonic() < end and (
         is_same(rec, proc_facts(rec.pid), boot) or _group_alive(rec.pid)
