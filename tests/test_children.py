@@ -189,7 +189,10 @@ def _gateway_section(base: int) -> str:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_agent_leaves_no_worker_and_no_gateway(tmp: Path) -> None:
+def test_kill_9_of_the_agent_leaves_nothing_and_the_next_agent_serves_again(tmp: Path) -> None:
+    """The issue's scenario: `kill -9` of the agent (process runtime, managed smg); no
+    worker and no smg is left (PDEATHSIG), and the next agent on the same config brings
+    every worker back ready and routed."""
     marker = new_marker()
     gateway = _gateway_section(free_port_block(2))
     config = farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=gateway)
@@ -205,6 +208,20 @@ def test_kill_9_of_the_agent_leaves_no_worker_and_no_gateway(tmp: Path) -> None:
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == [], "processes outlived the agent's kill -9"
+
+    again = Farm(config, marker)
+    try:
+        again.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
+        again.wait_for(lambda e: e.get("event") == "gateway_member" and e.get("worker") == 0)
+        again.wait_for(lambda e: e.get("event") == "gateway_member" and e.get("worker") == 1)
+        assert again.named("worker_failed") == [] and again.named("gateway_exited") == []
+    finally:
+        code = again.stop(signal.SIGINT)
+    assert code == 0
+    left = _wait_gone(marker)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == []
 
 
 @pytest.mark.slow
