@@ -54,6 +54,8 @@ def _no_smg_argv() -> list[str]:
 
 
 def _system_python_has_smg() -> bool:
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system Python to play a host without smg")
     r = subprocess.run(["/usr/bin/python3", "-c", "import smg"], capture_output=True)
     return r.returncode == 0
 

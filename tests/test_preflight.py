@@ -1137,6 +1137,8 @@ def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
 ) -> None:
     from sglang_farm.gpu_sim import FakeGpuPoller
 
+    if not Path(_NO_SMG_PYTHON).exists():
+        pytest.skip("no system Python to play a host without smg")
     if subprocess.run([_NO_SMG_PYTHON, "-c", "import smg"], capture_output=True).returncode == 0:
         pytest.skip("the system Python has smg")
     spec = _demo_with_gateway()
