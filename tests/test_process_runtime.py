@@ -300,13 +300,13 @@ async def test_a_root_agent_runs_workers_as_the_farm_user() -> None:
     ]
 
 
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"),
+                    reason="no system Python that nobody may run")
 async def test_a_worker_run_as_the_farm_user_still_dies_with_the_agent() -> None:
     """PR_SET_PDEATHSIG is cleared by a change of credentials: it must be set after the
     switch to [farm] user, or a `kill -9` of the agent leaves the worker running."""
     if os.geteuid() != 0:
         pytest.skip("needs root: only root can run workers as another user")
-    if not os.path.exists("/usr/bin/python3"):
-        pytest.skip("no system Python that nobody may run")
     rec = Recorder()
     rt = ProcessRuntime(rec)
     await rt.prepare(_spec("nobody", "nogroup"), {})
