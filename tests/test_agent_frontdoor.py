@@ -246,3 +246,26 @@ def test_a_reload_adding_api_key_brings_every_worker_back_with_its_key(tmp: Path
             assert f.gateway.keys == want
 
     run_virtual(scenario())
+
+
+def test_a_gateway_that_never_comes_up_is_said_once_not_on_every_retry(tmp: Path) -> None:
+    """smg not installed: the gateway never answers. The agent said so 160+ times in two
+    minutes (gateway_change_failed per worker per retry, gateway_reconcile_failed every
+    10 s); it says it once (issue 22 item 10), and keeps retrying quietly."""
+    from structlog.testing import capture_logs
+
+    gw = FakeGateway()
+    gw.down = True
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+            await asyncio.sleep(120)
+            view = f.agent.view()
+            assert view.gateway is not None and not view.gateway.up
+
+    with capture_logs() as logs:
+        run_virtual(scenario())
+    said = [e["event"] for e in logs
+            if e["event"].startswith("gateway") and e["log_level"] in ("warning", "error", "info")]
+    assert said.count("gateway_not_reached_yet") == 1
+    assert [e for e in said if e != "gateway_not_reached_yet"] == []

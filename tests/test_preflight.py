@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Mapping
@@ -1133,3 +1134,81 @@ def test_doctor_warns_when_a_world_readable_config_holds_secrets(tmp_path: Path)
     path.chmod(0o640)
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     assert not [c for c in _by_id(report, CheckId.EXPOSURE) if str(path) in c.message]
+
+
+# --- the managed gateway's smg (issue 22 item 10) ----------------------------------------------
+
+# An interpreter without smg: the system Python (the test venv has it).
+_NO_SMG_PYTHON = "/usr/bin/python3"
+
+
+def _demo_with_gateway() -> FarmSpec:
+    text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
+    spec = load_spec(text, source="demo.toml", agent_python=sys.executable)
+    assert spec.gateway.mode == "managed"  # the demo runs smg itself
+    return spec
+
+
+def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
+    tmp_path: Path,
+) -> None:
+    from sglang_farm.gpu_sim import FakeGpuPoller
+
+    if not Path(_NO_SMG_PYTHON).exists():
+        pytest.skip("no system Python to play a host without smg")
+    if subprocess.run([_NO_SMG_PYTHON, "-c", "import smg"], capture_output=True).returncode == 0:
+        pytest.skip("the system Python has smg")
+    spec = _demo_with_gateway()
+    report = run_doctor(spec, FakeGpuPoller(), run_probe=make_probe_runner(timeout=30),
+                        port_check=lambda host, port: None, gateway_python=_NO_SMG_PYTHON)
+    [check] = _by_id(report, CheckId.GATEWAY)
+    assert check.status is Status.FAIL and not report.ok
+    assert "No module named 'smg'" in check.message and _NO_SMG_PYTHON in check.message
+    assert f"{_NO_SMG_PYTHON} -m pip install 'smg==1.13.0'" in check.fix
+    assert "sglang-farm[gateway]" in check.fix
+    assert any(line.startswith("FAIL") and "gateway" in line
+               for line in format_report(report).splitlines())
+    # The workers start all the same: the gateway is no worker's prerequisite.
+    assert preflight_blocking(spec, 0, report, port_check=lambda host, port: None) == []
+
+
+def test_a_managed_gateway_whose_smg_runs_passes_with_its_version() -> None:
+    from sglang_farm.gpu_sim import FakeGpuPoller
+
+    report = run_doctor(_demo_with_gateway(), FakeGpuPoller(),
+                        run_probe=make_probe_runner(timeout=30), port_check=lambda h, p: None)
+    [check] = _by_id(report, CheckId.GATEWAY)
+    assert check.status is Status.PASS and "smg 1.13.0" in check.message
+
+
+def test_a_missing_gateway_interpreter_fails_the_doctor() -> None:
+    from sglang_farm.gpu_sim import FakeGpuPoller
+
+    report = run_doctor(_demo_with_gateway(), FakeGpuPoller(),
+                        run_probe=make_probe_runner(timeout=30), port_check=lambda h, p: None,
+                        gateway_python="/nonexistent/python3")
+    [check] = _by_id(report, CheckId.GATEWAY)
+    assert check.status is Status.FAIL and "/nonexistent/python3 does not exist" in check.message
+
+
+def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
+    """The agent's preflight (DoctorVerdict, at start and at each refresh): one error line
+    naming the fix, not one per refresh."""
+    import asyncio
+
+    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.service import DoctorVerdict
+
+    spec = _demo_with_gateway()
+    verdict = DoctorVerdict(FakeGpuPoller(), gateway_python="/nonexistent/python3")
+
+    async def twice() -> None:
+        await verdict.refresh(spec)
+        await verdict.refresh(spec)
+
+    with capture_logs() as logs:
+        asyncio.run(twice())
+    said = [e for e in logs if e["event"] == "gateway_unavailable"]
+    assert len(said) == 1 and said[0]["log_level"] == "error"
+    assert "pip install" in said[0]["fix"]
+    assert verdict.blocking(spec, 0) == []

@@ -298,3 +298,27 @@ async def test_a_root_agent_runs_workers_as_the_farm_user() -> None:
     assert rec.lines() == [
         f"uid={nobody.pw_uid} gid=65534 groups=65534 home={nobody.pw_dir} user=nobody"
     ]
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"),
+                    reason="no system Python that nobody may run")
+async def test_a_worker_run_as_the_farm_user_still_dies_with_the_agent() -> None:
+    """PR_SET_PDEATHSIG is cleared by a change of credentials: it must be set after the
+    switch to [farm] user, or a `kill -9` of the agent leaves the worker running."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only root can run workers as another user")
+    rec = Recorder()
+    rt = ProcessRuntime(rec)
+    await rt.prepare(_spec("nobody", "nogroup"), {})
+    code = (
+        "import ctypes, os; sig = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); "  # PR_GET_PDEATHSIG
+        "print(f'uid={os.getuid()} pdeathsig={sig.value}')"
+    )
+    # The system interpreter: nobody may not enter the test venv (under /root on CI).
+    await rt.start(0, Command(argv=("/usr/bin/python3", "-I", "-c", code), env=()))
+    try:
+        await wait_until(lambda: bool(rec.exited()))
+    finally:
+        await rt.close()
+    assert rec.lines() == [f"uid={pwd.getpwnam('nobody').pw_uid} pdeathsig={int(signal.SIGKILL)}"]

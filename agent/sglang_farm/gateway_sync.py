@@ -119,7 +119,9 @@ class MembershipSync:
         except GatewayError as exc:
             self._busy.discard(wid)
             self._failed(wid, str(exc))
-            blog.warning(
+            # Until the gateway first answers, `gateway_not_reached_yet` said it once
+            # (smg not installed retried every 15 s would flood the log: issue 22 item 10).
+            (blog.warning if self._reached else blog.debug)(
                 "gateway_change_failed",
                 change="add" if want else "remove",
                 error=str(exc),
@@ -194,8 +196,12 @@ class MembershipSync:
         try:
             members = await self._gateway.list()
         except GatewayError as exc:
+            was_up = self.up
             self._record_error(str(exc))
-            log.warning("gateway_reconcile_failed", gateway=self._gateway.url, error=str(exc))
+            # Said when it goes down (`gateway_down`), not on every reconcile while it is.
+            (log.warning if was_up else log.debug)(
+                "gateway_reconcile_failed", gateway=self._gateway.url, error=str(exc)
+            )
             return
         self._mark_up()
         # Managed: the farm runs it, so no member but the farm's belongs there.

@@ -124,9 +124,11 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
             exit_grace=SYSTEMD_EXIT_GRACE_S,
             ready_gate_wait=spec.health.timeout + 2 * spec.startup.poll_interval + 5.0,
         )
+    from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
     from sglang_farm.runtime.process import ProcessRuntime
 
-    return lambda emit: ProcessRuntime(emit)
+    records = ChildRecords(Path(spec.farm.state_dir) / RECORDS_SUBDIR)
+    return lambda emit: ProcessRuntime(emit, records=records)
 
 
 def status_line(view: FarmView) -> str:
@@ -317,6 +319,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
 
             runner = UnitGateway()
         else:
+            from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
             from sglang_farm.runtime.gateway_child import ChildGateway
 
             argv = launch_argv(
@@ -325,7 +328,10 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
                 admin_key_file=admin_file,
                 api_key_file=g.api_key_file,
             )
-            runner = ChildGateway(argv, Path(spec.farm.state_dir) / "gateway.log")
+            state = Path(spec.farm.state_dir)
+            runner = ChildGateway(
+                argv, state / "gateway.log", records=ChildRecords(state / RECORDS_SUBDIR)
+            )
     else:
         assert g.url is not None  # config: external needs url
         url = g.url
@@ -369,10 +375,12 @@ class DoctorVerdict:
     model path or a new flag is judged anew, never by the start's report.
     """
 
-    def __init__(self, poller: GpuPoller | None) -> None:
+    def __init__(self, poller: GpuPoller | None, *, gateway_python: str | None = None) -> None:
         from sglang_farm.gpu_sim import FakeGpuPoller
 
         self._source: GpuPoller = poller or FakeGpuPoller(count=0)
+        self._gateway_python = gateway_python  # None: the agent's own (tests: one without smg)
+        self._said_gateway: str | None = None
         self._report: DoctorReport | None = None
         self.compute_caps: dict[int, tuple[int, int]] = {}
 
@@ -380,7 +388,9 @@ class DoctorVerdict:
         from sglang_farm.doctor import run_doctor
 
         try:
-            report = await asyncio.to_thread(run_doctor, spec, self._source)
+            report = await asyncio.to_thread(
+                run_doctor, spec, self._source, gateway_python=self._gateway_python
+            )
             fleet = await asyncio.to_thread(self._source.snapshot)
         except Exception as exc:  # a doctor bug must not keep a valid farm from starting
             log.error("preflight_crashed", error=repr(exc))
@@ -392,6 +402,18 @@ class DoctorVerdict:
             {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
         )
         log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
+        self._say_gateway(report)
+
+    def _say_gateway(self, report: DoctorReport) -> None:
+        """A managed gateway that cannot run (smg missing) is said once, with the fix; the
+        gateway's runner keeps trying with back-off (runtime/gateway_child)."""
+        from sglang_farm.doctor.rules import CheckId, Status
+
+        failed = next((c for c in report.checks
+                       if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None)
+        if failed is not None and failed.message != self._said_gateway:
+            log.error("gateway_unavailable", problem=failed.message, fix=failed.fix)
+        self._said_gateway = failed.message if failed is not None else None
 
     def blocking(self, spec: FarmSpec, worker: int) -> list[Failure]:
         from sglang_farm.doctor import preflight_blocking

@@ -40,6 +40,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
@@ -55,6 +56,7 @@ from sglang_farm.doctor.rules import (
     CheckId,
     DoctorReport,
     FlagsOutcome,
+    GatewayFacts,
     KeyFileFacts,
     Observations,
     PathFacts,
@@ -356,6 +358,29 @@ def path_facts(path: str) -> PathFacts:
                      real == "/dev/shm" or real.startswith("/dev/shm/"))
 
 
+# `smg --version` answers in a tenth of a second; a cold page cache (a 100 MB native
+# library) makes it seconds. A hung interpreter must not hold up the agent's start.
+GATEWAY_PROBE_TIMEOUT_S = 30.0
+
+
+def gateway_facts(python: str, timeout: float = GATEWAY_PROBE_TIMEOUT_S) -> GatewayFacts:
+    """Run `smg --version` the way the managed gateway imports smg (its CLI, in `python`:
+    `gateway.launch`), with a timeout. Never raises."""
+    code = "from smg.cli import main; main(['--version'])"
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return GatewayFacts(python, error=f"{python} does not exist")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return GatewayFacts(python, error=f"`smg --version` did not answer: {exc}")
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        return GatewayFacts(python, error=lines[-1] if lines else f"exit status {r.returncode}")
+    first = r.stdout.strip().splitlines()
+    return GatewayFacts(python, version=first[0] if first else None)
+
+
 def _group_key(spec: FarmSpec, w: WorkerSpec, cc: tuple[int, int] | None) -> tuple[object, ...]:
     env = tuple(sorted((k, v) for k, v in w.env.items()))
     return (spec.farm.python, env, cc)
@@ -368,9 +393,12 @@ def gather(
     run_probe: ProbeRunner | None = None,
     port_check: Callable[[str, int], str | None] = port_problem,
     shm_path: str = "/dev/shm",
+    gateway_python: str | None = None,
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
-    architecture), in parallel; never raises for what it finds (that is the report)."""
+    architecture), in parallel; never raises for what it finds (that is the report).
+    `gateway_python`: the interpreter of a managed gateway (default: this one, which is
+    the agent's, as `gateway.managed.launch_argv` is given)."""
     account_error: str | None = None
     runner = run_probe
     if runner is None:
@@ -442,11 +470,14 @@ def gather(
         config_mode: int | None = stat.S_IMODE(os.stat(spec.source).st_mode)
     except OSError:
         config_mode = None
+    gateway: GatewayFacts | None = None
+    if spec.gateway.enabled and spec.gateway.mode == "managed":
+        gateway = gateway_facts(gateway_python or sys.executable)
     return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
                         MappingProxyType(ports), MappingProxyType(models), shm_free,
                         config_mode=config_mode,
                         key_files=MappingProxyType(key_file_facts(spec)), agent_uid=os.geteuid(),
-                        folder_problems=farm_folder_problems(spec))
+                        folder_problems=farm_folder_problems(spec), gateway=gateway)
 
 
 def run_doctor(
@@ -455,11 +486,13 @@ def run_doctor(
     *,
     run_probe: ProbeRunner | None = None,
     port_check: Callable[[str, int], str | None] = port_problem,
+    gateway_python: str | None = None,
 ) -> DoctorReport:
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
     the workers' account (`probe_account`)."""
-    report = evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check))
+    report = evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check,
+                                   gateway_python=gateway_python))
     quarantined = quarantine_checks(spec)
     if quarantined:
         report = dataclasses.replace(report, checks=(*report.checks, *quarantined))

@@ -82,12 +82,16 @@ class CheckId(StrEnum):
     MEMORY = "mem_fraction_static"
     NCCL = "nccl"
     EXPOSURE = "exposure"
+    GATEWAY = "gateway"
 
 
 # Checks whose verdict goes stale within seconds (another process binds the port; the
 # worker's own previous instance held it when the report was made): `preflight_blocking`
 # tests them again, live, instead of trusting the report.
 _LIVE_CHECKS = frozenset({CheckId.PORT_HTTP, CheckId.PORT_NCCL})
+# Checks that never keep a worker from starting: the gateway is the farm's front door,
+# the workers serve (and can be reached directly) without it.
+_NOT_WORKER_CHECKS = frozenset({CheckId.GATEWAY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +183,15 @@ class PathFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayFacts:
+    """`smg --version` run by the interpreter that runs the managed gateway."""
+
+    python: str
+    version: str | None = None  # its first line of output, when it ran
+    error: str | None = None  # why it did not
+
+
+@dataclass(frozen=True, slots=True)
 class Observations:
     """Everything `evaluate` needs; built by `gather`, or by hand in tests."""
 
@@ -196,6 +209,7 @@ class Observations:
     agent_uid: int | None = None
     # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
     folder_problems: tuple[str, ...] = ()
+    gateway: GatewayFacts | None = None  # None: no managed gateway, or not looked at
 
 
 # --- pure rules ------------------------------------------------------------------------
@@ -973,6 +987,28 @@ def key_file_checks(
     return out
 
 
+# The `gateway` extra's pin (pyproject.toml): the farm is tested against this smg.
+SMG_REQUIREMENT = "smg==1.13.0"
+
+
+def gateway_check(spec: FarmSpec, facts: GatewayFacts | None) -> Check | None:
+    """A managed gateway needs smg in the interpreter that runs it (the agent's own):
+    without it the gateway never starts and the farm has no front door. None when the
+    gateway is not managed here (or was not looked at)."""
+    if facts is None or not spec.gateway.enabled or spec.gateway.mode != "managed":
+        return None
+    if facts.error is None:
+        return Check(CheckId.GATEWAY, Status.PASS,
+                     f"the managed gateway runs: {facts.version or 'smg'} ({facts.python})")
+    return Check(
+        CheckId.GATEWAY, Status.FAIL,
+        f"[gateway] mode = \"managed\" but smg does not run under {facts.python}: "
+        f"{facts.error}; the farm has no front door until it does",
+        f"install it into that Python: `{facts.python} -m pip install '{SMG_REQUIREMENT}'` "
+        "(the `gateway` extra: `pip install 'sglang-farm[gateway]'`); from the Debian "
+        "package: `apt install --reinstall sglang-farm`, which ships it")
+
+
 def _merge(checks: Iterable[tuple[int | None, Check]]) -> tuple[Check, ...]:
     """One row per distinct verdict, with the workers it applies to (first-seen order)."""
     rows: dict[tuple[CheckId, Status, str, str], list[int]] = {}
@@ -1033,6 +1069,9 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     found += [(None, Check(CheckId.EXPOSURE, Status.WARN, problem,
                            "the agent refuses to start until then: fix the folder as said"))
               for problem in obs.folder_problems]
+    gateway = gateway_check(spec, obs.gateway)
+    if gateway is not None:
+        found.append((None, gateway))
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):
@@ -1055,7 +1094,8 @@ def blocking_checks(
     not), observed just now. Raises KeyError for a worker the spec does not have.
     """
     w = spec.worker(worker_id)
-    out = [c for c in report.blocking(worker_id) if c.id not in _LIVE_CHECKS]
+    out = [c for c in report.blocking(worker_id)
+           if c.id not in _LIVE_CHECKS and c.id not in _NOT_WORKER_CHECKS]
     live = Observations(
         fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
         env={}, flags={}, models={}, ports=live_ports,

@@ -2,9 +2,22 @@
 
 Started once the agent runs, restarted with back-off if it exits, stopped with the
 agent (SIGTERM; smg finishes what it routes within its shutdown grace, then SIGKILL).
+It dies with the agent (`PR_SET_PDEATHSIG`) and is on record in `<state_dir>/children`
+as "gateway", so a next agent stops one that outlived a `kill -9` (runtime/children).
+Under systemd the gateway is a unit of its own instead (`sglang-farm-gateway.service`).
+
+The back-off (`restart_delay`) doubles from 1 s to 10 min: a gateway that cannot start
+at all (smg not installed) is tried, and logged, once per step, never every 30 s; one
+that ran `STABLE_S` starts the schedule over.
+
 Its output goes to a log file beside the farm's state (`gateway.log`): smg logs every
-request, which would drown the agent's own console. Under systemd the gateway is a
-unit of its own instead (`sglang-farm-gateway.service`).
+request, which would drown the agent's own console. Root writes it, in a folder the
+agent may not own alone (the demo's /tmp): it is opened without following a symlink,
+made 0640, and refused unless it is a plain file of the agent's own user (`open_log`).
+smg writes it as JSON lines (`--log-json`: its text format carries ANSI colour codes
+whatever the output is, and ignores NO_COLOR; measured with smg 1.13.0), and the file is
+cut to its last half once it passes `LOG_MAX_BYTES` at a (re)start, so it cannot fill
+the disk across restarts.
 """
 
 from __future__ import annotations
@@ -13,24 +26,91 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+import stat
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO
 
 import structlog
 
+from sglang_farm.errors import RuntimeFailure
+from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
+
 log = structlog.get_logger("sglang_farm.gateway")
 
 RESTART_INITIAL_S = 1.0
-RESTART_MAX_S = 30.0
+RESTART_MAX_S = 600.0  # 10 min: a gateway that cannot start is tried 10 times the first hour
+LOG_MODE = 0o640
+LOG_MAX_BYTES = 64 << 20  # at a (re)start, a larger gateway.log keeps its last half
+LOG_FLAGS = ("--log-json",)  # smg's own flag: no colour codes in the file
 STOP_TIMEOUT_S = 15.0  # smg drains for 5 s after SIGTERM (docs/gateway.md)
 STABLE_S = 60.0  # up this long: the back-off starts over
 
 
+def restart_delay(previous: float | None, ran_s: float) -> float:
+    """Pure: the wait before the next start, after a run of `ran_s` seconds that followed a
+    wait of `previous` (None: the first start). Doubling from `RESTART_INITIAL_S` up to
+    `RESTART_MAX_S`; a run of `STABLE_S` or more starts over."""
+    if previous is None or ran_s >= STABLE_S:
+        return RESTART_INITIAL_S
+    return min(RESTART_MAX_S, previous * 2)
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """`path` for appending: created 0640, never through a symlink, and only if it is a
+    plain file of this process's user. Raises RuntimeFailure naming the file and the fix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(
+            path,
+            os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            LOG_MODE,
+        )
+    except OSError as exc:
+        if os.path.islink(path):
+            raise RuntimeFailure(
+                f"gateway log {path} is a symbolic link; the agent never writes through one "
+                f"(it could point at any file): remove it (`rm {path}`), and keep [farm] "
+                "state_dir in a folder only root may write"
+            ) from exc
+        raise RuntimeFailure(f"cannot open the gateway log {path}: {exc.strerror}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise RuntimeFailure(
+            f"gateway log {path} is not a plain file of the agent's own (owner uid "
+            f"{st.st_uid}, {st.st_nlink} links): the agent writes only its own file there: "
+            f"remove it (`rm {path}`), and keep [farm] state_dir in a folder only root may write"
+        )
+    os.fchmod(fd, LOG_MODE)  # an older agent made it 0644
+    os.set_blocking(fd, True)
+    if st.st_size > LOG_MAX_BYTES:
+        _keep_tail(fd, st.st_size)
+    return os.fdopen(fd, "ab")
+
+
+def _keep_tail(fd: int, size: int) -> None:
+    """Keep the last half of an oversized log (the file stays the same inode)."""
+    keep = LOG_MAX_BYTES // 2
+    tail = os.pread(fd, keep, size - keep)
+    os.ftruncate(fd, 0)
+    os.write(fd, b"[sglang-farm: gateway.log cut to its last part]\n" + tail)
+
+
 class ChildGateway:
-    def __init__(self, argv: Sequence[str], log_path: Path) -> None:
-        self._argv = list(argv)
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        records: ChildRecords | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        # Appended to smg's `launch` flags (a flag repeated in extra_args is harmless).
+        self._argv = [*argv, *LOG_FLAGS]
         self._log_path = log_path
+        self._records = records
+        self._sleep = sleep  # the back-off's wait (tests count the steps without waiting)
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -44,42 +124,57 @@ class ChildGateway:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def _supervise(self) -> None:
-        delay = RESTART_INITIAL_S
+        delay: float | None = None
         loop = asyncio.get_running_loop()
         while not self._closing:
-            out = await asyncio.to_thread(self._open_log)
-            with out:
-                try:
-                    self._proc = await asyncio.create_subprocess_exec(
-                        *self._argv,
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=asyncio.subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                except OSError as exc:
-                    log.error("gateway_start_failed", error=str(exc), argv0=self._argv[0])
-                    self._proc = None
             started = loop.time()
-            if self._proc is not None:
-                log.info("gateway_started", pid=self._proc.pid, log=str(self._log_path))
-                code = await self._proc.wait()
-                if self._closing:
-                    return
-                log.warning(
-                    "gateway_exited",
-                    status=code,
-                    log=str(self._log_path),
-                    hint="the farm starts it again; its log says why it stopped",
-                )
-            if loop.time() - started >= STABLE_S:
-                delay = RESTART_INITIAL_S
-            await asyncio.sleep(delay)
-            delay = min(RESTART_MAX_S, delay * 2)
+            code, why = await self._run_once()
+            if self._closing:
+                return
+            delay = restart_delay(delay, loop.time() - started)
+            # One line per attempt, and the attempts back off: a gateway that cannot start
+            # (smg missing: it exits at once) is said once per step, never a flood.
+            log.warning(
+                "gateway_exited" if why is None else "gateway_not_started",
+                status=code,
+                error=why,
+                log=str(self._log_path),
+                retry_in_s=delay,
+                hint="the farm starts it again; its log says why it stopped "
+                "(`sglang-farm doctor` checks that smg is installed)",
+            )
+            await self._sleep(delay)
 
-    def _open_log(self) -> IO[bytes]:
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        return open(self._log_path, "ab")
+    async def _run_once(self) -> tuple[int | None, str | None]:
+        """Start smg and wait for its exit: (its status, None), or (None, why) when it
+        could not be started."""
+        try:
+            out = await asyncio.to_thread(open_log, self._log_path)
+        except RuntimeFailure as exc:
+            return None, str(exc)
+        with out:
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self._argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    # Called from the loop's thread, which lives as long as the agent.
+                    preexec_fn=die_with_agent(),
+                )
+            except OSError as exc:
+                self._proc = None
+                return None, f"cannot run {self._argv[0]}: {exc.strerror or exc}"
+        pid = self._proc.pid
+        facts = proc_facts(pid)
+        if self._records is not None and facts is not None:
+            await asyncio.to_thread(self._records.record, "gateway", pid, facts.start)
+        log.info("gateway_started", pid=pid, log=str(self._log_path))
+        code = await self._proc.wait()
+        if self._records is not None:
+            await asyncio.to_thread(self._records.forget, "gateway", pid)
+        return code, None
 
     async def close(self) -> None:
         self._closing = True

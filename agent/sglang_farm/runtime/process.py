@@ -20,6 +20,12 @@ supplementary groups, HOME, USER and LOGNAME), as the worker unit's `User=` does
 systemd. Run by anyone else, they run as the agent's own user (nothing to drop), and the
 agent says so once if `[farm] user` names someone else.
 
+Children die with the agent (`PR_SET_PDEATHSIG`, set after the user switch) and are on
+record in `<state_dir>/children`: a new agent stops what an old one left before it
+launches anything (`adopt`), so a leftover never holds a worker's port (runtime/children).
+Children are started from the event loop's thread, which lives as long as the agent:
+the death signal follows the thread that forked.
+
 Output (stdout and stderr, merged) is kept in a ring buffer per worker and emitted line
 by line for the classifier.
 """
@@ -41,6 +47,7 @@ import structlog
 
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
+from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
 from sglang_farm.sglang_argv import API_KEY_ENV, Command
 from sglang_farm.spec import FarmSpec, FlagValue
 
@@ -208,8 +215,11 @@ class ProcessRuntime:
     name = "process"
     workers_outlive_agent = False  # children of the agent: `close` kills what is left
 
-    def __init__(self, emit: Emit, *, log_lines: int = 5000) -> None:
+    def __init__(
+        self, emit: Emit, *, log_lines: int = 5000, records: ChildRecords | None = None
+    ) -> None:
         self._emit = emit
+        self._records = records  # None: children not on record (tests of the runtime alone)
         self._log_lines = log_lines
         self._procs: dict[int, _Child] = {}
         self._logs: dict[int, deque[str]] = {}
@@ -246,6 +256,8 @@ class ProcessRuntime:
                 user=who.uid if who is not None else None,
                 group=who.gid if who is not None else None,
                 extra_groups=list(who.groups) if who is not None else None,
+                # After the user switch, before exec: see runtime/children.
+                preexec_fn=die_with_agent(),
             )
         except OSError as exc:
             raise RuntimeFailure(f"cannot run {command.argv[0]}: {exc.strerror}") from exc
@@ -259,7 +271,13 @@ class ProcessRuntime:
         self._procs[worker] = child
         self._logs.setdefault(worker, deque(maxlen=self._log_lines))
         self._emit(Started(worker, popen.pid))
+        # Read now, while the pid is surely this child (not reaped before `_follow` does).
+        facts = proc_facts(popen.pid) if self._records is not None else None
         child.follow = asyncio.create_task(self._follow(worker, child))
+        if self._records is not None and facts is not None:
+            await asyncio.to_thread(
+                self._records.record, f"worker {worker}", popen.pid, facts.start
+            )
 
     async def _read(self, worker: int, reader: asyncio.StreamReader) -> None:
         buf = self._logs[worker]
@@ -295,6 +313,8 @@ class ProcessRuntime:
             child.transport.close()
             status = self._reap(child)
             self._procs.pop(worker, None)
+        if self._records is not None:  # a record left behind is harmless: pid and start differ
+            await asyncio.to_thread(self._records.forget, f"worker {worker}", child.pid)
         self._emit(Exited(worker, child.pid, status))
 
     @staticmethod
@@ -356,7 +376,21 @@ class ProcessRuntime:
         return False  # output and exit come from the same child: never out of order
 
     async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
-        return {}  # children do not outlive the agent
+        """Nothing is adopted (a leftover's output pipe went with its agent): what an
+        earlier agent left running (on record, the same process) is stopped instead, with
+        its group, before any launch, so its ports are free."""
+        if self._records is not None:
+            for rec in await asyncio.to_thread(self._records.stop_leftovers):
+                wid = rec.what.removeprefix("worker ")
+                fields = {"worker": int(wid)} if wid.isdigit() else {}
+                log.warning(
+                    "leftover_stopped",
+                    child=rec.what,
+                    pid=rec.pid,
+                    **fields,
+                    why="still running from an agent that is gone (killed without a stop)",
+                )
+        return {}
 
     def log_tail(self, worker: int, lines: int) -> list[str]:
         buf = self._logs.get(worker)

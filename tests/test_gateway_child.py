@@ -1,0 +1,209 @@
+"""The managed gateway as a child of the agent: its back-off and its log file (issue 22).
+
+Item 10: a gateway that cannot start (smg not installed) is tried, and logged, once per
+back-off step, doubling up to 10 min. Items 11/12: `gateway.log` is written by root in
+the state folder, which may be one another user can write (the demo's /tmp): a symlink
+planted there is never followed, the file is 0640 and the agent's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from asuser import as_nobody, nobody_owned, shared_dir  # noqa: F401 (a fixture)
+from sglang_farm.errors import RuntimeFailure
+from sglang_farm.gateway.managed import ManagedGateway, launch_argv
+from sglang_farm.runtime.gateway_child import (
+    LOG_MAX_BYTES,
+    RESTART_MAX_S,
+    STABLE_S,
+    ChildGateway,
+    open_log,
+    restart_delay,
+)
+
+pytestmark = pytest.mark.anyio
+
+AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
+
+
+def test_restart_delay_doubles_from_1_s_to_10_min_and_a_stable_run_starts_over() -> None:
+    delays: list[float] = []
+    d: float | None = None
+    for _ in range(12):
+        d = restart_delay(d, ran_s=0.1)
+        delays.append(d)
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]
+    assert RESTART_MAX_S == 600
+    assert restart_delay(600, ran_s=STABLE_S) == 1
+
+
+def _no_smg_argv() -> list[str]:
+    """The managed gateway's real command line, under an interpreter without smg: the
+    system Python, finding this package through PYTHONPATH (set by the caller)."""
+    spec = ManagedGateway(host="127.0.0.1", port=1, policy="round_robin", metrics_port=2)
+    return launch_argv(spec, os.path.realpath("/usr/bin/python3"))
+
+
+def _system_python_has_smg() -> bool:
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system Python to play a host without smg")
+    r = subprocess.run(["/usr/bin/python3", "-c", "import smg"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_a_gateway_without_smg_is_logged_once_per_back_off_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if _system_python_has_smg():
+        pytest.skip("the system Python has smg: it cannot play a host without it")
+    monkeypatch.setenv("PYTHONPATH", str(AGENT_DIR))
+    waits: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(delay: float) -> None:  # the back-off, counted instead of waited
+        waits.append(delay)
+        if len(waits) == 6:
+            parked.set()
+            await asyncio.Event().wait()
+
+    gw = ChildGateway(_no_smg_argv(), tmp_path / "gateway.log", sleep=sleep)
+    with capture_logs() as logs:
+        await gw.start()
+        await asyncio.wait_for(parked.wait(), 60)
+        await gw.close()
+    assert waits == [1, 2, 4, 8, 16, 32]
+    loud = [e for e in logs if e["log_level"] in ("warning", "error")]
+    assert [e["event"] for e in loud] == ["gateway_exited"] * 6
+    assert [e["retry_in_s"] for e in loud] == waits
+    assert "smg is not installed" in (tmp_path / "gateway.log").read_text()
+
+
+async def test_a_gateway_that_cannot_be_run_says_why_once_per_step(tmp_path: Path) -> None:
+    waits: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+        if len(waits) == 3:
+            parked.set()
+            await asyncio.Event().wait()
+
+    gw = ChildGateway([str(tmp_path / "no-such-smg"), "launch"], tmp_path / "g.log", sleep=sleep)
+    with capture_logs() as logs:
+        await gw.start()
+        await asyncio.wait_for(parked.wait(), 60)
+        await gw.close()
+    loud = [e for e in logs if e["log_level"] in ("warning", "error")]
+    assert [e["event"] for e in loud] == ["gateway_not_started"] * 3
+    assert "no-such-smg" in loud[0]["error"]
+
+
+# -- gateway.log -------------------------------------------------------------------------------
+
+
+def test_the_gateway_log_is_made_0640_and_an_old_0644_one_is_tightened(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "gateway.log"
+    with open_log(path) as f:
+        f.write(b"one\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    os.chmod(path, 0o644)
+    with open_log(path) as f:
+        f.write(b"two\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert path.read_bytes() == b"one\ntwo\n"
+
+
+def test_an_oversized_gateway_log_keeps_its_last_part(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.log"
+    with open(path, "wb") as f:
+        f.truncate(LOG_MAX_BYTES)
+        f.seek(LOG_MAX_BYTES)
+        f.write(b"the last line\n")
+    with open_log(path) as f:
+        f.write(b"after\n")
+    size = path.stat().st_size
+    assert size < LOG_MAX_BYTES // 2 + 4096
+    assert path.read_bytes().endswith(b"the last line\nafter\n")
+
+
+def test_a_symlink_planted_by_nobody_as_the_gateway_log_is_never_followed(
+    shared_dir: Path,  # noqa: F811
+) -> None:
+    """The demo's state folder under /tmp: nobody made it (0777) and plants gateway.log
+    as a link to a root-only file. Root's agent refuses it, naming it and the fix; the
+    file is untouched."""
+    secret = shared_dir / "root-only"
+    secret.write_text("root's\n")
+    os.chmod(secret, 0o600)
+    state = nobody_owned(shared_dir, "state", 0o777)
+    as_nobody(["ln", "-s", str(secret), str(state / "gateway.log")])
+
+    with pytest.raises(RuntimeFailure, match=r"gateway log .*gateway\.log is a symbolic link"):
+        open_log(state / "gateway.log")
+    assert secret.read_text() == "root's\n"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+
+
+def test_a_gateway_log_another_user_made_is_refused(shared_dir: Path) -> None:  # noqa: F811
+    state = nobody_owned(shared_dir, "state", 0o777)
+    as_nobody(["sh", "-c", f"umask 0; : > {state}/gateway.log"])
+    with pytest.raises(RuntimeFailure, match="not a plain file of the agent's own"):
+        open_log(state / "gateway.log")
+
+
+async def test_the_agent_starts_no_gateway_into_a_planted_log(shared_dir: Path) -> None:  # noqa: F811
+    secret = shared_dir / "root-only"
+    secret.write_text("root's\n")
+    os.chmod(secret, 0o600)
+    state = nobody_owned(shared_dir, "state", 0o777)
+    as_nobody(["ln", "-s", str(secret), str(state / "gateway.log")])
+    parked = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        parked.set()
+        await asyncio.Event().wait()
+
+    gw = ChildGateway([sys.executable, "-c", "print('smg here')"], state / "gateway.log",
+                      sleep=sleep)
+    with capture_logs() as logs:
+        await gw.start()
+        await asyncio.wait_for(parked.wait(), 30)
+        await gw.close()
+    assert secret.read_text() == "root's\n"
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["gateway_not_started"]
+    assert not any(e["event"] == "gateway_started" for e in logs)
+
+
+async def test_smg_writes_its_log_without_colour_codes(tmp_path: Path) -> None:
+    """Issue 25 item 8: smg's text log carries ANSI colours even into a file."""
+    from farmproc import free_port_block
+
+    base = free_port_block(2)
+    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin",
+                          metrics_port=base + 1)
+    path = tmp_path / "gateway.log"
+    gw = ChildGateway(launch_argv(spec, sys.executable), path)
+    await gw.start()
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while b"INFO" not in (path.read_bytes() if path.exists() else b""):
+            assert loop.time() < end, "smg wrote no log line"
+            await asyncio.sleep(0.1)
+    finally:
+        await gw.close()
+    assert b"\x1b" not in path.read_bytes()
