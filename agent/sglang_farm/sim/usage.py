@@ -224,8 +224,8 @@ While serving, SGLANG_SIM_FAIL_AFTER=T dies of a CUDA OOM (exit -9),
 SGLANG_SIM_HANG_AFTER=T hangs (/health stops answering) and SGLANG_SIM_WEDGE_AFTER=T
 wedges (no token, frozen counters, /health still 200); SGLANG_SIM_HEALTH_QUEUES=1 makes
 a busy server's /health slow while its tokens flow. Regressions a canary must catch:
-SGLANG_SIM_TOKEN_SECONDS (slow tokens), SGLANG_SIM_ERROR_RATE (500s),
-SGLANG_SIM_WRONG_RATE (wrong sums), SGLANG_SIM_FAIL_AFTER (a crash).
+slow tokens (SGLANG_SIM_TOKEN_SECONDS), 500s (SGLANG_SIM_ERROR_RATE), wrong sums
+(SGLANG_SIM_WRONG_RATE), a crash (SGLANG_SIM_FAIL_AFTER).
 
 Without SGLANG_SIM_FAIL the same exits come from real causes: a removed or ambiguous
 flag exits 2, a served model name with ':' exits 1, a taken port exits 3, a scheduler
