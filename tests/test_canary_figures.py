@@ -129,6 +129,17 @@ def test_a_window_takes_requests_and_errors_from_the_gateway_and_aborts_from_sgl
     assert (g.requests, g.errors) == (103.0, 3.0)
 
 
+def test_outcomes_the_gateway_does_not_show_yet_count_zero() -> None:
+    # smg makes a worker's series at its first outcome of each kind: a canary just added
+    # has none at the start of its window, and its first failure adds the series later.
+    empty = promtext.parse("smg_http_connections_active 1\n")
+    a = figures.worker_sample(_sglang(0, 0, (0, 0, 0)), empty, "http://w:1")
+    b = figures.worker_sample(_sglang(90, 0, (9, 9, 9)), _gateway(90, 10), "http://w:1")
+    assert (a.gateway_ok, a.gateway_failed) == (0.0, 0.0)
+    f = figures.window(a, b, 30.0)
+    assert (f.requests, f.errors) == (100.0, 10.0)
+
+
 def test_a_worker_restarted_inside_the_window_counts_from_zero() -> None:
     a = figures.worker_sample(_sglang(500, 9, (100, 200, 200)), _gateway(900, 5), "http://w:1")
     b = figures.worker_sample(_sglang(20, 1, (5, 8, 8)), _gateway(950, 6), "http://w:1")

@@ -174,13 +174,16 @@ class WorkerSample:
 
 
 def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> WorkerSample:
-    """A worker's sample from its own /metrics scrape and the gateway's (or None)."""
+    """A worker's sample from its own /metrics scrape and the gateway's (or None).
+
+    With a gateway scrape, an outcome series the gateway does not show yet counts 0: smg
+    creates a worker's `failure` series at its first failure, and a canary just added to
+    the gateway has no series at all at the start of its window.
+    """
     ok = failed = None
     if gateway is not None:
-        ok = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="success")
-        failed = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="failure")
-        if ok is not None or failed is not None:
-            ok, failed = ok or 0.0, failed or 0.0
+        ok = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="success") or 0.0
+        failed = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="failure") or 0.0
     return WorkerSample(
         itl=histogram_of(sglang, ITL),
         ttft=histogram_of(sglang, TTFT),
