@@ -96,9 +96,10 @@ def test_the_gateway_outcomes_of_an_erring_canary_roll_it_back(tmp_path: Path) -
 
         def scrape() -> list[figures.WorkerSample]:
             gw = promtext.parse(httpx.get(f"{metrics}/metrics").text, source="smg")
+            bodies = {u: httpx.get(f"{u}/metrics").text for u in (good_url, bad_url)}
             return [
-                figures.worker_sample(promtext.parse(httpx.get(f"{u}/metrics").text, u), gw, u)
-                for u in (good_url, bad_url)
+                figures.worker_sample(promtext.parse(text, source=u), gw, u)
+                for u, text in bodies.items()
             ]
 
         before = scrape()
