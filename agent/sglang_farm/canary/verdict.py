@@ -17,9 +17,9 @@ docs/canary.md; in short:
    confidence bound, divided by the baseline's *upper* one, exceeds the limit. The
    bounds are the quantiles at the ranks q ± z·√(q(1-q)/n), with n the side's request
    count (tokens of one request are not independent observations), so a quantile the
-   data cannot pin down (p99 of 50 requests) is simply not judged. TTFT is weighed less:
-   only its median, against a looser limit, because cache-aware routing gives a
-   freshly restarted canary a cold prefix cache and a different mix of requests.
+   data cannot pin down (the p99 of a baseline of 60 requests) is not judged. TTFT is
+   weighed less: only its median, against a looser limit, because cache-aware routing
+   gives a freshly restarted canary a cold prefix cache and a different request mix.
 4. **Enough data.** Below `min_requests` on either side (and with nothing failed) the
    verdict is inconclusive; what to do then is the caller's policy
    (`[rollout] on_inconclusive`).
