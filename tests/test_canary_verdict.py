@@ -14,8 +14,10 @@ from sglang_farm.canary.verdict import (
     LivenessKind,
     Outcome,
     judge,
+    liveness_event,
     quantile_bounds,
 )
+from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.sim.engine import ITL_BUCKETS, TTFT_BUCKETS
 
 POLICY = CanaryPolicy()
@@ -147,6 +149,19 @@ def test_any_liveness_failure_rolls_back_at_once_whatever_the_figures() -> None:
     assert v.outcome is Outcome.ROLLBACK
     assert v.evidence == "canary oom 10.2 s into the window: CUDA out of memory while serving"
     assert [c.name for c in v.checks] == ["liveness"]
+
+
+def test_the_farms_failures_map_onto_liveness_events() -> None:
+    def kind(k: FailureKind) -> LivenessKind:
+        return liveness_event(Failure(k, "what happened", "advice"), 3.0).kind
+
+    assert kind(FailureKind.CUDA_OOM_SERVING) is LivenessKind.OOM
+    assert kind(FailureKind.HOST_OOM_KILL) is LivenessKind.OOM
+    assert kind(FailureKind.HANG) is LivenessKind.HUNG
+    assert kind(FailureKind.CRASH) is LivenessKind.CRASHED
+    assert kind(FailureKind.WATCHDOG_TIMEOUT) is LivenessKind.CRASHED
+    event = liveness_event(Failure(FailureKind.CRASH, "exited 1", "see the log"), 7.5)
+    assert (event.after_s, event.detail) == (7.5, "exited 1")
 
 
 def test_before_the_window_ends_only_a_rollback_is_final() -> None:

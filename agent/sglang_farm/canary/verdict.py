@@ -48,6 +48,7 @@ from enum import StrEnum
 from statistics import NormalDist
 
 from sglang_farm.canary.figures import Figures, Histogram, quantile
+from sglang_farm.failures import Failure, FailureKind
 
 
 class Outcome(StrEnum):
@@ -74,6 +75,19 @@ class LivenessEvent:
     kind: LivenessKind
     after_s: float
     detail: str = ""
+
+
+def liveness_event(failure: Failure, after_s: float) -> LivenessEvent:
+    """The event for a classified failure of the canary `after_s` into the window: an
+    out-of-memory failure is OOM, a failed liveness probe HUNG, anything else CRASHED
+    (the worker exited); its summary is the detail."""
+    if failure.oom_kind is not None:
+        kind = LivenessKind.OOM
+    elif failure.kind is FailureKind.HANG:
+        kind = LivenessKind.HUNG
+    else:
+        kind = LivenessKind.CRASHED
+    return LivenessEvent(kind, after_s, failure.summary)
 
 
 @dataclass(frozen=True, slots=True)
