@@ -7,7 +7,8 @@ Options: `--quick` (short windows, fewer repetitions: a smoke run, not for the d
 farm and `farmctl status`; with `--baseline COMMIT` the same figures for the code as of
 COMMIT, measured in the same run), `--only systemd` (just the reaction times under
 systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
-(just the front door: the gateway under load), `--out PATH`.
+(just the front door: the gateway under load), `--only canary` or `python -m bench canary`
+(the canary statistics' simulation: false and missed rollbacks of each method), `--out PATH`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    canary_stats,
     control,
     farmrun,
     footprint,
@@ -326,9 +328,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-64", dest="no64", action="store_true")
-    ap.add_argument("--only", choices=["systemd", "frontdoor", "perf"])
+    ap.add_argument("--only", choices=["systemd", "frontdoor", "perf", "canary"])
     ap.add_argument(
-        "what", nargs="?", choices=["frontdoor", "systemd", "perf"], help="same as --only"
+        "what",
+        nargs="?",
+        choices=["frontdoor", "systemd", "perf", "canary"],
+        help="same as --only",
     )
     ap.add_argument(
         "--baseline",
@@ -351,6 +356,10 @@ def main() -> int:
     if a.only == "perf":
         perf(results, a.quick, a.baseline)
         return finish(a, results, t0, suffix="-perf")
+    if a.only == "canary":
+        section(results, "canary_stats", lambda: canary_stats.run(a.quick, say))
+        print(canary_stats.table(results["canary_stats"]))
+        return finish(a, results, t0, suffix="-canary")
     if a.only == "frontdoor":
         section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
         return finish(a, results, t0, suffix="-frontdoor")

@@ -89,14 +89,10 @@ def run(gib: float, shards: int, source_dir: Path, target: Path, cold: bool) -> 
     cancel = threading.Event()
     locks = source_dir / "locks"  # the stage lock's folder ([farm] state_dir/staging)
     t0 = time.perf_counter()
-    first = stage_copy(
-        src, local_manifest(src), target, lock_dir=locks, headroom=0, cancel=cancel
-    )
+    first = stage_copy(src, local_manifest(src), target, lock_dir=locks, headroom=0, cancel=cancel)
     stage_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    again = stage_copy(
-        src, local_manifest(src), target, lock_dir=locks, headroom=0, cancel=cancel
-    )
+    again = stage_copy(src, local_manifest(src), target, lock_dir=locks, headroom=0, cancel=cancel)
     again_s = time.perf_counter() - t0
     shutil.rmtree(target)
     shutil.rmtree(src)

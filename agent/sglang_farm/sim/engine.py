@@ -52,6 +52,32 @@ E2E_BUCKETS = (
 )
 # SGLang's time-to-first-token buckets are the end-to-end ones up to 400 s.
 TTFT_BUCKETS = tuple(b for b in E2E_BUCKETS if b <= 400.0)
+# SGLang's inter-token latency buckets (TokenizerMetricsCollector's default).
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)
 QUEUE_BUCKETS = (
     0.0,
     0.1,
@@ -144,6 +170,9 @@ class TokenizerStats:
     num_aborted: int
     e2e: HistogramSnapshot
     ttft: HistogramSnapshot
+    # One observation per token after a request's first, as SGLang counts its
+    # `sglang:inter_token_latency_seconds` (each output's interval spread over its tokens).
+    itl: HistogramSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +221,13 @@ class Engine:
         self._history: deque[tuple[float, int]] = deque()
         self._queue_hist = HistogramSnapshot.empty(QUEUE_BUCKETS)
         self._tok = TokenizerStats(
-            0, 0, 0, 0, HistogramSnapshot.empty(E2E_BUCKETS), HistogramSnapshot.empty(TTFT_BUCKETS)
+            0,
+            0,
+            0,
+            0,
+            HistogramSnapshot.empty(E2E_BUCKETS),
+            HistogramSnapshot.empty(TTFT_BUCKETS),
+            HistogramSnapshot.empty(ITL_BUCKETS),
         )
         self._published = self._compute()
 
@@ -261,10 +296,20 @@ class Engine:
             self._used -= prompt_tokens + produced
             self._cond.notify_all()
 
-    def _finish(self, prompt_tokens: int, produced: int, e2e: float, ttft: float) -> None:
+    def _finish(
+        self,
+        prompt_tokens: int,
+        produced: int,
+        e2e: float,
+        ttft: float,
+        gaps: Sequence[float] = (),
+    ) -> None:
         with self._cond:
             self._last_output = self._clock()
             t = self._tok
+            itl = t.itl
+            for gap in gaps:
+                itl = itl.observe(gap)
             self._tok = TokenizerStats(
                 prompt_tokens=t.prompt_tokens + prompt_tokens,
                 generation_tokens=t.generation_tokens + produced,
@@ -272,6 +317,7 @@ class Engine:
                 num_aborted=t.num_aborted,
                 e2e=t.e2e.observe(e2e),
                 ttft=t.ttft.observe(ttft),
+                itl=itl,
             )
 
     def _abort(self) -> None:
@@ -419,6 +465,8 @@ class Generation(Iterator[int]):
         self._t0 = 0.0
         self._queue_s = 0.0
         self._ttft = 0.0
+        self._last_token = 0.0
+        self._gaps: list[float] = []  # the inter-token latencies, observed when it finishes
         self._produced = -1  # -1: not admitted yet
         self._done = False
         self._completion: Completion | None = None
@@ -443,8 +491,12 @@ class Generation(Iterator[int]):
             self.close()
             raise
         self._produced += 1
+        now = eng._clock()
         if self._produced == 1:
-            self._ttft = eng._clock() - self._t0
+            self._ttft = now - self._t0
+        else:
+            self._gaps.append(now - self._last_token)
+        self._last_token = now
         return self._produced
 
     def _end(self) -> None:
@@ -453,7 +505,7 @@ class Generation(Iterator[int]):
         eng._release(self.prompt_tokens, self.max_new_tokens)
         e2e = eng._clock() - self._t0
         ttft = self._ttft if self.max_new_tokens else e2e
-        eng._finish(self.prompt_tokens, self.max_new_tokens, e2e, ttft)
+        eng._finish(self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._gaps)
         self._completion = Completion(
             self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._queue_s
         )
@@ -477,5 +529,5 @@ class Generation(Iterator[int]):
 
 def _replace_tok(t: TokenizerStats, *, num_aborted: int) -> TokenizerStats:
     return TokenizerStats(
-        t.prompt_tokens, t.generation_tokens, t.num_requests, num_aborted, t.e2e, t.ttft
+        t.prompt_tokens, t.generation_tokens, t.num_requests, num_aborted, t.e2e, t.ttft, t.itl
     )

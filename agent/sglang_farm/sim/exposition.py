@@ -160,6 +160,12 @@ def render_metrics(ctx: MetricContext, sched: SchedulerStats, tok: TokenizerStat
         tok.ttft,
     )
     lines += _histogram(
+        "sglang:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        t,
+        tok.itl,
+    )
+    lines += _histogram(
         "sglang:e2e_request_latency_seconds",
         "Histogram of End-to-end request latency in seconds",
         ts,

@@ -112,6 +112,9 @@ class SimSettings:
     health_queues: bool = False
     ignore_sigterm: bool = False
     gpu_mem_gib: float | None = None
+    error_rate: float = 0.0  # the fraction of generation requests answered 500
+    wrong_rate: float = 0.0  # the fraction of arithmetic questions answered wrong
+    seed: int = 0  # fixes which requests err and which questions are answered wrong
 
 
 def human_readable_int(text: str) -> int:
@@ -330,6 +333,29 @@ def _float(env: Mapping[str, str], name: str, default: float | None) -> float | 
     return value
 
 
+def _fraction(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"{name}={raw!r} is not a fraction; give a number in 0..1, e.g. 0.1")
+    return value
+
+
+def _seed(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer; give e.g. 42") from None
+
+
 _YES = frozenset({"1", "true", "yes"})
 _NO = frozenset({"", "0", "false", "no"})
 
@@ -380,4 +406,7 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         health_queues=_switch(env, "SGLANG_SIM_HEALTH_QUEUES"),
         ignore_sigterm=_switch(env, "SGLANG_SIM_IGNORE_SIGTERM"),
         gpu_mem_gib=_float(env, "SGLANG_SIM_GPU_MEM_GIB", None),
+        error_rate=_fraction(env, "SGLANG_SIM_ERROR_RATE"),
+        wrong_rate=_fraction(env, "SGLANG_SIM_WRONG_RATE"),
+        seed=_seed(env, "SGLANG_SIM_SEED"),
     )

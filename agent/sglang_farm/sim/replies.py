@@ -16,18 +16,51 @@ OpenAI routes. A stream is `data: <json>\\n\\n` events ending with `data: [DONE]
   then the optional usage chunk.
 
 Every simulated token is the text " sim" (token id 1); a chat message's content is
-those tokens without the leading space.
+those tokens without the leading space. An arithmetic question (sim/regress.py) is
+answered instead with one token, " <number>", and finish reason "stop": a `Script` says
+which.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 TOKEN_TEXT = " sim"
 TOKEN_ID = 1
+EOS_ID = 2  # the token an answer "stops" on (SGLang's matched stop token)
 FINISH_LENGTH = "length"  # the simulator always generates exactly max_new_tokens
+FINISH_STOP = "stop"  # an answer: one token, then the end-of-sequence token
 DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """What a reply's tokens say: " sim" each (`answer` None), or the one token " <answer>"."""
+
+    answer: str | None = None
+
+    @property
+    def finish(self) -> str:
+        return FINISH_LENGTH if self.answer is None else FINISH_STOP
+
+    def token(self, n: int) -> str:
+        """The text of token `n` (from 1)."""
+        return TOKEN_TEXT if self.answer is None else f" {self.answer}"
+
+    def text(self, tokens: int) -> str:
+        """The text after `tokens` tokens (`/generate`, `/v1/completions`)."""
+        return "".join(self.token(n) for n in range(1, tokens + 1))
+
+    def finish_json(self, tokens: int) -> dict[str, Any]:
+        """`/generate`'s `meta_info.finish_reason` once finished."""
+        if self.answer is None:
+            return {"type": FINISH_LENGTH, "length": tokens}
+        return {"type": FINISH_STOP, "matched": EOS_ID}
+
+
+PLAIN = Script()
 
 
 def sse(obj: Any) -> bytes:
@@ -35,14 +68,15 @@ def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def chat_text(tokens: int) -> str:
-    """A chat message's content after `tokens` tokens: "sim sim sim"."""
-    return (TOKEN_TEXT * tokens).lstrip()
+def chat_text(tokens: int, script: Script = PLAIN) -> str:
+    """A chat message's content after `tokens` tokens: "sim sim sim" (or the answer)."""
+    return script.text(tokens).lstrip()
 
 
-def chat_delta(token: int) -> str:
+def chat_delta(token: int, script: Script = PLAIN) -> str:
     """The content one token adds to a chat message (`token` counts from 1)."""
-    return TOKEN_TEXT.lstrip() if token == 1 else TOKEN_TEXT
+    text = script.token(token)
+    return text.lstrip() if token == 1 else text
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -54,12 +88,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def generate_body(
-    rid: str, prompt_tokens: int, tokens: int, *, finished: bool, e2e_s: float
+    rid: str,
+    prompt_tokens: int,
+    tokens: int,
+    *,
+    finished: bool,
+    e2e_s: float,
+    script: Script = PLAIN,
 ) -> dict[str, Any]:
     """A `/generate` answer (non-streaming) or one stream event after `tokens` tokens."""
-    finish = {"type": FINISH_LENGTH, "length": tokens} if finished else None
+    finish = script.finish_json(tokens) if finished else None
     return {
-        "text": TOKEN_TEXT * tokens,
+        "text": script.text(tokens),
         "output_ids": [TOKEN_ID] * tokens,
         "meta_info": {
             "id": rid,
@@ -73,7 +113,7 @@ def generate_body(
 
 
 def chat_body(
-    rid: str, created: int, model: str, prompt_tokens: int, tokens: int
+    rid: str, created: int, model: str, prompt_tokens: int, tokens: int, script: Script = PLAIN
 ) -> dict[str, Any]:
     """A non-streaming `/v1/chat/completions` answer."""
     return {
@@ -84,8 +124,8 @@ def chat_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": chat_text(tokens)},
-                "finish_reason": FINISH_LENGTH,
+                "message": {"role": "assistant", "content": chat_text(tokens, script)},
+                "finish_reason": script.finish,
                 "logprobs": None,
             }
         ],
@@ -140,10 +180,10 @@ def usage_chunk(
 
 
 def completion_body(
-    rid: str, created: int, model: str, prompt_tokens: int, tokens: int
+    rid: str, created: int, model: str, prompt_tokens: int, tokens: int, script: Script = PLAIN
 ) -> dict[str, Any]:
     """A non-streaming `/v1/completions` answer: the whole text in one chunk, plus usage."""
-    body = completion_chunk(rid, created, model, TOKEN_TEXT * tokens, FINISH_LENGTH)
+    body = completion_chunk(rid, created, model, script.text(tokens), script.finish)
     body["usage"] = usage(prompt_tokens, tokens)
     return body
 

@@ -104,6 +104,26 @@ CONTROLS: tuple[Control, ...] = (
         unset="unset: /health takes SGLANG_SIM_HEALTH_DELAY",
     ),
     Control(
+        "SGLANG_SIM_ERROR_RATE",
+        "error_rate",
+        "F in 0..1: that fraction of generation requests (/generate, /v1/chat/completions, "
+        "/v1/completions) is answered HTTP 500 at once, with SGLang's error body; like "
+        "SGLang, no /metrics counter counts them (the gateway's per-worker outcomes do)",
+    ),
+    Control(
+        "SGLANG_SIM_WRONG_RATE",
+        "wrong_rate",
+        "F in 0..1: arithmetic mode's wrong answers. A prompt asking 'What is A + B?' is "
+        "always answered with one token, the sum (finish_reason 'stop'); at this rate, fixed "
+        "per question, the sum is off by 1 to 9",
+    ),
+    Control(
+        "SGLANG_SIM_SEED",
+        "seed",
+        "N: fixes which requests SGLANG_SIM_ERROR_RATE fails (the n-th to arrive) and which "
+        "questions SGLANG_SIM_WRONG_RATE answers wrong: the same seed, the same choices",
+    ),
+    Control(
         "SGLANG_SIM_IGNORE_SIGTERM",
         None,
         "1, true or yes: ignore SIGTERM (tests a supervisor's SIGKILL deadline)",
@@ -203,11 +223,14 @@ _FAIL_TAIL = """\
 While serving, SGLANG_SIM_FAIL_AFTER=T dies of a CUDA OOM (exit -9),
 SGLANG_SIM_HANG_AFTER=T hangs (/health stops answering) and SGLANG_SIM_WEDGE_AFTER=T
 wedges (no token, frozen counters, /health still 200); SGLANG_SIM_HEALTH_QUEUES=1 makes
-a busy server's /health slow while its tokens flow. Without SGLANG_SIM_FAIL the same
-exits come from real causes: a removed or ambiguous flag exits 2, a served model name
-with ':' exits 1, a taken port exits 3, a scheduler killed by someone exits 1 while
-loading and -9 while serving. SIGTERM (or SIGINT) drains as SGLang does: /health turns
-503, in-flight requests finish, exit 0.
+a busy server's /health slow while its tokens flow. Regressions a canary must catch:
+slow tokens (SGLANG_SIM_TOKEN_SECONDS), 500s (SGLANG_SIM_ERROR_RATE), wrong sums
+(SGLANG_SIM_WRONG_RATE), a crash (SGLANG_SIM_FAIL_AFTER).
+
+Without SGLANG_SIM_FAIL the same exits come from real causes: a removed or ambiguous
+flag exits 2, a served model name with ':' exits 1, a taken port exits 3, a scheduler
+killed by someone exits 1 while loading and -9 while serving. SIGTERM (or SIGINT)
+drains as SGLang does: /health turns 503, in-flight requests finish, exit 0.
 
 Details: docs/simulator.md."""
 

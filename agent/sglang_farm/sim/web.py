@@ -13,6 +13,10 @@ engine (SGLANG_SIM_WEDGE_AFTER) makes no token, yet `/health` and `/server_info`
 The generation routes run each request through the engine (queue, then one token per
 `token_seconds`) and, with `"stream": true`, write server-sent events as the tokens come
 (bodies and events in `replies.py`). After SIGTERM they keep admitting, as SGLang's do.
+The regressions of `regress.py` apply to those routes: SGLANG_SIM_ERROR_RATE answers a
+fraction of them 500 before they reach the engine (counted in no /metrics family, as
+SGLang has no 5xx counter), and a prompt asking "What is A + B?" is answered with the
+sum (wrong at SGLANG_SIM_WRONG_RATE).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from sglang_farm.sim import replies
+from sglang_farm.sim import regress, replies
 from sglang_farm.sim.engine import Completion, Engine, Generation, QueueFull
 from sglang_farm.sim.exposition import (
     MetricContext,
@@ -77,6 +81,7 @@ class ServerState:
     unhealthy: bool = False
     busy_cond: threading.Condition = field(default_factory=threading.Condition)
     busy: int = 0  # generation requests whose response is not written yet
+    arrived: int = 0  # generation requests so far: numbers them for SGLANG_SIM_ERROR_RATE
 
     def generation_in_flight(self) -> int:
         with self.busy_cond:
@@ -143,6 +148,17 @@ def _completion_prompt(prompt: object) -> int:
 
 def _prompt_tokens(text: str) -> int:
     return max(1, len(text) // 4)  # about four characters per token
+
+
+def _script(settings: SimSettings, prompt: object, max_new: int) -> tuple[replies.Script, int]:
+    """What the reply says, and how many tokens it makes: an arithmetic question in a
+    text prompt is answered with one token (when any is asked for); else " sim" each."""
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    question = regress.find_question(prompt) if isinstance(prompt, str) else None
+    if question is None or max_new == 0:
+        return replies.PLAIN, max_new
+    return replies.Script(regress.answer(question, settings.seed, settings.wrong_rate)), 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +533,21 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
         def _tracked(self, fn: Callable[[dict[str, Any]], None], body: dict[str, Any]) -> None:
             with state.busy_cond:
                 state.busy += 1
+                state.arrived += 1
+                number = state.arrived
             try:
+                settings = state.settings
+                if regress.errs(settings.seed, settings.error_rate, number):
+                    # SGLANG_SIM_ERROR_RATE: an internal error before the engine sees it.
+                    self._json(
+                        500,
+                        _error(
+                            regress.ERROR_MESSAGE,
+                            HTTPStatus.INTERNAL_SERVER_ERROR,
+                            "InternalServerError",
+                        ),
+                    )
+                    return
                 fn(body)
             except BadRequest as exc:
                 self._json(400, _error(str(exc), HTTPStatus.BAD_REQUEST))
@@ -539,6 +569,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 prompt = _prompt_tokens(text)
             else:
                 raise BadRequest("Either text or input_ids should be provided.")
+            script, max_new = _script(state.settings, text, max_new)
             rid = uuid.uuid4().hex
             if body.get("stream"):
                 gen = state.engine.stream(prompt, max_new)
@@ -550,7 +581,9 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                             done = n == max_new
                             elapsed = time.monotonic() - t0
                             yield replies.sse(
-                                replies.generate_body(rid, prompt, n, finished=done, e2e_s=elapsed)
+                                replies.generate_body(
+                                    rid, prompt, n, finished=done, e2e_s=elapsed, script=script
+                                )
                             )
                         if max_new == 0:
                             elapsed = time.monotonic() - t0
@@ -569,7 +602,12 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             self._json(
                 200,
                 replies.generate_body(
-                    rid, c.prompt_tokens, c.completion_tokens, finished=True, e2e_s=c.e2e_s
+                    rid,
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    finished=True,
+                    e2e_s=c.e2e_s,
+                    script=script,
                 ),
             )
 
@@ -578,12 +616,13 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             body: dict[str, Any],
             prompt: int,
             max_new: int,
-            answer: Callable[[str, int, str, int, int], dict[str, Any]],
+            answer: Callable[[str, int, str, int, int, replies.Script], dict[str, Any]],
             events: Callable[[_OpenAIStream], Iterator[bytes]],
+            script: replies.Script,
         ) -> None:
             """Answer an OpenAI route whole, or as server-sent chunks with `"stream": true`.
 
-            `answer(rid, created, model, prompt_tokens, tokens)` builds the whole body;
+            `answer(rid, created, model, prompt_tokens, tokens, script)` builds the whole body;
             `events` makes the chunks once the first token is out (see `_kick`).
             """
             rid = uuid.uuid4().hex
@@ -592,7 +631,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 c = self._run(prompt, max_new)
                 if c is not None:
                     body_out = answer(
-                        rid, int(time.time()), model, c.prompt_tokens, c.completion_tokens
+                        rid, int(time.time()), model, c.prompt_tokens, c.completion_tokens, script
                     )
                     self._json(200, body_out)
                 return
@@ -612,6 +651,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             include_usage = _include_usage(body)
             text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             prompt = _prompt_tokens(text) + 4 * len(messages)
+            script, max_new = _script(state.settings, text, max_new)
 
             def events(s: _OpenAIStream) -> Iterator[bytes]:
                 yield replies.sse(
@@ -619,12 +659,12 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 )
                 for n in s.tokens:
                     yield replies.sse(
-                        replies.chat_chunk(s.rid, s.created, s.model, content=replies.chat_delta(n))
+                        replies.chat_chunk(
+                            s.rid, s.created, s.model, content=replies.chat_delta(n, script)
+                        )
                     )
                 yield replies.sse(
-                    replies.chat_chunk(
-                        s.rid, s.created, s.model, finish_reason=replies.FINISH_LENGTH
-                    )
+                    replies.chat_chunk(s.rid, s.created, s.model, finish_reason=script.finish)
                 )
                 if include_usage:
                     yield replies.sse(
@@ -633,26 +673,23 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                         )
                     )
 
-            self._openai(body, prompt, max_new, replies.chat_body, events)
+            self._openai(body, prompt, max_new, replies.chat_body, events, script)
 
         def _completions(self, body: dict[str, Any]) -> None:
             prompt = _completion_prompt(body.get("prompt"))
             max_new = _int_field(body, "max_tokens", default=_COMPLETIONS_MAX_TOKENS)
+            script, max_new = _script(state.settings, body.get("prompt"), max_new)
             include_usage = _include_usage(body)
 
             def events(s: _OpenAIStream) -> Iterator[bytes]:
                 if not s.first:
                     yield replies.sse(
-                        replies.completion_chunk(
-                            s.rid, s.created, s.model, "", replies.FINISH_LENGTH
-                        )
+                        replies.completion_chunk(s.rid, s.created, s.model, "", script.finish)
                     )
                 for n in s.tokens:
-                    finish = replies.FINISH_LENGTH if n == max_new else None
+                    finish = script.finish if n == max_new else None
                     yield replies.sse(
-                        replies.completion_chunk(
-                            s.rid, s.created, s.model, replies.TOKEN_TEXT, finish
-                        )
+                        replies.completion_chunk(s.rid, s.created, s.model, script.token(n), finish)
                     )
                 if include_usage:
                     yield replies.sse(
@@ -661,7 +698,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                         )
                     )
 
-            self._openai(body, prompt, max_new, replies.completion_body, events)
+            self._openai(body, prompt, max_new, replies.completion_body, events, script)
 
     _ROUTES: dict[
         tuple[str, str], Callable[[Handler, dict[str, list[str]], dict[str, Any]], None]

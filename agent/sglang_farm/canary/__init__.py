@@ -1,0 +1,9 @@
+"""Pure: canary analysis (issue 23; docs/canary.md): judge a changed worker against the
+workers still on the old config, over the same window, behind the same gateway.
+
+- `promtext`: Prometheus text bodies (SGLang's and smg's /metrics) into samples;
+- `figures`: histograms, counters and their deltas over a window (resets handled),
+  PromQL's `histogram_quantile`, a worker's `Figures`;
+- `verdict`: `judge()`: promote, rollback or inconclusive, with the evidence in one line;
+- `record`: the hash of what the workers would run, and the rejected-change rule.
+"""

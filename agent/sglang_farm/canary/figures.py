@@ -1,0 +1,273 @@
+"""Pure: the figures a canary verdict compares, built from counters and histograms.
+
+A worker's figures over a window are the *difference* of two scrapes, as Prometheus'
+`increase()` takes them: counters and histogram buckets are cumulative since the
+process started, so the window's requests, errors and latency distribution are the
+later snapshot minus the earlier one. A counter that went *down* was reset (the worker
+restarted inside the window): the later value is then the whole increase, Prometheus'
+reset rule.
+
+Where each figure comes from (docs/canary.md, "the figures"):
+
+- latency: SGLang's `sglang:inter_token_latency_seconds` (ITL, one observation per
+  output token) and `sglang:time_to_first_token_seconds` (TTFT, one per request)
+  histograms, summed over their label sets (`is_streaming`, ...);
+- requests: the gateway's per-worker outcomes (`smg_worker_cb_outcomes_total{worker=URL,
+  outcome="success"|"failure"}`) when there is a gateway, else SGLang's
+  `sglang:num_requests_total` plus its aborted requests;
+- errors: the gateway's `failure` outcomes for the worker (SGLang has no 5xx counter)
+  plus SGLang's `sglang:num_aborted_requests_total`.
+
+Quantiles are estimated from buckets exactly as PromQL's `histogram_quantile` does
+(linear interpolation inside the bucket holding the rank; 0 as the lower edge of the
+first bucket; the highest finite bound for a rank in the +Inf bucket), so a figure the
+farm shows can be checked against a Prometheus query over the same window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sglang_farm.canary.promtext import Labels, Scrape
+
+ITL = "sglang:inter_token_latency_seconds"
+TTFT = "sglang:time_to_first_token_seconds"
+REQUESTS = "sglang:num_requests_total"
+ABORTED = "sglang:num_aborted_requests_total"
+GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A Prometheus histogram: finite upper bounds (ascending), cumulative counts for each
+    bound and then +Inf (one more than `bounds`), and the sum of the observations."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.cumulative) != len(self.bounds) + 1:
+            raise ValueError(
+                f"a histogram needs one cumulative count per bound and one for +Inf: "
+                f"{len(self.bounds)} bounds, {len(self.cumulative)} counts"
+            )
+        if any(b >= a for a, b in zip(self.bounds[1:], self.bounds, strict=False)):
+            raise ValueError(f"histogram bounds must ascend: {self.bounds}")
+
+    @classmethod
+    def from_counts(
+        cls, bounds: Sequence[float], counts: Sequence[float], total: float = 0.0
+    ) -> Histogram:
+        """From per-bucket (not cumulative) counts, the last one the +Inf bucket's."""
+        run: list[float] = []
+        acc = 0.0
+        for c in counts:
+            acc += c
+            run.append(acc)
+        return cls(tuple(bounds), tuple(run), total)
+
+    @classmethod
+    def empty(cls, bounds: Sequence[float]) -> Histogram:
+        return cls(tuple(bounds), (0.0,) * (len(bounds) + 1))
+
+    @property
+    def count(self) -> float:
+        return self.cumulative[-1]
+
+    def counts(self) -> tuple[float, ...]:
+        """Per-bucket counts, the last one the +Inf bucket's."""
+        prev = (0.0, *self.cumulative[:-1])
+        return tuple(c - p for c, p in zip(self.cumulative, prev, strict=True))
+
+    def plus(self, other: Histogram) -> Histogram:
+        """The two added (several workers as one). Raises ValueError on different bounds."""
+        self._same_bounds(other)
+        cum = tuple(a + b for a, b in zip(self.cumulative, other.cumulative, strict=True))
+        return Histogram(self.bounds, cum, self.total + other.total)
+
+    def since(self, earlier: Histogram) -> Histogram:
+        """What was observed after `earlier` (this is later): the delta, or all of this when
+        a count went down (a reset). Raises ValueError on different bounds."""
+        self._same_bounds(earlier)
+        delta = [a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)]
+        if any(d < 0 for d in delta) or self.total < earlier.total:
+            return self
+        # A bucket's count never falls below the one before it; rounding may say otherwise.
+        for i in range(1, len(delta)):
+            delta[i] = max(delta[i], delta[i - 1])
+        return Histogram(self.bounds, tuple(delta), self.total - earlier.total)
+
+    def _same_bounds(self, other: Histogram) -> None:
+        if self.bounds != other.bounds:
+            raise ValueError(
+                f"histograms with different buckets cannot be combined: {self.bounds} "
+                f"vs {other.bounds} (set the same --bucket-* flags on every worker)"
+            )
+
+
+def quantile(q: float, h: Histogram) -> float | None:
+    """PromQL's `histogram_quantile(q, h)`; None when `h` holds no observation."""
+    if h.count <= 0 or math.isnan(q):
+        return None
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    rank = q * h.count
+    i = next(i for i, cum in enumerate(h.cumulative) if cum >= rank)
+    cum = h.cumulative[i]
+    if i == len(h.bounds):  # the +Inf bucket: its lower edge is the best estimate
+        return h.bounds[-1] if h.bounds else None
+    upper = h.bounds[i]
+    lower = 0.0 if i == 0 else h.bounds[i - 1]
+    prev = 0.0 if i == 0 else h.cumulative[i - 1]
+    if i == 0 and upper <= 0:
+        return upper
+    in_bucket = cum - prev
+    if in_bucket <= 0:
+        return lower
+    return lower + (upper - lower) * (rank - prev) / in_bucket
+
+
+def counter_since(later: float, earlier: float) -> float:
+    """A counter's increase: the difference, or `later` when it went down (a reset)."""
+    return later if later < earlier else later - earlier
+
+
+def histogram_of(scrape: Scrape, name: str, **match: str) -> Histogram | None:
+    """The histogram `name` from a scrape, its label sets (other than `le`) summed;
+    only series whose labels include `match`. None when there is none."""
+    buckets: dict[float, float] = {}
+    for labels, value in scrape.series(name + "_bucket"):
+        le = dict(labels).get("le")
+        if le is None or not _matches(labels, match):
+            continue
+        bound = math.inf if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + value
+    if math.inf not in buckets:
+        return None
+    bounds = tuple(sorted(b for b in buckets if b != math.inf))
+    cumulative = tuple(buckets[b] for b in (*bounds, math.inf))
+    total = scrape.total(name + "_sum", **match) or 0.0
+    return Histogram(bounds, cumulative, total)
+
+
+def _matches(labels: Labels, match: dict[str, str]) -> bool:
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in match.items())
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSample:
+    """One worker's cumulative figures at one scrape (SGLang's /metrics and, when there
+    is one, the gateway's outcomes for the worker's URL)."""
+
+    itl: Histogram | None
+    ttft: Histogram | None
+    requests: float  # SGLang's finished requests
+    aborted: float
+    gateway_ok: float | None  # None: no gateway figures for this worker
+    gateway_failed: float | None
+
+
+def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> WorkerSample:
+    """A worker's sample from its own /metrics scrape and the gateway's (or None).
+
+    With a gateway scrape, an outcome series the gateway does not show yet counts 0: smg
+    creates a worker's `failure` series at its first failure, and a canary just added to
+    the gateway has no series at all at the start of its window.
+    """
+    ok = failed = None
+    if gateway is not None:
+        ok = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="success") or 0.0
+        failed = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="failure") or 0.0
+    return WorkerSample(
+        itl=histogram_of(sglang, ITL),
+        ttft=histogram_of(sglang, TTFT),
+        requests=sglang.total(REQUESTS) or 0.0,
+        aborted=sglang.total(ABORTED) or 0.0,
+        gateway_ok=ok,
+        gateway_failed=failed,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What one side (the canary, or the baseline's workers together) did in a window."""
+
+    seconds: float
+    requests: float  # answered, well or badly
+    errors: float  # answered with an error, or aborted
+    itl: Histogram | None
+    ttft: Histogram | None
+
+    @property
+    def error_ratio(self) -> float:
+        return self.errors / self.requests if self.requests > 0 else 0.0
+
+    def plus(self, other: Figures) -> Figures:
+        """Two workers' figures over the same window, as one side."""
+        return Figures(
+            seconds=max(self.seconds, other.seconds),
+            requests=self.requests + other.requests,
+            errors=self.errors + other.errors,
+            itl=_plus(self.itl, other.itl),
+            ttft=_plus(self.ttft, other.ttft),
+        )
+
+
+def _plus(a: Histogram | None, b: Histogram | None) -> Histogram | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a.plus(b)
+
+
+def _since(later: Histogram | None, earlier: Histogram | None) -> Histogram | None:
+    if later is None:
+        return None
+    if earlier is None or earlier.bounds != later.bounds:
+        return later  # it appeared (or was re-bucketed) inside the window: all of it is new
+    return later.since(earlier)
+
+
+def window(earlier: WorkerSample, later: WorkerSample, seconds: float) -> Figures:
+    """A worker's figures between two samples `seconds` apart (resets handled).
+
+    Requests and errors come from the gateway when both samples have its figures
+    (plus SGLang's aborted requests as errors); otherwise from SGLang's own counters.
+    """
+    aborted = counter_since(later.aborted, earlier.aborted)
+    if (
+        later.gateway_ok is not None
+        and later.gateway_failed is not None
+        and earlier.gateway_ok is not None
+        and earlier.gateway_failed is not None
+    ):
+        ok = counter_since(later.gateway_ok, earlier.gateway_ok)
+        failed = counter_since(later.gateway_failed, earlier.gateway_failed)
+        requests, errors = ok + failed, failed + aborted
+    else:
+        requests = counter_since(later.requests, earlier.requests) + aborted
+        errors = aborted
+    return Figures(
+        seconds=seconds,
+        requests=requests,
+        errors=min(errors, requests) if requests else errors,
+        itl=_since(later.itl, earlier.itl),
+        ttft=_since(later.ttft, earlier.ttft),
+    )
+
+
+def combined(sides: Sequence[Figures]) -> Figures | None:
+    """Several workers' figures as one (the baseline); None for no worker."""
+    if not sides:
+        return None
+    out = sides[0]
+    for f in sides[1:]:
+        out = out.plus(f)
+    return out

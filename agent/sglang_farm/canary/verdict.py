@@ -1,0 +1,311 @@
+"""Pure: the canary verdict: promote, roll back, or inconclusive, with its evidence in
+one line and every figure it compared.
+
+The canary (the worker(s) already on the new config) is compared with the baseline:
+the workers still on the old config, behind the same gateway, over the same window.
+Why each rule is what it is, and the measurements behind the defaults, are in
+docs/canary.md; in short:
+
+1. **Liveness first.** Any crash, hang, OOM or failed health check of the canary inside
+   the window rolls it back at once, whatever the figures: the change caused it.
+2. **Errors.** The canary's error ratio fails it when it reaches an absolute floor
+   (`error_floor`), exceeds the baseline's by a factor (`error_max_ratio`), and rests on
+   at least `min_errors` errors (one unlucky request is not a regression). Judged even
+   below `min_requests`: a canary that fails most of its few requests is not kept.
+3. **Latency.** Inter-token latency quantiles (p50 and p99 by default) as a ratio to the
+   baseline's, with a noise margin: the check fails only when even the canary's *lower*
+   confidence bound, divided by the baseline's *upper* one, exceeds the limit. The
+   bounds are the quantiles at the ranks q ± z·√(q(1-q)/n), with n the side's request
+   count (tokens of one request are not independent observations), so a quantile the
+   data cannot pin down (the p99 of a baseline of 60 requests) is not judged. TTFT is
+   weighed less: only its median, against a looser limit, because cache-aware routing
+   gives a freshly restarted canary a cold prefix cache and a different request mix.
+4. **Enough data.** Below `min_requests` on either side (and with nothing failed) the
+   verdict is inconclusive; what to do then is the caller's policy
+   (`[rollout] on_inconclusive`).
+
+How the agent is to use this (the API, also in docs/canary.md):
+
+    from sglang_farm.canary import figures, promtext, verdict
+    s0 = figures.worker_sample(promtext.parse(body0), gw0, url)   # at window start
+    s1 = figures.worker_sample(promtext.parse(body1), gw1, url)   # at window end
+    canary = figures.window(s0, s1, seconds)
+    baseline = figures.combined([figures.window(a, b, seconds) for ...])
+    v = verdict.judge(canary, baseline, liveness_events, verdict.CanaryPolicy())
+    v.outcome, v.evidence, v.checks
+
+`judge` may be called before the window ends (`complete=False`): it then returns a
+ROLLBACK as soon as one is certain (liveness, errors, a latency check failed with the
+margin) and INCONCLUSIVE otherwise, never PROMOTE.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from statistics import NormalDist
+
+from sglang_farm.canary.figures import Figures, Histogram, quantile
+from sglang_farm.failures import Failure, FailureKind
+
+
+class Outcome(StrEnum):
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+    INCONCLUSIVE = "inconclusive"
+
+
+class LivenessKind(StrEnum):
+    """What happened to the canary (the agent maps its failures onto these)."""
+
+    CRASHED = "crashed"
+    OOM = "oom"
+    HUNG = "hung"
+    HEALTH_FAILED = "health_failed"
+    WEDGED = "wedged"
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessEvent:
+    """A canary's liveness failure `after_s` seconds into the window; `detail` is one line
+    (the failure's summary, e.g. "CUDA out of memory while serving")."""
+
+    kind: LivenessKind
+    after_s: float
+    detail: str = ""
+
+
+def liveness_event(failure: Failure, after_s: float) -> LivenessEvent:
+    """The event for a classified failure of the canary `after_s` into the window: an
+    out-of-memory failure is OOM, a failed liveness probe HUNG, anything else CRASHED
+    (the worker exited); its summary is the detail."""
+    if failure.oom_kind is not None:
+        kind = LivenessKind.OOM
+    elif failure.kind is FailureKind.HANG:
+        kind = LivenessKind.HUNG
+    else:
+        kind = LivenessKind.CRASHED
+    return LivenessEvent(kind, after_s, failure.summary)
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryPolicy:
+    """The thresholds of a verdict; defaults justified in docs/canary.md."""
+
+    min_requests: int = 50  # per side; Kayenta asks for >= 50 data points per metric
+    itl_quantiles: tuple[float, ...] = (0.5, 0.99)
+    itl_max_ratio: float = 1.4  # canary's lower bound / baseline's upper bound
+    ttft_quantile: float = 0.5
+    ttft_max_ratio: float = 3.0  # looser: a cold prefix cache and a different request mix
+    confidence: float = 0.98  # one-sided, per bound (Kayenta's default confidence)
+    error_floor: float = 0.01  # an error ratio below 1 % never fails a canary
+    error_max_ratio: float = 2.0  # ... nor one below twice the baseline's
+    min_errors: int = 3  # ... nor fewer than 3 errors
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.min_requests < 1:
+            problems.append(f"min_requests must be >= 1, got {self.min_requests}")
+        if not all(0 < q < 1 for q in (*self.itl_quantiles, self.ttft_quantile)):
+            problems.append("quantiles must lie strictly between 0 and 1")
+        if self.itl_max_ratio <= 1 or self.ttft_max_ratio <= 1 or self.error_max_ratio < 1:
+            problems.append("ratio limits must be above 1")
+        if not 0.5 <= self.confidence < 1:
+            problems.append(f"confidence must be in [0.5, 1), got {self.confidence}")
+        if not 0 <= self.error_floor < 1:
+            problems.append(f"error_floor must be in [0, 1), got {self.error_floor}")
+        if self.min_errors < 1:
+            problems.append(f"min_errors must be >= 1, got {self.min_errors}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One comparison. `passed` None: not judged (no data, or too little to pin it down)."""
+
+    name: str  # "liveness", "errors", "itl_p50", "itl_p99", "ttft_p50", "traffic"
+    passed: bool | None
+    canary: float | None
+    baseline: float | None
+    ratio: float | None  # canary / baseline (point estimates)
+    margin_ratio: float | None  # the conservative ratio judged against `limit`
+    limit: float | None
+    text: str  # one phrase: "canary ITL p99 0.052 s = 5.2x the baseline's 0.010 s"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    outcome: Outcome
+    evidence: str  # one line, for status, why, logs and the alert
+    checks: tuple[Check, ...]
+    canary_requests: float
+    baseline_requests: float
+    seconds: float
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.passed is False)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3g} s" if s < 100 else f"{s:,.0f} s"
+
+
+def _count(n: float) -> str:
+    return f"{round(n):,}"
+
+
+def _pct(r: float) -> str:
+    return f"{100 * r:.1f} %"
+
+
+def _qname(q: float) -> str:
+    return f"p{round(100 * q, 1):g}"
+
+
+def _upper_quantile(q: float, h: Histogram) -> float | None:
+    """`quantile`, but a rank inside the +Inf bucket is unbounded (inf), not the last bound."""
+    if h.count <= 0:
+        return None
+    if q >= 1 or q * h.count > h.cumulative[-2 if h.bounds else -1]:
+        return math.inf
+    return quantile(q, h)
+
+
+def quantile_bounds(
+    q: float, h: Histogram, n: float, z: float
+) -> tuple[float | None, float | None, float | None]:
+    """(lower bound, estimate, upper bound) of the q-quantile of `h` with `n` independent
+    observations: the quantiles at ranks q ± z·√(q(1-q)/n) (the normal approximation of
+    an order statistic's rank). The upper bound is inf where it falls past the last
+    finite bucket or past rank 1; the lower one 0 before rank 0."""
+    est = quantile(q, h)
+    if est is None or n <= 0:
+        return None, est, None
+    half = z * math.sqrt(q * (1 - q) / n)
+    lo = quantile(q - half, h) if q - half > 0 else 0.0
+    hi = _upper_quantile(q + half, h)
+    return lo, est, hi
+
+
+def _latency_check(
+    label: str,
+    q: float,
+    canary: Histogram | None,
+    canary_n: float,
+    baseline: Histogram | None,
+    baseline_n: float,
+    limit: float,
+    z: float,
+) -> Check:
+    name = f"{label.lower()}_{_qname(q)}"
+    what = f"{label} {_qname(q)}"
+    if canary is None or baseline is None or canary.count <= 0 or baseline.count <= 0:
+        return Check(name, None, None, None, None, None, limit, f"no {label} data")
+    c_lo, c, _ = quantile_bounds(q, canary, min(canary_n, canary.count), z)
+    _, b, b_hi = quantile_bounds(q, baseline, min(baseline_n, baseline.count), z)
+    assert c is not None and b is not None  # both hold observations
+    ratio = c / b if b > 0 else None
+    text = f"canary {what} {_seconds(c)} = " + (
+        f"{ratio:.1f}x the baseline's {_seconds(b)}" if ratio is not None else "(baseline 0)"
+    )
+    if c_lo is None or b_hi is None or math.isinf(b_hi) or b_hi <= 0:
+        return Check(name, None, c, b, ratio, None, limit, text + " (too few to judge)")
+    margin = c_lo / b_hi
+    return Check(name, margin <= limit, c, b, ratio, margin, limit, text)
+
+
+def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> Check:
+    c = canary.error_ratio
+    b = baseline.error_ratio if baseline is not None else 0.0
+    allowed = max(p.error_floor, p.error_max_ratio * b)
+    text = (
+        f"canary errors {_pct(c)} ({_count(canary.errors)} of {_count(canary.requests)}) "
+        f"vs the baseline's {_pct(b)}"
+    )
+    failed = canary.errors >= p.min_errors and c >= p.error_floor and c > p.error_max_ratio * b
+    ratio = c / b if b > 0 else None
+    if canary.requests <= 0:
+        return Check("errors", None, None, b, None, None, allowed, "no canary requests")
+    return Check("errors", not failed, c, b, ratio, c, allowed, text)
+
+
+def judge(
+    canary: Figures,
+    baseline: Figures | None,
+    liveness: Sequence[LivenessEvent],
+    policy: CanaryPolicy,
+    *,
+    complete: bool = True,
+) -> Verdict:
+    """The verdict on `canary` against `baseline` (None: no worker left on the old config,
+    so latency cannot be compared). `complete`: the window is over; before that, only a
+    ROLLBACK is final and anything else comes back INCONCLUSIVE."""
+    seconds = canary.seconds
+    base_n = baseline.requests if baseline is not None else 0.0
+    tail = f"over {_seconds(seconds)}, {_count(canary.requests)} vs {_count(base_n)} requests"
+
+    def verdict(outcome: Outcome, evidence: str, checks: Sequence[Check]) -> Verdict:
+        return Verdict(outcome, evidence, tuple(checks), canary.requests, base_n, seconds)
+
+    if liveness:
+        first = min(liveness, key=lambda e: e.after_s)
+        detail = f": {first.detail}" if first.detail else ""
+        text = f"canary {first.kind.value} {_seconds(first.after_s)} into the window{detail}"
+        check = Check("liveness", False, None, None, None, None, None, text)
+        return verdict(Outcome.ROLLBACK, text, [check])
+
+    z = NormalDist().inv_cdf(policy.confidence)
+    checks = [_error_check(canary, baseline, policy)]
+    enough = canary.requests >= policy.min_requests and (
+        baseline is None or base_n >= policy.min_requests
+    )
+    if baseline is not None:
+        for q in policy.itl_quantiles:
+            checks.append(
+                _latency_check(
+                    "ITL", q, canary.itl, canary.requests, baseline.itl, base_n,
+                    policy.itl_max_ratio, z,
+                )
+            )  # fmt: skip
+        checks.append(
+            _latency_check(
+                "TTFT", policy.ttft_quantile, canary.ttft, canary.requests, baseline.ttft,
+                base_n, policy.ttft_max_ratio, z,
+            )
+        )  # fmt: skip
+    failed = [c for c in checks if c.passed is False]
+    # Latency needs enough requests on both sides; errors only enough errors (above).
+    failed = [c for c in failed if c.name == "errors" or enough]
+    if failed:
+        return verdict(Outcome.ROLLBACK, f"{failed[0].text} {tail}", checks)
+    if not enough:
+        need = policy.min_requests
+        short = (
+            f"too little traffic to judge: {_count(canary.requests)} canary requests"
+            if canary.requests < need
+            else f"too little baseline traffic to judge: {_count(base_n)} requests"
+        )
+        text = f"{short} in {_seconds(seconds)}, {need:,} needed"
+        return verdict(Outcome.INCONCLUSIVE, text, [*checks, _traffic(False, canary, need)])
+    if not complete:
+        return verdict(Outcome.INCONCLUSIVE, f"analysis under way: nothing failed {tail}", checks)
+    judged = [c for c in checks if c.passed]
+    summary = "; ".join(c.text for c in judged[:2]) or "nothing to compare"
+    return verdict(Outcome.PROMOTE, f"canary within limits ({summary}) {tail}", checks)
+
+
+def _traffic(passed: bool, canary: Figures, need: int) -> Check:
+    return Check(
+        "traffic",
+        passed,
+        canary.requests,
+        None,
+        None,
+        None,
+        float(need),
+        f"{_count(canary.requests)} canary requests, {need:,} needed",
+    )

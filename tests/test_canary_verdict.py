@@ -1,0 +1,188 @@
+"""The canary verdict (issue 23 #1) on synthetic histograms: latency ratios with their
+noise margin, TTFT weighed less, the error floors, too little traffic, liveness."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang_farm.canary.figures import Figures, Histogram
+from sglang_farm.canary.verdict import (
+    CanaryPolicy,
+    LivenessEvent,
+    LivenessKind,
+    Outcome,
+    judge,
+    liveness_event,
+    quantile_bounds,
+)
+from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.sim.engine import ITL_BUCKETS, TTFT_BUCKETS
+
+POLICY = CanaryPolicy()
+
+
+def hist(bounds: tuple[float, ...], values: list[float]) -> Histogram:
+    counts = [0.0] * (len(bounds) + 1)
+    for v in values:
+        i = next((i for i, b in enumerate(bounds) if v <= b), len(bounds))
+        counts[i] += 1
+    return Histogram.from_counts(bounds, counts, sum(values))
+
+
+def side(
+    requests: int,
+    *,
+    itl: float = 0.02,
+    ttft: float = 0.3,
+    errors: int = 0,
+    seed: int = 1,
+    tokens: int = 20,
+) -> Figures:
+    """`requests` requests of `tokens` tokens, each request's ITL drawn around `itl`."""
+    rng = random.Random(seed)
+    gaps: list[float] = []
+    firsts: list[float] = []
+    for _ in range(requests):
+        r = itl * rng.lognormvariate(0, 0.15)
+        gaps += [r * rng.lognormvariate(0, 0.1) for _ in range(tokens)]
+        firsts.append(ttft * rng.lognormvariate(0, 0.3))
+    return Figures(
+        30.0, float(requests), float(errors), hist(ITL_BUCKETS, gaps), hist(TTFT_BUCKETS, firsts)
+    )
+
+
+def test_harmless_change_is_promoted_with_its_figures() -> None:
+    v = judge(side(400, seed=2), side(2800, seed=3), [], POLICY)
+    assert v.outcome is Outcome.PROMOTE, v.evidence
+    assert v.evidence.startswith("canary within limits")
+    assert v.evidence.endswith("over 30 s, 400 vs 2,800 requests")
+    names = {c.name: c for c in v.checks}
+    assert set(names) == {"errors", "itl_p50", "itl_p99", "ttft_p50"}
+    assert names["itl_p50"].passed is True
+    assert names["itl_p50"].ratio == pytest.approx(1.0, abs=0.1)
+
+
+def test_five_times_slower_tokens_roll_back_with_the_ratio_in_one_line() -> None:
+    v = judge(side(400, itl=0.1, seed=2), side(2800, seed=3), [], POLICY)
+    assert v.outcome is Outcome.ROLLBACK
+    assert v.evidence.startswith("canary ITL p50 0.")
+    assert "x the baseline's 0.0" in v.evidence
+    assert v.evidence.endswith("over 30 s, 400 vs 2,800 requests")
+    assert "\n" not in v.evidence
+    failed = v.failed[0]
+    assert failed.name == "itl_p50"
+    assert failed.ratio is not None and 4.0 < failed.ratio < 6.0
+    assert failed.margin_ratio is not None and failed.margin_ratio > POLICY.itl_max_ratio
+
+
+@pytest.mark.parametrize(("factor", "outcome"), [(1.15, Outcome.PROMOTE), (2.0, Outcome.ROLLBACK)])
+def test_latency_is_judged_against_the_limit_with_its_margin(
+    factor: float, outcome: Outcome
+) -> None:
+    v = judge(side(400, itl=0.02 * factor, seed=4), side(2800, seed=5), [], POLICY)
+    assert v.outcome is outcome, v.evidence
+
+
+def test_p99_of_few_baseline_requests_is_not_judged_but_its_figure_is_kept() -> None:
+    # The baseline's p99 of 60 requests has no upper bound: p99 is not judged. (A canary's
+    # p99 needs only its lower bound, which few requests do give.)
+    v = judge(side(60, seed=6), side(60, seed=7), [], POLICY)
+    p99 = next(c for c in v.checks if c.name == "itl_p99")
+    assert p99.passed is None
+    assert p99.canary is not None and "too few to judge" in p99.text
+    assert v.outcome is Outcome.PROMOTE
+
+
+def test_quantile_bounds_widen_with_fewer_observations() -> None:
+    h = hist(ITL_BUCKETS, [0.01 + 0.0001 * i for i in range(300)])
+    lo_few, est, hi_few = quantile_bounds(0.5, h, 30, 2.0)
+    lo_many, est2, hi_many = quantile_bounds(0.5, h, 3000, 2.0)
+    assert est == est2
+    assert lo_few is not None and lo_many is not None and hi_few is not None
+    assert hi_many is not None
+    assert lo_few < lo_many <= est <= hi_many < hi_few  # type: ignore[operator]
+    assert quantile_bounds(0.99, h, 50, 2.0)[2] == float("inf")
+
+
+def test_ttft_is_weighed_less_than_itl() -> None:
+    base = side(2800, seed=3)
+    cold = judge(side(400, ttft=0.3 * 2.5, seed=2), base, [], POLICY)
+    assert cold.outcome is Outcome.PROMOTE, cold.evidence  # a cold cache's 2.5x passes
+    broken = judge(side(400, ttft=0.3 * 8, seed=2), base, [], POLICY)
+    assert broken.outcome is Outcome.ROLLBACK
+    assert broken.evidence.startswith("canary TTFT p50")
+
+
+def test_errors_fail_above_both_floors_and_never_on_a_handful() -> None:
+    base = side(2800, errors=3, seed=3)  # 0.1 %
+    ten = judge(side(400, errors=40, seed=2), base, [], POLICY)
+    assert ten.outcome is Outcome.ROLLBACK
+    assert ten.evidence.startswith("canary errors 10.0 % (40 of 400) vs the baseline's 0.1 %")
+    below_floor = judge(side(400, errors=3, seed=2), base, [], POLICY)  # 0.75 %
+    assert below_floor.outcome is Outcome.PROMOTE
+    noisy_base = side(2800, errors=140, seed=3)  # 5 %: the canary's 6 % is within 2x
+    assert judge(side(400, errors=24, seed=2), noisy_base, [], POLICY).outcome is Outcome.PROMOTE
+    assert judge(side(400, errors=48, seed=2), noisy_base, [], POLICY).outcome is Outcome.ROLLBACK
+
+
+def test_too_little_traffic_is_inconclusive_unless_errors_already_fail_it() -> None:
+    few = judge(side(20, itl=0.1, seed=2), side(2800, seed=3), [], POLICY)
+    assert few.outcome is Outcome.INCONCLUSIVE  # 5x slower, but only 20 requests
+    assert few.evidence == "too little traffic to judge: 20 canary requests in 30 s, 50 needed"
+    two_errors = judge(side(20, errors=2, seed=2), side(2800, seed=3), [], POLICY)
+    assert two_errors.outcome is Outcome.INCONCLUSIVE  # 10 %, but 2 errors prove little
+    mostly_failing = judge(side(20, errors=16, seed=2), side(2800, seed=3), [], POLICY)
+    assert mostly_failing.outcome is Outcome.ROLLBACK
+    thin_base = judge(side(400, seed=2), side(30, seed=3), [], POLICY)
+    assert thin_base.outcome is Outcome.INCONCLUSIVE
+    assert thin_base.evidence.startswith("too little baseline traffic to judge: 30 requests")
+
+
+def test_any_liveness_failure_rolls_back_at_once_whatever_the_figures() -> None:
+    events = [
+        LivenessEvent(LivenessKind.HEALTH_FAILED, 14.0),
+        LivenessEvent(LivenessKind.OOM, 10.2, "CUDA out of memory while serving"),
+    ]
+    v = judge(side(5, seed=2), side(2800, seed=3), events, POLICY, complete=False)
+    assert v.outcome is Outcome.ROLLBACK
+    assert v.evidence == "canary oom 10.2 s into the window: CUDA out of memory while serving"
+    assert [c.name for c in v.checks] == ["liveness"]
+
+
+def test_the_farms_failures_map_onto_liveness_events() -> None:
+    def kind(k: FailureKind) -> LivenessKind:
+        return liveness_event(Failure(k, "what happened", "advice"), 3.0).kind
+
+    assert kind(FailureKind.CUDA_OOM_SERVING) is LivenessKind.OOM
+    assert kind(FailureKind.HOST_OOM_KILL) is LivenessKind.OOM
+    assert kind(FailureKind.HANG) is LivenessKind.HUNG
+    assert kind(FailureKind.CRASH) is LivenessKind.CRASHED
+    assert kind(FailureKind.WATCHDOG_TIMEOUT) is LivenessKind.CRASHED
+    event = liveness_event(Failure(FailureKind.CRASH, "exited 1", "see the log"), 7.5)
+    assert (event.after_s, event.detail) == (7.5, "exited 1")
+
+
+def test_before_the_window_ends_only_a_rollback_is_final() -> None:
+    good = judge(side(400, seed=2), side(2800, seed=3), [], POLICY, complete=False)
+    assert good.outcome is Outcome.INCONCLUSIVE
+    assert good.evidence.startswith("analysis under way")
+    bad = judge(side(400, itl=0.1, seed=2), side(2800, seed=3), [], POLICY, complete=False)
+    assert bad.outcome is Outcome.ROLLBACK
+
+
+def test_without_a_baseline_only_liveness_and_errors_are_judged() -> None:
+    v = judge(side(400, itl=0.1, seed=2), None, [], POLICY)
+    assert v.outcome is Outcome.PROMOTE
+    assert [c.name for c in v.checks] == ["errors"]
+    assert v.evidence.endswith("400 vs 0 requests")
+
+
+def test_policy_refuses_thresholds_that_cannot_work() -> None:
+    with pytest.raises(ValueError, match="ratio limits must be above 1"):
+        CanaryPolicy(itl_max_ratio=0.9)
+    with pytest.raises(ValueError, match="min_requests must be >= 1"):
+        CanaryPolicy(min_requests=0)
+    with pytest.raises(ValueError, match="quantiles"):
+        CanaryPolicy(itl_quantiles=(0.5, 1.0))
