@@ -223,8 +223,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     from sglang_farm.control.server import ControlServer
 
     control = ControlServer(agent, spec.control.socket, spec.control.group, version=__version__)
-    await control.start()
-    log.info("control_listening", socket=spec.control.socket)
+    await control.start()  # it says where it listens, and who may connect
 
     await pollers.start()
     extra: list[asyncio.Task[None]] = []

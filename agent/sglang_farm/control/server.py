@@ -152,13 +152,15 @@ class ControlServer:
             # Decision: a missing group is not fatal (the agent must still run and be
             # reachable by root), but the socket is then root-only, never wider. Only
             # under the process runtime: under systemd the agent refuses such a config
-            # (`accounts`), its unit naming the group.
-            log.warning(
-                "control_group_missing",
+            # (`accounts`), its unit naming the group. Said once, at info: a farm run by
+            # hand as root (the demo) needs no group, and nothing is wrong.
+            log.info(
+                "control_socket_root_only",
                 group=self._group,
                 path=self._path,
                 mode="0600",
-                hint=f"create it (groupadd --system {self._group}) and restart sglang-farm",
+                note=f"group {self._group} does not exist: only root may use farmctl; to let "
+                f"others, groupadd --system {self._group} and restart the agent",
             )
         return gid
 
