@@ -1212,3 +1212,27 @@ def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
     assert len(said) == 1 and said[0]["log_level"] == "error"
     assert "pip install" in said[0]["fix"]
     assert verdict.blocking(spec, 0) == []
+
+
+def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> None:
+    """The log said `{"pass": 5, "warn": 2, "fail": 4}` and started anyway; only the doctor
+    said which ports were held. Each failed check is logged: check, workers, message, fix."""
+    import asyncio
+    import socket
+
+    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.service import DoctorVerdict
+
+    spec = _demo_with_gateway()
+    held = spec.worker(1).port
+    verdict = DoctorVerdict(FakeGpuPoller(count=8))
+    with socket.socket() as squatter, capture_logs() as logs:
+        squatter.bind(("127.0.0.1", held))
+        squatter.listen()
+        asyncio.run(verdict.refresh(spec))
+    (counts,) = [e for e in logs if e["event"] == "preflight_done"]
+    failed = [e for e in logs if e["event"] == "preflight_failed"]
+    assert counts["fail"] == len(failed) >= 1
+    (port,) = [e for e in failed if str(held) in e["message"]]
+    assert port["log_level"] == "error" and port["workers"] == [1]
+    assert port["check"] and port["fix"]

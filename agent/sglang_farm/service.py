@@ -401,7 +401,19 @@ class DoctorVerdict:
             {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
         )
         log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
+        self._say_failed(report)
         self._say_gateway(report)
+
+    @staticmethod
+    def _say_failed(report: DoctorReport) -> None:
+        """Each failed check by name, where the counts are said: the log is where an
+        operator looks first (the gateway's own is said once by `_say_gateway`)."""
+        from sglang_farm.doctor.rules import CheckId, Status
+
+        for c in report.checks:
+            if c.status is Status.FAIL and c.id is not CheckId.GATEWAY:
+                log.error("preflight_failed", check=str(c.id), workers=list(c.workers),
+                          message=c.message, fix=c.fix)
 
     def _say_gateway(self, report: DoctorReport) -> None:
         """A managed gateway that cannot run (smg missing) is said once, with the fix; the
