@@ -269,3 +269,24 @@ def test_a_gateway_that_never_comes_up_is_said_once_not_on_every_retry(tmp: Path
             if e["event"].startswith("gateway") and e["log_level"] in ("warning", "error", "info")]
     assert said.count("gateway_not_reached_yet") == 1
     assert [e for e in said if e != "gateway_not_reached_yet"] == []
+
+
+def test_the_rollouts_end_names_the_farm_its_front_door_and_what_to_try(tmp: Path) -> None:
+    """A new user's terminal had no plain "ready" line: the rollout's end says the farm,
+    N/N ready, the one URL users call, and the farmctl command for this config."""
+    from structlog.testing import capture_logs
+
+    gw = FakeGateway()
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: f.agent.view().ready_count == 8)
+            await asyncio.sleep(1)
+
+    with capture_logs() as logs:
+        run_virtual(scenario())
+    (done,) = [e for e in logs if e["event"] == "rollout_done"]
+    assert (done["ready"], done["workers"], done["front_door"]) == (8, 8, gw.url)
+    assert done["next"] == "farmctl --config test.toml status"
+    want = f"{done['farm']}: 8/8 ready · front door {gw.url} · try: {done['next']}"
+    assert done["summary"] == want

@@ -42,6 +42,7 @@ from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
+from sglang_farm.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState, port_state
 from sglang_farm.progress import judge
@@ -802,10 +803,27 @@ class Agent:
             )
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
+        if event == "rollout_done":
+            fields.update(self._ready_line(int(str(fields["ready"])), int(str(fields["workers"]))))
         wid = fields.pop("worker", None)
         logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
         level = "warning" if event in _WARNINGS else "info"
         getattr(logger, level)(event, **fields)
+
+    def _ready_line(self, ready: int, workers: int) -> dict[str, object]:
+        """What the rollout's end says beside its counts: the farm, the one URL users call,
+        and the command to try next, as one line a person reads (`summary`)."""
+        spec = self._spec
+        front = self._sync.gateway_url if self._sync is not None else None
+        config = "" if spec.source == DEFAULT_CONFIG_PATH else f" --config {spec.source}"
+        try_next = f"farmctl{config} status"
+        door = f"front door {front}" if front else "no gateway: farmctl endpoints lists workers"
+        return {
+            "farm": spec.farm.name,
+            "front_door": front,
+            "next": try_next,
+            "summary": f"{spec.farm.name}: {ready}/{workers} ready · {door} · try: {try_next}",
+        }
 
     # ---- command lines -------------------------------------------------------------------
 
