@@ -15,7 +15,9 @@ request, which would drown the agent's own console. Root writes it, in a folder 
 agent may not own alone (the demo's /tmp): it is opened without following a symlink,
 made 0640, and refused unless it is a plain file of the agent's own user (`open_log`).
 smg writes it as JSON lines (`--log-json`: its text format carries ANSI colour codes
-whatever the output is, and ignores NO_COLOR; measured with smg 1.13.0), and the file is
+whatever the output is, and ignores NO_COLOR; measured with smg 1.13.0), at warn level
+unless extra_args says otherwise (`QUIET_FLAGS`: at info it logs every request, the
+farm's own polls first), and the file is
 cut to its last half once it passes `LOG_MAX_BYTES` at a (re)start, so it cannot fill
 the disk across restarts.
 """
@@ -43,6 +45,10 @@ RESTART_MAX_S = 600.0  # 10 min: a gateway that cannot start is tried 10 times t
 LOG_MODE = 0o640
 LOG_MAX_BYTES = 64 << 20  # at a (re)start, a larger gateway.log keeps its last half
 LOG_FLAGS = ("--log-json",)  # smg's own flag: no colour codes in the file
+# smg logs two info lines per request, and most requests are the farm's own (GET /workers
+# at every reconcile and add): 2,000 lines a day at rest, 300 in a demo's first minute.
+# Warnings and errors only, unless [gateway] extra_args sets --log-level itself.
+QUIET_FLAGS = ("--log-level", "warn")
 STOP_TIMEOUT_S = 15.0  # smg drains for 5 s after SIGTERM (docs/gateway.md)
 STABLE_S = 60.0  # up this long: the back-off starts over
 
@@ -107,7 +113,8 @@ class ChildGateway:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         # Appended to smg's `launch` flags (a flag repeated in extra_args is harmless).
-        self._argv = [*argv, *LOG_FLAGS]
+        quiet = () if any(a.split("=")[0] == "--log-level" for a in argv) else QUIET_FLAGS
+        self._argv = [*argv, *LOG_FLAGS, *quiet]
         self._log_path = log_path
         self._records = records
         self._sleep = sleep  # the back-off's wait (tests count the steps without waiting)
