@@ -32,6 +32,9 @@ class FailureKind(StrEnum):
     HANG = "hang"  # liveness probe failed `failure_threshold` times
     LOAD_TIMEOUT = "load_timeout"  # not ready within startup.load_timeout
     PREFLIGHT = "preflight"  # the doctor's checks failed: not started at all
+    # Another process listens on the worker's port: whatever answers there is not the
+    # worker, so it is never called ready (docs/security.md).
+    PORT_TAKEN = "port_taken"
 
 
 class OomKind(StrEnum):

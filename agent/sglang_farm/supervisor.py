@@ -202,6 +202,16 @@ class GatewayMembership:
 
 
 @dataclass(frozen=True, slots=True)
+class PortTaken:
+    """The socket listening on the worker's port is held by a process outside its own tree
+    (`portowner`): `holder` names it ("PID 4242 (user nobody)"). Whatever answers there
+    is not the worker, so its answers never make it ready."""
+
+    port: int
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     pass
 
@@ -221,6 +231,7 @@ Event = (
     | ReleaseRequested
     | ProgressSeen
     | Wedged
+    | PortTaken
     | Tick
 )
 
@@ -626,6 +637,19 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 )
                 return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
             return Decision(s)  # while loading, a refused connection is normal
+        case PortTaken(port=port, holder=holder):
+            if s.phase not in _RUNNING:
+                return Decision(s)  # a verdict on a process already being stopped, or gone
+            # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
+            # (a load that would fail at its end), and whatever answers is not the worker.
+            failure = Failure(
+                FailureKind.PORT_TAKEN,
+                f"port {port} is held by {holder}, not by worker {s.id}",
+                f"stop that process (`ss -ltnp 'sport = :{port}'` shows it) or change "
+                f"[workers] base_port (or workers.overrides.{s.id}.port); the farm never "
+                "routes to it and starts the worker again after its back-off",
+            )
+            return _terminate_for(s, failure, now)
         case FailureSeen(failure=failure):
             if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
                 # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts

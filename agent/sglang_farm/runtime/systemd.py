@@ -236,6 +236,42 @@ def proc_argv(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
     return tuple(a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0"))
 
 
+def unit_cgroup(pid: int, unit: str, proc: str = "/proc") -> str | None:
+    """The cgroup (v2) of process `pid` when it is unit `unit`'s own cgroup, else None.
+
+    `pid` is the MainPID systemd reports; a process cannot leave its unit's cgroup (the
+    cgroup tree under system.slice is root's), so the unit's processes are its members.
+    """
+    try:
+        with open(f"{proc}/{pid}/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = line[3:]
+            return path if path.rsplit("/", 1)[-1] == unit else None
+    return None
+
+
+def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> frozenset[int]:
+    """Every process in cgroup `path` and the cgroups below it (`cgroup.procs`)."""
+    out: set[int] = set()
+    for dirpath, _dirs, _files in os.walk(root + path):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as fh:
+                out.update(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return frozenset(out)
+
+
+def unit_pids(main_pid: int, unit: str) -> frozenset[int]:
+    """The processes of `unit`, found from its main process's cgroup; empty if unknown."""
+    path = unit_cgroup(main_pid, unit)
+    return cgroup_pids(path) if path is not None else frozenset()
+
+
 def units_of(files: Iterable[PurePosixPath]) -> list[str]:
     """The unit names rendered files belong to: `sglang@3.service.d/50-farm.conf` ->
     `sglang@3.service`, a whole unit file -> itself; sorted, without duplicates."""
@@ -579,6 +615,14 @@ class SystemdRuntime:
 
     def exit_pending(self, worker: int) -> bool:
         return self._ordering.pending(worker)
+
+    async def worker_pids(self, worker: int) -> frozenset[int]:
+        """The processes of the unit's cgroup (its MainPID's, checked to be the unit's own)."""
+        t = self._tracked.get(worker)
+        if t is None or not t.state.running:
+            return frozenset()
+        unit = unit_name(worker, self._prefix)
+        return await asyncio.to_thread(unit_pids, t.state.main_pid, unit)
 
     async def _catch_up(self, worker: int) -> None:
         """The worker's journal lines the live follower has not delivered (see

@@ -1,0 +1,192 @@
+"""I/O: which process holds the socket listening on a worker's port, read from `/proc`.
+
+The readiness rule (docs/security.md): a worker is ready only when the socket listening
+on its port belongs to its own process tree. This module reads the kernel's TCP tables
+(`/proc/net/tcp`, `/proc/net/tcp6`) for LISTEN sockets, finds the processes holding them
+(`/proc/PID/fd/* -> socket:[inode]`), first among the worker's own processes (a few),
+and only for a socket none of them holds among all processes (to name the squatter).
+
+What it costs: a verified listener is remembered by its inode (one socket, for as long
+as it exists), so a liveness beat of a worker whose listener did not change reads the
+two tables and nothing else; the fd walk runs at readiness and when the listener changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from sglang_farm.listeners import Listener, OwnerKind, Ownership, judge, parse_listeners, reaches
+
+TABLES = ("net/tcp", "net/tcp6")  # under /proc; tcp6 is absent where IPv6 is disabled
+
+
+class PortOwner(Protocol):
+    """The seam the liveness watcher asks: whose are the listeners on `host:port`?"""
+
+    async def check(
+        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+    ) -> Ownership:
+        """`ours`: the worker's own pids (asked only when a listener must be traced)."""
+        ...
+
+
+def read_listeners(proc: str = "/proc") -> list[Listener]:
+    """Every LISTEN TCP socket of the agent's network namespace (IPv4 and IPv6)."""
+    out: list[Listener] = []
+    for table in TABLES:
+        try:
+            with open(f"{proc}/{table}") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        out += parse_listeners(text)
+    return out
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
+    """The socket inodes process `pid` has open; empty if it is gone or unreadable."""
+    fd_dir = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return set()
+    out: set[int] = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and target.endswith("]"):
+            try:
+                out.add(int(target[8:-1]))
+            except ValueError:
+                continue
+    return out
+
+
+def _all_pids(proc: str) -> list[int]:
+    try:
+        return [int(e) for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return []
+
+
+def holders_of(
+    inodes: Iterable[int], pids: Iterable[int] | None = None, proc: str = "/proc"
+) -> dict[int, frozenset[int]]:
+    """For each of `inodes`, the pids (of `pids`, or of every process) holding it."""
+    wanted = set(inodes)
+    found: dict[int, set[int]] = {}
+    if not wanted:
+        return {}
+    for pid in _all_pids(proc) if pids is None else pids:
+        for inode in socket_inodes(pid, proc) & wanted:
+            found.setdefault(inode, set()).add(pid)
+    return {i: frozenset(p) for i, p in found.items()}
+
+
+def tree_pids(leader: int, proc: str = "/proc") -> frozenset[int]:
+    """`leader` and every live process in its session or process group, or descended from it.
+
+    The process runtime starts each worker as a session leader (its pid names the group
+    and the session), and no other user's process can join either; descendants that left
+    both (a daemonizing child) are still found through their parents while those live.
+    """
+    parents: dict[int, int] = {}
+    out = {leader}
+    for pid in _all_pids(proc):
+        try:
+            with open(f"{proc}/{pid}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # fields[0] state, [1] ppid, [2] pgrp, [3] session (proc(5))
+        if len(fields) < 4 or fields[0] in ("Z", "X"):
+            continue
+        try:
+            ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
+        except ValueError:
+            continue
+        parents[pid] = ppid
+        if leader in (pgrp, sid):
+            out.add(pid)
+    for pid in parents:
+        seen: set[int] = set()
+        cur = pid
+        while cur in parents and cur not in seen and cur not in out:
+            seen.add(cur)
+            cur = parents[cur]
+        if cur in out:
+            out |= seen
+    return frozenset(out)
+
+
+def user_name(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+class ProcPortOwner:
+    """`PortOwner` over `/proc`; remembers the listeners it found to be a worker's own."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self._proc = proc
+        self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
+
+    async def check(
+        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+    ) -> Ownership:
+        # Reads of /proc: in a thread, never on the event loop.
+        listeners = await asyncio.to_thread(read_listeners, self._proc)
+        there = [lst for lst in listeners if reaches(lst, host, port)]
+        inodes = frozenset(lst.inode for lst in there)
+        if not there:
+            return Ownership(OwnerKind.NONE, port)
+        if inodes <= self._verified.get(port, frozenset()):
+            # The same sockets as last verified: an inode names one socket while it exists.
+            return Ownership(OwnerKind.OURS, port, inodes=inodes)
+        pids = await ours()
+        verdict = await asyncio.to_thread(self._trace, there, host, port, pids)
+        if verdict.kind is OwnerKind.OURS:
+            self._verified[port] = verdict.inodes
+        else:
+            self._verified.pop(port, None)
+        return verdict
+
+    def _trace(
+        self, there: list[Listener], host: str, port: int, pids: frozenset[int]
+    ) -> Ownership:
+        inodes = {lst.inode for lst in there}
+        mine = set(holders_of(inodes, pids, self._proc))
+        rest = inodes - mine
+        others = holders_of(rest, None, self._proc) if rest else {}
+        verdict = judge(there, host, port, ours=frozenset(mine), holders=others)
+        if verdict.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
+            uid = verdict.uid
+            if verdict.pid is not None:
+                uid = _process_uid(verdict.pid, self._proc, default=uid)
+            return Ownership(
+                verdict.kind, port, verdict.pid, uid, user_name(uid), verdict.inodes
+            )
+        return verdict
+
+
+def _process_uid(pid: int, proc: str, *, default: int | None) -> int | None:
+    """The real uid of `pid` (`/proc/PID/status`), else `default` (the socket's owner)."""
+    try:
+        with open(f"{proc}/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return default
