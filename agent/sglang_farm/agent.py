@@ -178,6 +178,7 @@ class Agent:
             preflight=hooks.preflight,
             port_state=hooks.port_state,
             log_for=self._bind,
+            port_owner=self._port_owner,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
         self._sync = (

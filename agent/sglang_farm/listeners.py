@@ -100,6 +100,12 @@ def reaches(listener: Listener, host: str, port: int) -> bool:
     return mapped is not None and mapped == target
 
 
+def connect_host(host: str) -> str:
+    """The address the agent reaches a worker configured on `host` at (as `base_url`):
+    a wildcard is reached on loopback."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 class OwnerKind(StrEnum):
     OURS = "ours"  # every listener on the address is held by the worker's own processes
     NONE = "none"  # nothing listens there (yet: SGLang binds after loading)

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from sglang_farm.health import Prober, ProbeResult
-from sglang_farm.listeners import OwnerKind, Ownership
+from sglang_farm.listeners import OwnerKind, Ownership, connect_host
 from sglang_farm.phase import Phase
 from sglang_farm.portowner import PortOwner
 from sglang_farm.runtime import Runtime
@@ -133,10 +133,8 @@ class LivenessWatcher:
 
     async def _ownership(self) -> Ownership:
         w = self._spec().worker(self.worker)
-        # The address the probe reaches: a wildcard host is probed on loopback.
-        host = "127.0.0.1" if w.host in ("0.0.0.0", "::", "") else w.host
         return await self._port_owner.check(
-            host, w.port, lambda: self._runtime.worker_pids(self.worker)
+            connect_host(w.host), w.port, lambda: self._runtime.worker_pids(self.worker)
         )
 
     async def _liveness(self, s: WorkerState) -> None:

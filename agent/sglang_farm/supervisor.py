@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
 
@@ -642,14 +642,7 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 return Decision(s)  # a verdict on a process already being stopped, or gone
             # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
             # (a load that would fail at its end), and whatever answers is not the worker.
-            failure = Failure(
-                FailureKind.PORT_TAKEN,
-                f"port {port} is held by {holder}, not by worker {s.id}",
-                f"stop that process (`ss -ltnp 'sport = :{port}'` shows it) or change "
-                f"[workers] base_port (or workers.overrides.{s.id}.port); the farm never "
-                "routes to it and starts the worker again after its back-off",
-            )
-            return _terminate_for(s, failure, now)
+            return _terminate_for(s, port_taken(port, holder, s.id), now)
         case FailureSeen(failure=failure):
             if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
                 # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts
