@@ -151,6 +151,7 @@ class FakePortOwner:
     there (`squat`), which then also answers the worker's probes (see FakeProber)."""
 
     squatters: dict[int, Ownership] = field(default_factory=dict)
+    unseen: set[int] = field(default_factory=set)  # a listener no visible process holds
     squatter_probes: int = 0  # probes the squatter answered
     checks: int = 0
 
@@ -163,6 +164,8 @@ class FakePortOwner:
         self.checks += 1
         if port in self.squatters:
             return self.squatters[port]
+        if port in self.unseen:
+            return Ownership(OwnerKind.UNSEEN, port, None, 65534, "nobody")
         return Ownership(OwnerKind.OURS, port, inodes=frozenset({port}))
 
 

@@ -154,3 +154,16 @@ def test_agent_a_ready_worker_whose_listener_turns_foreign_is_stopped(tmp: Path)
             await f.until(lambda: f.gateway.routed() == urls(range(8)), within=120)
 
     run_virtual(scenario())
+
+
+def test_agent_a_listener_no_process_holds_keeps_the_worker_loading(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp) as f:
+            f.ports.unseen.add(30000)  # the canary's port: what answers there is unproven
+            await asyncio.sleep(60)  # farm time: the fake "loads" in 10 s
+            assert f.phase(0) is Phase.STARTING
+            assert f.agent.view().worker(0).last_failure is None
+            f.ports.unseen.clear()  # now its own socket is seen
+            await f.until(lambda: f.phase(0) is Phase.READY, within=5)
+
+    run_virtual(scenario())

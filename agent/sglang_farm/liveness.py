@@ -108,20 +108,22 @@ class LivenessWatcher:
             await self._wait_change(self.worker, spec.startup.poll_interval)
             return
         res = await self._prober.probe(self._url(), spec.health.timeout)
-        ok = res.ok and await self._runtime.confirm_ready(self.worker)
-        if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+        if res.ok and self._same_process(s.launched_at, (Phase.STARTING,)):
             # Whatever answered must be the worker itself, not a process that bound its
-            # port first (SGLang binds only after loading).
+            # port first (SGLang binds only after loading). Asked before the runtime's
+            # confirmation, which may wait for a readiness gate the squatter never passes.
             own = await self._ownership()
             if not self._same_process(s.launched_at, (Phase.STARTING,)):
                 return
             if own.kind is OwnerKind.OURS:
-                self._feed(self.worker, HealthPassed())
-                return
-            if own.kind is OwnerKind.FOREIGN:
+                ok = await self._runtime.confirm_ready(self.worker)
+                if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+                    self._feed(self.worker, HealthPassed())
+                    return
+            elif own.kind is OwnerKind.FOREIGN:
                 self._feed(self.worker, PortTaken(own.port, own.holder()))
                 return
-            if self._said_unseen != s.launched_at:
+            elif self._said_unseen != s.launched_at:
                 self._said_unseen = s.launched_at
                 log.warning(
                     "worker_port_owner_unknown", worker=self.worker, port=own.port,
