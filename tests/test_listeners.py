@@ -120,11 +120,35 @@ def test_judge_one_foreign_listener_beside_ours_is_foreign() -> None:
     assert (v.kind, v.pid) == (OwnerKind.FOREIGN, 99)
 
 
-def test_judge_a_listener_no_process_holds_is_unseen_not_ours() -> None:
+def test_judge_a_listener_no_process_holds_without_a_worker_to_compare_is_unseen() -> None:
     ls = [_l("127.0.0.1", inode=7, uid=65534)]
     v = judge(ls, "127.0.0.1", 30003, ours=frozenset(), holders={})
     assert (v.kind, v.pid, v.uid) == (OwnerKind.UNSEEN, None, 65534)
-    assert "no visible process" in v.holder()
+
+
+def test_judge_an_unseen_listener_of_another_user_is_foreign_named_by_user() -> None:
+    # The hardened agent (no CAP_SYS_PTRACE) cannot read nobody's descriptors.
+    ls = [_l("127.0.0.1", inode=7, uid=65534)]
+    v = judge(ls, "127.0.0.1", 30003, ours=frozenset(), holders={}, our_uids=frozenset({998}))
+    assert (v.kind, v.pid, v.uid) == (OwnerKind.FOREIGN, None, 65534)
+    assert v.holder() == "a process of user uid 65534 (the agent cannot see its PID)"
+
+
+def test_judge_an_unseen_listener_of_the_workers_own_user_counts_as_its_own() -> None:
+    # Nor the worker user's: only that user (or root) could have bound it.
+    ls = [_l("127.0.0.1", inode=7, uid=998)]
+    v = judge(ls, "127.0.0.1", 30003, ours=frozenset(), holders={}, our_uids=frozenset({998}))
+    assert v.kind is OwnerKind.OURS
+
+
+def test_judge_a_seen_holder_of_the_workers_user_outside_its_tree_is_foreign() -> None:
+    # Another worker of the same user, seen: named, not excused by its user.
+    ls = [_l("127.0.0.1", inode=7, uid=998)]
+    v = judge(
+        ls, "127.0.0.1", 30003, ours=frozenset(), holders={7: frozenset({55})},
+        our_uids=frozenset({998}),
+    )
+    assert (v.kind, v.pid) == (OwnerKind.FOREIGN, 55)
 
 
 def test_judge_ignores_listeners_the_workers_address_does_not_reach() -> None:

@@ -15,7 +15,7 @@ import pytest
 from asuser import popen_as_nobody, require
 from sglang_farm.listeners import OwnerKind, Ownership
 from sglang_farm.portowner import ProcPortOwner, tree_pids
-from sglang_farm.runtime.systemd import cgroup_pids, unit_cgroup
+from sglang_farm.runtime.systemd import cgroup_pids, unit_cgroup, unit_pids
 
 LISTENER = (
     "import socket, sys, time\n"
@@ -111,16 +111,39 @@ def test_unit_cgroup_is_the_main_pids_cgroup_only_when_it_is_the_units(tmp_path:
     (tmp_path / "42").mkdir()
     cg = "0::/system.slice/system-sglang.slice/sglang@3.service\n"
     (tmp_path / "42" / "cgroup").write_text(cg)
-    assert unit_cgroup(42, "sglang@3.service", str(tmp_path)) == (
-        "/system.slice/system-sglang.slice/sglang@3.service"
-    )
+    assert unit_cgroup(42, "sglang@3.service", str(tmp_path)) == cg.strip()
     assert unit_cgroup(42, "sglang@4.service", str(tmp_path)) is None
     assert unit_cgroup(43, "sglang@3.service", str(tmp_path)) is None  # gone
 
 
-def test_cgroup_pids_reads_the_cgroup_and_those_below(tmp_path: Path) -> None:
-    unit = tmp_path / "system.slice" / "sglang@3.service"
+def _procs(tmp: Path, cgroups: dict[int, str]) -> str:
+    for pid, text in cgroups.items():
+        (tmp / "proc" / str(pid)).mkdir(parents=True)
+        (tmp / "proc" / str(pid) / "cgroup").write_text(text)
+    return str(tmp / "proc")
+
+
+def test_unit_pids_reads_the_units_cgroup_and_those_below(tmp_path: Path) -> None:
+    proc = _procs(tmp_path, {10: "0::/system.slice/sglang@3.service\n"})
+    unit = tmp_path / "cg" / "system.slice" / "sglang@3.service"
     (unit / "sub").mkdir(parents=True)
     (unit / "cgroup.procs").write_text("10\n11\n")
     (unit / "sub" / "cgroup.procs").write_text("12\n")
-    assert cgroup_pids("/system.slice/sglang@3.service", str(tmp_path)) == {10, 11, 12}
+    assert unit_pids(10, "sglang@3.service", proc, str(tmp_path / "cg")) == {10, 11, 12}
+    assert cgroup_pids("/system.slice/sglang@3.service", str(tmp_path / "cg")) == {10, 11, 12}
+
+
+def test_unit_pids_on_a_hybrid_host_without_the_tree_mounted_compares_cgroups(
+    tmp_path: Path,
+) -> None:
+    unit = "1:name=systemd:/system.slice/sglang@3.service"
+    proc = _procs(
+        tmp_path,
+        {
+            10: f"2:cpu:/\n{unit}\n0::/\n",
+            11: f"2:cpu:/\n{unit}\n0::/\n",
+            12: "2:cpu:/\n1:name=systemd:/system.slice/sglang@4.service\n0::/\n",
+            13: "2:cpu:/\n1:name=systemd:/user.slice/user-65534.slice/session-3.scope\n",
+        },
+    )
+    assert unit_pids(10, "sglang@3.service", proc, str(tmp_path / "none")) == {10, 11}

@@ -107,9 +107,9 @@ def connect_host(host: str) -> str:
 
 
 class OwnerKind(StrEnum):
-    OURS = "ours"  # every listener on the address is held by the worker's own processes
+    OURS = "ours"  # every listener on the address is the worker's own
     NONE = "none"  # nothing listens there (yet: SGLang binds after loading)
-    FOREIGN = "foreign"  # a process outside the worker's tree holds a listener
+    FOREIGN = "foreign"  # another process, or another user's socket, holds a listener
     UNSEEN = "unseen"  # a listener no visible process holds: not proven the worker's
 
 
@@ -117,9 +117,9 @@ class OwnerKind(StrEnum):
 class Ownership:
     """The verdict on the listeners of one worker's address.
 
-    For FOREIGN and UNSEEN: `pid` (FOREIGN only) and `uid` of the listener that is not
-    the worker's; `user` is filled in by the I/O shell (a passwd lookup). `inodes`: the
-    listeners judged (the I/O shell remembers those found OURS).
+    For FOREIGN and UNSEEN: `pid` (when a holder was seen) and `uid` of the listener that
+    is not the worker's; `user` is filled in by the I/O shell (a passwd lookup).
+    `inodes`: the listeners judged (the I/O shell remembers those found OURS).
     """
 
     kind: OwnerKind
@@ -130,11 +130,11 @@ class Ownership:
     inodes: frozenset[int] = frozenset()
 
     def holder(self) -> str:
-        """"PID 4242 (user nobody)", or what is known of a listener no process was found for."""
+        """"PID 4242 (user nobody)", or what is known when no holder could be seen."""
         who = self.user if self.user is not None else f"uid {self.uid}"
         if self.pid is not None:
             return f"PID {self.pid} (user {who})"
-        return f"a socket of user {who} that no visible process holds"
+        return f"a process of user {who} (the agent cannot see its PID)"
 
 
 def judge(
@@ -144,13 +144,20 @@ def judge(
     *,
     ours: frozenset[int],
     holders: Mapping[int, frozenset[int]],
+    our_uids: frozenset[int] = frozenset(),
 ) -> Ownership:
     """Whose are the listeners a connection to `host:port` could reach?
 
     `ours`: the socket inodes held by the worker's own processes. `holders`: for the
-    other inodes, the pids found holding them (absent or empty: none found). A foreign
-    holder wins over an unseen one (it can be named), which wins over ours: a socket
-    shared by the address (SO_REUSEPORT) with anyone else gets part of the traffic.
+    other inodes, the pids found holding them (absent or empty: none found). `our_uids`:
+    the users the worker's processes run as.
+
+    A socket no process can be seen holding (an agent without CAP_SYS_PTRACE, as the
+    hardened systemd unit runs, sees no other user's descriptors) is judged by its
+    owner: another user's is FOREIGN; the worker's own user's counts as the worker's
+    (only that user, or root, could have bound it); with no worker process to compare
+    with, UNSEEN. A foreign holder wins over an unseen one, which wins over ours: a
+    socket sharing the address (SO_REUSEPORT) with anyone else gets part of the traffic.
     """
     mine = [lst for lst in listeners if reaches(lst, host, port)]
     inodes = frozenset(lst.inode for lst in mine)
@@ -163,6 +170,10 @@ def judge(
         pids = holders.get(lst.inode, frozenset())
         if pids:
             return Ownership(OwnerKind.FOREIGN, port, min(pids), lst.uid, inodes=inodes)
+        if lst.uid in our_uids:
+            continue
+        if our_uids:
+            return Ownership(OwnerKind.FOREIGN, port, None, lst.uid, inodes=inodes)
         unseen = unseen or lst
     if unseen is not None:
         return Ownership(OwnerKind.UNSEEN, port, None, unseen.uid, inodes=inodes)

@@ -169,7 +169,12 @@ class ProcPortOwner:
         mine = set(holders_of(inodes, pids, self._proc))
         rest = inodes - mine
         others = holders_of(rest, None, self._proc) if rest else {}
-        verdict = judge(there, host, port, ours=frozenset(mine), holders=others)
+        uids = frozenset(
+            u for u in (_process_uid(p, self._proc, default=None) for p in pids) if u is not None
+        )
+        verdict = judge(
+            there, host, port, ours=frozenset(mine), holders=others, our_uids=uids
+        )
         if verdict.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
             uid = verdict.uid
             if verdict.pid is not None:
@@ -181,12 +186,13 @@ class ProcPortOwner:
 
 
 def _process_uid(pid: int, proc: str, *, default: int | None) -> int | None:
-    """The real uid of `pid` (`/proc/PID/status`), else `default` (the socket's owner)."""
+    """The effective uid of `pid` (`/proc/PID/status`, readable without privileges), the
+    owner of the sockets it creates; else `default`."""
     try:
         with open(f"{proc}/{pid}/status") as fh:
             for line in fh:
                 if line.startswith("Uid:"):
-                    return int(line.split()[1])
+                    return int(line.split()[2])
     except (OSError, ValueError, IndexError):
         pass
     return default

@@ -237,21 +237,21 @@ def proc_argv(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
 
 
 def unit_cgroup(pid: int, unit: str, proc: str = "/proc") -> str | None:
-    """The cgroup (v2) of process `pid` when it is unit `unit`'s own cgroup, else None.
+    """The line of `/proc/PID/cgroup` that puts process `pid` in unit `unit`'s own cgroup
+    ("0::/system.slice/.../sglang@3.service", or on a hybrid host the
+    "N:name=systemd:..." one), else None.
 
     `pid` is the MainPID systemd reports; a process cannot leave its unit's cgroup (the
-    cgroup tree under system.slice is root's), so the unit's processes are its members.
+    tree under system.slice is root's), so the unit's processes are its members.
     """
     try:
         with open(f"{proc}/{pid}/cgroup") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
-    for line in lines:
-        if line.startswith("0::"):
-            path = line[3:]
-            return path if path.rsplit("/", 1)[-1] == unit else None
-    return None
+    ours = [ln for ln in lines if ln.rsplit("/", 1)[-1] == unit]
+    ours.sort(key=lambda ln: not ln.startswith("0::"))  # the unified hierarchy first
+    return ours[0] if ours else None
 
 
 def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> frozenset[int]:
@@ -266,10 +266,38 @@ def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> frozenset[int]:
     return frozenset(out)
 
 
-def unit_pids(main_pid: int, unit: str) -> frozenset[int]:
+def _cgroup_members(line: str, proc: str) -> frozenset[int]:
+    """The processes whose `/proc/PID/cgroup` holds `line` (or a cgroup below it): the way
+    when the cgroup file system is not where it is looked for."""
+    out: set[int] = set()
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/cgroup") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        if any(ln == line or ln.startswith(line + "/") for ln in lines):
+            out.add(int(entry))
+    return frozenset(out)
+
+
+def unit_pids(
+    main_pid: int, unit: str, proc: str = "/proc", root: str = "/sys/fs/cgroup"
+) -> frozenset[int]:
     """The processes of `unit`, found from its main process's cgroup; empty if unknown."""
-    path = unit_cgroup(main_pid, unit)
-    return cgroup_pids(path) if path is not None else frozenset()
+    line = unit_cgroup(main_pid, unit, proc)
+    if line is None:
+        return frozenset()
+    hierarchy, _, path = line.partition(":")[2].partition(":")
+    # cgroup v2 at /sys/fs/cgroup; on a hybrid host its unified tree and systemd's own
+    # v1 tree are mounted below it.
+    roots = [root, f"{root}/unified"] if not hierarchy else [f"{root}/systemd"]
+    for r in roots:
+        if os.path.isfile(f"{r}{path}/cgroup.procs"):
+            return cgroup_pids(path, r) | {main_pid}
+    return _cgroup_members(line, proc) | {main_pid}
 
 
 def units_of(files: Iterable[PurePosixPath]) -> list[str]:
