@@ -131,7 +131,12 @@ def test_judge_an_unseen_listener_of_another_user_is_foreign_named_by_user() -> 
     ls = [_l("127.0.0.1", inode=7, uid=65534)]
     v = judge(ls, "127.0.0.1", 30003, ours=frozenset(), holders={}, our_uids=frozenset({998}))
     assert (v.kind, v.pid, v.uid) == (OwnerKind.FOREIGN, None, 65534)
-    assert v.holder() == "a process of user uid 65534 (the agent cannot see its PID)"
+    assert v.holder() == "a process of user uid 65534 (the agent cannot see which)"
+    leads = Ownership(v.kind, v.port, None, 65534, "nobody", candidates=(1, 2, 3, 4, 5, 6))
+    assert leads.holder() == (
+        "a process of user nobody (the agent cannot see which; that user runs "
+        "PID 1, 2, 3, 4, 5, ...)"
+    )
 
 
 def test_judge_an_unseen_listener_of_the_workers_own_user_counts_as_its_own() -> None:

@@ -128,13 +128,25 @@ class Ownership:
     uid: int | None = None
     user: str | None = None
     inodes: frozenset[int] = frozenset()
+    # No holder seen: the processes of the socket's user, the operator's lead (I/O fills).
+    candidates: tuple[int, ...] = ()
 
     def holder(self) -> str:
         """"PID 4242 (user nobody)", or what is known when no holder could be seen."""
         who = self.user if self.user is not None else f"uid {self.uid}"
         if self.pid is not None:
             return f"PID {self.pid} (user {who})"
-        return f"a process of user {who} (the agent cannot see its PID)"
+        if not self.candidates:
+            return f"a process of user {who} (the agent cannot see which)"
+        shown = ", ".join(str(p) for p in self.candidates[:_SHOWN])
+        more = ", ..." if len(self.candidates) > _SHOWN else ""
+        return (
+            f"a process of user {who} (the agent cannot see which; that user runs "
+            f"PID {shown}{more})"
+        )
+
+
+_SHOWN = 5  # candidate pids named in a summary
 
 
 def judge(

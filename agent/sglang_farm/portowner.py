@@ -179,10 +179,17 @@ class ProcPortOwner:
             uid = verdict.uid
             if verdict.pid is not None:
                 uid = _process_uid(verdict.pid, self._proc, default=uid)
+            leads = () if verdict.pid is not None or uid is None else self._of_user(uid)
             return Ownership(
-                verdict.kind, port, verdict.pid, uid, user_name(uid), verdict.inodes
+                verdict.kind, port, verdict.pid, uid, user_name(uid), verdict.inodes, leads
             )
         return verdict
+
+    def _of_user(self, uid: int) -> tuple[int, ...]:
+        """The processes running as `uid` (their status is readable without privileges,
+        their descriptors are not): where an unseen socket of that user must be."""
+        pids = _all_pids(self._proc)
+        return tuple(sorted(p for p in pids if _process_uid(p, self._proc, default=None) == uid))
 
 
 def _process_uid(pid: int, proc: str, *, default: int | None) -> int | None:
