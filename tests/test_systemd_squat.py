@@ -62,6 +62,7 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     )
     before = farm.main_pids([1])[1]
     n = len(farm.agent_events())
+    jobs_before = len(farm.unit_jobs([1]))
     farm.farmctl("restart", "1", "--no-wait")
     farm.wait(
         "sglang@1 loading with a new MainPID",
@@ -98,6 +99,9 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     ready = [e for e in farm.agent_events()[n:] if e["event"] == "worker_ready"]
     assert ready == [], ready
     assert farm.status()[1]["state"] != "ready"
+    # systemd never called it started either: its readiness gate refused the squatter.
+    jobs = farm.unit_jobs([1])[jobs_before:]
+    assert "started" not in [kind for _, kind, _ in jobs], jobs
     seen = c.run(["cat", SQUAT_LOG], check=False).stdout.split("\n")
     assert {line.split()[1] for line in seen if line} <= {"/health"}, seen
     # The squatter leaves: the unit is started again and is the worker itself.
