@@ -4,8 +4,9 @@ Readiness while loading: once the worker's process is launched, `/health` is pol
 every `startup.poll_interval` until it answers 200, the runtime agrees
 (`Runtime.confirm_ready`) and the socket listening on the worker's port is held by the
 worker's own processes (`portowner`); then `HealthPassed`. Any local user can bind the
-port while SGLang loads (it binds only after loading): a listener held by another process
-is reported as `PortTaken`, one held by no visible process keeps the worker loading.
+port while SGLang loads (it binds only after loading): a listener of another process or
+another user is reported as `PortTaken`; one that cannot be traced at all keeps the
+worker loading.
 
 Liveness once ready: every `health.period` the worker must have answered its probe. A
 probe still outstanding when the period ends counts as a failed beat (the request is left
