@@ -9,6 +9,10 @@ and only for a socket none of them holds among all processes (to name the squatt
 What it costs: a verified listener is remembered by its inode (one socket, for as long
 as it exists), so a liveness beat of a worker whose listener did not change reads the
 two tables and nothing else; the fd walk runs at readiness and when the listener changes.
+The tables are not cheap to read (the kernel walks its whole connection hash: about 1 ms
+each on a 2-core test machine with 30 sockets, more on a host with a larger hash), so one
+reading serves every worker's check for `TABLE_TTL_S`: at most one pair a second however
+many workers beat.
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from sglang_farm.listeners import Listener, OwnerKind, Ownership, judge, parse_listeners, reaches
 
 TABLES = ("net/tcp", "net/tcp6")  # under /proc; tcp6 is absent where IPv6 is disabled
+# How long one reading of the tables answers checks. A listener appears in it at most this
+# late; the port is exclusive (another user cannot share it with the worker's socket), so
+# a reading this old cannot show the worker's socket while a squatter holds the port.
+TABLE_TTL_S = 1.0
 
 
 class PortOwner(Protocol):
@@ -138,15 +147,27 @@ def user_name(uid: int | None) -> str | None:
 class ProcPortOwner:
     """`PortOwner` over `/proc`; remembers the listeners it found to be a worker's own."""
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(
+        self, proc: str = "/proc", *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._proc = proc
+        self._clock = clock
         self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
+        self._table: tuple[float, list[Listener]] | None = None
+
+    async def _listeners(self) -> list[Listener]:
+        now = self._clock()
+        if self._table is not None and now - self._table[0] < TABLE_TTL_S:
+            return self._table[1]
+        listeners = await asyncio.to_thread(read_listeners, self._proc)
+        self._table = (now, listeners)
+        return listeners
 
     async def check(
         self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
     ) -> Ownership:
         # Reads of /proc: in a thread, never on the event loop.
-        listeners = await asyncio.to_thread(read_listeners, self._proc)
+        listeners = await self._listeners()
         there = [lst for lst in listeners if reaches(lst, host, port)]
         inodes = frozenset(lst.inode for lst in there)
         if not there:
