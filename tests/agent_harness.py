@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fake_gateway import FakeGateway
-from fake_runtime import FakeInFlight, FakeProber, FakeRuntime
+from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.config import load_spec
 from sglang_farm.launcher import Preflight
@@ -82,6 +82,7 @@ class Farm:
     stop: asyncio.Event
     gateway: FakeGateway
     in_flight: FakeInFlight
+    ports: FakePortOwner
 
     def phases(self) -> dict[int, Phase]:
         return {w.id: w.phase for w in self.agent.view().workers}
@@ -118,7 +119,8 @@ async def farm(
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
     gw = gateway or FakeGateway()
     in_flight = FakeInFlight()
-    prober = FakeProber(spec)
+    ports = FakePortOwner()
+    prober = FakeProber(spec, ports=ports)
     made: list[FakeRuntime] = []
 
     def factory(emit: Emit) -> FakeRuntime:
@@ -136,6 +138,7 @@ async def farm(
         hooks=AgentHooks(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
+            port_owner=ports,
             gateway=gw if spec.gateway.enabled else None,
             in_flight=in_flight,
             preflight=preflight,
@@ -144,7 +147,7 @@ async def farm(
         ),
     )
     stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, gw, in_flight)
+    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports)
 
     task = asyncio.create_task(agent.run(stop))
     try:

@@ -9,10 +9,11 @@ Exited on stop); a test makes a worker crash, log or hang through its methods.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from sglang_farm.health import ProbeResult
+from sglang_farm.listeners import OwnerKind, Ownership
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
@@ -66,6 +67,10 @@ class FakeRuntime:
     def exit_pending(self, worker: int) -> bool:
         return False
 
+    async def worker_pids(self, worker: int) -> frozenset[int]:
+        proc = self.procs.get(worker)
+        return frozenset({proc.pid}) if proc is not None else frozenset()
+
     async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
         self.adopt_configured = configured
         for wid, r in self.running_at_start.items():
@@ -105,6 +110,8 @@ class FakeProber:
     failing: set[int] = field(default_factory=set)  # probes answer 503
     starved: set[int] = field(default_factory=set)  # the agent's own EMFILE on these probes
     probes: int = 0
+    # Another process listening on a port answers 200 there, loaded worker or not.
+    ports: FakePortOwner | None = None
 
     def _worker(self, url: str) -> int:
         for w in self.spec.workers:
@@ -120,6 +127,9 @@ class FakeProber:
             await asyncio.sleep(timeout)
             return ProbeResult(False, f"timeout after {timeout:g} s")
         assert self.runtime is not None, "the agent has not built its runtime yet"
+        if self.ports is not None and self.spec.worker(worker).port in self.ports.squatters:
+            self.ports.squatter_probes += 1
+            return ProbeResult(True, "200")
         proc = self.runtime.procs.get(worker)
         if proc is None:
             return ProbeResult(False, "connection refused", refused=True)
@@ -133,6 +143,30 @@ class FakeProber:
 
     async def aclose(self) -> None:
         pass
+
+
+@dataclass
+class FakePortOwner:
+    """Whose socket listens on each port: the worker's own, unless a test put a squatter
+    there (`squat`), which then also answers the worker's probes (see FakeProber)."""
+
+    squatters: dict[int, Ownership] = field(default_factory=dict)
+    unseen: set[int] = field(default_factory=set)  # a listener no visible process holds
+    squatter_probes: int = 0  # probes the squatter answered
+    checks: int = 0
+
+    def squat(self, port: int, pid: int = 4242, user: str = "nobody") -> None:
+        self.squatters[port] = Ownership(OwnerKind.FOREIGN, port, pid, 65534, user)
+
+    async def check(
+        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+    ) -> Ownership:
+        self.checks += 1
+        if port in self.squatters:
+            return self.squatters[port]
+        if port in self.unseen:
+            return Ownership(OwnerKind.UNSEEN, port, None, 65534, "nobody")
+        return Ownership(OwnerKind.OURS, port, inodes=frozenset({port}))
 
 
 @dataclass

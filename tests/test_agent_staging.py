@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent_harness import Farm, farm_toml
 from fake_gateway import FakeGateway
-from fake_runtime import FakeInFlight, FakeProber, FakeRuntime
+from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
@@ -67,7 +67,8 @@ async def staged_farm(
     (`running`) and when each process started (`process_started`: pid -> wall time)."""
     loop = asyncio.get_running_loop()
     spec = load_spec(text, source="test.toml")
-    prober = FakeProber(spec)
+    ports = FakePortOwner()
+    prober = FakeProber(spec, ports=ports)
     made: list[FakeRuntime] = []
 
     def factory(emit: Emit) -> FakeRuntime:
@@ -86,6 +87,7 @@ async def staged_farm(
         hooks=AgentHooks(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
+            port_owner=ports,
             in_flight=in_flight,
             stager=stager,
             refresh_preflight=refresh,
@@ -94,7 +96,7 @@ async def staged_farm(
         ),
     )
     stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, FakeGateway(), in_flight)
+    f = Farm(agent, made[0], prober, stop, FakeGateway(), in_flight, ports)
     task = asyncio.create_task(agent.run(stop))
     try:
         yield f

@@ -17,7 +17,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from agent_harness import farm_toml
-from fake_runtime import FakeProber, FakeRuntime
+from fake_runtime import FakePortOwner, FakeProber, FakeRuntime
 from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.config import load_spec
 from sglang_farm.gpu_sim import FakeGpuPoller
@@ -40,7 +40,8 @@ def fast_farm(tmp: Path) -> str:
 
 async def run_farm(tmp: Path, gpus: FakeGpuPoller, scenario: str) -> dict[int, Phase]:
     spec = load_spec(fast_farm(tmp), source="test.toml")
-    prober = FakeProber(spec, load_s=0.2)
+    ports = FakePortOwner()
+    prober = FakeProber(spec, load_s=0.2, ports=ports)
 
     def factory(emit: Emit) -> FakeRuntime:
         rt = FakeRuntime(emit)
@@ -56,6 +57,7 @@ async def run_farm(tmp: Path, gpus: FakeGpuPoller, scenario: str) -> dict[int, P
         hooks=AgentHooks(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
+            port_owner=ports,
             check_gpu=check_gpu,
         ),
     )

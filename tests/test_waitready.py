@@ -204,6 +204,32 @@ def test_gives_up_at_once_when_the_main_process_is_gone(server_factory: type[_Se
     assert time.monotonic() - t0 < 5.0  # not the 30 s deadline
 
 
+def test_a_200_from_the_main_processes_own_listener_is_ready(server_factory: type[_Server]) -> None:
+    import os
+
+    srv = server_factory(ready_in=0)  # served by this process: the "main process" here
+    spec = _spec(srv.port)
+    assert wait_ready(spec, 3, deadline=10.0, main_pid=os.getpid()) == WaitExit.READY
+
+
+def test_a_200_from_a_listener_outside_the_workers_tree_is_never_ready(
+    server_factory: type[_Server],
+) -> None:
+    import subprocess
+
+    # The worker's main process (loading: no port yet) in a session of its own; what
+    # answers 200 on its port is this test process, outside that tree (a squatter).
+    srv = server_factory(ready_in=0)
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        got = wait_ready(_spec(srv.port), 3, deadline=1.5, main_pid=worker.pid)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert got == WaitExit.NOT_READY
+    assert srv.handler.hits > 0  # it did answer
+
+
 # --- the gate as the rendered drop-in runs it: everything on its command line ---------
 
 

@@ -44,6 +44,7 @@ from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.phase import Phase
+from sglang_farm.portowner import PortOwner, ProcPortOwner
 from sglang_farm.ports import PortState, port_state
 from sglang_farm.progress import judge
 from sglang_farm.reload_plan import plan_reload
@@ -131,6 +132,9 @@ class AgentHooks:
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
     port_state: Callable[[str, int], PortState] = port_state
+    # Whose socket listens on a worker's port: only the worker's own makes it ready
+    # (None: `portowner.ProcPortOwner`, over /proc).
+    port_owner: PortOwner | None = None
     # [model]: how the model is staged before the rollout (None: `stage_model` in a thread).
     stager: Stager | None = None
     # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
@@ -167,6 +171,7 @@ class Agent:
         self.runtime = runtime_factory(self._emit)
         self.sup = Supervisor(spec.worker_ids, self._policy(spec))
         self._prober = hooks.prober or HttpProber()
+        self._port_owner = hooks.port_owner or ProcPortOwner()
         self._launcher = Launcher(
             self,
             self.runtime,
@@ -174,6 +179,7 @@ class Agent:
             preflight=hooks.preflight,
             port_state=hooks.port_state,
             log_for=self._bind,
+            port_owner=self._port_owner,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
         self._sync = (
@@ -558,6 +564,7 @@ class Agent:
             spec=lambda: self._spec,
             state=self.worker_state,
             prober=self._prober,
+            port_owner=self._port_owner,
             runtime=self.runtime,
             feed=self.feed,
             wait_change=self._wait_change,

@@ -32,6 +32,9 @@ class FailureKind(StrEnum):
     HANG = "hang"  # liveness probe failed `failure_threshold` times
     LOAD_TIMEOUT = "load_timeout"  # not ready within startup.load_timeout
     PREFLIGHT = "preflight"  # the doctor's checks failed: not started at all
+    # Another process listens on the worker's port: whatever answers there is not the
+    # worker, so it is never called ready (docs/security.md).
+    PORT_TAKEN = "port_taken"
 
 
 class OomKind(StrEnum):
@@ -108,3 +111,19 @@ class Failure:
             "lines": list(self.lines),
             "oom_kind": str(self.oom_kind) if self.oom_kind else None,
         }
+
+
+def port_taken(port: int, holder: str, worker: int, *, launched: bool = True) -> Failure:
+    """Another process (`holder`: "PID 4242 (user nobody)") listens on the worker's port.
+
+    `launched`: found while the worker ran (its answers were someone else's), else at
+    the launch gate (the worker was not started).
+    """
+    tail = "" if launched else "; not started"
+    return Failure(
+        FailureKind.PORT_TAKEN,
+        f"port {port} is held by {holder}, not by worker {worker}{tail}",
+        f"stop that process (`ss -ltnp 'sport = :{port}'` shows it) or change "
+        f"[workers] base_port (or workers.overrides.{worker}.port); the farm never routes "
+        "to it and starts the worker again after its back-off",
+    )

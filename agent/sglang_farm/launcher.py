@@ -16,8 +16,10 @@ from typing import Protocol
 
 import structlog
 
-from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.failures import Failure, FailureKind, port_taken
+from sglang_farm.listeners import OwnerKind, connect_host
 from sglang_farm.phase import Phase
+from sglang_farm.portowner import PortOwner
 from sglang_farm.ports import PortState
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang_argv import Command
@@ -55,6 +57,7 @@ class Launcher:
         preflight: Preflight | None = None,
         port_state: Callable[[str, int], PortState],
         log_for: Callable[[int], structlog.typing.FilteringBoundLogger],
+        port_owner: PortOwner | None = None,
     ) -> None:
         self._host = host
         self._runtime = runtime
@@ -62,6 +65,25 @@ class Launcher:
         self._preflight = preflight
         self._port_state = port_state
         self._log_for = log_for
+        self._port_owner = port_owner
+
+    async def _busy(self, worker: int, host: str, port: int) -> Failure:
+        """Why the port cannot be bound: `port_taken` naming the process that holds it when
+        it can be found (`portowner`), else `port_in_use`."""
+        if self._port_owner is not None:
+
+            async def none_of_ours() -> frozenset[int]:
+                return frozenset()  # not launched: no process of the worker exists
+
+            own = await self._port_owner.check(connect_host(host), port, none_of_ours)
+            if own.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
+                return port_taken(port, own.holder(), worker, launched=False)
+        return Failure(
+            FailureKind.PORT_IN_USE,
+            f"port {port} on {host} is in use by another process; not started",
+            f"find the owner with `ss -ltnp 'sport = :{port}'` and stop it, "
+            f"or give worker {worker} another port in the config",
+        )
 
     async def launch(self, worker: int) -> None:
         host = self._host
@@ -99,15 +121,9 @@ class Launcher:
                 # the worker's failure. Launch; SGLang itself reports a port in use.
                 blog.warning("worker_port_unchecked", port=w.port)
             elif state is PortState.IN_USE:
-                blog.error("worker_port_busy", port=w.port)
-                abandon(
-                    Failure(
-                        FailureKind.PORT_IN_USE,
-                        f"port {w.port} on {w.host} is in use by another process; not started",
-                        f"find the owner with `ss -ltnp 'sport = :{w.port}'` and stop it, "
-                        f"or give worker {worker} another port in the config",
-                    )
-                )
+                failure = await self._busy(worker, w.host, w.port)
+                blog.error("worker_port_busy", port=w.port, summary=failure.summary)
+                abandon(failure)
                 return
             blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
             await self._runtime.prepare(spec, host.flags_by_worker())

@@ -1,14 +1,20 @@
 """I/O: when each worker's health is probed, and what a probe's answer (or silence) means.
 
 Readiness while loading: once the worker's process is launched, `/health` is polled
-every `startup.poll_interval` until it answers 200 and the runtime agrees
-(`Runtime.confirm_ready`); then `HealthPassed`.
+every `startup.poll_interval` until it answers 200, the runtime agrees
+(`Runtime.confirm_ready`) and the socket listening on the worker's port is held by the
+worker's own processes (`portowner`); then `HealthPassed`. Any local user can bind the
+port while SGLang loads (it binds only after loading): a listener of another process or
+another user is reported as `PortTaken`; one that cannot be traced at all keeps the
+worker loading.
 
 Liveness once ready: every `health.period` the worker must have answered its probe. A
 probe still outstanding when the period ends counts as a failed beat (the request is left
 to finish, never duplicated: SGLang's `/health` runs a generation and piles up when
 polled concurrently, sgl-project/sglang#35884). So a hung worker is caught within
 `failure_threshold x period` plus at most one period, however long `health.timeout` is.
+A beat that passed is checked against the port's listener too (cheap while it is the
+socket already verified): a listener that is no longer the worker's is `PortTaken`.
 
 The supervisor decides what failed beats mean; this module only schedules probes and
 reports their results as events.
@@ -23,10 +29,12 @@ from typing import Any
 import structlog
 
 from sglang_farm.health import Prober, ProbeResult
+from sglang_farm.listeners import OwnerKind, Ownership, connect_host
 from sglang_farm.phase import Phase
+from sglang_farm.portowner import PortOwner
 from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Event, HealthFailed, HealthPassed, WorkerState
+from sglang_farm.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
 
 log = structlog.get_logger("sglang_farm.liveness")
 
@@ -43,6 +51,7 @@ class LivenessWatcher:
         spec: Callable[[], FarmSpec],
         state: Callable[[int], WorkerState | None],
         prober: Prober,
+        port_owner: PortOwner,
         runtime: Runtime,
         feed: Callable[[int, Event], None],
         wait_change: Callable[[int, float | None], Awaitable[None]],
@@ -52,6 +61,8 @@ class LivenessWatcher:
         self._spec = spec
         self._state = state
         self._prober = prober
+        self._port_owner = port_owner
+        self._said_unseen: float | None = None  # the launch an unseen listener was logged for
         self._runtime = runtime
         self._feed = feed
         self._wait_change = wait_change
@@ -98,11 +109,36 @@ class LivenessWatcher:
             await self._wait_change(self.worker, spec.startup.poll_interval)
             return
         res = await self._prober.probe(self._url(), spec.health.timeout)
-        ok = res.ok and await self._runtime.confirm_ready(self.worker)
-        if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
-            self._feed(self.worker, HealthPassed())
-            return
+        if res.ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+            # Whatever answered must be the worker itself, not a process that bound its
+            # port first (SGLang binds only after loading). Asked before the runtime's
+            # confirmation, which may wait for a readiness gate the squatter never passes.
+            own = await self._ownership()
+            if not self._same_process(s.launched_at, (Phase.STARTING,)):
+                return
+            if own.kind is OwnerKind.OURS:
+                ok = await self._runtime.confirm_ready(self.worker)
+                if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+                    self._feed(self.worker, HealthPassed())
+                    return
+            elif own.kind is OwnerKind.FOREIGN:
+                self._feed(self.worker, PortTaken(own.port, own.holder()))
+                return
+            elif self._said_unseen != s.launched_at:
+                self._said_unseen = s.launched_at
+                log.warning(
+                    "worker_port_owner_unknown", worker=self.worker, port=own.port,
+                    holder=own.holder() if own.kind is OwnerKind.UNSEEN else None,
+                    why=f"/health answered but the listener is {own.kind}: not proven the "
+                    "worker's own, so it is not ready yet",
+                )
         await self._wait_change(self.worker, spec.startup.poll_interval)
+
+    async def _ownership(self) -> Ownership:
+        w = self._spec().worker(self.worker)
+        return await self._port_owner.check(
+            connect_host(w.host), w.port, lambda: self._runtime.worker_pids(self.worker)
+        )
 
     async def _liveness(self, s: WorkerState) -> None:
         hp = self._spec().health
@@ -137,11 +173,24 @@ class LivenessWatcher:
                 "probe_local_error", worker=self.worker, detail=res.detail,
                 hint="the agent is short of a resource (see LimitNOFILE); the worker is not blamed",
             )
+        elif res.ok:
+            ev = await self._beat_owner()
+            if self._same_process(s.launched_at, _PROBED):
+                self._feed(self.worker, ev)
         else:
-            self._feed(
-                self.worker,
-                HealthPassed() if res.ok else HealthFailed(res.detail, self._sent_at),
-            )
+            self._feed(self.worker, HealthFailed(res.detail, self._sent_at))
         rest = hp.period - (self._clock() - started)
         if rest > 0:
             await self._wait_change(self.worker, rest)
+
+    async def _beat_owner(self) -> Event:
+        """A passed beat, judged by whose socket answered it (the worker's, or not)."""
+        own = await self._ownership()
+        if own.kind is OwnerKind.OURS:
+            return HealthPassed()
+        if own.kind is OwnerKind.FOREIGN:
+            return PortTaken(own.port, own.holder())
+        # A listener no process of its own holds (or none at all, after an answer):
+        # the beat proves nothing of the worker; a failed beat, as a silence would be.
+        what = own.holder() if own.kind is OwnerKind.UNSEEN else "no listener"
+        return HealthFailed(f"port {own.port}: {what}, not the worker's", self._sent_at)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from sglang_farm.failures import Failure, FailureKind, RestartReason
+from sglang_farm.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
 
@@ -202,6 +202,16 @@ class GatewayMembership:
 
 
 @dataclass(frozen=True, slots=True)
+class PortTaken:
+    """The socket listening on the worker's port is held by a process outside its own tree
+    (`portowner`): `holder` names it ("PID 4242 (user nobody)"). Whatever answers there
+    is not the worker, so its answers never make it ready."""
+
+    port: int
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     pass
 
@@ -221,6 +231,7 @@ Event = (
     | ReleaseRequested
     | ProgressSeen
     | Wedged
+    | PortTaken
     | Tick
 )
 
@@ -633,6 +644,12 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
                 )
                 return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
             return Decision(s)  # while loading, a refused connection is normal
+        case PortTaken(port=port, holder=holder):
+            if s.phase not in _RUNNING:
+                return Decision(s)  # a verdict on a process already being stopped, or gone
+            # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
+            # (a load that would fail at its end), and whatever answers is not the worker.
+            return _terminate_for(s, port_taken(port, holder, s.id), now)
         case FailureSeen(failure=failure):
             if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
                 # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts

@@ -15,6 +15,12 @@ full model load. The rendered drop-ins pass all of that on the gate's command li
 agent loaded, so the gate never reads farm.toml: a half-edited, unreloaded file cannot
 break a restart or make it probe the wrong port. `--config` is for a person's use.
 
+With `--main-pid` (as the drop-ins run it), a 200 counts only when the socket listening
+on the port is held by the worker's own processes (the main process's session, group and
+descendants: `portowner`): SGLang binds its port only after loading, and whatever another
+user bound there first must not turn the unit `active` (the agent stops such a worker
+with `port_taken`, docs/security.md).
+
 Exit status (`WaitExit`): 0 ready, 1 not ready by the deadline, 2 bad config or
 unknown worker. If the worker's main process dies while loading, systemd stops the
 unit and kills the gate itself. The command's options are in `cli/waitready.py`.
@@ -25,11 +31,14 @@ from __future__ import annotations
 import asyncio
 import time
 from enum import IntEnum
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
 
 from sglang_farm.health import probe
+from sglang_farm.listeners import OwnerKind, connect_host
+from sglang_farm.portowner import ProcPortOwner, tree_pids
 from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.waitready")
@@ -59,6 +68,7 @@ async def _wait(
     With `main_pid`, give up as soon as that process is gone: on systemd 252 a unit whose
     main process dies during ExecStartPost= stays `activating` until the gate returns, so a
     worker that crashed while loading would otherwise hold its unit for the whole deadline.
+    And a 200 counts only when the listener is that process tree's own (`_own_listener`).
     """
     loop = asyncio.get_running_loop()
     end = loop.time() + budget
@@ -72,13 +82,37 @@ async def _wait(
             if main_pid is not None and not pid_alive(main_pid):
                 return False, f"main process {main_pid} exited"
             result = await probe(client, url, min(timeout, left))
-            if result.ok:
+            if result.ok and main_pid is None:
                 return True, result.detail
-            last = result.detail
+            if result.ok and main_pid is not None:
+                verdict = await _own_listener(url, main_pid)
+                if verdict is None:
+                    return True, result.detail
+                if verdict != last:
+                    log.warning("wait_ready_port_not_ours", url=url, detail=verdict)
+                last = verdict
+            else:
+                last = result.detail
             pause = min(interval, end - loop.time())
             if pause <= 0:
                 return False, last
             await asyncio.sleep(pause)
+
+
+async def _own_listener(url: str, main_pid: int) -> str | None:
+    """None when the listener `url` reaches is held by `main_pid`'s processes, else why not."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+
+    async def ours() -> frozenset[int]:
+        return await asyncio.to_thread(tree_pids, main_pid)
+
+    own = await ProcPortOwner().check(connect_host(host), port, ours)
+    if own.kind is OwnerKind.OURS:
+        return None
+    if own.kind is OwnerKind.FOREIGN:
+        return f"port {port} is held by {own.holder()}, not by this worker"
+    return f"port {port}: the listener is {own.kind}, not proven this worker's"
 
 
 def wait_url(

@@ -90,6 +90,15 @@ class Runtime(Protocol):
         are awaited): a failed health probe then says nothing about a hang."""
         ...
 
+    async def worker_pids(self, worker: int) -> frozenset[int]:
+        """The live processes of the worker's own tree (empty when it is not running).
+
+        The readiness rule asks this: only a socket held by one of these may make the
+        worker ready (`portowner`). systemd: the processes of the unit's cgroup.
+        Processes: the worker's session and process group, and its descendants.
+        """
+        ...
+
     async def start(self, worker: int, command: Command) -> None:
         """Launch the worker. Returns once launched (not once ready); emits Started."""
         ...

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import structlog
 
 from sglang_farm.errors import RuntimeFailure
+from sglang_farm.portowner import tree_pids
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
 from sglang_farm.sglang_argv import API_KEY_ENV, Command
@@ -374,6 +375,13 @@ class ProcessRuntime:
 
     def exit_pending(self, worker: int) -> bool:
         return False  # output and exit come from the same child: never out of order
+
+    async def worker_pids(self, worker: int) -> frozenset[int]:
+        child = self._procs.get(worker)
+        if child is None or child.exited.done():
+            return frozenset()
+        # The main process is a session leader: its pid names the session and the group.
+        return await asyncio.to_thread(tree_pids, child.pid)
 
     async def adopt(self, configured: Collection[int] | None = None) -> Mapping[int, Running]:
         """Nothing is adopted (a leftover's output pipe went with its agent): what an

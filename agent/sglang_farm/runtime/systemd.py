@@ -236,6 +236,70 @@ def proc_argv(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
     return tuple(a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0"))
 
 
+def unit_cgroup(pid: int, unit: str, proc: str = "/proc") -> str | None:
+    """The line of `/proc/PID/cgroup` that puts process `pid` in unit `unit`'s own cgroup
+    ("0::/system.slice/.../sglang@3.service", or on a hybrid host the
+    "N:name=systemd:..." one), else None.
+
+    `pid` is the MainPID systemd reports; a process cannot leave its unit's cgroup (the
+    tree under system.slice is root's), so the unit's processes are its members.
+    """
+    try:
+        with open(f"{proc}/{pid}/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    ours = [ln for ln in lines if ln.rsplit("/", 1)[-1] == unit]
+    ours.sort(key=lambda ln: not ln.startswith("0::"))  # the unified hierarchy first
+    return ours[0] if ours else None
+
+
+def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> frozenset[int]:
+    """Every process in cgroup `path` and the cgroups below it (`cgroup.procs`)."""
+    out: set[int] = set()
+    for dirpath, _dirs, _files in os.walk(root + path):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as fh:
+                out.update(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return frozenset(out)
+
+
+def _cgroup_members(line: str, proc: str) -> frozenset[int]:
+    """The processes whose `/proc/PID/cgroup` holds `line` (or a cgroup below it): the way
+    when the cgroup file system is not where it is looked for."""
+    out: set[int] = set()
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/cgroup") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        if any(ln == line or ln.startswith(line + "/") for ln in lines):
+            out.add(int(entry))
+    return frozenset(out)
+
+
+def unit_pids(
+    main_pid: int, unit: str, proc: str = "/proc", root: str = "/sys/fs/cgroup"
+) -> frozenset[int]:
+    """The processes of `unit`, found from its main process's cgroup; empty if unknown."""
+    line = unit_cgroup(main_pid, unit, proc)
+    if line is None:
+        return frozenset()
+    hierarchy, _, path = line.partition(":")[2].partition(":")
+    # cgroup v2 at /sys/fs/cgroup; on a hybrid host its unified tree and systemd's own
+    # v1 tree are mounted below it.
+    roots = [root, f"{root}/unified"] if not hierarchy else [f"{root}/systemd"]
+    for r in roots:
+        if os.path.isfile(f"{r}{path}/cgroup.procs"):
+            return cgroup_pids(path, r) | {main_pid}
+    return _cgroup_members(line, proc) | {main_pid}
+
+
 def units_of(files: Iterable[PurePosixPath]) -> list[str]:
     """The unit names rendered files belong to: `sglang@3.service.d/50-farm.conf` ->
     `sglang@3.service`, a whole unit file -> itself; sorted, without duplicates."""
@@ -579,6 +643,14 @@ class SystemdRuntime:
 
     def exit_pending(self, worker: int) -> bool:
         return self._ordering.pending(worker)
+
+    async def worker_pids(self, worker: int) -> frozenset[int]:
+        """The processes of the unit's cgroup (its MainPID's, checked to be the unit's own)."""
+        t = self._tracked.get(worker)
+        if t is None or not t.state.running:
+            return frozenset()
+        unit = unit_name(worker, self._prefix)
+        return await asyncio.to_thread(unit_pids, t.state.main_pid, unit)
 
     async def _catch_up(self, worker: int) -> None:
         """The worker's journal lines the live follower has not delivered (see

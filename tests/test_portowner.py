@@ -1,0 +1,149 @@
+"""Whose socket listens on a port, read from the real /proc (portowner), and a worker's own pids."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from asuser import popen_as_nobody, require
+from sglang_farm.listeners import OwnerKind, Ownership
+from sglang_farm.portowner import ProcPortOwner, tree_pids
+from sglang_farm.runtime.systemd import cgroup_pids, unit_cgroup, unit_pids
+
+LISTENER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+    "print(s.getsockname()[1], flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def listening() -> Iterator[socket.socket]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    with s:
+        yield s
+
+
+def _check(owner: ProcPortOwner, port: int, ours: frozenset[int], asked: list[int]) -> Ownership:
+    async def pids() -> frozenset[int]:
+        asked.append(1)
+        return ours
+
+    return asyncio.run(owner.check("127.0.0.1", port, pids))
+
+
+def test_a_listener_of_the_workers_own_pid_is_ours_and_remembered(
+    listening: socket.socket,
+) -> None:
+    port = listening.getsockname()[1]
+    owner = ProcPortOwner()
+    asked: list[int] = []
+    first = _check(owner, port, frozenset({os.getpid()}), asked)
+    assert first.kind is OwnerKind.OURS
+    # The same socket again: no fd walk, the worker's pids are not even asked for.
+    again = _check(owner, port, frozenset({os.getpid()}), asked)
+    assert again.kind is OwnerKind.OURS
+    assert asked == [1]
+
+
+def test_a_listener_of_another_process_is_foreign_and_named(listening: socket.socket) -> None:
+    port = listening.getsockname()[1]
+    v = _check(ProcPortOwner(), port, frozenset({1}), [])
+    assert v.kind is OwnerKind.FOREIGN
+    assert v.pid == os.getpid()
+    assert v.holder() == f"PID {os.getpid()} (user root)"
+
+
+def test_nothing_listening_is_none() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: the port is known free of listeners
+        port = s.getsockname()[1]
+        v = _check(ProcPortOwner(), port, frozenset({os.getpid()}), [])
+    assert v.kind is OwnerKind.NONE
+
+
+def test_a_squatter_run_as_nobody_is_named_with_its_pid_and_user() -> None:
+    require()
+    proc = popen_as_nobody([sys.executable, "-I", "-c", LISTENER])
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        v = _check(ProcPortOwner(), port, frozenset({os.getpid()}), [])
+        assert v.kind is OwnerKind.FOREIGN
+        assert v.holder() == f"PID {proc.pid} (user nobody)"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_tree_pids_has_the_session_and_descendants_not_the_agent() -> None:
+    # A session leader (as the process runtime starts a worker) with a child of its own.
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(c.pid, flush=True); time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        pids = tree_pids(leader.pid)
+        assert {leader.pid, child} <= pids
+        assert os.getpid() not in pids
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.communicate(timeout=10)
+
+
+def test_unit_cgroup_is_the_main_pids_cgroup_only_when_it_is_the_units(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    cg = "0::/system.slice/system-sglang.slice/sglang@3.service\n"
+    (tmp_path / "42" / "cgroup").write_text(cg)
+    assert unit_cgroup(42, "sglang@3.service", str(tmp_path)) == cg.strip()
+    assert unit_cgroup(42, "sglang@4.service", str(tmp_path)) is None
+    assert unit_cgroup(43, "sglang@3.service", str(tmp_path)) is None  # gone
+
+
+def _procs(tmp: Path, cgroups: dict[int, str]) -> str:
+    for pid, text in cgroups.items():
+        (tmp / "proc" / str(pid)).mkdir(parents=True)
+        (tmp / "proc" / str(pid) / "cgroup").write_text(text)
+    return str(tmp / "proc")
+
+
+def test_unit_pids_reads_the_units_cgroup_and_those_below(tmp_path: Path) -> None:
+    proc = _procs(tmp_path, {10: "0::/system.slice/sglang@3.service\n"})
+    unit = tmp_path / "cg" / "system.slice" / "sglang@3.service"
+    (unit / "sub").mkdir(parents=True)
+    (unit / "cgroup.procs").write_text("10\n11\n")
+    (unit / "sub" / "cgroup.procs").write_text("12\n")
+    assert unit_pids(10, "sglang@3.service", proc, str(tmp_path / "cg")) == {10, 11, 12}
+    assert cgroup_pids("/system.slice/sglang@3.service", str(tmp_path / "cg")) == {10, 11, 12}
+
+
+def test_unit_pids_on_a_hybrid_host_without_the_tree_mounted_compares_cgroups(
+    tmp_path: Path,
+) -> None:
+    unit = "1:name=systemd:/system.slice/sglang@3.service"
+    proc = _procs(
+        tmp_path,
+        {
+            10: f"2:cpu:/\n{unit}\n0::/\n",
+            11: f"2:cpu:/\n{unit}\n0::/\n",
+            12: "2:cpu:/\n1:name=systemd:/system.slice/sglang@4.service\n0::/\n",
+            13: "2:cpu:/\n1:name=systemd:/user.slice/user-65534.slice/session-3.scope\n",
+        },
+    )
+    assert unit_pids(10, "sglang@3.service", proc, str(tmp_path / "none")) == {10, 11}
