@@ -159,7 +159,12 @@ class FakePortOwner:
         self.squatters[port] = Ownership(OwnerKind.FOREIGN, port, pid, 65534, user)
 
     async def check(
-        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+        self,
+        host: str,
+        port: int,
+        ours: Callable[[], Awaitable[frozenset[int]]],
+        *,
+        fresh: bool = False,
     ) -> Ownership:
         self.checks += 1
         if port in self.squatters:

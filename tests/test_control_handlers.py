@@ -202,6 +202,7 @@ async def test_status_endpoints_and_why_report_the_gateway() -> None:
             "members": 1,
             "errors": 0,
             "last_error": None,
+            "foreign": [],
         }
         workers = st["workers"]
         assert isinstance(workers, list)

@@ -147,3 +147,35 @@ def test_unit_pids_on_a_hybrid_host_without_the_tree_mounted_compares_cgroups(
         },
     )
     assert unit_pids(10, "sglang@3.service", proc, str(tmp_path / "none")) == {10, 11}
+
+
+def test_a_fresh_check_sees_a_squatter_the_cached_reading_predates() -> None:
+    """The merged farm called a squatter's 200 ready: the worker's old listener, verified
+    ours, was still in a table read < 1 s before (the worker had just been restarted), so
+    the readiness check answered "ours" for a port the squatter now held. A readiness
+    check reads the tables afresh and trusts no earlier verdict."""
+    require()
+    owner = ProcPortOwner(clock=lambda: 0.0)  # every reading is "still fresh"
+    old = socket.socket()
+    old.bind(("127.0.0.1", 0))
+    old.listen()
+    port = old.getsockname()[1]
+    me = frozenset({os.getpid()})
+    assert _check(owner, port, me, []).kind is OwnerKind.OURS
+    old.close()  # the worker is restarted; a squatter takes the port while it loads
+    bind = f"s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port}))"
+    code = LISTENER.replace("s.bind(('127.0.0.1', 0))", bind)
+    with popen_as_nobody([sys.executable, "-I", "-c", code]) as squat:
+        try:
+            assert squat.stdout is not None and squat.stdout.readline().strip() == str(port)
+
+            async def pids() -> frozenset[int]:
+                return me
+
+            # What the readiness check saw before: the cached reading, the verdict kept.
+            assert _check(owner, port, me, []).kind is OwnerKind.OURS
+            fresh = asyncio.run(owner.check("127.0.0.1", port, pids, fresh=True))
+            want = (OwnerKind.FOREIGN, squat.pid, "nobody")
+            assert (fresh.kind, fresh.pid, fresh.user) == want
+        finally:
+            squat.kill()

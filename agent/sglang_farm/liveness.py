@@ -113,7 +113,7 @@ class LivenessWatcher:
             # Whatever answered must be the worker itself, not a process that bound its
             # port first (SGLang binds only after loading). Asked before the runtime's
             # confirmation, which may wait for a readiness gate the squatter never passes.
-            own = await self._ownership()
+            own = await self._ownership(fresh=True)
             if not self._same_process(s.launched_at, (Phase.STARTING,)):
                 return
             if own.kind is OwnerKind.OURS:
@@ -134,10 +134,11 @@ class LivenessWatcher:
                 )
         await self._wait_change(self.worker, spec.startup.poll_interval)
 
-    async def _ownership(self) -> Ownership:
+    async def _ownership(self, *, fresh: bool = False) -> Ownership:
         w = self._spec().worker(self.worker)
         return await self._port_owner.check(
-            connect_host(w.host), w.port, lambda: self._runtime.worker_pids(self.worker)
+            connect_host(w.host), w.port, lambda: self._runtime.worker_pids(self.worker),
+            fresh=fresh,
         )
 
     async def _liveness(self, s: WorkerState) -> None:

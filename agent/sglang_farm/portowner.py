@@ -37,9 +37,17 @@ class PortOwner(Protocol):
     """The seam the liveness watcher asks: whose are the listeners on `host:port`?"""
 
     async def check(
-        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+        self,
+        host: str,
+        port: int,
+        ours: Callable[[], Awaitable[frozenset[int]]],
+        *,
+        fresh: bool = False,
     ) -> Ownership:
-        """`ours`: the worker's own pids (asked only when a listener must be traced)."""
+        """`ours`: the worker's own pids (asked only when a listener must be traced).
+        `fresh`: read the tables now and trust no earlier verdict (readiness, launch: the
+        port may have changed hands since, as when a restarted worker's old socket
+        closed and a squatter bound the port); liveness beats may use a recent reading."""
         ...
 
 
@@ -155,19 +163,26 @@ class ProcPortOwner:
         self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
         self._table: tuple[float, list[Listener]] | None = None
 
-    async def _listeners(self) -> list[Listener]:
+    async def _listeners(self, *, fresh: bool = False) -> list[Listener]:
         now = self._clock()
-        if self._table is not None and now - self._table[0] < TABLE_TTL_S:
+        if not fresh and self._table is not None and now - self._table[0] < TABLE_TTL_S:
             return self._table[1]
         listeners = await asyncio.to_thread(read_listeners, self._proc)
         self._table = (now, listeners)
         return listeners
 
     async def check(
-        self, host: str, port: int, ours: Callable[[], Awaitable[frozenset[int]]]
+        self,
+        host: str,
+        port: int,
+        ours: Callable[[], Awaitable[frozenset[int]]],
+        *,
+        fresh: bool = False,
     ) -> Ownership:
         # Reads of /proc: in a thread, never on the event loop.
-        listeners = await self._listeners()
+        if fresh:
+            self._verified.pop(port, None)
+        listeners = await self._listeners(fresh=fresh)
         there = [lst for lst in listeners if reaches(lst, host, port)]
         inodes = frozenset(lst.inode for lst in there)
         if not there:
