@@ -401,7 +401,9 @@ def test_read_ppid_map_parses_names_with_spaces_and_parens(tmp_path: Path) -> No
         "43": "43 (a b) R 42 43",
     }.items():
         (tmp_path / pid).mkdir()
-        (tmp_path / pid / "stat").write_text(stat)
+        # As the kernel writes it: 52 fields, the start time the 22nd (procfs reads them).
+        fields = stat.split(") ", 1)[1].split()
+        (tmp_path / pid / "stat").write_text(stat + " 0" * (50 - len(fields)))
     (tmp_path / "self").mkdir()
     (tmp_path / "44").mkdir()  # exited between listdir and open: no stat file
     assert read_ppid_map(str(tmp_path)) == {1: 0, 42: 41, 43: 42}

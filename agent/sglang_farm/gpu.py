@@ -27,7 +27,6 @@ reused in between; a counter updated every 30 s still gives a correct rate().
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import structlog
+
+from sglang_farm import procfs
 
 log = structlog.get_logger(__name__)
 
@@ -156,25 +157,7 @@ def attribute_memory(
 
 def read_ppid_map(proc: str = "/proc") -> dict[int, int]:
     """pid -> parent pid for every process in `proc`; processes exiting mid-read are skipped."""
-    out: dict[int, int] = {}
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, entry, "stat"), "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited between listdir and open
-        # The command name (2nd field) is in parentheses and may itself contain
-        # spaces and ')': the fields after the LAST ')' are "state ppid ...".
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 2 and rest[1].isdigit():
-            out[int(entry)] = int(rest[1])
-    return out
+    return {st.pid: st.ppid for st in procfs.all_stats(proc)}
 
 
 # --- the NVML poller ----------------------------------------------------------

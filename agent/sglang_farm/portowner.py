@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
+from sglang_farm import procfs
 from sglang_farm.listeners import Listener, OwnerKind, Ownership, judge, parse_listeners, reaches
 
 TABLES = ("net/tcp", "net/tcp6")  # under /proc; tcp6 is absent where IPv6 is disabled
@@ -85,13 +86,6 @@ def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
     return out
 
 
-def _all_pids(proc: str) -> list[int]:
-    try:
-        return [int(e) for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return []
-
-
 def holders_of(
     inodes: Iterable[int], pids: Iterable[int] | None = None, proc: str = "/proc"
 ) -> dict[int, frozenset[int]]:
@@ -100,7 +94,7 @@ def holders_of(
     found: dict[int, set[int]] = {}
     if not wanted:
         return {}
-    for pid in _all_pids(proc) if pids is None else pids:
+    for pid in procfs.pids(proc) if pids is None else pids:
         for inode in socket_inodes(pid, proc) & wanted:
             found.setdefault(inode, set()).add(pid)
     return {i: frozenset(p) for i, p in found.items()}
@@ -115,23 +109,12 @@ def tree_pids(leader: int, proc: str = "/proc") -> frozenset[int]:
     """
     parents: dict[int, int] = {}
     out = {leader}
-    for pid in _all_pids(proc):
-        try:
-            with open(f"{proc}/{pid}/stat") as fh:
-                stat = fh.read()
-        except OSError:
+    for st in procfs.all_stats(proc):
+        if not st.alive:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields[0] state, [1] ppid, [2] pgrp, [3] session (proc(5))
-        if len(fields) < 4 or fields[0] in ("Z", "X"):
-            continue
-        try:
-            ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
-        except ValueError:
-            continue
-        parents[pid] = ppid
-        if leader in (pgrp, sid):
-            out.add(pid)
+        parents[st.pid] = st.ppid
+        if leader in (st.pgrp, st.session):
+            out.add(st.pid)
     for pid in parents:
         seen: set[int] = set()
         cur = pid
@@ -224,7 +207,7 @@ class ProcPortOwner:
     def _of_user(self, uid: int) -> tuple[int, ...]:
         """The processes running as `uid` (their status is readable without privileges,
         their descriptors are not): where an unseen socket of that user must be."""
-        pids = _all_pids(self._proc)
+        pids = procfs.pids(self._proc)
         return tuple(sorted(p for p in pids if _process_uid(p, self._proc, default=None) == uid))
 
 

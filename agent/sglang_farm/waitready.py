@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
+from sglang_farm import procfs
 from sglang_farm.health import probe
 from sglang_farm.listeners import OwnerKind, connect_host
 from sglang_farm.portowner import ProcPortOwner, tree_pids
@@ -52,12 +53,8 @@ class WaitExit(IntEnum):
 
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+    st = procfs.read_stat(pid)
+    return st is not None and st.alive
 
 
 async def _wait(

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import structlog
 
+from sglang_farm import procfs
+
 log = structlog.get_logger("sglang_farm.runtime.children")
 
 RECORDS_SUBDIR = "children"
@@ -84,15 +86,10 @@ class ProcFacts:
 
 def proc_facts(pid: int) -> ProcFacts | None:
     """`/proc/PID/stat`'s fields the records need; None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
+    st = procfs.read_stat(pid)
+    if st is None:
         return None
-    # The name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rfind(")") + 2 :].split()
-    # fields[0] = state (3), [1] = ppid (4), [2] = pgrp (5), [19] = starttime (22)
-    return ProcFacts(int(fields[19]), int(fields[2]), int(fields[1]), fields[0] in "ZX")
+    return ProcFacts(st.start, st.pgrp, st.ppid, not st.alive)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from sglang_farm import procfs
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.portowner import tree_pids
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
@@ -184,19 +185,7 @@ def _group_alive(pgid: int) -> bool:
     Zombies count as gone: orphans are reaped by PID 1 or a subreaper, sometimes late,
     and a zombie holds no memory, GPU context or port.
     """
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields[0] = state, fields[2] = pgrp (proc(5))
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    return any(st.pgrp == pgid and st.alive for st in procfs.all_stats())
 
 
 async def _wait_group_gone(pgid: int, deadline: float) -> bool:

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from sglang_farm import procfs
 from sglang_farm.staging.manifest import MANIFEST_NAME
 
 
@@ -26,10 +27,8 @@ def installed_at(target: Path) -> float | None:
 
 def process_started(pid: int) -> float | None:
     """Wall time process `pid` started (None: gone, or /proc unreadable)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(text.rpartition(")")[2].split()[19])  # starttime: the 22nd field
-    except (OSError, ValueError, IndexError):
+    st = procfs.read_stat(pid)
+    if st is None:
         return None
-    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - st.start / os.sysconf("SC_CLK_TCK")
     return time.time() - age
