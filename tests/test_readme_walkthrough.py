@@ -18,7 +18,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +28,10 @@ from sglang_farm.ports import port_problem
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "### Inject an OOM in the demo and watch the ladder step"
+QUICKSTART = "## Quickstart (simulated, any machine)"
 DEMO_PORTS = [(30000, 8), (31000, 8), (8000, 1), (9840, 1), (29000, 1)]
 PID_PLACEHOLDER = "<worker 3's PID from status>"
+KILLED_PLACEHOLDER = "<worker 5's PID from status>"
 
 pytestmark = pytest.mark.slow
 
@@ -40,24 +42,29 @@ class Step:
     promises: tuple[str, ...]  # the comment's `backquoted` parts
 
 
-def section_blocks(readme: str) -> list[list[str]]:
-    """The `sh` code blocks of the walkthrough's section, as lines."""
-    body = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def section_blocks(readme: str, section: str = SECTION) -> list[list[str]]:
+    """The `sh` code blocks of a section (up to its next heading), as lines."""
+    body = re.split(r"\n##+ ", readme.split(section, 1)[1], maxsplit=1)[0]
     return [b.strip("\n").splitlines() for b in re.findall(r"```sh\n(.*?)```", body, re.S)]
 
 
 def steps(lines: list[str]) -> list[Step]:
-    """Commands and their promises; a line that is only a comment continues the last one."""
+    """Commands and their promises; a line that is only a comment continues the last one's
+    promises, and a line ending in a backslash continues into the next."""
     out: list[tuple[str, list[str]]] = []
+    joining = False
     for line in lines:
         code, _, comment = line.partition("  # ")
         if line.lstrip().startswith("#"):
             code, comment = "", line.lstrip()[1:]
         promises = re.findall(r"`([^`]+)`", comment)
-        if code.strip():
+        if joining:
+            out[-1] = (out[-1][0][:-1] + " " + code.strip(), out[-1][1] + promises)
+        elif code.strip():
             out.append((code.strip(), promises))
         else:
             out[-1][1].extend(promises)
+        joining = out[-1][0].endswith("\\")
     return [Step(c, tuple(p)) for c, p in out]
 
 
@@ -92,16 +99,26 @@ def status(config: str) -> dict[int, dict[str, object]]:
     return {int(w["id"]): w for w in json.loads(r.stdout)["workers"]}
 
 
-def wait_for(config: str, what: str, ok: object, timeout: float = 240) -> dict[str, object]:
-    """Worker 3's status once `ok(worker)` holds (the farm's own pace; no timing asserted)."""
+def wait_for_worker(
+    config: str, worker: int, what: str, ok: Callable[[dict[str, object]], bool],
+    timeout: float = 240,
+) -> dict[str, object]:
+    """A worker's status once `ok(worker)` holds (the farm's own pace; no timing asserted)."""
     deadline = time.monotonic() + timeout
     w: dict[str, object] = {}
     while time.monotonic() < deadline:
-        w = status(config).get(3, {})
-        if w and ok(w):  # type: ignore[operator]
+        w = status(config).get(worker, {})
+        if w and ok(w):
             return w
         time.sleep(1)
-    raise AssertionError(f"worker 3 never {what} within {timeout}s; last: {w}")
+    raise AssertionError(f"worker {worker} never {what} within {timeout}s; last: {w}")
+
+
+def wait_for(
+    config: str, what: str, ok: Callable[[dict[str, object]], bool], timeout: float = 240
+) -> dict[str, object]:
+    """Worker 3's status once `ok(worker)` holds."""
+    return wait_for_worker(config, 3, what, ok, timeout)
 
 
 def args_of(pid: object) -> str:
@@ -142,7 +159,7 @@ def clean_demo_paths() -> Iterator[None]:
 
 
 def ready_and_restarted(w: dict[str, object]) -> bool:
-    return w.get("state") == "ready" and int(w.get("restarts_total") or 0) >= 1  # type: ignore[call-overload]
+    return w.get("state") == "ready" and int(str(w.get("restarts_total") or 0)) >= 1
 
 
 def test_the_oom_walkthrough_does_what_the_readme_says(
@@ -178,5 +195,39 @@ def test_the_oom_walkthrough_does_what_the_readme_says(
             and w.get("pid") != old_pid
         )
         assert "--mem-fraction-static" not in args_of(w3["pid"])
+    finally:
+        demo.stop()
+
+
+def test_the_quickstart_parses_as_the_reader_reads_it() -> None:
+    (block,) = section_blocks((REPO / "README.md").read_text(), QUICKSTART)
+    commands = steps(block)
+    assert commands[0].command.startswith("curl -s 127.0.0.1:8000/v1/chat/completions -H")
+    assert commands[0].command.endswith("}]}'") and commands[0].promises == ('"choices"',)
+    assert [len(s.promises) for s in commands] == [1, 1, 0, 1, 2, 1]
+
+
+def came_back_from(killed: object) -> Callable[[dict[str, object]], bool]:
+    """A worker serving again from a new process, after `killed`."""
+    return lambda w: w.get("state") == "ready" and w.get("pid") not in (None, killed)
+
+
+def test_the_quickstart_does_what_the_readme_says(clean_demo_paths: None, tmp_path: Path) -> None:
+    (block,) = section_blocks((REPO / "README.md").read_text(), QUICKSTART)
+    config = "etc/sglang-farm/demo.toml"
+    demo = Farm("./scripts/demo", tmp_path / "demo.log")
+    try:
+        for i in range(8):  # the front door routes to every worker
+            wait_for_worker(config, i, "ready and routed",
+                            lambda w: w.get("state") == "ready" and bool(w.get("in_gateway")))
+        for step in steps(block):
+            victim = status(config).get(5, {}).get("pid")
+            out = sh(step.command.replace(KILLED_PLACEHOLDER, str(victim)), timeout=120)
+            for promise in step.promises:
+                found = promise_pattern(promise).search(out)
+                assert found, f"{step.command}: no {promise!r}:\n{out}"
+            if step.command.startswith("kill -9"):
+                # "...and watch it come back"
+                wait_for_worker(config, 5, "back", came_back_from(victim))
     finally:
         demo.stop()
