@@ -8,6 +8,7 @@ farm and `farmctl status`; with `--baseline COMMIT` the same figures for the cod
 COMMIT, measured in the same run), `--only systemd` (just the reaction times under
 systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
 (just the front door: the gateway under load), `--out PATH`.
+`python -m bench mutants`: mutation testing of the pure core (bench/mutants.py).
 """
 
 from __future__ import annotations
@@ -406,4 +407,8 @@ def finish(a: argparse.Namespace, results: dict[str, Any], t0: float, suffix: st
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["mutants"]:  # mutation testing of the pure core: bench/mutants.py
+        from bench import mutants
+
+        raise SystemExit(mutants.main(sys.argv[2:]))
     raise SystemExit(main())

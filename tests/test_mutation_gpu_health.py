@@ -116,6 +116,8 @@ def test_memory_in_use_beyond_the_slack_blocks_a_release() -> None:
     assert release_problems(snap(gpus=(unreserved,)), 1, slack_bytes=2 * GiB) == [
         "GPU 1 still has 3.0 GiB in use: free it first"
     ]
+    # ...not as one byte reserved: 3 GiB in use against a slack one byte short of it.
+    assert release_problems(snap(gpus=(unreserved,)), 1, slack_bytes=3 * GiB - 1) != []
 
 
 def test_every_release_problem_is_named_at_once() -> None:
