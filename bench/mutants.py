@@ -59,7 +59,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.supervisor",
         ("tests/test_supervisor.py", "tests/test_mutation_supervisor.py"),
     ),
-    "ladder": ("sglang_farm.ladder", ("tests/test_ladder.py",)),
+    "ladder": ("sglang_farm.ladder", ("tests/test_ladder.py", "tests/test_mutation_ladder.py")),
     "xid": ("sglang_farm.xid", ("tests/test_xid.py",)),
     "gpu_health": ("sglang_farm.gpu_health", ("tests/test_mutation_gpu_health.py",)),
     "sglang_flags": ("sglang_farm.sglang_flags", ("tests/test_config.py",)),
@@ -68,7 +68,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "config": ("sglang_farm.config", ("tests/test_config.py", "tests/test_staging_config.py")),
     "staging.plan": ("sglang_farm.staging.plan", ("tests/test_staging.py",)),
     "staging.manifest": ("sglang_farm.staging.manifest", ("tests/test_staging.py",)),
-    "control.auth": ("sglang_farm.control.auth", ("tests/test_control_auth.py",)),
+    "control.auth": (
+        "sglang_farm.control.auth",
+        ("tests/test_control_auth.py", "tests/test_mutation_control_auth.py"),
+    ),
 }
 
 
