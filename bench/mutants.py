@@ -53,7 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "testing.md"
 FLOOR = 0.95
 
-# module (as docs/testing.md names it) -> (import name, its fast tests)
+# test_staging.py less its tests of real processes, locks and other users (seconds each).
+_STAGING_FAST = (
+    "not lock and not killed and not process_started and not another_user "
+    "and not symlink and not cancel and not real_mount"
+)
+
+# module (as docs/testing.md names it) -> (import name, pytest's arguments: its fast tests)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "supervisor": (
         "sglang_farm.supervisor",
@@ -66,8 +72,14 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "classify": ("sglang_farm.classify", ("tests/test_classify.py",)),
     "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
     "config": ("sglang_farm.config", ("tests/test_config.py", "tests/test_staging_config.py")),
-    "staging.plan": ("sglang_farm.staging.plan", ("tests/test_staging.py",)),
-    "staging.manifest": ("sglang_farm.staging.manifest", ("tests/test_staging.py",)),
+    "staging.plan": (
+        "sglang_farm.staging.plan",
+        ("tests/test_staging.py", "tests/test_mutation_staging.py", "-k", _STAGING_FAST),
+    ),
+    "staging.manifest": (
+        "sglang_farm.staging.manifest",
+        ("tests/test_staging.py", "tests/test_mutation_staging.py", "-k", _STAGING_FAST),
+    ),
     "control.auth": (
         "sglang_farm.control.auth",
         ("tests/test_control_auth.py", "tests/test_mutation_control_auth.py"),
@@ -511,7 +523,7 @@ def _warm(modules: Sequence[str]) -> None:
         if p not in sys.path:
             sys.path.insert(0, p)
     for module in modules:
-        for t in MODULES[module][1]:
+        for t in (a for a in MODULES[module][1] if a.endswith(".py")):
             # A test module that will not import is reported by the child's run.
             with contextlib.suppress(Exception):
                 importlib.import_module(Path(t).stem)

@@ -10,7 +10,6 @@ import pwd
 
 import pytest
 
-from sglang_farm.control import auth
 from sglang_farm.control.auth import Gate, Peer, group_gid, uid_in_group
 
 
@@ -36,8 +35,8 @@ def group_db(monkeypatch: pytest.MonkeyPatch) -> None:
     def getgrouplist(name: str, gid: int) -> list[int]:
         return groups[name]
 
-    monkeypatch.setattr(auth.pwd, "getpwuid", getpwuid)
-    monkeypatch.setattr(auth.os, "getgrouplist", getgrouplist)
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    monkeypatch.setattr(os, "getgrouplist", getgrouplist)
 
 
 @pytest.mark.usefixtures("group_db")
@@ -52,7 +51,7 @@ def test_uid_in_group_is_false_when_the_group_list_fails(monkeypatch: pytest.Mon
     def failing(name: str, gid: int) -> list[int]:
         raise OSError("getgrouplist failed")
 
-    monkeypatch.setattr(auth.os, "getgrouplist", failing)
+    monkeypatch.setattr(os, "getgrouplist", failing)
     me = pwd.getpwuid(os.geteuid())
     other = next(g.gr_gid for g in grp.getgrall() if g.gr_gid != me.pw_gid)
     assert not uid_in_group(me.pw_uid, other)
