@@ -61,14 +61,27 @@ _STAGING_FAST = (
 
 # module (as docs/testing.md names it) -> (import name, pytest's arguments: its fast tests)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # Its own tests first, then the real Agent on a virtual clock over the fake runtime
+    # (no processes, sockets or sleeps): drains, the gateway, adoption, quarantine.
     "supervisor": (
         "sglang_farm.supervisor",
-        ("tests/test_supervisor.py", "tests/test_mutation_supervisor.py"),
+        (
+            "tests/test_supervisor.py",
+            "tests/test_mutation_supervisor.py",
+            "tests/test_state.py",
+            "tests/test_agent.py",
+            "tests/test_agent_frontdoor.py",
+            "tests/test_agent_gpu_health.py",
+            "tests/test_agent_hardening.py",
+        ),
     ),
     "ladder": ("sglang_farm.ladder", ("tests/test_ladder.py", "tests/test_mutation_ladder.py")),
     "xid": ("sglang_farm.xid", ("tests/test_xid.py",)),
     "gpu_health": ("sglang_farm.gpu_health", ("tests/test_mutation_gpu_health.py",)),
-    "sglang_flags": ("sglang_farm.sglang_flags", ("tests/test_config.py",)),
+    "sglang_flags": (
+        "sglang_farm.sglang_flags",
+        ("tests/test_mutation_sglang_flags.py", "tests/test_config.py"),
+    ),
     "classify": ("sglang_farm.classify", ("tests/test_classify.py",)),
     "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
     "config": ("sglang_farm.config", ("tests/test_config.py", "tests/test_staging_config.py")),
