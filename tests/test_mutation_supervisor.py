@@ -4,26 +4,40 @@ fails when the rule is broken: docs/testing.md names the mutant each one kills."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
-from sglang_farm.failures import RestartReason
+from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.phase import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.supervisor import (
+    RESTART_HISTORY,
     Action,
+    Drain,
+    Drained,
+    FailureSeen,
     GpuFailing,
+    HealthFailed,
     HealthPassed,
     Launch,
     Launched,
     Note,
     Policy,
     ProcessExited,
+    ProgressSeen,
+    ReleaseRequested,
     RestartRequested,
     StartRequested,
+    StopIntent,
+    StopRequested,
     Supervisor,
     Terminate,
+    Tick,
+    Wedged,
     WorkerState,
+    launch,
     plan_waves,
     step,
+    wants_in_gateway,
 )
 
 
@@ -131,3 +145,209 @@ def test_a_restart_of_all_workers_without_a_canary_keeps_one_serving() -> None:
     stopped = [a.worker for a in actions if isinstance(a, Terminate)]
     assert stopped == [0, 1]
     assert sup.workers[2].phase is Phase.READY
+
+
+# ---- the rest of the core's rules that mutation testing found unheld --------------------
+# (each test names the rule; docs/testing.md's run shows which mutant each one kills)
+
+GW = 30.0  # the drain budget of a farm with a gateway
+
+
+def gw_policy(**startup: object) -> Policy:
+    p = policy(**startup)  # type: ignore[arg-type]  # canary / parallel
+    return Policy(p.startup, p.health, p.restart, drain_timeout=GW)
+
+
+def ready(wid: int = 0, **changes: object) -> WorkerState:
+    base = WorkerState(wid, Phase.READY, since=10.0, pid=7, launched_at=5.0, ready_since=10.0)
+    return replace(base, ever_ready=True, **changes)  # type: ignore[arg-type]
+
+
+def notes(actions: Sequence[Action]) -> list[str]:
+    return [a.event for a in actions if isinstance(a, Note)]
+
+
+def test_a_crash_says_how_the_process_ended() -> None:
+    def summary(status: int | None) -> str:
+        d = step(ready(), ProcessExited(status=status), 20.0, policy())
+        assert d.state.last_failure is not None
+        return d.state.last_failure.summary
+
+    assert "exited killed by signal 9 and" in summary(-9)
+    assert "exited with exit status 1 and" in summary(1)
+    assert "exited with exit status 0 and" in summary(0)
+    assert "exited with no exit status and" in summary(None)
+
+
+def test_a_failed_probe_while_counters_advance_is_excused_as_busy() -> None:
+    pol = policy()  # busy_window 30 s (the default)
+    s = replace(ready(), progress_at=100.0)
+    d = step(s, HealthFailed("timeout", started=99.0), 130.0, pol)  # exactly the window
+    assert (d.state.phase, d.state.busy, d.state.health_failures) == (Phase.READY, True, 0)
+    assert notes(d.actions) == ["worker_busy"]
+    again = step(d.state, HealthFailed("timeout", started=99.0), 130.0, pol)
+    assert again.actions == ()  # said once
+    # Counters that advanced before the probe was sent, or too long ago, excuse nothing.
+    for started, now in ((100.0, 101.0), (99.0, 130.5), (None, 101.0)):
+        d = step(s, HealthFailed("timeout", started=started), now, pol)
+        assert (d.state.phase, d.state.health_failures) == (Phase.UNHEALTHY, 1)
+    # Not serving: nothing to excuse, nothing counted.
+    loading = WorkerState(0, Phase.STARTING, progress_at=100.0)
+    assert step(loading, HealthFailed("refused", started=99.0), 101.0, pol).state == loading
+    # UNHEALTHY and busy: back to READY.
+    sick = replace(s, phase=Phase.UNHEALTHY, health_failures=2)
+    d = step(sick, HealthFailed("timeout", started=99.0), 101.0, pol)
+    assert (d.state.phase, d.state.busy, d.state.health_failures) == (Phase.READY, True, 0)
+
+
+def test_progress_is_recorded_only_while_serving() -> None:
+    assert step(ready(), ProgressSeen(), 50.0, policy()).state.progress_at == 50.0
+    loading = WorkerState(0, Phase.STARTING)
+    assert step(loading, ProgressSeen(), 50.0, policy()).state.progress_at is None
+
+
+def test_a_wedged_engine_is_stopped_only_while_serving() -> None:
+    d = step(ready(busy=True), Wedged("no tokens for 120 s"), 50.0, policy())
+    assert d.state.phase is Phase.STOPPING and not d.state.busy
+    assert d.actions[0] == Terminate(0)
+    loading = WorkerState(0, Phase.STARTING)
+    assert step(loading, Wedged("x"), 50.0, policy()).state == loading
+
+
+def test_load_deadline_is_past_the_timeout_not_at_it() -> None:
+    s = WorkerState(0, Phase.STARTING, since=10.0, launched_at=10.0)
+    assert step(s, Tick(), 110.0, policy()).state == s  # load_timeout 100: not yet
+    d = step(s, Tick(), 110.5, policy())
+    assert d.state.phase is Phase.STOPPING and d.actions[0] == Terminate(0)
+
+
+def test_the_drain_budget_ends_a_drain_at_its_end() -> None:
+    s = WorkerState(0, Phase.DRAINING, since=100.0, stop_intent=StopIntent.STOP)
+    assert step(s, Tick(), 100.0 + GW - 0.5, gw_policy()).state == s
+    d = step(s, Tick(), 100.0 + GW, gw_policy())
+    assert d.state.phase is Phase.STOPPING
+    assert d.state.last_drain_seconds == GW
+    assert d.actions == (Terminate(0), Note("drain_budget_expired", {"drain_s": GW}))
+    # No gateway, no budget: a Tick leaves a draining worker alone.
+    assert step(s, Tick(), 1000.0, policy()).state == s
+
+
+def test_a_drain_reports_its_time_to_the_millisecond() -> None:
+    s = WorkerState(0, Phase.DRAINING, since=100.0, stop_intent=StopIntent.STOP)
+    d = step(s, Drained(), 100.12345, gw_policy())
+    assert d.actions == (Terminate(0), Note("worker_drained", {"drain_s": 0.123}))
+    assert step(ready(), Drained(), 100.0, gw_policy()).state == ready()
+
+
+def test_the_back_off_starts_over_after_reset_after_ready() -> None:
+    s = ready(failures=2, ready_since=100.0)
+    assert step(s, Tick(), 149.5, policy()).state.failures == 2  # reset_after 50
+    d = step(s, Tick(), 150.0, policy())
+    assert d.state.failures == 0 and notes(d.actions) == ["backoff_reset"]
+
+
+def test_ready_records_the_load_time_and_that_it_was_ready() -> None:
+    s = WorkerState(0, Phase.STARTING, since=10.0, launched_at=10.0)
+    d = step(s, HealthPassed(), 15.0, policy())
+    assert d.state.last_load_seconds == 5.0 and d.state.ever_ready
+
+
+def test_an_oom_seen_in_the_log_stops_only_a_worker_that_served() -> None:
+    oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory", "x")
+    d = step(ready(), FailureSeen(oom), 50.0, policy())
+    assert d.state.phase is Phase.STOPPING and d.state.pending_failure == oom
+    loading = WorkerState(0, Phase.STARTING, launched_at=1.0)
+    d = step(loading, FailureSeen(oom), 50.0, policy())
+    assert d.state.phase is Phase.STARTING and d.state.last_failure == oom
+    other = Failure(FailureKind.FATAL_TRACEBACK, "Traceback", "x")
+    d = step(ready(), FailureSeen(other), 50.0, policy())
+    assert d.state.phase is Phase.READY and d.state.last_failure == other
+    stopped = WorkerState(0, Phase.STOPPED)
+    assert step(stopped, FailureSeen(other), 50.0, policy()).state == stopped
+
+
+def test_a_planned_stop_drains_unless_told_not_to() -> None:
+    for event, intent in (
+        (StopRequested(), StopIntent.STOP),
+        (RestartRequested(RestartReason.MANUAL), StopIntent.RESTART),
+    ):
+        d = step(ready(), event, 50.0, gw_policy())
+        assert d.state.phase is Phase.DRAINING and d.state.stop_intent is intent
+        assert d.actions[0] == Drain(0)
+        # Already draining: a second request waits for the drain, or skips it.
+        again = step(d.state, event, 51.0, gw_policy())
+        assert again.state.phase is Phase.DRAINING and again.actions == ()
+        skip = replace(event, drain=False)
+        d2 = step(d.state, skip, 51.0, gw_policy())
+        assert d2.state.phase is Phase.STOPPING
+        assert d2.actions == (Terminate(0), Note("drain_skipped", {"drain_s": 1.0}))
+        # drain=False from READY: straight to STOPPING.
+        d3 = step(ready(), skip, 50.0, gw_policy())
+        assert d3.state.phase is Phase.STOPPING and d3.actions == (Terminate(0),)
+
+
+def test_a_drain_keeps_the_restart_reason_it_had() -> None:
+    s = ready(next_reason=RestartReason.OOM)
+    d = step(s, StopRequested(), 50.0, gw_policy())
+    assert d.state.next_reason is RestartReason.OOM
+
+
+def test_release_starts_only_a_quarantined_worker_afresh() -> None:
+    q = WorkerState(0, Phase.QUARANTINED, failures=3)
+    d = step(q, ReleaseRequested(), 50.0, policy())
+    assert (d.state.phase, d.state.failures) == (Phase.PENDING, 0)
+    assert step(ready(), ReleaseRequested(), 50.0, policy()).state == ready()
+
+
+def test_a_gpu_failing_while_stopping_changes_only_the_intent() -> None:
+    s = replace(ready(), phase=Phase.STOPPING, stop_intent=StopIntent.RESTART)
+    d = step(s, GpuFailing(0, "xid 79", "d"), 50.0, policy())
+    assert d.state.phase is Phase.STOPPING
+    assert d.state.stop_intent is StopIntent.QUARANTINE
+    assert not [a for a in d.actions if isinstance(a, Terminate)]
+    # Set aside already (stopping for it): the first reason stands.
+    again = step(d.state, GpuFailing(0, "gpu lost", "e"), 51.0, policy())
+    assert again.state == d.state and again.actions == ()
+
+
+def test_an_operator_start_cuts_a_back_off_short() -> None:
+    s = WorkerState(0, Phase.BACKOFF, retry_at=100.0, failures=2)
+    d = step(s, StartRequested(), 50.0, policy())
+    assert (d.state.phase, d.state.retry_at, d.state.failures) == (Phase.PENDING, None, 2)
+
+
+def test_a_launch_starts_clean_and_keeps_the_last_restarts() -> None:
+    history = tuple((float(i), "crash") for i in range(RESTART_HISTORY))
+    s = WorkerState(
+        0,
+        Phase.PENDING,
+        health_failures=2,
+        busy=True,
+        next_reason=RestartReason.HANG,
+        restarts=history,
+    )
+    d = launch(s, 99.0)
+    assert (d.state.health_failures, d.state.busy) == (0, False)
+    assert len(d.state.restarts) == RESTART_HISTORY == 20
+    assert d.state.restarts[0] == (1.0, "crash") and d.state.restarts[-1] == (99.0, "hang")
+    assert d.actions == (Note("worker_restarting", {"reason": "hang"}), Launch(0))
+
+
+def test_a_failure_clears_the_probe_count() -> None:
+    s = replace(ready(), health_failures=2)
+    d = step(s, ProcessExited(status=1), 50.0, policy())
+    assert d.state.health_failures == 0 and d.state.phase is Phase.BACKOFF
+
+
+def test_only_the_canary_halts_on_a_failure_before_ready() -> None:
+    loading = WorkerState(3, Phase.STARTING, launched_at=1.0)
+    assert step(loading, ProcessExited(status=1), 5.0, policy()).state.phase is Phase.BACKOFF
+    canary = replace(loading, halt_on_failure=True)
+    assert step(canary, ProcessExited(status=1), 5.0, policy()).state.phase is Phase.FAILED
+
+
+def test_the_gateway_routes_only_to_ready_workers() -> None:
+    assert wants_in_gateway(ready())
+    for phase in Phase:
+        if phase is not Phase.READY:
+            assert not wants_in_gateway(replace(ready(), phase=phase))
