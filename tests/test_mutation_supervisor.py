@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
+
 from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.phase import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
@@ -15,6 +17,7 @@ from sglang_farm.supervisor import (
     Drain,
     Drained,
     FailureSeen,
+    GatewayMembership,
     GpuFailing,
     HealthFailed,
     HealthPassed,
@@ -26,6 +29,7 @@ from sglang_farm.supervisor import (
     ProgressSeen,
     ReleaseRequested,
     RestartRequested,
+    RollingRestart,
     StartRequested,
     StopIntent,
     StopRequested,
@@ -39,6 +43,7 @@ from sglang_farm.supervisor import (
     step,
     wants_in_gateway,
 )
+from test_config import MINIMAL, load
 
 
 def policy(canary: int | None = None, parallel: int = 2) -> Policy:
@@ -351,3 +356,290 @@ def test_the_gateway_routes_only_to_ready_workers() -> None:
     for phase in Phase:
         if phase is not Phase.READY:
             assert not wants_in_gateway(replace(ready(), phase=phase))
+
+
+# ---- the farm: deadlines, rolling restarts, reloads, OOM spread, adoption ---------------
+
+
+def test_next_deadline_is_the_earliest_time_rule() -> None:
+    pol = Policy(
+        StartupPolicy(canary=None, parallel=1, load_timeout=100.0),
+        HealthPolicy(period=1.0, timeout=1.0, failure_threshold=3),
+        RestartPolicy(backoff_initial=1.0, backoff_max=8.0, stop_timeout=7.0),
+        drain_timeout=GW,
+    )
+    sup = Supervisor(range(4), pol)
+    assert sup.next_deadline(0.0) is None
+    sup.workers[0] = WorkerState(0, Phase.BACKOFF, retry_at=500.0)
+    sup.workers[1] = WorkerState(1, Phase.STARTING, launched_at=450.0)
+    sup.workers[2] = WorkerState(2, Phase.DRAINING, since=480.0)
+    sup.workers[3] = WorkerState(3, Phase.BACKOFF)  # no retry time: no deadline
+    assert sup.next_deadline(0.0) == 500.0
+    sup.workers[0] = WorkerState(0, Phase.STOPPED, retry_at=100.0)  # not backing off
+    assert sup.next_deadline(0.0) == 510.0  # 480 + the drain budget
+    sup.workers[2] = WorkerState(2, Phase.READY, since=100.0)
+    assert sup.next_deadline(0.0) == 550.0  # 450 + load_timeout
+    sup.workers[1] = WorkerState(1, Phase.READY, launched_at=10.0)
+    assert sup.next_deadline(0.0) is None
+    # A rolling wave in flight: it times out after load + stop + drain.
+    sup.rolling = (RollingRestart(RestartReason.MANUAL, (), wave=(1,), wave_started=1000.0),)
+    assert sup.next_deadline(0.0) == 1000.0 + 100.0 + 7.0 + GW
+    sup.policy = replace(pol, drain_timeout=None)
+    assert sup.next_deadline(0.0) == 1000.0 + 100.0 + 7.0
+
+
+def test_a_wave_that_does_not_settle_is_given_up_at_its_timeout() -> None:
+    sup = serving_farm(3, policy(parallel=1))  # wave timeout: 100 s load (+ 0 stop)
+    timeout = sup.policy.startup.load_timeout + sup.policy.restart.stop_timeout
+    sup.restart_rolling([0, 1, 2], RestartReason.MANUAL, 10.0)
+    assert sup.rolling[0].wave == (0,)
+    # Worker 0 never comes back: the next wave waits for the timeout, then goes.
+    sup.tick(10.0 + timeout - 0.5)
+    assert sup.rolling[0].wave == (0,)
+    actions = sup.tick(10.0 + timeout)
+    assert Note("rolling_restart_wave", {"workers": [1]}) in actions
+    assert sup.rolling[0].wave == (1,)
+
+
+def test_a_wave_waits_for_every_worker_in_it() -> None:
+    sup = serving_farm(4, policy(parallel=2))
+    sup.restart_rolling([0, 1, 2, 3], RestartReason.MANUAL, 10.0)
+    assert sup.rolling[0].wave == (0, 1)
+    sup.handle(0, ProcessExited(status=0), 11.0)
+    sup.handle(1, ProcessExited(status=0), 11.0)
+    sup.handle(0, Launched(pid=300), 11.0)
+    sup.handle(0, HealthPassed(), 12.0)  # worker 1 still loading
+    sup.tick(12.0)
+    assert sup.rolling[0].wave == (0, 1)
+    sup.handle(1, Launched(pid=301), 12.0)
+    actions = sup.handle(1, HealthPassed(), 13.0)
+    assert Note("rolling_restart_wave", {"workers": [2, 3]}) in actions
+
+
+def test_with_a_gateway_a_wave_settles_only_when_back_in_it() -> None:
+    sup = Supervisor(range(2), gw_policy())
+    for w in (0, 1):
+        sup.workers[w] = ready(w, in_gateway=True)
+    sup.rolling = (RollingRestart(RestartReason.MANUAL, ((1,),), wave=(0,), wave_started=5.0),)
+    sup.workers[0] = ready(0, in_gateway=False)  # serving again, not yet routed to
+    assert sup.tick(6.0) == [] and sup.rolling[0].wave == (0,)
+    actions = sup.handle(0, GatewayMembership(member=True), 7.0)
+    assert Note("rolling_restart_wave", {"workers": [1]}) in actions
+
+
+def test_the_last_wave_ends_the_rolling_restart_with_a_note() -> None:
+    sup = serving_farm(2, policy())
+    sup.rolling = (RollingRestart(RestartReason.CONFIG, (), wave=(0,), wave_started=5.0),)
+    actions = sup.tick(6.0)
+    assert Note("rolling_restart_done", {"reason": "config"}) in actions
+    assert sup.rolling == ()
+    # Two rolling restarts: each goes on by itself.
+    sup.rolling = (
+        RollingRestart(RestartReason.CONFIG, (), wave=(0,), wave_started=5.0),
+        RollingRestart(RestartReason.OOM, ((1,),), wave=(), wave_started=5.0),
+    )
+    actions = sup.tick(7.0)
+    assert Note("rolling_restart_done", {"reason": "config"}) in actions
+    assert Note("rolling_restart_wave", {"workers": [1]}) in actions
+
+
+def test_one_worker_restarts_at_once_with_the_drain_asked_for() -> None:
+    sup = Supervisor(range(2), gw_policy())
+    sup.workers[1] = ready(1)
+    actions = sup.restart_rolling([1, 9], RestartReason.MANUAL, 10.0)  # 9: no such worker
+    assert actions[0] == Drain(1) and sup.rolling == ()
+    sup.workers[0] = ready(0)
+    actions = sup.restart_rolling([0], RestartReason.MANUAL, 10.0, drain=False)
+    assert Terminate(0) in actions and sup.workers[0].phase is Phase.STOPPING
+    assert sup.restart_rolling([7], RestartReason.MANUAL, 10.0) == []
+    # Several: the waves drain too, unless told not to.
+    sup2 = Supervisor(range(3), gw_policy(canary=None, parallel=1))
+    for w in range(3):
+        sup2.workers[w] = ready(w, in_gateway=True)
+    assert Drain(0) in sup2.restart_rolling([0, 1, 2], RestartReason.MANUAL, 10.0)
+    assert sup2.rolling[0].drain
+    sup3 = Supervisor(range(3), gw_policy(canary=None, parallel=1))
+    for w in range(3):
+        sup3.workers[w] = ready(w, in_gateway=True)
+    assert Terminate(0) in sup3.restart_rolling([0, 1, 2], RestartReason.MANUAL, 10.0, drain=False)
+
+
+def test_a_reload_forgets_removed_workers_and_adds_stopped_ones() -> None:
+    sup = serving_farm(3, policy(parallel=1))
+    sup.rolling = (RollingRestart(RestartReason.CONFIG, ((1,), (2,)), wave=(0, 2)),)
+    sup.reconfigure(policy(parallel=2), added=[5, 0], removed=[2])
+    assert sorted(sup.workers) == [0, 1, 5]
+    assert sup.workers[5].phase is Phase.STOPPED
+    assert sup.workers[0].phase is Phase.READY  # already there: kept as it was
+    assert sup.rolling[0].waves == ((1,),) and sup.rolling[0].wave == (0,)
+    assert sup.policy.startup.parallel == 2
+
+
+def test_restore_refuses_a_state_of_another_or_unknown_worker() -> None:
+    sup = Supervisor(range(2), policy())
+    sup.restore(1, WorkerState(1, Phase.FAILED))
+    assert sup.workers[1].phase is Phase.FAILED
+    for wid, state in ((1, WorkerState(0)), (5, WorkerState(5))):
+        with pytest.raises(ValueError, match="not a worker of this farm"):
+            sup.restore(wid, state)
+
+
+def oom_policy(scope_all: bool, parallel: int = 2) -> Policy:
+    p = policy(parallel=parallel)
+    return Policy(p.startup, p.health, p.restart, lambda step, f: step + 1, scope_all)
+
+
+OOM = Failure(FailureKind.CUDA_OOM_LOAD, "CUDA out of memory", "lower mem_fraction_static")
+
+
+def test_an_oom_step_spreads_to_every_worker_only_with_scope_all() -> None:
+    sup = serving_farm(4, oom_policy(scope_all=True))
+    sup.workers[3] = replace(sup.workers[3], phase=Phase.STOPPED, pid=None)
+    sup.workers[2] = replace(sup.workers[2], oom_step=1)  # at the step already
+    actions = sup.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
+    assert Note("oom_step_spread", {"worker": 0, "step": 1, "restart": [1]}) in actions
+    assert [s.oom_step for s in sup.workers.values()] == [1, 1, 1, 1]
+    assert len(sup.rolling) == 1 and sup.rolling[0].reason is RestartReason.OOM
+    # Nothing running to restart: the step is taken, no rolling restart.
+    sup2 = serving_farm(2, oom_policy(scope_all=True))
+    sup2.workers[1] = replace(sup2.workers[1], phase=Phase.STOPPED, pid=None)
+    sup2.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
+    assert sup2.workers[1].oom_step == 1 and sup2.rolling == ()
+    # scope "worker": the others keep theirs.
+    sup3 = serving_farm(2, oom_policy(scope_all=False))
+    actions = sup3.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
+    assert sup3.workers[1].oom_step == 0 and "oom_step_spread" not in notes(actions)
+
+
+def test_an_event_that_takes_no_oom_step_spreads_nothing() -> None:
+    sup = serving_farm(2, oom_policy(scope_all=True))
+    sup.workers[0] = replace(sup.workers[0], oom_step=1)
+    actions = sup.handle(0, HealthPassed(), 20.0)
+    assert sup.workers[1].oom_step == 0 and "oom_step_spread" not in notes(actions)
+
+
+def test_reset_oom_goes_back_to_the_workers_own_flags() -> None:
+    sup = Supervisor(range(1), policy())
+    sup.workers[0] = replace(sup.workers[0], oom_step=3)
+    sup.reset_oom(0)
+    assert sup.workers[0].oom_step == 0
+
+
+def test_the_loading_slots_are_parallel_and_at_least_one() -> None:
+    for parallel, first in ((1, [0]), (0, [0]), (2, [0, 1])):
+        sup = Supervisor(range(3), policy(canary=None, parallel=parallel))
+        assert launches(sup.start([0, 1, 2], 0.0)) == first
+
+
+def test_rollout_notes_say_what_happened() -> None:
+    sup = Supervisor(range(2), policy(canary=0))
+    actions = sup.start([0, 1], 0.0)
+    assert Note("rollout_started", {"phase": "canary", "canary": 0}) in actions
+    sup.handle(0, Launched(pid=1), 1.0)
+    actions = sup.handle(0, HealthPassed(), 2.0)
+    assert Note("rollout_canary_ready", {"canary": 0}) in actions
+    sup.handle(1, Launched(pid=2), 3.0)
+    actions = sup.handle(1, HealthPassed(), 4.0)
+    assert Note("rollout_done", {"ready": 2, "workers": 2}) in actions
+
+
+def test_a_quarantined_canary_lets_the_rollout_go_on() -> None:
+    sup = Supervisor(range(3), policy(canary=0, parallel=2))
+    sup.start([0, 1, 2], 0.0)
+    actions = sup.handle(0, GpuFailing(0, "xid 79", "d"), 1.0)
+    actions += sup.handle(0, ProcessExited(status=-15), 2.0)
+    assert Note("rollout_canary_quarantined", {"canary": 0}) in actions
+    assert sorted(launches(actions)) == [1, 2]
+
+
+def test_only_the_canary_loads_while_the_rollout_is_halted_or_waiting() -> None:
+    sup = Supervisor(range(3), policy(canary=1, parallel=3))
+    assert launches(sup.start([0, 1, 2], 0.0)) == [1]
+    assert {w: s.phase for w, s in sup.workers.items()} == {
+        0: Phase.PENDING,
+        1: Phase.STARTING,
+        2: Phase.PENDING,
+    }
+
+
+def test_starting_the_stopped_canary_begins_a_new_rollout() -> None:
+    sup = serving_farm(3, policy(canary=0))
+    sup.handle(0, StopRequested(), 5.0)
+    sup.handle(0, ProcessExited(status=0), 6.0)
+    actions = sup.start([0], 7.0)
+    assert Note("rollout_started", {"phase": "canary", "canary": 0}) in actions
+    # Starting another worker while the rollout is done begins none.
+    sup2 = serving_farm(3, policy(canary=0))
+    sup2.handle(2, StopRequested(), 5.0)
+    sup2.handle(2, ProcessExited(status=0), 6.0)
+    assert "rollout_started" not in notes(sup2.start([2], 7.0))
+    # ...nor does starting the canary that still serves.
+    assert "rollout_started" not in notes(sup2.start([0], 7.0))
+
+
+def test_an_operator_start_resets_the_back_off_unless_the_agent_asks() -> None:
+    sup = Supervisor(range(1), policy(canary=None))
+    sup.workers[0] = WorkerState(0, Phase.FAILED, failures=4)
+    sup.start([0], 1.0)
+    assert sup.workers[0].failures == 0
+    sup.workers[0] = WorkerState(0, Phase.FAILED, failures=4)
+    sup.start([0], 1.0, fresh=False)
+    assert sup.workers[0].failures == 4
+
+
+def test_adoption_keeps_held_workers_and_takes_over_running_ones() -> None:
+    sup = Supervisor(range(6), policy())
+    remembered = {
+        0: Phase.READY,  # running: adopted
+        1: Phase.FAILED,  # not running: held
+        2: Phase.STOPPED,  # not running: held
+        3: Phase.READY,  # not running, was serving: started by the rollout
+        4: Phase.FAILED,  # running again (someone started it): adopted
+        9: Phase.FAILED,  # no longer a worker of this farm
+    }
+    a = sup.adopt({0: 100, 4: 104, 5: 105, 8: 108}, remembered, 50.0, serving=[0])
+    assert a.adopted == {0, 4, 5} and a.held == {1, 2}
+    assert a.actions == (
+        Note(
+            "workers_held",
+            {"workers": [1, 2], "why": "failed or stopped before the agent restarted"},
+        ),
+    )
+    phases = {w: s.phase for w, s in sup.workers.items()}
+    assert phases == {
+        0: Phase.READY,
+        1: Phase.FAILED,
+        2: Phase.STOPPED,
+        3: Phase.STOPPED,
+        4: Phase.STARTING,
+        5: Phase.STARTING,
+    }
+    assert (sup.workers[0].pid, sup.workers[0].ever_ready) == (100, True)
+    assert (sup.workers[4].pid, sup.workers[4].launched_at) == (104, 50.0)
+
+
+def test_a_cold_start_holds_only_quarantined_workers() -> None:
+    sup = Supervisor(range(3), policy())
+    a = sup.adopt({}, {0: Phase.FAILED, 1: Phase.QUARANTINED, 2: None}, 50.0)
+    assert a.adopted == frozenset() and a.held == {1}
+    assert sup.workers[1].phase is Phase.QUARANTINED
+    assert sup.workers[0].phase is Phase.STOPPED  # the fresh state: the rollout starts it
+    # Nothing held: nothing said.
+    assert Supervisor(range(2), policy()).adopt({}, {0: Phase.FAILED}, 1.0).actions == ()
+
+
+def test_policy_from_spec_reads_the_gateway_and_the_oom_scope() -> None:
+    def oom_next(step: int, failure: Failure) -> int | None:
+        return step + 1
+
+    plain = load(MINIMAL)
+    p = Policy.from_spec(plain, oom_next)
+    assert p.drain_timeout is None and p.oom_next is oom_next and not p.oom_all
+    assert Policy.from_spec(plain).oom_next(0, OOM) is None
+    off = load(MINIMAL + "[oom]\nenabled = false\n")
+    assert Policy.from_spec(off, oom_next).oom_next(0, OOM) is None
+    every = load(MINIMAL + '[oom]\nscope = "all"\n')
+    assert Policy.from_spec(every, oom_next).oom_all
+    gw = load(MINIMAL + '[gateway]\nmode = "managed"\ndrain_timeout = "45s"\n')
+    assert Policy.from_spec(gw).drain_timeout == 45.0
+    assert Policy.from_spec(gw, oom_next).drain_timeout == 45.0
