@@ -82,7 +82,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.sglang_flags",
         ("tests/test_mutation_sglang_flags.py", "tests/test_config.py"),
     ),
-    "classify": ("sglang_farm.classify", ("tests/test_classify.py",)),
+    "classify": (
+        "sglang_farm.classify",
+        ("tests/test_classify.py", "tests/test_mutation_classify.py"),
+    ),
     "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
     "config": ("sglang_farm.config", ("tests/test_config.py", "tests/test_staging_config.py")),
     "staging.plan": (
