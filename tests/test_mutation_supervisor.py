@@ -135,6 +135,7 @@ def test_waves_without_a_canary_never_take_every_worker_at_once() -> None:
 
 def test_waves_with_a_canary_take_it_alone_then_parallel() -> None:
     assert plan_waves([1, 2, 3], 2, 3) == ((2,), (1, 3))
+    assert plan_waves([1, 2], 2, 4) == ((2,), (1,))
     assert plan_waves([0, 1, 2, 3, 4], 0, 2) == ((0,), (1, 2), (3, 4))
     # One worker alone: it is its own wave, canary or not.
     assert plan_waves([2], 2, 4) == ((2,),)
@@ -602,7 +603,7 @@ def test_adoption_keeps_held_workers_and_takes_over_running_ones() -> None:
         4: Phase.FAILED,  # running again (someone started it): adopted
         9: Phase.FAILED,  # no longer a worker of this farm
     }
-    a = sup.adopt({0: 100, 4: 104, 5: 105, 8: 108}, remembered, 50.0, serving=[0])
+    a = sup.adopt({8: 108, 0: 100, 4: 104, 5: 105}, remembered, 50.0, serving=[0])
     assert a.adopted == {0, 4, 5} and a.held == {1, 2}
     assert a.actions == (
         Note(
@@ -648,3 +649,39 @@ def test_policy_from_spec_reads_the_gateway_and_the_oom_scope() -> None:
     gw = load(MINIMAL + '[gateway]\nmode = "managed"\ndrain_timeout = "45s"\n')
     assert Policy.from_spec(gw).drain_timeout == 45.0
     assert Policy.from_spec(gw, oom_next).drain_timeout == 45.0
+
+
+def test_a_new_worker_starts_with_a_clean_record() -> None:
+    s = Supervisor([3], policy()).workers[3]
+    assert (s.phase, s.since, s.failures, s.health_failures) == (Phase.STOPPED, 0.0, 0, 0)
+    assert not (s.halt_on_failure or s.in_gateway or s.busy or s.ever_ready)
+
+
+def test_a_rolling_restart_waiting_on_its_wave_holds_back_no_other() -> None:
+    sup = serving_farm(3, policy())
+    sup.workers[0] = replace(sup.workers[0], phase=Phase.STARTING)  # not settled
+    sup.rolling = (
+        RollingRestart(RestartReason.CONFIG, ((2,),), wave=(0,), wave_started=5.0),
+        RollingRestart(RestartReason.OOM, ((1,),), wave=(), wave_started=5.0),
+    )
+    actions = sup.tick(6.0)
+    assert Note("rolling_restart_wave", {"workers": [1]}) in actions
+    assert [r.wave for r in in_flight(sup)] == [(0,), (1,)]
+
+
+def test_an_oom_step_spread_drains_the_others_through_the_gateway() -> None:
+    p = gw_policy(parallel=1)
+    pol = Policy(p.startup, p.health, p.restart, lambda step, f: step + 1, True, GW)
+    sup = Supervisor(range(3), pol)
+    for w in range(3):
+        sup.workers[w] = ready(w, in_gateway=True)
+    actions = sup.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
+    assert in_flight(sup)[0].drain
+    assert Drain(1) in actions
+
+
+def test_without_scope_all_an_oom_step_stays_with_its_worker() -> None:
+    p = policy()
+    sup = serving_farm(2, Policy(p.startup, p.health, p.restart, lambda step, f: step + 1))
+    sup.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
+    assert (sup.workers[0].oom_step, sup.workers[1].oom_step) == (1, 0)
