@@ -343,6 +343,7 @@ def _forget_farm_modules() -> None:
 
 def _child(import_name: str, path: str, code: CodeType | None, tests: Sequence[str]) -> None:
     """In the forked child: run the tests against the mutant; exit with pytest's status."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not os.environ.get("MUTANTS_VERBOSE"):  # the tests' output, for a failing baseline
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -399,28 +400,33 @@ def run_all(
     pending = list(jobs)
     running: dict[int, tuple[Mutant, float]] = {}
     done = 0
-    while pending or running:
-        while pending and len(running) < parallel:
-            m, code = pending.pop(0)
-            running[_fork(import_name, path, code, tests)] = (m, time.monotonic())
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            now = time.monotonic()
-            for p, (m, t0) in list(running.items()):
-                if now - t0 > limit_s:
-                    os.kill(p, signal.SIGKILL)
-                    os.waitpid(p, 0)
-                    del running[p]
-                    done += 1
-                    yield Outcome(m, "timeout", now - t0)
-            select.select([], [], [], 0.01)
-            continue
-        m, t0 = running.pop(pid)
-        done += 1
-        rc = os.waitstatus_to_exitcode(status)
-        if progress:
-            print(f"\r  {done}/{len(jobs)}", end="", file=sys.stderr, flush=True)
-        yield Outcome(m, _status(rc), time.monotonic() - t0)
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                m, code = pending.pop(0)
+                running[_fork(import_name, path, code, tests)] = (m, time.monotonic())
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                now = time.monotonic()
+                for p, (m, t0) in list(running.items()):
+                    if now - t0 > limit_s:
+                        os.kill(p, signal.SIGKILL)
+                        os.waitpid(p, 0)
+                        del running[p]
+                        done += 1
+                        yield Outcome(m, "timeout", now - t0)
+                select.select([], [], [], 0.01)
+                continue
+            m, t0 = running.pop(pid)
+            done += 1
+            rc = os.waitstatus_to_exitcode(status)
+            if progress:
+                print(f"\r  {done}/{len(jobs)}", end="", file=sys.stderr, flush=True)
+            yield Outcome(m, _status(rc), time.monotonic() - t0)
+    finally:
+        for p in running:  # interrupted: no child outlives the run
+            os.kill(p, signal.SIGKILL)
+            os.waitpid(p, 0)
 
 
 def baseline(import_name: str, path: str, tests: Sequence[str]) -> float:
@@ -574,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in mutants_of(module, Path(spec.origin).read_text()):
                 print(f"{module}\t{m.line}\t{m.id}")
         return 0
+    # SIGTERM ends the run like ^C: its children are killed on the way out (run_all).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     _warm(modules)
     equiv = equivalents()
     t0 = time.monotonic()
