@@ -685,3 +685,60 @@ def test_without_scope_all_an_oom_step_stays_with_its_worker() -> None:
     sup = serving_farm(2, Policy(p.startup, p.health, p.restart, lambda step, f: step + 1))
     sup.handle(0, ProcessExited(status=1, failure=OOM), 20.0)
     assert (sup.workers[0].oom_step, sup.workers[1].oom_step) == (1, 0)
+
+
+def test_a_halted_rollout_says_why() -> None:
+    sup = Supervisor(range(3), policy(canary=0))
+    sup.start([0, 1, 2], 0.0)
+    sup.handle(0, Launched(pid=1), 1.0)
+    actions = sup.handle(0, ProcessExited(status=1), 2.0)
+    assert "rollout_halted" in notes(actions)
+
+
+def test_ready_reports_its_load_time_and_clears_the_probe_record() -> None:
+    s = WorkerState(0, Phase.STARTING, since=10.0, launched_at=10.0, halt_on_failure=True)
+    d = step(s, HealthPassed(), 11.23456, policy())
+    assert d.actions == (Note("worker_ready", {"load_s": 1.235}),)
+    assert not d.state.halt_on_failure
+    unknown = replace(s, launched_at=None)
+    assert step(unknown, HealthPassed(), 11.0, policy()).actions == (
+        Note("worker_ready", {"load_s": 0.0}),
+    )
+    sick = replace(ready(), phase=Phase.UNHEALTHY, health_failures=2, busy=True)
+    d = step(sick, HealthPassed(), 20.0, policy())
+    assert (d.state.phase, d.state.health_failures, d.state.busy) == (Phase.READY, 0, False)
+    d = step(replace(ready(), health_failures=1, busy=True), HealthPassed(), 20.0, policy())
+    assert (d.state.health_failures, d.state.busy) == (0, False)
+
+
+def test_a_restart_of_a_failed_worker_starts_its_count_over() -> None:
+    failed = WorkerState(0, Phase.FAILED, failures=4)
+    assert step(failed, RestartRequested(RestartReason.MANUAL), 1.0, policy()).state.failures == 0
+    backoff = WorkerState(0, Phase.BACKOFF, failures=2, retry_at=9.0)
+    d = step(backoff, RestartRequested(RestartReason.MANUAL), 1.0, policy())
+    assert (d.state.phase, d.state.failures) == (Phase.PENDING, 2)
+
+
+def test_starting_a_failed_worker_keeps_why_it_restarts() -> None:
+    failed = WorkerState(0, Phase.FAILED, next_reason=RestartReason.OOM)
+    assert step(failed, StartRequested(), 1.0, policy()).state.next_reason is RestartReason.OOM
+    stopped = WorkerState(0, Phase.STOPPED, next_reason=RestartReason.OOM)
+    assert step(stopped, StartRequested(), 1.0, policy()).state.next_reason is None
+
+
+def test_a_stopped_process_leaves_no_probe_failures_behind() -> None:
+    for intent, phase in (
+        (StopIntent.QUARANTINE, Phase.QUARANTINED),
+        (StopIntent.STOP, Phase.STOPPED),
+        (StopIntent.RESTART, Phase.PENDING),
+    ):
+        s = replace(ready(), phase=Phase.STOPPING, stop_intent=intent, health_failures=3)
+        d = step(s, ProcessExited(status=0), 50.0, policy())
+        assert (d.state.phase, d.state.health_failures, d.state.pid) == (phase, 0, None)
+
+
+def test_an_adopted_serving_worker_starts_with_no_probe_failures() -> None:
+    sup = Supervisor(range(1), policy())
+    sup.restore(0, WorkerState(0, Phase.READY, health_failures=2))
+    sup.adopt({0: 100}, {0: Phase.READY}, 5.0, serving=[0])
+    assert (sup.workers[0].phase, sup.workers[0].health_failures) == (Phase.READY, 0)
