@@ -119,8 +119,9 @@ def test_a_traceback_is_followed_for_400_lines_without_its_exception() -> None:
 
 def test_an_exception_message_continues_for_40_lines() -> None:
     def reported(plain: int) -> list[K]:
-        lines = [TB, FRAME, "RuntimeError: boom"] + ["detail"] * plain + [OOM]
-        return kinds(feed(lines).failures)
+        clf = feed([TB, FRAME, "RuntimeError: boom"] + ["detail"] * plain + [OOM])
+        clf.finish()  # a claimed traceback is not reported again at the end
+        return kinds(clf.failures)
 
     # A signature in the message's continuation claims the traceback...
     assert reported(25) == [K.CUDA_OOM_LOAD]
@@ -141,6 +142,9 @@ def test_a_log_ending_inside_a_traceback_reports_it() -> None:
     assert kinds(classify_lines(["INFO: start", TB, FRAME, "RuntimeError: boom"])) == [
         K.FATAL_TRACEBACK
     ]
+    # ...and so does a lifetime that ends inside one (the next one starts).
+    launch = "server_args=ServerArgs(model_path='/models/m')"
+    assert kinds(classify_lines([TB, FRAME, "RuntimeError: boom", launch])) == [K.FATAL_TRACEBACK]
 
 
 # ---- which failure explains the end ----------------------------------------------------
