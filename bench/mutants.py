@@ -87,7 +87,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("tests/test_classify.py", "tests/test_mutation_classify.py"),
     ),
     "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
-    "config": ("sglang_farm.config", ("tests/test_config.py", "tests/test_staging_config.py")),
+    "config": (
+        "sglang_farm.config",
+        ("tests/test_config.py", "tests/test_staging_config.py", "tests/test_mutation_config.py"),
+    ),
     "staging.plan": (
         "sglang_farm.staging.plan",
         ("tests/test_staging.py", "tests/test_mutation_staging.py", "-k", _STAGING_FAST),

@@ -1,0 +1,141 @@
+"""Config rules that mutation testing found unheld (issue 27): bounds named in messages
+(ports, durations, socket paths, sizes) and the cross-field rules, each at its edge."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_farm.config import MAX_DURATION_S, parse_duration
+from test_config import MINIMAL, load, only_problem
+
+
+def test_backoff_max_may_equal_but_not_undercut_backoff_initial() -> None:
+    ok = load(MINIMAL + '[restart]\nbackoff_initial = "10s"\nbackoff_max = "10s"\n')
+    assert ok.restart.backoff_max == 10.0
+    assert (
+        only_problem(MINIMAL + '[restart]\nbackoff_initial = "10s"\nbackoff_max = "9s"\n')
+        == "farm.toml:8: restart.backoff_max: must be >= backoff_initial (10 s), got 9 s"
+    )
+
+
+@pytest.mark.parametrize("port", [0, 1, 65535])
+def test_a_listen_port_in_range_is_accepted(port: int) -> None:
+    spec = load(MINIMAL + f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    assert spec.metrics.listen == f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:65536", ":80", "127.0.0.1:x"])
+def test_a_listen_port_out_of_range_is_refused(listen: str) -> None:
+    assert only_problem(MINIMAL + f'[metrics]\nlisten = "{listen}"\n') == (
+        "farm.toml:7: metrics.listen: expected 'host:port' (e.g. '127.0.0.1:9840', "
+        f"'[::1]:9840') with a port in 0..65535, got '{listen}'"
+    )
+
+
+def test_a_duration_may_be_a_year_and_no_more() -> None:
+    assert MAX_DURATION_S == 365 * 24 * 3600
+    assert parse_duration("8760h") == MAX_DURATION_S
+    assert parse_duration(float(MAX_DURATION_S)) == MAX_DURATION_S
+    with pytest.raises(ValueError, match=r"at most 31536000 s \(365 days\), got '8760h1s'"):
+        parse_duration("8760h1s")
+    # A TOML integer past what a float holds exactly is just too long.
+    with pytest.raises(ValueError, match="at most"):
+        parse_duration(10**18)
+    assert parse_duration(10**6) == 1e6
+
+
+def test_a_control_socket_path_may_take_107_bytes() -> None:
+    path = "/run/" + "s" * 102
+    assert len(path) == 107
+    assert load(MINIMAL + f'[control]\nsocket = "{path}"\n').control.socket == path
+    assert only_problem(MINIMAL + f'[control]\nsocket = "{path}x"\n').startswith(
+        "farm.toml:7: control.socket: a Unix socket path must be at most 107 bytes, got 108: "
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("0", 0),
+        ('"512"', 512),
+        ('"2B"', 2),
+        ('"2KiB"', 2 << 10),
+        ('"2MiB"', 2 << 20),
+        ('"2GiB"', 2 << 30),
+        ('"2TiB"', 2 << 40),
+        ('"2KB"', 2 * 10**3),
+        ('"2MB"', 2 * 10**6),
+        ('"2GB"', 2 * 10**9),
+        ('"2TB"', 2 * 10**12),
+        ('"1.5 GiB"', 3 << 29),
+    ],
+)
+def test_model_headroom_sizes_and_their_units(text: str, size: int) -> None:
+    spec = load(MINIMAL + f'[model]\nsource = "/srv/models/m"\nheadroom = {text}\n')
+    assert spec.model is not None and spec.model.headroom == size
+
+
+def test_a_negative_headroom_is_refused() -> None:
+    assert "expected a size" in only_problem(
+        MINIMAL + '[model]\nsource = "/srv/models/m"\nheadroom = -1\n'
+    )
+
+
+def test_an_external_gateway_needs_its_url() -> None:
+    assert only_problem(MINIMAL + '[gateway]\nmode = "external"\n') == (
+        "farm.toml:6: gateway.url: missing: mode = 'external' needs the gateway's url "
+        "(e.g. url = 'http://10.0.0.5:8000')"
+    )
+    spec = load(MINIMAL + '[gateway]\nmode = "external"\nurl = "http://10.0.0.5:8000"\n')
+    assert spec.gateway.url == "http://10.0.0.5:8000"
+
+
+def test_a_managed_gateway_off_loopback_needs_a_key() -> None:
+    assert only_problem(MINIMAL + '[gateway]\nmode = "managed"\nlisten = "0.0.0.0:8000"\n') == (
+        "farm.toml:6: gateway.admin_key_file: required when the gateway listens on "
+        "'0.0.0.0' (not loopback): without a key anyone who reaches it can add and remove "
+        "its workers"
+    )
+    for key in ("admin_key_file", "api_key_file"):
+        spec = load(
+            MINIMAL + '[gateway]\nmode = "managed"\nlisten = "0.0.0.0:8000"\n'
+            f'{key} = "/etc/sglang-farm/key"\n'
+        )
+        assert spec.gateway.mode == "managed"
+    assert load(MINIMAL + '[gateway]\nmode = "managed"\n').gateway.listen == "127.0.0.1:8000"
+
+
+def test_a_managed_gateway_refuses_the_flags_the_farm_sets() -> None:
+    assert only_problem(MINIMAL + '[gateway]\nmode = "managed"\nextra_args = ["--port=9"]\n') == (
+        "farm.toml:8: gateway.extra_args: --port is set by the farm from [gateway] (listen, "
+        "policy, metrics_listen, the key files); remove it"
+    )
+    spec = load(MINIMAL + '[gateway]\nmode = "managed"\nextra_args = ["--log-level=debug"]\n')
+    assert spec.gateway.extra_args == ("--log-level=debug",)
+
+
+@pytest.mark.parametrize(
+    ("flag", "problem"),
+    [
+        ("chunked_prefill_size = 0", "expected an integer > 0, or -1 to disable"),
+        ("chunked_prefill_size = -2", "expected an integer > 0, or -1 to disable"),
+        ("max_running_requests = 0", "expected an integer >= 1, got 0"),
+        ('served_model_name = "a:b"', "has no ':', got 'a:b'"),
+    ],
+)
+def test_flag_values_sglang_would_reject(flag: str, problem: str) -> None:
+    assert problem in only_problem(MINIMAL + flag + "\n")
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "chunked_prefill_size = -1",
+        "chunked_prefill_size = 1",
+        "max_running_requests = 1",
+        'served_model_name = "qwen"',
+        'tokenizer_path = "a:b"',
+    ],
+)
+def test_flag_values_sglang_accepts(flag: str) -> None:
+    load(MINIMAL + flag + "\n")
