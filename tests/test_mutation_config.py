@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_farm.config import MAX_DURATION_S, parse_duration
-from test_config import MINIMAL, load, only_problem
+from test_config import MINIMAL, load, only_problem, problems
 
 
 def test_backoff_max_may_equal_but_not_undercut_backoff_initial() -> None:
@@ -139,3 +139,34 @@ def test_flag_values_sglang_would_reject(flag: str, problem: str) -> None:
 )
 def test_flag_values_sglang_accepts(flag: str) -> None:
     load(MINIMAL + flag + "\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[farm]\nname = 5\n",
+        "[farm]\nmodule = 5\n",
+        "[farm]\nstate_dir = 5\n",
+        "[health]\npath = 5\n",
+        "[metrics]\nlisten = 5\n",
+        '[gateway]\nmode = "external"\nurl = 5\n',
+        '[gateway]\nmode = "external"\nurl = "http://a b"\n',
+        '[gateway]\nmode = "managed"\nextra_args = "--x"\n',
+        '[gateway]\nmode = "managed"\nextra_args = [1]\n',
+        '[model]\nsource = "Qwen/Qwen3-8B"\nrevision = 5\n',
+        "[[oom.steps]]\nname = 5\nadd = { mem_fraction_static = -0.02 }\n",
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused(text: str) -> None:
+    assert "expected" in problems(MINIMAL + text)[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[gateway]\nmode = "external"\nurl = "https://gw.example:8000/"\n',
+        '[gateway]\nmode = "managed"\nextra_args = ["--log-level=debug", "--x"]\n',
+    ],
+)
+def test_a_value_of_the_right_type_is_taken(text: str) -> None:
+    load(MINIMAL + text)
