@@ -170,3 +170,39 @@ def test_a_value_of_the_wrong_type_is_refused(text: str) -> None:
 )
 def test_a_value_of_the_right_type_is_taken(text: str) -> None:
     load(MINIMAL + text)
+
+
+MULTILINE = "\n".join(
+    [
+        "tags = [  # a comment with [ and {",
+        '  "x]#",',
+        "  'y[{',",
+        r'  "q\"]",',
+        "]",
+        'notes = """a',
+        "\"] ''' # {",
+        '"""',
+        "other = '''b",
+        '"""',
+        "'''",
+        r'esc = """c\"""',
+        '"""',
+        "max_running_requests = 0",
+        "",
+    ]
+)
+
+
+def test_problems_name_the_right_line_after_values_that_span_lines() -> None:
+    found = problems(MINIMAL + MULTILINE)
+    assert [p.split(" ", 2)[:2] for p in found] == [
+        ["farm.toml:11:", "sglang.notes:"],
+        ["farm.toml:14:", "sglang.other:"],
+        ["farm.toml:17:", "sglang.esc:"],
+        ["farm.toml:19:", "sglang.max_running_requests:"],
+    ]
+
+
+def test_a_quoted_key_is_found_on_its_line() -> None:
+    text = MINIMAL + "dtype = 'auto'\n'max_running_requests' = 0\n"
+    assert only_problem(text).startswith("farm.toml:7: sglang.max_running_requests: ")
