@@ -206,3 +206,81 @@ def test_problems_name_the_right_line_after_values_that_span_lines() -> None:
 def test_a_quoted_key_is_found_on_its_line() -> None:
     text = MINIMAL + "dtype = 'auto'\n'max_running_requests' = 0\n"
     assert only_problem(text).startswith("farm.toml:7: sglang.max_running_requests: ")
+
+
+def workers(gpus: str, extra: str = "") -> str:
+    return f'[workers]\ngpus = {gpus}\n{extra}\n[sglang]\nmodel_path = "/models/m"\n'
+
+
+def test_gpus_all_needs_a_gpu_to_count() -> None:
+    assert problems(workers('"all"'), gpu_count=0) == [
+        'farm.toml:2: workers.gpus: gpus = "all" but this host has no GPU that NVML can see'
+    ]
+    assert [w.gpus for w in load(workers('"all"'), gpu_count=1).workers] == [(0,)]
+
+
+@pytest.mark.parametrize("gpus", ["[-1]", "[]", "5", '[0, "a"]'])
+def test_gpus_must_be_a_non_empty_list_of_indices(gpus: str) -> None:
+    assert problems(workers(gpus)) == [
+        'farm.toml:2: workers.gpus: expected "all" or a non-empty list of GPU indices '
+        f"(integers >= 0), got {gpus.replace(chr(34), chr(39))}"
+    ]
+
+
+def test_a_gpu_index_must_exist_on_this_host() -> None:
+    assert problems(workers("[0, 2]"), gpu_count=2) == [
+        "farm.toml:2: workers.gpus: GPU 2 does not exist; this host has 2 GPU(s), 0..1"
+    ]
+    assert len(load(workers("[0, 1]"), gpu_count=2).workers) == 2
+
+
+def test_the_last_workers_port_must_exist() -> None:
+    assert load(workers("[0, 1]", "base_port = 65534\n")).workers[1].port == 65535
+    assert problems(workers("[0, 1]", "base_port = 65535\n")) == [
+        "farm.toml:3: workers.base_port: 65535 + 1 (the last worker) exceeds 65535; "
+        "choose a base port <= 65534"
+    ]
+
+
+def test_overrides_are_checked_even_without_workers_to_lay_out() -> None:
+    assert problems(workers("[0, 1]", "overrides = 5\n")) == [
+        "farm.toml:3: workers.overrides: expected tables [workers.overrides.N], got 5"
+    ]
+    text = workers("[]", "\n[workers.overrides.0]\nsglang = 5\n")
+    assert problems(text)[1:] == [
+        "farm.toml:5: workers.overrides.0.sglang: expected a table of SGLang flags, got 5"
+    ]
+    text = workers("[0, 1]", '\n[workers.overrides.0]\ngpus = "all"\n')
+    assert problems(text, gpu_count=2) == [
+        "farm.toml:5: workers.overrides.0.gpus: expected a list of this worker's GPUs, got 'all'"
+    ]
+
+
+OOM_STEP = MINIMAL + 'mem_fraction_static = 0.8\n\n[[oom.steps]]\nname = "a"\n'
+
+
+def test_an_oom_step_names_each_of_its_problems() -> None:
+    assert problems(OOM_STEP + "add = 5\n")[1:] == [
+        "farm.toml:10: oom.steps[0].add: expected a table of flag = value, got 5"
+    ]
+    bounds = "add = { mem_fraction_static = -0.1 }\nmin = { mem_fraction_static = 0.6 }\n"
+    assert problems(OOM_STEP + bounds + "max = { mem_fraction_static = 0.5 }\n") == [
+        "farm.toml:12: oom.steps[0].max.mem_fraction_static: max 0.5 is below min 0.6"
+    ]
+    spec = load(OOM_STEP + bounds + "max = { mem_fraction_static = 0.6 }\n")
+    assert spec.oom.steps[0].adjust[0].min == spec.oom.steps[0].adjust[0].max == 0.6
+    found = problems(OOM_STEP + 'set = { "bad key" = 1, tp_size = 2, max_running_requests = 0 }\n')
+    assert [p.split(": ", 2)[1] for p in found] == [
+        "oom.steps[0].set.'bad key'",
+        "oom.steps[0].set.tp_size",
+        "oom.steps[0].set.max_running_requests",
+    ]
+    found = problems(
+        OOM_STEP + "set = { mem_fraction_static = 0.7 }\n"
+        'add = { mem_fraction_static = 0.1, chunked_prefill_size = "x" }\n'
+    )
+    assert found == [
+        "farm.toml:11: oom.steps[0].add.mem_fraction_static: flag is also in set of this "
+        "step; a step changes a flag one way (set, add or multiply)",
+        "farm.toml:11: oom.steps[0].add.chunked_prefill_size: expected a number, got 'x'",
+    ]
