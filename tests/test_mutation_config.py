@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_farm.config import MAX_DURATION_S, parse_duration
+from sglang_farm.config import MAX_DURATION_S, check_spec, parse_duration
 from test_config import MINIMAL, load, only_problem, problems
 
 
@@ -284,3 +284,106 @@ def test_an_oom_step_names_each_of_its_problems() -> None:
         "step; a step changes a flag one way (set, add or multiply)",
         "farm.toml:11: oom.steps[0].add.chunked_prefill_size: expected a number, got 'x'",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            MINIMAL + "cuda_graph_bs = [1, true]\n",
+            "farm.toml:6: sglang.cuda_graph_bs: expected a list of strings or numbers, "
+            "got [1, True]",
+        ),
+        (
+            MINIMAL + "cuda_graph_bs = [1, nan]\n",
+            "farm.toml:6: sglang.cuda_graph_bs: expected a finite number, got nan",
+        ),
+        (
+            MINIMAL + "chunked_prefill_size = true\n",
+            "farm.toml:6: sglang.chunked_prefill_size: expected an integer > 0, or -1 to "
+            "disable (SGLang rejects '8k'), got True",
+        ),
+        (
+            MINIMAL + 'max_running_requests = "8"\n',
+            "farm.toml:6: sglang.max_running_requests: expected an integer >= 1, got '8'",
+        ),
+        (
+            MINIMAL + 'served_model_name = "a\\u0000b"\n',
+            "farm.toml:6: sglang.served_model_name: contains a NUL, a control character: every "
+            "value must be one line of printable text (it goes into unit files, command lines "
+            "and environments; no process can receive a NUL); remove it (a JSON value fits "
+            "on one line)",
+        ),
+        ("metrics = 5\n" + MINIMAL, "farm.toml:1: metrics: expected a table, got 5"),
+        (
+            "[farm]\nenv = 5\n" + MINIMAL,
+            'farm.toml:2: farm.env: expected a table of NAME = "value", got 5',
+        ),
+        (
+            '[farm.env]\n"1X" = "v"\n' + MINIMAL,
+            "farm.toml:2: farm.env.1X: expected an environment variable name (letters, "
+            "digits, '_', not starting with a digit)",
+        ),
+        (
+            "[oom]\nsteps = 5\n" + MINIMAL,
+            "farm.toml:2: oom.steps: expected a list of steps ([[oom.steps]] tables), got 5",
+        ),
+        (
+            workers("[0]", "base_port = 70000\n"),
+            "farm.toml:3: workers.base_port: expected an integer in 1..65535, got 70000",
+        ),
+        (
+            MINIMAL + "[[oom.steps]]\nname = 5\nset = { max_running_requests = 8 }\n",
+            "farm.toml:7: oom.steps[0].name: expected a non-empty string, got 5",
+        ),
+        (
+            MINIMAL + '[gateway]\nmode = "managed"\nlisten = "127.0.0.1:9840"\n',
+            "farm.toml:8: gateway.listen: port 9840 for the gateway ([gateway] listen) is "
+            "already used by the metrics listener",
+        ),
+        (
+            MINIMAL + '[gateway]\nmode = "managed"\nmetrics_listen = "127.0.0.1:9840"\n',
+            "farm.toml:8: gateway.metrics_listen: port 9840 for the gateway's metrics "
+            "listener is already used by the metrics listener",
+        ),
+    ],
+)
+def test_each_problem_is_named_once_and_exactly(text: str, problem: str) -> None:
+    assert problems(text) == [problem]
+
+
+def test_every_bad_flag_key_is_named_not_only_the_first() -> None:
+    found = problems(MINIMAL + '"Bad-Key" = 1\nmax-running = 0\n')
+    assert [p.split(": ", 2)[1] for p in found] == ["sglang.Bad-Key", "sglang.max-running"]
+
+
+def test_sglang_must_be_a_table() -> None:
+    assert problems("sglang = 5\n[workers]\ngpus = [0]\n")[0] == (
+        "farm.toml:1: sglang: expected a table of SGLang flags, got 5"
+    )
+
+
+def test_an_external_gateways_listen_is_not_the_farms_to_claim() -> None:
+    text = MINIMAL + '[gateway]\nmode = "external"\nurl = "http://x:1"\nlisten = "127.0.0.1:9840"\n'
+    assert load(text).gateway.mode == "external"
+
+
+def test_a_bad_value_is_shown_whole_up_to_80_characters() -> None:
+    def shown(n: int) -> str:
+        return only_problem(f'[farm]\nname = "{"!" * n}"\n' + MINIMAL).split(", got ")[1]
+
+    assert shown(78) == repr("!" * 78)  # 80 characters with its quotes
+    assert shown(79) == repr("!" * 79)[:77] + "..."
+
+
+def test_a_model_source_keeps_the_root_and_drops_a_trailing_slash() -> None:
+    root = load(MINIMAL + '[model]\nsource = "/"\n').model
+    assert root is not None and root.source == "/"
+    srv = load(MINIMAL + '[model]\nsource = "/srv/m/"\n').model
+    assert srv is not None and srv.source == "/srv/m"
+
+
+def test_an_oom_step_warns_of_an_older_sglangs_spelling() -> None:
+    text = MINIMAL + '[[oom.steps]]\nname = "a"\nset = { cuda_graph_max_bs = 8 }\n'
+    result = check_spec(text, source="farm.toml")
+    assert [w.split(": ", 2)[1] for w in result.warnings] == ["oom.steps[0].set.cuda_graph_max_bs"]
