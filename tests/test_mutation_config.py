@@ -387,3 +387,26 @@ def test_an_oom_step_warns_of_an_older_sglangs_spelling() -> None:
     text = MINIMAL + '[[oom.steps]]\nname = "a"\nset = { cuda_graph_max_bs = 8 }\n'
     result = check_spec(text, source="farm.toml")
     assert [w.split(": ", 2)[1] for w in result.warnings] == ["oom.steps[0].set.cuda_graph_max_bs"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "set = 5\nadd = { mem_fraction_static = -0.1 }\n",  # an op that is not a table
+        "",  # no set, add or multiply
+        'set = { "Bad-Key" = 1, max_running_requests = 8 }\n',  # a bad flag key
+        "set = { mem_fraction_static = 0.7 }\nadd = { mem_fraction_static = 0.1 }\n",
+        "add = { mem_fraction_static = -0.1 }\nmin = { mem_fraction_static = 0.6 }\n"
+        "max = { mem_fraction_static = 0.5 }\n",  # max below min
+    ],
+)
+def test_a_step_refused_for_its_own_problems_causes_no_others(body: str) -> None:
+    """The next step may take its name: a refused step is not counted as a step."""
+    text = (
+        MINIMAL
+        + "mem_fraction_static = 0.8\n\n"
+        + f'[[oom.steps]]\nname = "a"\n{body}\n'
+        + '[[oom.steps]]\nname = "a"\nset = { max_running_requests = 8 }\n'
+    )
+    found = problems(text)
+    assert found and not [p for p in found if "already used" in p], found
