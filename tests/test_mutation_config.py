@@ -410,3 +410,24 @@ def test_a_step_refused_for_its_own_problems_causes_no_others(body: str) -> None
     )
     found = problems(text)
     assert found and not [p for p in found if "already used" in p], found
+
+
+def test_a_key_like_line_inside_a_string_is_no_key() -> None:
+    lines = [
+        'notes = """',
+        "max_running_requests = 5",
+        '"""',
+        "other = '''",
+        "max_running_requests = 6",
+        "'''",
+        r'esc = "a\"b = [" # comment [',
+        "chunked_prefill_size = 0",
+        "max_running_requests = 0",
+    ]
+    found = problems(MINIMAL + "\n".join(lines) + "\n")
+    assert [p.split(" ", 2)[:2] for p in found] == [
+        ["farm.toml:6:", "sglang.notes:"],
+        ["farm.toml:9:", "sglang.other:"],
+        ["farm.toml:13:", "sglang.chunked_prefill_size:"],
+        ["farm.toml:14:", "sglang.max_running_requests:"],
+    ]
