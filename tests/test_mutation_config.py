@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sglang_farm.config import MAX_DURATION_S, check_spec, parse_duration
+from sglang_farm.config import MAX_DURATION_S, check_spec, check_spec_file, parse_duration
+from sglang_farm.errors import ConfigError
 from test_config import MINIMAL, load, only_problem, problems
 
 
@@ -398,6 +401,9 @@ def test_an_oom_step_warns_of_an_older_sglangs_spelling() -> None:
         "set = { mem_fraction_static = 0.7 }\nadd = { mem_fraction_static = 0.1 }\n",
         "add = { mem_fraction_static = -0.1 }\nmin = { mem_fraction_static = 0.6 }\n"
         "max = { mem_fraction_static = 0.5 }\n",  # max below min
+        "multiply = { mem_fraction_static = 0 }\n",  # a factor that is not > 0
+        "add = { mem_fraction_static = -0.1 }\nmin = { max_running_requests = 1 }\n",
+        'add = { mem_fraction_static = -0.1 }\nmin = { mem_fraction_static = "x" }\n',
     ],
 )
 def test_a_step_refused_for_its_own_problems_causes_no_others(body: str) -> None:
@@ -431,3 +437,103 @@ def test_a_key_like_line_inside_a_string_is_no_key() -> None:
         ["farm.toml:13:", "sglang.chunked_prefill_size:"],
         ["farm.toml:14:", "sglang.max_running_requests:"],
     ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[restart]\nmax_failures = 1\n",
+        "[health]\nbusy_window = 0\n",
+        "[restart]\nbackoff_initial = 0\nbackoff_max = 0\n",
+        '[gateway]\nmode = "managed"\ndrain_timeout = 0\n',
+    ],
+)
+def test_the_smallest_values_allowed_are_taken(text: str) -> None:
+    load(MINIMAL + text)
+
+
+def test_one_worker_with_a_model_to_stage() -> None:
+    spec = load(workers("[0]") + '[model]\nsource = "/srv/m"\n')
+    assert len(spec.workers) == 1 and spec.model is not None
+
+
+def test_a_gpu_listed_twice_is_one_problem() -> None:
+    assert problems(workers("[0, 0]")) == [
+        "farm.toml:2: workers.gpus: GPU 0 is listed twice; each GPU belongs to one worker"
+    ]
+
+
+NO_BUFFER_STEP = '[[oom.steps]]\nname = "a"\nset = { mamba_radix_cache_strategy = "no_buffer" }\n'
+
+
+def test_a_no_buffer_step_needs_overlap_off_on_every_worker() -> None:
+    base = MINIMAL + 'mamba_radix_cache_strategy = "extra_buffer"\n'
+    one = "\n[workers.overrides.0.sglang]\ndisable_overlap_schedule = true\n\n"
+    assert problems(base + one + NO_BUFFER_STEP) == [
+        "farm.toml:13: oom.steps[0].set.mamba_radix_cache_strategy: 'no_buffer' makes SGLang "
+        "0.5.23 assert --disable-overlap-schedule; add disable_overlap_schedule = true to this "
+        "step's set"
+    ]
+    both = NO_BUFFER_STEP.replace('"no_buffer" }', '"no_buffer", max_running_requests = 8 }')
+    assert len(problems(base + "\n" + both)) == 1
+    load(base + "disable_overlap_schedule = true\n\n" + NO_BUFFER_STEP)
+
+
+def test_no_buffer_in_sglang_names_the_workers_only_when_not_all() -> None:
+    every = problems(MINIMAL + 'mamba_radix_cache_strategy = "no_buffer"\n')
+    assert every[0].endswith("add disable_overlap_schedule = true")
+    some = workers(
+        "[0, 1]",
+        '\n[workers.overrides.1.sglang]\nmamba_radix_cache_strategy = "no_buffer"\n',
+    )
+    assert problems(some)[0].endswith("add disable_overlap_schedule = true (workers [1])")
+
+
+def test_an_add_after_a_set_of_the_same_flag_still_checks_the_others() -> None:
+    text = (
+        MINIMAL
+        + '\n[[oom.steps]]\nname = "a"\nset = { max_running_requests = 8 }\n'
+        + '[[oom.steps]]\nname = "b"\n'
+        + "add = { max_running_requests = -2, schedule_conservativeness = 0.1 }\n"
+    )
+    assert [p.split(": ", 2)[1] for p in problems(text)] == [
+        "oom.steps[1].add.schedule_conservativeness"
+    ]
+
+
+def test_a_bound_that_is_not_a_number_is_refused() -> None:
+    text = (
+        MINIMAL
+        + 'mem_fraction_static = 0.8\n[[oom.steps]]\nname = "a"\n'
+        + 'add = { mem_fraction_static = -0.1 }\nmin = { mem_fraction_static = "x" }\n'
+    )
+    assert problems(text) == [
+        "farm.toml:10: oom.steps[0].min.mem_fraction_static: expected a finite number, got 'x'"
+    ]
+
+
+def test_an_unreadable_config_says_why(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_spec_file(tmp_path)
+    assert info.value.problems == (
+        f"{tmp_path}: cannot read: Is a directory; check the path and its permissions, or "
+        "pass --config PATH",
+    )
+
+
+def test_problems_read_top_to_bottom_then_those_with_no_line() -> None:
+    found = problems('[farm]\nname = "!"\n[workers]\ngpus = [0]\nbase_port = 0\n')
+    assert [p.split(": ", 1)[0] for p in found] == ["farm.toml:2", "farm.toml:5", "farm.toml"]
+    # By line, whatever order the sections are read in.
+    found = problems(
+        '[sglang]\nmodel_path = "/m"\nmax_running_requests = 0\n'
+        "[workers]\ngpus = [0]\nbase_port = 0\n"
+    )
+    assert [p.split(": ", 1)[0] for p in found] == ["farm.toml:3", "farm.toml:6"]
+
+
+def test_extra_args_must_all_be_strings() -> None:
+    assert (
+        "expected"
+        in problems(MINIMAL + '[gateway]\nmode = "managed"\nextra_args = ["--x", 1]\n')[0]
+    )
