@@ -537,3 +537,23 @@ def test_extra_args_must_all_be_strings() -> None:
         "expected"
         in problems(MINIMAL + '[gateway]\nmode = "managed"\nextra_args = ["--x", 1]\n')[0]
     )
+
+
+def test_nested_arrays_escapes_and_literal_backslashes_do_not_lose_the_line() -> None:
+    lines = [
+        "nested = [  # [",
+        "  [1, '#'],",
+        "  [3],",  # a header's shape, inside the array
+        "]",
+        r"lit = ['a\', 1]",  # a literal string: the backslash escapes nothing
+        r'esc = """a \""" still inside',
+        "max_running_requests = 7",
+        '"""',
+        "max_running_requests = 0",
+    ]
+    found = problems(MINIMAL + "\n".join(lines) + "\n")
+    assert [p.split(" ", 2)[:2] for p in found] == [
+        ["farm.toml:6:", "sglang.nested:"],
+        ["farm.toml:11:", "sglang.esc:"],
+        ["farm.toml:14:", "sglang.max_running_requests:"],
+    ]
