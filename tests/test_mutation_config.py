@@ -557,3 +557,38 @@ def test_nested_arrays_escapes_and_literal_backslashes_do_not_lose_the_line() ->
         ["farm.toml:11:", "sglang.esc:"],
         ["farm.toml:14:", "sglang.max_running_requests:"],
     ]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ['notes = """a', 'b"""'],  # closed after other text
+        ['one = """a"""'],  # opened and closed on one line
+        ['empty = """"""'],
+        ['x = ["", 1]'],  # an empty string, then the bracket
+        ['arr = ["""a', 'b"""]'],  # the bracket right after the closing quotes
+        [r"lit = '''a\'''"],  # a literal string: no escapes
+        [r'tab = """x\t"""'],  # an escape right before the closing quotes
+        [r'bs = ["a\\", 1]'],  # an escaped backslash right before the quote
+    ],
+)
+def test_the_key_after_a_string_is_found_on_its_line(lines: list[str]) -> None:
+    found = problems(MINIMAL + "\n".join([*lines, "max_running_requests = 0"]) + "\n")
+    assert found[-1].startswith(
+        f"farm.toml:{6 + len(lines)}: sglang.max_running_requests: expected an integer >= 1"
+    )
+
+
+def test_a_port_clash_lands_on_the_override_that_made_it() -> None:
+    base = (
+        "[workers]\ngpus = [0, 1]\n\n[workers.overrides.{}]\n{} = {}\n\n"
+        '[sglang]\nmodel_path = "/m"\n'
+    )
+    assert problems(base.format(1, "nccl_port", 31000)) == [
+        "farm.toml:5: workers.overrides.1.nccl_port: port 31000 for worker 1 (NCCL) is already "
+        "used by worker 0 (NCCL); every HTTP, NCCL and metrics port must be distinct"
+    ]
+    assert problems(base.format(0, "port", 30001)) == [
+        "farm.toml:5: workers.overrides.0.port: port 30001 for worker 0 (HTTP) is already used "
+        "by worker 1 (HTTP); every HTTP, NCCL and metrics port must be distinct"
+    ]
