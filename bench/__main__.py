@@ -9,6 +9,7 @@ COMMIT, measured in the same run), `--only systemd` (just the reaction times und
 systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
 (just the front door: the gateway under load), `--only canary` or `python -m bench canary`
 (the canary statistics' simulation: false and missed rollbacks of each method), `--out PATH`.
+`python -m bench mutants`: mutation testing of the pure core (bench/mutants.py).
 """
 
 from __future__ import annotations
@@ -415,4 +416,8 @@ def finish(a: argparse.Namespace, results: dict[str, Any], t0: float, suffix: st
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["mutants"]:  # mutation testing of the pure core: bench/mutants.py
+        from bench import mutants
+
+        raise SystemExit(mutants.main(sys.argv[2:]))
     raise SystemExit(main())
