@@ -68,6 +68,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "tests/test_supervisor.py",
             "tests/test_mutation_supervisor.py",
+            "tests/test_port_taken.py",
             "tests/test_state.py",
             "tests/test_agent.py",
             "tests/test_agent_frontdoor.py",

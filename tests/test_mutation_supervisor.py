@@ -742,3 +742,19 @@ def test_an_adopted_serving_worker_starts_with_no_probe_failures() -> None:
     sup.restore(0, WorkerState(0, Phase.READY, health_failures=2))
     sup.adopt({0: 100}, {0: Phase.READY}, 5.0, serving=[0])
     assert (sup.workers[0].phase, sup.workers[0].health_failures) == (Phase.READY, 0)
+
+
+def test_adopting_a_quarantined_worker_first_still_adopts_the_workers_after_it() -> None:
+    """Kills `Supervisor.adopt/continue->break`: a worker whose quarantine's stop outlived
+    the agent, met first, ended the adoption loop: the serving workers after it were not
+    adopted (and would be launched again over their own running processes)."""
+    from sglang_farm.supervisor import GpuQuarantine
+
+    sup = Supervisor([1, 2, 3], Policy(StartupPolicy(), HealthPolicy(), RestartPolicy()))
+    sup.restore(1, WorkerState(1, quarantine=GpuQuarantine(1, "xid 79", "off the bus", 1.0)))
+    adoption = sup.adopt({1: 101, 2: 102, 3: 103}, {}, 5.0, serving={2, 3})
+    assert adoption.adopted == {1, 2, 3}
+    assert Terminate(1) in adoption.actions and Terminate(2) not in adoption.actions
+    assert [sup.workers[w].phase for w in (1, 2, 3)] == [
+        Phase.STOPPING, Phase.READY, Phase.READY,
+    ]
