@@ -24,6 +24,7 @@ import pytest
 
 from sglang_farm.canary import figures, promtext
 from sglang_farm.canary.verdict import CanaryPolicy, Outcome, judge
+from test_gateway_smg import wait_http
 from test_sim import free_port
 
 MODEL = "sim/canary"
@@ -38,21 +39,6 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
         return subprocess.Popen(
             argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-
-
-def _wait(url: str, what: str, log: Path, deadline_s: float = 30) -> None:
-    end = time.monotonic() + deadline_s
-    last = "no attempt"
-    while time.monotonic() < end:
-        try:
-            r = httpx.get(url, timeout=2)
-            if r.status_code == 200:
-                return
-            last = f"status {r.status_code}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    pytest.fail(f"{what} not up within {deadline_s} s ({url}: {last}):\n{log.read_text()[-2000:]}")
 
 
 @contextlib.contextmanager
@@ -84,15 +70,17 @@ def test_the_gateway_outcomes_of_an_erring_canary_roll_it_back(tmp_path: Path) -
             argv += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
             started.append(_start(argv, base_env | extra, tmp_path / f"sim{port}.log"))
         for port in ports[:2]:
-            _wait(f"http://127.0.0.1:{port}/health", "simulator", tmp_path / f"sim{port}.log")
+            wait_http(
+                f"http://127.0.0.1:{port}/health", 30, "simulator", tmp_path / f"sim{port}.log"
+            )
         smg = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1"]
         smg += ["--port", str(ports[2]), "--policy", "round_robin"]
         smg += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports[3])]
         smg += ["--worker-urls", good_url, bad_url]
         log = tmp_path / "smg.log"
         started.append(_start(smg, dict(os.environ), log))
-        _wait(f"{gateway}/readiness", "smg", log)
-        _wait(f"{metrics}/metrics", "smg's metrics listener", log)
+        wait_http(f"{gateway}/readiness", 30, "smg", log)
+        wait_http(f"{metrics}/metrics", 30, "smg's metrics listener", log)
 
         def scrape() -> list[figures.WorkerSample]:
             gw = promtext.parse(httpx.get(f"{metrics}/metrics").text, source="smg")

@@ -27,10 +27,11 @@ import httpx
 import pytest
 
 from asuser import as_nobody, nobody_python, require, shared_dir  # noqa: F401 (fixture)
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from farmproc import farm_config, free_port_block, new_marker, tmpdir
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
+from test_frontdoor import running_farm
 
 needs_smg = pytest.mark.skipif(
     importlib.util.find_spec("smg") is None,
@@ -149,23 +150,10 @@ def event(name: str, worker: int) -> Callable[[dict[str, Any]], bool]:
 def managed_section(port: int) -> str:
     # No admin_key_file, no api_key_file: the demo's and the sample's set-up.
     return (
-        "[gateway]\nmode = \"managed\"\n"
+        '[gateway]\nmode = "managed"\n'
         f'listen = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{port + 1}"\n'
         'policy = "round_robin"\ndrain_timeout = "5s"\n'
     )
-
-
-@contextlib.contextmanager
-def running_farm(config: Path, marker: str) -> Iterator[Farm]:
-    farm = Farm(config, marker)
-    try:
-        yield farm
-    finally:
-        with contextlib.suppress(Exception):
-            farm.stop(timeout=60)
-        for pid in marked_pids(marker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -175,7 +163,10 @@ def rogue_backend() -> Iterator[str]:
     env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_farm.sim", "--model-path", MODEL, "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -233,20 +224,27 @@ def test_nobody_cannot_change_the_managed_gateways_members_and_users_stay_keyles
         assert routed(gw, key) == ours
 
         # Users' requests need no key (no api_key_file), nobody's included.
-        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4}
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         code, text = nobody_request("POST", f"{gw}/v1/chat/completions", chat)
         assert code == 200, (code, text)
 
         # Someone with the key adds a backend behind the farm's back: the next reconcile
         # (every 10 s) removes it, saying so with its URL.
-        r = httpx.post(f"{gw}/workers", json={"url": rogue},
-                       headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        r = httpx.post(
+            f"{gw}/workers",
+            json={"url": rogue},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=5,
+        )
         assert r.status_code == 202, r.text
-        farm.wait_for(lambda e: e.get("event") == "gateway_foreign_removed"
-                      and e.get("url") == rogue, 40)
-        until(lambda: rogue not in {str(w["url"]) for w in members(gw, key)}, 15,
-              "the foreign member gone from the gateway")
+        farm.wait_for(
+            lambda e: e.get("event") == "gateway_foreign_removed" and e.get("url") == rogue, 40
+        )
+        until(
+            lambda: rogue not in {str(w["url"]) for w in members(gw, key)},
+            15,
+            "the foreign member gone from the gateway",
+        )
         assert routed(gw, key) == ours
         status = json.loads(farm.farmctl("--json", "status").stdout)
         assert status["gateway"]["foreign"] == []
@@ -270,9 +268,12 @@ def test_a_reload_adding_api_key_puts_every_worker_back_into_smg() -> None:
         ours = {str(e["url"]) for e in farm.named("gateway_member")}
         key = (tmp / "state" / GENERATED_ADMIN_KEY_NAME).read_text().strip()
         assert routed(gw, key) == ours
-        text = config.read_text().replace(
-            "enable_metrics = true\n", 'enable_metrics = true\napi_key = "k-farm-0123"\n'
-        ) + '\n[workers.overrides.1]\nsglang = { api_key = "k-one-4567" }\n'
+        text = (
+            config.read_text().replace(
+                "enable_metrics = true\n", 'enable_metrics = true\napi_key = "k-farm-0123"\n'
+            )
+            + '\n[workers.overrides.1]\nsglang = { api_key = "k-one-4567" }\n'
+        )
         config.write_text(text)
         mark = len(farm.snapshot())
         r = farm.farmctl("reload", timeout=60)
@@ -284,9 +285,15 @@ def test_a_reload_adding_api_key_puts_every_worker_back_into_smg() -> None:
         for url in ours:
             assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
         for _ in range(4):  # round robin: both workers answer
-            answer = httpx.post(f"{gw}/v1/chat/completions", timeout=30, json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4})
+            answer = httpx.post(
+                f"{gw}/v1/chat/completions",
+                timeout=30,
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                },
+            )
             assert answer.status_code == 200, answer.text
 
 
@@ -299,17 +306,37 @@ def keyed_sim_and_gateway(tmp: Path) -> Iterator[tuple[str, str]]:
     wport, gport = free_port_block(1), free_port_block(2)
     (tmp / "admin.key").write_text("admin-key-for-the-test")
     (tmp / "admin.key").chmod(0o600)
-    spec = ManagedGateway(host="127.0.0.1", port=gport, metrics_port=gport + 1,
-                          policy="round_robin")
-    argv = smg_argv(spec, smg=[sys.executable, "-m", "sglang_farm.gateway.launch",
-                               "--admin-key-file", str(tmp / "admin.key")])
+    spec = ManagedGateway(
+        host="127.0.0.1", port=gport, metrics_port=gport + 1, policy="round_robin"
+    )
+    argv = smg_argv(
+        spec,
+        smg=[
+            sys.executable,
+            "-m",
+            "sglang_farm.gateway.launch",
+            "--admin-key-file",
+            str(tmp / "admin.key"),
+        ],
+    )
     env = {**os.environ, "SGLANG_SIM_LOAD_SECONDS": "0"}
     log = (tmp / "smg.log").open("w")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "sglang_farm.sim", "--model-path", MODEL, "--port",
-             str(wport), "--api-key", WORKER_KEY],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "sglang_farm.sim",
+                "--model-path",
+                MODEL,
+                "--port",
+                str(wport),
+                "--api-key",
+                WORKER_KEY,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         ),
         subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
@@ -346,8 +373,7 @@ async def test_a_registration_stuck_on_an_old_key_gives_way_to_the_new_one(
     from sglang_farm.gateway.smg import SmgGateway
 
     with keyed_sim_and_gateway(tmp_path) as (worker, gateway):
-        async with SmgGateway(gateway, api_key="admin-key-for-the-test",
-                              add_timeout=3) as gw:
+        async with SmgGateway(gateway, api_key="admin-key-for-the-test", add_timeout=3) as gw:
             with pytest.raises(GatewayError, match="did not list worker"):
                 await gw.add(worker)  # no key: smg's registration loops on 401
             if removed_between:
@@ -355,7 +381,13 @@ async def test_a_registration_stuck_on_an_old_key_gives_way_to_the_new_one(
             await gw.add(worker, api_key=WORKER_KEY)
             assert [(m.url, m.status) for m in await gw.list()] == [(worker, "ready")]
             async with httpx.AsyncClient() as client:
-                r = await client.post(f"{gateway}/v1/chat/completions", timeout=30, json={
-                    "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 2})
+                r = await client.post(
+                    f"{gateway}/v1/chat/completions",
+                    timeout=30,
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 2,
+                    },
+                )
             assert r.status_code == 200, r.text

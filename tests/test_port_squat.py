@@ -15,14 +15,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
 from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from test_frontdoor import ADMIN_KEY, chat, routed, until
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,9 +31,6 @@ pytestmark = [
         reason="smg (SGLang's gateway) is not installed: pip install smg==1.13.0",
     ),
 ]
-
-MODEL = "sim/Qwen3.6-27B"
-ADMIN_KEY = "test-admin-key-0123456789"
 
 # The squatter: answers 200 with a JSON body to every GET and POST, and writes down each
 # request line it got (so the test sees what reached it).
@@ -62,32 +59,6 @@ srv.serve_forever()
 """
 
 
-def routed(gateway: str) -> set[str]:
-    r = httpx.get(
-        f"{gateway}/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5
-    )
-    r.raise_for_status()
-    return {w["url"] for w in r.json()["workers"] if w.get("status", "ready") == "ready"}
-
-
-def until(cond: Callable[[], bool], within: float, what: str) -> None:
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        with contextlib.suppress(httpx.HTTPError):
-            if cond():
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within} s: {what}")
-
-
-def chat(url: str) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-        timeout=30,
-    )
-
-
 @pytest.fixture
 def tmp() -> Iterator[Path]:
     d = tmpdir()
@@ -98,7 +69,8 @@ def tmp() -> Iterator[Path]:
 
 
 def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(
-    tmp: Path, shared_dir: Path  # noqa: F811  (the fixture imported above)
+    tmp: Path,
+    shared_dir: Path,  # noqa: F811  (the fixture imported above)
 ) -> None:
     key = tmp / "admin.key"
     key.write_text(ADMIN_KEY)
@@ -112,9 +84,7 @@ def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(
     )
     marker = new_marker()
     # A 4 s load: the window in which the port is free and the squatter binds it.
-    config = farm_config(
-        tmp, workers=2, parallel=2, load_seconds=4.0, marker=marker, extra=gateway
-    )
+    config = farm_config(tmp, workers=2, parallel=2, load_seconds=4.0, marker=marker, extra=gateway)
     import tomllib
 
     base = tomllib.loads(config.read_text())["workers"]["base_port"]
@@ -140,9 +110,11 @@ def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(
         line = squatter.stdout.readline().strip()
         assert line == "bound", squatter.stderr.read() if squatter.stderr else line
         failed = farm.wait_for(
-            lambda e: e.get("event") == "worker_failed"
-            and e.get("worker") == 1
-            and e.get("kind") == "port_taken",
+            lambda e: (
+                e.get("event") == "worker_failed"
+                and e.get("worker") == 1
+                and e.get("kind") == "port_taken"
+            ),
             30,
             after=n,
         )
