@@ -104,6 +104,7 @@ scope = "all"
 name = "less_static_memory"
 add = { mem_fraction_static = -0.05 }
 """
+
     async def scenario() -> None:
         async with farm(tmp, text=farm_toml(tmp, extra=extra)) as f:
             await f.until(f.all_ready)
@@ -143,9 +144,7 @@ def test_rolling_restart_keeps_the_rest_serving(tmp: Path) -> None:
             await f.until(f.all_ready)
             sampler.cancel()
             assert worst[0] == 3  # parallel = 3: never more out at once
-            assert all(
-                dict(w.restarts_by_reason) == {"manual": 1} for w in f.agent.view().workers
-            )
+            assert all(dict(w.restarts_by_reason) == {"manual": 1} for w in f.agent.view().workers)
 
     run_virtual(scenario())
 
@@ -167,9 +166,7 @@ def test_adoption_keeps_running_workers_and_holds_failed_ones(tmp: Path) -> None
 
     async def scenario() -> None:
         async with farm(tmp, running=running) as f:
-            await f.until(
-                lambda: all(f.phase(w) is Phase.READY for w in running), within=30
-            )
+            await f.until(lambda: all(f.phase(w) is Phase.READY for w in running), within=30)
             await asyncio.sleep(30)
             assert f.runtime.starts == []  # adopted, never started again
             assert f.phase(5) is Phase.FAILED and f.phase(6) is Phase.STOPPED

@@ -117,6 +117,7 @@ def test_restart_all_keeps_workers_minus_parallel_in_the_gateway(tmp: Path) -> N
 
 def test_gateway_down_keeps_supervising_and_reconciles_when_back(tmp: Path) -> None:
     other = "http://10.0.0.9:30000"
+
     async def scenario() -> None:
         gw = FakeGateway(others=[other])
         async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
@@ -230,8 +231,10 @@ def test_a_reload_adding_api_key_brings_every_worker_back_with_its_key(tmp: Path
     """Issue 22 item 8: the key the gateway presents to a worker follows reloads. Each
     worker restarts with the new key and is added back with it (per-worker keys too);
     before, the gateway kept the key read at agent start and smg never took them back."""
-    new = [farm_toml(tmp, extra=GATEWAY, sglang='api_key = "k-farm"')
-           + '\n[workers.overrides.5]\nsglang = { api_key = "k-five" }\n']
+    new = [
+        farm_toml(tmp, extra=GATEWAY, sglang='api_key = "k-farm"')
+        + '\n[workers.overrides.5]\nsglang = { api_key = "k-five" }\n'
+    ]
 
     async def scenario() -> None:
         loader = lambda: load_spec(new[0], source="test.toml")  # noqa: E731 -- one-liner
@@ -265,8 +268,11 @@ def test_a_gateway_that_never_comes_up_is_said_once_not_on_every_retry(tmp: Path
 
     with capture_logs() as logs:
         run_virtual(scenario())
-    said = [e["event"] for e in logs
-            if e["event"].startswith("gateway") and e["log_level"] in ("warning", "error", "info")]
+    said = [
+        e["event"]
+        for e in logs
+        if e["event"].startswith("gateway") and e["log_level"] in ("warning", "error", "info")
+    ]
     assert said.count("gateway_not_reached_yet") == 1
     assert [e for e in said if e != "gateway_not_reached_yet"] == []
 

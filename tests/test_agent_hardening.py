@@ -180,8 +180,7 @@ def test_adopted_workers_whose_secrets_changed_while_the_agent_was_down_restart(
     async def scenario() -> None:
         async with farm(tmp) as f:
             f.runtime.running_at_start = {
-                w: Running(w, 5000 + w, True, argv=f.agent.command_for(w).argv)
-                for w in range(8)
+                w: Running(w, 5000 + w, True, argv=f.agent.command_for(w).argv) for w in range(8)
             }
             f.runtime.secrets_changed_at_prepare = frozenset({3})
             await f.until(lambda: f.runtime.starts_of(3) == 1)

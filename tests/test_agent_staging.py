@@ -247,9 +247,7 @@ def test_a_stage_that_does_not_fit_starts_no_worker_and_status_and_why_say_why(
             assert note.startswith(f"not started: the model could not be staged into {tmp_path}")
             assert "short" in note and "mount -o remount,size=" in note
             assert why["staging"] is not None
-            assert sample(
-                f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}
-            ) == 1
+            assert sample(f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}) == 1
             # `farmctl start` stages again: still too small, still nothing started.
             try:
                 await f.agent.start(list(range(8)))
@@ -257,17 +255,16 @@ def test_a_stage_that_does_not_fit_starts_no_worker_and_status_and_why_say_why(
             except StageError as exc:
                 assert exc.kind is StageFailureKind.NO_SPACE
             assert f.runtime.starts == []
-            assert sample(
-                f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}
-            ) == 2
+            assert sample(f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}) == 2
             # The tmpfs is grown: the next start stages, then the canary, then the rest.
             measure[0] = roomy
             await f.agent.start(list(range(8)))
             await f.until(f.all_ready)
             assert f.runtime.starts[0][0] == 0
-            assert why_result(f.agent.view().worker(3), None, f.agent.view().staging)[
-                "state_note"
-            ] is None
+            assert (
+                why_result(f.agent.view().worker(3), None, f.agent.view().staging)["state_note"]
+                is None
+            )
 
     run_virtual(scenario())
 
@@ -448,9 +445,7 @@ def test_an_agent_restarted_mid_reload_restarts_the_workers_still_on_the_old_cop
     running, started = adopted_after_a_swap(tmp_path, text, before={4, 5, 6, 7})
 
     async def scenario() -> None:
-        async with staged_farm(
-            tmp_path, text, running=running, process_started=started
-        ) as f:
+        async with staged_farm(tmp_path, text, running=running, process_started=started) as f:
             await f.until(lambda: all(f.runtime.starts_of(w) == 1 for w in (4, 5, 6, 7)))
             await f.until(f.all_ready)
             assert all(f.runtime.starts_of(w) == 0 for w in (0, 1, 2, 3))
@@ -466,15 +461,19 @@ def test_farmctl_start_after_a_failed_stage_restarts_adopted_workers_on_the_old_
 ) -> None:
     measure: list[Callable[[Path], MountFacts]] = [small_tmpfs]
     v1 = make_source(tmp_path / "v1", b"v1")
-    stage_model(load_spec(model_toml(tmp_path, v1), source="t"), cancel=threading.Event(),
-                measure=roomy)
+    stage_model(
+        load_spec(model_toml(tmp_path, v1), source="t"), cancel=threading.Event(), measure=roomy
+    )
     # The config now names v2 (edited while the agent was down); the workers load v1.
     text = model_toml(tmp_path, make_source(tmp_path / "v2", b"v2"))
     running, started = adopted_after_a_swap(tmp_path, text, before=set(range(8)))
 
     async def scenario() -> None:
         async with staged_farm(
-            tmp_path, text, stager=stager_with(measure), running=running,
+            tmp_path,
+            text,
+            stager=stager_with(measure),
+            running=running,
             process_started=started,
         ) as f:
             await asyncio.sleep(60)

@@ -97,7 +97,10 @@ def _left_by_a_dead_agent(folder: Path, what: str, argv: list[str], env: dict[st
     what a subreaper or a credential change would let survive), on record as `what`."""
     out = subprocess.run(
         [sys.executable, "-c", _DEAD_AGENT, str(folder), what, *argv],
-        capture_output=True, text=True, check=True, env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
     )
     return int(out.stdout)
 
@@ -161,8 +164,14 @@ def test_records_in_a_folder_another_user_owns_are_never_acted_on(shared_dir: Pa
         assert facts is not None
         state = nobody_owned(shared_dir, "state", 0o755)
         folder = nobody_owned(state, "children", 0o700)
-        rec = {"what": "worker 0", "pid": victim.pid, "start": facts.start, "boot": boot_id(),
-               "agent_pid": 1, "agent_start": 0}
+        rec = {
+            "what": "worker 0",
+            "pid": victim.pid,
+            "start": facts.start,
+            "boot": boot_id(),
+            "agent_pid": 1,
+            "agent_start": 0,
+        }
         as_nobody(["sh", "-c", f"echo '{json.dumps(rec)}' > {folder}/worker-0.json"])
 
         assert ChildRecords(folder).stop_leftovers() == []
@@ -235,8 +244,11 @@ def test_the_next_agent_stops_leftovers_on_its_ports_and_brings_all_workers_and_
     config = farm_config(
         tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=_gateway_section(gw)
     )
-    base = int(next(ln for ln in config.read_text().splitlines()
-                    if ln.startswith("base_port")).split("=")[1])
+    base = int(
+        next(ln for ln in config.read_text().splitlines() if ln.startswith("base_port")).split("=")[
+            1
+        ]
+    )
     (tmp / "state").mkdir(mode=0o700)
     env = {"SGLANG_FARM_TEST_MARKER": marker}
     children = tmp / "state" / "children"
@@ -245,8 +257,9 @@ def test_the_next_agent_stops_leftovers_on_its_ports_and_brings_all_workers_and_
     farm = Farm(config, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
-        farm.wait_for(lambda e: e.get("event") == "gateway_member" and e.get("worker") == 1,
-                      timeout=60)
+        farm.wait_for(
+            lambda e: e.get("event") == "gateway_member" and e.get("worker") == 1, timeout=60
+        )
         assert sorted(e["worker"] for e in farm.named("worker_ready")) == [0, 1]
         stopped = {e["child"]: e["pid"] for e in farm.named("leftover_stopped")}
         assert stopped == {"worker 0": worker_left, "gateway": gateway_left}

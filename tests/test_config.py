@@ -89,10 +89,13 @@ def test_shipped_farm_toml_reproduces_the_seed_host() -> None:
     }
     assert spec.oom.enabled and spec.oom.scope == "worker"
     assert [(s.name, s.adjust) for s in spec.oom.steps] == [
-        ("mamba_no_buffer", (
-            OomAdjust("mamba_radix_cache_strategy", set="no_buffer"),
-            OomAdjust("disable_overlap_schedule", set=True),
-        )),
+        (
+            "mamba_no_buffer",
+            (
+                OomAdjust("mamba_radix_cache_strategy", set="no_buffer"),
+                OomAdjust("disable_overlap_schedule", set=True),
+            ),
+        ),
         ("less_static_memory", (OomAdjust("mem_fraction_static", add=-0.02, min=0.70),)),
         ("fewer_requests", (OomAdjust("max_running_requests", multiply=0.5, min=8.0),)),
     ]
@@ -177,13 +180,16 @@ def test_listed_gpus_give_worker_ids_in_list_order() -> None:
 
 
 def test_tensor_parallel_workers_get_consecutive_gpus() -> None:
-    spec = load("""\
+    spec = load(
+        """\
         [workers]
         gpus = "all"
         gpus_per_worker = 2
         [sglang]
         model_path = "/m"
-    """, gpu_count=8)
+    """,
+        gpu_count=8,
+    )
     workers = spec.workers
     assert [w.gpus for w in workers] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert [w.port for w in workers] == [30000, 30001, 30002, 30003]
@@ -216,10 +222,17 @@ def test_overrides_merge_flags_env_and_ports_over_the_farm_ones() -> None:
     assert (w2.port, w2.nccl_port) == (40002, 31002)
     assert dict(w0.env) == {"A": "farm", "B": "farm"}
     assert dict(w1.env) == {"A": "farm", "B": "one", "C": "one"}
-    assert dict(w0.flags) == {"model_path": "/m", "mem_fraction_static": 0.9,
-                              "trust_remote_code": True}
-    assert dict(w1.flags) == {"model_path": "/m", "mem_fraction_static": 0.8,
-                              "trust_remote_code": False, "tool_call_parser": "qwen"}
+    assert dict(w0.flags) == {
+        "model_path": "/m",
+        "mem_fraction_static": 0.9,
+        "trust_remote_code": True,
+    }
+    assert dict(w1.flags) == {
+        "model_path": "/m",
+        "mem_fraction_static": 0.8,
+        "trust_remote_code": False,
+        "tool_call_parser": "qwen",
+    }
     assert "--trust-remote-code" not in build_command(spec.farm, w1).argv
 
 
@@ -254,10 +267,20 @@ def test_sglang_values_keep_their_types_and_lists_become_tuples() -> None:
 # --- durations ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "seconds"), [
-    (30, 30.0), (2.5, 2.5), ("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0),
-    ("1.5s", 1.5), ("1h", 3600.0), ("2m30s", 150.0),
-])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (30, 30.0),
+        (2.5, 2.5),
+        ("500ms", 0.5),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1.5s", 1.5),
+        ("1h", 3600.0),
+        ("2m30s", 150.0),
+    ],
+)
 def test_durations_parse_numbers_and_unit_strings(value: object, seconds: float) -> None:
     assert parse_duration(value) == seconds
 
@@ -269,15 +292,17 @@ def test_durations_reject_what_does_not_parse(value: object) -> None:
 
 
 def test_durations_in_the_file_resolve_to_seconds() -> None:
-    spec = load(MINIMAL + '[health]\nperiod = "1m30s"\ntimeout = 7\n'
-                '[restart]\nbackoff_initial = 0\n')
+    spec = load(
+        MINIMAL + '[health]\nperiod = "1m30s"\ntimeout = 7\n[restart]\nbackoff_initial = 0\n'
+    )
     assert (spec.health.period, spec.health.timeout) == (90.0, 7.0)
     assert spec.restart.backoff_initial == 0.0
 
 
 def test_bad_and_non_positive_durations_are_problems() -> None:
-    found = problems(MINIMAL + '[health]\nperiod = "often"\ntimeout = 0\n'
-                     '[restart]\nreset_after = -5\n')
+    found = problems(
+        MINIMAL + '[health]\nperiod = "often"\ntimeout = 0\n[restart]\nreset_after = -5\n'
+    )
     assert found == [
         "farm.toml:7: health.period: expected a duration (seconds as a number, or a string like "
         "'500ms', '30s', '5m', '1h30m'), got 'often'",
@@ -303,15 +328,18 @@ def test_syntax_error_names_the_line() -> None:
 
 def test_unknown_keys_suggest_the_close_one() -> None:
     found = problems(MINIMAL + "[startup]\nparalel = 2\n[metrcs]\nlisten = '127.0.0.1:1'\n")
-    assert found[0].startswith("farm.toml:7: startup.paralel: unknown key (did you mean "
-                               "'parallel'?); [startup] accepts: canary, parallel,")
+    assert found[0].startswith(
+        "farm.toml:7: startup.paralel: unknown key (did you mean "
+        "'parallel'?); [startup] accepts: canary, parallel,"
+    )
     assert found[1].startswith("farm.toml:8: metrcs: unknown key (did you mean 'metrics'?)")
 
 
 def test_workers_env_points_to_farm_env() -> None:
     problem = only_problem(MINIMAL.replace("gpus = [0, 1]", "gpus = [0, 1]\nenv = {A = '1'}"))
-    assert problem.startswith("farm.toml:3: workers.env: unknown key (the farm-wide environment "
-                              "goes in [farm] env")
+    assert problem.startswith(
+        "farm.toml:3: workers.env: unknown key (the farm-wide environment goes in [farm] env"
+    )
 
 
 def test_wrong_types_say_what_is_accepted() -> None:
@@ -336,14 +364,17 @@ def test_env_values_must_be_strings_and_cuda_visible_devices_is_the_farms() -> N
 @pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.1", '"0.9"'])
 def test_mem_fraction_outside_zero_one_is_a_problem(value: str) -> None:
     problem = only_problem(MINIMAL + f"mem_fraction_static = {value}\n")
-    assert problem.startswith("farm.toml:6: sglang.mem_fraction_static: expected a number in "
-                              "(0, 1)")
+    assert problem.startswith(
+        "farm.toml:6: sglang.mem_fraction_static: expected a number in (0, 1)"
+    )
 
 
 def test_chunked_prefill_size_must_be_a_plain_int() -> None:
     problem = only_problem(MINIMAL + 'chunked_prefill_size = "8k"\n')
-    assert problem == ("farm.toml:6: sglang.chunked_prefill_size: expected an integer > 0, or -1 "
-                       "to disable (SGLang rejects '8k'), got '8k'")
+    assert problem == (
+        "farm.toml:6: sglang.chunked_prefill_size: expected an integer > 0, or -1 "
+        "to disable (SGLang rejects '8k'), got '8k'"
+    )
 
 
 def test_gpu_used_twice_names_both_workers() -> None:
@@ -355,8 +386,10 @@ def test_gpu_used_twice_names_both_workers() -> None:
         [sglang]
         model_path = "/m"
     """)
-    assert problem == ("farm.toml:4: workers.overrides.2.gpus: GPU 3 is already used by worker 3; "
-                       "each GPU belongs to one worker")
+    assert problem == (
+        "farm.toml:4: workers.overrides.2.gpus: GPU 3 is already used by worker 3; "
+        "each GPU belongs to one worker"
+    )
 
 
 def test_gpu_listed_twice_or_missing_from_the_host() -> None:
@@ -375,8 +408,10 @@ def test_gpus_all_without_a_count_asks_for_a_list() -> None:
 
 def test_gpus_that_do_not_split_into_tp_workers() -> None:
     problem = only_problem(MINIMAL.replace("[0, 1]", "[0, 1, 2]\ngpus_per_worker = 2"))
-    assert problem == ("farm.toml:3: workers.gpus_per_worker: 3 GPU(s) do not split into workers "
-                       "of 2; list a multiple of 2 GPUs in workers.gpus")
+    assert problem == (
+        "farm.toml:3: workers.gpus_per_worker: 3 GPU(s) do not split into workers "
+        "of 2; list a multiple of 2 GPUs in workers.gpus"
+    )
 
 
 def test_http_and_nccl_ports_share_one_namespace() -> None:
@@ -398,8 +433,10 @@ def test_http_and_nccl_ports_share_one_namespace() -> None:
 
 def test_override_port_clash_is_reported_on_the_override() -> None:
     problem = only_problem(MINIMAL + "[workers.overrides.1]\nport = 30000\n")
-    assert problem.startswith("farm.toml:7: workers.overrides.1.port: port 30000 for worker 1 "
-                              "(HTTP) is already used by worker 0 (HTTP)")
+    assert problem.startswith(
+        "farm.toml:7: workers.overrides.1.port: port 30000 for worker 1 "
+        "(HTTP) is already used by worker 0 (HTTP)"
+    )
 
 
 def test_worker_port_clashing_with_metrics_listener() -> None:
@@ -408,8 +445,9 @@ def test_worker_port_clashing_with_metrics_listener() -> None:
 
 
 def test_ports_out_of_range() -> None:
-    found = problems(MINIMAL.replace("gpus = [0, 1]", "gpus = [0, 1]\nbase_port = 65535\n"
-                                     "nccl_base_port = 0"))
+    found = problems(
+        MINIMAL.replace("gpus = [0, 1]", "gpus = [0, 1]\nbase_port = 65535\nnccl_base_port = 0")
+    )
     assert found == [
         "farm.toml:3: workers.base_port: 65535 + 1 (the last worker) exceeds 65535; choose a "
         "base port <= 65534",
@@ -427,8 +465,10 @@ def test_override_for_a_worker_that_does_not_exist() -> None:
 
 def test_canary_that_is_not_a_worker() -> None:
     problem = only_problem(MINIMAL + "[startup]\ncanary = 2\n")
-    assert problem == ("farm.toml:7: startup.canary: no worker 2; workers are 0..1 (or write "
-                       "canary = false for none)")
+    assert problem == (
+        "farm.toml:7: startup.canary: no worker 2; workers are 0..1 (or write "
+        "canary = false for none)"
+    )
 
 
 def test_parallel_and_failure_threshold_below_one() -> None:
@@ -441,17 +481,24 @@ def test_parallel_and_failure_threshold_below_one() -> None:
 
 def test_sglang_keys_must_be_snake_case() -> None:
     problem = only_problem(MINIMAL + "mem-fraction-static = 0.8\n")
-    assert problem == ("farm.toml:6: sglang.mem-fraction-static: SGLang flags are written in "
-                       "snake_case (mem_fraction_static for --mem-fraction-static), got "
-                       "'mem-fraction-static'; write 'mem_fraction_static'")
+    assert problem == (
+        "farm.toml:6: sglang.mem-fraction-static: SGLang flags are written in "
+        "snake_case (mem_fraction_static for --mem-fraction-static), got "
+        "'mem-fraction-static'; write 'mem_fraction_static'"
+    )
 
 
-@pytest.mark.parametrize(("key", "where"), [
-    ("host", "workers.host"), ("port", "workers.base_port"),
-    ("nccl_port", "workers.nccl_base_port"),
-    ("tp_size", "workers.gpus_per_worker"), ("tensor_parallel_size", "workers.gpus_per_worker"),
-    ("base_gpu_id", "workers.gpus"),
-])
+@pytest.mark.parametrize(
+    ("key", "where"),
+    [
+        ("host", "workers.host"),
+        ("port", "workers.base_port"),
+        ("nccl_port", "workers.nccl_base_port"),
+        ("tp_size", "workers.gpus_per_worker"),
+        ("tensor_parallel_size", "workers.gpus_per_worker"),
+        ("base_gpu_id", "workers.gpus"),
+    ],
+)
 def test_farm_owned_flags_in_sglang_name_where_to_set_them(key: str, where: str) -> None:
     problem = only_problem(MINIMAL + f"{key} = 1\n")
     assert problem.startswith(f"farm.toml:6: sglang.{key}: not allowed here: ")
@@ -465,24 +512,36 @@ def test_farm_owned_flags_are_refused_in_overrides_too() -> None:
 
 def test_model_path_is_required_for_sglang() -> None:
     problem = only_problem("[workers]\ngpus = [0]\n[sglang]\nlog_level = 'info'\n")
-    assert problem == ("farm.toml:3: sglang.model_path: missing: SGLang requires --model-path; "
-                       "set model_path = '/path/to/model' in [sglang]")
+    assert problem == (
+        "farm.toml:3: sglang.model_path: missing: SGLang requires --model-path; "
+        "set model_path = '/path/to/model' in [sglang]"
+    )
 
 
-@pytest.mark.parametrize(("key", "says"), [
-    ("mamba_scheduler_strategy = 'extra_buffer'",
-     "SGLang 0.5.23 renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
-     "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
-     "mamba_radix_cache_strategy for SGLang >= 0.5.23"),
-    ("cuda_graph_max_bs = 8",
-     "SGLang 0.5.23 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and "
-     "--cuda-graph-max-bs-prefill (split per CUDA graph runner); keep it for SGLang <= 0.5.22, "
-     "write cuda_graph_max_bs_decode and/or cuda_graph_max_bs_prefill for SGLang >= 0.5.23"),
-    ("disable_cuda_graph = true",
-     "SGLang 0.5.23 deprecated --disable-cuda-graph (sglang/srt/server_args.py); it still "
-     "works, and for SGLang >= 0.5.23 you may write cuda_graph_backend_decode = 'disabled' "
-     "and cuda_graph_backend_prefill = 'disabled'"),
-])
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        (
+            "mamba_scheduler_strategy = 'extra_buffer'",
+            "SGLang 0.5.23 renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
+            "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
+            "mamba_radix_cache_strategy for SGLang >= 0.5.23",
+        ),
+        (
+            "cuda_graph_max_bs = 8",
+            "SGLang 0.5.23 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and "
+            "--cuda-graph-max-bs-prefill (split per CUDA graph runner); keep it for SGLang "
+            "<= 0.5.22, "
+            "write cuda_graph_max_bs_decode and/or cuda_graph_max_bs_prefill for SGLang >= 0.5.23",
+        ),
+        (
+            "disable_cuda_graph = true",
+            "SGLang 0.5.23 deprecated --disable-cuda-graph (sglang/srt/server_args.py); it still "
+            "works, and for SGLang >= 0.5.23 you may write cuda_graph_backend_decode = 'disabled' "
+            "and cuda_graph_backend_prefill = 'disabled'",
+        ),
+    ],
+)
 def test_older_sglang_spellings_load_with_a_warning_naming_both_versions(
     key: str, says: str
 ) -> None:
@@ -508,23 +567,29 @@ def test_load_spec_file_and_check_spec_file_agree(tmp_path: Path) -> None:
 
 def test_the_sglang_model_alias_is_refused_for_model_path() -> None:
     problem = only_problem(MINIMAL + "model = '/models/m'\n")
-    assert problem == ("farm.toml:6: sglang.model: write model_path (the farm reads it for "
-                       "preflight; --model is only its alias)")
+    assert problem == (
+        "farm.toml:6: sglang.model: write model_path (the farm reads it for "
+        "preflight; --model is only its alias)"
+    )
 
 
 @pytest.mark.parametrize("key", ["mamba_radix_cache_strategy", "mamba_scheduler_strategy"])
 def test_no_buffer_needs_overlap_schedule_disabled(key: str) -> None:
     problem = only_problem(MINIMAL + f"{key} = 'no_buffer'\n")
-    assert problem.startswith(f"farm.toml:6: sglang.{key}: 'no_buffer' makes "
-                              "SGLang 0.5.23 assert --disable-overlap-schedule")
+    assert problem.startswith(
+        f"farm.toml:6: sglang.{key}: 'no_buffer' makes "
+        "SGLang 0.5.23 assert --disable-overlap-schedule"
+    )
     load(MINIMAL + f"{key} = 'no_buffer'\ndisable_overlap_schedule = true\n")
 
 
 @pytest.mark.parametrize("key", ["mamba_radix_cache_strategy", "mamba_scheduler_strategy"])
 def test_mamba_strategy_values_are_checked_under_either_spelling(key: str) -> None:
     problem = only_problem(MINIMAL + f"{key} = 'extra'\n")
-    assert problem == (f"farm.toml:6: sglang.{key}: expected one of 'auto', 'no_buffer', "
-                       "'extra_buffer', 'extra_buffer_lazy', got 'extra'")
+    assert problem == (
+        f"farm.toml:6: sglang.{key}: expected one of 'auto', 'no_buffer', "
+        "'extra_buffer', 'extra_buffer_lazy', got 'extra'"
+    )
 
 
 def test_sglang_values_that_cannot_become_argv() -> None:
@@ -535,13 +600,17 @@ def test_sglang_values_that_cannot_become_argv() -> None:
 
 
 def test_metrics_listen_and_control_socket_shapes() -> None:
-    found = problems(MINIMAL + '[metrics]\nlisten = "9840"\ngpu_source = "dcgm"\n'
-                     f'[control]\nsocket = "/{"x" * 120}"\n')
+    found = problems(
+        MINIMAL + '[metrics]\nlisten = "9840"\ngpu_source = "dcgm"\n'
+        f'[control]\nsocket = "/{"x" * 120}"\n'
+    )
     assert found[0].startswith("farm.toml:7: metrics.listen: expected 'host:port'")
-    assert found[1] == ("farm.toml:8: metrics.gpu_source: expected one of 'nvml', 'fake', 'none', "
-                        "got 'dcgm'")
-    assert found[2].startswith("farm.toml:10: control.socket: a Unix socket path must be at most "
-                               "107 bytes")
+    assert found[1] == (
+        "farm.toml:8: metrics.gpu_source: expected one of 'nvml', 'fake', 'none', got 'dcgm'"
+    )
+    assert found[2].startswith(
+        "farm.toml:10: control.socket: a Unix socket path must be at most 107 bytes"
+    )
 
 
 # --- the OOM ladder's shape -----------------------------------------------------------
@@ -560,18 +629,24 @@ def test_oom_step_needs_a_name_and_a_change() -> None:
 
 
 def test_oom_flag_changed_two_ways_in_one_step() -> None:
-    problem = only_problem(MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
-                           "set = { max_running_requests = 8 }\n"
-                           "multiply = { max_running_requests = 0.5 }\n")
-    assert problem == ("farm.toml:10: oom.steps[0].multiply.max_running_requests: flag is also in "
-                       "set of this step; a step changes a flag one way (set, add or multiply)")
+    problem = only_problem(
+        MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
+        "set = { max_running_requests = 8 }\n"
+        "multiply = { max_running_requests = 0.5 }\n"
+    )
+    assert problem == (
+        "farm.toml:10: oom.steps[0].multiply.max_running_requests: flag is also in "
+        "set of this step; a step changes a flag one way (set, add or multiply)"
+    )
 
 
 def test_oom_adjust_needs_a_configured_number_and_a_unique_name() -> None:
-    found = problems(MINIMAL + "[[oom.steps]]\nname = 'a'\nadd = { mem_fraction_static = -0.02 }\n"
-                     "[[oom.steps]]\nname = 'a'\nset = { log_level = 'debug' }\n"
-                     "[[oom.steps]]\nname = 'b'\n"
-                     "set = { mamba_scheduler_strategy = 'no_buffer' }\n")
+    found = problems(
+        MINIMAL + "[[oom.steps]]\nname = 'a'\nadd = { mem_fraction_static = -0.02 }\n"
+        "[[oom.steps]]\nname = 'a'\nset = { log_level = 'debug' }\n"
+        "[[oom.steps]]\nname = 'b'\n"
+        "set = { mamba_scheduler_strategy = 'no_buffer' }\n"
+    )
     # The older spelling is not a problem (a warning); its no_buffer rule still applies.
     assert found == [
         "farm.toml:8: oom.steps[0].add.mem_fraction_static: add changes the configured value, but "
@@ -586,10 +661,12 @@ def test_oom_adjust_needs_a_configured_number_and_a_unique_name() -> None:
 
 
 def test_oom_min_above_max_and_non_positive_factor() -> None:
-    found = problems(MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
-                     "multiply = { max_running_requests = 0 }\n[[oom.steps]]\nname = 'b'\n"
-                     "add = { max_running_requests = -8 }\nmin = { max_running_requests = 16 }\n"
-                     "max = { max_running_requests = 8 }\n")
+    found = problems(
+        MINIMAL + "max_running_requests = 64\n[[oom.steps]]\nname = 'a'\n"
+        "multiply = { max_running_requests = 0 }\n[[oom.steps]]\nname = 'b'\n"
+        "add = { max_running_requests = -8 }\nmin = { max_running_requests = 16 }\n"
+        "max = { max_running_requests = 8 }\n"
+    )
     assert found == [
         "farm.toml:9: oom.steps[0].multiply.max_running_requests: expected a factor > 0, got 0",
         "farm.toml:14: oom.steps[1].max.max_running_requests: max 8 is below min 16",
@@ -597,10 +674,13 @@ def test_oom_min_above_max_and_non_positive_factor() -> None:
 
 
 def test_oom_no_buffer_step_needs_overlap_schedule_disabled() -> None:
-    problem = only_problem(MINIMAL + "[[oom.steps]]\nname = 'nb'\n"
-                           "set = { mamba_radix_cache_strategy = 'no_buffer' }\n")
-    assert problem.startswith("farm.toml:8: oom.steps[0].set.mamba_radix_cache_strategy: "
-                              "'no_buffer' makes SGLang 0.5.23 assert --disable-overlap-schedule")
+    problem = only_problem(
+        MINIMAL + "[[oom.steps]]\nname = 'nb'\nset = { mamba_radix_cache_strategy = 'no_buffer' }\n"
+    )
+    assert problem.startswith(
+        "farm.toml:8: oom.steps[0].set.mamba_radix_cache_strategy: "
+        "'no_buffer' makes SGLang 0.5.23 assert --disable-overlap-schedule"
+    )
 
 
 # --- all at once ----------------------------------------------------------------------
@@ -700,19 +780,22 @@ def test_file_problems_name_the_path(tmp_path: Path) -> None:
 # --- sglang_flags: the rename table, both directions -------------------------------------
 
 
-@pytest.mark.parametrize(("key", "version", "spelling"), [
-    ("mamba_scheduler_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
-    ("mamba_scheduler_strategy", (0, 5, 22), "mamba_scheduler_strategy"),
-    ("mamba_scheduler_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
-    ("mamba_radix_cache_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
-    ("mamba_radix_cache_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
-    ("cuda_graph_max_bs", (0, 5, 12), "cuda_graph_max_bs"),
-    ("cuda_graph_max_bs", (0, 5, 23), None),  # split in two: no single spelling
-    ("cuda_graph_max_bs_prefill", (0, 5, 12), "cuda_graph_max_bs"),
-    ("disable_cuda_graph", (0, 5, 23), "disable_cuda_graph"),  # deprecated, still accepted
-    ("cuda_graph_backend_decode", (0, 5, 12), None),  # values do not carry over
-    ("mem_fraction_static", (0, 5, 12), "mem_fraction_static"),  # not renamed
-])
+@pytest.mark.parametrize(
+    ("key", "version", "spelling"),
+    [
+        ("mamba_scheduler_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
+        ("mamba_scheduler_strategy", (0, 5, 22), "mamba_scheduler_strategy"),
+        ("mamba_scheduler_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
+        ("mamba_radix_cache_strategy", (0, 5, 12), "mamba_scheduler_strategy"),
+        ("mamba_radix_cache_strategy", (0, 5, 23), "mamba_radix_cache_strategy"),
+        ("cuda_graph_max_bs", (0, 5, 12), "cuda_graph_max_bs"),
+        ("cuda_graph_max_bs", (0, 5, 23), None),  # split in two: no single spelling
+        ("cuda_graph_max_bs_prefill", (0, 5, 12), "cuda_graph_max_bs"),
+        ("disable_cuda_graph", (0, 5, 23), "disable_cuda_graph"),  # deprecated, still accepted
+        ("cuda_graph_backend_decode", (0, 5, 12), None),  # values do not carry over
+        ("mem_fraction_static", (0, 5, 12), "mem_fraction_static"),  # not renamed
+    ],
+)
 def test_spelling_for_answers_in_both_directions(
     key: str, version: tuple[int, ...], spelling: str | None
 ) -> None:
@@ -736,8 +819,9 @@ def test_a_user_with_a_newline_cannot_inject_a_unit_directive() -> None:
 
 
 @pytest.mark.parametrize("key", ["user", "group"])
-@pytest.mark.parametrize("value", ["-sglang", "sg lang", "sg:lang", "0day", "a/b", "x" * 33,
-                                   "sglang%i", "root\\r"])
+@pytest.mark.parametrize(
+    "value", ["-sglang", "sg lang", "sg:lang", "0day", "a/b", "x" * 33, "sglang%i", "root\\r"]
+)
 def test_user_and_group_follow_the_posix_name_rules(key: str, value: str) -> None:
     problem = only_problem(MINIMAL + f'[farm]\n{key} = "{value}"\n')
     assert problem.startswith(f"farm.toml:7: farm.{key}: ")
@@ -755,29 +839,46 @@ def test_the_control_socket_group_follows_the_same_rules() -> None:
     assert problem.startswith("farm.toml:7: control.group: expected a group name")
 
 
-@pytest.mark.parametrize("value", ['"--x 1\\nExecStartPre=+/bin/sh"', "'''\nmulti\n'''",
-                                   '["a", "b\\nc"]', '"nul\\u0000"', '"tab\\there"',
-                                   '"del\\u007f"'])
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"--x 1\\nExecStartPre=+/bin/sh"',
+        "'''\nmulti\n'''",
+        '["a", "b\\nc"]',
+        '"nul\\u0000"',
+        '"tab\\there"',
+        '"del\\u007f"',
+    ],
+)
 def test_a_flag_value_with_a_control_character_is_refused(value: str) -> None:
     problem = only_problem(MINIMAL + f"served_model_name = {value}\n")
     assert problem.startswith("farm.toml:6: sglang.served_model_name: ")
     assert "control character" in problem and "one line" in problem
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0 ", "bad host", "127.0.0.1\\nExecStartPre=+/bin/sh",
-                                  "host;rm", "", "[::1", "--help"])
+@pytest.mark.parametrize(
+    "host",
+    ["0.0.0.0 ", "bad host", "127.0.0.1\\nExecStartPre=+/bin/sh", "host;rm", "", "[::1", "--help"],
+)
 def test_a_worker_host_that_is_not_a_name_or_address_is_refused(host: str) -> None:
-    problem = only_problem(MINIMAL + f'host = "{host}"\n'.replace("host", "[workers.overrides.0]"
-                                                                  "\nhost", 1))
+    problem = only_problem(
+        MINIMAL + f'host = "{host}"\n'.replace("host", "[workers.overrides.0]\nhost", 1)
+    )
     assert problem.startswith("farm.toml:7: workers.overrides.0.host: ")
     problem = only_problem(MINIMAL.replace("gpus = [0, 1]", f'gpus = [0, 1]\nhost = "{host}"'))
     assert problem.startswith("farm.toml:3: workers.host: ")
 
 
-@pytest.mark.parametrize(("host", "expected"), [
-    ("10.0.0.5", "10.0.0.5"), ("gpu-host-1.example", "gpu-host-1.example"), ("::", "::"),
-    ("[::1]", "::1"), ("0.0.0.0", "0.0.0.0"),
-])
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("10.0.0.5", "10.0.0.5"),
+        ("gpu-host-1.example", "gpu-host-1.example"),
+        ("::", "::"),
+        ("[::1]", "::1"),
+        ("0.0.0.0", "0.0.0.0"),
+    ],
+)
 def test_worker_hosts_that_are_names_or_addresses_load(host: str, expected: str) -> None:
     spec = load(MINIMAL.replace("gpus = [0, 1]", f'gpus = [0, 1]\nhost = "{host}"'))
     assert spec.workers[0].host == expected
@@ -807,18 +908,32 @@ def test_control_characters_are_refused_in_every_value_a_unit_carries() -> None:
     """)
     where = [p.split(": ")[1] for p in found]
     assert where == [
-        "farm.python", "farm.state_dir", "farm.env.HF_TOKEN", "workers.overrides.1.env.X",
-        "workers.overrides.1.sglang.tool_call_parser", "control.socket", "gateway.extra_args",
-        "oom.steps[0].set.served_model_name", "sglang.model_path",
+        "farm.python",
+        "farm.state_dir",
+        "farm.env.HF_TOKEN",
+        "workers.overrides.1.env.X",
+        "workers.overrides.1.sglang.tool_call_parser",
+        "control.socket",
+        "gateway.extra_args",
+        "oom.steps[0].set.served_model_name",
+        "sglang.model_path",
         "sglang.uvicorn_access_log_exclude_prefixes",
     ], found  # each once: no second problem for the same value
     assert all("control character" in p for p in found), found
     assert "NUL" in found[2] and "(item 2)" in found[6] and "(item 2)" in found[-1]
 
 
-@pytest.mark.parametrize("python", ['/opt/a\\"b/python3', "/opt/$HOME/python3",
-                                    "/opt/a\\\\b/python3", "/opt/my env/python3",
-                                    "/opt/it's/python3", "/opt/x\\n/python3"])
+@pytest.mark.parametrize(
+    "python",
+    [
+        '/opt/a\\"b/python3',
+        "/opt/$HOME/python3",
+        "/opt/a\\\\b/python3",
+        "/opt/my env/python3",
+        "/opt/it's/python3",
+        "/opt/x\\n/python3",
+    ],
+)
 def test_a_python_path_systemd_cannot_run_is_refused(python: str) -> None:
     problem = only_problem(MINIMAL + f'[farm]\npython = "{python}"\n')
     assert problem.startswith("farm.toml:7: farm.python: ")
@@ -826,8 +941,15 @@ def test_a_python_path_systemd_cannot_run_is_refused(python: str) -> None:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "+inf", "-inf", '"9' + "9" * 400 + 's"'])
-@pytest.mark.parametrize("key", ["startup.load_timeout", "restart.stop_timeout",
-                                 "restart.backoff_initial", "gateway.drain_timeout"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "startup.load_timeout",
+        "restart.stop_timeout",
+        "restart.backoff_initial",
+        "gateway.drain_timeout",
+    ],
+)
 def test_nan_and_infinite_durations_are_refused(key: str, value: str) -> None:
     section, name = key.split(".")
     problem = only_problem(MINIMAL + f"[{section}]\n{name} = {value}\n")
@@ -842,13 +964,18 @@ def test_durations_longer_than_systemd_can_hold_are_refused() -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_nan_and_infinite_numbers_are_refused_in_flags_and_oom_steps(value: str) -> None:
-    found = problems(MINIMAL + f"context_length = {value}\nmax_running_requests = 8\n"
-                     f"[[oom.steps]]\nname = 'a'\nmultiply = {{ max_running_requests = {value} }}\n"
-                     f"[[oom.steps]]\nname = 'b'\nadd = {{ max_running_requests = -1 }}\n"
-                     f"min = {{ max_running_requests = {value} }}\n")
+    found = problems(
+        MINIMAL + f"context_length = {value}\nmax_running_requests = 8\n"
+        f"[[oom.steps]]\nname = 'a'\nmultiply = {{ max_running_requests = {value} }}\n"
+        f"[[oom.steps]]\nname = 'b'\nadd = {{ max_running_requests = -1 }}\n"
+        f"min = {{ max_running_requests = {value} }}\n"
+    )
     where = [p.split(": ")[1] for p in found]
-    assert where == ["sglang.context_length", "oom.steps[0].multiply.max_running_requests",
-                     "oom.steps[1].min.max_running_requests"], found
+    assert where == [
+        "sglang.context_length",
+        "oom.steps[0].multiply.max_running_requests",
+        "oom.steps[1].min.max_running_requests",
+    ], found
     assert all("finite" in p for p in found), found
 
 
@@ -860,8 +987,9 @@ def test_workers_on_a_public_address_without_api_key_are_a_warning() -> None:
     text += '[workers.overrides.2]\nhost = "127.0.0.1"\n'
     result = check_spec(text, source="farm.toml")
     (warning,) = result.warnings
-    assert warning.startswith("farm.toml:3: workers.host: workers 0-1 listen on '0.0.0.0' "
-                              "(not loopback) without api_key")
+    assert warning.startswith(
+        "farm.toml:3: workers.host: workers 0-1 listen on '0.0.0.0' (not loopback) without api_key"
+    )
     assert 'host = "127.0.0.1"' in warning and "gateway" in warning and "api_key" in warning
     assert "docs/config.md" in warning
 
@@ -880,12 +1008,16 @@ def test_a_managed_gateway_off_loopback_needs_no_key_file_and_warns_of_keyless_u
 def test_an_override_host_off_loopback_is_warned_about_on_the_override() -> None:
     text = MINIMAL + '[workers.overrides.1]\nhost = "10.0.0.5"\n'
     (warning,) = check_spec(text, source="farm.toml").warnings
-    assert warning.startswith("farm.toml:7: workers.overrides.1.host: worker 1 listens on "
-                              "'10.0.0.5' (not loopback) without api_key")
+    assert warning.startswith(
+        "farm.toml:7: workers.overrides.1.host: worker 1 listens on "
+        "'10.0.0.5' (not loopback) without api_key"
+    )
 
 
-@pytest.mark.parametrize("extra", ['host = "0.0.0.0"\n[sglang]\napi_key = "k"\n',
-                                   'host = "localhost"\n', 'host = "::1"\n', ""])
+@pytest.mark.parametrize(
+    "extra",
+    ['host = "0.0.0.0"\n[sglang]\napi_key = "k"\n', 'host = "localhost"\n', 'host = "::1"\n', ""],
+)
 def test_loopback_or_keyed_workers_are_not_warned_about(extra: str) -> None:
     text = "[workers]\ngpus = [0, 1]\n" + extra
     if "[sglang]" not in text:

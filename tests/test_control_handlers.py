@@ -343,7 +343,6 @@ async def test_wait_ready_ends_at_once_on_a_quarantined_worker(ops: FakeOps) -> 
     assert [kind for kind, _ in ch.streamed] == ["phase"]
 
 
-
 # --- a quarantine always has a way out (issue 22, item 7) ----------------------------------
 
 

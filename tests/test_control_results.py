@@ -204,8 +204,14 @@ def test_status_without_a_gateway_says_null_and_workers_are_out() -> None:
 
 
 def test_status_carries_the_gateway_and_each_workers_membership_and_drain() -> None:
-    gw = GatewayStatus("http://gw:8000", up=False, members=1, errors=4, last_error="refused",
-                       foreign=("http://10.0.0.9:30000",))
+    gw = GatewayStatus(
+        "http://gw:8000",
+        up=False,
+        members=1,
+        errors=4,
+        last_error="refused",
+        foreign=("http://10.0.0.9:30000",),
+    )
     v = _gateway_view(
         gw,
         _worker(Phase.READY, in_gateway=True, last_drain=2.5),

@@ -860,7 +860,9 @@ def test_1100_idle_connections_under_nofile_1024_leave_a_request_answered(sockdi
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))  # for the flood
     proc = subprocess.Popen(
         [sys.executable, "-c", _SERVER_PROCESS, str(Path(__file__).parent), path],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     idle: list[socket.socket] = []
     try:

@@ -40,9 +40,7 @@ ADMIN_KEY = "test-admin-key-0123456789"
 
 def routed(gateway: str) -> set[str]:
     """The URLs the gateway routes new requests to now (status ready)."""
-    r = httpx.get(
-        f"{gateway}/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5
-    )
+    r = httpx.get(f"{gateway}/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5)
     r.raise_for_status()
     return {w["url"] for w in r.json()["workers"] if w.get("status", "ready") == "ready"}
 
@@ -60,8 +58,11 @@ def until(cond: Callable[[], bool], within: float, what: str) -> None:
 def chat(url: str, max_tokens: int = 4, timeout: float = 30) -> httpx.Response:
     return httpx.post(
         f"{url}/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-              "max_tokens": max_tokens},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+        },
         timeout=timeout,
     )
 
@@ -69,8 +70,11 @@ def chat(url: str, max_tokens: int = 4, timeout: float = 30) -> httpx.Response:
 def gateway_section(mode: str, port: int, key_file: Path, **extra: str) -> str:
     lines = [f'mode = "{mode}"', f'admin_key_file = "{key_file}"', 'drain_timeout = "20s"']
     if mode == "managed":
-        lines += [f'listen = "127.0.0.1:{port}"', f'metrics_listen = "127.0.0.1:{port + 1}"',
-                  'policy = "round_robin"']
+        lines += [
+            f'listen = "127.0.0.1:{port}"',
+            f'metrics_listen = "127.0.0.1:{port + 1}"',
+            'policy = "round_robin"',
+        ]
     else:
         lines.append(f'url = "http://127.0.0.1:{port}"')
     lines += [f'{k} = "{v}"' for k, v in extra.items()]
@@ -93,9 +97,10 @@ def children_named(ppid: int, needle: bytes) -> list[int]:
             continue
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) == ppid and needle in Path(
-                f"/proc/{entry}/cmdline"
-            ).read_bytes():
+            if (
+                int(stat[stat.rfind(")") + 2 :].split()[1]) == ppid
+                and needle in Path(f"/proc/{entry}/cmdline").read_bytes()
+            ):
                 found.append(int(entry))
     return found
 
@@ -154,10 +159,12 @@ def test_managed_gateway_follows_readiness_drains_and_survives_a_crash() -> None
         # An unplanned death: out of the gateway within a second of the farm seeing it.
         pid = int(farm.farmctl("--json", "status").stdout.split('"pid": ')[3].split(",")[0])
         os.kill(pid, signal.SIGKILL)
-        seen = farm.wait_for(lambda e: e.get("event") == "worker_exited"
-                             and e.get("worker") == 2, 10)
-        gone = farm.wait_for(lambda e: e.get("event") == "gateway_removed"
-                             and e.get("worker") == 2, 10)
+        seen = farm.wait_for(
+            lambda e: e.get("event") == "worker_exited" and e.get("worker") == 2, 10
+        )
+        gone = farm.wait_for(
+            lambda e: e.get("event") == "gateway_removed" and e.get("worker") == 2, 10
+        )
         assert gone["_t"] - seen["_t"] <= 1.0
         until(lambda: urls[2] in routed(gw), 30, "worker 2 back in the gateway")
 
@@ -197,16 +204,14 @@ def external_gateway() -> Iterator[tuple[str, Path]]:
     key.write_text(ADMIN_KEY)
     key.chmod(0o600)
     port = free_port_block(2)
-    spec = ManagedGateway(host="127.0.0.1", port=port, metrics_port=port + 1,
-                          policy="round_robin")
-    argv = smg_argv(spec, smg=[sys.executable, "-m", "sglang_farm.gateway.launch",
-                               "--admin-key-file", str(key)])
+    spec = ManagedGateway(host="127.0.0.1", port=port, metrics_port=port + 1, policy="round_robin")
+    argv = smg_argv(
+        spec, smg=[sys.executable, "-m", "sglang_farm.gateway.launch", "--admin-key-file", str(key)]
+    )
     with (tmp / "smg.log").open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        until(lambda: httpx.get(f"{spec.url}/health", timeout=2).status_code == 200, 30,
-              "smg up")
+        until(lambda: httpx.get(f"{spec.url}/health", timeout=2).status_code == 200, 30, "smg up")
         yield spec.url, key
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -221,10 +226,12 @@ def test_two_farms_share_one_external_gateway_without_touching_each_other(
     port = int(gw.rsplit(":", 1)[1])
     a_tmp, b_tmp = tmpdir(), tmpdir()
     a_marker, b_marker = new_marker(), new_marker()
-    a_cfg = farm_config(a_tmp, workers=2, parallel=1, marker=a_marker,
-                        extra=gateway_section("external", port, key))
-    b_cfg = farm_config(b_tmp, workers=2, parallel=1, marker=b_marker,
-                        extra=gateway_section("external", port, key))
+    a_cfg = farm_config(
+        a_tmp, workers=2, parallel=1, marker=a_marker, extra=gateway_section("external", port, key)
+    )
+    b_cfg = farm_config(
+        b_tmp, workers=2, parallel=1, marker=b_marker, extra=gateway_section("external", port, key)
+    )
     a_urls, b_urls = set(worker_urls(a_cfg)), set(worker_urls(b_cfg))
     with running_farm(b_cfg, b_marker):
         with running_farm(a_cfg, a_marker) as a:

@@ -177,8 +177,9 @@ async def test_the_agent_starts_no_gateway_into_a_planted_log(shared_dir: Path) 
         parked.set()
         await asyncio.Event().wait()
 
-    gw = ChildGateway([sys.executable, "-c", "print('smg here')"], state / "gateway.log",
-                      sleep=sleep)
+    gw = ChildGateway(
+        [sys.executable, "-c", "print('smg here')"], state / "gateway.log", sleep=sleep
+    )
     with capture_logs() as logs:
         await gw.start()
         await asyncio.wait_for(parked.wait(), 30)
@@ -193,8 +194,13 @@ async def test_smg_writes_its_log_without_colour_codes(tmp_path: Path) -> None:
     from farmproc import free_port_block
 
     base = free_port_block(2)
-    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin",
-                          metrics_port=base + 1, extra_args=("--log-level", "info"))
+    spec = ManagedGateway(
+        host="127.0.0.1",
+        port=base,
+        policy="round_robin",
+        metrics_port=base + 1,
+        extra_args=("--log-level", "info"),
+    )
     path = tmp_path / "gateway.log"
     gw = ChildGateway(launch_argv(spec, sys.executable), path)
     await gw.start()
@@ -216,8 +222,7 @@ async def test_the_farms_own_polls_of_the_gateway_stay_out_of_its_log(tmp_path: 
     from farmproc import free_port_block
 
     base = free_port_block(2)
-    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin",
-                          metrics_port=base + 1)
+    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin", metrics_port=base + 1)
     path = tmp_path / "gateway.log"
     gw = ChildGateway(launch_argv(spec, sys.executable), path)
     await gw.start()

@@ -76,6 +76,7 @@ async def run_farm(tmp: Path, gpus: FakeGpuPoller, scenario: str) -> dict[int, P
         return {w.id: w.phase for w in agent.view().workers}
 
     try:
+
         def settled() -> bool:
             p = phases()
             others = all(p[w] is Phase.READY for w in p if w != 5)

@@ -76,22 +76,27 @@ def test_root_only_key_files_get_no_warning(tmp_path: Path) -> None:
 def _doctor_exposure(spec: FarmSpec) -> dict[str, Status]:
     obs = Observations(
         fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
-        env={}, flags={}, ports={}, models={},
-        key_files=key_file_facts(spec), agent_uid=os.geteuid(),
+        env={},
+        flags={},
+        ports={},
+        models={},
+        key_files=key_file_facts(spec),
+        agent_uid=os.geteuid(),
     )
-    return {
-        c.message: c.status for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE
-    }
+    return {c.message: c.status for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE}
 
 
 def test_the_doctor_warns_of_the_same_key_files(shared_dir: Path) -> None:  # noqa: F811
     admin, api = _keys(shared_dir)
     spec = load_spec(_config(shared_dir, admin, api).read_text(), source="farm.toml")
     found = _doctor_exposure(spec)
-    assert found[
-        f"[gateway] admin_key_file {admin} is open to other users (mode 0644): "
-        "only its owner may read a key"
-    ] is Status.WARN
+    assert (
+        found[
+            f"[gateway] admin_key_file {admin} is open to other users (mode 0644): "
+            "only its owner may read a key"
+        ]
+        is Status.WARN
+    )
     owned = [m for m in found if m.startswith(f"[gateway] api_key_file {api} is owned by uid")]
     assert owned and found[owned[0]] is Status.WARN
 
@@ -109,7 +114,10 @@ def test_any_group_or_other_bit_on_the_hub_token_file_is_warned_of(
         source="farm.toml",
     )
     found = _doctor_exposure(spec)
-    assert found[
-        f"[model] token_file {token} is open to other users (mode {mode:04o}): "
-        "only its owner may read a key"
-    ] is Status.WARN
+    assert (
+        found[
+            f"[model] token_file {token} is open to other users (mode {mode:04o}): "
+            "only its owner may read a key"
+        ]
+        is Status.WARN
+    )

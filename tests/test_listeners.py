@@ -150,7 +150,11 @@ def test_judge_a_seen_holder_of_the_workers_user_outside_its_tree_is_foreign() -
     # Another worker of the same user, seen: named, not excused by its user.
     ls = [_l("127.0.0.1", inode=7, uid=998)]
     v = judge(
-        ls, "127.0.0.1", 30003, ours=frozenset(), holders={7: frozenset({55})},
+        ls,
+        "127.0.0.1",
+        30003,
+        ours=frozenset(),
+        holders={7: frozenset({55})},
         our_uids=frozenset({998}),
     )
     assert (v.kind, v.pid) == (OwnerKind.FOREIGN, 55)

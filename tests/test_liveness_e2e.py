@@ -32,9 +32,7 @@ HEALTH = (
     'period = "1s"\ntimeout = "1s"\nfailure_threshold = 2\n'
     f'busy_window = "6s"\nstall_window = "{STALL_S:g}s"'
 )
-RESTART = (
-    'backoff_initial = "0.5s"\nbackoff_max = "5s"\nmax_failures = 5\nstop_timeout = "2s"'
-)
+RESTART = 'backoff_initial = "0.5s"\nbackoff_max = "5s"\nmax_failures = 5\nstop_timeout = "2s"'
 
 
 @pytest.fixture
@@ -175,8 +173,10 @@ def test_busy_worker_is_kept_and_wedged_worker_restarted(tmp: Path) -> None:
         assert failures >= 3, (failures, took, logs.stdout[-2000:])
         assert len(farm.named("worker_launched", worker=1)) == 1
         assert len(farm.named("worker_launched", worker=0)) == 1
-        print(f"worker 2 restarted {took:.1f} s after the load began; worker 1 kept, busy, "
-              f"its /health failed {failures} times")
+        print(
+            f"worker 2 restarted {took:.1f} s after the load began; worker 1 kept, busy, "
+            f"its /health failed {failures} times"
+        )
     finally:
         for load in loads:
             load.stop()

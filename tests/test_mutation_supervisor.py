@@ -756,5 +756,7 @@ def test_adopting_a_quarantined_worker_first_still_adopts_the_workers_after_it()
     assert adoption.adopted == {1, 2, 3}
     assert Terminate(1) in adoption.actions and Terminate(2) not in adoption.actions
     assert [sup.workers[w].phase for w in (1, 2, 3)] == [
-        Phase.STOPPING, Phase.READY, Phase.READY,
+        Phase.STOPPING,
+        Phase.READY,
+        Phase.READY,
     ]

@@ -121,8 +121,10 @@ def test_agent_never_makes_a_worker_ready_on_a_squatters_answers(tmp: Path) -> N
             await f.until(lambda: f.phase(3) is not Phase.READY, within=60)
             watcher = asyncio.create_task(watch())
             await f.until(
-                lambda: (lf := f.agent.view().worker(3).last_failure) is not None
-                and lf.kind is FailureKind.PORT_TAKEN,
+                lambda: (
+                    (lf := f.agent.view().worker(3).last_failure) is not None
+                    and lf.kind is FailureKind.PORT_TAKEN
+                ),
                 within=120,
             )
             await asyncio.sleep(120)  # farm time: back-offs and relaunches, all squatted

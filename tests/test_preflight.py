@@ -184,8 +184,11 @@ def _renamed_flags(version: str) -> list[tuple[str, str]]:
     if version == "0.5.12":  # the seed host
         return [("--mamba-scheduler-strategy", "mamba"), ("--cuda-graph-max-bs", "int")]
     assert version == "0.5.23", version
-    return [("--mamba-radix-cache-strategy", "mamba"), ("--cuda-graph-max-bs-decode", "int"),
-            ("--cuda-graph-max-bs-prefill", "int")]
+    return [
+        ("--mamba-radix-cache-strategy", "mamba"),
+        ("--cuda-graph-max-bs-decode", "int"),
+        ("--cuda-graph-max-bs-prefill", "int"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -215,18 +218,23 @@ def make_fake_env(
     0.4.2.post2 with sm90/ and sm100/ built without sm_120, deep_gemm, no flashinfer."""
     site = root / "site"
     site.mkdir(parents=True)
-    (site / "fakeconf.json").write_text(json.dumps({
-        "torch_version": "2.9.1+cu130", "torch_cuda": "13.0",
-        "torch_archs": list(torch_archs), "cc": list(cc),
-    }))
+    (site / "fakeconf.json").write_text(
+        json.dumps(
+            {
+                "torch_version": "2.9.1+cu130",
+                "torch_cuda": "13.0",
+                "torch_archs": list(torch_archs),
+                "cc": list(cc),
+            }
+        )
+    )
     torch = site / "torch"
     torch.mkdir()
     (torch / "__init__.py").write_text(_TORCH_INIT)
     (torch / "version.py").write_text(_TORCH_VERSION)
     (torch / "cuda.py").write_text(_TORCH_CUDA)
     kernel = site / "sgl_kernel"
-    for variant, archs in (("sm90", ("sm_80", "sm_89", "sm_90", "sm_90a")),
-                           ("sm100", sm100_archs)):
+    for variant, archs in (("sm90", ("sm_80", "sm_89", "sm_90", "sm_90a")), ("sm100", sm100_archs)):
         (kernel / variant).mkdir(parents=True)
         (kernel / variant / "common_ops.abi3.so").write_text(" ".join(archs))
     (kernel / "__init__.py").write_text(_SGL_KERNEL_INIT)
@@ -277,8 +285,10 @@ def fake_runner(env: FakeEnv, tmp: Path):  # type: ignore[no-untyped-def]  # a c
     empty_bin.mkdir(exist_ok=True)
     return make_probe_runner(
         base_env={"PATH": str(empty_bin), "LANG": "C.UTF-8"},
-        extra_env={"PYTHONPATH": str(env.pythonpath),
-                   "ENVPROBE_CUDA_FALLBACK": str(tmp / "no-cuda-here")},
+        extra_env={
+            "PYTHONPATH": str(env.pythonpath),
+            "ENVPROBE_CUDA_FALLBACK": str(tmp / "no-cuda-here"),
+        },
         timeout=60,
     )
 
@@ -286,14 +296,20 @@ def fake_runner(env: FakeEnv, tmp: Path):  # type: ignore[no-untyped-def]  # a c
 class Sm120Poller:
     """A GpuPoller of N RTX PRO 6000 Blackwell cards (compute capability 12.0, 48 GB)."""
 
-    def __init__(self, count: int = 8, cc: tuple[int, int] = (12, 0),
-                 memory: int = 48 * GIB) -> None:
+    def __init__(
+        self, count: int = 8, cc: tuple[int, int] = (12, 0), memory: int = 48 * GIB
+    ) -> None:
         self.count, self.cc, self.memory = count, cc, memory
 
     def snapshot(self) -> FleetSnapshot:
         gpus = tuple(
-            GpuSnapshot(index=i, name="NVIDIA RTX PRO 6000 Blackwell", compute_capability=self.cc,
-                        memory_total_bytes=self.memory, memory_used_bytes=0)
+            GpuSnapshot(
+                index=i,
+                name="NVIDIA RTX PRO 6000 Blackwell",
+                compute_capability=self.cc,
+                memory_total_bytes=self.memory,
+                memory_used_bytes=0,
+            )
             for i in range(self.count)
         )
         return FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=True, gpus=gpus)
@@ -310,9 +326,17 @@ def _free_base(n: int) -> int:
     raise AssertionError("no free port range")
 
 
-def seed_spec(tmp: Path, *, attention: str | None = None, env: str = "{}",
-              extra_sglang: str = "", model: Path | None = None, gpus: int = 8,
-              mamba_key: str | None = None, oom_mamba_key: str | None = None) -> FarmSpec:
+def seed_spec(
+    tmp: Path,
+    *,
+    attention: str | None = None,
+    env: str = "{}",
+    extra_sglang: str = "",
+    model: Path | None = None,
+    gpus: int = 8,
+    mamba_key: str | None = None,
+    oom_mamba_key: str | None = None,
+) -> FarmSpec:
     """etc/sglang-farm/farm.toml as shipped, with this interpreter, free ports and the model
     in tmp (a config.json and 2 GiB of sparse "weights"); `mamba_key` and `oom_mamba_key`
     respell the mamba strategy in [sglang] and in the OOM ladder."""
@@ -330,14 +354,18 @@ def seed_spec(tmp: Path, *, attention: str | None = None, env: str = "{}",
     text = text.replace("base_port = 30000", f"base_port = {base}")
     text = text.replace("nccl_base_port = 31000", f"nccl_base_port = {base + 8}")
     if attention is not None:
-        text = text.replace('attention_backend = "flashinfer"',
-                            f'attention_backend = "{attention}"')
+        text = text.replace(
+            'attention_backend = "flashinfer"', f'attention_backend = "{attention}"'
+        )
     if mamba_key is not None:
-        text = text.replace('mamba_radix_cache_strategy = "extra_buffer"',
-                            f'{mamba_key} = "extra_buffer"')
+        text = text.replace(
+            'mamba_radix_cache_strategy = "extra_buffer"', f'{mamba_key} = "extra_buffer"'
+        )
     if oom_mamba_key is not None:
-        text = text.replace('set = { mamba_radix_cache_strategy = "no_buffer"',
-                            f'set = {{ {oom_mamba_key} = "no_buffer"')
+        text = text.replace(
+            'set = { mamba_radix_cache_strategy = "no_buffer"',
+            f'set = {{ {oom_mamba_key} = "no_buffer"',
+        )
     text += extra_sglang
     return load_spec(text, source="farm.toml", gpu_count=gpus)
 
@@ -380,7 +408,10 @@ def test_doctor_fails_the_seed_config_with_the_seed_reasons_and_fixes(tmp_path: 
         assert check.workers == tuple(range(8))
     for w in range(8):
         assert {c.id for c in report.blocking(w)} >= {
-            CheckId.DEEP_GEMM, CheckId.SGL_KERNEL, CheckId.ATTENTION_BACKEND}
+            CheckId.DEEP_GEMM,
+            CheckId.SGL_KERNEL,
+            CheckId.ATTENTION_BACKEND,
+        }
     text = format_report(report)
     assert "FAIL" in text and "0-7" in text and "fix: set CUDA_HOME" in text
     assert "NOT OK" in text
@@ -393,9 +424,18 @@ def test_doctor_passes_the_seed_config_once_fixed(tmp_path: Path) -> None:
     assert report.ok, format_report(report)
     assert report.blocking(0) == []
     statuses = {c.id: c.status for c in report.checks}
-    for cid in (CheckId.DEEP_GEMM, CheckId.SGL_KERNEL, CheckId.ATTENTION_BACKEND,
-                CheckId.FLAGS, CheckId.TORCH, CheckId.FLASHINFER, CheckId.MODEL_PATH,
-                CheckId.PORT_HTTP, CheckId.PORT_NCCL, CheckId.GPU):
+    for cid in (
+        CheckId.DEEP_GEMM,
+        CheckId.SGL_KERNEL,
+        CheckId.ATTENTION_BACKEND,
+        CheckId.FLAGS,
+        CheckId.TORCH,
+        CheckId.FLASHINFER,
+        CheckId.MODEL_PATH,
+        CheckId.PORT_HTTP,
+        CheckId.PORT_NCCL,
+        CheckId.GPU,
+    ):
         assert statuses[cid] is Status.PASS, cid
     gemm = _by_id(report, CheckId.DEEP_GEMM)[0]
     assert str(env.nvcc_home) in gemm.message and "CUDA_HOME" in gemm.message
@@ -420,25 +460,36 @@ def test_flags_are_checked_against_the_installed_parser(tmp_path: Path) -> None:
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     flags = _by_id(report, CheckId.FLAGS)
     prefix = [c for c in flags if c.status is Status.WARN]
-    assert any(c.message.startswith("--mem-frac is not") and "--mem-fraction-static" in c.message
-               and "mem_fraction_static" in c.fix for c in prefix), flags
-    assert any("--max-running" in c.message and "--max-running-requests" in c.message
-               for c in prefix)
+    assert any(
+        c.message.startswith("--mem-frac is not")
+        and "--mem-fraction-static" in c.message
+        and "mem_fraction_static" in c.fix
+        for c in prefix
+    ), flags
+    assert any(
+        "--max-running" in c.message and "--max-running-requests" in c.message for c in prefix
+    )
     assert not [c for c in flags if c.status is Status.FAIL]
 
 
 def test_renamed_and_unknown_flags_fail_with_the_precise_message(tmp_path: Path) -> None:
     env = make_fake_env(tmp_path / "env", flashinfer=True)
-    spec = seed_spec(tmp_path, extra_sglang="enable_metric_labels = true\ncuda_graph_max_bs = 8\n",
-                     mamba_key="mamba_scheduler_strategy")
+    spec = seed_spec(
+        tmp_path,
+        extra_sglang="enable_metric_labels = true\ncuda_graph_max_bs = 8\n",
+        mamba_key="mamba_scheduler_strategy",
+    )
     report = run_doctor(spec, Sm120Poller(), run_probe=fake_runner(env, tmp_path))
     msgs = {c.message: c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.FAIL}
     (renamed,) = [c for m, c in msgs.items() if m.startswith("--mamba-scheduler-strategy")]
     assert renamed.message == (
         "--mamba-scheduler-strategy is not a flag of SGLang 0.5.23 (argparse: unrecognized "
-        "arguments, exit 2): SGLang 0.5.23 calls it --mamba-radix-cache-strategy")
-    assert renamed.fix == ("write mamba_radix_cache_strategy instead of mamba_scheduler_strategy "
-                           "in [sglang] (same values)")
+        "arguments, exit 2): SGLang 0.5.23 calls it --mamba-radix-cache-strategy"
+    )
+    assert renamed.fix == (
+        "write mamba_radix_cache_strategy instead of mamba_scheduler_strategy "
+        "in [sglang] (same values)"
+    )
     # Split in two: argparse finds the old name ambiguous; the message names the new ones.
     (split,) = [c for m, c in msgs.items() if m.startswith("--cuda-graph-max-bs")]
     assert "ambiguous" in split.message
@@ -451,10 +502,18 @@ def test_renamed_and_unknown_flags_fail_with_the_precise_message(tmp_path: Path)
 
 # (installed SGLang, the key it accepts, the key it refuses, the spelling the refusal names)
 _SPELLINGS = [
-    ("0.5.12", "mamba_scheduler_strategy", "mamba_radix_cache_strategy",
-     "--mamba-scheduler-strategy"),
-    ("0.5.23", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
-     "--mamba-radix-cache-strategy"),
+    (
+        "0.5.12",
+        "mamba_scheduler_strategy",
+        "mamba_radix_cache_strategy",
+        "--mamba-scheduler-strategy",
+    ),
+    (
+        "0.5.23",
+        "mamba_radix_cache_strategy",
+        "mamba_scheduler_strategy",
+        "--mamba-radix-cache-strategy",
+    ),
 ]
 
 
@@ -463,8 +522,9 @@ def test_the_doctor_accepts_the_installed_sglangs_spelling_of_a_renamed_flag(
     tmp_path: Path, version: str, accepted: str, refused: str, names: str
 ) -> None:
     env = make_fixed_env(tmp_path / "env", sglang_version=version)
-    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=accepted,
-                     oom_mamba_key=accepted)
+    spec = seed_spec(
+        tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=accepted, oom_mamba_key=accepted
+    )
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     assert report.ok, format_report(report)
     (flags,) = _by_id(report, CheckId.FLAGS)
@@ -477,8 +537,9 @@ def test_the_doctor_refuses_the_other_spelling_naming_the_installed_one(
     tmp_path: Path, version: str, accepted: str, refused: str, names: str
 ) -> None:
     env = make_fixed_env(tmp_path / "env", sglang_version=version)
-    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=refused,
-                     oom_mamba_key=accepted)
+    spec = seed_spec(
+        tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key=refused, oom_mamba_key=accepted
+    )
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     assert not report.ok
     (fail,) = report.blocking(0)
@@ -494,14 +555,16 @@ def test_an_oom_step_with_the_other_spelling_is_a_warning_naming_the_installed_o
 ) -> None:
     # The shipped farm.toml's ladder sets mamba_radix_cache_strategy; the seed runs 0.5.12.
     env = make_fixed_env(tmp_path / "env", sglang_version="0.5.12")
-    spec = seed_spec(tmp_path, env=fixed_farm_env(env), gpus=1,
-                     mamba_key="mamba_scheduler_strategy")
+    spec = seed_spec(
+        tmp_path, env=fixed_farm_env(env), gpus=1, mamba_key="mamba_scheduler_strategy"
+    )
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     assert report.ok, format_report(report)
     (warn,) = [c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.WARN]
     assert warn.message == (
         "OOM step 'mamba_no_buffer' changes --mamba-radix-cache-strategy, which SGLang 0.5.12 "
-        "does not have: SGLang 0.5.12 calls it --mamba-scheduler-strategy")
+        "does not have: SGLang 0.5.12 calls it --mamba-scheduler-strategy"
+    )
     assert "in that [[oom.steps]] table" in warn.fix
 
 
@@ -516,20 +579,24 @@ def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
     monkeypatch.setattr(accounts, "host_account_problems", lambda spec: [])
     for key, warns in (("mamba_scheduler_strategy", True), ("mamba_radix_cache_strategy", False)):
         config = tmp_path / f"{key}.toml"
-        text = (SEED_TOML.read_text()
-                .replace('mamba_radix_cache_strategy = "extra_buffer"', f'{key} = "extra_buffer"')
-                .replace('gpus = "all"', "gpus = [0, 1]")
-                # Loopback: no warning about workers reachable without an API key.
-                .replace('host = "0.0.0.0"', 'host = "127.0.0.1"'))
+        text = (
+            SEED_TOML.read_text()
+            .replace('mamba_radix_cache_strategy = "extra_buffer"', f'{key} = "extra_buffer"')
+            .replace('gpus = "all"', "gpus = [0, 1]")
+            # Loopback: no warning about workers reachable without an API key.
+            .replace('host = "0.0.0.0"', 'host = "127.0.0.1"')
+        )
         config.write_text(text)
         line = text.splitlines().index(f'{key} = "extra_buffer"') + 1
         result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
         assert result.exit_code == 0, result.output
         assert result.stdout.startswith(f"{config}: OK, 2 workers")
-        warning = (f"warning: {config}:{line}: sglang.mamba_scheduler_strategy: SGLang 0.5.23 "
-                   "renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
-                   "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
-                   "mamba_radix_cache_strategy for SGLang >= 0.5.23\n")
+        warning = (
+            f"warning: {config}:{line}: sglang.mamba_scheduler_strategy: SGLang 0.5.23 "
+            "renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy "
+            "(sgl-project/sglang#27418); keep it for SGLang <= 0.5.22, write "
+            "mamba_radix_cache_strategy for SGLang >= 0.5.23\n"
+        )
         assert result.stderr == (warning if warns else "")
 
 
@@ -538,8 +605,10 @@ def test_without_sglang_the_doctor_warns_about_an_old_spelling(tmp_path: Path) -
     spec = seed_spec(tmp_path, gpus=1, mamba_key="mamba_scheduler_strategy")
     report = run_doctor(spec, Sm120Poller(count=1), run_probe=fake_runner(env, tmp_path))
     warns = [c for c in _by_id(report, CheckId.FLAGS) if c.status is Status.WARN]
-    assert [c.message.split(":")[0] for c in warns] == ["cannot validate flags",
-                                                       "mamba_scheduler_strategy"]
+    assert [c.message.split(":")[0] for c in warns] == [
+        "cannot validate flags",
+        "mamba_scheduler_strategy",
+    ]
     assert "keep it for SGLang <= 0.5.22" in warns[1].message
 
 
@@ -626,8 +695,16 @@ def test_weights_larger_than_the_static_budget_fail(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("cc", "picked"),
-    [((9, 0), "fa3"), ((10, 0), "trtllm_mha"), ((10, 3), "trtllm_mha"), ((12, 0), "flashinfer"),
-     ((12, 1), "flashinfer"), ((8, 0), "flashinfer"), ((8, 9), "flashinfer"), ((7, 5), "triton")],
+    [
+        ((9, 0), "fa3"),
+        ((10, 0), "trtllm_mha"),
+        ((10, 3), "trtllm_mha"),
+        ((12, 0), "flashinfer"),
+        ((12, 1), "flashinfer"),
+        ((8, 0), "flashinfer"),
+        ((8, 9), "flashinfer"),
+        ((7, 5), "triton"),
+    ],
 )
 def test_auto_attention_backend_per_architecture(cc: tuple[int, int], picked: str) -> None:
     assert resolve_attention_backend(cc) == picked
@@ -636,14 +713,26 @@ def test_auto_attention_backend_per_architecture(cc: tuple[int, int], picked: st
 
 @pytest.mark.parametrize(
     ("backend", "cc", "status"),
-    [("fa3", (9, 0), Status.PASS), ("fa3", (8, 0), Status.WARN), ("fa3", (12, 0), Status.FAIL),
-     ("fa3", (10, 0), Status.FAIL), ("fa4", (10, 0), Status.PASS), ("fa4", (12, 0), Status.WARN),
-     ("fa4", (8, 9), Status.FAIL), ("trtllm_mha", (12, 0), Status.PASS),
-     ("trtllm_mha", (8, 0), Status.FAIL), ("trtllm_mla", (9, 0), Status.FAIL),
-     ("trtllm_mla", (10, 0), Status.PASS), ("cutedsl_mla", (12, 0), Status.FAIL),
-     ("flashmla", (12, 0), Status.FAIL), ("flashmla", (9, 0), Status.PASS),
-     ("triton", (12, 0), Status.WARN), ("triton", (9, 0), Status.PASS),
-     ("flashinfer", (12, 0), Status.PASS), ("aiter", (9, 0), Status.FAIL)],
+    [
+        ("fa3", (9, 0), Status.PASS),
+        ("fa3", (8, 0), Status.WARN),
+        ("fa3", (12, 0), Status.FAIL),
+        ("fa3", (10, 0), Status.FAIL),
+        ("fa4", (10, 0), Status.PASS),
+        ("fa4", (12, 0), Status.WARN),
+        ("fa4", (8, 9), Status.FAIL),
+        ("trtllm_mha", (12, 0), Status.PASS),
+        ("trtllm_mha", (8, 0), Status.FAIL),
+        ("trtllm_mla", (9, 0), Status.FAIL),
+        ("trtllm_mla", (10, 0), Status.PASS),
+        ("cutedsl_mla", (12, 0), Status.FAIL),
+        ("flashmla", (12, 0), Status.FAIL),
+        ("flashmla", (9, 0), Status.PASS),
+        ("triton", (12, 0), Status.WARN),
+        ("triton", (9, 0), Status.PASS),
+        ("flashinfer", (12, 0), Status.PASS),
+        ("aiter", (9, 0), Status.FAIL),
+    ],
 )
 def test_backend_rules_follow_sglang(backend: str, cc: tuple[int, int], status: Status) -> None:
     assert backend_verdict(backend, cc)[0] is status
@@ -659,7 +748,9 @@ def test_auto_in_config_is_resolved_and_reported(tmp_path: Path) -> None:
     # The parser saw the resolved value, not "auto" (which it would reject).
     assert all(c.status is Status.PASS for c in _by_id(report, CheckId.FLAGS))
     assert resolve_flags({"attention_backend": "auto", "x": 1}, (9, 0)) == {
-        "attention_backend": "fa3", "x": 1}
+        "attention_backend": "fa3",
+        "x": 1,
+    }
     assert resolve_flags({"attention_backend": "auto"}, None) == {}
 
 
@@ -675,8 +766,13 @@ def test_arch_list_coverage() -> None:
 def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_path: Path) -> None:
     from sglang_farm.doctor.rules import _torch_checks
 
-    torch = {"installed": True, "version": "2.8.0+cu128", "cuda": "12.8",
-             "arch_list": ["sm_120"], "cuda_available": True}
+    torch = {
+        "installed": True,
+        "version": "2.8.0+cu128",
+        "cuda": "12.8",
+        "arch_list": ["sm_120"],
+        "cuda_available": True,
+    }
     assert not [c for c in _torch_checks(torch, (12, 0), 1) if c.id is CheckId.NCCL]
     (warn,) = [c for c in _torch_checks(torch, (12, 0), 2) if c.id is CheckId.NCCL]
     assert warn.status is Status.WARN and "12.9" in warn.message
@@ -689,8 +785,12 @@ def test_the_demo_config_with_the_simulator_passes(tmp_path: Path) -> None:
 
     text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
     spec = load_spec(text, source="demo.toml", agent_python=sys.executable)
-    report = run_doctor(spec, FakeGpuPoller(), run_probe=make_probe_runner(timeout=30),
-                        port_check=lambda host, port: None)
+    report = run_doctor(
+        spec,
+        FakeGpuPoller(),
+        run_probe=make_probe_runner(timeout=30),
+        port_check=lambda host, port: None,
+    )
     assert report.ok, format_report(report)
     assert preflight_blocking(spec, 0, report, port_check=lambda host, port: None) == []
     ids = {c.id for c in report.checks}
@@ -703,9 +803,10 @@ def test_the_demo_config_with_the_simulator_passes(tmp_path: Path) -> None:
 
 def test_doctor_command_json_and_exit_status(tmp_path: Path) -> None:
     config = tmp_path / "farm.toml"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         [farm]
-        python = "{tmp_path / 'missing' / 'python3'}"
+        python = "{tmp_path / "missing" / "python3"}"
         [workers]
         gpus = [0]
         base_port = {_free_base(2)}
@@ -714,7 +815,8 @@ def test_doctor_command_json_and_exit_status(tmp_path: Path) -> None:
         gpu_source = "fake"
         [sglang]
         model_path = "{tmp_path}"
-    """))
+    """)
+    )
     result = CliRunner().invoke(doctor, ["--config", str(config), "--json"])
     assert result.exit_code == 1, result.output
     data = json.loads(result.output)
@@ -725,6 +827,7 @@ def test_doctor_command_json_and_exit_status(tmp_path: Path) -> None:
 
 def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML as on a machine without the NVIDIA driver (whatever machine runs the tests)."""
+
     def missing() -> object:
         raise ImportError("NVML Shared Library Not Found")
 
@@ -760,8 +863,9 @@ def test_doctor_without_nvml_or_a_gpu_count_says_to_pass_the_count(
     assert "pass --gpus N" in result.stderr
 
 
-def test_the_doctors_report_has_no_nvml_log_line(monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+def test_the_doctors_report_has_no_nvml_log_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _no_nvml(monkeypatch)
     config = tmp_path / "farm.toml"
     config.write_text(SEED_TOML.read_text().replace('gpus = "all"', "gpus = [0]"))
@@ -796,16 +900,21 @@ def test_the_missing_default_interpreter_is_not_offered_as_its_own_fix() -> None
     obs = Observations(
         fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
         env={0: ProbeOutcome(error=f"{python} does not exist", missing=True)},
-        flags={}, ports={}, models={},
+        flags={},
+        ports={},
+        models={},
     )
     env_check = _fails(evaluate(spec, obs))[CheckId.ENVIRONMENT]
     assert python in env_check.message and python not in env_check.fix
 
 
-@pytest.mark.parametrize(("statuses", "line"), [
-    ((Status.FAIL, Status.WARN, Status.PASS), "1 failed, 1 warning, 1 passed"),
-    ((Status.WARN, Status.WARN, Status.PASS, Status.PASS), "0 failed, 2 warnings, 2 passed"),
-])
+@pytest.mark.parametrize(
+    ("statuses", "line"),
+    [
+        ((Status.FAIL, Status.WARN, Status.PASS), "1 failed, 1 warning, 1 passed"),
+        ((Status.WARN, Status.WARN, Status.PASS, Status.PASS), "0 failed, 2 warnings, 2 passed"),
+    ],
+)
 def test_the_report_counts_are_pluralized(statuses: tuple[Status, ...], line: str) -> None:
     checks = tuple(Check(CheckId.GPU, s, f"check {i}") for i, s in enumerate(statuses))
     text = format_report(DoctorReport(checks))
@@ -818,22 +927,29 @@ def test_doctor_warns_about_workers_reachable_without_an_api_key(tmp_path: Path)
     report = run_doctor(spec, Sm120Poller(count=2), run_probe=fake_runner(env, tmp_path))
     (exposure,) = _by_id(report, CheckId.EXPOSURE)
     assert exposure.status is Status.WARN and exposure.workers == (0, 1)
-    assert exposure.message.startswith("workers listen on '0.0.0.0' (not loopback) without "
-                                       "api_key")
+    assert exposure.message.startswith("workers listen on '0.0.0.0' (not loopback) without api_key")
     assert 'host = "127.0.0.1"' in exposure.fix and "api_key" in exposure.fix
     assert report.ok  # a warning, not a failure
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ('[sglang]\napi_key = "k"\n', "api_key is set"),
-    ("", "listens on loopback"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[sglang]\napi_key = "k"\n', "api_key is set"),
+        ("", "listens on loopback"),
+    ],
+)
 def test_doctor_passes_keyed_or_loopback_workers(extra: str, message: str) -> None:
     host = "0.0.0.0" if extra else "127.0.0.1"
     text = f'[workers]\ngpus = [0]\nhost = "{host}"\n' + (extra or "[sglang]\n")
     spec = load_spec(text + "model_path = '/m'\n", source="f")
-    obs = Observations(fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
-                       env={}, flags={}, ports={}, models={})
+    obs = Observations(
+        fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
+        env={},
+        flags={},
+        ports={},
+        models={},
+    )
     (exposure,) = _by_id(evaluate(spec, obs), CheckId.EXPOSURE)
     assert exposure.status is Status.PASS and message in exposure.message
 
@@ -867,8 +983,18 @@ def _unprivileged_account() -> tuple[str, str]:
             continue
         if pw.pw_uid != 0:
             return name, grp.getgrgid(pw.pw_gid).gr_name
-    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
-                    "--shell", "/usr/sbin/nologin", "sf-probe-test"], check=True)
+    subprocess.run(
+        [
+            "useradd",
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "sf-probe-test",
+        ],
+        check=True,
+    )
     return "sf-probe-test", "sf-probe-test"
 
 
@@ -886,12 +1012,14 @@ def uid_python(request: pytest.FixtureRequest) -> Path:
     request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
     folder.chmod(0o755)
     script = folder / "python3"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         #!/bin/sh
         [ -n "$SF_PROBE_MARK" ] && touch "$SF_PROBE_MARK"
         printf '{"uid": %s, "gid": %s, "groups": "%s", "home": "%s", "user": "%s"}\\n' \\
             "$(id -u)" "$(id -g)" "$(id -G)" "$HOME" "$USER"
-        """))
+        """)
+    )
     script.chmod(0o755)
     assert os.access(script, os.X_OK)
     return script
@@ -946,8 +1074,10 @@ def test_missing_workers_user_is_a_doctor_failure_and_nothing_runs_as_root(
 ) -> None:
     mark = tmp_path / "ran"
     spec = _account_spec(uid_python, "sf-no-such-user", "root")
-    spec = replace(spec, workers=tuple(replace(w, env={**w.env, "SF_PROBE_MARK": str(mark)})
-                                       for w in spec.workers))
+    spec = replace(
+        spec,
+        workers=tuple(replace(w, env={**w.env, "SF_PROBE_MARK": str(mark)}) for w in spec.workers),
+    )
     report = run_doctor(spec, Sm120Poller(count=1), port_check=lambda host, port: None)
     assert not mark.exists()  # the interpreter never ran
     (env_check,) = _by_id(report, CheckId.ENVIRONMENT)
@@ -961,8 +1091,10 @@ def test_missing_workers_user_is_a_doctor_failure_and_nothing_runs_as_root(
 def test_a_non_root_doctor_probes_as_itself() -> None:
     from sglang_farm.doctor.gather import choose_isolation, probe_account
 
-    spec = load_spec("[farm]\nuser = 'sf-no-such-user'\n[workers]\ngpus = [0]\n"
-                     "[sglang]\nmodel_path = '/m'\n", source="f")
+    spec = load_spec(
+        "[farm]\nuser = 'sf-no-such-user'\n[workers]\ngpus = [0]\n[sglang]\nmodel_path = '/m'\n",
+        source="f",
+    )
     assert probe_account(spec, euid=1000) is None  # cannot switch, nothing to hand over
     assert choose_isolation(None, "auto", systemd=True) == "self"
 
@@ -980,25 +1112,43 @@ def test_transient_probe_unit_runs_as_the_account_in_the_worker_sandbox() -> Non
     from sglang_farm.doctor.gather import WORKER_SANDBOX, Account, transient_unit_argv
 
     acct = Account("sglang", "gpu", 999, 44, (44, 999), "/var/lib/sglang")
-    argv = transient_unit_argv("/opt/sglang/bin/python3", "print('$HOME')", "env", acct,
-                               "/run/sglang-farm/probe-x.env", 240.0)
+    argv = transient_unit_argv(
+        "/opt/sglang/bin/python3",
+        "print('$HOME')",
+        "env",
+        acct,
+        "/run/sglang-farm/probe-x.env",
+        240.0,
+    )
     assert argv[0] == "systemd-run"
-    for opt in ("--wait", "--pipe", "--collect", "--uid=sglang", "--gid=gpu",
-                "--property=EnvironmentFile=/run/sglang-farm/probe-x.env",
-                "--property=RuntimeMaxSec=240", "--property=NoNewPrivileges=yes"):
+    for opt in (
+        "--wait",
+        "--pipe",
+        "--collect",
+        "--uid=sglang",
+        "--gid=gpu",
+        "--property=EnvironmentFile=/run/sglang-farm/probe-x.env",
+        "--property=RuntimeMaxSec=240",
+        "--property=NoNewPrivileges=yes",
+    ):
         assert opt in argv
     assert [a for a in argv if a.startswith("--property=")][2:] == [
-        f"--property={p}" for p in WORKER_SANDBOX]
+        f"--property={p}" for p in WORKER_SANDBOX
+    ]
     assert not any(a.startswith("--setenv") for a in argv)  # secrets stay in the 0600 file
-    assert argv[argv.index("--") + 1:] == [
-        "/opt/sglang/bin/python3", "-c", "print('$$HOME')", "env"]
+    assert argv[argv.index("--") + 1 :] == [
+        "/opt/sglang/bin/python3",
+        "-c",
+        "print('$$HOME')",
+        "env",
+    ]
 
 
 def test_worker_sandbox_is_the_worker_units_hardening() -> None:
     from sglang_farm.doctor.gather import WORKER_SANDBOX
 
     text = (REPO / "units" / "sglang@.service").read_text()
-    hardening = text[text.index("# --- Hardening"):]
+    hardening = text[text.index("# --- Hardening") :]
     lines = [ln for ln in hardening.splitlines() if ln[:1].isupper() and "=" in ln]
     assert tuple(lines) == WORKER_SANDBOX
 
@@ -1007,7 +1157,8 @@ def test_probe_environment_file_quotes_what_systemd_would_expand() -> None:
     from sglang_farm.doctor.gather import environment_file_text
 
     assert environment_file_text({"B": "plain", "A": 'x"y$z\\w`q'}) == (
-        'A="x\\"y\\$z\\\\w\\`q"\nB="plain"\n')
+        'A="x\\"y\\$z\\\\w\\`q"\nB="plain"\n'
+    )
 
 
 def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
@@ -1023,7 +1174,8 @@ def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
     monkeypatch.setattr(g, "PROBE_ENV_DIRS", (str(tmp_path / "nope"), str(tmp_path)))
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "systemd-run").write_text(textwrap.dedent(f"""\
+    (fake_bin / "systemd-run").write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable}
         import json, os, stat, sys
         envfile = next(a.split("=", 2)[2] for a in sys.argv if "EnvironmentFile=" in a)
@@ -1031,13 +1183,22 @@ def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
                           "mode": stat.S_IMODE(os.stat(envfile).st_mode),
                           "file": open(envfile).read(), "envfile": envfile,
                           "stdin": sys.stdin.read()}}))
-        """))
+        """)
+    )
     (fake_bin / "systemd-run").chmod(0o755)
     acct = g.Account("sglang", "sglang", 999, 999, (999,), "/var/lib/sglang")
-    runner = make_probe_runner(base_env={"PATH": str(fake_bin), "LANG": "C.UTF-8"},
-                               account=acct, isolation="unit", timeout=30)
-    got = runner("/opt/sglang/bin/python3", {"LD_PRELOAD": "/home/x/evil.so", "HF_TOKEN": "s"},
-                 "flags", {"argvs": [["--port", "1"]]})
+    runner = make_probe_runner(
+        base_env={"PATH": str(fake_bin), "LANG": "C.UTF-8"},
+        account=acct,
+        isolation="unit",
+        timeout=30,
+    )
+    got = runner(
+        "/opt/sglang/bin/python3",
+        {"LD_PRELOAD": "/home/x/evil.so", "HF_TOKEN": "s"},
+        "flags",
+        {"argvs": [["--port", "1"]]},
+    )
     assert "LD_PRELOAD" not in got["env"] and "HF_TOKEN" not in got["env"]
     assert got["mode"] == stat.S_IMODE(0o600)
     assert 'LD_PRELOAD="/home/x/evil.so"\n' in got["file"] and 'HF_TOKEN="s"\n' in got["file"]
@@ -1159,15 +1320,21 @@ def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
     if subprocess.run([_NO_SMG_PYTHON, "-c", "import smg"], capture_output=True).returncode == 0:
         pytest.skip("the system Python has smg")
     spec = _demo_with_gateway()
-    report = run_doctor(spec, FakeGpuPoller(), run_probe=make_probe_runner(timeout=30),
-                        port_check=lambda host, port: None, gateway_python=_NO_SMG_PYTHON)
+    report = run_doctor(
+        spec,
+        FakeGpuPoller(),
+        run_probe=make_probe_runner(timeout=30),
+        port_check=lambda host, port: None,
+        gateway_python=_NO_SMG_PYTHON,
+    )
     [check] = _by_id(report, CheckId.GATEWAY)
     assert check.status is Status.FAIL and not report.ok
     assert "No module named 'smg'" in check.message and _NO_SMG_PYTHON in check.message
     assert f"{_NO_SMG_PYTHON} -m pip install 'smg==1.13.0'" in check.fix
     assert "sglang-farm[gateway]" in check.fix
-    assert any(line.startswith("FAIL") and "gateway" in line
-               for line in format_report(report).splitlines())
+    assert any(
+        line.startswith("FAIL") and "gateway" in line for line in format_report(report).splitlines()
+    )
     # The workers start all the same: the gateway is no worker's prerequisite.
     assert preflight_blocking(spec, 0, report, port_check=lambda host, port: None) == []
 
@@ -1175,8 +1342,12 @@ def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
 def test_a_managed_gateway_whose_smg_runs_passes_with_its_version() -> None:
     from sglang_farm.gpu_sim import FakeGpuPoller
 
-    report = run_doctor(_demo_with_gateway(), FakeGpuPoller(),
-                        run_probe=make_probe_runner(timeout=30), port_check=lambda h, p: None)
+    report = run_doctor(
+        _demo_with_gateway(),
+        FakeGpuPoller(),
+        run_probe=make_probe_runner(timeout=30),
+        port_check=lambda h, p: None,
+    )
     [check] = _by_id(report, CheckId.GATEWAY)
     assert check.status is Status.PASS and "smg 1.13.0" in check.message
 
@@ -1184,9 +1355,13 @@ def test_a_managed_gateway_whose_smg_runs_passes_with_its_version() -> None:
 def test_a_missing_gateway_interpreter_fails_the_doctor() -> None:
     from sglang_farm.gpu_sim import FakeGpuPoller
 
-    report = run_doctor(_demo_with_gateway(), FakeGpuPoller(),
-                        run_probe=make_probe_runner(timeout=30), port_check=lambda h, p: None,
-                        gateway_python="/nonexistent/python3")
+    report = run_doctor(
+        _demo_with_gateway(),
+        FakeGpuPoller(),
+        run_probe=make_probe_runner(timeout=30),
+        port_check=lambda h, p: None,
+        gateway_python="/nonexistent/python3",
+    )
     [check] = _by_id(report, CheckId.GATEWAY)
     assert check.status is Status.FAIL and "/nonexistent/python3 does not exist" in check.message
 

@@ -300,8 +300,9 @@ async def test_a_root_agent_runs_workers_as_the_farm_user() -> None:
     ]
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"),
-                    reason="no system Python that nobody may run")
+@pytest.mark.skipif(
+    not os.path.exists("/usr/bin/python3"), reason="no system Python that nobody may run"
+)
 async def test_a_worker_run_as_the_farm_user_still_dies_with_the_agent() -> None:
     """PR_SET_PDEATHSIG is cleared by a change of credentials: it must be set after the
     switch to [farm] user, or a `kill -9` of the agent leaves the worker running."""

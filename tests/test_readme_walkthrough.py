@@ -78,7 +78,7 @@ def test_the_walkthrough_is_parsed_as_the_reader_reads_it() -> None:
     assert steps(blocks[0])[-1].command.startswith(".venv/bin/sglang-farm run")
     checks = steps(blocks[1])
     assert [len(s.promises) for s in checks] == [1, 2, 1, 2]
-    assert promise_pattern("a{...x=\"1\"...} 1.0").search('a{w="3",x="1",y="2"} 1.0')
+    assert promise_pattern('a{...x="1"...} 1.0').search('a{w="3",x="1",y="2"} 1.0')
 
 
 def sh(command: str, timeout: float = 30) -> str:
@@ -92,7 +92,9 @@ def sh(command: str, timeout: float = 30) -> str:
 def status(config: str) -> dict[int, dict[str, object]]:
     r = subprocess.run(
         [str(REPO / ".venv/bin/farmctl"), "--config", config, "--json", "status"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if r.returncode != 0:
         return {}
@@ -100,7 +102,10 @@ def status(config: str) -> dict[int, dict[str, object]]:
 
 
 def wait_for_worker(
-    config: str, worker: int, what: str, ok: Callable[[dict[str, object]], bool],
+    config: str,
+    worker: int,
+    what: str,
+    ok: Callable[[dict[str, object]], bool],
     timeout: float = 240,
 ) -> dict[str, object]:
     """A worker's status once `ok(worker)` holds (the farm's own pace; no timing asserted)."""
@@ -132,7 +137,10 @@ class Farm:
         self.log = log
         with log.open("w") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                shlex.split(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                shlex.split(command),
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 
@@ -191,8 +199,9 @@ def test_the_oom_walkthrough_does_what_the_readme_says(
         for step in undo:
             sh(step.command, timeout=120)
         w3 = wait_for(
-            "etc/sglang-farm/demo.toml", "restarted", lambda w: w.get("state") == "ready"
-            and w.get("pid") != old_pid
+            "etc/sglang-farm/demo.toml",
+            "restarted",
+            lambda w: w.get("state") == "ready" and w.get("pid") != old_pid,
         )
         assert "--mem-fraction-static" not in args_of(w3["pid"])
     finally:
@@ -218,8 +227,12 @@ def test_the_quickstart_does_what_the_readme_says(clean_demo_paths: None, tmp_pa
     demo = Farm("./scripts/demo", tmp_path / "demo.log")
     try:
         for i in range(8):  # the front door routes to every worker
-            wait_for_worker(config, i, "ready and routed",
-                            lambda w: w.get("state") == "ready" and bool(w.get("in_gateway")))
+            wait_for_worker(
+                config,
+                i,
+                "ready and routed",
+                lambda w: w.get("state") == "ready" and bool(w.get("in_gateway")),
+            )
         for step in steps(block):
             victim = status(config).get(5, {}).get("pid")
             out = sh(step.command.replace(KILLED_PLACEHOLDER, str(victim)), timeout=120)

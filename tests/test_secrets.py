@@ -44,7 +44,10 @@ def test_secret_files_are_root_only_and_hold_the_values(tmp_path: Path) -> None:
     folder = Path(credentials_dir(spec))
     changes = write_secrets(folder, render_secrets(spec))
     assert changes.written == (
-        "sglang@0.api-key", "sglang@0.env", "sglang@1.api-key", "sglang@1.env"
+        "sglang@0.api-key",
+        "sglang@0.env",
+        "sglang@1.api-key",
+        "sglang@1.env",
     )
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     for entry in folder.iterdir():

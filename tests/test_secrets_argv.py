@@ -65,7 +65,6 @@ def _wait_healthy(port: int, timeout: float = 20.0) -> None:
     raise AssertionError(f"worker on port {port} never healthy; last: {last!r}")
 
 
-
 async def test_process_runtime_worker_cmdline_holds_no_key_and_the_worker_requires_it() -> None:
     spec = keyed_spec(port=_free_port())
     events: list[RuntimeEvent] = []

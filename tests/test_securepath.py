@@ -86,9 +86,21 @@ def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) ->
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
     config = _config(shared_dir, state)
     run = subprocess.run(
-        [sys.executable, "-m", "sglang_farm.cli.main", "run", "--config", str(config),
-         "--runtime", "process", "--log-format", "json"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "sglang_farm.cli.main",
+            "run",
+            "--config",
+            str(config),
+            "--runtime",
+            "process",
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert (
@@ -175,10 +187,12 @@ def _swapped_socket(path: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("where", ["nobody's folder", "a shared sticky folder"])
 def test_farmctl_does_not_talk_to_a_socket_another_user_put_there(
-    shared_dir: Path, where: str  # noqa: F811
+    shared_dir: Path,  # noqa: F811
+    where: str,
 ) -> None:
-    folder = asuser.nobody_owned(shared_dir, "run", 0o777) if where == "nobody's folder" \
-        else shared_dir
+    folder = (
+        asuser.nobody_owned(shared_dir, "run", 0o777) if where == "nobody's folder" else shared_dir
+    )
     path = folder / "control.sock"
     fake = _swapped_socket(path)
     try:
@@ -227,8 +241,15 @@ def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path
     spec = load_spec(_config(shared_dir, state).read_text(), source="farm.toml")
     obs = Observations(
         fleet=FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False),
-        env={}, flags={}, ports={}, models={}, folder_problems=farm_folder_problems(spec),
+        env={},
+        flags={},
+        ports={},
+        models={},
+        folder_problems=farm_folder_problems(spec),
     )
-    found = [c for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE
-             and c.message.startswith(f"refusing the state folder {state}: ")]
+    found = [
+        c
+        for c in evaluate(spec, obs).checks
+        if c.id is CheckId.EXPOSURE and c.message.startswith(f"refusing the state folder {state}: ")
+    ]
     assert [c.status for c in found] == [Status.WARN]

@@ -59,13 +59,12 @@ def spec_for(
 def spec_text(
     tmp: Path, source: Path, target: Path, model_extra: str = "", headroom: str = "0"
 ) -> str:
-    return (
-        textwrap.dedent(
-            f"""
+    return textwrap.dedent(
+        f"""
             [farm]
             python = "{sys.executable}"
             module = "sglang_farm.sim"
-            state_dir = "{tmp / 'state'}"
+            state_dir = "{tmp / "state"}"
             [workers]
             gpus = [0, 1]
             [metrics]
@@ -77,7 +76,6 @@ def spec_text(
             headroom = {headroom}
             {model_extra}
             """
-        )
     )
 
 
@@ -105,7 +103,9 @@ def test_first_stage_copies_every_file_verified_and_records_the_manifest(tmp_pat
     target = tmp_path / "shm" / "model"
     seen: list[StageProgress] = []
     r = stage_model(
-        spec_for(tmp_path, src, target), cancel=threading.Event(), report=seen.append,
+        spec_for(tmp_path, src, target),
+        cancel=threading.Event(),
+        report=seen.append,
         measure=roomy,
     )
     assert tree(target) == MODEL
@@ -254,7 +254,8 @@ def test_agent_killed_mid_copy_leaves_no_half_model_and_the_next_stage_completes
     if replacement:  # model_path holds the previous (staged) copy
         stage_model(
             spec_for(tmp_path, make_source(tmp_path / "old", old_copy), target),
-            cancel=threading.Event(), measure=roomy,
+            cancel=threading.Event(),
+            measure=roomy,
         )
     src = make_source(tmp_path / "src", big)
     toml = tmp_path / "farm.toml"
@@ -645,8 +646,7 @@ def test_not_enough_space_beside_an_unmanaged_copy_says_removing_it_frees_the_ro
         return MountFacts("/dev/shm", "tmpfs", "rw,size=4m", 256 << 10, 4 << 20)
 
     with pytest.raises(StageError) as err:
-        stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(),
-                    measure=full_tmpfs)
+        stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=full_tmpfs)
     e = err.value
     assert e.kind is StageFailureKind.NO_SPACE
     assert f"{target} already holds 3.0 MiB not staged by the farm" in e.message

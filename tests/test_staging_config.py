@@ -43,16 +43,20 @@ def test_without_model_the_farm_does_not_stage() -> None:
 
 def test_a_local_source_and_a_hub_source_parse() -> None:
     local = load_spec(
-        toml('[model]\nsource = "/srv/models/Qwen3.6-27B/"\nheadroom = "2GiB"\n'
-             "warm_page_cache = true"),
+        toml(
+            '[model]\nsource = "/srv/models/Qwen3.6-27B/"\nheadroom = "2GiB"\n'
+            "warm_page_cache = true"
+        ),
         source="farm.toml",
     ).model
     assert local == ModelSpec("/srv/models/Qwen3.6-27B", headroom=2 << 30, warm_page_cache=True)
     assert local.is_local
     hub = load_spec(
-        toml('[model]\nsource = "Qwen/Qwen3.6-27B"\nrevision = "v1.1"\n'
-             'token_file = "/etc/sglang-farm/hf-token"\ncache_dir = "/var/cache/hf"\n'
-             "headroom = 1000"),
+        toml(
+            '[model]\nsource = "Qwen/Qwen3.6-27B"\nrevision = "v1.1"\n'
+            'token_file = "/etc/sglang-farm/hf-token"\ncache_dir = "/var/cache/hf"\n'
+            "headroom = 1000"
+        ),
         source="farm.toml",
     ).model
     assert hub == ModelSpec(
@@ -73,9 +77,12 @@ def test_model_problems_say_where_and_what_is_accepted() -> None:
 
 def test_model_needs_one_absolute_model_path_of_its_own() -> None:
     per_worker = problems(
-        toml('[model]\nsource = "/srv/m"', sglang="",
-             extra='[workers.overrides.1]\nsglang = { model_path = "/dev/shm/b" }\n'
-                   '[workers.overrides.0]\nsglang = { model_path = "/dev/shm/a" }')
+        toml(
+            '[model]\nsource = "/srv/m"',
+            sglang="",
+            extra='[workers.overrides.1]\nsglang = { model_path = "/dev/shm/b" }\n'
+            '[workers.overrides.0]\nsglang = { model_path = "/dev/shm/a" }',
+        )
     )
     assert "sglang.model_path: [model] stages one copy for every worker" in per_worker
     shm = problems(toml('[model]\nsource = "/srv/m"', sglang='model_path = "/dev/shm"'))
@@ -84,8 +91,9 @@ def test_model_needs_one_absolute_model_path_of_its_own() -> None:
     assert "model.source: the source '/dev/shm' and the workers' model_path" in overlap
 
 
-@pytest.mark.parametrize("bad", ["org/name..x", "a--b/model", "org/model.", "org/-model",
-                                 "org/model-", ".org/model"])
+@pytest.mark.parametrize(
+    "bad", ["org/name..x", "a--b/model", "org/model.", "org/-model", "org/model-", ".org/model"]
+)
 def test_a_repo_id_the_hub_would_refuse_is_a_config_error(bad: str) -> None:
     # huggingface_hub's validate_repo_id refuses '--' and '..' anywhere and a leading or
     # trailing '.' or '-' in a part: caught here, not as a stage stuck mid-way.

@@ -64,13 +64,19 @@ def test_status_why_and_start_with_a_failed_stage() -> None:
 
 def test_why_shows_the_progress_of_a_stage_under_way() -> None:
     staging = replace(
-        FAILED, state="staging", step="copying", bytes_done=1 << 30, bytes_total=4 << 30,
-        rate=float(1 << 29), eta_s=6.0, error=None, error_kind=None, fix=None,
+        FAILED,
+        state="staging",
+        step="copying",
+        bytes_done=1 << 30,
+        bytes_total=4 << 30,
+        rate=float(1 << 29),
+        eta_s=6.0,
+        error=None,
+        error_kind=None,
+        fix=None,
     )
     with serving(StagingOps(staging)) as agent:
         r = agent.run("why", "2")
         assert r.exit_code == 0, r.output
         assert "waiting for the model to be staged into /dev/shm/Qwen3.6-27B" in r.output
-        assert (
-            "staging: copying 1.0 GiB of 4.0 GiB (25%) at 512.0 MiB/s, about 6s left" in r.output
-        )
+        assert "staging: copying 1.0 GiB of 4.0 GiB (25%) at 512.0 MiB/s, about 6s left" in r.output

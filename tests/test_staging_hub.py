@@ -52,13 +52,13 @@ def hub_spec(tmp: Path, extra: str = "", source: str = "tiny-org/tiny-model") ->
             [farm]
             python = "{sys.executable}"
             module = "sglang_farm.sim"
-            state_dir = "{tmp / 'state'}"
+            state_dir = "{tmp / "state"}"
             [workers]
             gpus = [0]
             [metrics]
             gpu_source = "none"
             [sglang]
-            model_path = "{tmp / 'shm' / 'model'}"
+            model_path = "{tmp / "shm" / "model"}"
             [model]
             source = "{source}"
             headroom = 0
@@ -103,9 +103,7 @@ def test_hub_download_through_the_stand_in_is_staged_verified_by_the_hubs_etags(
     assert len([q for q in hub.requests if q.method == "GET" and "/resolve/" in q.path]) == gets
 
 
-def test_an_interrupted_download_resumes_with_a_range_request(
-    tmp_path: Path, hub: FakeHub
-) -> None:
+def test_an_interrupted_download_resumes_with_a_range_request(tmp_path: Path, hub: FakeHub) -> None:
     # huggingface_hub writes in 10 MiB chunks: the connection drops after the first one.
     big = os.urandom(12 << 20)
     hub.repos["tiny-org/tiny-model"].files["model.safetensors"] = big
@@ -120,7 +118,11 @@ def test_a_corrupt_cache_blob_is_a_checksum_mismatch(tmp_path: Path, hub: FakeHu
     spec = hub_spec(tmp_path)
     stage_model(spec, cancel=threading.Event(), measure=roomy, endpoint=hub.url)
     blob = (
-        tmp_path / "state" / "hub-cache" / "models--tiny-org--tiny-model" / "blobs"
+        tmp_path
+        / "state"
+        / "hub-cache"
+        / "models--tiny-org--tiny-model"
+        / "blobs"
         / hashlib.sha256(TINY["model.safetensors"]).hexdigest()
     )
     blob.write_bytes(b"\0" * len(TINY["model.safetensors"]))  # bit rot on the cache disk
@@ -176,9 +178,11 @@ def test_a_repo_id_the_library_refuses_is_a_hub_error_not_a_crash(tmp_path: Path
 
 def test_a_recorded_manifest_whose_entries_are_not_objects_is_no_manifest() -> None:
     assert manifest_from_json('{"origin": "x", "files": [1, "a"]}') is None
-    assert manifest_from_json('{"origin": "x", "files": [{"path": "a", "size": 1,'
-                              ' "sha256": 5}]}') is None
-    assert manifest_from_json('[]') is None
+    assert (
+        manifest_from_json('{"origin": "x", "files": [{"path": "a", "size": 1, "sha256": 5}]}')
+        is None
+    )
+    assert manifest_from_json("[]") is None
 
 
 def test_download_progress_is_throttled_like_the_copy(tmp_path: Path, hub: FakeHub) -> None:
@@ -189,8 +193,12 @@ def test_download_progress_is_throttled_like_the_copy(tmp_path: Path, hub: FakeH
         repo.files[f"shard-{n}.safetensors"] = os.urandom(300_000)
     seen: list[StageProgress] = []
     stage_model(
-        hub_spec(tmp_path), cancel=threading.Event(), report=seen.append, measure=roomy,
-        endpoint=hub.url, clock=lambda: 100.0,
+        hub_spec(tmp_path),
+        cancel=threading.Event(),
+        report=seen.append,
+        measure=roomy,
+        endpoint=hub.url,
+        clock=lambda: 100.0,
     )
     downloading = [p for p in seen if p.step == "downloading"]
     assert 1 <= len(downloading) <= 2, len(downloading)

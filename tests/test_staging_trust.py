@@ -73,7 +73,10 @@ def stage(
     toml.write_text(text)
     child = subprocess.Popen(
         [*(CAPLESS_ROOT if capless else []), sys.executable, "-c", STAGE_CHILD, str(toml)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": AGENT_DIR},
     )
     try:
@@ -305,7 +308,12 @@ def test_a_hub_cache_snapshot_is_read_through_its_blobs_and_verified(tmp_path: P
     assert all(f.sha256 for f in manifest.files)  # each vouched for by its blob's name
     target = tmp_path / "shm" / "model"
     stage_copy(
-        snap, manifest, target, headroom=0, cancel=threading.Event(), measure=roomy,
+        snap,
+        manifest,
+        target,
+        headroom=0,
+        cancel=threading.Event(),
+        measure=roomy,
         lock_dir=tmp_path / "locks",
     )
     assert tree(target) == MODEL

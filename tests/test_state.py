@@ -87,7 +87,9 @@ def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
     policy = Policy(StartupPolicy(), HealthPolicy(), RestartPolicy())
     for text in (
         '{"format": 1, "workers": {"0": {"failures": 1e999, "oom_step": 1e999}}}',
-        '{"format": 1, "workers": {"0": {"failures": 2, "x": ' + "[" * 100_000 + "]" * 100_000
+        '{"format": 1, "workers": {"0": {"failures": 2, "x": '
+        + "[" * 100_000
+        + "]" * 100_000
         + "}}}",
     ):
         path = tmp_path / "state.json"

@@ -56,8 +56,11 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     c.run(["systemctl", "start", AGENT], timeout=90)
     farm.wait(
         "both workers ready",
-        lambda: ((st := farm.status()).keys() == {0, 1}
-                 and all(w["state"] == "ready" for w in st.values()), st),
+        lambda: (
+            (st := farm.status()).keys() == {0, 1}
+            and all(w["state"] == "ready" for w in st.values()),
+            st,
+        ),
         timeout=90,
     )
     before = farm.main_pids([1])[1]
@@ -66,21 +69,35 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     farm.farmctl("restart", "1", "--no-wait")
     farm.wait(
         "sglang@1 loading with a new MainPID",
-        lambda: ((farm.states([1])[1], (p := farm.main_pids([1])[1])) == ("activating", p)
-                 and p not in (0, before), p),
+        lambda: (
+            (farm.states([1])[1], (p := farm.main_pids([1])[1])) == ("activating", p)
+            and p not in (0, before),
+            p,
+        ),
         timeout=30,
         interval=0.05,
     )
-    c.run([
-        "systemd-run", f"--unit={SQUAT_UNIT}", "--uid=65534", "--gid=65534",
-        "/usr/bin/python3", "-I", "-c", SQUATTER, str(BASE_PORT + 1), SQUAT_LOG,
-    ])
+    c.run(
+        [
+            "systemd-run",
+            f"--unit={SQUAT_UNIT}",
+            "--uid=65534",
+            "--gid=65534",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            SQUATTER,
+            str(BASE_PORT + 1),
+            SQUAT_LOG,
+        ]
+    )
     squatter = int(c.run(["systemctl", "show", "-P", "MainPID", SQUAT_UNIT]).stdout.strip())
     assert squatter > 0
 
     def failed() -> tuple[bool, list[dict[str, object]]]:
         evs = [
-            e for e in farm.agent_events("worker_failed", worker=1)[0:]
+            e
+            for e in farm.agent_events("worker_failed", worker=1)[0:]
             if e.get("kind") == "port_taken"
         ]
         return bool(evs), evs
@@ -107,6 +124,7 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     # The squatter leaves: the unit is started again and is the worker itself.
     c.run(["systemctl", "stop", SQUAT_UNIT])
     farm.wait(
-        "worker 1 ready again", lambda: ((s := farm.status()[1])["state"] == "ready", s),
+        "worker 1 ready again",
+        lambda: ((s := farm.status()[1])["state"] == "ready", s),
         timeout=90,
     )

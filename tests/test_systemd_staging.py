@@ -101,8 +101,7 @@ def test_an_agent_restart_keeps_the_current_copy(farm: SdFarm) -> None:
     pid = farm.agent_pid()
     farm.wait(
         "model_staged logged",
-        lambda: (bool(e := [x for x in _run_events(farm, pid) if x["event"] == "model_staged"]),
-                 e),
+        lambda: (bool(e := [x for x in _run_events(farm, pid) if x["event"] == "model_staged"]), e),
         timeout=30,
     )
     (staged,) = [x for x in _run_events(farm, pid) if x["event"] == "model_staged"]
@@ -130,8 +129,10 @@ def test_a_model_that_does_not_fit_starts_no_worker_and_why_says_so(farm: SdFarm
         pid = farm.agent_pid()
         farm.wait(
             "model_stage_failed logged",
-            lambda: (any(e["event"] == "model_stage_failed" for e in _run_events(farm, pid)),
-                     [e["event"] for e in _run_events(farm, pid)]),
+            lambda: (
+                any(e["event"] == "model_stage_failed" for e in _run_events(farm, pid)),
+                [e["event"] for e in _run_events(farm, pid)],
+            ),
             timeout=30,
         )
         time.sleep(3)  # no worker starts, no crash loop

@@ -91,9 +91,7 @@ _WARNINGS = frozenset(
     }
 )
 # Workers a new copy of the model concerns: they loaded (or load) the previous one.
-_LOADED = frozenset(
-    {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
-)
+_LOADED = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF})
 _STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's install: restarted
 TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
@@ -218,9 +216,7 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(
-            self.sup, {w.id: w.gpus for w in spec.workers}
-        )
+        self._remembered = self._store.restore(self.sup, {w.id: w.gpus for w in spec.workers})
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -423,8 +419,7 @@ class Agent:
                     StageFailureKind.HUB_ERROR
                     if spec.model is not None and not spec.model.is_local
                     else StageFailureKind.IO_ERROR,
-                    f"staging {base.source} into {base.target} failed: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"staging {base.source} into {base.target} failed: {type(exc).__name__}: {exc}",
                     "check [model] and the agent's log (journalctl -u sglang-farm) for the "
                     "cause, then `farmctl start all`",
                 ) from exc
@@ -1081,8 +1076,7 @@ class Agent:
                 self.feed(wid, StopRequested())
             await self._wait_until(
                 lambda: all(
-                    self.sup.workers[w].phase
-                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
+                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,

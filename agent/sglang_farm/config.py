@@ -339,8 +339,9 @@ def parse_duration(v: object) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"expected a duration ({_DURATION_HINT}), a finite one, got {_show(v)}")
     if seconds > MAX_DURATION_S:
-        raise ValueError(f"expected a duration of at most {MAX_DURATION_S:.0f} s (365 days), "
-                         f"got {_show(v)}")
+        raise ValueError(
+            f"expected a duration of at most {MAX_DURATION_S:.0f} s (365 days), got {_show(v)}"
+        )
     return seconds
 
 
@@ -409,9 +410,11 @@ def _python(v: object) -> str:
     bad = sorted({ch for ch in v if ch in _PYTHON_BAD or ch.isspace()})
     if bad:
         shown = ", ".join(repr(ch) for ch in bad)
-        raise _Bad(f"the workers' ExecStart= cannot run a program path containing {shown}, "
-                   f"got {_show(v)}; use a path without quotes, backslashes, '$' or spaces "
-                   "(a symlink to the interpreter will do)")
+        raise _Bad(
+            f"the workers' ExecStart= cannot run a program path containing {shown}, "
+            f"got {_show(v)}; use a path without quotes, backslashes, '$' or spaces "
+            "(a symlink to the interpreter will do)"
+        )
     return v
 
 
@@ -424,9 +427,11 @@ _ACCOUNT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 def _account(kind: str) -> Callable[[object], str]:
     def conv(v: object) -> str:
         if not isinstance(v, str) or not _ACCOUNT_RE.fullmatch(v):
-            raise _Bad(f"expected a {kind} name: a letter or '_', then letters, digits, '_', "
-                       f"'.' or '-', at most 32 characters (as useradd and systemd's "
-                       f"{kind.capitalize()}= accept), got {_show(v)}")
+            raise _Bad(
+                f"expected a {kind} name: a letter or '_', then letters, digits, '_', "
+                f"'.' or '-', at most 32 characters (as useradd and systemd's "
+                f"{kind.capitalize()}= accept), got {_show(v)}"
+            )
         return v
 
     return conv
@@ -437,8 +442,10 @@ def _key_file(v: object) -> str:
     # The rest of a LoadCredential= line is the path: systemd strips surrounding blanks
     # and reads a trailing backslash as a line continuation.
     if path != path.strip() or path.endswith("\\"):
-        raise _Bad(f"expected a path without surrounding blanks or a trailing backslash "
-                   f"(systemd's LoadCredential= would misread it), got {_show(v)}")
+        raise _Bad(
+            f"expected a path without surrounding blanks or a trailing backslash "
+            f"(systemd's LoadCredential= would misread it), got {_show(v)}"
+        )
     return path
 
 
@@ -507,13 +514,17 @@ def _refuse_control_chars(p: _Problems, value: object, path: _Path = ()) -> None
 
 def _refuse_control(p: _Problems, path: _Path, found: str, where: str) -> None:
     nul = "; no process can receive a NUL" if found == "a NUL" else ""
-    p.add(path, f"contains {found}{where}, a control character: every value must be one line "
-          f"of printable text (it goes into unit files, command lines and environments{nul}); "
-          "remove it (a JSON value fits on one line)")
+    p.add(
+        path,
+        f"contains {found}{where}, a control character: every value must be one line "
+        f"of printable text (it goes into unit files, command lines and environments{nul}); "
+        "remove it (a JSON value fits on one line)",
+    )
     p.refused.add(path)
 
 
 # --- SGLang flags ---------------------------------------------------------------------
+
 
 def _check_flag_value(key: str, value: FlagValue) -> None:
     """Checks for the few flags whose bad values SGLang only rejects after minutes, or never."""
@@ -580,8 +591,17 @@ def _flag_value(v: object) -> FlagValue:
 # --- the reader -----------------------------------------------------------------------
 
 _SECTIONS = (
-    "farm", "workers", "startup", "health", "restart", "oom", "metrics", "control", "gateway",
-    "sglang", "model",
+    "farm",
+    "workers",
+    "startup",
+    "health",
+    "restart",
+    "oom",
+    "metrics",
+    "control",
+    "gateway",
+    "sglang",
+    "model",
 )
 
 _KEY_HINTS: dict[_Path, str] = {
@@ -629,19 +649,28 @@ class _Reader:
         raw = tbl.get("env", {})
         epath = (*path, "env")
         if not isinstance(raw, dict):
-            self.p.add(epath, f"expected a table of NAME = \"value\", got {_show(raw)}")
+            self.p.add(epath, f'expected a table of NAME = "value", got {_show(raw)}')
             return {}
         out: dict[str, str] = {}
         for name, value in raw.items():
             if not _ENV_NAME_RE.fullmatch(name):
-                self.p.add((*epath, name), "expected an environment variable name "
-                           "(letters, digits, '_', not starting with a digit)")
+                self.p.add(
+                    (*epath, name),
+                    "expected an environment variable name "
+                    "(letters, digits, '_', not starting with a digit)",
+                )
             elif name == "CUDA_VISIBLE_DEVICES":
-                self.p.add((*epath, name), "the farm sets CUDA_VISIBLE_DEVICES from workers.gpus "
-                           "(one worker: workers.overrides.N.gpus); remove it here")
+                self.p.add(
+                    (*epath, name),
+                    "the farm sets CUDA_VISIBLE_DEVICES from workers.gpus "
+                    "(one worker: workers.overrides.N.gpus); remove it here",
+                )
             elif not isinstance(value, str):
-                self.p.add((*epath, name), f"expected a string (quote it: {name} = "
-                           f"\"{value if _is_number(value) else '...'}\"), got {_show(value)}")
+                self.p.add(
+                    (*epath, name),
+                    f"expected a string (quote it: {name} = "
+                    f'"{value if _is_number(value) else "..."}"), got {_show(value)}',
+                )
             else:
                 out[name] = value
         return out
@@ -678,13 +707,17 @@ class _Reader:
 def _farm(r: _Reader, doc: _Table, agent_python: str | None) -> FarmSection:
     path = ("farm",)
     d = FarmSection()
-    tbl = r.table(path, doc.get("farm", {}),
-                  ("name", "python", "module", "user", "group", "state_dir", "env"))
+    tbl = r.table(
+        path, doc.get("farm", {}), ("name", "python", "module", "user", "group", "state_dir", "env")
+    )
     python = r.get(tbl, path, "python", _python, d.python)
     if python == AGENT_PYTHON:
         if agent_python is None:
-            r.p.add((*path, "python"), f"{AGENT_PYTHON!r} means the interpreter running the "
-                    "agent, which this caller did not give; write an absolute path instead")
+            r.p.add(
+                (*path, "python"),
+                f"{AGENT_PYTHON!r} means the interpreter running the "
+                "agent, which this caller did not give; write an absolute path instead",
+            )
         python = agent_python or d.python
     return FarmSection(
         name=r.get(tbl, path, "name", _farm_name, d.name),
@@ -708,8 +741,9 @@ def _canary(v: object) -> int | None:
 def _startup(r: _Reader, doc: _Table) -> StartupPolicy:
     path = ("startup",)
     d = StartupPolicy()
-    tbl = r.table(path, doc.get("startup", {}),
-                  ("canary", "parallel", "load_timeout", "poll_interval"))
+    tbl = r.table(
+        path, doc.get("startup", {}), ("canary", "parallel", "load_timeout", "poll_interval")
+    )
     return StartupPolicy(
         # An invalid canary becomes None so that the cross-check does not report it twice.
         canary=r.get(tbl, path, "canary", _canary, d.canary if "canary" not in tbl else None),
@@ -728,8 +762,11 @@ def _url_path(v: object) -> str:
 def _health(r: _Reader, doc: _Table) -> HealthPolicy:
     path = ("health",)
     d = HealthPolicy()
-    tbl = r.table(path, doc.get("health", {}), (
-        "period", "timeout", "failure_threshold", "path", "busy_window", "stall_window"))
+    tbl = r.table(
+        path,
+        doc.get("health", {}),
+        ("period", "timeout", "failure_threshold", "path", "busy_window", "stall_window"),
+    )
     # No lower bound on timeout: SGLang's /health may take up to 20 s (hence the 25 s
     # default), but the simulator answers in about 1 s and the demo wants short probes.
     return HealthPolicy(
@@ -745,35 +782,52 @@ def _health(r: _Reader, doc: _Table) -> HealthPolicy:
 def _restart(r: _Reader, doc: _Table) -> RestartPolicy:
     path = ("restart",)
     d = RestartPolicy()
-    tbl = r.table(path, doc.get("restart", {}), (
-        "backoff_initial", "backoff_max", "reset_after", "max_failures", "stop_timeout"))
+    tbl = r.table(
+        path,
+        doc.get("restart", {}),
+        ("backoff_initial", "backoff_max", "reset_after", "max_failures", "stop_timeout"),
+    )
     policy = RestartPolicy(
-        backoff_initial=r.get(tbl, path, "backoff_initial", _duration(allow_zero=True),
-                              d.backoff_initial),
+        backoff_initial=r.get(
+            tbl, path, "backoff_initial", _duration(allow_zero=True), d.backoff_initial
+        ),
         backoff_max=r.get(tbl, path, "backoff_max", _duration(allow_zero=True), d.backoff_max),
         reset_after=r.get(tbl, path, "reset_after", _duration(), d.reset_after),
         max_failures=r.get(tbl, path, "max_failures", _int(1), d.max_failures),
         stop_timeout=r.get(tbl, path, "stop_timeout", _duration(), d.stop_timeout),
     )
     if policy.backoff_max < policy.backoff_initial:
-        r.p.add((*path, "backoff_max"), f"must be >= backoff_initial "
-                f"({policy.backoff_initial:g} s), got {policy.backoff_max:g} s")
+        r.p.add(
+            (*path, "backoff_max"),
+            f"must be >= backoff_initial "
+            f"({policy.backoff_initial:g} s), got {policy.backoff_max:g} s",
+        )
     return policy
 
 
 def _metrics(r: _Reader, doc: _Table) -> MetricsSpec:
     path = ("metrics",)
     d = MetricsSpec()
-    tbl = r.table(path, doc.get("metrics", {}), (
-        "listen", "gpu_poll_interval", "worker_poll_interval", "worker_poll_timeout",
-        "gpu_source"))
+    tbl = r.table(
+        path,
+        doc.get("metrics", {}),
+        (
+            "listen",
+            "gpu_poll_interval",
+            "worker_poll_interval",
+            "worker_poll_timeout",
+            "gpu_source",
+        ),
+    )
     return MetricsSpec(
         listen=r.get(tbl, path, "listen", _listen, d.listen),
         gpu_poll_interval=r.get(tbl, path, "gpu_poll_interval", _duration(), d.gpu_poll_interval),
-        worker_poll_interval=r.get(tbl, path, "worker_poll_interval", _duration(),
-                                   d.worker_poll_interval),
-        worker_poll_timeout=r.get(tbl, path, "worker_poll_timeout", _duration(),
-                                  d.worker_poll_timeout),
+        worker_poll_interval=r.get(
+            tbl, path, "worker_poll_interval", _duration(), d.worker_poll_interval
+        ),
+        worker_poll_timeout=r.get(
+            tbl, path, "worker_poll_timeout", _duration(), d.worker_poll_timeout
+        ),
         gpu_source=r.get(tbl, path, "gpu_source", _choice("nvml", "fake", "none"), d.gpu_source),
     )
 
@@ -795,8 +849,10 @@ _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:
 
 def _host(v: object) -> str:
     if not isinstance(v, str) or not _HOST_RE.fullmatch(v):
-        raise _Bad(f"expected a host name or IP address (letters, digits, '.', '-'; IPv6 "
-                   f"with ':'), got {_show(v)}")
+        raise _Bad(
+            f"expected a host name or IP address (letters, digits, '.', '-'; IPv6 "
+            f"with ':'), got {_show(v)}"
+        )
     return v.strip("[]")
 
 
@@ -815,9 +871,22 @@ def _str_list(v: object) -> tuple[str, ...]:
 def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
     path = ("gateway",)
     d = GatewaySpec()
-    tbl = r.table(path, doc.get("gateway", {}), (
-        "mode", "listen", "url", "policy", "metrics_listen", "extra_args", "admin_key_file",
-        "api_key_file", "worker_host", "drain_timeout"))
+    tbl = r.table(
+        path,
+        doc.get("gateway", {}),
+        (
+            "mode",
+            "listen",
+            "url",
+            "policy",
+            "metrics_listen",
+            "extra_args",
+            "admin_key_file",
+            "api_key_file",
+            "worker_host",
+            "drain_timeout",
+        ),
+    )
     g = GatewaySpec(
         mode=r.get(tbl, path, "mode", _choice("off", "managed", "external"), d.mode),
         listen=r.get(tbl, path, "listen", _listen, d.listen),
@@ -828,25 +897,35 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
         admin_key_file=r.get(tbl, path, "admin_key_file", _key_file, d.admin_key_file),
         api_key_file=r.get(tbl, path, "api_key_file", _key_file, d.api_key_file),
         worker_host=r.get(tbl, path, "worker_host", _host, d.worker_host),
-        drain_timeout=r.get(tbl, path, "drain_timeout", _duration(allow_zero=True),
-                            d.drain_timeout),
+        drain_timeout=r.get(
+            tbl, path, "drain_timeout", _duration(allow_zero=True), d.drain_timeout
+        ),
     )
     if g.mode == "external" and g.url is None:
-        r.p.add((*path, "url"), "missing: mode = 'external' needs the gateway's url "
-                "(e.g. url = 'http://10.0.0.5:8000')")
+        r.p.add(
+            (*path, "url"),
+            "missing: mode = 'external' needs the gateway's url "
+            "(e.g. url = 'http://10.0.0.5:8000')",
+        )
     if g.mode == "managed":
         for arg in g.extra_args:
             flag = arg.split("=", 1)[0]
             if flag in GATEWAY_OWNED_FLAGS:
-                r.p.add((*path, "extra_args"), f"{flag} is set by the farm from [gateway] "
-                        "(listen, policy, metrics_listen, the key files); remove it")
+                r.p.add(
+                    (*path, "extra_args"),
+                    f"{flag} is set by the farm from [gateway] "
+                    "(listen, policy, metrics_listen, the key files); remove it",
+                )
         host = g.listen.rpartition(":")[0].strip("[]")
         # The worker API always has a key (admin_key_file, else one the agent generates:
         # gateway/adminkey.py); only users' requests may be open.
         if g.api_key_file is None and not is_loopback(host):
-            r.p.warn((*path, "listen"), f"the gateway listens on {host!r} (not loopback) "
-                     "without api_key_file: anyone who reaches it can send requests; set "
-                     "api_key_file to require a key, or listen on 127.0.0.1")
+            r.p.warn(
+                (*path, "listen"),
+                f"the gateway listens on {host!r} (not loopback) "
+                "without api_key_file: anyone who reaches it can send requests; set "
+                "api_key_file to require a key, or listen on 127.0.0.1",
+            )
     return g
 
 
@@ -857,15 +936,27 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
 _REPO_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _REPO_ID_RE = re.compile(rf"(?!.*(?:--|\.\.)){_REPO_PART}/{_REPO_PART}")
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
-_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-               "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
 
 
 def _model_source(v: object) -> str:
     if isinstance(v, str) and (v.startswith("/") or _REPO_ID_RE.fullmatch(v)):
         return v.rstrip("/") if v != "/" else v
-    raise _Bad(f"expected an absolute directory (a persistent disk, NFS) or a Hugging Face "
-               f"repo id like 'Qwen/Qwen3-8B', got {_show(v)}")
+    raise _Bad(
+        f"expected an absolute directory (a persistent disk, NFS) or a Hugging Face "
+        f"repo id like 'Qwen/Qwen3-8B', got {_show(v)}"
+    )
 
 
 def _revision(v: object) -> str:
@@ -879,8 +970,9 @@ def _size(v: object) -> int:
         return v
     m = _SIZE_RE.fullmatch(v.strip()) if isinstance(v, str) else None
     if m is None:
-        raise _Bad(f"expected a size: bytes (a number) or a string like '4GiB', '512MiB', "
-                   f"got {_show(v)}")
+        raise _Bad(
+            f"expected a size: bytes (a number) or a string like '4GiB', '512MiB', got {_show(v)}"
+        )
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
 
 
@@ -888,12 +980,18 @@ def _model(r: _Reader, doc: _Table) -> ModelSpec | None:
     if "model" not in doc:
         return None
     path = ("model",)
-    tbl = r.table(path, doc["model"], (
-        "source", "revision", "warm_page_cache", "headroom", "token_file", "cache_dir"))
+    tbl = r.table(
+        path,
+        doc["model"],
+        ("source", "revision", "warm_page_cache", "headroom", "token_file", "cache_dir"),
+    )
     if "source" not in tbl:
         if isinstance(doc["model"], dict):
-            r.p.add((*path, "source"), "missing: [model] needs source = '/persistent/dir' "
-                    "or a Hugging Face repo id ('org/name')")
+            r.p.add(
+                (*path, "source"),
+                "missing: [model] needs source = '/persistent/dir' "
+                "or a Hugging Face repo id ('org/name')",
+            )
         return None
     source = r.get(tbl, path, "source", _model_source, "")
     d = ModelSpec(source)
@@ -910,8 +1008,11 @@ def _model(r: _Reader, doc: _Table) -> ModelSpec | None:
     if m.is_local:
         for key in ("revision", "token_file", "cache_dir"):
             if key in tbl:
-                r.p.add((*path, key), f"only for a Hugging Face repo source; {source!r} is a "
-                        "local directory: remove it")
+                r.p.add(
+                    (*path, key),
+                    f"only for a Hugging Face repo source; {source!r} is a "
+                    "local directory: remove it",
+                )
     return m
 
 
@@ -922,19 +1023,29 @@ def _check_model(r: _Reader, model: ModelSpec | None, workers: list[WorkerSpec])
     paths = {w.flags.get("model_path") for w in workers}
     target = workers[0].flags.get("model_path")
     if len(paths) != 1 or not isinstance(target, str):
-        r.p.add(("sglang", "model_path"), "[model] stages one copy for every worker: set "
-                "model_path in [sglang] (not per worker) to where workers load it from, "
-                "e.g. '/dev/shm/model'")
+        r.p.add(
+            ("sglang", "model_path"),
+            "[model] stages one copy for every worker: set "
+            "model_path in [sglang] (not per worker) to where workers load it from, "
+            "e.g. '/dev/shm/model'",
+        )
         return
     if not target.startswith("/") or target.rstrip("/") in ("", "/dev/shm", "/tmp"):
-        r.p.add(("sglang", "model_path"), f"[model] stages into model_path: expected an "
-                f"absolute directory of its own (e.g. '/dev/shm/Qwen3.6-27B'), got {target!r}")
+        r.p.add(
+            ("sglang", "model_path"),
+            f"[model] stages into model_path: expected an "
+            f"absolute directory of its own (e.g. '/dev/shm/Qwen3.6-27B'), got {target!r}",
+        )
         return
     t = target.rstrip("/")
-    if model.is_local and (t == model.source or t.startswith(model.source + "/")
-                           or model.source.startswith(t + "/")):
-        r.p.add(("model", "source"), f"the source {model.source!r} and the workers' "
-                f"model_path {target!r} overlap; the source must be another directory")
+    if model.is_local and (
+        t == model.source or t.startswith(model.source + "/") or model.source.startswith(t + "/")
+    ):
+        r.p.add(
+            ("model", "source"),
+            f"the source {model.source!r} and the workers' "
+            f"model_path {target!r} overlap; the source must be another directory",
+        )
 
 
 _OOM_OPS = ("set", "add", "multiply")
@@ -947,8 +1058,10 @@ def _oom(r: _Reader, doc: _Table) -> tuple[OomPolicy, tuple[int, ...]]:
     d = OomPolicy()
     raw_steps = tbl.get("steps", [])
     if not isinstance(raw_steps, list):
-        r.p.add((*path, "steps"), f"expected a list of steps ([[oom.steps]] tables), "
-                f"got {_show(raw_steps)}")
+        r.p.add(
+            (*path, "steps"),
+            f"expected a list of steps ([[oom.steps]] tables), got {_show(raw_steps)}",
+        )
         raw_steps = []
     steps: list[OomStep] = []
     indices: list[int] = []
@@ -958,8 +1071,11 @@ def _oom(r: _Reader, doc: _Table) -> tuple[OomPolicy, tuple[int, ...]]:
         if step is None:
             continue
         if step.name in names:
-            r.p.add((*path, "steps", i, "name"), f"step name {step.name!r} is already used by "
-                    f"oom.steps[{names[step.name]}]; each step needs its own name")
+            r.p.add(
+                (*path, "steps", i, "name"),
+                f"step name {step.name!r} is already used by "
+                f"oom.steps[{names[step.name]}]; each step needs its own name",
+            )
         names.setdefault(step.name, i)
         steps.append(step)
         indices.append(i)
@@ -980,8 +1096,11 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
     if name is None:
         ok = False
         if "name" not in tbl:
-            r.p.add((*path, "name"), "missing: each step needs a name (shown in status and "
-                    "metrics), e.g. name = 'no_buffer'")
+            r.p.add(
+                (*path, "name"),
+                "missing: each step needs a name (shown in status and "
+                "metrics), e.g. name = 'no_buffer'",
+            )
     ops: dict[str, dict[str, object]] = {}
     for op in (*_OOM_OPS, "min", "max"):
         value = tbl.get(op, {})
@@ -991,8 +1110,11 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
             value = {}
         ops[op] = value
     if not any(ops[op] for op in _OOM_OPS):
-        r.p.add(path, "a step needs at least one of set, add, multiply "
-                "(e.g. set = { mamba_radix_cache_strategy = 'no_buffer' })")
+        r.p.add(
+            path,
+            "a step needs at least one of set, add, multiply "
+            "(e.g. set = { mamba_radix_cache_strategy = 'no_buffer' })",
+        )
         ok = False
     owner: dict[str, str] = {}
     adjust: list[OomAdjust] = []
@@ -1006,8 +1128,11 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
                 continue
             r.stale_flag(fpath, flag)
             if flag in owner:
-                r.p.add(fpath, f"flag is also in {owner[flag]} of this step; a step changes "
-                        "a flag one way (set, add or multiply)")
+                r.p.add(
+                    fpath,
+                    f"flag is also in {owner[flag]} of this step; a step changes "
+                    "a flag one way (set, add or multiply)",
+                )
                 ok = False
                 continue
             owner[flag] = op
@@ -1037,8 +1162,11 @@ def _oom_step(r: _Reader, path: _Path, raw: object) -> OomStep | None:
         for flag, value in ops[bound].items():
             bpath = (*path, bound, flag)
             if owner.get(flag) not in ("add", "multiply"):
-                r.p.add(bpath, f"{bound} bounds a flag this step adds to or multiplies; "
-                        f"{flag!r} is in neither add nor multiply of this step")
+                r.p.add(
+                    bpath,
+                    f"{bound} bounds a flag this step adds to or multiplies; "
+                    f"{flag!r} is in neither add nor multiply of this step",
+                )
                 ok = False
             elif not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
                 r.p.add(bpath, f"expected a finite number, got {_show(value)}")
@@ -1070,16 +1198,22 @@ class _Claim:
 def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> list[int] | None:
     if value == "all":
         if gpu_count is None:
-            r.p.add(path, "gpus = \"all\" needs NVML to count GPUs, and no count was given "
-                    "here; list them instead, e.g. gpus = [0, 1, 2, 3]")
+            r.p.add(
+                path,
+                'gpus = "all" needs NVML to count GPUs, and no count was given '
+                "here; list them instead, e.g. gpus = [0, 1, 2, 3]",
+            )
             return None
         if gpu_count < 1:
-            r.p.add(path, "gpus = \"all\" but this host has no GPU that NVML can see")
+            r.p.add(path, 'gpus = "all" but this host has no GPU that NVML can see')
             return None
         return list(range(gpu_count))
     if not isinstance(value, list) or not value or not all(_is_int(g) and g >= 0 for g in value):
-        r.p.add(path, f"expected \"all\" or a non-empty list of GPU indices (integers >= 0), "
-                f"got {_show(value)}")
+        r.p.add(
+            path,
+            f'expected "all" or a non-empty list of GPU indices (integers >= 0), '
+            f"got {_show(value)}",
+        )
         return None
     gpus: list[int] = [g for g in value if isinstance(g, int)]
     ok = True
@@ -1088,8 +1222,10 @@ def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> 
             r.p.add(path, f"GPU {g} is listed twice; each GPU belongs to one worker")
             ok = False
         if gpu_count is not None and g >= gpu_count:
-            r.p.add(path, f"GPU {g} does not exist; this host has {gpu_count} GPU(s), "
-                    f"0..{gpu_count - 1}")
+            r.p.add(
+                path,
+                f"GPU {g} does not exist; this host has {gpu_count} GPU(s), 0..{gpu_count - 1}",
+            )
             ok = False
     return gpus if ok else None
 
@@ -1103,8 +1239,11 @@ def _workers(
 ) -> tuple[list[WorkerSpec], dict[int, _Claim]] | None:
     path = ("workers",)
     d = WorkersDefaults()
-    tbl = r.table(path, doc.get("workers", {}), (
-        "gpus", "gpus_per_worker", "host", "base_port", "nccl_base_port", "overrides"))
+    tbl = r.table(
+        path,
+        doc.get("workers", {}),
+        ("gpus", "gpus_per_worker", "host", "base_port", "nccl_base_port", "overrides"),
+    )
     before = len(r.p.items)
     per = r.get(tbl, path, "gpus_per_worker", _int(1), d.gpus_per_worker)
     per_ok = len(r.p.items) == before
@@ -1114,8 +1253,10 @@ def _workers(
     gpus = _gpu_list(r, (*path, "gpus"), tbl.get("gpus", d.gpus), gpu_count)
     raw_overrides = tbl.get("overrides", {})
     if not isinstance(raw_overrides, dict):
-        r.p.add((*path, "overrides"), f"expected tables [workers.overrides.N], got "
-                f"{_show(raw_overrides)}")
+        r.p.add(
+            (*path, "overrides"),
+            f"expected tables [workers.overrides.N], got {_show(raw_overrides)}",
+        )
         raw_overrides = {}
     if gpus is None or not per_ok:
         # Nothing to lay workers out on; still check the overrides' shapes.
@@ -1123,15 +1264,21 @@ def _workers(
             _override(r, (*path, "overrides", key), raw, gpu_count)
         return None
     if len(gpus) % per:
-        r.p.add((*path, "gpus_per_worker"), f"{len(gpus)} GPU(s) do not split into workers "
-                f"of {per}; list a multiple of {per} GPUs in workers.gpus",
-                line_of=(*path, "gpus_per_worker"))
+        r.p.add(
+            (*path, "gpus_per_worker"),
+            f"{len(gpus)} GPU(s) do not split into workers "
+            f"of {per}; list a multiple of {per} GPUs in workers.gpus",
+            line_of=(*path, "gpus_per_worker"),
+        )
         return None
     count = len(gpus) // per
     for key, base in (("base_port", base_port), ("nccl_base_port", nccl_base)):
         if base + count - 1 > 65535:
-            r.p.add((*path, key), f"{base} + {count - 1} (the last worker) exceeds 65535; "
-                    f"choose a base port <= {65536 - count}")
+            r.p.add(
+                (*path, key),
+                f"{base} + {count - 1} (the last worker) exceeds 65535; "
+                f"choose a base port <= {65536 - count}",
+            )
     overrides: dict[int, _Table] = {}
     for key, raw in raw_overrides.items():
         opath = (*path, "overrides", key)
@@ -1139,8 +1286,11 @@ def _workers(
         if not key.isdigit():
             r.p.add(opath, f"expected a worker id (an integer 0..{count - 1}), got {key!r}")
         elif int(key) >= count:
-            r.p.add(opath, f"no worker {int(key)}; workers are 0..{count - 1} "
-                    f"({len(gpus)} GPU(s), {per} per worker)")
+            r.p.add(
+                opath,
+                f"no worker {int(key)}; workers are 0..{count - 1} "
+                f"({len(gpus)} GPU(s), {per} per worker)",
+            )
         elif ov is not None:
             overrides[int(key)] = ov
     workers: list[WorkerSpec] = []
@@ -1162,15 +1312,17 @@ def _workers(
         assert isinstance(whost, str)
         assert wport is None or isinstance(wport, int)
         assert wnccl is None or isinstance(wnccl, int)
-        workers.append(WorkerSpec(
-            id=wid,
-            gpus=tuple(wgpus),
-            host=whost,
-            port=wport if wport is not None else base_port + wid,
-            nccl_port=wnccl if wnccl is not None else nccl_base + wid,
-            flags=MappingProxyType(flags),
-            env=MappingProxyType(env),
-        ))
+        workers.append(
+            WorkerSpec(
+                id=wid,
+                gpus=tuple(wgpus),
+                host=whost,
+                port=wport if wport is not None else base_port + wid,
+                nccl_port=wnccl if wnccl is not None else nccl_base + wid,
+                flags=MappingProxyType(flags),
+                env=MappingProxyType(env),
+            )
+        )
         claims[wid] = _Claim(
             gpus_path=(*opath, "gpus") if "gpus" in ov else (*path, "gpus"),
             port_path=(*opath, "port") if "port" in ov else (*path, "base_port"),
@@ -1222,20 +1374,27 @@ def _cross_check(
     for w in order:
         for g in w.gpus:
             if g in gpu_owner:
-                r.p.add(claims[w.id].gpus_path, f"GPU {g} is already used by worker "
-                        f"{gpu_owner[g]}; each GPU belongs to one worker")
+                r.p.add(
+                    claims[w.id].gpus_path,
+                    f"GPU {g} is already used by worker "
+                    f"{gpu_owner[g]}; each GPU belongs to one worker",
+                )
             else:
                 gpu_owner[g] = w.id
     # HTTP and NCCL ports share the host's port space (NCCL binds all interfaces), and
     # so does the metrics listener.
     port_owner: dict[int, str] = {listen_port(metrics.listen): "the metrics listener"}
     if gateway.mode == "managed":
-        for listen, who in ((gateway.listen, "the gateway ([gateway] listen)"),
-                            (gateway.metrics_listen, "the gateway's metrics listener")):
+        for listen, who in (
+            (gateway.listen, "the gateway ([gateway] listen)"),
+            (gateway.metrics_listen, "the gateway's metrics listener"),
+        ):
             port = listen_port(listen)
             if port in port_owner:
-                r.p.add(("gateway", "listen" if "listen)" in who else "metrics_listen"),
-                        f"port {port} for {who} is already used by {port_owner[port]}")
+                r.p.add(
+                    ("gateway", "listen" if "listen)" in who else "metrics_listen"),
+                    f"port {port} for {who} is already used by {port_owner[port]}",
+                )
             else:
                 port_owner[port] = who
     port_claims: list[tuple[int, str, _Path]] = []
@@ -1247,20 +1406,29 @@ def _cross_check(
     port_claims.sort(key=lambda c: (c[2][1] == "overrides", "NCCL" in c[1]))
     for port, who, cpath in port_claims:
         if port in port_owner:
-            r.p.add(cpath, f"port {port} for {who} is already used by {port_owner[port]}; "
-                    "every HTTP, NCCL and metrics port must be distinct")
+            r.p.add(
+                cpath,
+                f"port {port} for {who} is already used by {port_owner[port]}; "
+                "every HTTP, NCCL and metrics port must be distinct",
+            )
         else:
             port_owner[port] = who
     ids = [w.id for w in workers]
     if startup.canary is not None and startup.canary not in ids:
-        r.p.add(("startup", "canary"), f"no worker {startup.canary}; workers are "
-                f"0..{len(ids) - 1} (or write canary = false for none)")
+        r.p.add(
+            ("startup", "canary"),
+            f"no worker {startup.canary}; workers are "
+            f"0..{len(ids) - 1} (or write canary = false for none)",
+        )
     if farm.module == SGLANG_MODULE:
         missing = [w.id for w in workers if "model_path" not in w.flags]
         if missing:
-            r.p.add(("sglang", "model_path"), "missing: SGLang requires --model-path; set "
-                    "model_path = '/path/to/model' in [sglang]" + (
-                        "" if len(missing) == len(workers) else f" (workers {missing} lack it)"))
+            r.p.add(
+                ("sglang", "model_path"),
+                "missing: SGLang requires --model-path; set "
+                "model_path = '/path/to/model' in [sglang]"
+                + ("" if len(missing) == len(workers) else f" (workers {missing} lack it)"),
+            )
     _check_no_buffer(r, workers)
     _check_oom_flags(r, workers, oom, oom_indices)
     _warn_exposed(r, workers, claims)
@@ -1284,11 +1452,14 @@ def _warn_exposed(r: _Reader, workers: list[WorkerSpec], claims: dict[int, _Clai
             exposed.setdefault((claims[w.id].host_path, w.host), []).append(w.id)
     for (path, host), ids in exposed.items():
         listen, them = ("listens", "it") if len(ids) == 1 else ("listen", "them")
-        r.p.warn(path, f"{_ids_text(ids)} {listen} on {host!r} (not loopback) without api_key: "
-                 f"anyone who can reach this host can use {them}, admin routes included; bind "
-                 f'{them} to host = "127.0.0.1" and serve through the gateway ([gateway]), or '
-                 "set api_key and keep it out of world-readable files (docs/config.md, "
-                 "\"Exposure and keys\")")
+        r.p.warn(
+            path,
+            f"{_ids_text(ids)} {listen} on {host!r} (not loopback) without api_key: "
+            f"anyone who can reach this host can use {them}, admin routes included; bind "
+            f'{them} to host = "127.0.0.1" and serve through the gateway ([gateway]), or '
+            "set api_key and keep it out of world-readable files (docs/config.md, "
+            '"Exposure and keys")',
+        )
 
 
 def _no_buffer_key(flags: Mapping[str, FlagValue]) -> str | None:
@@ -1306,9 +1477,12 @@ def _check_no_buffer(r: _Reader, workers: list[WorkerSpec]) -> None:
         if key is not None and w.flags.get("disable_overlap_schedule") is not True:
             bad.setdefault(key, []).append(w.id)
     for key, ids in bad.items():
-        r.p.add(("sglang", key), "'no_buffer' makes SGLang 0.5.23 "
-                "assert --disable-overlap-schedule; add disable_overlap_schedule = true"
-                + ("" if len(ids) == len(workers) else f" (workers {ids})"))
+        r.p.add(
+            ("sglang", key),
+            "'no_buffer' makes SGLang 0.5.23 "
+            "assert --disable-overlap-schedule; add disable_overlap_schedule = true"
+            + ("" if len(ids) == len(workers) else f" (workers {ids})"),
+        )
 
 
 def _check_oom_flags(
@@ -1327,17 +1501,24 @@ def _check_oom_flags(
             lacking = [w.id for w in workers if not _is_number(w.flags.get(a.flag))]
             if lacking:
                 who = "" if len(lacking) == len(workers) else f" for workers {lacking}"
-                r.p.add((*spath, op, a.flag), f"{op} changes the configured value, but "
-                        f"{a.flag} is not set to a number in [sglang]{who}; set it there, "
-                        f"e.g. {a.flag} = <number>")
+                r.p.add(
+                    (*spath, op, a.flag),
+                    f"{op} changes the configured value, but "
+                    f"{a.flag} is not set to a number in [sglang]{who}; set it there, "
+                    f"e.g. {a.flag} = <number>",
+                )
         key = _no_buffer_key(set_so_far)
         if key is not None:
             overlap_off = set_so_far.get("disable_overlap_schedule") is True or all(
-                w.flags.get("disable_overlap_schedule") is True for w in workers)
+                w.flags.get("disable_overlap_schedule") is True for w in workers
+            )
             if not overlap_off and any(a.flag == key for a in step.adjust):
-                r.p.add((*spath, "set", key), "'no_buffer' makes "
-                        "SGLang 0.5.23 assert --disable-overlap-schedule; add "
-                        "disable_overlap_schedule = true to this step's set")
+                r.p.add(
+                    (*spath, "set", key),
+                    "'no_buffer' makes "
+                    "SGLang 0.5.23 assert --disable-overlap-schedule; add "
+                    "disable_overlap_schedule = true to this step's set",
+                )
 
 
 # --- entry points ---------------------------------------------------------------------
@@ -1441,21 +1622,30 @@ def load_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None
     return check_spec_file(path, gpu_count=gpu_count).spec
 
 
-def check_spec_file(
-    path: str | os.PathLike[str], *, gpu_count: int | None = None
-) -> LoadResult:
+def check_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None) -> LoadResult:
     """`load_spec_file`, with the config's warnings (`check_spec`)."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError as exc:
-        raise ConfigError(source, [f"{source}: no such file; write one (the package ships "
-                                   f"{DEFAULT_CONFIG_PATH}) or pass --config PATH"]) from exc
+        raise ConfigError(
+            source,
+            [
+                f"{source}: no such file; write one (the package ships "
+                f"{DEFAULT_CONFIG_PATH}) or pass --config PATH"
+            ],
+        ) from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(source, [f"{source}: not UTF-8 text (byte {exc.start}); "
-                                   "TOML files must be UTF-8"]) from exc
+        raise ConfigError(
+            source, [f"{source}: not UTF-8 text (byte {exc.start}); TOML files must be UTF-8"]
+        ) from exc
     except OSError as exc:
-        raise ConfigError(source, [f"{source}: cannot read: {exc.strerror or exc}; check the "
-                                   "path and its permissions, or pass --config PATH"]) from exc
+        raise ConfigError(
+            source,
+            [
+                f"{source}: cannot read: {exc.strerror or exc}; check the "
+                "path and its permissions, or pass --config PATH"
+            ],
+        ) from exc
     return check_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)

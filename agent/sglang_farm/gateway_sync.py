@@ -248,14 +248,19 @@ class MembershipSync:
         """Take a member the farm did not register out of its managed gateway."""
         what = ", ".join(f"{m.id} {m.status}" for m in seen)
         try:
-            log.warning("gateway_foreign_member", gateway=self._gateway.url, url=url,
-                        members=what, action="removing: a managed gateway routes only to "
-                        "the farm's workers")
+            log.warning(
+                "gateway_foreign_member",
+                gateway=self._gateway.url,
+                url=url,
+                members=what,
+                action="removing: a managed gateway routes only to the farm's workers",
+            )
             await self._gateway.remove(url)
         except GatewayError as exc:
             self._record_error(str(exc))
-            log.warning("gateway_foreign_remove_failed", gateway=self._gateway.url, url=url,
-                        error=str(exc))
+            log.warning(
+                "gateway_foreign_remove_failed", gateway=self._gateway.url, url=url, error=str(exc)
+            )
             return
         finally:
             self._evicting.discard(url)

@@ -40,9 +40,7 @@ def gpu_faults(
     for g in current.gpus:
         if not g.healthy:
             lost = g.error is not None and "lost" in g.error.lower()
-            faults.append(
-                GpuFault(g.index, "gpu lost" if lost else "gpu unhealthy", g.error or "")
-            )
+            faults.append(GpuFault(g.index, "gpu lost" if lost else "gpu unhealthy", g.error or ""))
     return faults
 
 

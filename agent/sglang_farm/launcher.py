@@ -75,9 +75,7 @@ class Launcher:
             async def none_of_ours() -> frozenset[int]:
                 return frozenset()  # not launched: no process of the worker exists
 
-            own = await self._port_owner.check(
-                connect_host(host), port, none_of_ours, fresh=True
-            )
+            own = await self._port_owner.check(connect_host(host), port, none_of_ours, fresh=True)
             if own.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
                 return port_taken(port, own.holder(), worker, launched=False)
         return Failure(

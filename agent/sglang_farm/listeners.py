@@ -132,7 +132,7 @@ class Ownership:
     candidates: tuple[int, ...] = ()
 
     def holder(self) -> str:
-        """"PID 4242 (user nobody)", or what is known when no holder could be seen."""
+        """ "PID 4242 (user nobody)", or what is known when no holder could be seen."""
         who = self.user if self.user is not None else f"uid {self.uid}"
         if self.pid is not None:
             return f"PID {self.pid} (user {who})"

@@ -127,7 +127,9 @@ class LivenessWatcher:
             elif self._said_unseen != s.launched_at:
                 self._said_unseen = s.launched_at
                 log.warning(
-                    "worker_port_owner_unknown", worker=self.worker, port=own.port,
+                    "worker_port_owner_unknown",
+                    worker=self.worker,
+                    port=own.port,
                     holder=own.holder() if own.kind is OwnerKind.UNSEEN else None,
                     why=f"/health answered but the listener is {own.kind}: not proven the "
                     "worker's own, so it is not ready yet",
@@ -137,7 +139,9 @@ class LivenessWatcher:
     async def _ownership(self, *, fresh: bool = False) -> Ownership:
         w = self._spec().worker(self.worker)
         return await self._port_owner.check(
-            connect_host(w.host), w.port, lambda: self._runtime.worker_pids(self.worker),
+            connect_host(w.host),
+            w.port,
+            lambda: self._runtime.worker_pids(self.worker),
             fresh=fresh,
         )
 
@@ -171,7 +175,9 @@ class LivenessWatcher:
             # The agent's own trouble (out of fds, no buffers): says nothing about the
             # worker. The beat is skipped, never counted as the worker's failure.
             log.warning(
-                "probe_local_error", worker=self.worker, detail=res.detail,
+                "probe_local_error",
+                worker=self.worker,
+                detail=res.detail,
                 hint="the agent is short of a resource (see LimitNOFILE); the worker is not blamed",
             )
         elif res.ok:

@@ -138,9 +138,7 @@ def user_name(uid: int | None) -> str | None:
 class ProcPortOwner:
     """`PortOwner` over `/proc`; remembers the listeners it found to be a worker's own."""
 
-    def __init__(
-        self, proc: str = "/proc", *, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, proc: str = "/proc", *, clock: Callable[[], float] = time.monotonic) -> None:
         self._proc = proc
         self._clock = clock
         self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
@@ -191,9 +189,7 @@ class ProcPortOwner:
         uids = frozenset(
             u for u in (_process_uid(p, self._proc, default=None) for p in pids) if u is not None
         )
-        verdict = judge(
-            there, host, port, ours=frozenset(mine), holders=others, our_uids=uids
-        )
+        verdict = judge(there, host, port, ours=frozenset(mine), holders=others, our_uids=uids)
         if verdict.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
             uid = verdict.uid
             if verdict.pid is not None:

@@ -281,8 +281,11 @@ def read_key(path: str | None, what: str) -> str | None:
         key = Path(path).read_text().strip()
     except OSError as exc:
         raise ConfigError(
-            path, [f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it "
-                   f"(one key, mode 0600, owned by root) or remove {what} from the config"]
+            path,
+            [
+                f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it "
+                f"(one key, mode 0600, owned by root) or remove {what} from the config"
+            ],
         ) from exc
     if not key or any(c.isspace() for c in key):
         raise ConfigError(path, [f"[gateway] {what}: {path} must hold one key without blanks"])
@@ -412,16 +415,22 @@ class DoctorVerdict:
 
         for c in report.checks:
             if c.status is Status.FAIL and c.id is not CheckId.GATEWAY:
-                log.error("preflight_failed", check=str(c.id), workers=list(c.workers),
-                          message=c.message, fix=c.fix)
+                log.error(
+                    "preflight_failed",
+                    check=str(c.id),
+                    workers=list(c.workers),
+                    message=c.message,
+                    fix=c.fix,
+                )
 
     def _say_gateway(self, report: DoctorReport) -> None:
         """A managed gateway that cannot run (smg missing) is said once, with the fix; the
         gateway's runner keeps trying with back-off (runtime/gateway_child)."""
         from sglang_farm.doctor.rules import CheckId, Status
 
-        failed = next((c for c in report.checks
-                       if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None)
+        failed = next(
+            (c for c in report.checks if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None
+        )
         if failed is not None and failed.message != self._said_gateway:
             log.error("gateway_unavailable", problem=failed.message, fix=failed.fix)
         self._said_gateway = failed.message if failed is not None else None

@@ -56,30 +56,38 @@ def flag_key(flag: str) -> str:
 
 # --- flags the farm owns ---------------------------------------------------------------
 
-_WHERE_TP = ("the farm passes --tp-size from workers.gpus_per_worker "
-             "(one worker: the length of workers.overrides.N.gpus)")
-_WHERE_GPUS = ("the farm gives each worker its GPUs through CUDA_VISIBLE_DEVICES from "
-               "workers.gpus; inside the worker they are always 0..n-1")
+_WHERE_TP = (
+    "the farm passes --tp-size from workers.gpus_per_worker "
+    "(one worker: the length of workers.overrides.N.gpus)"
+)
+_WHERE_GPUS = (
+    "the farm gives each worker its GPUs through CUDA_VISIBLE_DEVICES from "
+    "workers.gpus; inside the worker they are always 0..n-1"
+)
 
-FARM_OWNED: Mapping[str, str] = MappingProxyType({
-    "host": "the farm passes --host from workers.host (one worker: workers.overrides.N.host)",
-    "port": "the farm passes --port from workers.base_port + worker id "
-    "(one worker: workers.overrides.N.port)",
-    "nccl_port": "the farm passes --nccl-port from workers.nccl_base_port + worker id "
-    "(one worker: workers.overrides.N.nccl_port)",
-    "tp_size": _WHERE_TP,
-    # SGLang's alias of --tp-size, and the prefix argparse expands to it (allow_abbrev).
-    "tensor_parallel_size": _WHERE_TP,
-    "tp": _WHERE_TP,
-    "base_gpu_id": _WHERE_GPUS,
-    "gpu_id_step": _WHERE_GPUS,
-})
+FARM_OWNED: Mapping[str, str] = MappingProxyType(
+    {
+        "host": "the farm passes --host from workers.host (one worker: workers.overrides.N.host)",
+        "port": "the farm passes --port from workers.base_port + worker id "
+        "(one worker: workers.overrides.N.port)",
+        "nccl_port": "the farm passes --nccl-port from workers.nccl_base_port + worker id "
+        "(one worker: workers.overrides.N.nccl_port)",
+        "tp_size": _WHERE_TP,
+        # SGLang's alias of --tp-size, and the prefix argparse expands to it (allow_abbrev).
+        "tensor_parallel_size": _WHERE_TP,
+        "tp": _WHERE_TP,
+        "base_gpu_id": _WHERE_GPUS,
+        "gpu_id_step": _WHERE_GPUS,
+    }
+)
 """Flag key -> where the farm takes its value from (the reason it is refused in [sglang])."""
 
 # SGLang aliases the farm refuses in favour of the canonical key, and why.
-REFUSED_ALIASES: Mapping[str, str] = MappingProxyType({
-    "model": "write model_path (the farm reads it for preflight; --model is only its alias)",
-})
+REFUSED_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "model": "write model_path (the farm reads it for preflight; --model is only its alias)",
+    }
+)
 
 
 def farm_argv(host: str, port: int, nccl_port: int, tp_size: int) -> list[str]:
@@ -92,16 +100,21 @@ def farm_argv(host: str, port: int, nccl_port: int, tp_size: int) -> list[str]:
 
 # --- attention backends ----------------------------------------------------------------
 
-ATTENTION_BACKEND_KEYS = ("attention_backend", "prefill_attention_backend",
-                          "decode_attention_backend")
+ATTENTION_BACKEND_KEYS = (
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+)
 # Backends in SGLang's choices that run on other hardware than NVIDIA GPUs.
-NOT_NVIDIA_BACKENDS: Mapping[str, str] = MappingProxyType({
-    "aiter": "AMD ROCm",
-    "wave": "AMD ROCm",
-    "ascend": "Huawei Ascend NPUs",
-    "intel_amx": "Intel CPUs (AMX)",
-    "intel_xpu": "Intel GPUs",
-})
+NOT_NVIDIA_BACKENDS: Mapping[str, str] = MappingProxyType(
+    {
+        "aiter": "AMD ROCm",
+        "wave": "AMD ROCm",
+        "ascend": "Huawei Ascend NPUs",
+        "intel_amx": "Intel CPUs (AMX)",
+        "intel_xpu": "Intel GPUs",
+    }
+)
 
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 
@@ -148,19 +161,33 @@ class Rename:
 # between them and is not pinned down: the farm takes 0.5.23 as the first version with
 # the new spellings, which only shapes messages (with SGLang at hand its parser decides).
 RENAMES: tuple[Rename, ...] = (
-    Rename("mamba_scheduler_strategy", ("mamba_radix_cache_strategy",), (0, 5, 23),
-           (0, 5, 22), "sgl-project/sglang#27418"),
-    Rename("cuda_graph_max_bs", ("cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"),
-           (0, 5, 23), (0, 5, 22), "split per CUDA graph runner"),
-    Rename("disable_cuda_graph", ("cuda_graph_backend_decode", "cuda_graph_backend_prefill"),
-           (0, 5, 23), None, "sglang/srt/server_args.py",
-           how="cuda_graph_backend_decode = 'disabled' and cuda_graph_backend_prefill = "
-           "'disabled'"),
+    Rename(
+        "mamba_scheduler_strategy",
+        ("mamba_radix_cache_strategy",),
+        (0, 5, 23),
+        (0, 5, 22),
+        "sgl-project/sglang#27418",
+    ),
+    Rename(
+        "cuda_graph_max_bs",
+        ("cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"),
+        (0, 5, 23),
+        (0, 5, 22),
+        "split per CUDA graph runner",
+    ),
+    Rename(
+        "disable_cuda_graph",
+        ("cuda_graph_backend_decode", "cuda_graph_backend_prefill"),
+        (0, 5, 23),
+        None,
+        "sglang/srt/server_args.py",
+        how="cuda_graph_backend_decode = 'disabled' and cuda_graph_backend_prefill = 'disabled'",
+    ),
 )
 
-_BY_KEY: Mapping[str, Rename] = MappingProxyType(
-    {k: r for r in RENAMES for k in (r.old, *r.new)}
-)
+_BY_KEY: Mapping[str, Rename] = MappingProxyType({k: r for r in RENAMES for k in (r.old, *r.new)})
+
+
 def _before(v: Version) -> Version:
     """The last release before `v` as the table writes it ((0, 5, 23) -> (0, 5, 22))."""
     return (*v[:-1], v[-1] - 1) if v and v[-1] > 0 else v
@@ -203,12 +230,16 @@ def stale_spelling(key: str) -> str | None:
         return None
     v, new = version_text(r.version), r.new_text()
     if r.old_until is None:
-        return (f"SGLang {v} deprecated {flag_name(key)} ({r.source}); it still works, and "
-                f"for SGLang >= {v} you may write {r.write_new()}")
+        return (
+            f"SGLang {v} deprecated {flag_name(key)} ({r.source}); it still works, and "
+            f"for SGLang >= {v} you may write {r.write_new()}"
+        )
     verb = "renamed" if len(r.new) == 1 else "split"
     into = "to" if len(r.new) == 1 else "into"
-    return (f"SGLang {v} {verb} {flag_name(key)} {into} {new} ({r.source}); keep it for "
-            f"SGLang <= {version_text(r.old_until)}, write {r.write_new()} for SGLang >= {v}")
+    return (
+        f"SGLang {v} {verb} {flag_name(key)} {into} {new} ({r.source}); keep it for "
+        f"SGLang <= {version_text(r.old_until)}, write {r.write_new()} for SGLang >= {v}"
+    )
 
 
 def unknown_flag_hint(
@@ -229,14 +260,21 @@ def unknown_flag_hint(
     if other == key:
         return None
     if other is not None:
-        return (f"SGLang {v} calls it {flag_name(other)}",
-                f"write {other} instead of {key} {where} (same values)")
+        return (
+            f"SGLang {v} calls it {flag_name(other)}",
+            f"write {other} instead of {key} {where} (same values)",
+        )
     if key == r.old:
-        return (f"SGLang {v} has no {flag_name(key)} (replaced by {r.new_text()} in SGLang "
-                f"{version_text(r.version)})", f"write {r.write_new()} instead of {key} {where}")
-    return (f"SGLang {v} has no {flag_name(key)} (it came with SGLang "
-            f"{version_text(r.version)}); SGLang {v} has {flag_name(r.old)}",
-            f"write {r.old} instead of {key} {where} (see `--help` for its values)")
+        return (
+            f"SGLang {v} has no {flag_name(key)} (replaced by {r.new_text()} in SGLang "
+            f"{version_text(r.version)})",
+            f"write {r.write_new()} instead of {key} {where}",
+        )
+    return (
+        f"SGLang {v} has no {flag_name(key)} (it came with SGLang "
+        f"{version_text(r.version)}); SGLang {v} has {flag_name(r.old)}",
+        f"write {r.old} instead of {key} {where} (see `--help` for its values)",
+    )
 
 
 def log_advice(key: str) -> str | None:
@@ -249,15 +287,22 @@ def log_advice(key: str) -> str | None:
         if not r.removed:
             return f"`{key}` is deprecated since SGLang {v}: write {r.write_new()} instead."
         if len(r.new) == 1:
-            return (f"`{key}` was renamed in SGLang {v}: in the farm config write "
-                    f"`{r.new[0]}` instead (same values).")
-        return (f"`{key}` was removed from SGLang in {v}: use "
-                + " and/or ".join(f"`{n}`" for n in r.new) + " in the farm config instead.")
+            return (
+                f"`{key}` was renamed in SGLang {v}: in the farm config write "
+                f"`{r.new[0]}` instead (same values)."
+            )
+        return (
+            f"`{key}` was removed from SGLang in {v}: use "
+            + " and/or ".join(f"`{n}`" for n in r.new)
+            + " in the farm config instead."
+        )
     older = f"SGLang <= {version_text(r.old_until or _before(r.version))}"
     if r.how:
         return f"`{key}` came with SGLang {v}; {older} has `{r.old}` instead."
-    return (f"`{key}` is the spelling of SGLang >= {v}; {older} calls it `{r.old}`: write "
-            f"`{r.old}` in the farm config for this SGLang.")
+    return (
+        f"`{key}` is the spelling of SGLang >= {v}; {older} calls it `{r.old}`: write "
+        f"`{r.old}` in the farm config for this SGLang."
+    )
 
 
 MAMBA_STRATEGY_KEYS = ("mamba_radix_cache_strategy", "mamba_scheduler_strategy")

@@ -188,9 +188,7 @@ class StateStore:
     wall-clock times, since monotonic ones mean nothing to the next agent process.
     """
 
-    def __init__(
-        self, path: Path, clock: Callable[[], float], wall: Callable[[], float]
-    ) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float], wall: Callable[[], float]) -> None:
         self.path = path
         self._clock = clock
         self._wall = wall
@@ -215,9 +213,7 @@ class StateStore:
                 raw = d.get("phase")
                 remembered = Phase(raw) if isinstance(raw, str) else None
                 was = restore_worker(sup.workers[wid], d, offset)
-                restored, phase, dropped = restored_quarantine(
-                    was, remembered, gpus.get(wid, ())
-                )
+                restored, phase, dropped = restored_quarantine(was, remembered, gpus.get(wid, ()))
                 sup.restore(wid, restored)
                 phases[wid] = phase
                 if dropped is not None:

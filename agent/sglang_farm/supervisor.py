@@ -425,9 +425,7 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
             (*notes, Note("canary_failed", {"why": failure.summary})),
         )
     delay = backoff_delay(s.failures, policy.restart)
-    action = (
-        f"restart {s.failures} of {policy.restart.max_failures} scheduled in {delay:g} s"
-    )
+    action = f"restart {s.failures} of {policy.restart.max_failures} scheduled in {delay:g} s"
     s = s.enter(
         Phase.BACKOFF,
         now,

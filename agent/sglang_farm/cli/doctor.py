@@ -24,8 +24,9 @@ class _NoGpus:
     """A poller for `gpu_source = "none"`: NVML treated as absent."""
 
     def snapshot(self) -> FleetSnapshot:
-        return FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=False,
-                             error='[metrics] gpu_source = "none"')
+        return FleetSnapshot(
+            taken_at=0.0, duration_s=0.0, nvml_up=False, error='[metrics] gpu_source = "none"'
+        )
 
     def close(self) -> None:
         return None

@@ -324,8 +324,10 @@ def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
         state += f" · {errors} error{'s' if errors != 1 else ''} since the agent started"
     foreign = [str(u) for u in gw.get("foreign") or ()]
     if foreign:
-        state += (f" · {len(foreign)} member{'s' if len(foreign) != 1 else ''} not of this "
-                  f"farm: {', '.join(foreign)}")
+        state += (
+            f" · {len(foreign)} member{'s' if len(foreign) != 1 else ''} not of this "
+            f"farm: {', '.join(foreign)}"
+        )
     return f"gateway {gw.get('url')} · {state}"
 
 

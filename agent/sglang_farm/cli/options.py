@@ -34,6 +34,8 @@ def config_error_text(exc: ConfigError, *, gpus_given: bool) -> str:
     `gpus = "all"` could not be resolved (no NVML here) and `--gpus` was not given."""
     text = str(exc)
     if not gpus_given and any('gpus = "all"' in p for p in exc.problems):
-        text += ('\nNVML cannot count the GPUs here: to check this config for a machine with N '
-                 "GPUs, pass --gpus N.")
+        text += (
+            "\nNVML cannot count the GPUs here: to check this config for a machine with N "
+            "GPUs, pass --gpus N."
+        )
     return text

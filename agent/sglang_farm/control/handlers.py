@@ -252,11 +252,13 @@ class Handlers:
                 await channel.stream("phase", results.phase_payload(w, elapsed))
             view = self._ops.view()
             settled = (
-                w.phase is Phase.FAILED and w.since >= a.after
-            ) or w.phase is Phase.QUARANTINED or (
-                w.phase is Phase.READY
-                and w.since >= a.after
-                and results.routed_or_never(w, view.gateway, self._wall_clock())
+                (w.phase is Phase.FAILED and w.since >= a.after)
+                or w.phase is Phase.QUARANTINED
+                or (
+                    w.phase is Phase.READY
+                    and w.since >= a.after
+                    and results.routed_or_never(w, view.gateway, self._wall_clock())
+                )
             )
             if settled or elapsed >= a.timeout:
                 return results.wait_result(w, view.gateway, settled=settled, elapsed=elapsed)
@@ -371,9 +373,7 @@ class Handlers:
         w = self._known(self._ops.view(), worker, req.id)
         async with self._locked([w.id], req):
             problems = list(await self._ops.release_worker(w.id))
-        log.info(
-            "control_release_gpu_done", request_id=req.id, worker=w.id, problems=problems
-        )
+        log.info("control_release_gpu_done", request_id=req.id, worker=w.id, problems=problems)
         q = w.quarantine
         return results.release_gpu_result(
             q.gpu if q is not None else None,

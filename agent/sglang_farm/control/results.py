@@ -342,10 +342,7 @@ def routed_or_never(w: WorkerView, gateway: GatewayStatus | None, now: float) ->
     gateway routes to it, the gateway is down (it will not join soon), or it has been ready
     for `GATEWAY_JOIN_GRACE_S` without joining (the final reply says it is out)."""
     return (
-        gateway is None
-        or w.in_gateway
-        or not gateway.up
-        or now - w.since >= GATEWAY_JOIN_GRACE_S
+        gateway is None or w.in_gateway or not gateway.up or now - w.since >= GATEWAY_JOIN_GRACE_S
     )
 
 
@@ -367,9 +364,7 @@ def wait_result(
     return result
 
 
-def change_result(
-    ids: Sequence[int], issued_at: float, quarantined: Sequence[int] = ()
-) -> Result:
+def change_result(ids: Sequence[int], issued_at: float, quarantined: Sequence[int] = ()) -> Result:
     """`start`/`stop`/`restart`: the workers acted on and when (for `wait-ready after=`);
     after `start`/`restart all`, `quarantined` (only when there are some): the workers left
     as they are, since only a release starts them."""

@@ -110,8 +110,11 @@ def _finish_import(proc: subprocess.Popen[str]) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return {"ok": False, "type": "Timeout",
-                "message": f"import took over {IMPORT_TIMEOUT_S:g} s"}
+        return {
+            "ok": False,
+            "type": "Timeout",
+            "message": f"import took over {IMPORT_TIMEOUT_S:g} s",
+        }
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
             try:

@@ -260,8 +260,10 @@ def make_probe_runner(
         run_env: Mapping[str, str] = full
         env_file: str | None = None
         limit = timeout
-        if how == "process" and account is not None and (
-            (account.uid, account.gid) != (os.geteuid(), os.getegid())
+        if (
+            how == "process"
+            and account is not None
+            and ((account.uid, account.gid) != (os.geteuid(), os.getegid()))
         ):
             # setgroups, setregid, setreuid in the child, before exec: the interpreter
             # (and the dynamic loader, with the worker's LD_* variables) runs as the account.
@@ -330,8 +332,9 @@ def farm_folder_problems(spec: FarmSpec) -> tuple[str, ...]:
 
     found = (
         folder_problem(spec.farm.state_dir, "the state folder", "[farm] state_dir"),
-        folder_problem(os.path.dirname(spec.control.socket), "the control socket's folder",
-                       "[control] socket"),
+        folder_problem(
+            os.path.dirname(spec.control.socket), "the control socket's folder", "[control] socket"
+        ),
     )
     return tuple(p for p in found if p is not None)
 
@@ -354,8 +357,14 @@ def path_facts(path: str) -> PathFacts:
             if name.endswith(_WEIGHT_SUFFIXES):
                 weights += n
     real = os.path.realpath(p)
-    return PathFacts(True, True, (p / "config.json").is_file(), size, weights,
-                     real == "/dev/shm" or real.startswith("/dev/shm/"))
+    return PathFacts(
+        True,
+        True,
+        (p / "config.json").is_file(),
+        size,
+        weights,
+        real == "/dev/shm" or real.startswith("/dev/shm/"),
+    )
 
 
 # `smg --version` answers in a tenth of a second; a cold page cache (a 100 MB native
@@ -368,8 +377,13 @@ def gateway_facts(python: str, timeout: float = GATEWAY_PROBE_TIMEOUT_S) -> Gate
     `gateway.launch`), with a timeout. Never raises."""
     code = "from smg.cli import main; main(['--version'])"
     try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except FileNotFoundError:
         return GatewayFacts(python, error=f"{python} does not exist")
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -429,11 +443,16 @@ def gather(
         for members in groups.values():
             first = members[0]
             cc = worker_cc(fleet, first)
-            argvs = [list(build_command(spec.farm, m, resolve_flags(m.flags, cc)).argv[3:])
-                     for m in members]
+            argvs = [
+                list(build_command(spec.farm, m, resolve_flags(m.flags, cc)).argv[3:])
+                for m in members
+            ]
             env_job = pool.submit(call, first, "env", None)
-            flag_job = (pool.submit(call, first, "flags", {"argvs": argvs})
-                        if spec.farm.module == SGLANG_MODULE else None)
+            flag_job = (
+                pool.submit(call, first, "flags", {"argvs": argvs})
+                if spec.farm.module == SGLANG_MODULE
+                else None
+            )
             jobs.append((members, env_job, flag_job))
         for members, env_job, flag_job in jobs:
             env_result = env_job.result()
@@ -448,8 +467,9 @@ def gather(
                 if fr.result is None or not data.get("parser"):
                     flags_out[m.id] = FlagsOutcome(False, fr.error or str(data.get("error")))
                 else:
-                    flags_out[m.id] = FlagsOutcome(True, None, results[i] if i < len(results)
-                                                   else None)
+                    flags_out[m.id] = FlagsOutcome(
+                        True, None, results[i] if i < len(results) else None
+                    )
     ports: dict[tuple[str, int], str | None] = {}
     for w in spec.workers:
         for host, port in live_port_keys(w):
@@ -473,11 +493,19 @@ def gather(
     gateway: GatewayFacts | None = None
     if spec.gateway.enabled and spec.gateway.mode == "managed":
         gateway = gateway_facts(gateway_python or sys.executable)
-    return Observations(fleet, MappingProxyType(env_out), MappingProxyType(flags_out),
-                        MappingProxyType(ports), MappingProxyType(models), shm_free,
-                        config_mode=config_mode,
-                        key_files=MappingProxyType(key_file_facts(spec)), agent_uid=os.geteuid(),
-                        folder_problems=farm_folder_problems(spec), gateway=gateway)
+    return Observations(
+        fleet,
+        MappingProxyType(env_out),
+        MappingProxyType(flags_out),
+        MappingProxyType(ports),
+        MappingProxyType(models),
+        shm_free,
+        config_mode=config_mode,
+        key_files=MappingProxyType(key_file_facts(spec)),
+        agent_uid=os.geteuid(),
+        folder_problems=farm_folder_problems(spec),
+        gateway=gateway,
+    )
 
 
 def run_doctor(
@@ -491,8 +519,16 @@ def run_doctor(
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
     the workers' account (`probe_account`)."""
-    report = evaluate(spec, gather(spec, gpu_poller, run_probe=run_probe, port_check=port_check,
-                                   gateway_python=gateway_python))
+    report = evaluate(
+        spec,
+        gather(
+            spec,
+            gpu_poller,
+            run_probe=run_probe,
+            port_check=port_check,
+            gateway_python=gateway_python,
+        ),
+    )
     quarantined = quarantine_checks(spec)
     if quarantined:
         report = dataclasses.replace(report, checks=(*report.checks, *quarantined))

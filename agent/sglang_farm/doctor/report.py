@@ -35,9 +35,13 @@ def format_report(report: DoctorReport) -> str:
     picked = sorted(set(report.attention.values()))
     lines.append("")
     warnings = f"{counts['warn']} warning{'' if counts['warn'] == 1 else 's'}"
-    lines.append(f"{counts['fail']} failed, {warnings}, {counts['pass']} passed"
-                 + (f"; attention backend: {', '.join(picked)}" if picked else ""))
-    lines.append("OK: nothing blocks a start." if report.ok else
-                 "NOT OK: the failed checks above would stop the workers they name.")
+    lines.append(
+        f"{counts['fail']} failed, {warnings}, {counts['pass']} passed"
+        + (f"; attention backend: {', '.join(picked)}" if picked else "")
+    )
+    lines.append(
+        "OK: nothing blocks a start."
+        if report.ok
+        else "NOT OK: the failed checks above would stop the workers they name."
+    )
     return "\n".join(lines) + "\n"
-

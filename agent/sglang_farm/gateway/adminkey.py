@@ -62,18 +62,26 @@ def _reuse(path: Path) -> str:
         # O_NOFOLLOW: a symlink fails here (ELOOP) instead of being read through.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise _refused(path, f"cannot open it without following links: {exc.strerror or exc}",
-                       remove=True) from exc
+        raise _refused(
+            path, f"cannot open it without following links: {exc.strerror or exc}", remove=True
+        ) from exc
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _refused(path, "it is not a regular file", remove=True)
         if st.st_uid != os.geteuid():
-            raise _refused(path, f"it is owned by uid {st.st_uid}, not by the agent's user "
-                           f"(uid {os.geteuid()})", remove=True)
+            raise _refused(
+                path,
+                f"it is owned by uid {st.st_uid}, not by the agent's user (uid {os.geteuid()})",
+                remove=True,
+            )
         if st.st_mode & 0o077:
-            raise _refused(path, f"its mode is {stat.S_IMODE(st.st_mode):04o}: others may "
-                           "read or write it (expected 0600)", remove=True)
+            raise _refused(
+                path,
+                f"its mode is {stat.S_IMODE(st.st_mode):04o}: others may "
+                "read or write it (expected 0600)",
+                remove=True,
+            )
         text = os.read(fd, _MAX_READ).decode("utf-8", "replace").strip()
     finally:
         os.close(fd)
@@ -91,7 +99,9 @@ def _refused(path: Path, why: str, *, remove: bool = False) -> ConfigError:
     )
     return ConfigError(
         str(path),
-        [f"{path}: the managed gateway's admin key (generated because [gateway] "
-         f"admin_key_file is not set): {why}; {fix}, or set [gateway] admin_key_file to a "
-         "root-only key file"],
+        [
+            f"{path}: the managed gateway's admin key (generated because [gateway] "
+            f"admin_key_file is not set): {why}; {fix}, or set [gateway] admin_key_file to a "
+            "root-only key file"
+        ],
     )

@@ -239,8 +239,12 @@ class ChildRecords:
         try:
             d = json.loads(raw)
             rec = ChildRecord(
-                str(d["what"]), int(d["pid"]), int(d["start"]), str(d["boot"]),
-                int(d["agent_pid"]), int(d["agent_start"]),
+                str(d["what"]),
+                int(d["pid"]),
+                int(d["start"]),
+                str(d["boot"]),
+                int(d["agent_pid"]),
+                int(d["agent_start"]),
             )
         except (ValueError, KeyError, TypeError):
             return None  # unreadable (a torn write cannot happen: rename): ignored
@@ -268,13 +272,19 @@ class ChildRecords:
                 try:
                     rec = self._read(fd, name)
                 except (OSError, UntrustedFolder) as exc:
-                    log.error("child_record_refused", folder=str(self.folder), file=name,
-                              error=str(exc))
+                    log.error(
+                        "child_record_refused", folder=str(self.folder), file=name, error=str(exc)
+                    )
                     continue
                 if rec is not None and agent_alive(rec, proc_facts(rec.agent_pid), boot):
-                    log.warning("child_of_a_running_agent", child=rec.what, pid=rec.pid,
-                                agent_pid=rec.agent_pid, folder=str(self.folder),
-                                hint="another agent runs on this state_dir: stop one of them")
+                    log.warning(
+                        "child_of_a_running_agent",
+                        child=rec.what,
+                        pid=rec.pid,
+                        agent_pid=rec.agent_pid,
+                        folder=str(self.folder),
+                        hint="another agent runs on this state_dir: stop one of them",
+                    )
                     continue  # that agent's, record and all
                 if rec is not None and leftover(rec, proc_facts(rec.pid), None, boot):
                     _kill_leftover(rec, boot)

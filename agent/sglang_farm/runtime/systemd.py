@@ -512,8 +512,7 @@ class SystemdRuntime:
         *,
         prefix: str = "sglang",
         follow_logs: bool = True,
-        units: Callable[[FarmSpec, Mapping[int, Mapping[str, FlagValue]]], UnitFiles]
-        | None = None,
+        units: Callable[[FarmSpec, Mapping[int, Mapping[str, FlagValue]]], UnitFiles] | None = None,
         exit_grace: float = 0.0,
         ready_gate_wait: float = 30.0,
     ) -> None:

@@ -137,15 +137,17 @@ def _move_aside(target: Path, st: os.stat_result) -> None:
             f"cannot move {target} ([sglang] model_path) aside: {target} is owned by uid "
             f"{st.st_uid}, not by the agent (uid {os.geteuid()}), and renaming it failed "
             f"({exc.strerror or exc})",
-            f"check what it is, then remove it as root (rm -rf {target}) and "
-            "`farmctl start all`",
+            f"check what it is, then remove it as root (rm -rf {target}) and `farmctl start all`",
         ) from exc
     log.warning(
         "model_path_foreign_moved_aside",
         path=str(target),
         moved_to=str(aside),
         uid=st.st_uid,
-        what="link" if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode)
+        what="link"
+        if stat.S_ISLNK(st.st_mode)
+        else "folder"
+        if stat.S_ISDIR(st.st_mode)
         else "file",
     )
 
@@ -192,7 +194,9 @@ def _create(dir_fd: int, name: str) -> int:
     """A new file `name` in the agent's folder `dir_fd`: never an existing one, never
     through a link; FILE_MODE whatever the umask."""
     fd = os.open(
-        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE,
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        FILE_MODE,
         dir_fd=dir_fd,
     )
     os.fchmod(fd, FILE_MODE)
@@ -359,8 +363,13 @@ def _renameat2(a: Path, b: Path, flags: int) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):  # a libc without renameat2 (glibc < 2.28)
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
     rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags)
     if rc == 0:
         return True

@@ -73,9 +73,7 @@ def _cancelled(where: str) -> StageError:
     )
 
 
-def _progress_class(
-    report: Callable[[int, int], None], cancel: threading.Event, where: str
-) -> Any:
+def _progress_class(report: Callable[[int, int], None], cancel: threading.Event, where: str) -> Any:
     """A tqdm class that reports the snapshot's byte bars to `report` and prints nothing;
     raises StageError(CANCELLED) from the download's next chunk once `cancel` is set."""
     import importlib

@@ -56,8 +56,7 @@ def _open_own(path: Path) -> int:
         raise StageError(
             StageFailureKind.IO_ERROR,
             f"cannot open the stage lock {path}: {exc.strerror or exc}",
-            f"check {path.parent} ([farm] state_dir) and its permissions, then "
-            "`farmctl start all`",
+            f"check {path.parent} ([farm] state_dir) and its permissions, then `farmctl start all`",
         ) from exc
     owner = os.fstat(fd).st_uid
     if owner != os.geteuid():

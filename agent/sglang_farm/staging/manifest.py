@@ -114,6 +114,4 @@ def with_digests(
     entries: Mapping[str, FileEntry], sums: Mapping[str, str]
 ) -> tuple[FileEntry, ...]:
     """The entries in path order, each with its sha256 from `sums` where listed."""
-    return tuple(
-        replace(e, sha256=sums.get(p, e.sha256)) for p, e in sorted(entries.items())
-    )
+    return tuple(replace(e, sha256=sums.get(p, e.sha256)) for p, e in sorted(entries.items()))

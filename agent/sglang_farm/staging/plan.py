@@ -42,12 +42,7 @@ def plan_stage(
             copy.append(f)
     wanted = {f.path for f in source.files}
     drop = tuple(sorted(p for p in present if p not in wanted))
-    current = (
-        not copy
-        and not drop
-        and recorded is not None
-        and recorded.origin == source.origin
-    )
+    current = not copy and not drop and recorded is not None and recorded.origin == source.origin
     return StagePlan(tuple(copy), tuple(keep), drop, current)
 
 

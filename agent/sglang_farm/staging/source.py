@@ -203,9 +203,7 @@ class SourceTree:
 
 def local_manifest(root: Path) -> Manifest:
     """The manifest of a source directory. Raises StageError (SOURCE_MISSING, BAD_SOURCE)."""
-    fix_missing = (
-        "mount or restore the source, or correct [model] source in the config"
-    )
+    fix_missing = "mount or restore the source, or correct [model] source in the config"
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a directory"
         raise StageError(
@@ -219,7 +217,10 @@ def local_manifest(root: Path) -> Manifest:
         for f in tree.files():
             sha256, git_sha1 = digest_from_blob_name(f.blob) if f.blob else (None, None)
             entries[f.rel] = FileEntry(
-                f.rel, f.stat.st_size, mtime_ns=f.stat.st_mtime_ns, sha256=sha256,
+                f.rel,
+                f.stat.st_size,
+                mtime_ns=f.stat.st_mtime_ns,
+                sha256=sha256,
                 git_sha1=git_sha1,
             )
     except OSError as exc:
