@@ -85,23 +85,7 @@ def _config(folder: Path, state_dir: Path) -> Path:
 def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) -> None:  # noqa: F811
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
     config = _config(shared_dir, state)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_farm.cli.main",
-            "run",
-            "--config",
-            str(config),
-            "--runtime",
-            "process",
-            "--log-format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _run_agent(config)
     assert run.returncode == 1, run.stdout + run.stderr
     assert (
         f"refusing the state folder {state}: {state} is owned by nobody (uid {NOBODY}), "
@@ -253,3 +237,38 @@ def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path
         if c.id is CheckId.EXPOSURE and c.message.startswith(f"refusing the state folder {state}: ")
     ]
     assert [c.status for c in found] == [Status.WARN]
+
+
+def _run_agent(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "sglang_farm.cli.main", "run", "--config", str(config)),
+            *("--runtime", "process", "--log-format", "json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_agent_refuses_a_config_another_user_could_have_written(
+    shared_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The config names the interpreter and module the agent (root) runs: one another user
+    wrote (the README's copy of the demo in /tmp, once) or may still change is theirs."""
+    text = _config(tmp_path, tmp_path / "state").read_text()
+    theirs = shared_dir / "farm.toml"
+    asuser.as_nobody(["tee", str(theirs)], input=text)
+    run = _run_agent(theirs)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert (
+        f"refusing the config {theirs}: {theirs} is owned by nobody (uid {NOBODY}), "
+        "not by root or the agent's user" in run.stderr
+    ), run.stderr
+    loose = tmp_path / "loose.toml"
+    loose.write_text(text)
+    loose.chmod(0o666)
+    run = _run_agent(loose)
+    assert run.returncode == 1 and "can be written by other users" in run.stderr, run.stderr
+    assert not (tmp_path / "state").exists()  # refused before anything was made

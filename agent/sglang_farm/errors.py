@@ -55,8 +55,9 @@ class ControlSocketError(FarmError):
 
 
 class UntrustedFolder(FarmError):
-    """A folder the agent would keep its state or socket in could be another user's
-    (`securepath`); the message names it, its owner and mode, and the fix."""
+    """A folder the agent would keep its state or socket in, or the config it would run
+    from, could be another user's (`securepath`); the message names it, its owner and
+    mode, and the fix."""
 
 
 class ClientError(FarmError):

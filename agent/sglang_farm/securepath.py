@@ -145,6 +145,36 @@ def folder_problem(path: str, what: str, key: str) -> str | None:
     return f"refusing {what} {path}: {problem}; {_fix(path, what, key)}"
 
 
+def config_problem(path: str) -> str | None:
+    """Why the agent must not run from the config at `path`, or None.
+
+    The config names the interpreter and module the agent runs as root, and the farm's
+    files: it must be a regular file of root (or the agent's user) that no other user can
+    write, reached through no other user's link, in folders no other user could swap it
+    in (writable by others only under the sticky bit, as /tmp).
+    """
+    trusted = _trusted()
+    try:
+        problem = _links_problem(path, trusted)
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        if problem is None:
+            problem = _walk_problem(os.path.dirname(real), trusted, own=False)
+    except OSError:
+        return None  # a missing or unreadable file: loading it says so
+    if problem is None and not stat.S_ISREG(st.st_mode):
+        problem = f"{path} is not a regular file"
+    if problem is None:
+        problem = judge(real, st.st_uid, st.st_mode, trusted, own=True, owner=owner_name(st.st_uid))
+    if problem is None:
+        return None
+    return (
+        f"refusing the config {path}: {problem}; the config says what the agent runs as "
+        f"root: make it root's and private to root (chown root:root {path} && chmod 0644 "
+        f"{path}, or 0600 if it holds secrets), in a folder only root can write"
+    )
+
+
 def socket_problem(path: str) -> str | None:
     """Why farmctl must not talk to the socket at `path`, or None (also None when absent).
 

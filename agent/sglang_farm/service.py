@@ -145,7 +145,14 @@ def status_line(view: FarmView) -> str:
 def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec:
     """Load and validate the config; its warnings (an older SGLang's spelling of a renamed
     flag, ...) are logged at start and at every reload, never dropped. Under systemd a
-    user or group the host lacks is a problem (`accounts`): the units would name it."""
+    user or group the host lacks is a problem (`accounts`): the units would name it. A
+    config another user wrote or can change is refused (`securepath.config_problem`)."""
+    from sglang_farm.errors import UntrustedFolder
+    from sglang_farm.securepath import config_problem
+
+    problem = config_problem(path)
+    if problem is not None:
+        raise UntrustedFolder(problem)
     result = check_spec_file(path, gpu_count=gpu_count)
     for warning in result.warnings:
         log.warning("config_warning", config=path, warning=warning)
