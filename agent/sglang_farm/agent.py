@@ -806,13 +806,13 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
-            fields.update(self._ready_line(int(str(fields["ready"])), int(str(fields["workers"]))))
+            fields.update(self._ready_line(fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
         logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
         level = "warning" if event in _WARNINGS else "info"
         getattr(logger, level)(event, **fields)
 
-    def _ready_line(self, ready: int, workers: int) -> dict[str, object]:
+    def _ready_line(self, ready: object, workers: object) -> dict[str, object]:
         """What the rollout's end says beside its counts: the farm, the one URL users call,
         and the command to try next, as one line a person reads (`summary`)."""
         spec = self._spec

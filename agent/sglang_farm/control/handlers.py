@@ -245,12 +245,12 @@ class Handlers:
         t0 = loop.time()
         last: tuple[Phase, float] | None = None
         while True:
-            w = self._known(self._ops.view(), a.worker, req.id)
+            view = self._ops.view()  # one snapshot: the worker and the gateway together
+            w = self._known(view, a.worker, req.id)
             elapsed = loop.time() - t0
             if (w.phase, w.since) != last:
                 last = (w.phase, w.since)
                 await channel.stream("phase", results.phase_payload(w, elapsed))
-            view = self._ops.view()
             settled = (
                 (w.phase is Phase.FAILED and w.since >= a.after)
                 or w.phase is Phase.QUARANTINED
