@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import time
 from collections import OrderedDict
@@ -76,6 +77,11 @@ UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 CATCH_UP_TRIES = 3
 CATCH_UP_RETRY_S = 1.0
 CATCH_UP_TIMEOUT_S = 5.0
+# journald stores PID 1's "Starting" entry (its native socket) and the new unit's stdout
+# (a stream) in whichever order it reads them, so a unit's first lines may come before the
+# entry the follower learns the unit from. On learning one, its entries from this long
+# before that entry are read once (each emitted once, by cursor).
+LEARNED_LOOKBACK_S = 5.0
 # How many emitted entries' cursors are remembered, so that an entry read both by a
 # catch-up and by the live follower is emitted once.
 _EMITTED_MEMORY = 10_000
@@ -336,6 +342,8 @@ class JournalFollower:
         self._failures = 0  # failed reads in a row
         # Cursors of entries already emitted (live or by a catch-up), oldest first.
         self._emitted: OrderedDict[str, None] = OrderedDict()
+        # Units learned in the last read, with their "Starting" entry's wall-clock time.
+        self._learned: list[tuple[str, float]] = []
 
     @property
     def units(self) -> frozenset[str]:
@@ -393,6 +401,7 @@ class JournalFollower:
             if new_unit:
                 self._failures = 0
                 log.info("journal_follow_units", units=sorted(self._units))
+                await self._read_learned()
             elif proc.returncode != 0 and not self._closed:
                 self._failed(proc.returncode)
                 await asyncio.sleep(FOLLOW_RETRY_S)
@@ -444,11 +453,31 @@ class JournalFollower:
                     return True  # the rest of this output is read again, with the new unit
         return False
 
-    async def catch_up(self, units: Collection[str], timeout: float = CATCH_UP_TIMEOUT_S) -> None:
+    async def _read_learned(self) -> None:
+        """The lines of the units just learned that journald stored before their
+        "Starting" entry (LEARNED_LOOKBACK_S before it); each entry is emitted once."""
+        learned, self._learned = self._learned, []
+        for unit, at_s in learned:
+            try:
+                await self.catch_up([unit], since=at_s - LEARNED_LOOKBACK_S)
+            except OSError as exc:
+                log.warning("journal_lookback_failed", unit=unit, error=str(exc))
+
+    async def catch_up(
+        self,
+        units: Collection[str],
+        timeout: float = CATCH_UP_TIMEOUT_S,
+        *,
+        since: float | None = None,
+    ) -> None:
         """Emit `units`' entries the live follower has not delivered yet (a one-shot read
-        after its last cursor), each entry once whichever reader sees it first. Bounded
-        by `timeout`; raises OSError when journalctl cannot run."""
-        args = catch_up_args(units, after_cursor=self._cursor, since=self._since)
+        after its last cursor, or from the wall-clock second `since`), each entry once
+        whichever reader sees it first. Bounded by `timeout`; raises OSError when
+        journalctl cannot run."""
+        if since is None:
+            args = catch_up_args(units, after_cursor=self._cursor, since=self._since)
+        else:
+            args = catch_up_args(units, after_cursor=None, since=math.floor(since))
         proc = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
         )
@@ -498,10 +527,13 @@ class JournalFollower:
         if cursor is not None:
             self._cursor = cursor
         stamp = entry.get("__REALTIME_TIMESTAMP") if isinstance(entry, dict) else None
+        at_s: float | None = None
         if isinstance(stamp, str) and stamp.isdigit():
             self._last_entry_s = int(stamp) // 1_000_000  # microseconds, as a string
+            at_s = int(stamp) / 1e6
         unit = entry_unit(entry, self._worker_of)
         if unit is None or unit in self._units:
             return False
         self._units.add(unit)
+        self._learned.append((unit, at_s if at_s is not None else float(self._since)))
         return cursor is not None  # without a cursor, it is followed from the next restart
