@@ -25,7 +25,7 @@ from bench.stats import summary
 from sglang_farm import exposition
 from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
-from sglang_farm.gpu import FleetSnapshot, GpuProcess
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
 from sglang_farm.workerstats import WorkerStats
 

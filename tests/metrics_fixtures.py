@@ -6,7 +6,7 @@ import dataclasses
 from types import MappingProxyType
 
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
-from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics import MetricsState, ProbeStatus
 from sglang_farm.workerstats import WorkerStats
 

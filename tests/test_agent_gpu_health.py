@@ -18,7 +18,7 @@ from agent_harness import (
     farm_toml,
 )
 from sglang_farm.config import load_spec
-from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from sglang_farm.workerstats import WorkerStats

@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from sglang_farm.gpu import (
+from sglang_farm.gpu import NvmlPoller, read_ppid_map
+from sglang_farm.gpu_sim import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
+from sglang_farm.gpu_snapshot import (
     FleetSnapshot,
     GpuProcess,
     GpuSnapshot,
-    NvmlPoller,
     attribute_memory,
     process_tree,
-    read_ppid_map,
 )
-from sglang_farm.gpu_sim import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
 
 GiB = 1024**3
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpu import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.gpu_health import GpuFault, gpu_faults, pending_remaps, release_problems
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.xid import quarantines
 
 GiB = 2**30

@@ -51,7 +51,7 @@ from sglang_farm.doctor import (
     run_doctor,
 )
 from sglang_farm.doctor.rules import ProbeOutcome
-from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
 
 REPO = Path(__file__).resolve().parent.parent

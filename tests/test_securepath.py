@@ -219,7 +219,7 @@ def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path
     from sglang_farm.config import load_spec
     from sglang_farm.doctor.gather import farm_folder_problems
     from sglang_farm.doctor.rules import CheckId, Observations, Status, evaluate
-    from sglang_farm.gpu import FleetSnapshot
+    from sglang_farm.gpu_snapshot import FleetSnapshot
 
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
     spec = load_spec(_config(shared_dir, state).read_text(), source="farm.toml")

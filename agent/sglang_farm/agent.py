@@ -36,8 +36,8 @@ from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, StagingView, build_view
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
-from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.gpu_health import gpu_faults, pending_remaps
+from sglang_farm.gpu_snapshot import FleetSnapshot
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight

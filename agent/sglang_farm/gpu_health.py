@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.gpu_snapshot import FleetSnapshot
 
 
 @dataclass(frozen=True, slots=True)

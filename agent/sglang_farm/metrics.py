@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sglang_farm import __version__, exposition
 from sglang_farm.failures import OomKind, RestartReason
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, StagingView
-from sglang_farm.gpu import FleetSnapshot, GpuSnapshot, attribute_memory
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.staging.failure import StageFailureKind
 from sglang_farm.workerstats import WorkerStats
 
@@ -81,7 +81,7 @@ class MetricsState:
     farm: FarmView | None = None
     fleet: FleetSnapshot | None = None  # None when [metrics] gpu_source = "none"
     workers: Mapping[int, WorkerStats] = field(default_factory=_no_stats)
-    # Worker id -> its main pid and descendants (gpu.process_tree), for memory attribution.
+    # Worker id -> its main pid and descendants (gpu_snapshot.process_tree), for memory attribution.
     worker_pids: Mapping[int, frozenset[int]] = field(default_factory=_no_pids)
     probes: Mapping[str, ProbeStatus] = field(default_factory=_no_probes)
 

@@ -23,14 +23,9 @@ import structlog
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.exporter import Exporter
 from sglang_farm.farm_view import FarmView, Phase
-from sglang_farm.gpu import (
-    FleetSnapshot,
-    GpuPoller,
-    choose_gpu_poller,
-    process_tree,
-    read_ppid_map,
-)
+from sglang_farm.gpu import choose_gpu_poller, read_ppid_map
 from sglang_farm.gpu_sim import FakeGpuPoller
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller, process_tree
 from sglang_farm.health import LocalHttp
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
 from sglang_farm.spec import FarmSpec

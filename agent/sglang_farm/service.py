@@ -28,7 +28,7 @@ from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.smg import SmgGateway
-from sglang_farm.gpu import GpuPoller
+from sglang_farm.gpu_snapshot import GpuPoller
 from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime

@@ -17,7 +17,8 @@ import click
 from sglang_farm.cli.options import config_error_text, config_option, gpus_option
 from sglang_farm.doctor import format_report, run_doctor
 from sglang_farm.errors import ConfigError
-from sglang_farm.gpu import FleetSnapshot, GpuPoller, NvmlPoller
+from sglang_farm.gpu import NvmlPoller
+from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller
 
 
 class _NoGpus:

@@ -70,7 +70,7 @@ from sglang_farm.doctor.rules import (
     worker_cc,
 )
 from sglang_farm.errors import ProbeError
-from sglang_farm.gpu import GpuPoller
+from sglang_farm.gpu_snapshot import GpuPoller
 from sglang_farm.ports import port_problem
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.sglang_flags import SGLANG_MODULE

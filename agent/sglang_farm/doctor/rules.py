@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sglang_farm.gateway.managed import is_loopback
-from sglang_farm.gpu import FleetSnapshot
+from sglang_farm.gpu_snapshot import FleetSnapshot
 from sglang_farm.sglang_flags import (
     ATTENTION_BACKEND_KEYS,
     NOT_NVIDIA_BACKENDS,
