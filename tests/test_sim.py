@@ -26,14 +26,8 @@ import sglang_farm.sim
 from sglang_farm.cli.main import cli
 from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
-from sglang_farm.sim.options import (
-    FailMode,
-    SettingsError,
-    build_parser,
-    human_readable_int,
-    load_settings,
-    parse_options,
-)
+from sglang_farm.sim.options import build_parser, human_readable_int, parse_options
+from sglang_farm.sim.settings import FailMode, SettingsError, load_settings
 from sglang_farm.workerstats import parse_metrics_text
 
 FAST = {

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_farm.sim import regress
 from sglang_farm.sim.engine import ITL_BUCKETS, Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
-from sglang_farm.sim.options import SettingsError, load_settings
+from sglang_farm.sim.settings import SettingsError, load_settings
 from test_sim import FAST, StartSim, metric_values, post_stream, sim_help, sims
 
 __all__ = ["sims"]  # the fixture, imported for pytest

@@ -27,16 +27,9 @@ from sglang_farm.sim import texts
 from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.exposition import MetricContext
 from sglang_farm.sim.log import SimLog
-from sglang_farm.sim.options import (
-    WEIGHTS_GB,
-    FailMode,
-    ServerOptions,
-    SettingsError,
-    SimSettings,
-    load_settings,
-    parse_options,
-)
+from sglang_farm.sim.options import WEIGHTS_GB, ServerOptions, parse_options
 from sglang_farm.sim.scheduler import CHILD_ENV, GRAPH_GB, ChildConfig
+from sglang_farm.sim.settings import FailMode, SettingsError, SimSettings, load_settings
 from sglang_farm.sim.web import ServerState, SimHTTPServer, Status, bind
 
 _PUBLISH_PERIOD_S = 0.1  # how often the simulated scheduler refreshes /v1/loads and its gauges

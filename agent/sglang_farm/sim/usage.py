@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sglang_farm.sim.options import FailMode, SimSettings
+from sglang_farm.sim.settings import FailMode, SimSettings
 
 _WIDTH = 88
 _FLAG_COLUMN = 34

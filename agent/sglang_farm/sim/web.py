@@ -48,7 +48,8 @@ from sglang_farm.sim.exposition import (
     render_metrics,
 )
 from sglang_farm.sim.log import SimLog
-from sglang_farm.sim.options import ServerOptions, SimSettings
+from sglang_farm.sim.options import ServerOptions
+from sglang_farm.sim.settings import SimSettings
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_MAX_NEW_TOKENS = 128
