@@ -27,7 +27,7 @@ from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 
 
 def state(n: int) -> MetricsState:

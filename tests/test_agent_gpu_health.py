@@ -21,7 +21,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 from virtual_time import run_virtual
 
 

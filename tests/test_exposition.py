@@ -32,7 +32,7 @@ from sglang_farm import exposition
 from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import Phase, StagingView
 from sglang_farm.metrics import MetricsState, Section, build_registry
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 
 ALLOW_UTF8_TEXT = "text/plain;version=1.0.0;escaping=allow-utf-8"
 ALLOW_UTF8_OM = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8"

@@ -12,7 +12,7 @@ import pytest
 
 from sglang_farm.config import load_spec
 from sglang_farm.pollers import worker_api_key
-from sglang_farm.workerstats import WorkerSample
+from sglang_farm.worker_load import WorkerSample
 
 TOML = f"""
 [farm]

@@ -76,7 +76,7 @@ from sglang_farm.supervisor import (
     Wedged,
     WorkerState,
 )
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
 

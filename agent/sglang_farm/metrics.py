@@ -40,7 +40,7 @@ from sglang_farm.failures import OomKind, RestartReason
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, StagingView
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.staging.failure import StageFailureKind
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
 STAGE_STATES = ("waiting", "staging", "done", "current", "failed")

@@ -29,7 +29,8 @@ from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller, process_tree
 from sglang_farm.health import LocalHttp
 from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workerstats import WorkerSample, WorkerStats, WorkerStatsTracker, poll_worker
+from sglang_farm.worker_load import WorkerSample, WorkerStats, WorkerStatsTracker
+from sglang_farm.workerstats import poll_worker
 
 log = structlog.get_logger("sglang_farm.pollers")
 

@@ -5,14 +5,14 @@ busiest worker answers it slowest; and an engine left broken by a CUDA error can
 answering it. Counters tell them apart: a worker whose generated-token or finished-
 request counters advance is working (`progressed`); one with requests running whose
 counters have not moved for the stall window, on a GPU that is not computing, is
-wedged. The figures are the metric pollers' (`workerstats.WorkerStats`, wall clock).
+wedged. The figures are the metric pollers' (`worker_load.WorkerStats`, wall clock).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_farm.workerstats import WorkerStats
+from sglang_farm.worker_load import WorkerStats
 
 IDLE_GPU_RATIO = 0.05  # below this the GPU is not computing (NVML's utilization sample)
 

@@ -1,0 +1,121 @@
+"""Pure: a worker's load figures: what one poll gives (`WorkerSample`), what the farm
+keeps and exports (`WorkerStats`), and the staleness verdict between them
+(`WorkerStatsTracker`). The poll itself is `workerstats` (I/O, httpx).
+
+Both endpoints keep answering while SGLang's scheduler hangs: `/metrics` is
+file-backed (multiprocess mode) and `/v1/loads` is read from /dev/shm, so they
+serve frozen values (docs/reference/sglang.md §8, §9). The tracker therefore compares
+each sample's *progress fingerprint* (scheduler-side values and counters, or the
+LoadSnapshot timestamps) with the previous one: unchanged for longer than
+`window_s` while requests are running means stale. A worker that does not
+answer is `up=False` and stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSample:
+    """What one poll of a worker returned. Figures are summed over DP ranks (ratios: max/mean)."""
+
+    worker: int
+    taken_at: float  # wall clock
+    ok: bool
+    duration_s: float = 0.0
+    source: str | None = None  # "metrics" or "loads"
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None  # KV-cache usage ratio 0..1 (fullest DP rank)
+    gen_throughput: float | None = None  # tokens/s
+    cache_hit_rate: float | None = None  # prefix-cache hit ratio 0..1 (mean over ranks)
+    model_name: str | None = None
+    sglang_version: str | None = None
+    progress: tuple[tuple[str, float], ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """A worker's latest figures, with the staleness verdict. What metrics export."""
+
+    worker: int
+    taken_at: float
+    up: bool  # answered the last poll
+    running: float | None = None
+    queued: float | None = None
+    token_usage: float | None = None
+    gen_throughput: float | None = None
+    cache_hit_rate: float | None = None
+    model_name: str | None = None
+    sglang_version: str | None = None
+    source: str | None = None
+    stale: bool = False
+    stale_reason: str | None = None
+    error: str | None = None
+    poll_duration_s: float = 0.0
+    progress: tuple[tuple[str, float], ...] = ()
+    changed_at: float | None = None  # wall clock when `progress` last changed
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatsTracker:
+    """Pure: folds samples into `WorkerStats`, deciding staleness.
+
+    `window_s`: SGLang publishes load snapshots at least every 15 decode steps and
+    updates gen_throughput every 40 (`--decode-log-interval`), well under a second
+    each on a healthy GPU; 30 s of no change while requests run is a hang, not a
+    slow batch.
+    """
+
+    window_s: float = 30.0
+
+    def update(self, prev: WorkerStats | None, new: WorkerSample, now: float) -> WorkerStats:
+        model = new.model_name or (prev.model_name if prev else None)
+        version = new.sglang_version or (prev.sglang_version if prev else None)
+        if not new.ok:
+            return WorkerStats(
+                worker=new.worker,
+                taken_at=new.taken_at,
+                up=False,
+                model_name=model,
+                sglang_version=version,
+                stale=True,
+                stale_reason=f"no answer: {new.error}",
+                error=new.error,
+                poll_duration_s=new.duration_s,
+                # Keep the last fingerprint: values frozen across an outage still count as frozen.
+                progress=prev.progress if prev else (),
+                changed_at=prev.changed_at if prev else None,
+            )
+        if prev is not None and prev.changed_at is not None and prev.progress == new.progress:
+            changed_at = prev.changed_at
+        else:
+            changed_at = now
+        frozen_for = now - changed_at
+        stale = bool(new.running) and frozen_for > self.window_s
+        reason = (
+            f"values unchanged for {frozen_for:.0f}s while {new.running:g} requests run "
+            "(SGLang's endpoints answer frozen values while its scheduler hangs)"
+            if stale and new.running is not None
+            else None
+        )
+        return WorkerStats(
+            worker=new.worker,
+            taken_at=new.taken_at,
+            up=True,
+            running=new.running,
+            queued=new.queued,
+            token_usage=new.token_usage,
+            gen_throughput=new.gen_throughput,
+            cache_hit_rate=new.cache_hit_rate,
+            model_name=model,
+            sglang_version=version,
+            source=new.source,
+            stale=stale,
+            stale_reason=reason,
+            poll_duration_s=new.duration_s,
+            progress=new.progress,
+            changed_at=changed_at,
+        )
