@@ -145,6 +145,41 @@ def test_the_graph_covers_the_package() -> None:
     assert "sglang_farm.supervisor" in graph["sglang_farm.agent"]
 
 
+# pystemd is imported by the systemd runtime's own modules only (docs/systemd.md).
+PYSTEMD_IMPORTERS = {
+    "sglang_farm.runtime.gateway_unit",
+    "sglang_farm.runtime.systemd",
+    "sglang_farm.runtime.systemd_bus",
+    "sglang_farm.runtime.systemd_watch",
+}
+
+
+def external_importers(library: str, root: Path = ROOT) -> set[str]:
+    """The package's modules that import `library` (or a module of it) anywhere."""
+    found: set[str] = set()
+    for f in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(n == library or n.startswith(library + ".") for n in names):
+                found.add(module_name(f, root))
+    return found
+
+
+def test_pystemd_stays_in_the_systemd_runtime() -> None:
+    assert external_importers("pystemd") == PYSTEMD_IMPORTERS
+
+
+def test_the_pure_unit_state_imports_none_of_the_runtimes_io() -> None:
+    # Its own package's __init__ (the Runtime protocol and events) is all it needs.
+    assert import_graph()["sglang_farm.runtime.unit_state"] == set()
+
+
 # --- the reader and the cycle finder, on hand-built input --------------------------------
 
 

@@ -26,7 +26,7 @@ import structlog
 
 from sglang_farm.runtime import Exited, LogLine, RuntimeEvent
 from sglang_farm.runtime import journal as jr
-from sglang_farm.runtime.systemd import worker_of
+from sglang_farm.runtime.unit_state import worker_of
 
 
 def _ours(unit: str) -> int | None:

@@ -15,7 +15,7 @@ import pytest
 from asuser import popen_as_nobody, require
 from sglang_farm.listeners import OwnerKind, Ownership
 from sglang_farm.portowner import ProcPortOwner, tree_pids
-from sglang_farm.runtime.systemd import cgroup_pids, unit_cgroup, unit_pids
+from sglang_farm.runtime.unit_procs import cgroup_pids, unit_cgroup, unit_pids
 
 LISTENER = (
     "import socket, sys, time\n"

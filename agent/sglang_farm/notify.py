@@ -2,7 +2,7 @@
 directly.
 
 A datagram to $NOTIFY_SOCKET; a no-op when not run by systemd. Written here rather
-than through pystemd so that pystemd stays confined to `runtime/systemd.py`.
+than through pystemd so that pystemd stays confined to the systemd runtime's modules.
 
 `keep_start_alive` covers a slow step of the agent's start (the doctor's preflight,
 whose environment probe may take up to 240 s on a cold `import torch`) that the unit's

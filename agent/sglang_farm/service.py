@@ -324,7 +324,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
         managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
         url = managed.url
         if kind == "systemd":
-            from sglang_farm.runtime.systemd import UnitGateway
+            from sglang_farm.runtime.gateway_unit import UnitGateway
 
             runner = UnitGateway()
         else:

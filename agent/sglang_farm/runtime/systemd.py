@@ -1,54 +1,53 @@
 """I/O: workers as systemd units `sglang@N.service`, driven over the system D-Bus with pystemd.
 
-This is the only module that imports pystemd. What it does:
-
-- Commands (StartUnit/StopUnit/RestartUnit/KillUnit, mode "replace", Reload,
-  ListUnitsByPatterns, property reads) run on ONE dedicated thread that owns one bus
-  connection: pystemd is blocking and sd-bus connections are not thread-safe, so
-  nothing of it runs on the event loop and no connection is shared between threads.
-- State changes come from D-Bus signals, not polling: a watcher thread subscribes
-  (Manager.Subscribe; systemd sends unit signals only while someone is subscribed),
-  matches PropertiesChanged on unit objects and JobRemoved on the manager, sleeps in
-  select() on the bus fd (plus a wake-up pipe for close), reads the touched
-  `sglang@` units' properties on a second connection, and posts the snapshots to the
-  loop with `call_soon_threadsafe`. The loop turns snapshots into `Started`/`Exited`
-  with the pure `observe()`.
-- Output: `runtime.journal` follows the journal into `LogLine`s and holds each exit
-  until the worker's last lines are in; `log_tail` runs `journalctl -u sglang@N -o cat -n K`.
-
-Where generated units go: **/run/systemd/system** (see `install_units`). The static
-template `sglang@.service` ships in /lib/systemd/system; everything derived from
-farm.toml is a drop-in the agent regenerates at each start. /run is the right place
-for that: it vanishes at reboot, so no stale generated state outlives the config it
-came from (an /etc drop-in left by an old config or an uninstalled package would keep
-applying, and /etc is the administrator's, who may override us there: /etc beats /run
-in systemd's search path). A worker cannot start before the agent has rendered its
-drop-in (the template has no ExecStart=), which is what we want after a reboot.
+`SystemdRuntime` runs the commands (Start/Stop/Restart/KillUnit, Reload, property
+reads) on ONE thread that owns one bus connection, takes the units' changes from the
+signal watcher (`systemd_watch`) and turns them into `Started`/`Exited` with the pure
+`unit_state.observe`; `runtime.journal` follows their output. Generated units go to
+/run/systemd/system (`install_units`). Why each of these, in docs/systemd.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import select
 import signal
 import subprocess
-import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 import structlog
 from pystemd.dbusexc import DBusBaseError
-from pystemd.dbuslib import DBus, apply_signature, path_decode, path_encode
+from pystemd.dbuslib import DBus
 from pystemd.systemd1 import Manager
 
 from sglang_farm.errors import RuntimeFailure
-from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
+from sglang_farm.runtime import Emit, Running
 from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
+from sglang_farm.runtime.systemd_bus import (
+    DEST,
+    SERVICE_IFACE,
+    UNIT_IFACE,
+    dbus_error_text,
+    get_all,
+    list_units,
+    read_state,
+    unit_path,
+)
+from sglang_farm.runtime.systemd_watch import UnitWatcher
+from sglang_farm.runtime.unit_procs import proc_argv, unit_pids
+from sglang_farm.runtime.unit_state import (
+    Tracked,
+    UnitState,
+    exec_start_argv,
+    observe,
+    unit_name,
+    unit_state_from,
+    units_of,
+    worker_of,
+)
 from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.units import (
@@ -68,393 +67,11 @@ T = TypeVar("T")
 
 RUN_UNIT_DIR = "/run/systemd/system"
 
-_DEST = b"org.freedesktop.systemd1"
-_MANAGER_PATH = b"/org/freedesktop/systemd1"
-_MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
-_UNIT_PREFIX_PATH = b"/org/freedesktop/systemd1/unit"
-_PROPS_IFACE = b"org.freedesktop.DBus.Properties"
-_UNIT_IFACE = b"org.freedesktop.systemd1.Unit"
-_SERVICE_IFACE = b"org.freedesktop.systemd1.Service"
-
-# siginfo si_code values systemd reports as ExecMainCode (waitid(2)).
-CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
-
-_RUNNING_STATES = frozenset({"activating", "active", "reloading"})
-_DOWN_STATES = frozenset({"inactive", "failed"})
 # A stop that outlives its timeout gets SIGKILL; then this long for the cgroup to empty.
 _KILL_GRACE = 10.0
 # D-Bus calls are local and answer in milliseconds; systemd itself may take a while
 # during a daemon-reload, which sd-bus bounds at 25 s per call.
 _LOG_TAIL_TIMEOUT = 10.0
-# Bounded wait for the watcher thread to exit at close (it wakes at once via the pipe).
-_JOIN_TIMEOUT = 5.0
-
-
-# --- pure part -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class UnitState:
-    """The properties of one worker unit that the farm reads."""
-
-    active_state: str = "inactive"
-    sub_state: str = "dead"
-    main_pid: int = 0
-    exec_main_pid: int = 0
-    exec_main_code: int = 0  # 0 while running; CLD_* once the main process exited
-    exec_main_status: int = 0
-    result: str = "success"
-    n_restarts: int = 0
-
-    @property
-    def running(self) -> bool:
-        return self.active_state in _RUNNING_STATES and self.main_pid > 0
-
-    @property
-    def exit_status(self) -> int | None:
-        """The last main process's exit: >= 0 exit code, < 0 killing signal, None if unknown."""
-        return exit_status(self.exec_main_code, self.exec_main_status)
-
-
-@dataclass(frozen=True, slots=True)
-class Tracked:
-    """What the loop knows of one unit: its last state and which main PID is reported live."""
-
-    state: UnitState
-    live_pid: int | None = None  # Started emitted, Exited not yet
-    ended_pid: int | None = None  # the last PID Exited was emitted for
-
-
-def exit_status(code: int, status: int) -> int | None:
-    """Map systemd's ExecMainCode/ExecMainStatus to the farm's status (CLD_KILLED 9 -> -9)."""
-    if code == CLD_EXITED:
-        return status
-    if code in (CLD_KILLED, CLD_DUMPED):
-        return -status
-    return None
-
-
-def unit_name(worker: int, prefix: str = "sglang") -> str:
-    return f"{prefix}@{worker}.service"
-
-
-def worker_of(unit: str, prefix: str = "sglang") -> int | None:
-    """`sglang@3.service` -> 3; None for any other unit."""
-    head = f"{prefix}@"
-    if not (unit.startswith(head) and unit.endswith(".service")):
-        return None
-    inst = unit[len(head) : -len(".service")]
-    return int(inst) if inst.isdecimal() else None
-
-
-def observe(
-    worker: int, prev: Tracked | None, new: UnitState, *, silent: bool = False
-) -> tuple[Tracked, list[RuntimeEvent]]:
-    """Fold one observed unit state into what is known; return the events it implies.
-
-    Snapshots may skip intermediate states (systemd coalesces signals and we read
-    the newest properties), and may arrive stale; each rule copes with both.
-    `silent` seeds the state (agent start, adoption) without events.
-    """
-    live = prev.live_pid if prev is not None else None
-    ended = prev.ended_pid if prev is not None else None
-    events: list[RuntimeEvent] = []
-    if live is not None:
-        if new.exec_main_pid == live and new.exec_main_code != 0:
-            # running -> exited: systemd recorded how this very process ended.
-            events.append(Exited(worker, live, new.exit_status, new.result))
-            ended, live = live, None
-        elif new.main_pid != live and (new.main_pid != 0 or new.active_state in _DOWN_STATES):
-            # running -> gone without its exit record (a newer run replaced it already).
-            events.append(Exited(worker, live, None, new.result))
-            ended, live = live, None
-    elif (
-        prev is not None
-        and prev.state.active_state in _RUNNING_STATES | {"deactivating"}
-        and new.active_state in _DOWN_STATES
-        and new.exec_main_pid not in (0, ended)
-        and new.exec_main_pid != prev.state.exec_main_pid
-    ):
-        # activating -> failed before a MainPID was ever seen (exec failed at once).
-        events.append(Exited(worker, new.exec_main_pid, new.exit_status, new.result))
-        ended = new.exec_main_pid
-    if live is None and new.running and new.main_pid != ended:
-        # -> a new main process while activating/active: a (re)start of the worker.
-        events.append(Started(worker, new.main_pid))
-        live = new.main_pid
-    return Tracked(new, live, ended), ([] if silent else events)
-
-
-def unit_state_from(unit_props: Mapping[str, Any], service_props: Mapping[str, Any]) -> UnitState:
-    """Build a UnitState from GetAll() dicts (str keys; bytes values decoded here)."""
-
-    def s(v: Any, default: str) -> str:
-        return v.decode() if isinstance(v, bytes) else (v if isinstance(v, str) else default)
-
-    def i(v: Any) -> int:
-        return int(v) if isinstance(v, int) else 0
-
-    return UnitState(
-        active_state=s(unit_props.get("ActiveState"), "inactive"),
-        sub_state=s(unit_props.get("SubState"), "dead"),
-        main_pid=i(service_props.get("MainPID")),
-        exec_main_pid=i(service_props.get("ExecMainPID")),
-        exec_main_code=i(service_props.get("ExecMainCode")),
-        exec_main_status=i(service_props.get("ExecMainStatus")),
-        result=s(service_props.get("Result"), "success"),
-        n_restarts=i(service_props.get("NRestarts")),
-    )
-
-
-def exec_start_argv(service_props: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The argv of the unit's (last) ExecStart= from a Service GetAll() dict, or None.
-
-    The property is `a(sasbttttuii)`: per command, the path, the argv, and run-time
-    fields; a worker's drop-in has exactly one command.
-    """
-    commands = service_props.get("ExecStart")
-    if not isinstance(commands, list | tuple) or not commands:
-        return None
-    entry = commands[-1]
-    if not isinstance(entry, list | tuple) or len(entry) < 2:
-        return None
-    argv = entry[1]
-    if not isinstance(argv, list | tuple):
-        return None
-    return tuple(a.decode() if isinstance(a, bytes) else str(a) for a in argv)
-
-
-def proc_argv(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
-    """The command line process `pid` runs (`/proc/PID/cmdline`); None if unreadable or empty."""
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    if not raw:
-        return None
-    return tuple(a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0"))
-
-
-def unit_cgroup(pid: int, unit: str, proc: str = "/proc") -> str | None:
-    """The line of `/proc/PID/cgroup` that puts process `pid` in unit `unit`'s own cgroup
-    ("0::/system.slice/.../sglang@3.service", or on a hybrid host the
-    "N:name=systemd:..." one), else None.
-
-    `pid` is the MainPID systemd reports; a process cannot leave its unit's cgroup (the
-    tree under system.slice is root's), so the unit's processes are its members.
-    """
-    try:
-        with open(f"{proc}/{pid}/cgroup") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    ours = [ln for ln in lines if ln.rsplit("/", 1)[-1] == unit]
-    ours.sort(key=lambda ln: not ln.startswith("0::"))  # the unified hierarchy first
-    return ours[0] if ours else None
-
-
-def cgroup_pids(path: str, root: str = "/sys/fs/cgroup") -> frozenset[int]:
-    """Every process in cgroup `path` and the cgroups below it (`cgroup.procs`)."""
-    out: set[int] = set()
-    for dirpath, _dirs, _files in os.walk(root + path):
-        try:
-            with open(os.path.join(dirpath, "cgroup.procs")) as fh:
-                out.update(int(x) for x in fh.read().split())
-        except (OSError, ValueError):
-            continue
-    return frozenset(out)
-
-
-def _cgroup_members(line: str, proc: str) -> frozenset[int]:
-    """The processes whose `/proc/PID/cgroup` holds `line` (or a cgroup below it): the way
-    when the cgroup file system is not where it is looked for."""
-    out: set[int] = set()
-    for entry in os.listdir(proc):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{entry}/cgroup") as fh:
-                lines = fh.read().splitlines()
-        except OSError:
-            continue
-        if any(ln == line or ln.startswith(line + "/") for ln in lines):
-            out.add(int(entry))
-    return frozenset(out)
-
-
-def unit_pids(
-    main_pid: int, unit: str, proc: str = "/proc", root: str = "/sys/fs/cgroup"
-) -> frozenset[int]:
-    """The processes of `unit`, found from its main process's cgroup; empty if unknown."""
-    line = unit_cgroup(main_pid, unit, proc)
-    if line is None:
-        return frozenset()
-    hierarchy, _, path = line.partition(":")[2].partition(":")
-    # cgroup v2 at /sys/fs/cgroup; on a hybrid host its unified tree and systemd's own
-    # v1 tree are mounted below it.
-    roots = [root, f"{root}/unified"] if not hierarchy else [f"{root}/systemd"]
-    for r in roots:
-        if os.path.isfile(f"{r}{path}/cgroup.procs"):
-            return cgroup_pids(path, r) | {main_pid}
-    return _cgroup_members(line, proc) | {main_pid}
-
-
-def units_of(files: Iterable[PurePosixPath]) -> list[str]:
-    """The unit names rendered files belong to: `sglang@3.service.d/50-farm.conf` ->
-    `sglang@3.service`, a whole unit file -> itself; sorted, without duplicates."""
-    names = {p.parts[0].removesuffix(".d") for p in files if p.parts}
-    return sorted(n for n in names if n.endswith((".service", ".target")))
-
-
-# --- pystemd adapter (blocking; runs on the command thread or the watcher thread) ----
-
-
-def _unit_path(unit: str) -> bytes:
-    return bytes(path_encode(_UNIT_PREFIX_PATH, unit.encode()))
-
-
-def _decode_keys(d: Any) -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {}
-    return {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in d.items()}
-
-
-def _get_all(bus: Any, unit: str, iface: bytes) -> dict[str, Any]:
-    # Reading a unit's object path loads the unit if needed (systemd's bus_unit_find),
-    # so this works for units not loaded yet: they read as inactive/dead.
-    reply = bus.call_method(
-        _DEST, _unit_path(unit), _PROPS_IFACE, b"GetAll", apply_signature(b"s", [iface])
-    )
-    return _decode_keys(reply.body)
-
-
-def _read_state(bus: Any, unit: str) -> UnitState:
-    return unit_state_from(_get_all(bus, unit, _UNIT_IFACE), _get_all(bus, unit, _SERVICE_IFACE))
-
-
-def _list_units(bus: Any, prefix: str, states: Iterable[str] = ()) -> list[str]:
-    manager = Manager(bus=bus)
-    manager.load()
-    rows = manager.Manager.ListUnitsByPatterns(
-        [s.encode() for s in states], [f"{prefix}@*.service".encode()]
-    )
-    return [r[0].decode() if isinstance(r[0], bytes) else str(r[0]) for r in rows]
-
-
-def _dbus_error_text(exc: BaseException) -> str:
-    return str(exc).strip() or exc.__class__.__name__
-
-
-class _Watcher(threading.Thread):
-    """Listens to systemd's signals; posts (unit, state) snapshots and finished jobs."""
-
-    def __init__(
-        self,
-        prefix: str,
-        on_states: Callable[[dict[str, UnitState], bool], None],
-        on_jobs: Callable[[list[tuple[str, str, str]]], None],
-        on_error: Callable[[BaseException], None],
-    ) -> None:
-        super().__init__(name="sf-systemd-watch", daemon=True)
-        self._prefix = prefix
-        self._path_prefix = bytes(path_encode(_UNIT_PREFIX_PATH, f"{prefix}@".encode()))
-        self._on_states = on_states
-        self._on_jobs = on_jobs
-        self._on_error = on_error
-        self._wake_r, self._wake_w = os.pipe()
-        self._stopping = False
-        self.ready = threading.Event()
-        self._pending: set[str] = set()
-        self._jobs: list[tuple[str, str, str]] = []
-        self._hits = 0
-        self._callbacks: tuple[Callable[..., None], ...] = ()
-
-    def stop(self) -> None:
-        self._stopping = True
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-        self.join(_JOIN_TIMEOUT)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    # Callbacks run inside bus.process(); pystemd cannot surface their exceptions.
-    def _on_props(self, msg: Any) -> None:
-        self._hits += 1
-        with contextlib.suppress(Exception):
-            path = bytes(msg.get_path())
-            if path.startswith(self._path_prefix):
-                self._pending.add(bytes(path_decode(path, _UNIT_PREFIX_PATH)).decode())
-
-    def _on_job_removed(self, msg: Any) -> None:
-        self._hits += 1
-        with contextlib.suppress(Exception):
-            msg.process_reply(False)
-            _id, job, unit, result = msg.body
-            unit_s = unit.decode() if isinstance(unit, bytes) else str(unit)
-            if worker_of(unit_s, self._prefix) is not None:
-                job_s = job.decode() if isinstance(job, bytes) else str(job)
-                res_s = result.decode() if isinstance(result, bytes) else str(result)
-                self._jobs.append((job_s, unit_s, res_s))
-                self._pending.add(unit_s)
-
-    def _drain(self, sig: Any, fd: int) -> None:
-        # sd_bus_process() handles one message per call and its return value is not
-        # exposed by pystemd: call it until a call neither hit a callback nor returned
-        # an unhandled message, and the socket has nothing more to read.
-        while True:
-            before = self._hits
-            msg = sig.process()
-            if self._hits == before and msg.is_empty():
-                readable, _, _ = select.select([fd], [], [], 0)
-                if not readable:
-                    return
-
-    def run(self) -> None:
-        sig = DBus()
-        query = DBus()
-        try:
-            sig.open()
-            query.open()
-            # pystemd sets an attribute on the callback (so no bound method) and keeps
-            # only a raw pointer to it (so we hold the reference).
-            self._callbacks = (
-                lambda msg, error=None, userdata=None: self._on_props(msg),
-                lambda msg, error=None, userdata=None: self._on_job_removed(msg),
-            )
-            on_props, on_job = self._callbacks
-            sig.match_signal(_DEST, None, _PROPS_IFACE, b"PropertiesChanged", on_props)
-            sig.match_signal(_DEST, _MANAGER_PATH, _MANAGER_IFACE, b"JobRemoved", on_job)
-            sig.call_method(_DEST, _MANAGER_PATH, _MANAGER_IFACE, b"Subscribe", [])
-            fd = sig.get_fd()
-            self._drain(sig, fd)
-            self._pending.clear()
-            # Seed after subscribing, so no change between the two can be missed.
-            seed = {u: _read_state(query, u) for u in _list_units(query, self._prefix)}
-            self._on_states(seed, True)
-            self.ready.set()
-            while not self._stopping:
-                readable, _, _ = select.select([fd, self._wake_r], [], [])
-                if self._wake_r in readable:
-                    break
-                self._drain(sig, fd)
-                if self._pending:
-                    states = {u: _read_state(query, u) for u in sorted(self._pending)}
-                    self._pending.clear()
-                    self._on_states(states, False)
-                if self._jobs:
-                    # After the states: a finished job's unit state is already known.
-                    jobs, self._jobs = self._jobs, []
-                    self._on_jobs(jobs)
-        except BaseException as exc:  # thread root: report to the loop, which logs it
-            if not self._stopping:
-                self._on_error(exc)
-        finally:
-            self.ready.set()
-            for bus in (sig, query):
-                with contextlib.suppress(Exception):
-                    bus.close()
 
 
 # --- unit files ------------------------------------------------------------------
@@ -535,7 +152,7 @@ class SystemdRuntime:
         self._executor: ThreadPoolExecutor | None = None
         self._bus: Any = None  # owned by the executor's single thread
         self._refd: set[str] = set()  # units we hold a reference on (see _ref)
-        self._watcher: _Watcher | None = None
+        self._watcher: UnitWatcher | None = None
         self._watch_error: BaseException | None = None
         self._follower: JournalFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -556,13 +173,15 @@ class SystemdRuntime:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sf-systemd")
         try:
             await self._call(self._connect)
-            watcher = _Watcher(self._prefix, self._post_states, self._post_jobs, self._post_error)
+            watcher = UnitWatcher(
+                self._prefix, self._post_states, self._post_jobs, self._post_error
+            )
             self._watcher = watcher
             watcher.start()
             await asyncio.to_thread(watcher.ready.wait)
             if self._watch_error is not None:
                 raise RuntimeFailure(
-                    f"cannot follow systemd over D-Bus: {_dbus_error_text(self._watch_error)}; "
+                    f"cannot follow systemd over D-Bus: {dbus_error_text(self._watch_error)}; "
                     "is systemd PID 1 and dbus running?"
                 ) from self._watch_error
         except BaseException:
@@ -821,7 +440,7 @@ class SystemdRuntime:
             bus.open()
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"cannot connect to the system D-Bus: {_dbus_error_text(exc)}; "
+                f"cannot connect to the system D-Bus: {dbus_error_text(exc)}; "
                 "the systemd runtime needs systemd as PID 1 and dbus running "
                 "(or use --runtime process)"
             ) from exc
@@ -844,7 +463,7 @@ class SystemdRuntime:
             job = self._manager_call(method, unit.encode(), b"replace")
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"systemd refused {method} {unit}: {_dbus_error_text(exc)}; "
+                f"systemd refused {method} {unit}: {dbus_error_text(exc)}; "
                 f"see `systemctl status {unit}` and `systemctl cat {unit}`"
             ) from exc
         return job.decode() if isinstance(job, bytes) else str(job)
@@ -857,7 +476,7 @@ class SystemdRuntime:
         gone: the stop's exit status would be lost.
         """
         if unit not in self._refd:
-            self._bus.call_method(_DEST, _unit_path(unit), _UNIT_IFACE, b"Ref", [])
+            self._bus.call_method(DEST, unit_path(unit), UNIT_IFACE, b"Ref", [])
             self._refd.add(unit)
 
     def _kill(self, unit: str, signo: int) -> None:
@@ -865,24 +484,22 @@ class SystemdRuntime:
             self._manager_call("KillUnit", unit.encode(), b"all", signo)
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"systemd refused KillUnit {unit}: {_dbus_error_text(exc)}"
+                f"systemd refused KillUnit {unit}: {dbus_error_text(exc)}"
             ) from exc
 
     def _reload(self) -> None:
         try:
             self._manager_call("Reload")
         except DBusBaseError as exc:
-            raise RuntimeFailure(
-                f"systemctl daemon-reload failed: {_dbus_error_text(exc)}"
-            ) from exc
+            raise RuntimeFailure(f"systemctl daemon-reload failed: {dbus_error_text(exc)}") from exc
 
     def _read_unit(self, unit: str) -> UnitState:
         try:
             self._ref(unit)
-            return _read_state(self._bus, unit)
+            return read_state(self._bus, unit)
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"cannot read the state of {unit}: {_dbus_error_text(exc)}"
+                f"cannot read the state of {unit}: {dbus_error_text(exc)}"
             ) from exc
 
     def _read_adoption(self, unit: str) -> tuple[UnitState, tuple[str, ...] | None]:
@@ -891,11 +508,11 @@ class SystemdRuntime:
         else the unit's ExecStart=."""
         try:
             self._ref(unit)
-            service = _get_all(self._bus, unit, _SERVICE_IFACE)
-            state = unit_state_from(_get_all(self._bus, unit, _UNIT_IFACE), service)
+            service = get_all(self._bus, unit, SERVICE_IFACE)
+            state = unit_state_from(get_all(self._bus, unit, UNIT_IFACE), service)
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"cannot read the state of {unit}: {_dbus_error_text(exc)}"
+                f"cannot read the state of {unit}: {dbus_error_text(exc)}"
             ) from exc
         argv = proc_argv(state.main_pid) if state.main_pid > 0 else None
         return state, argv or exec_start_argv(service)
@@ -906,19 +523,19 @@ class SystemdRuntime:
             return [
                 u
                 for u in units
-                if _get_all(self._bus, u, _UNIT_IFACE).get("NeedDaemonReload") is True
+                if get_all(self._bus, u, UNIT_IFACE).get("NeedDaemonReload") is True
             ]
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"cannot read NeedDaemonReload of {', '.join(units)}: {_dbus_error_text(exc)}"
+                f"cannot read NeedDaemonReload of {', '.join(units)}: {dbus_error_text(exc)}"
             ) from exc
 
     def _list(self, states: tuple[str, ...]) -> list[str]:
         try:
-            return _list_units(self._bus, self._prefix, states)
+            return list_units(self._bus, self._prefix, states)
         except DBusBaseError as exc:
             raise RuntimeFailure(
-                f"cannot list {self._prefix}@ units: {_dbus_error_text(exc)}"
+                f"cannot list {self._prefix}@ units: {dbus_error_text(exc)}"
             ) from exc
 
     async def _job(self, method: str, worker: int) -> str:
@@ -956,7 +573,7 @@ class SystemdRuntime:
             self._loop.call_soon_threadsafe(self._watch_failed, exc)
 
     def _watch_failed(self, exc: BaseException) -> None:
-        log.error("systemd_watch_failed", error=_dbus_error_text(exc))
+        log.error("systemd_watch_failed", error=dbus_error_text(exc))
 
     def _apply(self, states: dict[str, UnitState], silent: bool) -> None:
         for unit, state in states.items():
@@ -992,48 +609,9 @@ class SystemdRuntime:
                     self._done_jobs.pop(next(iter(self._done_jobs)))
 
 
-GATEWAY_UNIT = "sglang-farm-gateway.service"
-
-
-class UnitGateway:
-    """The managed gateway as its own unit, `sglang-farm-gateway.service` (rendered into
-    /run/systemd/system with the workers' drop-ins): systemd runs and restarts it, and it
-    outlives the agent like the workers do."""
-
-    def __init__(self, unit: str = GATEWAY_UNIT) -> None:
-        self.unit = unit
-
-    async def start(self) -> None:
-        await asyncio.to_thread(self._start)
-
-    def _start(self) -> None:
-        try:
-            with Manager() as m:
-                m.Manager.StartUnit(self.unit.encode(), b"replace")
-        except DBusBaseError as exc:
-            raise RuntimeFailure(
-                f"cannot start {self.unit}: {_dbus_error_text(exc)}; "
-                f"see `systemctl status {self.unit}`"
-            ) from exc
-
-    async def close(self) -> None:
-        """Nothing: the unit keeps routing while the agent restarts."""
-
-
 __all__ = [
-    "GATEWAY_UNIT",
     "RUN_UNIT_DIR",
     "SystemdRuntime",
-    "Tracked",
-    "UnitGateway",
-    "UnitState",
-    "exec_start_argv",
-    "exit_status",
+    "install_secrets",
     "install_units",
-    "observe",
-    "proc_argv",
-    "unit_name",
-    "unit_state_from",
-    "units_of",
-    "worker_of",
 ]

@@ -1,0 +1,40 @@
+"""I/O: the managed gateway as its own systemd unit (the systemd runtime's counterpart
+of `gateway_child`): started over D-Bus, run and restarted by systemd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pystemd.dbusexc import DBusBaseError
+from pystemd.systemd1 import Manager
+
+from sglang_farm.errors import RuntimeFailure
+from sglang_farm.runtime.systemd_bus import dbus_error_text
+
+GATEWAY_UNIT = "sglang-farm-gateway.service"
+
+
+class UnitGateway:
+    """The managed gateway as its own unit, `sglang-farm-gateway.service` (rendered into
+    /run/systemd/system with the workers' drop-ins): systemd runs and restarts it, and it
+    outlives the agent like the workers do."""
+
+    def __init__(self, unit: str = GATEWAY_UNIT) -> None:
+        self.unit = unit
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start)
+
+    def _start(self) -> None:
+        try:
+            with Manager() as m:
+                m.Manager.StartUnit(self.unit.encode(), b"replace")
+        except DBusBaseError as exc:
+            raise RuntimeFailure(
+                f"cannot start {self.unit}: {dbus_error_text(exc)}; "
+                f"see `systemctl status {self.unit}`"
+            ) from exc
+
+    async def close(self) -> None:
+        """Nothing: the unit keeps routing while the agent restarts."""
