@@ -5,12 +5,13 @@ the process runtime and the demo those live under `/tmp`, where anyone creates f
 A state folder pre-created by `nobody` let it plant symlinks that root's logs followed
 and swap in its own `control.sock` that root's farmctl then talked to (issue 22, item 11).
 
-The rule, after OpenSSH's `secure_filename`: every folder on the way, from `/` to the
-farm's own, belongs to root or the agent's user, and no other user may write it unless
-its sticky bit is set (as on `/tmp`: others can add names, not replace ours). The farm's
-own folder (the state folder, the socket's folder) may not be writable by any other user
-at all, sticky or not: names the farm has yet to create there could be taken first. A
-symbolic link on the way is followed only when one of those owners made it.
+The rule (`folder_trust`, pure, shared with the staging's folders), after OpenSSH's
+`secure_filename`: every folder on the way, from `/` to the farm's own, belongs to root
+or the agent's user, and no other user may write it unless its sticky bit is set (as on
+`/tmp`: others can add names, not replace ours). The farm's own folder (the state
+folder, the socket's folder) may not be writable by any other user at all, sticky or
+not: names the farm has yet to create there could be taken first. A symbolic link on
+the way is followed only when one of those owners made it.
 
 `folder_problem` is the agent's check (a refusal at start); `socket_problem` is
 farmctl's (never talk to a socket another user could have put there).
@@ -24,8 +25,7 @@ import pwd
 import stat
 from collections.abc import Iterable
 
-# Permission bits that let a user other than the owner create, rename or remove names.
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+from sglang_farm.folder_trust import Distrust, folder_distrust, link_distrust
 
 
 def owner_name(uid: int) -> str:
@@ -48,14 +48,16 @@ def judge(
     own: bool,
     owner: str,
 ) -> str | None:
-    """What is wrong with folder `path` (owner `uid`, `st_mode` `mode`), or None.
+    """What is wrong with folder `path` (owner `uid`, `st_mode` `mode`), or None: the
+    `folder_trust` rule in words.
 
     `own`: the farm's own folder (no other writer at all); else a folder on the way
     (others may write only under the sticky bit). `owner` names `uid` for the message.
     """
-    if uid not in set(trusted):
+    distrust = folder_distrust(uid, mode, frozenset(trusted), own=own)
+    if distrust is Distrust.OWNER:
         return f"{path} is owned by {owner}, not by root or the agent's user"
-    if mode & _OTHERS_WRITE and (own or not mode & stat.S_ISVTX):
+    if distrust is Distrust.OTHERS_WRITE:
         sticky = " (sticky bit or not)" if own and mode & stat.S_ISVTX else ""
         return (
             f"{path} (owner {owner}, mode {stat.S_IMODE(mode):04o}) can be written by other "
@@ -88,7 +90,7 @@ def _links_problem(path: str, trusted: frozenset[int]) -> str | None:
     """A symbolic link on the way to `path` (itself included) that another user made."""
     for p in _chain(path)[1:]:
         st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
+        if stat.S_ISLNK(st.st_mode) and link_distrust(st.st_uid, trusted) is not None:
             return (
                 f"{p} is a symbolic link made by {owner_name(st.st_uid)}, not by root or "
                 "the agent's user"

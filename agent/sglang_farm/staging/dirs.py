@@ -2,12 +2,13 @@
 one the workers can enter whatever the agent's umask.
 
 A folder is trusted when no other user can change what it holds: it is owned by root or
-the agent's user, and nobody else may write to it, unless it is sticky (`/dev/shm`,
-`/tmp`: another user can then neither rename nor remove an entry it does not own; the
-entry below is checked in turn). A path is trusted when every folder from `/` down to it
-is, and every symbolic link on the way is root's (or the agent's): where another user
-can change a folder, it can swap the model after the stage, or plant what the stage
-writes through (docs/staging.md, "Other users").
+the agent's user, and nobody else may write to it (a group of root's counts as root),
+unless it is sticky (`/dev/shm`, `/tmp`: another user can then neither rename nor remove
+an entry it does not own; the entry below is checked in turn). A path is trusted when
+every folder from `/` down to it is, and every symbolic link on the way is root's (or
+the agent's): where another user can change a folder, it can swap the model after the
+stage, or plant what the stage writes through (docs/staging.md, "Other users"). The
+rule is `folder_trust`'s, the one the agent's own folders follow (`securepath`).
 
 The workers run as [farm] user, the agent as root under UMask=0077: every folder the
 staging creates gets its mode explicitly (DIR_MODE where the workers must enter it).
@@ -20,22 +21,15 @@ import os
 import stat
 from pathlib import Path
 
+from sglang_farm.folder_trust import Distrust, folder_distrust, link_distrust
 from sglang_farm.staging.failure import StageError, StageFailureKind
 
 DIR_MODE = 0o755
 
 
-def trusted_uid(uid: int) -> bool:
+def _trusted() -> tuple[int, int]:
     """Root and the agent's own user: the only owners whose files the staging trusts."""
-    return uid in (0, os.geteuid())
-
-
-def _others_write(st: os.stat_result) -> bool:
-    """Another user may create, rename or remove entries (no sticky bit to stop it)."""
-    mode = st.st_mode
-    if mode & stat.S_ISVTX:
-        return False
-    return bool(mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid != 0))
+    return (0, os.geteuid())
 
 
 def _refusal(folder: Path, st: os.stat_result, what: str) -> StageError | None:
@@ -54,7 +48,8 @@ def _refusal(folder: Path, st: os.stat_result, what: str) -> StageError | None:
             f"{what}: {folder} is not a folder",
             f"remove it (rm {folder}) or correct the config, then `farmctl start all`",
         )
-    if not trusted_uid(st.st_uid):
+    distrust = folder_distrust(st.st_uid, st.st_mode, _trusted(), own=False, group=st.st_gid)
+    if distrust is Distrust.OWNER:
         return StageError(
             StageFailureKind.IO_ERROR,
             f"{what}: {folder} is owned by uid {st.st_uid}, not by root or the agent "
@@ -62,7 +57,7 @@ def _refusal(folder: Path, st: os.stat_result, what: str) -> StageError | None:
             f"check what it holds, then make it root's (chown root: {folder}; "
             f"chmod go-w {folder}) or remove it (rm -rf {folder}), and `farmctl start all`",
         )
-    if _others_write(st):
+    if distrust is Distrust.OTHERS_WRITE:
         return StageError(
             StageFailureKind.IO_ERROR,
             f"{what}: {folder} is writable by other users (mode "
@@ -89,7 +84,7 @@ def trusted_dir(path: Path, what: str, mode: int = DIR_MODE) -> None:
         for p in (existing, *existing.parents):  # links on the way: root's only
             st = os.lstat(p)
             refused = _refusal(p, st, what) if stat.S_ISLNK(st.st_mode) else None
-            if refused is not None and not trusted_uid(st.st_uid):
+            if refused is not None and link_distrust(st.st_uid, _trusted()) is not None:
                 raise refused
         real = Path(os.path.realpath(existing))
         for p in (*reversed(real.parents), real):  # from / down
