@@ -10,6 +10,7 @@ pynvml) are not installed.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -59,8 +60,10 @@ def imported_modules(
     return {name for name in own if not module.startswith(name + ".")}
 
 
+@functools.cache
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, for every module under `root`."""
+    """Module -> the package's modules it imports, for every module under `root` (read once
+    per run: the tests only look)."""
     files = sorted(root.rglob("*.py"))
     known = {module_name(f, root) for f in files}
     return {
