@@ -46,13 +46,12 @@ from sglang_farm.doctor import (
     make_probe_runner,
     port_problem,
     preflight_blocking,
-    resolve_attention_backend,
-    resolve_flags,
     run_doctor,
 )
 from sglang_farm.doctor.rules import ProbeOutcome
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.worker_commands import resolve_attention_backend, resolve_flags
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_TOML = REPO / "etc" / "sglang-farm" / "farm.toml"
@@ -1367,15 +1366,15 @@ def test_a_missing_gateway_interpreter_fails_the_doctor() -> None:
 
 
 def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
-    """The agent's preflight (DoctorVerdict, at start and at each refresh): one error line
+    """The agent's preflight (DoctorReportCache, at start and at each refresh): one error line
     naming the fix, not one per refresh."""
     import asyncio
 
     from sglang_farm.gpu_sim import FakeGpuPoller
-    from sglang_farm.service import DoctorVerdict
+    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
-    verdict = DoctorVerdict(FakeGpuPoller(), gateway_python="/nonexistent/python3")
+    verdict = DoctorReportCache(FakeGpuPoller(), gateway_python="/nonexistent/python3")
 
     async def twice() -> None:
         await verdict.refresh(spec)
@@ -1396,11 +1395,11 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import socket
 
     from sglang_farm.gpu_sim import FakeGpuPoller
-    from sglang_farm.service import DoctorVerdict
+    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
     held = spec.worker(1).port
-    verdict = DoctorVerdict(FakeGpuPoller(count=8))
+    verdict = DoctorReportCache(FakeGpuPoller(count=8))
     with socket.socket() as squatter, capture_logs() as logs:
         squatter.bind(("127.0.0.1", held))
         squatter.listen()

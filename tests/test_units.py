@@ -216,10 +216,10 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     assert joined == list(build_command(spec.farm, spec.workers[1]).argv)
 
 
-def test_flags_by_worker_replaces_only_that_workers_flags() -> None:
+def test_commands_replace_only_that_workers_command() -> None:
     spec = demo_spec(n=2)
     ladder = dict(spec.workers[0].flags, mem_fraction_static=0.8, cuda_graph_bs=(1, 2))
-    files = render(spec, flags_by_worker={0: ladder})
+    files = render(spec, commands={0: build_command(spec.farm, spec.workers[0], ladder)})
     w0 = files[PurePosixPath("sglang@0.service.d/50-farm.conf")]
     w1 = files[PurePosixPath("sglang@1.service.d/50-farm.conf")]
     assert "--mem-fraction-static 0.8 \\" in w0

@@ -32,7 +32,8 @@ from sglang_farm.gpu import GpuPoller
 from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.sglang_argv import Command
+from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.service")
 
@@ -103,9 +104,7 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
 
         agent_bin = agent_executable()
 
-        def units(
-            spec: FarmSpec, flags: Mapping[int, Mapping[str, FlagValue]]
-        ) -> Mapping[PurePosixPath, str]:
+        def units(spec: FarmSpec, commands: Mapping[int, Command]) -> Mapping[PurePosixPath, str]:
             from sglang_farm.units import render
 
             return render(
@@ -114,7 +113,7 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
                 agent_bin=agent_bin,
                 python=sys.executable,  # the gateway unit runs the agent's own interpreter
                 static=False,
-                flags_by_worker={w: dict(f) for w, f in flags.items()},
+                commands=commands,
             )
 
         return lambda emit: SystemdRuntime(
@@ -176,7 +175,11 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)
-    doctor = DoctorVerdict(poller)
+    agent: Agent | None = None
+    # The doctor judges what each worker runs: its command at its OOM-ladder step.
+    doctor = DoctorReportCache(
+        poller, oom_steps=lambda: agent.oom_steps() if agent is not None else {}
+    )
     # The preflight may take minutes (a cold `import torch`): systemd's start deadline is
     # extended while it runs, so a slow doctor does not kill the start.
     async with keep_start_alive():
@@ -375,41 +378,54 @@ def agent_executable() -> str:
     return shutil.which("sglang-farm") or DEFAULT_AGENT_BIN
 
 
-class DoctorVerdict:
-    """The doctor's checks, as the agent uses them: a worker with a blocking failure is
-    not started, and its failure (with the fix) becomes the worker's last failure, so
-    `farmctl why N` says exactly what to repair (`sglang-farm doctor` prints the same).
+class DoctorReportCache:
+    """The doctor's last report and the GPUs' compute capabilities, kept for the agent: a
+    worker with a blocking failure is not started, and its failure (with the fix) becomes
+    the worker's last failure, so `farmctl why N` says exactly what to repair
+    (`sglang-farm doctor` prints the same).
 
     Gathered at start, and again at each reload and operator's start (`refresh`): a fixed
-    model path or a new flag is judged anew, never by the start's report.
+    model path or a new flag is judged anew, never by the start's report. What is judged
+    is what each worker runs (`worker_commands`, at the step `oom_steps` says).
     """
 
-    def __init__(self, poller: GpuPoller | None, *, gateway_python: str | None = None) -> None:
+    def __init__(
+        self,
+        poller: GpuPoller | None,
+        *,
+        gateway_python: str | None = None,
+        oom_steps: Callable[[], Mapping[int, int]] = dict,
+    ) -> None:
         from sglang_farm.gpu_sim import FakeGpuPoller
 
         self._source: GpuPoller = poller or FakeGpuPoller(count=0)
         self._gateway_python = gateway_python  # None: the agent's own (tests: one without smg)
+        self._oom_steps = oom_steps
         self._said_gateway: str | None = None
         self._report: DoctorReport | None = None
         self.compute_caps: dict[int, tuple[int, int]] = {}
 
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor
+        from sglang_farm.worker_commands import worker_commands
 
         try:
-            report = await asyncio.to_thread(
-                run_doctor, spec, self._source, gateway_python=self._gateway_python
-            )
             fleet = await asyncio.to_thread(self._source.snapshot)
+            caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
+            report = await asyncio.to_thread(
+                run_doctor,
+                spec,
+                self._source,
+                gateway_python=self._gateway_python,
+                commands=worker_commands(spec, self._oom_steps(), caps),
+            )
         except Exception as exc:  # a doctor bug must not keep a valid farm from starting
             log.error("preflight_crashed", error=repr(exc))
             self._report = None
             return
         self._report = report
         self.compute_caps.clear()
-        self.compute_caps.update(
-            {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
-        )
+        self.compute_caps.update(caps)
         log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
         self._say_failed(report)
         self._say_gateway(report)

@@ -30,8 +30,6 @@ from sglang_farm.doctor.rules import (
     arch_covers,
     backend_verdict,
     evaluate,
-    resolve_attention_backend,
-    resolve_flags,
 )
 from sglang_farm.errors import ProbeError
 from sglang_farm.ports import port_problem
@@ -52,7 +50,5 @@ __all__ = [
     "make_probe_runner",
     "port_problem",
     "preflight_blocking",
-    "resolve_attention_backend",
-    "resolve_flags",
     "run_doctor",
 ]

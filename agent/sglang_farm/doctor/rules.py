@@ -10,9 +10,7 @@ decides, and for a flag it rejects whose other spelling `sglang_flags.RENAMES` k
 the message names the spelling of the installed version ("SGLang 0.5.12 calls it
 --mamba-scheduler-strategy").
 
-`resolve_attention_backend(cc)` is the farm's `attention_backend = "auto"`: one
-backend per architecture (SGLang's own default order; docs/reference/seed-host.md §5 for
-SM 12.0).
+The farm's `attention_backend = "auto"` pick is `worker_commands.resolve_attention_backend`.
 """
 
 from __future__ import annotations
@@ -40,9 +38,9 @@ from sglang_farm.sglang_flags import (
     unknown_flag_hint,
     version_text,
 )
-from sglang_farm.spec import FarmSpec, FlagValue, ModelSpec, WorkerSpec
+from sglang_farm.spec import FarmSpec, ModelSpec, WorkerSpec
+from sglang_farm.worker_commands import AUTO, resolve_attention_backend
 
-AUTO = "auto"
 GIB = 1024**3
 
 # Above this, CUDA graphs, activations and the CUDA context (outside SGLang's static
@@ -212,42 +210,6 @@ class Observations:
 
 
 # --- pure rules ------------------------------------------------------------------------
-
-
-def resolve_attention_backend(cc: tuple[int, int]) -> str:
-    """The farm's pick for `attention_backend = "auto"` on compute capability `cc`.
-
-    SGLang's own default order for MHA models (docs/reference/sglang.md §14.2): Hopper -> fa3,
-    datacenter Blackwell (SM 10.x) -> trtllm_mha, everything else -> flashinfer. On
-    SM 12.x flashinfer is the only backend the seed host could run (no tcgen05 for
-    FA3/FA4; Triton's tiles want more than the ~99 KB of shared memory per block).
-    Below SM 8.0 flashinfer's prebuilt kernels do not apply: triton.
-    """
-    major = cc[0]
-    if major == 9:
-        return "fa3"
-    if major == 10:
-        return "trtllm_mha"
-    if major >= 8:
-        return "flashinfer"
-    return "triton"
-
-
-def resolve_flags(
-    flags: Mapping[str, FlagValue], cc: tuple[int, int] | None
-) -> dict[str, FlagValue]:
-    """`flags` with every `"auto"` attention backend resolved for `cc`.
-
-    With `cc` unknown the flag is dropped, so SGLang picks by itself.
-    """
-    out: dict[str, FlagValue] = {}
-    for key, value in flags.items():
-        if key in ATTENTION_BACKEND_KEYS and value == AUTO:
-            if cc is not None:
-                out[key] = resolve_attention_backend(cc)
-            continue
-        out[key] = value
-    return out
 
 
 def _sm(cc: tuple[int, int]) -> str:

@@ -50,7 +50,7 @@ from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
 from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
 from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.spec import FarmSpec
 from sglang_farm.units import (
     UnitChanges,
     credentials_dir,
@@ -512,7 +512,7 @@ class SystemdRuntime:
         *,
         prefix: str = "sglang",
         follow_logs: bool = True,
-        units: Callable[[FarmSpec, Mapping[int, Mapping[str, FlagValue]]], UnitFiles] | None = None,
+        units: Callable[[FarmSpec, Mapping[int, Command]], UnitFiles] | None = None,
         exit_grace: float = 0.0,
         ready_gate_wait: float = 30.0,
     ) -> None:
@@ -608,10 +608,8 @@ class SystemdRuntime:
                 await self.daemon_reload()
         await self._job("StartUnit", worker)
 
-    async def prepare(
-        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> frozenset[int]:
-        """Install every worker's drop-in (its current flags); daemon-reload only on change.
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
+        """Install every worker's drop-in (running `commands`); daemon-reload only on change.
 
         Called before each launch, so a unit always starts with the command line the agent
         means (its OOM-ladder step applied). Returns the workers whose secret files changed.
@@ -621,10 +619,10 @@ class SystemdRuntime:
         render = self._units
         async with self._install_lock:
             # The secret files first (root-only), then the drop-ins that name them.
-            secrets = render_secrets(spec, flags_by_worker)
+            secrets = render_secrets(spec, commands)
             changed = await asyncio.to_thread(install_secrets, secrets, credentials_dir(spec))
             # Rendered under the lock: calls install in the order they were made.
-            await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
+            await self._apply_units(render(spec, commands), RUN_UNIT_DIR)
         return changed
 
     async def confirm_ready(self, worker: int) -> bool:
