@@ -757,8 +757,9 @@ def render(
     `commands` is what the workers it names run (`worker_commands`: the OOM ladder's
     step applied); any other worker runs its configured flags as they are.
     `static=False` leaves out the three shipped units (the agent installs only drop-ins
-    and the gateway unit; the package ships the units themselves). `python` is the agent's interpreter, which runs the managed
-    gateway and the workers' readiness gate (default: `gateway_python(agent_bin)`).
+    and the gateway unit; the package ships the units themselves). `python` is the
+    agent's interpreter, which runs the managed gateway and the workers' readiness gate
+    (default: `gateway_python(agent_bin)`).
     Reading the shipped units is the only file access, and they are package data.
     Raises ValueError for a gateway or a worker command line systemd cannot run, or a
     value that would break a unit file (a control character, a NaN or negative time).
