@@ -41,9 +41,7 @@ class FakeRuntime:
     procs: dict[int, FakeProcess] = field(default_factory=dict)
     _next_pid: int = 1000
 
-    async def prepare(
-        self, spec: FarmSpec, commands: Mapping[int, Command]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         self.prepares += 1
         changed, self.secrets_changed_at_prepare = self.secrets_changed_at_prepare, frozenset()
         return changed

@@ -11,16 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sglang_farm.runtime.unit_files import write_secrets
 from sglang_farm.sglang_argv import API_KEY_ENV, build_command
-from sglang_farm.units import (
+from sglang_farm.unit_secrets import (
     credentials_dir,
     env_file_path,
     env_file_text,
     key_file_path,
-    render,
     render_secrets,
-    write_secrets,
 )
+from sglang_farm.units import render
 from test_secrets_argv import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 
 
@@ -129,7 +129,7 @@ def test_doctor_warns_when_a_config_holding_secrets_is_world_readable() -> None:
 def test_secret_files_replaced_or_removed_name_their_workers_new_ones_do_not() -> None:
     """Only a secret that was there before and changed tells of a worker started with the
     old one; a file written for the first time (an upgrade) restarts nobody."""
-    from sglang_farm.units import UnitChanges, secrets_changed_workers
+    from sglang_farm.runtime.unit_files import UnitChanges, secrets_changed_workers
 
     changes = UnitChanges(
         written=("sglang@1.api-key", "sglang@2.env", "sglang@7.env"),

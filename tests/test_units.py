@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sglang_farm.gateway.managed import from_config, launch_argv
+from sglang_farm.gateway.managed import from_config, launch_argv, smg_stop_timeout
+from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
     FarmSection,
@@ -28,25 +29,16 @@ from sglang_farm.spec import (
     StartupPolicy,
     WorkerSpec,
 )
-from sglang_farm.units import (
+from sglang_farm.unit_secrets import credentials_dir, render_secrets
+from sglang_farm.unit_syntax import (
     GATEWAY_UNIT,
     HEADER_PREFIX,
-    STATIC_UNITS,
-    UnitChanges,
     credential_line,
-    credentials_dir,
     environment_line,
     exec_line,
-    gateway_python,
-    render,
-    render_agent_dropin,
-    render_secrets,
-    render_to_dir,
-    smg_stop_timeout,
     systemd_quote,
-    write_secrets,
-    write_units,
 )
+from sglang_farm.units import STATIC_UNITS, gateway_python, render, render_agent_dropin
 
 if TYPE_CHECKING:
     from sdcontainer import SystemdContainer

@@ -13,7 +13,9 @@ from sglang_farm.doctor import run_doctor
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.units import dropin_path, exec_line, render, render_secrets
+from sglang_farm.unit_secrets import render_secrets
+from sglang_farm.unit_syntax import exec_line
+from sglang_farm.units import dropin_path, render
 from sglang_farm.worker_commands import (
     ladder_changes,
     resolve_flags,

@@ -145,8 +145,8 @@ def render(config_path: str, out: Path, agent_bin: str, gpus: int | None) -> Non
     """Write the systemd units for this config: template, one drop-in per worker, agent, target."""
     from sglang_farm.config import load_spec_file
     from sglang_farm.errors import ConfigError
+    from sglang_farm.runtime.unit_files import write_units
     from sglang_farm.units import render as render_units
-    from sglang_farm.units import write_units
 
     try:
         spec = load_spec_file(config_path, gpu_count=_gpu_count(config_path, gpus))

@@ -65,9 +65,7 @@ class Runtime(Protocol):
     # False for child processes: the agent stops them before it exits.
     workers_outlive_agent: bool
 
-    async def prepare(
-        self, spec: FarmSpec, commands: Mapping[int, Command]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         """Make the next launch use these command lines (systemd: install the drop-ins).
 
         Called at agent start and before each launch. A no-op where `start` takes the

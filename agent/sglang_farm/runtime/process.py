@@ -335,9 +335,7 @@ class ProcessRuntime:
                 child.signal_group(signal.SIGKILL)
         await asyncio.shield(child.follow)
 
-    async def prepare(
-        self, spec: FarmSpec, commands: Mapping[int, Command]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         """Nothing to install (`start` is given the whole command line); settle who the
         workers run as. Raises RuntimeFailure for an unknown `[farm] user` or group. No
         secret outlives a worker here (its environment is given at start): none changed."""

@@ -49,16 +49,17 @@ from pystemd.systemd1 import Manager
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Emit, Exited, Running, RuntimeEvent, Started
 from sglang_farm.runtime.journal import ExitOrdering, JournalFollower
-from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec
-from sglang_farm.units import (
+from sglang_farm.runtime.unit_files import (
     UnitChanges,
-    credentials_dir,
-    render_secrets,
     secrets_changed_workers,
     write_secrets,
     write_units,
 )
+from sglang_farm.sglang_argv import Command
+from sglang_farm.spec import FarmSpec
+from sglang_farm.unit_secrets import credentials_dir, render_secrets
+from sglang_farm.unit_syntax import GATEWAY_UNIT
+from sglang_farm.unit_syntax import worker_unit as unit_name
 
 UnitFiles = Mapping[PurePosixPath, str]
 
@@ -132,10 +133,6 @@ def exit_status(code: int, status: int) -> int | None:
     if code in (CLD_KILLED, CLD_DUMPED):
         return -status
     return None
-
-
-def unit_name(worker: int, prefix: str = "sglang") -> str:
-    return f"{prefix}@{worker}.service"
 
 
 def worker_of(unit: str, prefix: str = "sglang") -> int | None:
@@ -463,7 +460,7 @@ class _Watcher(threading.Thread):
 def install_units(
     files: Mapping[PurePosixPath, str], root: str | Path = RUN_UNIT_DIR
 ) -> UnitChanges:
-    """Write rendered units under `root` (`units.write_units`: atomic, skips identical files,
+    """Write rendered units under `root` (`unit_files.write_units`: atomic, skips identical files,
     removes our stale drop-ins). Raises RuntimeFailure when the folder cannot be written."""
     try:
         return write_units(Path(root), files)
@@ -475,8 +472,8 @@ def install_units(
 
 
 def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> frozenset[int]:
-    """Write the workers' secret files (`units.write_secrets`: folder 0700, files 0600);
-    return the workers whose files changed (`units.secrets_changed_workers`). Raises
+    """Write the workers' secret files (`unit_files.write_secrets`: folder 0700, files 0600);
+    return the workers whose files changed (`unit_files.secrets_changed_workers`). Raises
     RuntimeFailure when the folder cannot be written."""
     try:
         existed = {n for n in files if (Path(folder) / n).is_file()}
@@ -988,9 +985,6 @@ class SystemdRuntime:
                 # Only jobs someone may still wait for matter; keep the memory bounded.
                 while len(self._done_jobs) > 256:
                     self._done_jobs.pop(next(iter(self._done_jobs)))
-
-
-GATEWAY_UNIT = "sglang-farm-gateway.service"
 
 
 class UnitGateway:
