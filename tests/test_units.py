@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sglang_farm.gateway.managed import from_config, launch_argv, smg_stop_timeout
+from sglang_farm.gateway.managed import from_spec, launch_argv, smg_stop_timeout
 from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
@@ -413,6 +413,17 @@ def test_gateway_unit_only_in_managed_mode_and_also_when_not_static() -> None:
         assert GW not in render(spec, static=False)
 
 
+def test_gateway_unit_runs_the_gateway_the_agent_built() -> None:
+    """The agent builds its ManagedGateway once (service.build_gateway) and the unit is
+    rendered from that one, not from a second reading of [gateway]."""
+    spec = gateway_spec()
+    built = replace(from_spec(spec.gateway), port=8123, policy="random")
+    words = _exec_start_words(render(spec, static=False, gateway=built)[GW])
+    assert words[words.index("--port") + 1] == "8123"
+    assert words[words.index("--policy") + 1] == "random"
+    assert render(spec, static=False, gateway=from_spec(spec.gateway)) == render(spec, static=False)
+
+
 def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() -> None:
     spec = gateway_spec()
     text = render(spec, static=False)[GW]
@@ -420,7 +431,15 @@ def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() ->
     lines = text.splitlines()
     words = _exec_start_words(text)
     expected = launch_argv(
-        from_config("127.0.0.1:8000", "127.0.0.1:29000", "round_robin", spec.gateway.extra_args),
+        from_spec(
+            GatewaySpec(
+                mode="managed",
+                listen="127.0.0.1:8000",
+                metrics_listen="127.0.0.1:29000",
+                policy="round_robin",
+                extra_args=spec.gateway.extra_args,
+            )
+        ),
         "/usr/lib/sglang-farm/venv/bin/python3",
         admin_key_file="%d/admin-key",
         api_key_file="%d/api-key",

@@ -27,6 +27,7 @@ from sglang_farm.doctor.rules import DoctorReport
 from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
+from sglang_farm.gateway.managed import ManagedGateway
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
@@ -97,8 +98,11 @@ def choose_runtime(requested: str) -> tuple[str, str]:
     return "process", "systemd is not running here (/run/systemd/system is missing)"
 
 
-def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Emit], Runtime]:
-    """The runtime, with what it differs in given at construction."""
+def runtime_factory(
+    kind: str, spec: FarmSpec, config_path: str, gateway: ManagedGateway | None = None
+) -> Callable[[Emit], Runtime]:
+    """The runtime, with what it differs in given at construction (`gateway`: the managed
+    gateway `build_gateway` built, whose unit the systemd runtime renders)."""
     if kind == "systemd":
         from sglang_farm.runtime.systemd import SystemdRuntime
 
@@ -114,6 +118,7 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
                 python=sys.executable,  # the gateway unit runs the agent's own interpreter
                 static=False,
                 commands=commands,
+                gateway=gateway,
             )
 
         return lambda emit: SystemdRuntime(
@@ -207,7 +212,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     front = build_gateway(spec, kind)
     agent = Agent(
         spec,
-        runtime_factory(kind, spec, config_path),
+        runtime_factory(kind, spec, config_path, front.managed if front is not None else None),
         config_loader=lambda: load_config(config_path, gpu_count, kind),
         hooks=AgentHooks(
             gateway=front.client if front is not None else None,
@@ -281,6 +286,9 @@ class FrontDoor:
 
     client: SmgGateway
     runner: GatewayRunner | None
+    # The managed gateway, built once from [gateway] (None: external); the systemd
+    # runtime renders its unit from this one.
+    managed: ManagedGateway | None = None
 
 
 def read_key(path: str | None, what: str) -> str | None:
@@ -307,10 +315,11 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     g = spec.gateway
     if not g.enabled:
         return None
-    from sglang_farm.gateway.managed import from_config, launch_argv
+    from sglang_farm.gateway.managed import from_spec, launch_argv
     from sglang_farm.gateway.smg import SmgGateway
 
     runner: GatewayRunner | None = None
+    managed: ManagedGateway | None = None
     if g.mode == "managed":
         # A managed gateway always has an admin key, or smg leaves its worker API open to
         # every local user: the configured file, else one generated in the state
@@ -324,7 +333,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
             key: str | None = ensure_admin_key(Path(admin_file))
         else:
             key = read_key(g.admin_key_file, "admin_key_file")
-        managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
+        managed = from_spec(g)
         url = managed.url
         if kind == "systemd":
             from sglang_farm.runtime.systemd import UnitGateway
@@ -356,7 +365,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
     # worker is given with each add, from the config in force (gateway_sync.worker_key).
     client = SmgGateway(url, api_key=key, health={"timeout_secs": 20})
-    return FrontDoor(client, runner)
+    return FrontDoor(client, runner, managed)
 
 
 async def _watchdog(interval: float) -> None:

@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 from sglang_farm.gateway.managed import (
     GATEWAY_STOP_MARGIN_S,
     SMG_PROPAGATION_S,
+    ManagedGateway,
     admin_key_path,
-    from_config,
+    from_spec,
     launch_argv,
     smg_stop_timeout,
 )
@@ -286,20 +287,23 @@ def gateway_python(agent_bin: str) -> str:
     return str(PurePosixPath(agent_bin).parent / "python3")
 
 
-def gateway_argv(spec: FarmSpec, python: str) -> tuple[list[str], list[int]]:
+def gateway_argv(
+    spec: FarmSpec, python: str, gateway: ManagedGateway | None = None
+) -> tuple[list[str], list[int]]:
     """The managed gateway's argv, and the indexes of its `%d/...` key-file words.
 
     `python -I -m sglang_farm.gateway.launch [--api-key-file %d/api-key]
     --admin-key-file %d/admin-key launch FLAGS...`: `-I` (isolated) so that no
     environment variable or working directory changes what the gateway imports. The
     admin key is always there (`managed.admin_key_path`: the configured file, else the
-    one the agent generates in the state directory).
+    one the agent generates in the state directory). `gateway`: the agent's, built at
+    its start (default: built here from `spec.gateway`).
     Raises ValueError when `gateway.managed` refuses the config.
     """
     g = spec.gateway
     admin = f"%d/{ADMIN_KEY_CREDENTIAL}"
     api = f"%d/{API_KEY_CREDENTIAL}" if g.api_key_file else None
-    managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
+    managed = gateway or from_spec(g)
     argv = launch_argv(managed, python, admin_key_file=admin, api_key_file=api)
     argv.insert(1, "-I")
     # Only the launcher's own options (before smg's `launch`) are key files.
@@ -309,7 +313,11 @@ def gateway_argv(spec: FarmSpec, python: str) -> tuple[list[str], list[int]]:
 
 
 def render_gateway_unit(
-    spec: FarmSpec, *, python: str, config_path: str = DEFAULT_CONFIG_PATH
+    spec: FarmSpec,
+    *,
+    python: str,
+    config_path: str = DEFAULT_CONFIG_PATH,
+    gateway: ManagedGateway | None = None,
 ) -> str:
     """The text of `sglang-farm-gateway.service`, the managed gateway (smg).
 
@@ -319,7 +327,7 @@ def render_gateway_unit(
     g = spec.gateway
     # First: a control character in the listen address is the clearest message.
     listen = setting_text(g.listen, "[gateway] listen")
-    argv, marks = gateway_argv(spec, python)
+    argv, marks = gateway_argv(spec, python, gateway)
     stop = smg_stop_timeout(g.extra_args)
     lines = [
         *_header(config_path),
@@ -441,6 +449,7 @@ def render(
     commands: Mapping[int, Command] | None = None,
     static: bool = True,
     python: str | None = None,
+    gateway: ManagedGateway | None = None,
 ) -> dict[PurePosixPath, str]:
     """Every unit file of the farm, by path relative to a unit directory.
 
@@ -449,7 +458,8 @@ def render(
     `static=False` leaves out the three shipped units (the agent installs only drop-ins
     and the gateway unit; the package ships the units themselves). `python` is the
     agent's interpreter, which runs the managed gateway and the workers' readiness gate
-    (default: `gateway_python(agent_bin)`).
+    (default: `gateway_python(agent_bin)`). `gateway` is the managed gateway the agent
+    built at its start (default: built from `spec.gateway`).
     Reading the shipped units is the only file access, and they are package data.
     Raises ValueError for a gateway or a worker command line systemd cannot run, or a
     value that would break a unit file (a control character, a NaN or negative time).
@@ -460,7 +470,10 @@ def render(
             files[PurePosixPath(name)] = static_unit(name)
     if spec.gateway.mode == "managed":
         files[PurePosixPath(GATEWAY_UNIT)] = render_gateway_unit(
-            spec, python=python or gateway_python(agent_bin), config_path=config_path
+            spec,
+            python=python or gateway_python(agent_bin),
+            config_path=config_path,
+            gateway=gateway,
         )
     if _needs_agent_dropin(spec, agent_bin, config_path):
         path = PurePosixPath("sglang-farm.service.d") / DROPIN_NAME

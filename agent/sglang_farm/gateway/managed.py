@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from sglang_farm.spec import GatewaySpec
+
 # smg 1.13.0 on SIGTERM (docs/gateway.md, "The gateway process"): it keeps its listener
 # open for a 5 s load-balancer propagation window, then waits for requests in flight
 # up to --shutdown-grace-period-secs (default 180, smg/router_args.py). The unit's stop
@@ -193,19 +195,21 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def from_config(
-    listen: str, metrics_listen: str, policy: str, extra_args: Sequence[str]
-) -> ManagedGateway:
-    """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`)."""
-    host, port = split_listen(listen)
-    mhost, mport = split_listen(metrics_listen)
+def from_spec(gateway: GatewaySpec) -> ManagedGateway:
+    """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`).
+
+    Built once by the agent at start (`service.build_gateway`; a reload refuses [gateway]
+    changes): the process runtime runs it and the units render it from that one.
+    """
+    host, port = split_listen(gateway.listen)
+    mhost, mport = split_listen(gateway.metrics_listen)
     return ManagedGateway(
         host=host,
         port=port,
-        policy=policy,
+        policy=gateway.policy,
         metrics_port=mport,
         metrics_host=mhost,
-        extra_args=tuple(extra_args),
+        extra_args=tuple(gateway.extra_args),
     )
 
 
