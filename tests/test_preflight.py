@@ -48,7 +48,7 @@ from sglang_farm.doctor import (
     preflight_blocking,
     run_doctor,
 )
-from sglang_farm.doctor.rules import ProbeOutcome
+from sglang_farm.doctor.checks import ProbeOutcome
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.worker_commands import resolve_attention_backend, resolve_flags
@@ -763,7 +763,7 @@ def test_arch_list_coverage() -> None:
 
 
 def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_path: Path) -> None:
-    from sglang_farm.doctor.rules import _torch_checks
+    from sglang_farm.doctor.gpu_rules import _torch_checks
 
     torch = {
         "installed": True,
@@ -1213,7 +1213,7 @@ def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
 def _gpu_checks_for(
     *, persistence_mode: bool | None = None, remapped_rows_pending: bool | None = None
 ) -> list[str]:
-    from sglang_farm.doctor.rules import _gpu_checks
+    from sglang_farm.doctor.gpu_rules import gpu_checks
     from sglang_farm.spec import WorkerSpec
 
     gpu = GpuSnapshot(
@@ -1227,7 +1227,7 @@ def _gpu_checks_for(
     worker = WorkerSpec(
         id=0, gpus=(0,), host="127.0.0.1", port=30000, nccl_port=31000, flags={}, env={}
     )
-    return [f"{c.status}: {c.message} | {c.fix}" for c in _gpu_checks(fleet, worker)]
+    return [f"{c.status}: {c.message} | {c.fix}" for c in gpu_checks(fleet, worker)]
 
 
 def test_doctor_warns_when_persistence_mode_is_off() -> None:

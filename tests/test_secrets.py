@@ -115,7 +115,8 @@ def test_a_keyed_launcher_reads_the_systemd_credential(tmp_path: Path) -> None:
 
 
 def test_doctor_warns_when_a_config_holding_secrets_is_world_readable() -> None:
-    from sglang_farm.doctor.rules import Status, config_secrets_check
+    from sglang_farm.doctor.checks import Status
+    from sglang_farm.doctor.host_rules import config_secrets_check
 
     spec = keyed_spec()
     check = config_secrets_check(spec, 0o644)

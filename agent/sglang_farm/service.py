@@ -23,7 +23,7 @@ from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.doctor.rules import DoctorReport
+from sglang_farm.doctor.checks import DoctorReport
 from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
@@ -443,7 +443,7 @@ class DoctorReportCache:
     def _say_failed(report: DoctorReport) -> None:
         """Each failed check by name, where the counts are said: the log is where an
         operator looks first (the gateway's own is said once by `_say_gateway`)."""
-        from sglang_farm.doctor.rules import CheckId, Status
+        from sglang_farm.doctor.checks import CheckId, Status
 
         for c in report.checks:
             if c.status is Status.FAIL and c.id is not CheckId.GATEWAY:
@@ -458,7 +458,7 @@ class DoctorReportCache:
     def _say_gateway(self, report: DoctorReport) -> None:
         """A managed gateway that cannot run (smg missing) is said once, with the fix; the
         gateway's runner keeps trying with back-off (runtime/gateway_child)."""
-        from sglang_farm.doctor.rules import CheckId, Status
+        from sglang_farm.doctor.checks import CheckId, Status
 
         failed = next(
             (c for c in report.checks if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None

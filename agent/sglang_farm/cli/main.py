@@ -98,7 +98,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     spec = result.spec
-    from sglang_farm.doctor.rules import config_secrets_check
+    from sglang_farm.doctor.host_rules import config_secrets_check
 
     try:  # the file may hold the workers' secrets: say so when every user can read it
         mode: int | None = stat.S_IMODE(os.stat(config_path).st_mode)
@@ -108,7 +108,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
     if secrets is not None:
         click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
     from sglang_farm.doctor.gather import farm_folder_problems, key_file_facts
-    from sglang_farm.doctor.rules import key_file_checks
+    from sglang_farm.doctor.host_rules import key_file_checks
 
     for check in key_file_checks(spec, key_file_facts(spec), os.geteuid()):
         click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)

@@ -13,6 +13,7 @@ modules use.
 
 from __future__ import annotations
 
+from sglang_farm.doctor.checks import Check, CheckId, DoctorReport, Observations, Status
 from sglang_farm.doctor.gather import (
     ProbeRunner,
     gather,
@@ -20,17 +21,9 @@ from sglang_farm.doctor.gather import (
     preflight_blocking,
     run_doctor,
 )
+from sglang_farm.doctor.gpu_rules import arch_covers, backend_verdict
 from sglang_farm.doctor.report import format_report
-from sglang_farm.doctor.rules import (
-    Check,
-    CheckId,
-    DoctorReport,
-    Observations,
-    Status,
-    arch_covers,
-    backend_verdict,
-    evaluate,
-)
+from sglang_farm.doctor.rules import evaluate
 from sglang_farm.errors import ProbeError
 from sglang_farm.ports import port_problem
 

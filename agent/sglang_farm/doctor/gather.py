@@ -51,7 +51,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sglang_farm.accounts import account_fix
-from sglang_farm.doctor.rules import (
+from sglang_farm.doctor.checks import (
     Check,
     CheckId,
     DoctorReport,
@@ -62,12 +62,10 @@ from sglang_farm.doctor.rules import (
     PathFacts,
     ProbeOutcome,
     Status,
-    blocking_checks,
-    evaluate,
-    key_files,
-    live_port_keys,
-    worker_cc,
 )
+from sglang_farm.doctor.gpu_rules import worker_cc
+from sglang_farm.doctor.host_rules import key_files
+from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
 from sglang_farm.gpu import GpuPoller
 from sglang_farm.ports import port_problem
@@ -314,7 +312,7 @@ def make_probe_runner(
 
 
 def key_file_facts(spec: FarmSpec) -> dict[str, KeyFileFacts]:
-    """Owner and mode of each key file the config names (`rules.key_files`); no key is read."""
+    """Owner and mode of each key file the config names (`host_rules.key_files`); no key is read."""
     out: dict[str, KeyFileFacts] = {}
     for _key, path in key_files(spec):
         try:
