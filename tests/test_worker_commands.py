@@ -9,7 +9,7 @@ from textwrap import dedent
 from typing import Any
 
 from sglang_farm.config import load_spec
-from sglang_farm.doctor import run_doctor
+from sglang_farm.doctor import CheckId, DoctorReport, run_doctor
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import FarmSpec
@@ -17,6 +17,7 @@ from sglang_farm.unit_secrets import render_secrets
 from sglang_farm.unit_syntax import exec_line
 from sglang_farm.units import dropin_path, render
 from sglang_farm.worker_commands import (
+    at_ladder_steps,
     ladder_changes,
     resolve_flags,
     worker_command,
@@ -136,3 +137,35 @@ def test_the_doctor_judges_the_command_at_the_ladder_step() -> None:
     run_doctor(spec, _Cc120(), run_probe=probe, port_check=lambda h, p: None)
     default = worker_commands(spec, {}, {0: (12, 0), 1: (12, 0)})
     assert [a for group in seen for a in group] == [list(c.argv[3:]) for c in default.values()]
+
+
+def _memory_messages(report: DoctorReport) -> dict[int, str]:
+    return {w: c.message for c in report.checks if c.id is CheckId.MEMORY for w in c.workers}
+
+
+def test_the_agents_doctor_judges_each_worker_at_its_ladder_step() -> None:
+    """DoctorReportCache asks the agent for its OOM steps: the rules judge the flags the
+    worker will run (worker 1 at step 1: 0.83), not the config's (0.88)."""
+    import asyncio
+
+    from sglang_farm.service import DoctorReportCache
+
+    spec = _spec()
+    cache = DoctorReportCache(_Cc120(), oom_steps=lambda: {1: 1})
+    asyncio.run(cache.refresh(spec))
+    assert cache.report is not None
+    said = _memory_messages(cache.report)
+    assert said[0].startswith("mem_fraction_static 0.88") and said[1].startswith(
+        "mem_fraction_static 0.83"
+    )
+    assert cache.compute_caps == {0: (12, 0), 1: (12, 0)}
+
+
+def test_at_ladder_steps_is_the_spec_as_the_workers_run() -> None:
+    spec = _spec()
+    stepped = at_ladder_steps(spec, {1: 2})
+    assert stepped.worker(0).flags == spec.worker(0).flags
+    assert stepped.worker(1).flags["mem_fraction_static"] == 0.83
+    assert stepped.worker(1).flags["disable_cuda_graph"] is True
+    assert stepped.worker(1).flags["attention_backend"] == "auto"  # the rules judge "auto"
+    assert worker_commands(stepped, {}) == worker_commands(spec, {1: 2})

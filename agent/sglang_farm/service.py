@@ -414,19 +414,25 @@ class DoctorReportCache:
         self._report: DoctorReport | None = None
         self.compute_caps: dict[int, tuple[int, int]] = {}
 
+    @property
+    def report(self) -> DoctorReport | None:
+        """The last report: None before the first refresh, or after the doctor crashed."""
+        return self._report
+
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor
-        from sglang_farm.worker_commands import worker_commands
+        from sglang_farm.worker_commands import at_ladder_steps, worker_commands
 
         try:
             fleet = await asyncio.to_thread(self._source.snapshot)
             caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
+            steps = self._oom_steps()
             report = await asyncio.to_thread(
                 run_doctor,
-                spec,
+                at_ladder_steps(spec, steps),  # the flags the rules judge: as they will run
                 self._source,
                 gateway_python=self._gateway_python,
-                commands=worker_commands(spec, self._oom_steps(), caps),
+                commands=worker_commands(spec, steps, caps),
             )
         except Exception as exc:  # a doctor bug must not keep a valid farm from starting
             log.error("preflight_crashed", error=repr(exc))

@@ -2,7 +2,7 @@
 `"auto"` picks made, and the command line built from them.
 
 The one home of a worker's command: the runtime (`Runtime.prepare`, `start`), the
-units and the secrets (`units.render`, `units.render_secrets`), `reload` (a worker
+units and the secrets (`units.render`, `unit_secrets.render_secrets`), `reload` (a worker
 restarts only when its command changes) and the doctor all take what `worker_commands`
 returns, so none of them can disagree on what a worker runs.
 
@@ -14,6 +14,8 @@ SM 12.0).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
 
 from sglang_farm.ladder import FlagChange, apply_ladder
 from sglang_farm.sglang_argv import Command, build_command
@@ -73,15 +75,32 @@ def ladder_changes(spec: FarmSpec, worker: int, oom_step: int) -> list[FlagChang
     return changes
 
 
+def at_ladder_steps(spec: FarmSpec, oom_steps: Mapping[int, int]) -> FarmSpec:
+    """`spec` with each worker's flags at its OOM-ladder step (`"auto"` kept as written):
+    the workers as they will run, which is what the doctor judges. A worker absent from
+    `oom_steps` is at step 0."""
+    workers = tuple(
+        replace(w, flags=MappingProxyType(worker_flags_raw(spec, w.id, oom_steps.get(w.id, 0))))
+        for w in spec.workers
+    )
+    return replace(spec, workers=workers)
+
+
+def worker_flags_raw(spec: FarmSpec, worker: int, oom_step: int = 0) -> dict[str, FlagValue]:
+    """The worker's flags at its OOM-ladder step, before the farm's `"auto"` picks."""
+    flags, _changes = apply_ladder(
+        spec.worker(worker).flags, spec.oom.steps, ladder_step(spec, oom_step)
+    )
+    return flags
+
+
 def worker_flags(
     spec: FarmSpec, worker: int, oom_step: int = 0, caps: ComputeCaps | None = None
 ) -> dict[str, FlagValue]:
     """The worker's SGLang flags: the config's, at its OOM-ladder step, `"auto"` resolved
     for its first GPU's compute capability (`caps`; dropped when unknown)."""
-    w = spec.worker(worker)
-    steps = spec.oom.steps
-    flags, _changes = apply_ladder(w.flags, steps, ladder_step(spec, oom_step))
-    return resolve_flags(flags, (caps or {}).get(w.gpus[0]))
+    flags = worker_flags_raw(spec, worker, oom_step)
+    return resolve_flags(flags, (caps or {}).get(spec.worker(worker).gpus[0]))
 
 
 def worker_command(
