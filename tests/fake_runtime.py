@@ -16,7 +16,7 @@ from sglang_farm.health import ProbeResult
 from sglang_farm.listeners import OwnerKind, Ownership
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.spec import FarmSpec
 
 
 @dataclass
@@ -41,9 +41,7 @@ class FakeRuntime:
     procs: dict[int, FakeProcess] = field(default_factory=dict)
     _next_pid: int = 1000
 
-    async def prepare(
-        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         self.prepares += 1
         changed, self.secrets_changed_at_prepare = self.secrets_changed_at_prepare, frozenset()
         return changed

@@ -13,8 +13,9 @@ import asuser
 from asuser import shared_dir  # noqa: F401 (a fixture)
 from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
+from sglang_farm.doctor.checks import CheckId, Observations, Status
 from sglang_farm.doctor.gather import key_file_facts
-from sglang_farm.doctor.rules import CheckId, Observations, Status, evaluate
+from sglang_farm.doctor.rules import evaluate
 from sglang_farm.gpu_snapshot import FleetSnapshot
 from sglang_farm.spec import FarmSpec
 

@@ -46,13 +46,12 @@ from sglang_farm.doctor import (
     make_probe_runner,
     port_problem,
     preflight_blocking,
-    resolve_attention_backend,
-    resolve_flags,
     run_doctor,
 )
-from sglang_farm.doctor.rules import ProbeOutcome
+from sglang_farm.doctor.checks import ProbeOutcome
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.worker_commands import resolve_attention_backend, resolve_flags
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_TOML = REPO / "etc" / "sglang-farm" / "farm.toml"
@@ -764,7 +763,7 @@ def test_arch_list_coverage() -> None:
 
 
 def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_path: Path) -> None:
-    from sglang_farm.doctor.rules import _torch_checks
+    from sglang_farm.doctor.gpu_rules import _torch_checks
 
     torch = {
         "installed": True,
@@ -1214,7 +1213,7 @@ def test_transient_unit_probe_hands_the_environment_only_through_a_private_file(
 def _gpu_checks_for(
     *, persistence_mode: bool | None = None, remapped_rows_pending: bool | None = None
 ) -> list[str]:
-    from sglang_farm.doctor.rules import _gpu_checks
+    from sglang_farm.doctor.gpu_rules import gpu_checks
     from sglang_farm.spec import WorkerSpec
 
     gpu = GpuSnapshot(
@@ -1228,7 +1227,7 @@ def _gpu_checks_for(
     worker = WorkerSpec(
         id=0, gpus=(0,), host="127.0.0.1", port=30000, nccl_port=31000, flags={}, env={}
     )
-    return [f"{c.status}: {c.message} | {c.fix}" for c in _gpu_checks(fleet, worker)]
+    return [f"{c.status}: {c.message} | {c.fix}" for c in gpu_checks(fleet, worker)]
 
 
 def test_doctor_warns_when_persistence_mode_is_off() -> None:
@@ -1367,15 +1366,15 @@ def test_a_missing_gateway_interpreter_fails_the_doctor() -> None:
 
 
 def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
-    """The agent's preflight (DoctorVerdict, at start and at each refresh): one error line
+    """The agent's preflight (DoctorReportCache, at start and at each refresh): one error line
     naming the fix, not one per refresh."""
     import asyncio
 
     from sglang_farm.gpu_sim import FakeGpuPoller
-    from sglang_farm.service import DoctorVerdict
+    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
-    verdict = DoctorVerdict(FakeGpuPoller(), gateway_python="/nonexistent/python3")
+    verdict = DoctorReportCache(FakeGpuPoller(), gateway_python="/nonexistent/python3")
 
     async def twice() -> None:
         await verdict.refresh(spec)
@@ -1396,11 +1395,11 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import socket
 
     from sglang_farm.gpu_sim import FakeGpuPoller
-    from sglang_farm.service import DoctorVerdict
+    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
     held = spec.worker(1).port
-    verdict = DoctorVerdict(FakeGpuPoller(count=8))
+    verdict = DoctorReportCache(FakeGpuPoller(count=8))
     with socket.socket() as squatter, capture_logs() as logs:
         squatter.bind(("127.0.0.1", held))
         squatter.listen()

@@ -11,16 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sglang_farm.runtime.unit_files import write_secrets
 from sglang_farm.sglang_argv import API_KEY_ENV, build_command
-from sglang_farm.units import (
+from sglang_farm.unit_secrets import (
     credentials_dir,
     env_file_path,
     env_file_text,
     key_file_path,
-    render,
     render_secrets,
-    write_secrets,
 )
+from sglang_farm.units import render
 from test_secrets_argv import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 
 
@@ -115,7 +115,8 @@ def test_a_keyed_launcher_reads_the_systemd_credential(tmp_path: Path) -> None:
 
 
 def test_doctor_warns_when_a_config_holding_secrets_is_world_readable() -> None:
-    from sglang_farm.doctor.rules import Status, config_secrets_check
+    from sglang_farm.doctor.checks import Status
+    from sglang_farm.doctor.host_rules import config_secrets_check
 
     spec = keyed_spec()
     check = config_secrets_check(spec, 0o644)
@@ -129,7 +130,7 @@ def test_doctor_warns_when_a_config_holding_secrets_is_world_readable() -> None:
 def test_secret_files_replaced_or_removed_name_their_workers_new_ones_do_not() -> None:
     """Only a secret that was there before and changed tells of a worker started with the
     old one; a file written for the first time (an upgrade) restarts nobody."""
-    from sglang_farm.units import UnitChanges, secrets_changed_workers
+    from sglang_farm.runtime.unit_files import UnitChanges, secrets_changed_workers
 
     changes = UnitChanges(
         written=("sglang@1.api-key", "sglang@2.env", "sglang@7.env"),

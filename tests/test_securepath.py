@@ -217,8 +217,9 @@ def test_folders_the_farm_makes_are_0755_whatever_the_umask(tmp_path: Path) -> N
 
 def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:  # noqa: F811
     from sglang_farm.config import load_spec
+    from sglang_farm.doctor.checks import CheckId, Observations, Status
     from sglang_farm.doctor.gather import farm_folder_problems
-    from sglang_farm.doctor.rules import CheckId, Observations, Status, evaluate
+    from sglang_farm.doctor.rules import evaluate
     from sglang_farm.gpu_snapshot import FleetSnapshot
 
     state = asuser.nobody_owned(shared_dir, "state", 0o755)

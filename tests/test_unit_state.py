@@ -16,10 +16,10 @@ from sglang_farm.runtime.unit_state import (
     exec_start_argv,
     exit_status,
     observe,
-    unit_name,
     units_of,
     worker_of,
 )
+from sglang_farm.unit_syntax import worker_unit as unit_name
 
 
 def test_exit_status_maps_killed_to_negative_signal() -> None:

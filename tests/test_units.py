@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sglang_farm.gateway.managed import from_config, launch_argv
+from sglang_farm.gateway.managed import from_spec, launch_argv, smg_stop_timeout
+from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
     FarmSection,
@@ -28,25 +29,16 @@ from sglang_farm.spec import (
     StartupPolicy,
     WorkerSpec,
 )
-from sglang_farm.units import (
+from sglang_farm.unit_secrets import credentials_dir, render_secrets
+from sglang_farm.unit_syntax import (
     GATEWAY_UNIT,
     HEADER_PREFIX,
-    STATIC_UNITS,
-    UnitChanges,
     credential_line,
-    credentials_dir,
     environment_line,
     exec_line,
-    gateway_python,
-    render,
-    render_agent_dropin,
-    render_secrets,
-    render_to_dir,
-    smg_stop_timeout,
     systemd_quote,
-    write_secrets,
-    write_units,
 )
+from sglang_farm.units import STATIC_UNITS, gateway_python, render, render_agent_dropin
 
 if TYPE_CHECKING:
     from sdcontainer import SystemdContainer
@@ -216,10 +208,10 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     assert joined == list(build_command(spec.farm, spec.workers[1]).argv)
 
 
-def test_flags_by_worker_replaces_only_that_workers_flags() -> None:
+def test_commands_replace_only_that_workers_command() -> None:
     spec = demo_spec(n=2)
     ladder = dict(spec.workers[0].flags, mem_fraction_static=0.8, cuda_graph_bs=(1, 2))
-    files = render(spec, flags_by_worker={0: ladder})
+    files = render(spec, commands={0: build_command(spec.farm, spec.workers[0], ladder)})
     w0 = files[PurePosixPath("sglang@0.service.d/50-farm.conf")]
     w1 = files[PurePosixPath("sglang@1.service.d/50-farm.conf")]
     assert "--mem-fraction-static 0.8 \\" in w0
@@ -421,6 +413,17 @@ def test_gateway_unit_only_in_managed_mode_and_also_when_not_static() -> None:
         assert GW not in render(spec, static=False)
 
 
+def test_gateway_unit_runs_the_gateway_the_agent_built() -> None:
+    """The agent builds its ManagedGateway once (service.build_gateway) and the unit is
+    rendered from that one, not from a second reading of [gateway]."""
+    spec = gateway_spec()
+    built = replace(from_spec(spec.gateway), port=8123, policy="random")
+    words = _exec_start_words(render(spec, static=False, gateway=built)[GW])
+    assert words[words.index("--port") + 1] == "8123"
+    assert words[words.index("--policy") + 1] == "random"
+    assert render(spec, static=False, gateway=from_spec(spec.gateway)) == render(spec, static=False)
+
+
 def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() -> None:
     spec = gateway_spec()
     text = render(spec, static=False)[GW]
@@ -428,7 +431,15 @@ def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() ->
     lines = text.splitlines()
     words = _exec_start_words(text)
     expected = launch_argv(
-        from_config("127.0.0.1:8000", "127.0.0.1:29000", "round_robin", spec.gateway.extra_args),
+        from_spec(
+            GatewaySpec(
+                mode="managed",
+                listen="127.0.0.1:8000",
+                metrics_listen="127.0.0.1:29000",
+                policy="round_robin",
+                extra_args=spec.gateway.extra_args,
+            )
+        ),
         "/usr/lib/sglang-farm/venv/bin/python3",
         admin_key_file="%d/admin-key",
         api_key_file="%d/api-key",

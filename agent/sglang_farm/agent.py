@@ -30,7 +30,6 @@ import structlog
 from sglang_farm import xid
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.doctor import resolve_flags
 from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
 from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, StagingView, build_view
@@ -39,7 +38,7 @@ from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu_health import gpu_faults, pending_remaps
 from sglang_farm.gpu_snapshot import FleetSnapshot
 from sglang_farm.health import HttpProber, Prober
-from sglang_farm.ladder import apply_ladder, next_step
+from sglang_farm.ladder import next_step
 from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.paths import DEFAULT_CONFIG_PATH
@@ -49,8 +48,8 @@ from sglang_farm.ports import PortState, port_state
 from sglang_farm.progress import judge
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
-from sglang_farm.sglang_argv import Command, build_command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.sglang_argv import Command
+from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.copier import StageResult, remove_old
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.installed import installed_at, process_started
@@ -76,6 +75,7 @@ from sglang_farm.supervisor import (
     Wedged,
     WorkerState,
 )
+from sglang_farm.worker_commands import ladder_changes, worker_command, worker_commands
 from sglang_farm.worker_load import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
@@ -276,7 +276,7 @@ class Agent:
             self._classifiers[wid] = LogClassifier(serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
         # Secrets changed while the agent was down (the argv does not show them).
-        resecreted = await self.runtime.prepare(self._spec, self.flags_by_worker())
+        resecreted = await self.runtime.prepare(self._spec, self.commands())
         if self._sync is not None:
             self._sync.start()
         self.spawn(self._state_writer())
@@ -795,11 +795,7 @@ class Agent:
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
         self._classifiers[worker] = LogClassifier()
-        spec = self._spec
-        _flags, changes = apply_ladder(
-            spec.worker(worker).flags, spec.oom.steps, self._oom_step(worker, spec)
-        )
-        for ch in changes:
+        for ch in ladder_changes(self._spec, worker, self._oom_step(worker)):
             self._bind(worker).warning(
                 "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
             )
@@ -829,24 +825,21 @@ class Agent:
 
     # ---- command lines -------------------------------------------------------------------
 
-    def _oom_step(self, worker: int, spec: FarmSpec) -> int:
-        step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
-        return min(step, len(spec.oom.steps))  # the ladder may have been shortened
+    def _oom_step(self, worker: int) -> int:
+        return self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
 
-    def flags_for(self, worker: int, spec: FarmSpec | None = None) -> dict[str, FlagValue]:
-        """The worker's SGLang flags now: the config's, with its OOM-ladder step applied."""
-        spec = spec or self._spec
-        w = spec.worker(worker)
-        flags, _changes = apply_ladder(w.flags, spec.oom.steps, self._oom_step(worker, spec))
-        return resolve_flags(flags, self._hooks.compute_caps.get(w.gpus[0]))
+    def oom_steps(self) -> dict[int, int]:
+        """Each worker's OOM-ladder step now (what `worker_commands` applies)."""
+        return {w: s.oom_step for w, s in self.sup.workers.items()}
 
-    def flags_by_worker(self) -> dict[int, Mapping[str, FlagValue]]:
-        return {w: self.flags_for(w) for w in self._spec.worker_ids}
+    def commands(self, spec: FarmSpec | None = None) -> dict[int, Command]:
+        """The exact command line each worker runs now (`worker_commands.worker_commands`)."""
+        return worker_commands(spec or self._spec, self.oom_steps(), self._hooks.compute_caps)
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
-        spec = spec or self._spec
-        return build_command(spec.farm, spec.worker(worker), self.flags_for(worker, spec))
+        caps = self._hooks.compute_caps
+        return worker_command(spec or self._spec, worker, self._oom_step(worker), caps)
 
     # ---- views and state -----------------------------------------------------------------
 

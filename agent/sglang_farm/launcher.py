@@ -23,7 +23,7 @@ from sglang_farm.portowner import PortOwner
 from sglang_farm.ports import PortState
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.spec import FarmSpec
 from sglang_farm.supervisor import Event, ProcessExited, WorkerState
 
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
@@ -44,7 +44,7 @@ class LaunchHost(Protocol):
 
     def command_for(self, worker: int) -> Command: ...
 
-    def flags_by_worker(self) -> Mapping[int, Mapping[str, FlagValue]]: ...
+    def commands(self) -> Mapping[int, Command]: ...
 
 
 class Launcher:
@@ -126,7 +126,7 @@ class Launcher:
                 abandon(failure)
                 return
             blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
-            await self._runtime.prepare(spec, host.flags_by_worker())
+            await self._runtime.prepare(spec, host.commands())
             if not still_wanted():
                 abandon(None)
                 return

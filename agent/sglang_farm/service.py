@@ -23,16 +23,18 @@ from sglang_farm import __version__
 from sglang_farm.agent import Agent, AgentHooks, FarmStats
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.doctor.rules import DoctorReport
+from sglang_farm.doctor.checks import DoctorReport
 from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
+from sglang_farm.gateway.managed import ManagedGateway
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpu_snapshot import GpuPoller
 from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.sglang_argv import Command
+from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.service")
 
@@ -96,16 +98,17 @@ def choose_runtime(requested: str) -> tuple[str, str]:
     return "process", "systemd is not running here (/run/systemd/system is missing)"
 
 
-def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Emit], Runtime]:
-    """The runtime, with what it differs in given at construction."""
+def runtime_factory(
+    kind: str, spec: FarmSpec, config_path: str, gateway: ManagedGateway | None = None
+) -> Callable[[Emit], Runtime]:
+    """The runtime, with what it differs in given at construction (`gateway`: the managed
+    gateway `build_gateway` built, whose unit the systemd runtime renders)."""
     if kind == "systemd":
         from sglang_farm.runtime.systemd import SystemdRuntime
 
         agent_bin = agent_executable()
 
-        def units(
-            spec: FarmSpec, flags: Mapping[int, Mapping[str, FlagValue]]
-        ) -> Mapping[PurePosixPath, str]:
+        def units(spec: FarmSpec, commands: Mapping[int, Command]) -> Mapping[PurePosixPath, str]:
             from sglang_farm.units import render
 
             return render(
@@ -114,7 +117,8 @@ def runtime_factory(kind: str, spec: FarmSpec, config_path: str) -> Callable[[Em
                 agent_bin=agent_bin,
                 python=sys.executable,  # the gateway unit runs the agent's own interpreter
                 static=False,
-                flags_by_worker={w: dict(f) for w, f in flags.items()},
+                commands=commands,
+                gateway=gateway,
             )
 
         return lambda emit: SystemdRuntime(
@@ -176,7 +180,11 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     from sglang_farm.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)
-    doctor = DoctorVerdict(poller)
+    agent: Agent | None = None
+    # The doctor judges what each worker runs: its command at its OOM-ladder step.
+    doctor = DoctorReportCache(
+        poller, oom_steps=lambda: agent.oom_steps() if agent is not None else {}
+    )
     # The preflight may take minutes (a cold `import torch`): systemd's start deadline is
     # extended while it runs, so a slow doctor does not kill the start.
     async with keep_start_alive():
@@ -204,7 +212,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     front = build_gateway(spec, kind)
     agent = Agent(
         spec,
-        runtime_factory(kind, spec, config_path),
+        runtime_factory(kind, spec, config_path, front.managed if front is not None else None),
         config_loader=lambda: load_config(config_path, gpu_count, kind),
         hooks=AgentHooks(
             gateway=front.client if front is not None else None,
@@ -278,6 +286,9 @@ class FrontDoor:
 
     client: SmgGateway
     runner: GatewayRunner | None
+    # The managed gateway, built once from [gateway] (None: external); the systemd
+    # runtime renders its unit from this one.
+    managed: ManagedGateway | None = None
 
 
 def read_key(path: str | None, what: str) -> str | None:
@@ -304,10 +315,11 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     g = spec.gateway
     if not g.enabled:
         return None
-    from sglang_farm.gateway.managed import from_config, launch_argv
+    from sglang_farm.gateway.managed import from_spec, launch_argv
     from sglang_farm.gateway.smg import SmgGateway
 
     runner: GatewayRunner | None = None
+    managed: ManagedGateway | None = None
     if g.mode == "managed":
         # A managed gateway always has an admin key, or smg leaves its worker API open to
         # every local user: the configured file, else one generated in the state
@@ -321,7 +333,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
             key: str | None = ensure_admin_key(Path(admin_file))
         else:
             key = read_key(g.admin_key_file, "admin_key_file")
-        managed = from_config(g.listen, g.metrics_listen, g.policy, g.extra_args)
+        managed = from_spec(g)
         url = managed.url
         if kind == "systemd":
             from sglang_farm.runtime.gateway_unit import UnitGateway
@@ -353,7 +365,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
     # worker is given with each add, from the config in force (gateway_sync.worker_key).
     client = SmgGateway(url, api_key=key, health={"timeout_secs": 20})
-    return FrontDoor(client, runner)
+    return FrontDoor(client, runner, managed)
 
 
 async def _watchdog(interval: float) -> None:
@@ -375,41 +387,60 @@ def agent_executable() -> str:
     return shutil.which("sglang-farm") or DEFAULT_AGENT_BIN
 
 
-class DoctorVerdict:
-    """The doctor's checks, as the agent uses them: a worker with a blocking failure is
-    not started, and its failure (with the fix) becomes the worker's last failure, so
-    `farmctl why N` says exactly what to repair (`sglang-farm doctor` prints the same).
+class DoctorReportCache:
+    """The doctor's last report and the GPUs' compute capabilities, kept for the agent: a
+    worker with a blocking failure is not started, and its failure (with the fix) becomes
+    the worker's last failure, so `farmctl why N` says exactly what to repair
+    (`sglang-farm doctor` prints the same).
 
     Gathered at start, and again at each reload and operator's start (`refresh`): a fixed
-    model path or a new flag is judged anew, never by the start's report.
+    model path or a new flag is judged anew, never by the start's report. What is judged
+    is what each worker runs (`worker_commands`, at the step `oom_steps` says).
     """
 
-    def __init__(self, poller: GpuPoller | None, *, gateway_python: str | None = None) -> None:
+    def __init__(
+        self,
+        poller: GpuPoller | None,
+        *,
+        gateway_python: str | None = None,
+        oom_steps: Callable[[], Mapping[int, int]] = dict,
+    ) -> None:
         from sglang_farm.gpu_sim import FakeGpuPoller
 
         self._source: GpuPoller = poller or FakeGpuPoller(count=0)
         self._gateway_python = gateway_python  # None: the agent's own (tests: one without smg)
+        self._oom_steps = oom_steps
         self._said_gateway: str | None = None
         self._report: DoctorReport | None = None
         self.compute_caps: dict[int, tuple[int, int]] = {}
 
+    @property
+    def report(self) -> DoctorReport | None:
+        """The last report: None before the first refresh, or after the doctor crashed."""
+        return self._report
+
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor
+        from sglang_farm.worker_commands import at_ladder_steps, worker_commands
 
         try:
-            report = await asyncio.to_thread(
-                run_doctor, spec, self._source, gateway_python=self._gateway_python
-            )
             fleet = await asyncio.to_thread(self._source.snapshot)
+            caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
+            steps = self._oom_steps()
+            report = await asyncio.to_thread(
+                run_doctor,
+                at_ladder_steps(spec, steps),  # the flags the rules judge: as they will run
+                self._source,
+                gateway_python=self._gateway_python,
+                commands=worker_commands(spec, steps, caps),
+            )
         except Exception as exc:  # a doctor bug must not keep a valid farm from starting
             log.error("preflight_crashed", error=repr(exc))
             self._report = None
             return
         self._report = report
         self.compute_caps.clear()
-        self.compute_caps.update(
-            {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
-        )
+        self.compute_caps.update(caps)
         log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
         self._say_failed(report)
         self._say_gateway(report)
@@ -418,7 +449,7 @@ class DoctorVerdict:
     def _say_failed(report: DoctorReport) -> None:
         """Each failed check by name, where the counts are said: the log is where an
         operator looks first (the gateway's own is said once by `_say_gateway`)."""
-        from sglang_farm.doctor.rules import CheckId, Status
+        from sglang_farm.doctor.checks import CheckId, Status
 
         for c in report.checks:
             if c.status is Status.FAIL and c.id is not CheckId.GATEWAY:
@@ -433,7 +464,7 @@ class DoctorVerdict:
     def _say_gateway(self, report: DoctorReport) -> None:
         """A managed gateway that cannot run (smg missing) is said once, with the fix; the
         gateway's runner keeps trying with back-off (runtime/gateway_child)."""
-        from sglang_farm.doctor.rules import CheckId, Status
+        from sglang_farm.doctor.checks import CheckId, Status
 
         failed = next(
             (c for c in report.checks if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None

@@ -1,19 +1,8 @@
-"""Pure: one worker's exact command line and environment, from the spec.
+"""Pure: one worker's exact command line and environment (`Command`), from its flags.
 
-The same function feeds the process runtime (argv for exec), the unit renderer
-(`ExecStart=` of the drop-in) and `reload` (a worker restarts only when this changes).
-
-SGLang takes its API key only as `--api-key KEY` (a plain `ServerArgs` field, no
-environment form: sgl-project/sglang python/sglang/srt/server_args.py), and every local
-user can read a process's command line (`ps`, /proc/PID/cmdline). So with `api_key` set
-the worker does not run `python -m MODULE ... --api-key KEY` but a short launcher,
-`python -c LAUNCHER FLAGS...`, whose code holds no secret: it takes the key from the
-worker's credentials (`$CREDENTIALS_DIRECTORY/api-key`, systemd's `LoadCredential=`) or
-from `SGLANG_FARM_API_KEY` in its environment (the process runtime; readable only by
-the worker's user and root), removes that variable, puts `--api-key KEY` into
-`sys.argv` (Python's copy; the kernel's command line stays the launcher's) and runs the
-module as `python -m` would (`runpy.run_module(..., alter_sys=True)`). The flags stay at
-`argv[3:]` in both forms.
+With an API key the worker runs a short launcher (`launcher_code`) that hands SGLang the
+key without putting it on any command line; docs/units.md says why and how.
+`worker_commands` decides which flags a worker runs; this module only builds the line.
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from dataclasses import dataclass, field
 from sglang_farm.sglang_flags import farm_argv, flag_name
 from sglang_farm.spec import FarmSection, FlagValue, WorkerSpec
 
-# The environment variable the process runtime hands the key over in (see the docstring).
+# The environment variable the process runtime hands the key over in (docs/units.md).
 API_KEY_ENV = "SGLANG_FARM_API_KEY"
 # The credential's name under $CREDENTIALS_DIRECTORY (the drop-in's LoadCredential=).
 API_KEY_CREDENTIAL = "api-key"
@@ -53,7 +42,7 @@ def launcher_code(module: str) -> str:
 class Command:
     """A worker's command line, environment and API key.
 
-    `argv` never holds the key: with one, it is the launcher form (module docstring).
+    `argv` never holds the key: with one, it is the launcher form (docs/units.md).
     `api_key` is part of equality (a changed key restarts the worker) but not of repr.
     """
 

@@ -98,7 +98,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     spec = result.spec
-    from sglang_farm.doctor.rules import config_secrets_check
+    from sglang_farm.doctor.host_rules import config_secrets_check
 
     try:  # the file may hold the workers' secrets: say so when every user can read it
         mode: int | None = stat.S_IMODE(os.stat(config_path).st_mode)
@@ -108,7 +108,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
     if secrets is not None:
         click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
     from sglang_farm.doctor.gather import farm_folder_problems, key_file_facts
-    from sglang_farm.doctor.rules import key_file_checks
+    from sglang_farm.doctor.host_rules import key_file_checks
 
     for check in key_file_checks(spec, key_file_facts(spec), os.geteuid()):
         click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)
@@ -145,8 +145,8 @@ def render(config_path: str, out: Path, agent_bin: str, gpus: int | None) -> Non
     """Write the systemd units for this config: template, one drop-in per worker, agent, target."""
     from sglang_farm.config import load_spec_file
     from sglang_farm.errors import ConfigError
+    from sglang_farm.runtime.unit_files import write_units
     from sglang_farm.units import render as render_units
-    from sglang_farm.units import write_units
 
     try:
         spec = load_spec_file(config_path, gpu_count=_gpu_count(config_path, gpus))

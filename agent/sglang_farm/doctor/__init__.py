@@ -13,6 +13,7 @@ modules use.
 
 from __future__ import annotations
 
+from sglang_farm.doctor.checks import Check, CheckId, DoctorReport, Observations, Status
 from sglang_farm.doctor.gather import (
     ProbeRunner,
     gather,
@@ -20,19 +21,9 @@ from sglang_farm.doctor.gather import (
     preflight_blocking,
     run_doctor,
 )
+from sglang_farm.doctor.gpu_rules import arch_covers, backend_verdict
 from sglang_farm.doctor.report import format_report
-from sglang_farm.doctor.rules import (
-    Check,
-    CheckId,
-    DoctorReport,
-    Observations,
-    Status,
-    arch_covers,
-    backend_verdict,
-    evaluate,
-    resolve_attention_backend,
-    resolve_flags,
-)
+from sglang_farm.doctor.rules import evaluate
 from sglang_farm.errors import ProbeError
 from sglang_farm.ports import port_problem
 
@@ -52,7 +43,5 @@ __all__ = [
     "make_probe_runner",
     "port_problem",
     "preflight_blocking",
-    "resolve_attention_backend",
-    "resolve_flags",
     "run_doctor",
 ]

@@ -51,7 +51,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sglang_farm.accounts import account_fix
-from sglang_farm.doctor.rules import (
+from sglang_farm.doctor.checks import (
     Check,
     CheckId,
     DoctorReport,
@@ -62,19 +62,17 @@ from sglang_farm.doctor.rules import (
     PathFacts,
     ProbeOutcome,
     Status,
-    blocking_checks,
-    evaluate,
-    key_files,
-    live_port_keys,
-    resolve_flags,
-    worker_cc,
 )
+from sglang_farm.doctor.gpu_rules import worker_cc
+from sglang_farm.doctor.host_rules import key_files
+from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
 from sglang_farm.gpu_snapshot import GpuPoller
 from sglang_farm.ports import port_problem
-from sglang_farm.sglang_argv import build_command
+from sglang_farm.sglang_argv import Command
 from sglang_farm.sglang_flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
+from sglang_farm.worker_commands import worker_commands
 
 # One probe imports torch and two native extensions in child processes; a cold page
 # cache makes that tens of seconds. SGLang's parser import (torch, triton) likewise.
@@ -314,7 +312,7 @@ def make_probe_runner(
 
 
 def key_file_facts(spec: FarmSpec) -> dict[str, KeyFileFacts]:
-    """Owner and mode of each key file the config names (`rules.key_files`); no key is read."""
+    """Owner and mode of each key file the config names (`host_rules.key_files`); no key is read."""
     out: dict[str, KeyFileFacts] = {}
     for _key, path in key_files(spec):
         try:
@@ -408,11 +406,14 @@ def gather(
     port_check: Callable[[str, int], str | None] = port_problem,
     shm_path: str = "/dev/shm",
     gateway_python: str | None = None,
+    commands: Mapping[int, Command] | None = None,
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report).
     `gateway_python`: the interpreter of a managed gateway (default: this one, which is
-    the agent's, as `gateway.managed.launch_argv` is given)."""
+    the agent's, as `gateway.managed.launch_argv` is given). `commands`: what each
+    worker runs (`worker_commands`: the agent's, at each worker's OOM-ladder step);
+    default: each at step 0, for the GPUs NVML sees now."""
     account_error: str | None = None
     runner = run_probe
     if runner is None:
@@ -421,12 +422,16 @@ def gather(
         except ProbeError as exc:
             account_error = str(exc)  # no probe at all: never as root instead
     fleet = gpu_poller.snapshot()
+    if commands is None:
+        caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
+        commands = worker_commands(spec, {}, caps)
+    runs = commands
     groups: dict[tuple[object, ...], list[WorkerSpec]] = {}
     for w in spec.workers:
         groups.setdefault(_group_key(spec, w, worker_cc(fleet, w)), []).append(w)
 
     def call(w: WorkerSpec, mode: str, payload: Mapping[str, Any] | None) -> ProbeOutcome:
-        env = build_command(spec.farm, w).env_dict
+        env = runs[w.id].env_dict
         if runner is None:
             missing = not os.path.exists(spec.farm.python)
             return ProbeOutcome(error=account_error or "not probed", missing=missing)
@@ -442,11 +447,7 @@ def gather(
         jobs = []
         for members in groups.values():
             first = members[0]
-            cc = worker_cc(fleet, first)
-            argvs = [
-                list(build_command(spec.farm, m, resolve_flags(m.flags, cc)).argv[3:])
-                for m in members
-            ]
+            argvs = [list(runs[m.id].argv[3:]) for m in members]
             env_job = pool.submit(call, first, "env", None)
             flag_job = (
                 pool.submit(call, first, "flags", {"argvs": argvs})
@@ -515,6 +516,7 @@ def run_doctor(
     run_probe: ProbeRunner | None = None,
     port_check: Callable[[str, int], str | None] = port_problem,
     gateway_python: str | None = None,
+    commands: Mapping[int, Command] | None = None,
 ) -> DoctorReport:
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
@@ -527,6 +529,7 @@ def run_doctor(
             run_probe=run_probe,
             port_check=port_check,
             gateway_python=gateway_python,
+            commands=commands,
         ),
     )
     quarantined = quarantine_checks(spec)

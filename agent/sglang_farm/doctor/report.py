@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_farm.doctor.rules import DoctorReport, Status
+from sglang_farm.doctor.checks import DoctorReport, Status
 
 
 def _workers_text(workers: tuple[int, ...]) -> str:

@@ -24,10 +24,21 @@ unit file's ExecStart: docs/gateway.md says how the farm keeps them out of both.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+
+from sglang_farm.spec import GatewaySpec
+
+# smg 1.13.0 on SIGTERM (docs/gateway.md, "The gateway process"): it keeps its listener
+# open for a 5 s load-balancer propagation window, then waits for requests in flight
+# up to --shutdown-grace-period-secs (default 180, smg/router_args.py). The unit's stop
+# timeout is both plus this margin, so SIGKILL never cuts a request smg would finish.
+SMG_PROPAGATION_S = 5.0
+SMG_SHUTDOWN_GRACE_S = 180.0
+GATEWAY_STOP_MARGIN_S = 10.0
 
 # `smg launch --policy` choices in smg 1.13.0 (smg/router_args.py, COMMON_POLICY_CHOICES).
 POLICIES = (
@@ -184,19 +195,21 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def from_config(
-    listen: str, metrics_listen: str, policy: str, extra_args: Sequence[str]
-) -> ManagedGateway:
-    """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`)."""
-    host, port = split_listen(listen)
-    mhost, mport = split_listen(metrics_listen)
+def from_spec(gateway: GatewaySpec) -> ManagedGateway:
+    """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`).
+
+    Built once by the agent at start (`service.build_gateway`; a reload refuses [gateway]
+    changes): the process runtime runs it and the units render it from that one.
+    """
+    host, port = split_listen(gateway.listen)
+    mhost, mport = split_listen(gateway.metrics_listen)
     return ManagedGateway(
         host=host,
         port=port,
-        policy=policy,
+        policy=gateway.policy,
         metrics_port=mport,
         metrics_host=mhost,
-        extra_args=tuple(extra_args),
+        extra_args=tuple(gateway.extra_args),
     )
 
 
@@ -215,3 +228,21 @@ def launch_argv(
     if admin_key_file:
         smg += ["--admin-key-file", admin_key_file]
     return smg_argv(gateway, smg, keyed=bool(admin_key_file or api_key_file))
+
+
+def smg_stop_timeout(extra_args: Sequence[str]) -> float:
+    """How long smg may take to exit after SIGTERM: its propagation window, its shutdown
+    grace (`--shutdown-grace-period-secs` in `extra_args`, else smg's default) and a margin."""
+    grace = SMG_SHUTDOWN_GRACE_S
+    flag = "--shutdown-grace-period-secs"
+    for i, arg in enumerate(extra_args):
+        value = None
+        if arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+        elif arg == flag and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        if value is not None:
+            # A bad value: smg itself refuses it at start, with its own message.
+            with contextlib.suppress(ValueError):
+                grace = max(0.0, float(value))
+    return SMG_PROPAGATION_S + grace + GATEWAY_STOP_MARGIN_S

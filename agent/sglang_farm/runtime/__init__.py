@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.spec import FarmSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +65,7 @@ class Runtime(Protocol):
     # False for child processes: the agent stops them before it exits.
     workers_outlive_agent: bool
 
-    async def prepare(
-        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         """Make the next launch use these command lines (systemd: install the drop-ins).
 
         Called at agent start and before each launch. A no-op where `start` takes the

@@ -11,8 +11,7 @@ from pystemd.systemd1 import Manager
 
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime.systemd_bus import dbus_error_text
-
-GATEWAY_UNIT = "sglang-farm-gateway.service"
+from sglang_farm.unit_syntax import GATEWAY_UNIT
 
 
 class UnitGateway:

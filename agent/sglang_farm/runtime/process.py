@@ -51,7 +51,7 @@ from sglang_farm.portowner import tree_pids
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
 from sglang_farm.sglang_argv import API_KEY_ENV, Command
-from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.runtime.process")
 
@@ -335,9 +335,7 @@ class ProcessRuntime:
                 child.signal_group(signal.SIGKILL)
         await asyncio.shield(child.follow)
 
-    async def prepare(
-        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> frozenset[int]:
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
         """Nothing to install (`start` is given the whole command line); settle who the
         workers run as. Raises RuntimeFailure for an unknown `[farm] user` or group. No
         secret outlives a worker here (its environment is given at start): none changed."""

@@ -37,27 +37,26 @@ from sglang_farm.runtime.systemd_bus import (
     unit_path,
 )
 from sglang_farm.runtime.systemd_watch import UnitWatcher
+from sglang_farm.runtime.unit_files import (
+    UnitChanges,
+    secrets_changed_workers,
+    write_secrets,
+    write_units,
+)
 from sglang_farm.runtime.unit_procs import proc_argv, unit_pids
 from sglang_farm.runtime.unit_state import (
     Tracked,
     UnitState,
     exec_start_argv,
     observe,
-    unit_name,
     unit_state_from,
     units_of,
     worker_of,
 )
 from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec, FlagValue
-from sglang_farm.units import (
-    UnitChanges,
-    credentials_dir,
-    render_secrets,
-    secrets_changed_workers,
-    write_secrets,
-    write_units,
-)
+from sglang_farm.spec import FarmSpec
+from sglang_farm.unit_secrets import credentials_dir, render_secrets
+from sglang_farm.unit_syntax import worker_unit as unit_name
 
 UnitFiles = Mapping[PurePosixPath, str]
 
@@ -80,7 +79,7 @@ _LOG_TAIL_TIMEOUT = 10.0
 def install_units(
     files: Mapping[PurePosixPath, str], root: str | Path = RUN_UNIT_DIR
 ) -> UnitChanges:
-    """Write rendered units under `root` (`units.write_units`: atomic, skips identical files,
+    """Write rendered units under `root` (`unit_files.write_units`: atomic, skips identical files,
     removes our stale drop-ins). Raises RuntimeFailure when the folder cannot be written."""
     try:
         return write_units(Path(root), files)
@@ -92,8 +91,8 @@ def install_units(
 
 
 def install_secrets(files: Mapping[str, bytes], folder: str | PurePosixPath) -> frozenset[int]:
-    """Write the workers' secret files (`units.write_secrets`: folder 0700, files 0600);
-    return the workers whose files changed (`units.secrets_changed_workers`). Raises
+    """Write the workers' secret files (`unit_files.write_secrets`: folder 0700, files 0600);
+    return the workers whose files changed (`unit_files.secrets_changed_workers`). Raises
     RuntimeFailure when the folder cannot be written."""
     try:
         existed = {n for n in files if (Path(folder) / n).is_file()}
@@ -129,7 +128,7 @@ class SystemdRuntime:
         *,
         prefix: str = "sglang",
         follow_logs: bool = True,
-        units: Callable[[FarmSpec, Mapping[int, Mapping[str, FlagValue]]], UnitFiles] | None = None,
+        units: Callable[[FarmSpec, Mapping[int, Command]], UnitFiles] | None = None,
         exit_grace: float = 0.0,
         ready_gate_wait: float = 30.0,
     ) -> None:
@@ -227,10 +226,8 @@ class SystemdRuntime:
                 await self.daemon_reload()
         await self._job("StartUnit", worker)
 
-    async def prepare(
-        self, spec: FarmSpec, flags_by_worker: Mapping[int, Mapping[str, FlagValue]]
-    ) -> frozenset[int]:
-        """Install every worker's drop-in (its current flags); daemon-reload only on change.
+    async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
+        """Install every worker's drop-in (running `commands`); daemon-reload only on change.
 
         Called before each launch, so a unit always starts with the command line the agent
         means (its OOM-ladder step applied). Returns the workers whose secret files changed.
@@ -240,10 +237,10 @@ class SystemdRuntime:
         render = self._units
         async with self._install_lock:
             # The secret files first (root-only), then the drop-ins that name them.
-            secrets = render_secrets(spec, flags_by_worker)
+            secrets = render_secrets(spec, commands)
             changed = await asyncio.to_thread(install_secrets, secrets, credentials_dir(spec))
             # Rendered under the lock: calls install in the order they were made.
-            await self._apply_units(render(spec, flags_by_worker), RUN_UNIT_DIR)
+            await self._apply_units(render(spec, commands), RUN_UNIT_DIR)
         return changed
 
     async def confirm_ready(self, worker: int) -> bool:

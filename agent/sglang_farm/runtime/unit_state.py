@@ -3,8 +3,9 @@
 `observe` folds each observed `UnitState` (the properties D-Bus reports: active and sub
 state, main PID, how the last main process ended) into `Tracked` and returns the
 `Started`/`Exited` events it implies; snapshots may skip states or arrive stale.
-Unit names (`unit_name`, `worker_of`, `units_of`), property dicts into a `UnitState`
-(`unit_state_from`, `exec_start_argv`): no D-Bus, no pystemd, tested in milliseconds.
+Unit names back to workers (`worker_of`, `units_of`; the other way is
+`unit_syntax.worker_unit`), property dicts into a `UnitState` (`unit_state_from`,
+`exec_start_argv`): no D-Bus, no pystemd, tested in milliseconds.
 """
 
 from __future__ import annotations
@@ -62,10 +63,6 @@ def exit_status(code: int, status: int) -> int | None:
     if code in (CLD_KILLED, CLD_DUMPED):
         return -status
     return None
-
-
-def unit_name(worker: int, prefix: str = "sglang") -> str:
-    return f"{prefix}@{worker}.service"
 
 
 def worker_of(unit: str, prefix: str = "sglang") -> int | None:

@@ -1,0 +1,331 @@
+"""Pure: the doctor's host rules: what the host gives a worker beside its GPU.
+
+Ports, the model directory and /dev/shm, who can reach a worker (exposure), the config's
+secrets and key files, and a managed gateway's smg.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from sglang_farm.doctor.checks import (
+    GIB,
+    Check,
+    CheckId,
+    GatewayFacts,
+    KeyFileFacts,
+    Observations,
+    Status,
+    gb,
+)
+from sglang_farm.gateway.managed import is_loopback
+from sglang_farm.spec import FarmSpec, ModelSpec, WorkerSpec
+
+# Weights above this share of the static budget leave a KV cache too small to be useful.
+WEIGHTS_SHARE_WARN = 0.9
+# SGLang's processes and NCCL put shared-memory segments in /dev/shm too.
+SHM_MIN_FREE_BYTES = 1 * GIB
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def port_checks(obs: Observations, w: WorkerSpec) -> list[Check]:
+    out = []
+    for cid, host, port, what, key in (
+        (CheckId.PORT_HTTP, w.host, w.port, "HTTP", "base_port"),
+        (CheckId.PORT_NCCL, "0.0.0.0", w.nccl_port, "NCCL", "nccl_base_port"),
+    ):
+        busy = obs.ports.get((host, port))
+        if busy is None:
+            out.append(Check(cid, Status.PASS, f"{what} port free"))
+        else:
+            out.append(
+                Check(
+                    cid,
+                    Status.FAIL,
+                    f"{what} port {port} on {host}: {busy}",
+                    f"stop what listens there (`ss -ltnp 'sport = :{port}'`; if the "
+                    f"farm is running, its own worker holds it) or change "
+                    f"workers.{key}",
+                )
+            )
+    return out
+
+
+def model_checks(
+    obs: Observations, w: WorkerSpec, mem_total: int | None, model: ModelSpec | None = None
+) -> list[Check]:
+    raw = w.flags.get("model_path")
+    if not isinstance(raw, str):
+        return []
+    facts = obs.models.get(raw)
+    out: list[Check] = []
+    if facts is None:
+        return out
+    if not facts.exists and model is not None and raw.startswith("/"):
+        # [model]: the agent stages it here before any worker starts (docs/staging.md).
+        out.append(
+            Check(
+                CheckId.MODEL_PATH,
+                Status.PASS,
+                f"{raw} is not there yet: the agent stages it from {model.source} "
+                "before any worker starts ([model])",
+            )
+        )
+        return out
+    if not facts.exists:
+        if _HF_REPO_RE.match(raw) and not raw.startswith((".", "/")):
+            out.append(
+                Check(
+                    CheckId.MODEL_PATH,
+                    Status.WARN,
+                    f"{raw} is not a local directory: SGLang will download it from "
+                    "Hugging Face at the first start (minutes, on every worker at once)",
+                    "download it once (`huggingface-cli download`) and set model_path "
+                    "to the local directory",
+                )
+            )
+        else:
+            tmpfs = (
+                " (/dev/shm is a tmpfs, emptied at every boot: copy the model there again)"
+                if raw.startswith("/dev/shm")
+                else ""
+            )
+            fix = (
+                "add a [model] section (source = the model's persistent directory or Hugging "
+                "Face repo id): the agent then stages it here at every start, before any "
+                "worker (docs/staging.md)"
+                if raw.startswith("/dev/shm")
+                else "copy the model there or set model_path in [sglang]"
+            )
+            out.append(Check(CheckId.MODEL_PATH, Status.FAIL, f"{raw} does not exist{tmpfs}", fix))
+        return out
+    if not facts.is_dir or not facts.has_config:
+        out.append(
+            Check(
+                CheckId.MODEL_PATH,
+                Status.FAIL,
+                f"{raw} has no config.json: not a Hugging Face model directory",
+                "point model_path at the directory that holds config.json and the weights",
+            )
+        )
+        return out
+    size = f" ({gb(facts.weights_bytes)} of weights)" if facts.weights_bytes else ""
+    out.append(Check(CheckId.MODEL_PATH, Status.PASS, f"{raw} has config.json{size}"))
+    if facts.in_shm and model is None:
+        out.append(
+            Check(
+                CheckId.SHM,
+                Status.WARN,
+                f"{raw} is on /dev/shm, a tmpfs emptied at every boot, and nothing "
+                "puts it back: after a reboot every worker fails its load",
+                "add a [model] section (source = the model's persistent directory or "
+                "Hugging Face repo id): the agent stages it into model_path at every "
+                "start, before any worker (docs/staging.md)",
+            )
+        )
+    if facts.in_shm and obs.shm_free_bytes is not None:
+        used = gb(facts.size_bytes or 0)
+        if obs.shm_free_bytes < SHM_MIN_FREE_BYTES:
+            out.append(
+                Check(
+                    CheckId.SHM,
+                    Status.WARN,
+                    f"the model takes {used} of /dev/shm (RAM-backed) and only "
+                    f"{gb(obs.shm_free_bytes)} is left; SGLang and NCCL need "
+                    "/dev/shm for shared-memory segments",
+                    "free /dev/shm or enlarge it (mount -o remount,size=...)",
+                )
+            )
+        else:
+            out.append(
+                Check(
+                    CheckId.SHM,
+                    Status.PASS,
+                    f"the model takes {used} of /dev/shm; {gb(obs.shm_free_bytes)} free",
+                )
+            )
+    frac = w.flags.get("mem_fraction_static")
+    if isinstance(frac, int | float) and not isinstance(frac, bool) and mem_total:
+        budget = frac * mem_total
+        per_gpu = (facts.weights_bytes or 0) / max(1, len(w.gpus))
+        tp = f" per GPU (tp {len(w.gpus)})" if len(w.gpus) > 1 else ""
+        if per_gpu and per_gpu > budget:
+            out.append(
+                Check(
+                    CheckId.MEMORY,
+                    Status.FAIL,
+                    f"the weights alone ({gb(per_gpu)}{tp}) exceed "
+                    f"mem_fraction_static {frac} x {gb(mem_total)} = {gb(budget)}: "
+                    "SGLang stops with 'Loaded weights leave no GPU memory for the KV "
+                    "cache'",
+                    "raise mem_fraction_static, use more GPUs per worker "
+                    "(gpus_per_worker), or a smaller/quantized model",
+                )
+            )
+        elif per_gpu and per_gpu > WEIGHTS_SHARE_WARN * budget:
+            out.append(
+                Check(
+                    CheckId.MEMORY,
+                    Status.WARN,
+                    f"the weights ({gb(per_gpu)}{tp}) fill over "
+                    f"{WEIGHTS_SHARE_WARN:.0%} of mem_fraction_static {frac} x "
+                    f"{gb(mem_total)}: little room for the KV cache",
+                    "raise mem_fraction_static a little or use more GPUs per worker",
+                )
+            )
+    return out
+
+
+_FIX_EXPOSURE = (
+    'bind the workers to loopback (host = "127.0.0.1" in [workers]) and serve through the '
+    'gateway ([gateway] mode = "managed"), or set api_key and keep the key out of '
+    'world-readable files (docs/config.md, "Exposure and keys")'
+)
+
+
+def exposure_check(w: WorkerSpec) -> Check:
+    """Whether anyone on the network can use the worker (docs/reference/sglang.md §6.2:
+    without --api-key SGLang serves every route, admin ones included, to any caller)."""
+    if is_loopback(w.host):
+        return Check(CheckId.EXPOSURE, Status.PASS, f"listens on loopback ({w.host})")
+    if w.flags.get("api_key"):
+        return Check(
+            CheckId.EXPOSURE,
+            Status.PASS,
+            f"listens on {w.host!r}; api_key is set (routes need the key)",
+        )
+    return Check(
+        CheckId.EXPOSURE,
+        Status.WARN,
+        f"workers listen on {w.host!r} (not loopback) without api_key: anyone who "
+        "can reach this host can use them, admin routes included",
+        _FIX_EXPOSURE,
+    )
+
+
+# Words in an environment variable's name that mark its value as a credential
+# (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, a PASSWORD...).
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a credential."""
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
+
+
+def config_secrets_check(spec: FarmSpec, mode: int | None) -> Check | None:
+    """A warning when the config holds a secret (an `api_key`, or an `env` value whose
+    name says it is a credential: `HF_TOKEN`, not `SGLANG_SIM_FAIL_AFTER`) and the file
+    is readable by every local user (`mode & 0o004`); None otherwise. The units never
+    show any configured value (every one goes to a root-only file: docs/security.md),
+    but the file itself would."""
+    if mode is None or not mode & 0o004:
+        return None
+    what = []
+    if any(w.flags.get("api_key") for w in spec.workers):
+        what.append("api_key")
+    names = sorted(
+        {
+            n
+            for env in (spec.farm.env, *(w.env for w in spec.workers))
+            for n in env
+            if is_secret_name(n)
+        }
+    )
+    if names:
+        what.append(f"environment values that look like credentials ({', '.join(names)})")
+    if not what:
+        return None
+    return Check(
+        CheckId.EXPOSURE,
+        Status.WARN,
+        f"{spec.source} holds {' and '.join(what)} and is readable by every local user "
+        f"(mode {mode & 0o7777:04o})",
+        f"chmod 0640 {spec.source} (root:sglang-farm) or chmod 0600 {spec.source}",
+    )
+
+
+def key_files(spec: FarmSpec) -> tuple[tuple[str, str], ...]:
+    """The files the config names that hold a secret: (its key in the config, path)."""
+    named = [
+        ("[gateway] admin_key_file", spec.gateway.admin_key_file),
+        ("[gateway] api_key_file", spec.gateway.api_key_file),
+        ("[model] token_file", spec.model.token_file if spec.model is not None else None),
+    ]
+    return tuple((key, path) for key, path in named if path)
+
+
+def key_file_checks(
+    spec: FarmSpec, facts: Mapping[str, KeyFileFacts], agent_uid: int
+) -> list[Check]:
+    """A warning for each key file (`key_files`) that another user could read or replace:
+    any group or other permission bit, or an owner other than the agent's user
+    (`agent_uid`). The Hub token file is refused at stage time for the same reasons
+    (`staging.hub.read_token`); the gateway's keys are read by whoever starts smg, so the
+    config check and the doctor say it before a key leaks (issue 22, item 12)."""
+    out = []
+    for key, path in key_files(spec):
+        f = facts.get(path)
+        fix = f"chown root: {path} && chmod 0600 {path}"
+        if f is None:
+            continue  # not looked at
+        if f.error is not None:
+            out.append(
+                Check(
+                    CheckId.EXPOSURE,
+                    Status.WARN,
+                    f"{key} {path}: cannot read it: {f.error}",
+                    f"write the key alone into {path}; {fix}",
+                )
+            )
+            continue
+        if f.mode is not None and f.mode & 0o077:
+            out.append(
+                Check(
+                    CheckId.EXPOSURE,
+                    Status.WARN,
+                    f"{key} {path} is open to other users (mode {f.mode:04o}): "
+                    "only its owner may read a key",
+                    fix,
+                )
+            )
+        if f.uid is not None and f.uid != agent_uid:
+            out.append(
+                Check(
+                    CheckId.EXPOSURE,
+                    Status.WARN,
+                    f"{key} {path} is owned by uid {f.uid}, not by the agent's user "
+                    f"(uid {agent_uid}): its owner can change the key",
+                    fix,
+                )
+            )
+    return out
+
+
+# The `gateway` extra's pin (pyproject.toml): the farm is tested against this smg.
+SMG_REQUIREMENT = "smg==1.13.0"
+
+
+def gateway_check(spec: FarmSpec, facts: GatewayFacts | None) -> Check | None:
+    """A managed gateway needs smg in the interpreter that runs it (the agent's own):
+    without it the gateway never starts and the farm has no front door. None when the
+    gateway is not managed here (or was not looked at)."""
+    if facts is None or not spec.gateway.enabled or spec.gateway.mode != "managed":
+        return None
+    if facts.error is None:
+        return Check(
+            CheckId.GATEWAY,
+            Status.PASS,
+            f"the managed gateway runs: {facts.version or 'smg'} ({facts.python})",
+        )
+    return Check(
+        CheckId.GATEWAY,
+        Status.FAIL,
+        f'[gateway] mode = "managed" but smg does not run under {facts.python}: '
+        f"{facts.error}; the farm has no front door until it does",
+        f"install it into that Python: `{facts.python} -m pip install '{SMG_REQUIREMENT}'` "
+        "(the `gateway` extra: `pip install 'sglang-farm[gateway]'`); from the Debian "
+        "package: `apt install --reinstall sglang-farm`, which ships it",
+    )
