@@ -16,7 +16,6 @@ from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.stale import (
     REMOVAL_SLACK_S,
-    STARTED_SLACK_S,
     RemoveOldCopy,
     loading,
     old_copy_removal,
@@ -77,8 +76,8 @@ def test_a_stage_that_replaced_the_copy_leaves_every_loading_worker_on_the_old()
 def test_with_the_copy_in_place_only_processes_older_than_its_install_are_stale() -> None:
     started = {
         0: INSTALLED - 30.0,  # started before the swap: loads the previous copy
-        1: INSTALLED + STARTED_SLACK_S - 0.01,  # within the slack: counted as before
-        2: INSTALLED + STARTED_SLACK_S,  # just after the slack: on the copy in place
+        1: INSTALLED + 0.49,  # within the slack (half a second): counted as before
+        2: INSTALLED + 0.5,  # at the slack's end: on the copy in place
         3: INSTALLED + 600.0,
         4: None,  # unknown (gone, /proc unreadable): never restarted on a guess
     }

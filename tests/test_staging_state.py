@@ -33,12 +33,12 @@ T0 = 1.8e9
 GiB = 1 << 30
 
 
-def spec(model: str = '[model]\nsource = "/srv/models/m"') -> FarmSpec:
+def spec(model: str = '[model]\nsource = "/srv/models/m"', *, gpus: str = "[0, 1]") -> FarmSpec:
     text = f"""
         [farm]
         python = "{sys.executable}"
         [workers]
-        gpus = [0, 1]
+        gpus = {gpus}
         [metrics]
         gpu_source = "none"
         [sglang]
@@ -93,6 +93,7 @@ def test_without_model_there_is_no_stage() -> None:
 def test_a_spec_waits_with_its_source_revision_and_target() -> None:
     v = waiting_for(spec('[model]\nsource = "Qwen/Q"\nrevision = "v2"'), None, now=T0 + 1)
     assert v == StagingView("Qwen/Q@v2", "/dev/shm/m", StageState.WAITING, T0 + 1)
+    assert v is not None and (v.bytes_done, v.bytes_total, v.last_copied_bytes) == (0, 0, 0)
     local = waiting_for(spec(), None, now=T0)
     assert local is not None and local.source == "/srv/models/m"
 
@@ -127,6 +128,7 @@ def test_a_new_spec_starts_again_with_the_totals_carried_over() -> None:
 
 def test_the_target_is_the_workers_model_path() -> None:
     assert model_target(spec()) == Path("/dev/shm/m")
+    assert model_target(spec(gpus="[3]")) == Path("/dev/shm/m")  # a farm of one worker
     no_path = replace(spec(), workers=tuple(replace(w, flags={}) for w in spec().workers))
     with pytest.raises(ValueError, match="model_path"):
         model_target(no_path)
