@@ -30,6 +30,7 @@ from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
 from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
+from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.port import Gateway
@@ -869,8 +870,6 @@ class Agent:
             return await self._reload()
 
     async def _reload(self) -> ReloadResult:
-        from sglang_farm.errors import ConfigError
-
         if self._config_loader is None:
             return ReloadResult(
                 applied=False, problems=("this agent was started without a config file",)
