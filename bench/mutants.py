@@ -100,6 +100,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.staging.manifest",
         ("tests/test_staging.py", "tests/test_mutation_staging.py", "-k", _STAGING_FAST),
     ),
+    "staging.state": ("sglang_farm.staging.state", ("tests/test_staging_state.py",)),
+    "staging.stale": ("sglang_farm.staging.stale", ("tests/test_staging_stale.py",)),
     "control.auth": (
         "sglang_farm.control.auth",
         ("tests/test_control_auth.py", "tests/test_mutation_control_auth.py"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,18 +21,19 @@ from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
-from sglang_farm.farm_view import StagingView
+from sglang_farm.farm_view import FarmView
 from sglang_farm.metrics import MetricsState, build_registry
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
-from sglang_farm.staging.copier import Report, StageResult
+from sglang_farm.staging.copier import Report
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.manifest import MANIFEST_NAME
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, stage_model
+from sglang_farm.staging.state import StageResult, StageState
 from virtual_time import run_virtual
 
 GiB = 1 << 30
@@ -62,9 +63,11 @@ async def staged_farm(
     refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
     running: Mapping[int, Running] | None = None,
     process_started: Callable[[int], float | None] | None = None,
+    observers: Sequence[Callable[[FarmView], None]] = (),
 ) -> AsyncIterator[Farm]:
     """agent_harness.farm with the agent's `stager` hook, workers found running at start
-    (`running`) and when each process started (`process_started`: pid -> wall time)."""
+    (`running`), when each process started (`process_started`: pid -> wall time) and the
+    farm views' `observers`."""
     loop = asyncio.get_running_loop()
     spec = load_spec(text, source="test.toml")
     ports = FakePortOwner()
@@ -93,6 +96,7 @@ async def staged_farm(
             refresh_preflight=refresh,
             # The fakes' pids are no real processes: unknown start unless a test says.
             process_started=process_started or (lambda _pid: None),
+            observers=observers,
         ),
     )
     stop = asyncio.Event()
@@ -309,24 +313,25 @@ def test_a_reload_whose_model_cannot_be_staged_is_rejected_and_workers_keep_serv
     async def scenario() -> None:
         v1 = make_source(tmp_path / "v1")
         texts = [model_toml(tmp_path, v1)]
+        shown: list[StageState | None] = []  # every stage state the farm view showed
+
+        def record(view: FarmView) -> None:
+            shown.append(view.staging.state if view.staging is not None else None)
+
         async with staged_farm(
-            tmp_path, texts[0], loader=lambda: load_spec(texts[0], source="test.toml")
+            tmp_path,
+            texts[0],
+            loader=lambda: load_spec(texts[0], source="test.toml"),
+            observers=[record],
         ) as f:
             await f.until(f.all_ready)
             before = len(f.runtime.starts)
-            shown: list[str | None] = []  # every stage view published during the reload
-            publish = f.agent._set_staging
-
-            def record(view: StagingView | None) -> None:
-                shown.append(view.state if view is not None else None)
-                publish(view)
-
-            f.agent._set_staging = record  # type: ignore[method-assign]  # observe, then publish
+            shown.clear()  # from the reload on
             texts[0] = model_toml(tmp_path, tmp_path / "missing")
             r = await f.agent.reload()
             assert not r.applied
             # Never shown as a failed stage (that holds the farm), not even for a moment.
-            assert shown and "failed" not in shown, shown
+            assert StageState.STAGING in shown and StageState.FAILED not in shown, shown
             assert "[model] not staged: the model source" in r.problems[0]
             assert "does not exist" in r.problems[0]
             await asyncio.sleep(30)

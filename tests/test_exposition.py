@@ -30,8 +30,9 @@ from prometheus_client.samples import Sample
 from metrics_fixtures import NOW, gateway_state, state
 from sglang_farm import exposition
 from sglang_farm.exposition import PROMETHEUS_ACCEPT
-from sglang_farm.farm_view import Phase, StagingView
+from sglang_farm.farm_view import Phase
 from sglang_farm.metrics import MetricsState, Section, build_registry
+from sglang_farm.staging.state import StageState, StagingView
 from sglang_farm.worker_load import WorkerStats
 
 ALLOW_UTF8_TEXT = "text/plain;version=1.0.0;escaping=allow-utf-8"
@@ -74,7 +75,7 @@ def odd_state() -> MetricsState:
     staging = StagingView(
         source='/srv/"models"',
         target="/dev/shm/model",
-        state="staging",
+        state=StageState.STAGING,
         since=NOW,
         step="copying",
         bytes_done=3 * 1024**3,

@@ -7,14 +7,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fake_ops import FakeOps
-from sglang_farm.farm_view import FarmView, Phase, StagingView
+from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.staging.state import StageState, StagingView
 from test_farmctl import serving
 
 FAILED = StagingView(
     source="/srv/models/Qwen3.6-27B",
     target="/dev/shm/Qwen3.6-27B",
-    state="failed",
+    state=StageState.FAILED,
     since=1.8e9,
     error="not enough space for /srv/models/Qwen3.6-27B at /dev/shm/Qwen3.6-27B: 3.0 GiB short",
     error_kind="no_space",
@@ -65,7 +66,7 @@ def test_status_why_and_start_with_a_failed_stage() -> None:
 def test_why_shows_the_progress_of_a_stage_under_way() -> None:
     staging = replace(
         FAILED,
-        state="staging",
+        state=StageState.STAGING,
         step="copying",
         bytes_done=1 << 30,
         bytes_total=4 << 30,

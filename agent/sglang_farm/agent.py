@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -31,8 +29,9 @@ from sglang_farm import xid
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
+from sglang_farm.errors import ConfigError
 from sglang_farm.failures import Failure, RestartReason
-from sglang_farm.farm_view import FarmView, StagingView, build_view
+from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu_health import gpu_faults, pending_remaps
@@ -46,15 +45,23 @@ from sglang_farm.phase import Phase
 from sglang_farm.portowner import PortOwner, ProcPortOwner
 from sglang_farm.ports import PortState, port_state
 from sglang_farm.progress import judge
-from sglang_farm.reload_plan import plan_reload
+from sglang_farm.reload_plan import (
+    ModelChange,
+    Refused,
+    model_change,
+    plan_reload,
+    reload_effects,
+    stage_refused,
+)
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.staging.copier import StageResult, remove_old
-from sglang_farm.staging.failure import StageError, StageFailureKind
-from sglang_farm.staging.installed import installed_at, process_started
-from sglang_farm.staging.progress import StageProgress
-from sglang_farm.staging.runner import Stager, model_target, thread_stager
+from sglang_farm.staging.driver import StageDriver
+from sglang_farm.staging.failure import StageError
+from sglang_farm.staging.installed import process_started
+from sglang_farm.staging.runner import Stager, thread_stager
+from sglang_farm.staging.stale import loading, old_copy_removal
+from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.supervisor import (
     Action,
@@ -90,9 +97,6 @@ _WARNINGS = frozenset(
         "worker_terminating",
     }
 )
-# Workers a new copy of the model concerns: they loaded (or load) the previous one.
-_LOADED = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF})
-_STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's install: restarted
 TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
 
@@ -209,9 +213,14 @@ class Agent:
         self._state_dirty = asyncio.Event()
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
-        self._stager: Stager = hooks.stager or thread_stager
-        self._stage_cancel = threading.Event()  # set at shutdown: the copy stops at once
-        self._staging: StagingView | None = self._staging_for(spec, None)
+        self._stages = StageDriver(
+            spec,
+            hooks.stager or thread_stager,
+            on_change=self._stage_changed,
+            clock=clock,
+            wall=wall,
+            process_started=hooks.process_started,
+        )
         # The workers the rollout starts once a stage succeeds (a failed stage holds them).
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
@@ -312,7 +321,7 @@ class Agent:
             ready()
         await stop.wait()
         log.info("farm_stopping", runtime=self.runtime.name)
-        self._stage_cancel.set()
+        self._stages.cancel.set()  # the copy under way stops at once
         if not self.runtime.workers_outlive_agent:
             await self._stop_all()
         for t in (ticker, *self._worker_tasks.values()):
@@ -343,153 +352,23 @@ class Agent:
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
 
-    def _staging_for(self, spec: FarmSpec, prev: StagingView | None) -> StagingView | None:
-        """The staging view for a (new) spec: its totals carried over; None without [model]."""
-        m = spec.model
-        if m is None:
-            return None
-        source = m.source + (f"@{m.revision}" if m.revision else "")
-        fresh = StagingView(source, str(model_target(spec)), "waiting", self._wall())
-        if prev is None:
-            return fresh
-        return replace(
-            fresh,
-            staged_bytes_total=prev.staged_bytes_total,
-            stages_total=prev.stages_total,
-            failures_by_kind=prev.failures_by_kind,
-            last_duration_s=prev.last_duration_s,
-        )
+    @property
+    def _staging(self) -> StagingView | None:
+        return self._stages.view
 
-    def _set_staging(self, view: StagingView | None) -> None:
-        self._staging = view
+    def _stage_changed(self) -> None:
         self._last_refresh = None
         self._refresh()
 
-    def _stage_progress(self, p: StageProgress) -> None:
-        """A report from the staging thread (through call_soon_threadsafe)."""
-        s = self._staging
-        if s is None or s.state != "staging":
-            return
-        self._set_staging(
-            replace(
-                s,
-                step=p.step,
-                bytes_done=p.bytes_done,
-                bytes_total=p.bytes_total,
-                rate=p.rate,
-                eta_s=p.eta_s,
-            )
-        )
-
-    async def _stage(
-        self, spec: FarmSpec, *, keep_old: bool, serving: StagingView | None = None
-    ) -> StageResult:
-        """Make the workers' model path hold `spec.model`. Raises StageError; the view (status,
-        `why`, metrics) and the log say what failed and what to do. `serving`: the stage
-        whose copy stays in place should this one fail (a reload's); the view then stays
-        that stage's, with this one's error, and never shows the farm as held."""
-        base = self._staging_for(spec, self._staging)
-        assert base is not None  # spec.model is set
-        self._set_staging(replace(base, state="staging", step="checking"))
-        blog = log.bind(source=base.source, target=base.target)
-        blog.info("model_stage_started")
-        t0 = self._clock()
-
-        def report(p: StageProgress) -> None:
-            self._loop.call_soon_threadsafe(self._stage_progress, p)
-
-        try:
-            try:
-                result = await self._stager(
-                    spec, report=report, cancel=self._stage_cancel, keep_old=keep_old
-                )
-            except StageError:
-                raise
-            except OSError as exc:  # outside the copy proper (the mount table, the walk)
-                raise StageError(
-                    StageFailureKind.IO_ERROR,
-                    f"staging {base.source} into {base.target} failed: {exc.strerror or exc}",
-                    "fix the cause (permissions, the disk), then `farmctl start all`",
-                ) from exc
-            except Exception as exc:
-                # Anything else (a library's own error, a defect): a failed stage, never one
-                # left "staging" forever with the rollout waiting on it.
-                blog.exception("model_stage_crashed")
-                raise StageError(
-                    StageFailureKind.HUB_ERROR
-                    if spec.model is not None and not spec.model.is_local
-                    else StageFailureKind.IO_ERROR,
-                    f"staging {base.source} into {base.target} failed: {type(exc).__name__}: {exc}",
-                    "check [model] and the agent's log (journalctl -u sglang-farm) for the "
-                    "cause, then `farmctl start all`",
-                ) from exc
-        except StageError as exc:
-            cur = self._staging or base
-            failures = dict(cur.failures_by_kind)
-            if exc.kind is not StageFailureKind.CANCELLED:
-                failures[str(exc.kind)] = failures.get(str(exc.kind), 0) + 1
-            if serving is not None and not serving.blocks_rollout:
-                shown = serving  # the copy in place still serves (status: "reload REJECTED")
-            else:
-                shown = replace(
-                    cur,
-                    state="failed",
-                    since=self._wall(),
-                    step=None,
-                    rate=None,
-                    eta_s=None,
-                    last_duration_s=self._clock() - t0,
-                )
-            self._set_staging(
-                replace(
-                    shown,
-                    error=exc.message,
-                    error_kind=str(exc.kind),
-                    fix=exc.fix,
-                    failures_by_kind=MappingProxyType(failures),
-                )
-            )
-            blog.error("model_stage_failed", kind=str(exc.kind), error=exc.message, fix=exc.fix)
-            raise
-        cur = self._staging or base
-        self._set_staging(
-            replace(
-                cur,
-                state="current" if result.current else "done",
-                since=self._wall(),
-                step=None,
-                bytes_done=result.copied_bytes,
-                bytes_total=result.total_bytes,
-                rate=None,
-                eta_s=None,
-                error=None,
-                error_kind=None,
-                fix=None,
-                last_copied_bytes=result.copied_bytes,
-                last_duration_s=result.seconds,
-                staged_bytes_total=cur.staged_bytes_total + result.copied_bytes,
-                stages_total=cur.stages_total + 1,
-            )
-        )
-        blog.info(
-            "model_staged",
-            current=result.current,
-            copied_files=result.copied_files,
-            copied_bytes=result.copied_bytes,
-            total_bytes=result.total_bytes,
-            seconds=round(result.seconds, 3),
-        )
-        return result
-
     def _loaded(self) -> list[int]:
-        return sorted(w for w, s in self.sup.workers.items() if s.phase in _LOADED)
+        return loading(self.sup.workers)
 
     async def _stage_then_start(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         """At agent start: stage, then the rollout; a failed stage starts no worker."""
         try:
             loaded = self._loaded()  # adopted workers still running
             try:
-                result = await self._stage(self._spec, keep_old=bool(loaded))
+                result = await self._stages.stage(self._spec, keep_old=bool(loaded))
             except StageError:
                 self._held_by_stage = list(start)
                 log.warning("rollout_waits_on_stage", workers=list(start))
@@ -507,51 +386,17 @@ class Agent:
             self._startup = None
 
     async def _on_old_copy(self, result: StageResult) -> list[int]:
-        """Running workers that load a copy other than the one now at model_path: all of
-        them when this stage replaced it; else those whose process started before the copy
-        was installed (an agent restarted mid-reload adopts them with the same argv). The
-        copy's stat and the /proc reads run in a thread, not on the event loop."""
-        loaded = self._loaded()
-        if not result.current:
-            return loaded
-        pids = {w: self.sup.workers[w].pid for w in loaded}
-        process_started = self._hooks.process_started
-
-        def stale() -> list[int]:
-            at = installed_at(result.target)
-            if at is None:
-                return []
-            out = []
-            for w, pid in pids.items():
-                started = process_started(pid) if pid is not None else None
-                # The slack: /proc's start is in clock ticks, and the wall clock may have
-                # been stepped since; one restart too many is harmless, one too few is not.
-                if started is not None and started < at + _STARTED_SLACK_S:
-                    out.append(w)
-            return out
-
-        return await asyncio.to_thread(stale)
+        """Running workers that load a copy other than the one now at model_path."""
+        pids = {w: self.sup.workers[w].pid for w in self._loaded()}
+        return await self._stages.on_old_copy(result, pids)
 
     def _after_swap(self, result: StageResult) -> None:
         """The previous copy goes once no worker loads from it (after the rolling restart)."""
-        old = result.old_copy
-        if old is None:
-            return
+        if (action := old_copy_removal(result, self._spec)) is not None:
+            self.spawn(self._stages.remove_old_copy(action, self._rolled))
 
-        async def remove_when_rolled() -> None:
-            spec = self._spec
-            per_wave = (
-                spec.startup.load_timeout
-                + spec.restart.stop_timeout
-                + (spec.gateway.drain_timeout if spec.gateway.enabled else 0.0)
-            )
-            # Linux keeps the files a worker still has open until it closes them: removal
-            # after a wave timeout is safe even for a worker that never restarted.
-            await self._wait_until(lambda: not self.sup.rolling, per_wave * len(spec.workers) + 60)
-            await asyncio.to_thread(remove_old, old)
-            log.info("model_old_copy_removed", path=str(old))
-
-        self.spawn(remove_when_rolled())
+    async def _rolled(self, timeout: float) -> bool:
+        return await self._wait_until(lambda: not self.sup.rolling, timeout)
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(
@@ -928,7 +773,7 @@ class Agent:
         async with self._changes:
             stale: list[int] = []
             if self._staging is not None and self._staging.blocks_rollout:
-                result = await self._stage(self._spec, keep_old=bool(self._loaded()))
+                result = await self._stages.stage(self._spec, keep_old=bool(self._loaded()))
                 self._held_by_stage = None
                 stale = await self._on_old_copy(result)
                 self._after_swap(result)
@@ -1018,8 +863,6 @@ class Agent:
             return await self._reload()
 
     async def _reload(self) -> ReloadResult:
-        from sglang_farm.errors import ConfigError
-
         if self._config_loader is None:
             return ReloadResult(
                 applied=False, problems=("this agent was started without a config file",)
@@ -1028,36 +871,21 @@ class Agent:
             # In a thread: the file read, and under systemd the account lookups (NSS).
             new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
-            log.error("reload_rejected", problems=list(exc.problems))
-            return ReloadResult(applied=False, problems=exc.problems)
-        old = self._spec
-        if new.gateway != old.gateway:
-            # The gateway (its process or unit, its URL, its keys) is set up at agent start.
-            problem = (
-                f"{new.source}: [gateway] changed; a reload does not apply it: restart the "
-                "agent (systemctl restart sglang-farm) to apply [gateway] changes"
-            )
-            log.error("reload_rejected", problems=[problem])
-            return ReloadResult(applied=False, problems=(problem,))
+            return _refused(Refused(exc.problems))
+        old, serving = self._spec, self._staging
+        change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
+        if isinstance(change, Refused):
+            return _refused(change)
         staged: StageResult | None = None
-        restage = new.model is not None and (
-            new.model != old.model
-            or model_target(new) != (model_target(old) if old.model is not None else None)
-            or (self._staging is not None and self._staging.blocks_rollout)
-        )
-        if restage:
-            # A new source or revision: the new copy takes over model_path at once (the
-            # swap), the old one stays beside it until the workers have rolled to the new.
+        if change is ModelChange.RESTAGE:
             try:
-                staged = await self._stage(
-                    new, keep_old=bool(self._loaded()), serving=self._staging
+                staged = await self._stages.stage(
+                    new, keep_old=bool(self._loaded()), serving=serving
                 )
             except StageError as exc:
-                problem = f"{new.source}: [model] not staged: {exc.message}; {exc.fix}"
-                log.error("reload_rejected", problems=[problem])
-                return ReloadResult(applied=False, problems=(problem,))
-        elif new.model is None and old.model is not None:
-            self._set_staging(None)  # the model is no longer the farm's to stage
+                return _refused(stage_refused(new, exc))
+        elif change is ModelChange.DROP:
+            self._stages.publish(None)  # the model is no longer the farm's to stage
         if self._hooks.refresh_preflight is not None:
             await self._hooks.refresh_preflight(new)
         plan = plan_reload(
@@ -1090,24 +918,29 @@ class Agent:
             added=list(plan.added),
             removed=list(plan.removed),
         )
-        changed = list(plan.changed)
-        if staged is not None and not staged.current:
-            # Every worker that loaded the previous copy rolls to the new one, in waves.
-            changed = sorted({*changed, *(w for w in self._loaded() if w not in plan.added)})
         held, self._held_by_stage = self._held_by_stage, None
-        if held is not None:
-            # The stage that held the rollout at start has now succeeded: the rollout begins.
-            self._apply_actions(self.sup.start(list(new.worker_ids), self._clock()))
-        elif plan.added:
-            self._apply_actions(self.sup.start(list(plan.added), self._clock()))
-        if changed:
+        effects = reload_effects(
+            plan,
+            copy_replaced=staged is not None and not staged.current,
+            loading=self._loaded(),
+            held=held is not None,
+            workers=new.worker_ids,
+        )
+        if effects.start:
+            self._apply_actions(self.sup.start(list(effects.start), self._clock()))
+        if effects.restart:
             self._apply_actions(
-                self.sup.restart_rolling(changed, RestartReason.CONFIG, self._clock())
+                self.sup.restart_rolling(list(effects.restart), RestartReason.CONFIG, self._clock())
             )
         if staged is not None:
             self._after_swap(staged)
         self._last_refresh = None  # the spec changed (ports, names): rebuild the view
         self._refresh()
         return ReloadResult(
-            applied=True, restarted=tuple(changed), added=plan.added, removed=plan.removed
+            applied=True, restarted=effects.restart, added=plan.added, removed=plan.removed
         )
+
+
+def _refused(refused: Refused) -> ReloadResult:
+    log.error("reload_rejected", problems=list(refused.problems))
+    return ReloadResult(applied=False, problems=refused.problems)

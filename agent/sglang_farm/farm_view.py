@@ -14,6 +14,7 @@ from types import MappingProxyType
 from sglang_farm.failures import Failure
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
+from sglang_farm.staging.state import StagingView
 from sglang_farm.supervisor import WorkerState
 
 __all__ = [
@@ -22,7 +23,6 @@ __all__ = [
     "Phase",
     "Quarantine",
     "RestartRecord",
-    "StagingView",
     "WorkerView",
     "build_view",
 ]
@@ -40,36 +40,6 @@ class GatewayStatus:
     # Members the farm did not register, as of the last reconcile (an external gateway's
     # other hosts; on a managed gateway, removed by that reconcile).
     foreign: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StagingView:
-    """The model stage ([model], docs/staging.md): the one in progress or the last one,
-    and the totals the metrics count. The rollout waits while `state` is "staging";
-    after "failed" no worker starts until a stage succeeds (`farmctl start`, a reload)."""
-
-    source: str  # [model] source (and revision)
-    target: str  # the workers' model_path
-    state: str  # "waiting" | "staging" | "done" | "current" | "failed"
-    since: float  # wall clock: when `state` was entered
-    step: str | None = None  # while staging: "checking", "downloading", "copying", "warming"
-    bytes_done: int = 0
-    bytes_total: int = 0
-    rate: float | None = None  # bytes/s of the step under way
-    eta_s: float | None = None
-    error: str | None = None  # failed: what, where, by how much
-    error_kind: str | None = None  # failed: a staging.failure.StageFailureKind value
-    fix: str | None = None  # failed: what to do
-    last_copied_bytes: int = 0  # the last completed stage's copied bytes (0: it was current)
-    last_duration_s: float | None = None
-    # Since the agent started (the exporter's counters):
-    staged_bytes_total: int = 0
-    stages_total: int = 0
-    failures_by_kind: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def blocks_rollout(self) -> bool:
-        return self.state in ("waiting", "staging", "failed")
 
 
 @dataclass(frozen=True, slots=True)

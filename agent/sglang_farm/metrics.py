@@ -37,13 +37,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sglang_farm import __version__, exposition
 from sglang_farm.failures import OomKind, RestartReason
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, StagingView
+from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.staging.failure import StageFailureKind
+from sglang_farm.staging.state import StageState, StagingView
 from sglang_farm.worker_load import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
-STAGE_STATES = ("waiting", "staging", "done", "current", "failed")
 # A stop while staging is no failure of the stage: not counted.
 STAGE_FAILURE_KINDS = tuple(str(k) for k in StageFailureKind if k is not StageFailureKind.CANCELLED)
 # Phases in which a worker serves HTTP, so its polled figures mean something. A draining
@@ -283,8 +283,8 @@ def _staging(sg: StagingView) -> Iterator[Metric]:
         "The model stage's state (a state set); failed holds the rollout.",
         ["state"],
     )
-    for s in STAGE_STATES:
-        state.add_metric([s], 1 if sg.state == s else 0)
+    for s in StageState:
+        state.add_metric([s.value], 1 if sg.state is s else 0)
     yield state
     staged = _c(
         "sglang_farm_model_staged_bytes",
@@ -315,7 +315,7 @@ def _staging(sg: StagingView) -> Iterator[Metric]:
         )
         took.add_metric([], sg.last_duration_s)
         yield took
-    if sg.state == "staging" and sg.bytes_total:
+    if sg.state is StageState.STAGING and sg.bytes_total:
         done = _g(
             "sglang_farm_model_stage_progress_bytes",
             "Bytes done of the stage step under way (download, copy or warm-up).",

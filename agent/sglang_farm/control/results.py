@@ -20,9 +20,9 @@ from sglang_farm.farm_view import (
     GatewayStatus,
     Phase,
     Quarantine,
-    StagingView,
     WorkerView,
 )
+from sglang_farm.staging.state import StageState, StagingView
 
 Result = dict[str, object]
 
@@ -141,7 +141,7 @@ def staging_result(s: StagingView | None) -> Result | None:
     return {
         "source": s.source,
         "target": s.target,
-        "state": s.state,
+        "state": str(s.state),
         "since": s.since,
         "step": s.step,
         "bytes_done": s.bytes_done,
@@ -161,7 +161,7 @@ def staging_note(w: WorkerView, s: StagingView | None) -> str | None:
     model stage. None when the stage is not what holds it."""
     if s is None or w.phase is not Phase.STOPPED or not s.blocks_rollout:
         return None
-    if s.state == "failed":
+    if s.state is StageState.FAILED:
         return (
             f"not started: the model could not be staged into {s.target}: {s.error}. "
             f"What to do: {s.fix}. No worker starts until a stage succeeds "

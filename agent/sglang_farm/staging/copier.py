@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -52,6 +51,7 @@ from sglang_farm.staging.plan import MountFacts, gib, plan_stage, space_problem
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.source import SourceTree, walk_sizes
 from sglang_farm.staging.space import mount_facts
+from sglang_farm.staging.state import StageResult
 
 log = structlog.get_logger("sglang_farm.staging")
 
@@ -66,18 +66,6 @@ REPORT_EVERY_S = 0.25  # progress reports at most this often (they rebuild the f
 COPY_STREAMS = 4
 
 Report = Callable[[StageProgress], None]
-
-
-@dataclass(frozen=True, slots=True)
-class StageResult:
-    target: Path
-    copied_files: int
-    copied_bytes: int
-    total_bytes: int
-    current: bool  # the staged copy was already exactly the source: nothing was done
-    old_copy: Path | None  # the previous copy, renamed aside, still to be removed
-    seconds: float
-    origin: str = ""
 
 
 def _token() -> str:

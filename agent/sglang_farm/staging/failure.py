@@ -31,3 +31,22 @@ class StageError(FarmError):
         self.message = message
         self.fix = fix
         super().__init__(f"{message}; {fix}")
+
+
+def unexpected(exc: Exception, source: str, target: str, *, hub: bool) -> StageError:
+    """A stage that raised something other than StageError, as a failed stage (never one
+    left "staging" forever with the rollout waiting on it): an OSError outside the copy
+    proper (the mount table, the walk) is an I/O error; anything else (a library's own
+    error, a defect) is the Hub's when the source is on the Hub, else an I/O error."""
+    if isinstance(exc, OSError):
+        return StageError(
+            StageFailureKind.IO_ERROR,
+            f"staging {source} into {target} failed: {exc.strerror or exc}",
+            "fix the cause (permissions, the disk), then `farmctl start all`",
+        )
+    return StageError(
+        StageFailureKind.HUB_ERROR if hub else StageFailureKind.IO_ERROR,
+        f"staging {source} into {target} failed: {type(exc).__name__}: {exc}",
+        "check [model] and the agent's log (journalctl -u sglang-farm) for the "
+        "cause, then `farmctl start all`",
+    )

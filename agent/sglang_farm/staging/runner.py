@@ -17,19 +17,12 @@ from pathlib import Path
 from typing import Protocol
 
 from sglang_farm.spec import FarmSpec, ModelSpec
-from sglang_farm.staging.copier import REPORT_EVERY_S, Report, StageResult, stage_copy
+from sglang_farm.staging.copier import REPORT_EVERY_S, Report, stage_copy
 from sglang_farm.staging.lock import lock_dir_of
 from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.space import mount_facts
-
-
-def model_target(spec: FarmSpec) -> Path:
-    """The workers' model path (config guarantees one absolute path for all with [model])."""
-    path = spec.workers[0].flags.get("model_path")
-    if not isinstance(path, str):
-        raise ValueError("[model] needs [sglang] model_path")  # config rejects this first
-    return Path(path)
+from sglang_farm.staging.state import StageResult, model_target
 
 
 def hub_cache_dir(spec: FarmSpec, model: ModelSpec) -> Path:
