@@ -66,6 +66,8 @@ class Farm:
     gateway: FakeGateway
     in_flight: FakeInFlight
     ports: FakePortOwner
+    # The gateway's calls, the runtime's stops and the in-flight counts read, in order.
+    timeline: list[str]
 
     def phases(self) -> dict[int, Phase]:
         return {w.id: w.phase for w in self.agent.view().workers}
@@ -118,13 +120,14 @@ async def farm(
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
     gw = gateway or FakeGateway()
-    in_flight = FakeInFlight()
+    timeline = gw.timeline
+    in_flight = FakeInFlight(timeline=timeline)
     ports = FakePortOwner()
     prober = FakeProber(spec, ports=ports, load_s=load_s)
     made: list[FakeRuntime] = []
 
     def factory(emit: Emit) -> FakeRuntime:
-        rt = FakeRuntime(emit, running_at_start=running or {})
+        rt = FakeRuntime(emit, running_at_start=running or {}, timeline=timeline)
         prober.runtime = rt
         made.append(rt)
         return rt
@@ -149,7 +152,7 @@ async def farm(
         ),
     )
     stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports)
+    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports, timeline)
 
     task = asyncio.create_task(agent.run(stop))
     try:

@@ -47,17 +47,24 @@ def test_planned_stop_leaves_the_gateway_then_waits_for_in_flight_requests(tmp: 
         async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             f.in_flight.counts[2] = 5
+            begun = len(f.timeline)
             stopping = asyncio.create_task(f.agent.stop([2]))
             await f.until(lambda: urls([2]).isdisjoint(f.gateway.routed()), within=1)
             await asyncio.sleep(10)
             # Out of the gateway, its requests still running: not signalled yet.
             assert f.phase(2) is Phase.DRAINING
             assert 2 not in f.runtime.stops
-            removed_at = f.gateway.calls.index(("remove", "http://127.0.0.1:30002"))
-            assert removed_at >= 0
             f.in_flight.counts[2] = 0
             await asyncio.wait_for(stopping, 5)
             assert f.phase(2) is Phase.STOPPED and f.runtime.stops == [2]
+            # In this order: out of the gateway, its requests counted until none are left
+            # (never before it left), then the stop.
+            url = "http://127.0.0.1:30002"
+            of_2 = {f"gateway add {url}", f"gateway remove {url}", "stop 2"}
+            seen = [e for e in f.timeline[begun:] if e in of_2 or e.startswith("in_flight 2:")]
+            assert seen[0] == f"gateway remove {url}", seen
+            assert seen[-2:] == ["in_flight 2: 0", "stop 2"], seen
+            assert set(seen[1:-2]) == {"in_flight 2: 5"}, seen
             drained = f.agent.view().worker(2).last_drain_seconds
             assert drained is not None and 10 <= drained <= 11
 
