@@ -11,6 +11,7 @@ table it passes, so a key renamed in the config makes `load_spec` refuse the con
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,14 +19,17 @@ Table = Mapping[str, Any]
 Doc = dict[str, dict[str, Any]]
 
 
-def sim_farm(workers: int | Sequence[int], python: str, **tables: Table) -> Doc:
-    """The simulator farm on `workers` GPUs (a count: GPUs 0..n-1; or the GPUs' list),
+def sim_farm(gpus: int | Sequence[int], python: str, /, **tables: Table) -> Doc:
+    """The simulator farm, a worker on each of `gpus` (a count: GPUs 0..n-1; or a list),
     run by the interpreter `python`, with each of `tables` merged key by key over the
     table of that name (a value of None drops the key)."""
-    gpus = list(range(workers)) if isinstance(workers, int) else list(workers)
     doc: Doc = {
         "farm": {"name": "test-farm", "python": python, "module": "sglang_farm.sim"},
-        "workers": {"gpus": gpus, "host": "127.0.0.1", "base_port": 30000},
+        "workers": {
+            "gpus": list(range(gpus)) if isinstance(gpus, int) else list(gpus),
+            "host": "127.0.0.1",
+            "base_port": 30000,
+        },
         "startup": {"canary": 0},
         "health": {},
         "restart": {},
@@ -48,6 +52,11 @@ def merged(doc: Mapping[str, Table], tables: Mapping[str, Table]) -> Doc:
             else:
                 into[key] = value
     return out
+
+
+def rewritten(text: str, **tables: Table) -> str:
+    """The farm.toml `text` (a running farm's, to reload) with `tables` merged over it."""
+    return toml_text(merged(tomllib.loads(text), tables))
 
 
 def toml_text(doc: Mapping[str, Table]) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +192,7 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
 
         # A broken config is rejected with its problems; the old one keeps running.
         good = cfg.read_text()
-        cfg.write_text(good.replace("[startup]", "[startup]\nparalel = 3"))
+        cfg.write_text(rewritten(good, startup={"paralel": 3}))
         bad = farm.farmctl("reload")
         assert bad.returncode == 1
         assert "paralel" in bad.stdout + bad.stderr
@@ -199,7 +200,9 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
 
         # A valid change to one worker restarts that worker only.
         n = len(farm.snapshot())
-        cfg.write_text(good + "\n[workers.overrides.2]\nsglang = { max_running_requests = 7 }\n")
+        cfg.write_text(
+            rewritten(good, workers={"overrides": {"2": {"sglang": {"max_running_requests": 7}}}})
+        )
         ok = farm.farmctl("--json", "reload")
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert json.loads(ok.stdout)["restarted"] == [2]
