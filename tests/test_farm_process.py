@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
 from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _intervals(farm: Farm) -> dict[int, list[tuple[float, float]]]:

@@ -9,17 +9,16 @@ while its counters freeze, and the farm must restart it, saying "wedged". Worker
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +36,6 @@ HEALTH = {
     "stall_window": f"{STALL_S:g}s",
 }
 RESTART = {"backoff_initial": "0.5s", "backoff_max": "5s", "max_failures": 5, "stop_timeout": "2s"}
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Load:
