@@ -21,6 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "tests") not in sys.path:  # tests.farmproc imports its sibling farmtoml
+    sys.path.append(str(ROOT / "tests"))
 
 from tests.farmproc import Farm, block_is_free, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 

@@ -288,10 +288,8 @@ def soak_toml(flag: int, armed: frozenset[int], *, gateway: bool) -> str:
         # The soak counts restarts; the crash-loop limit is not what it tests.
         max_failures=100_000,
         worker_env={w: {"SGLANG_SIM_FAIL_AFTER": f"{OOM_AFTER_S:g}"} for w in sorted(armed)},
-    )
-    toml = toml.replace('listen = "127.0.0.1:0"', f'listen = "{EXPORTER}"')
-    toml = toml.replace(
-        "enable_metrics = true", f"enable_metrics = true\nmax_running_requests = {flag}"
+        metrics={"listen": EXPORTER},
+        sglang={"max_running_requests": flag},
     )
     if gateway:
         toml += gateway_toml(listen=GATEWAY_LISTEN, metrics_listen=GATEWAY_METRICS)

@@ -2,26 +2,32 @@
 
 `farm(...)` runs an Agent on the test's loop; `run_virtual` (virtual_time.py) makes
 minutes of farm time take milliseconds. No processes, no sockets, no real sleeps.
+`farm_toml` is its config; the `tmp` fixture its folder (the test_agent* modules import it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
+from farmtoml import Table, merged, sim_farm, toml_text
 from sglang_farm.agent import Agent, AgentHooks
 from sglang_farm.config import load_spec
+from sglang_farm.farm_view import FarmView
 from sglang_farm.launcher import Preflight
 from sglang_farm.phase import Phase
 from sglang_farm.ports import PortState
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
+from sglang_farm.staging.runner import Stager
 
 OOM_LINE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
@@ -30,48 +36,26 @@ OOM_LINE = (
 READY_LINE = "The server is fired up and ready to roll!"
 
 
-def farm_toml(state_dir: Path, *, extra: str = "", sglang: str = "", workers: int = 8) -> str:
-    return f"""
-[farm]
-name = "test-farm"
-python = "{sys.executable}"
-module = "sglang_farm.sim"
-state_dir = "{state_dir}"
-
-[workers]
-gpus = {list(range(workers))}
-host = "127.0.0.1"
-base_port = 30000
-
-[startup]
-canary = 0
-parallel = 3
-load_timeout = "2m"
-poll_interval = "500ms"
-
-[health]
-period = "2s"
-timeout = "5s"
-failure_threshold = 3
-
-[restart]
-backoff_initial = "1s"
-backoff_max = "30s"
-reset_after = "1m"
-stop_timeout = "10s"
-
-[metrics]
-gpu_source = "none"
-
-[control]
-socket = "{state_dir}/control.sock"
-
-[sglang]
-model_path = "sim/model"
-mem_fraction_static = 0.8
-{sglang}
-{extra}
-"""
+def farm_toml(state_dir: Path, *, workers: int | Sequence[int] = 8, **tables: Table) -> str:
+    """The harness's farm (`farmtoml.sim_farm`) on `workers` GPUs, state under `state_dir`,
+    with each of `tables` (`gateway=GATEWAY`, `sglang={...}`) merged over its table."""
+    doc = sim_farm(
+        workers,
+        sys.executable,
+        farm={"state_dir": str(state_dir)},
+        startup={"parallel": 3, "load_timeout": "2m", "poll_interval": "500ms"},
+        health={"period": "2s", "timeout": "5s", "failure_threshold": 3},
+        restart={
+            "backoff_initial": "1s",
+            "backoff_max": "30s",
+            "reset_after": "1m",
+            "stop_timeout": "10s",
+        },
+        metrics={"gpu_source": "none"},
+        control={"socket": f"{state_dir}/control.sock"},
+        sglang={"mem_fraction_static": 0.8},
+    )
+    return toml_text(merged(doc, tables))
 
 
 @dataclass
@@ -83,6 +67,8 @@ class Farm:
     gateway: FakeGateway
     in_flight: FakeInFlight
     ports: FakePortOwner
+    # The gateway's calls, the runtime's stops and the in-flight counts read, in order.
+    timeline: list[str]
 
     def phases(self) -> dict[int, Phase]:
         return {w.id: w.phase for w in self.agent.view().workers}
@@ -103,28 +89,47 @@ class Farm:
         return all(p is Phase.READY for p in self.phases().values())
 
 
+@pytest.fixture(name="tmp")
+def tmp_fixture(tmp_path: Path) -> Iterator[Path]:
+    """`tmp`, the farm's folder (state, control socket): a test module imports
+    `tmp_fixture` and names `tmp` among its test's arguments."""
+    yield tmp_path
+
+
 @asynccontextmanager
 async def farm(
     tmp: Path,
     *,
     text: str | None = None,
-    running: dict[int, Running] | None = None,
+    running: Mapping[int, Running] | None = None,
     loader: Callable[[], FarmSpec] | None = None,
     gateway: FakeGateway | None = None,
     preflight: Preflight | None = None,
     refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
     check_gpu: Callable[[int], Awaitable[list[str]]] | None = None,
+    stager: Stager | None = None,
+    process_started: Callable[[int], float | None] = lambda _pid: None,
+    load_s: float = 10.0,
+    observers: Sequence[Callable[[FarmView], None]] = (),
 ) -> AsyncIterator[Farm]:
+    """The real Agent over the fakes, running on the test's loop until the block ends.
+
+    The one place a test builds an Agent. `running`: workers found running at start;
+    `stager`: how [model] is staged; `process_started`: pid -> when its process started
+    (the fakes' pids are no real processes: unknown unless a test says); `load_s`: how
+    long a fake worker loads (the loop's seconds); `observers`: called with every farm view.
+    """
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
     gw = gateway or FakeGateway()
-    in_flight = FakeInFlight()
+    timeline = gw.timeline
+    in_flight = FakeInFlight(timeline=timeline)
     ports = FakePortOwner()
-    prober = FakeProber(spec, ports=ports)
+    prober = FakeProber(spec, ports=ports, load_s=load_s)
     made: list[FakeRuntime] = []
 
     def factory(emit: Emit) -> FakeRuntime:
-        rt = FakeRuntime(emit, running_at_start=running or {})
+        rt = FakeRuntime(emit, running_at_start=running or {}, timeline=timeline)
         prober.runtime = rt
         made.append(rt)
         return rt
@@ -144,10 +149,13 @@ async def farm(
             preflight=preflight,
             refresh_preflight=refresh,
             check_gpu=check_gpu,
+            stager=stager,
+            process_started=process_started,
+            observers=observers,
         ),
     )
     stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports)
+    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports, timeline)
 
     task = asyncio.create_task(agent.run(stop))
     try:
@@ -157,12 +165,7 @@ async def farm(
         await asyncio.wait_for(task, 120)
 
 
-GATEWAY = """
-[gateway]
-mode = "external"
-url = "http://127.0.0.1:8000"
-drain_timeout = "30s"
-"""
+GATEWAY: Table = {"mode": "external", "url": "http://127.0.0.1:8000", "drain_timeout": "30s"}
 
 
 def urls(ids: range | list[int]) -> set[str]:

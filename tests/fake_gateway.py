@@ -5,7 +5,8 @@ scenario against both): `add` lists the worker as routed, `remove` takes it out 
 rotation at once, both are idempotent, URLs are normalized, and every method but `up`
 raises `GatewayError` while the gateway is `down`. Calls are recorded in order;
 `fail_add`/`fail_remove` make a call for that URL raise REFUSED; `others` seeds
-workers registered by someone else (another host's farm).
+workers registered by someone else (another host's farm). `timeline` gets a line per call
+too ("gateway remove URL"): a harness shares one list among its fakes, to order their calls.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class FakeGateway:
         self._ids = itertools.count(1)
         self.members: dict[str, Member] = {}
         self.calls: list[tuple[str, str]] = []  # ("add" | "remove", normalized URL)
+        self.timeline: list[str] = []
         self.keys: dict[str, str | None] = {}  # the worker key each URL was last added with
         self.down = False
         self.fail_add: set[str] = set()
@@ -44,6 +46,7 @@ class FakeGateway:
     async def add(self, url: str, *, api_key: str | None = None) -> None:
         u = normalize_url(url)
         self.calls.append(("add", u))
+        self.timeline.append(f"gateway add {u}")
         self.keys[u] = api_key
         self._check(u, self.fail_add, "add")
         if u not in self.members:
@@ -52,6 +55,7 @@ class FakeGateway:
     async def remove(self, url: str) -> None:
         u = normalize_url(url)
         self.calls.append(("remove", u))
+        self.timeline.append(f"gateway remove {u}")
         self._check(u, self.fail_remove, "remove")
         self.members.pop(u, None)
 

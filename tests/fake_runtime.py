@@ -1,7 +1,9 @@
 """A `Runtime` and a health `Prober` with no processes and no sockets, for driving the Agent.
 
 `FakeRuntime` records every call and reports like a real runtime (Started on start,
-Exited on stop); a test makes a worker crash, log or hang through its methods.
+Exited on stop); a test makes a worker crash, log or hang through its methods. Its stops
+and `FakeInFlight`'s answers also go to a `timeline` ("stop 2", "in_flight 2: 5"), a list
+a harness may share with FakeGateway's to see in which order the agent called them.
 `FakeProber` answers /health for a worker once its fake process has "loaded" for
 `load_s` seconds of the loop's clock, unless the test made it hang or fail.
 """
@@ -39,6 +41,7 @@ class FakeRuntime:
     secrets_changed_at_prepare: frozenset[int] = frozenset()
     adopt_configured: Collection[int] | None = None
     procs: dict[int, FakeProcess] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
     _next_pid: int = 1000
 
     async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
@@ -55,6 +58,7 @@ class FakeRuntime:
 
     async def stop(self, worker: int, timeout: float) -> None:
         self.stops.append(worker)
+        self.timeline.append(f"stop {worker}")
         proc = self.procs.pop(worker, None)
         if proc is not None:
             self.emit(Exited(worker, proc.pid, -15, None))
@@ -177,6 +181,9 @@ class FakeInFlight:
     """Running + queued requests per worker, as a test sets them (0 when unset)."""
 
     counts: dict[int, int] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
 
     async def in_flight(self, worker: int, base_url: str) -> int | None:
-        return self.counts.get(worker, 0)
+        n = self.counts.get(worker, 0)
+        self.timeline.append(f"in_flight {worker}: {n}")
+        return n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,9 +18,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from farmtoml import Table, merged, sim_farm, toml_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG_FARM = [sys.executable, "-m", "sglang_farm.cli.main"]
@@ -58,10 +63,11 @@ def farm_config(
     marker: str,
     extra: str = "",
     worker_env: dict[int, dict[str, str]] | None = None,
-    health: str = 'period = "0.5s"\ntimeout = "2s"\nfailure_threshold = 3',
-    restart: str = 'backoff_initial = "0.5s"\nbackoff_max = "5s"\nmax_failures = 5\n'
-    'stop_timeout = "5s"',
+    **tables: Table,
 ) -> Path:
+    """tmp/farm.toml: `farmtoml.sim_farm` on a free block of ports, every process marked,
+    with `tables` merged over its own (`health={...}`); `extra`: whole tables to append
+    (a `[gateway]` section)."""
     base = free_port_block(workers * 2)
     env = {
         "SGLANG_SIM_LOAD_SECONDS": str(load_seconds),
@@ -69,56 +75,35 @@ def farm_config(
         "SGLANG_SIM_WARMUP_SECONDS": "0.1",
         "SGLANG_FARM_TEST_MARKER": marker,
     }
-    env_line = "env = { " + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + " }"
-    overrides = ""
-    for wid, env in (worker_env or {}).items():
-        pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-        overrides += f"\n[workers.overrides.{wid}]\nenv = {{ {pairs} }}\n"
-    text = f"""
-[farm]
-name = "test-farm"
-python = "{sys.executable}"
-module = "sglang_farm.sim"
-user = "root"
-group = "root"
-state_dir = "{tmp}/state"
-{env_line}
-
-[workers]
-gpus = {list(range(workers))}
-host = "127.0.0.1"
-base_port = {base}
-nccl_base_port = {base + workers}
-{overrides}
-[startup]
-canary = 0
-parallel = {parallel}
-load_timeout = "60s"
-poll_interval = "0.1s"
-
-[health]
-{health}
-
-[restart]
-{restart}
-
-[metrics]
-listen = "127.0.0.1:0"
-gpu_source = "fake"
-gpu_poll_interval = "1s"
-worker_poll_interval = "1s"
-
-[control]
-socket = "{tmp}/control.sock"
-group = "root"
-
-[sglang]
-model_path = "sim/Qwen3.6-27B"
-enable_metrics = true
-{extra}
-"""
+    overrides = {str(wid): {"env": env} for wid, env in (worker_env or {}).items()}
+    doc = sim_farm(
+        workers,
+        sys.executable,
+        farm={"user": "root", "group": "root", "state_dir": f"{tmp}/state", "env": env},
+        workers={
+            "base_port": base,
+            "nccl_base_port": base + workers,
+            "overrides": overrides or None,
+        },
+        startup={"parallel": parallel, "load_timeout": "60s", "poll_interval": "0.1s"},
+        health={"period": "0.5s", "timeout": "2s", "failure_threshold": 3},
+        restart={
+            "backoff_initial": "0.5s",
+            "backoff_max": "5s",
+            "max_failures": 5,
+            "stop_timeout": "5s",
+        },
+        metrics={
+            "listen": "127.0.0.1:0",
+            "gpu_source": "fake",
+            "gpu_poll_interval": "1s",
+            "worker_poll_interval": "1s",
+        },
+        control={"socket": f"{tmp}/control.sock", "group": "root"},
+        sglang={"model_path": "sim/Qwen3.6-27B", "enable_metrics": True},
+    )
     path = tmp / "farm.toml"
-    path.write_text(text)
+    path.write_text(toml_text(merged(doc, tables)) + extra)
     return path
 
 
@@ -239,3 +224,12 @@ def new_marker() -> str:
 def tmpdir() -> Path:
     # Short: the control socket path must stay under 107 bytes.
     return Path(tempfile.mkdtemp(prefix="sf"))
+
+
+@pytest.fixture(name="tmp")
+def tmp_fixture() -> Iterator[Path]:
+    """`tmp`, the farm's folder (`tmpdir`), removed afterwards: a test module imports
+    `tmp_fixture` and names `tmp` among its test's arguments."""
+    d = tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

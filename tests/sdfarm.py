@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from farmtoml import Table, merged, sim_farm, toml_text
 from sdcontainer import REPO, VENV_PYTHON, SystemdContainer
 
 T = TypeVar("T")
@@ -67,73 +67,55 @@ def farm_toml(
     backoff_max: float = 4.0,
     max_failures: int = 3,
     worker_env: dict[int, dict[str, str]] | None = None,
+    **tables: Table,
 ) -> str:
-    """A farm.toml for simulator workers on fake GPUs, everything as root."""
-    overrides = ""
-    for wid, env in (worker_env or {}).items():
-        pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-        overrides += f"[workers.overrides.{wid}]\nenv = {{ {pairs} }}\n"
-    return (
-        textwrap.dedent(
-            f"""\
-        [farm]
-        name = "sd-farm"
-        python = "{VENV_PYTHON}"
-        module = "sglang_farm.sim"
-        # The units' default `sglang` user does not exist in the container.
-        user = "root"
-        group = "root"
-        state_dir = "/var/lib/sglang-farm"
-        [farm.env]
-        SGLANG_SIM_LOAD_SECONDS = "{load_seconds}"
-        SGLANG_SIM_WARMUP_SECONDS = "0.1"
-        SGLANG_SIM_HEALTH_DELAY = "0.05"
-        SGLANG_SIM_DRAIN_SECONDS = "1"
-
-        [workers]
-        gpus = {list(range(workers))}
-        host = "127.0.0.1"
-        base_port = {BASE_PORT}
-        nccl_base_port = {BASE_PORT + 1000}
-        """
-        )
-        + overrides
-        + textwrap.dedent(
-            f"""\
-
-        [startup]
-        canary = {canary}
-        parallel = {parallel}
-        load_timeout = "30s"
-        poll_interval = "0.1s"
-
-        [health]
-        period = "{period}s"
-        timeout = "{timeout}s"
-        failure_threshold = {threshold}
-
-        [restart]
-        backoff_initial = "{backoff_initial}s"
-        backoff_max = "{backoff_max}s"
-        max_failures = {max_failures}
-        stop_timeout = "5s"
-
-        [metrics]
-        listen = "127.0.0.1:0"
-        gpu_source = "fake"
-        gpu_poll_interval = "1s"
-        worker_poll_interval = "1s"
-
-        [control]
-        socket = "/run/sglang-farm/control.sock"
-        group = "root"
-
-        [sglang]
-        model_path = "sim/Qwen3.6-27B"
-        enable_metrics = true
-        """
-        )
+    """A farm.toml for simulator workers on fake GPUs, everything as root
+    (`farmtoml.sim_farm`, with `tables` merged over its own)."""
+    overrides = {str(wid): {"env": env} for wid, env in (worker_env or {}).items()}
+    doc = sim_farm(
+        workers,
+        VENV_PYTHON,
+        farm={
+            "name": "sd-farm",
+            # The units' default `sglang` user does not exist in the container.
+            "user": "root",
+            "group": "root",
+            "state_dir": "/var/lib/sglang-farm",
+            "env": {
+                "SGLANG_SIM_LOAD_SECONDS": str(load_seconds),
+                "SGLANG_SIM_WARMUP_SECONDS": "0.1",
+                "SGLANG_SIM_HEALTH_DELAY": "0.05",
+                "SGLANG_SIM_DRAIN_SECONDS": "1",
+            },
+        },
+        workers={
+            "base_port": BASE_PORT,
+            "nccl_base_port": BASE_PORT + 1000,
+            "overrides": overrides or None,
+        },
+        startup={
+            "canary": canary,
+            "parallel": parallel,
+            "load_timeout": "30s",
+            "poll_interval": "0.1s",
+        },
+        health={"period": f"{period}s", "timeout": f"{timeout}s", "failure_threshold": threshold},
+        restart={
+            "backoff_initial": f"{backoff_initial}s",
+            "backoff_max": f"{backoff_max}s",
+            "max_failures": max_failures,
+            "stop_timeout": "5s",
+        },
+        metrics={
+            "listen": "127.0.0.1:0",
+            "gpu_source": "fake",
+            "gpu_poll_interval": "1s",
+            "worker_poll_interval": "1s",
+        },
+        control={"socket": "/run/sglang-farm/control.sock", "group": "root"},
+        sglang={"model_path": "sim/Qwen3.6-27B", "enable_metrics": True},
     )
+    return toml_text(merged(doc, tables))
 
 
 def gateway_toml(
@@ -148,19 +130,16 @@ def gateway_toml(
 
     The default extra flag shortens smg's shutdown grace so that stopping it stays quick.
     """
-    lines = [
-        "",
-        "[gateway]",
-        'mode = "managed"',
-        f'listen = "{listen}"',
-        f'metrics_listen = "{metrics_listen}"',
-        'policy = "round_robin"',
-        f'drain_timeout = "{drain_timeout}"',
-        f"extra_args = {json.dumps(list(extra_args))}",
-    ]
-    if admin_key_file is not None:
-        lines.append(f'admin_key_file = "{admin_key_file}"')
-    return "\n".join(lines) + "\n"
+    gateway = {
+        "mode": "managed",
+        "listen": listen,
+        "metrics_listen": metrics_listen,
+        "policy": "round_robin",
+        "drain_timeout": drain_timeout,
+        "extra_args": list(extra_args),
+        "admin_key_file": admin_key_file,
+    }
+    return "\n" + toml_text(merged({}, {"gateway": gateway}))
 
 
 def open_to_dynamic_users(c: SystemdContainer, paths: Iterable[str | Path]) -> list[str]:

@@ -3,6 +3,8 @@ check-config (a missing group in the agent's drop-in stops its next start, 216/G
 
 from __future__ import annotations
 
+import grp
+import pwd
 from pathlib import Path
 
 import pytest
@@ -14,18 +16,16 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.service import load_config
 
-# The host's databases as these tests have them: the lookups are replaced, so the
-# machine's own accounts (a CI container's uid may have none) play no part.
-HOST = {"svc", "workers", "ops"}
+# The scenarios through the CLI and `load_config` read this host's own databases: they
+# name accounts every host the tests run on has (root, and nobody with its group, which
+# tests/asuser.py needs too) and one no host has.
 NOBODY = "sf-no-such-account"
 
 
-@pytest.fixture(autouse=True)
-def host_accounts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_farm import accounts
-
-    monkeypatch.setattr(accounts, "_user_exists", HOST.__contains__)
-    monkeypatch.setattr(accounts, "_group_exists", HOST.__contains__)
+def host_accounts() -> tuple[str, str]:
+    """nobody and its primary group ("nogroup" on Debian, "nobody" elsewhere)."""
+    entry = pwd.getpwnam("nobody")
+    return entry.pw_name, grp.getgrgid(entry.pw_gid).gr_name
 
 
 def config(user: str, farm_group: str, control_group: str) -> str:
@@ -73,8 +73,9 @@ def test_existing_accounts_and_root_are_no_problem() -> None:
 
 
 def _write(tmp_path: Path, control_group: str) -> Path:
+    user, group = host_accounts()
     path = tmp_path / "farm.toml"
-    path.write_text(config("svc", "workers", control_group))
+    path.write_text(config(user, group, control_group))
     return path
 
 
@@ -91,7 +92,8 @@ def test_the_agent_under_systemd_refuses_a_group_the_host_lacks(tmp_path: Path) 
     )
     # The process runtime names no group in any unit: the same config loads.
     assert load_config(str(path), None, "process").control.group == NOBODY
-    assert load_config(str(_write(tmp_path, "ops")), None, "systemd").farm.user == "svc"
+    _, group = host_accounts()
+    assert load_config(str(_write(tmp_path, group)), None, "systemd").farm.user == "nobody"
 
 
 def test_check_config_warns_of_a_group_the_host_lacks_and_passes(tmp_path: Path) -> None:
@@ -99,5 +101,6 @@ def test_check_config_warns_of_a_group_the_host_lacks_and_passes(tmp_path: Path)
     result = CliRunner().invoke(cli, ["check-config", "--config", str(path)])
     assert result.exit_code == 0, result.output
     assert f"warning: under systemd: [control] group {NOBODY!r} does not exist" in result.stderr
-    ok = CliRunner().invoke(cli, ["check-config", "--config", str(_write(tmp_path, "ops"))])
+    _, group = host_accounts()
+    ok = CliRunner().invoke(cli, ["check-config", "--config", str(_write(tmp_path, group))])
     assert ok.exit_code == 0 and "under systemd" not in ok.stderr

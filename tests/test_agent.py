@@ -9,26 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent_harness import (
     OOM_LINE,
     READY_LINE,
     farm,
     farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
 from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from virtual_time import run_virtual
-
-
-@pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
 
 
 def test_rollout_canary_first_then_waves_of_parallel_and_views_carry_argv(tmp: Path) -> None:
@@ -96,17 +89,11 @@ def test_hung_worker_is_stopped_after_the_failure_threshold_and_restarted_as_han
 
 
 def test_oom_while_serving_steps_the_ladder_and_spreads_in_waves(tmp: Path) -> None:
-    extra = """
-[oom]
-scope = "all"
-
-[[oom.steps]]
-name = "less_static_memory"
-add = { mem_fraction_static = -0.05 }
-"""
+    step = {"name": "less_static_memory", "add": {"mem_fraction_static": -0.05}}
+    oom = {"scope": "all", "steps": [step]}
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=extra)) as f:
+        async with farm(tmp, text=farm_toml(tmp, oom=oom)) as f:
             await f.until(f.all_ready)
             f.runtime.log(2, READY_LINE)
             f.runtime.log(2, OOM_LINE)
@@ -176,7 +163,7 @@ def test_adoption_keeps_running_workers_and_holds_failed_ones(tmp: Path) -> None
 
 
 def test_reload_restarts_only_changed_workers_and_adds_and_removes(tmp: Path) -> None:
-    new_text = [farm_toml(tmp, workers=6, sglang="max_running_requests = 32")]
+    new_text = [farm_toml(tmp, workers=6, sglang={"max_running_requests": 32})]
 
     async def scenario() -> None:
         loader = lambda: load_spec(new_text[0], source="test.toml")  # noqa: E731 -- one-liner

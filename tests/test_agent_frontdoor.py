@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent_harness import (
     GATEWAY,
     farm,
     farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
     urls,
 )
 from fake_gateway import FakeGateway
@@ -25,14 +23,9 @@ from sglang_farm.runtime import Running
 from virtual_time import run_virtual
 
 
-@pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-
-
 def test_gateway_membership_follows_readiness_and_a_crash_leaves_at_once(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             await asyncio.sleep(1)
             assert sorted(f.gateway.calls) == sorted(("add", u) for u in urls(range(8)))
@@ -51,20 +44,27 @@ def test_gateway_membership_follows_readiness_and_a_crash_leaves_at_once(tmp: Pa
 
 def test_planned_stop_leaves_the_gateway_then_waits_for_in_flight_requests(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             f.in_flight.counts[2] = 5
+            begun = len(f.timeline)
             stopping = asyncio.create_task(f.agent.stop([2]))
             await f.until(lambda: urls([2]).isdisjoint(f.gateway.routed()), within=1)
             await asyncio.sleep(10)
             # Out of the gateway, its requests still running: not signalled yet.
             assert f.phase(2) is Phase.DRAINING
             assert 2 not in f.runtime.stops
-            removed_at = f.gateway.calls.index(("remove", "http://127.0.0.1:30002"))
-            assert removed_at >= 0
             f.in_flight.counts[2] = 0
             await asyncio.wait_for(stopping, 5)
             assert f.phase(2) is Phase.STOPPED and f.runtime.stops == [2]
+            # In this order: out of the gateway, its requests counted until none are left
+            # (never before it left), then the stop.
+            url = "http://127.0.0.1:30002"
+            of_2 = {f"gateway add {url}", f"gateway remove {url}", "stop 2"}
+            seen = [e for e in f.timeline[begun:] if e in of_2 or e.startswith("in_flight 2:")]
+            assert seen[0] == f"gateway remove {url}", seen
+            assert seen[-2:] == ["in_flight 2: 0", "stop 2"], seen
+            assert set(seen[1:-2]) == {"in_flight 2: 5"}, seen
             drained = f.agent.view().worker(2).last_drain_seconds
             assert drained is not None and 10 <= drained <= 11
 
@@ -73,7 +73,7 @@ def test_planned_stop_leaves_the_gateway_then_waits_for_in_flight_requests(tmp: 
 
 def test_drain_budget_bounds_the_wait_and_no_drain_skips_it(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             loop = asyncio.get_running_loop()
             f.in_flight.counts[4] = 3  # never finishes
@@ -91,7 +91,7 @@ def test_drain_budget_bounds_the_wait_and_no_drain_skips_it(tmp: Path) -> None:
 
 def test_restart_all_keeps_workers_minus_parallel_in_the_gateway(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             fewest = [8]
             order: list[int] = []
@@ -120,7 +120,7 @@ def test_gateway_down_keeps_supervising_and_reconciles_when_back(tmp: Path) -> N
 
     async def scenario() -> None:
         gw = FakeGateway(others=[other])
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)) | {other})
             f.gateway.down = True
             f.runtime.crash(6, 1)
@@ -146,7 +146,7 @@ def test_an_agent_restart_keeps_serving_workers_in_the_gateway(tmp: Path) -> Non
     gw = FakeGateway(others=sorted(urls(range(8))))  # what the previous agent registered
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), running=running, gateway=gw):
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), running=running, gateway=gw):
             await asyncio.sleep(30)
             assert not [c for c in gw.calls if c[0] == "remove"], gw.calls
             assert gw.routed() == urls(range(8))
@@ -161,7 +161,7 @@ def test_a_gateway_not_up_yet_at_start_is_no_error(tmp: Path) -> None:
     gw.down = True
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
             await asyncio.sleep(3)
             view = f.agent.view()
             assert view.gateway is not None and not view.gateway.up
@@ -174,12 +174,7 @@ def test_a_gateway_not_up_yet_at_start_is_no_error(tmp: Path) -> None:
     run_virtual(scenario())
 
 
-MANAGED = """
-[gateway]
-mode = "managed"
-listen = "127.0.0.1:8000"
-drain_timeout = "30s"
-"""
+MANAGED = {"mode": "managed", "listen": "127.0.0.1:8000", "drain_timeout": "30s"}
 
 
 def test_a_managed_gateway_loses_members_the_farm_did_not_add(tmp: Path) -> None:
@@ -190,7 +185,7 @@ def test_a_managed_gateway_loses_members_the_farm_did_not_add(tmp: Path) -> None
     gw = FakeGateway(others=[rogue])
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=MANAGED), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=MANAGED), gateway=gw) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)), within=60)
             assert ("remove", rogue) in f.gateway.calls
             # One planted while the farm runs: gone within one reconcile period.
@@ -211,7 +206,7 @@ def test_an_external_gateways_foreign_members_are_shown_not_removed(tmp: Path) -
     gw = FakeGateway(others=[other])
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)) | {other})
             await asyncio.sleep(25)  # two reconciles
             assert ("remove", other) not in f.gateway.calls
@@ -232,13 +227,13 @@ def test_a_reload_adding_api_key_brings_every_worker_back_with_its_key(tmp: Path
     worker restarts with the new key and is added back with it (per-worker keys too);
     before, the gateway kept the key read at agent start and smg never took them back."""
     new = [
-        farm_toml(tmp, extra=GATEWAY, sglang='api_key = "k-farm"')
+        farm_toml(tmp, gateway=GATEWAY, sglang={"api_key": "k-farm"})
         + '\n[workers.overrides.5]\nsglang = { api_key = "k-five" }\n'
     ]
 
     async def scenario() -> None:
         loader = lambda: load_spec(new[0], source="test.toml")  # noqa: E731 -- one-liner
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), loader=loader) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), loader=loader) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             assert set(f.gateway.keys.values()) == {None}
             result = await f.agent.reload()
@@ -261,7 +256,7 @@ def test_a_gateway_that_never_comes_up_is_said_once_not_on_every_retry(tmp: Path
     gw.down = True
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
             await asyncio.sleep(120)
             view = f.agent.view()
             assert view.gateway is not None and not view.gateway.up
@@ -285,7 +280,7 @@ def test_the_rollouts_end_names_the_farm_its_front_door_and_what_to_try(tmp: Pat
     gw = FakeGateway()
 
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), gateway=gw) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
             await f.until(lambda: f.agent.view().ready_count == 8)
             await asyncio.sleep(1)
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import pytest
 from structlog.testing import capture_logs
 
 from agent_harness import (
     farm,
     farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
 from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
@@ -23,11 +23,6 @@ from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from sglang_farm.worker_load import WorkerStats
 from virtual_time import run_virtual
-
-
-@pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
 
 
 def fleet(
@@ -154,9 +149,9 @@ def test_quarantine_survives_an_agent_restart_and_release_checks_the_gpu(tmp: Pa
 # ---- a quarantine never outlives its way out (issue 22, item 7) --------------------------
 
 
-def three_workers(tmp: Path, gpus: str = "[0, 1, 2]") -> str:
-    """Three workers, one per GPU; `gpus` moves them (the config's `workers.gpus`)."""
-    return farm_toml(tmp, workers=3).replace("gpus = [0, 1, 2]", f"gpus = {gpus}")
+def three_workers(tmp: Path, gpus: Sequence[int] = (0, 1, 2)) -> str:
+    """A worker on each of `gpus` (the config's `workers.gpus`), three unless a test says."""
+    return farm_toml(tmp, workers=gpus)
 
 
 async def ok_gpu(gpu: int) -> list[str]:
@@ -183,7 +178,7 @@ def test_a_quarantine_on_a_gpu_the_config_moved_the_worker_off_is_dropped_at_res
 
     async def second() -> None:
         with capture_logs() as logs:
-            async with farm(tmp, text=three_workers(tmp, "[0, 1, 5]")) as f:
+            async with farm(tmp, text=three_workers(tmp, [0, 1, 5])) as f:
                 await f.until(f.all_ready)
                 w = f.agent.view().worker(2)
                 assert w.quarantine is None and w.gpus == (5,)
@@ -231,7 +226,7 @@ def test_a_worker_quarantined_before_a_reload_moved_it_is_released_by_worker(tmp
         return list(problems)
 
     async def scenario() -> None:
-        moved = load_spec(three_workers(tmp, "[0, 1, 5]"), source="test.toml")
+        moved = load_spec(three_workers(tmp, [0, 1, 5]), source="test.toml")
         async with farm(
             tmp, text=three_workers(tmp), loader=lambda: moved, check_gpu=check_gpu
         ) as f:
@@ -310,7 +305,7 @@ def test_a_reload_that_removes_a_quarantined_worker_does_not_wait_for_it_to_stop
     tmp: Path,
 ) -> None:
     async def scenario() -> None:
-        fewer = load_spec(three_workers(tmp).replace("[0, 1, 2]", "[0, 1]"), source="t.toml")
+        fewer = load_spec(three_workers(tmp, [0, 1]), source="t.toml")
         async with farm(tmp, text=three_workers(tmp), loader=lambda: fewer) as f:
             await f.until(f.all_ready)
             loop = asyncio.get_running_loop()

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
-
-import pytest
 
 from agent_harness import (
     GATEWAY,
     farm,
     farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
 from sglang_farm.failures import Failure, FailureKind
@@ -19,11 +18,6 @@ from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from sglang_farm.spec import FarmSpec
 from virtual_time import run_virtual
-
-
-@pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
 
 
 def test_changes_wait_until_state_is_restored_and_workers_adopted(tmp: Path) -> None:
@@ -83,7 +77,7 @@ def test_a_start_after_the_fix_judges_the_preflight_anew(tmp: Path) -> None:
 
 def test_overlapping_reloads_restart_each_changed_worker_once(tmp: Path) -> None:
     """#13: two reloads at once (SIGHUP and farmctl) are applied one after the other."""
-    new_text = farm_toml(tmp, sglang="max_running_requests = 16")
+    new_text = farm_toml(tmp, sglang={"max_running_requests": 16})
 
     async def scenario() -> None:
         loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
@@ -116,11 +110,11 @@ def test_a_restart_racing_the_removal_of_its_worker_leaves_nothing_running(tmp: 
 
 def test_a_reload_that_changes_the_gateway_is_refused_and_says_to_restart(tmp: Path) -> None:
     """The gateway is set up at agent start: a reload cannot move it; it says so."""
-    new_text = farm_toml(tmp, extra=GATEWAY.replace("30s", "45s"))
+    new_text = farm_toml(tmp, gateway={**GATEWAY, "drain_timeout": "45s"})
 
     async def scenario() -> None:
         loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY), loader=loader) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), loader=loader) as f:
             await f.until(f.all_ready)
             result = await f.agent.reload()
             assert not result.applied

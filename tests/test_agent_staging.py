@@ -14,18 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from agent_harness import Farm, farm_toml
-from fake_gateway import FakeGateway
-from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
-from sglang_farm.agent import Agent, AgentHooks
+from agent_harness import Farm, farm, farm_toml
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
 from sglang_farm.farm_view import FarmView
 from sglang_farm.metrics import MetricsState, build_registry
 from sglang_farm.phase import Phase
-from sglang_farm.ports import PortState
-from sglang_farm.runtime import Emit, Running
+from sglang_farm.runtime import Running
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.copier import Report
 from sglang_farm.staging.failure import StageError, StageFailureKind
@@ -39,11 +35,14 @@ from virtual_time import run_virtual
 GiB = 1 << 30
 
 
-def model_toml(tmp: Path, source: Path, *, extra: str = "") -> str:
-    text = farm_toml(tmp).replace(
-        'model_path = "sim/model"', f'model_path = "{tmp / "shm" / "model"}"'
+def model_toml(tmp: Path, source: Path, *, workers: int = 8) -> str:
+    """The harness's farm staging its model from `source` into tmp/shm/model."""
+    return farm_toml(
+        tmp,
+        workers=workers,
+        sglang={"model_path": str(tmp / "shm" / "model")},
+        model={"source": str(source), "headroom": 0},
     )
-    return text + f'\n[model]\nsource = "{source}"\nheadroom = 0\n{extra}'
 
 
 def make_source(root: Path, version: bytes = b"v1") -> Path:
@@ -68,45 +67,17 @@ async def staged_farm(
     """agent_harness.farm with the agent's `stager` hook, workers found running at start
     (`running`), when each process started (`process_started`: pid -> wall time) and the
     farm views' `observers`."""
-    loop = asyncio.get_running_loop()
-    spec = load_spec(text, source="test.toml")
-    ports = FakePortOwner()
-    prober = FakeProber(spec, ports=ports)
-    made: list[FakeRuntime] = []
-
-    def factory(emit: Emit) -> FakeRuntime:
-        rt = FakeRuntime(emit, running_at_start=running or {})
-        prober.runtime = rt
-        made.append(rt)
-        return rt
-
-    in_flight = FakeInFlight()
-    agent = Agent(
-        spec,
-        factory,
-        config_loader=loader,
-        clock=loop.time,
-        wall=lambda: 1.8e9 + loop.time(),
-        hooks=AgentHooks(
-            prober=prober,
-            port_state=lambda _h, _p: PortState.FREE,
-            port_owner=ports,
-            in_flight=in_flight,
-            stager=stager,
-            refresh_preflight=refresh,
-            # The fakes' pids are no real processes: unknown start unless a test says.
-            process_started=process_started or (lambda _pid: None),
-            observers=observers,
-        ),
-    )
-    stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, FakeGateway(), in_flight, ports)
-    task = asyncio.create_task(agent.run(stop))
-    try:
+    async with farm(
+        tmp,
+        text=text,
+        stager=stager,
+        loader=loader,
+        refresh=refresh,
+        running=running,
+        process_started=process_started or (lambda _pid: None),
+        observers=observers,
+    ) as f:
         yield f
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 120)
 
 
 def status_text(f: Farm) -> str:
@@ -516,8 +487,7 @@ def test_a_sighup_during_the_start_up_stage_is_refused_and_a_later_one_applies(
         async with staged_farm(tmp_path, texts[0], stager=held_stage, loader=loader) as f:
             await asyncio.sleep(5)
             # The reload would remove workers 4-7 while the start-up still means to start them.
-            texts[0] = texts[0].replace("gpus = [0, 1, 2, 3, 4, 5, 6, 7]", "gpus = [0, 1, 2, 3]")
-            assert "gpus = [0, 1, 2, 3]\n" in texts[0]
+            texts[0] = model_toml(tmp_path, src, workers=4)
             f.agent.reload_on_signal()
             await asyncio.sleep(5)
             assert loads == []  # refused (logged: retry once started), not raced

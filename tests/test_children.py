@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from asuser import as_nobody, nobody_owned, shared_dir  # noqa: F401 (a fixture)
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from farmproc import (
+    Farm,
+    farm_config,
+    free_port_block,
+    marked_pids,
+    new_marker,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+)
 from sglang_farm.runtime.children import (
     ChildRecord,
     ChildRecords,
@@ -32,13 +37,6 @@ from sglang_farm.runtime.children import (
     leftover,
     proc_facts,
 )
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _wait_gone(marker: str, timeout: float = 15.0) -> list[int]:

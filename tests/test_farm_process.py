@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _intervals(farm: Farm) -> dict[int, list[tuple[float, float]]]:
@@ -191,7 +183,7 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
 
         # A broken config is rejected with its problems; the old one keeps running.
         good = cfg.read_text()
-        cfg.write_text(good.replace("[startup]", "[startup]\nparalel = 3"))
+        cfg.write_text(rewritten(good, startup={"paralel": 3}))
         bad = farm.farmctl("reload")
         assert bad.returncode == 1
         assert "paralel" in bad.stdout + bad.stderr
@@ -199,7 +191,9 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
 
         # A valid change to one worker restarts that worker only.
         n = len(farm.snapshot())
-        cfg.write_text(good + "\n[workers.overrides.2]\nsglang = { max_running_requests = 7 }\n")
+        cfg.write_text(
+            rewritten(good, workers={"overrides": {"2": {"sglang": {"max_running_requests": 7}}}})
+        )
         ok = farm.farmctl("--json", "reload")
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert json.loads(ok.stdout)["restarted"] == [2]

@@ -28,6 +28,7 @@ import pytest
 
 from asuser import as_nobody, nobody_python, require, shared_dir  # noqa: F401 (fixture)
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from farmtoml import rewritten
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
@@ -268,11 +269,10 @@ def test_a_reload_adding_api_key_puts_every_worker_back_into_smg() -> None:
         ours = {str(e["url"]) for e in farm.named("gateway_member")}
         key = (tmp / "state" / GENERATED_ADMIN_KEY_NAME).read_text().strip()
         assert routed(gw, key) == ours
-        text = (
-            config.read_text().replace(
-                "enable_metrics = true\n", 'enable_metrics = true\napi_key = "k-farm-0123"\n'
-            )
-            + '\n[workers.overrides.1]\nsglang = { api_key = "k-one-4567" }\n'
+        text = rewritten(
+            config.read_text(),
+            sglang={"api_key": "k-farm-0123"},
+            workers={"overrides": {"1": {"sglang": {"api_key": "k-one-4567"}}}},
         )
         config.write_text(text)
         mark = len(farm.snapshot())

@@ -11,108 +11,113 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from agent_harness import farm_toml
-from fake_runtime import FakePortOwner, FakeProber, FakeRuntime
-from sglang_farm.agent import Agent, AgentHooks
-from sglang_farm.config import load_spec
+from agent_harness import Farm, farm, farm_toml
 from sglang_farm.gpu_sim import FakeGpuPoller
+from sglang_farm.gpu_snapshot import FleetSnapshot
 from sglang_farm.phase import Phase
 from sglang_farm.pollers import MetricPollers
-from sglang_farm.ports import PortState
-from sglang_farm.runtime import Emit
+from sglang_farm.xid import XidClass, classify
 
 
 def fast_farm(tmp: Path) -> str:
-    metrics = (
-        'gpu_source = "fake"\nlisten = "127.0.0.1:0"\n'
-        'gpu_poll_interval = "0.2s"\nworker_poll_interval = "0.5s"'
+    """The harness's farm on the simulated GPUs, polled and probed often (a real clock)."""
+    return farm_toml(
+        tmp,
+        metrics={
+            "gpu_source": "fake",
+            "listen": "127.0.0.1:0",
+            "gpu_poll_interval": "0.2s",
+            "worker_poll_interval": "0.5s",
+        },
+        health={"period": "0.3s"},
+        startup={"poll_interval": "100ms"},
     )
-    text = farm_toml(tmp).replace('gpu_source = "none"', metrics)
-    return text.replace('period = "2s"', 'period = "0.3s"').replace(
-        'poll_interval = "500ms"', 'poll_interval = "100ms"'
-    )
+
+
+def gpu_line(text: str, metric: str, gpu: int) -> str:
+    """The exposition's one sample line of `metric` for `gpu`."""
+    lines = text.splitlines()
+    (line,) = [ln for ln in lines if ln.startswith(metric + "{") and f'gpu="{gpu}"' in ln]
+    return line
 
 
 async def run_farm(tmp: Path, gpus: FakeGpuPoller, scenario: str) -> dict[int, Phase]:
-    spec = load_spec(fast_farm(tmp), source="test.toml")
-    ports = FakePortOwner()
-    prober = FakeProber(spec, load_s=0.2, ports=ports)
-
-    def factory(emit: Emit) -> FakeRuntime:
-        rt = FakeRuntime(emit)
-        prober.runtime = rt
-        return rt
-
     async def check_gpu(gpu: int) -> list[str]:
         return []  # the operator reset it: NVML finds it clear
 
-    agent = Agent(
-        spec,
-        factory,
-        hooks=AgentHooks(
-            prober=prober,
-            port_state=lambda _h, _p: PortState.FREE,
-            port_owner=ports,
-            check_gpu=check_gpu,
-        ),
-    )
-    pollers = MetricPollers(spec, gpus, agent.view(), on_fleet=agent.observe_fleet)
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
-    await pollers.start()
+    async with farm(tmp, text=fast_farm(tmp), check_gpu=check_gpu, load_s=0.2) as f:
+        # Every snapshot the agent has observed (appended once `observe_fleet` returned).
+        observed: list[FleetSnapshot] = []
 
-    async def until(cond: Callable[[], bool], within: float) -> None:
-        end = time.monotonic() + within
-        while not cond():
-            assert time.monotonic() < end, {w.id: str(w.phase) for w in agent.view().workers}
-            await asyncio.sleep(0.05)
+        def on_fleet(fleet: FleetSnapshot) -> None:
+            f.agent.observe_fleet(fleet)
+            observed.append(fleet)
 
-    def phases() -> dict[int, Phase]:
-        return {w.id: w.phase for w in agent.view().workers}
+        pollers = MetricPollers(f.agent.spec, gpus, f.agent.view(), on_fleet=on_fleet)
+        await pollers.start()
+        try:
+            return await _scenario(f, gpus, pollers, observed, scenario)
+        finally:
+            await pollers.close()
 
-    try:
 
-        def settled() -> bool:
-            p = phases()
-            others = all(p[w] is Phase.READY for w in p if w != 5)
-            return others and p[5] in (Phase.READY, Phase.QUARANTINED)
+async def _scenario(
+    f: Farm,
+    gpus: FakeGpuPoller,
+    pollers: MetricPollers,
+    observed: list[FleetSnapshot],
+    scenario: str,
+) -> dict[int, Phase]:
+    async def observes(xid: tuple[int, int], then: int = 1) -> None:
+        """Until the agent observed a snapshot counting `xid`, and `then` - 1 after it."""
 
-        await until(settled, 20)
-        if scenario == "xid79":
-            t0 = time.monotonic()
-            gpus.inject_xid(5, 79)
-            await until(lambda: phases()[5] is Phase.QUARANTINED, 10)
-            assert time.monotonic() - t0 <= 10
-            q = agent.view().worker(5).quarantine
-            assert q is not None and q.reason == "xid 79"
-            pollers.on_view(agent.view())
-            text = generate_latest(pollers.registry).decode()
-            line = next(
-                ln
-                for ln in text.splitlines()
-                if ln.startswith("sglang_farm_gpu_quarantined{") and 'gpu="5"' in ln
-            )
-            assert line.endswith(" 1.0") and 'reason="xid 79"' in line, line
-            await asyncio.sleep(2)
-            assert all(phases()[w] is Phase.READY for w in range(8) if w != 5)
-        elif scenario == "xid13":
-            gpus.inject_xid(2, 13)
-            await asyncio.sleep(2)
-            assert phases()[2] is Phase.READY
-        elif scenario == "release":
-            assert phases()[5] is Phase.QUARANTINED  # after the agent's restart
-            assert await agent.release_gpu(5) == []
-            await until(lambda: phases()[5] is Phase.READY, 10)
-        return phases()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await pollers.close()
+        def seen() -> bool:
+            at = next((i for i, s in enumerate(observed) if s.xid_events_total.get(xid)), None)
+            return at is not None and len(observed) - at >= then
+
+        await f.until(seen, within=10)
+
+    def settled() -> bool:
+        p = f.phases()
+        others = all(p[w] is Phase.READY for w in p if w != 5)
+        return others and p[5] in (Phase.READY, Phase.QUARANTINED)
+
+    await f.until(settled, within=20)
+    if scenario == "xid79":
+        t0 = time.monotonic()
+        gpus.inject_xid(5, 79)
+        await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
+        assert time.monotonic() - t0 <= 10
+        q = f.agent.view().worker(5).quarantine
+        assert q is not None and q.reason == "xid 79"
+        pollers.on_view(f.agent.view())
+        text = generate_latest(pollers.registry).decode()
+        line = gpu_line(text, "sglang_farm_gpu_quarantined", 5)
+        assert line.endswith(" 1.0") and 'reason="xid 79"' in line, line
+        await observes((5, 79), then=3)  # two more snapshots seen since: the others stay
+        assert all(f.phase(w) is Phase.READY for w in range(8) if w != 5)
+    elif scenario == "xid13":
+        assert classify(13).xid_class is XidClass.APPLICATION  # the catalog's, for the record
+        gpus.inject_xid(2, 13)
+        # Arrived: the agent observed the XID, and the snapshot after it (a verdict the
+        # agent would queue rather than apply at once has been applied by then).
+        await observes((2, 13), then=2)
+        # Classified as the application's: the worker keeps running, nothing set aside.
+        assert f.phase(2) is Phase.READY and f.agent.view().worker(2).quarantine is None
+        assert f.runtime.starts_of(2) == 1 and f.runtime.stops == []
+        pollers.on_view(f.agent.view())
+        text = generate_latest(pollers.registry).decode()
+        assert gpu_line(text, "sglang_farm_gpu_xid_errors_total", 2).endswith(" 1.0")
+        assert gpu_line(text, "sglang_farm_gpu_quarantined", 2).endswith(" 0.0")
+    elif scenario == "release":
+        assert f.phase(5) is Phase.QUARANTINED  # after the agent's restart
+        assert await f.agent.release_gpu(5) == []
+        await f.until(lambda: f.phase(5) is Phase.READY, within=10)
+    return f.phases()
 
 
 def test_xid_79_quarantines_worker_5_only_and_a_release_brings_it_back(tmp_path: Path) -> None:

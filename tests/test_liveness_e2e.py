@@ -9,16 +9,16 @@ while its counters freeze, and the farm must restart it, saying "wedged". Worker
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmpdir
+from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -28,18 +28,14 @@ MAX_RUNNING = 4
 STALL_S = 8.0
 WEDGE_AFTER_S = 3.0
 WORKER_HEALTH_TIMEOUT_S = 2.0
-HEALTH = (
-    'period = "1s"\ntimeout = "1s"\nfailure_threshold = 2\n'
-    f'busy_window = "6s"\nstall_window = "{STALL_S:g}s"'
-)
-RESTART = 'backoff_initial = "0.5s"\nbackoff_max = "5s"\nmax_failures = 5\nstop_timeout = "2s"'
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+HEALTH = {
+    "period": "1s",
+    "timeout": "1s",
+    "failure_threshold": 2,
+    "busy_window": "6s",
+    "stall_window": f"{STALL_S:g}s",
+}
+RESTART = {"backoff_initial": "0.5s", "backoff_max": "5s", "max_failures": 5, "stop_timeout": "2s"}
 
 
 class Load:
@@ -101,7 +97,9 @@ def test_busy_worker_is_kept_and_wedged_worker_restarted(tmp: Path) -> None:
         marker=marker,
         health=HEALTH,
         restart=RESTART,
-        extra=f"max_running_requests = {MAX_RUNNING}",
+        sglang={"max_running_requests": MAX_RUNNING},
+        # The pollers must see the counters move well within a health period.
+        metrics={"worker_poll_interval": "0.5s"},
         worker_env={
             1: {
                 "SGLANG_SIM_HEALTH_QUEUES": "1",
@@ -115,11 +113,7 @@ def test_busy_worker_is_kept_and_wedged_worker_restarted(tmp: Path) -> None:
             },
         },
     )
-    # The pollers must see the counters move well within a health period.
-    text = config.read_text()
-    assert 'worker_poll_interval = "1s"' in text
-    config.write_text(text.replace('worker_poll_interval = "1s"', 'worker_poll_interval = "0.5s"'))
-    base = int(text.split("base_port = ", 1)[1].split()[0])
+    base = int(tomllib.loads(config.read_text())["workers"]["base_port"])
     busy_url, wedged_url = f"http://127.0.0.1:{base + 1}", f"http://127.0.0.1:{base + 2}"
 
     farm = Farm(config, marker)

@@ -8,8 +8,6 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-import pytest
-
 from sglang_farm.config import load_spec
 from sglang_farm.pollers import worker_api_key
 from sglang_farm.worker_load import WorkerSample
@@ -38,9 +36,7 @@ def test_the_poller_sends_the_key_a_worker_was_started_with() -> None:
     assert worker_api_key(spec, 7) is None  # not (or no longer) a worker of this farm
 
 
-def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_poll(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_poll() -> None:
     """Polls are spread over the interval; the agent stopping meanwhile cancels the wait.
     A poll made before its turn would be a coroutine never awaited (a RuntimeWarning at
     garbage collection, blamed on whatever runs then)."""
@@ -63,7 +59,6 @@ def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_p
 
         return never()
 
-    monkeypatch.setattr(pollers, "poll_worker", poll_worker)
     view = farm()
     view = dataclasses.replace(
         view, workers=tuple(dataclasses.replace(w, phase=Phase.READY) for w in view.workers)
@@ -71,7 +66,8 @@ def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_p
     spec = load_spec(TOML, source="t.toml")
 
     async def scenario() -> None:
-        loop = asyncio.ensure_future(pollers.MetricPollers(spec, None, view)._worker_loop())
+        polling = pollers.MetricPollers(spec, None, view, poll=poll_worker)
+        loop = asyncio.ensure_future(polling._worker_loop())
         await asyncio.sleep(0.05)  # the first poll's turn has come; the others' (0.6 s apart) not
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):

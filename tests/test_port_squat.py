@@ -15,13 +15,19 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from farmproc import (
+    Farm,
+    farm_config,
+    free_port_block,
+    marked_pids,
+    new_marker,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+)
 from test_frontdoor import ADMIN_KEY, chat, routed, until
 
 pytestmark = [
@@ -57,15 +63,6 @@ srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
 print("bound", flush=True)
 srv.serve_forever()
 """
-
-
-@pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = tmpdir()
-    yield d
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(

@@ -8,12 +8,11 @@ end-to-end test with a real squatter run as nobody is in test_port_squat.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent_harness import GATEWAY, farm, farm_toml, urls
+from agent_harness import GATEWAY, farm, farm_toml, tmp_fixture, urls  # noqa: F401 (fixture)
 from sglang_farm.failures import FailureKind
 from sglang_farm.phase import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
@@ -96,14 +95,9 @@ def test_supervisor_a_canary_whose_port_is_taken_is_never_ready() -> None:
 # ---- the agent's watcher, over the fakes (virtual time) --------------------------------
 
 
-@pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-
-
 def test_agent_never_makes_a_worker_ready_on_a_squatters_answers(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             f.ports.squat(30003)
             ready_again: list[float] = []
@@ -142,7 +136,7 @@ def test_agent_never_makes_a_worker_ready_on_a_squatters_answers(tmp: Path) -> N
 
 def test_agent_a_ready_worker_whose_listener_turns_foreign_is_stopped(tmp: Path) -> None:
     async def scenario() -> None:
-        async with farm(tmp, text=farm_toml(tmp, extra=GATEWAY)) as f:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             before = f.runtime.starts_of(5)
             f.ports.squat(30005, pid=777, user="mallory")

@@ -38,11 +38,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-def staging_toml(headroom: str = "0") -> str:
-    text = farm_toml(workers=N, canary=0, parallel=2)
-    text = text.replace('model_path = "sim/Qwen3.6-27B"', f'model_path = "{STAGED}"')
-    assert STAGED in text
-    return text + f'\n[model]\nsource = "{SOURCE}"\nheadroom = {headroom}\n'
+def staging_toml(headroom: str | int = 0) -> str:
+    return farm_toml(
+        workers=N,
+        canary=0,
+        parallel=2,
+        sglang={"model_path": STAGED},
+        model={"source": SOURCE, "headroom": headroom},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +126,7 @@ def test_reboot_like_empty_tmpfs_and_target_restart_stages_then_rolls_out(farm: 
 def test_a_model_that_does_not_fit_starts_no_worker_and_why_says_so(farm: SdFarm) -> None:
     farm.c.run(["systemctl", "stop", TARGET], timeout=90)
     farm.c.sh(f"rm -rf {STAGED}")
-    farm.c.write_file(CONFIG, staging_toml(headroom='"1000TiB"'))
+    farm.c.write_file(CONFIG, staging_toml(headroom="1000TiB"))
     try:
         farm.c.run(["systemctl", "start", TARGET], timeout=90)
         pid = farm.agent_pid()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -46,6 +46,21 @@ def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
+class PollWorker(Protocol):
+    """How one worker is polled (`workerstats.poll_worker`; a test passes a fake)."""
+
+    def __call__(
+        self,
+        client: LocalHttp,
+        base_url: str,
+        timeout: float,
+        *,
+        worker: int,
+        known_version: str | None,
+        api_key: str | None,
+    ) -> Awaitable[WorkerSample]: ...
+
+
 async def _after(delay: float, poll: Callable[[], Awaitable[WorkerSample]]) -> WorkerSample:
     """`poll()` after `delay`; made only then, so a loop cancelled during the delay (the
     agent stopping) leaves no coroutine that was never awaited."""
@@ -69,11 +84,13 @@ class MetricPollers:
         *,
         on_fleet: Callable[[FleetSnapshot], None] | None = None,
         on_stats: Callable[[Mapping[int, WorkerStats]], None] | None = None,
+        poll: PollWorker = poll_worker,
     ) -> None:
         """`view`: the farm as it stands now; `on_view` keeps it current. `on_fleet` gets
-        every GPU snapshot (the agent's GPU-health rules)."""
+        every GPU snapshot (the agent's GPU-health rules). `poll` polls one worker."""
         self.spec = spec
         self.poller = poller
+        self._poll = poll
         self._on_fleet = on_fleet
         self._on_stats = on_stats
         self._view = view
@@ -185,7 +202,7 @@ class MetricPollers:
                     _after(
                         k * gap,
                         functools.partial(
-                            poll_worker,
+                            self._poll,
                             client,
                             w.base_url,
                             timeout,
