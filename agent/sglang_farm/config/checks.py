@@ -29,7 +29,7 @@ from sglang_farm.spec import (
 
 
 def _cross_check(
-    r: _Reader,
+    reader: _Reader,
     farm: FarmSection,
     workers: list[WorkerSpec],
     claims: dict[int, _Claim],
@@ -46,7 +46,7 @@ def _cross_check(
     for w in order:
         for g in w.gpus:
             if g in gpu_owner:
-                r.p.add(
+                reader.problems.add(
                     claims[w.id].gpus_path,
                     f"GPU {g} is already used by worker "
                     f"{gpu_owner[g]}; each GPU belongs to one worker",
@@ -63,7 +63,7 @@ def _cross_check(
         ):
             port = listen_port(listen)
             if port in port_owner:
-                r.p.add(
+                reader.problems.add(
                     ("gateway", "listen" if "listen)" in who else "metrics_listen"),
                     f"port {port} for {who} is already used by {port_owner[port]}",
                 )
@@ -78,7 +78,7 @@ def _cross_check(
     port_claims.sort(key=lambda c: (c[2][1] == "overrides", "NCCL" in c[1]))
     for port, who, cpath in port_claims:
         if port in port_owner:
-            r.p.add(
+            reader.problems.add(
                 cpath,
                 f"port {port} for {who} is already used by {port_owner[port]}; "
                 "every HTTP, NCCL and metrics port must be distinct",
@@ -87,7 +87,7 @@ def _cross_check(
             port_owner[port] = who
     ids = [w.id for w in workers]
     if startup.canary is not None and startup.canary not in ids:
-        r.p.add(
+        reader.problems.add(
             ("startup", "canary"),
             f"no worker {startup.canary}; workers are "
             f"0..{len(ids) - 1} (or write canary = false for none)",
@@ -95,15 +95,15 @@ def _cross_check(
     if farm.module == SGLANG_MODULE:
         missing = [w.id for w in workers if "model_path" not in w.flags]
         if missing:
-            r.p.add(
+            reader.problems.add(
                 ("sglang", "model_path"),
                 "missing: SGLang requires --model-path; set "
                 "model_path = '/path/to/model' in [sglang]"
                 + ("" if len(missing) == len(workers) else f" (workers {missing} lack it)"),
             )
-    _check_no_buffer(r, workers)
-    _check_oom_flags(r, workers, oom, oom_indices)
-    _warn_exposed(r, workers, claims)
+    _check_no_buffer(reader, workers)
+    _check_oom_flags(reader, workers, oom, oom_indices)
+    _warn_exposed(reader, workers, claims)
 
 
 def _ids_text(ids: list[int]) -> str:
@@ -115,7 +115,7 @@ def _ids_text(ids: list[int]) -> str:
     return f"workers {ids}"
 
 
-def _warn_exposed(r: _Reader, workers: list[WorkerSpec], claims: dict[int, _Claim]) -> None:
+def _warn_exposed(reader: _Reader, workers: list[WorkerSpec], claims: dict[int, _Claim]) -> None:
     # Without --api-key SGLang serves every route, admin ones included, to whoever reaches
     # the port (docs/reference/sglang.md §6.2); on a non-loopback address that is the network.
     exposed: dict[tuple[_Path, str], list[int]] = {}
@@ -124,7 +124,7 @@ def _warn_exposed(r: _Reader, workers: list[WorkerSpec], claims: dict[int, _Clai
             exposed.setdefault((claims[w.id].host_path, w.host), []).append(w.id)
     for (path, host), ids in exposed.items():
         listen, them = ("listens", "it") if len(ids) == 1 else ("listen", "them")
-        r.p.warn(
+        reader.problems.warn(
             path,
             f"{_ids_text(ids)} {listen} on {host!r} (not loopback) without api_key: "
             f"anyone who can reach this host can use {them}, admin routes included; bind "
@@ -140,7 +140,7 @@ def _no_buffer_key(flags: Mapping[str, FlagValue]) -> str | None:
     return found[0] if found is not None and found[1] == "no_buffer" else None
 
 
-def _check_no_buffer(r: _Reader, workers: list[WorkerSpec]) -> None:
+def _check_no_buffer(reader: _Reader, workers: list[WorkerSpec]) -> None:
     # SGLang 0.5.23 asserts --disable-overlap-schedule for an explicit no_buffer
     # (mamba_hook.py::validate_mamba_no_buffer): fail here, not after a model load.
     bad: dict[str, list[int]] = {}
@@ -149,7 +149,7 @@ def _check_no_buffer(r: _Reader, workers: list[WorkerSpec]) -> None:
         if key is not None and w.flags.get("disable_overlap_schedule") is not True:
             bad.setdefault(key, []).append(w.id)
     for key, ids in bad.items():
-        r.p.add(
+        reader.problems.add(
             ("sglang", key),
             "'no_buffer' makes SGLang 0.5.23 "
             "assert --disable-overlap-schedule; add disable_overlap_schedule = true"
@@ -158,7 +158,7 @@ def _check_no_buffer(r: _Reader, workers: list[WorkerSpec]) -> None:
 
 
 def _check_oom_flags(
-    r: _Reader, workers: list[WorkerSpec], oom: OomPolicy, indices: tuple[int, ...]
+    reader: _Reader, workers: list[WorkerSpec], oom: OomPolicy, indices: tuple[int, ...]
 ) -> None:
     set_so_far: dict[str, FlagValue] = {}
     for i, step in zip(indices, oom.steps, strict=True):
@@ -173,7 +173,7 @@ def _check_oom_flags(
             lacking = [w.id for w in workers if not _is_number(w.flags.get(a.flag))]
             if lacking:
                 who = "" if len(lacking) == len(workers) else f" for workers {lacking}"
-                r.p.add(
+                reader.problems.add(
                     (*spath, op, a.flag),
                     f"{op} changes the configured value, but "
                     f"{a.flag} is not set to a number in [sglang]{who}; set it there, "
@@ -185,7 +185,7 @@ def _check_oom_flags(
                 w.flags.get("disable_overlap_schedule") is True for w in workers
             )
             if not overlap_off and any(a.flag == key for a in step.adjust):
-                r.p.add(
+                reader.problems.add(
                     (*spath, "set", key),
                     "'no_buffer' makes "
                     "SGLang 0.5.23 assert --disable-overlap-schedule; add "
@@ -193,14 +193,14 @@ def _check_oom_flags(
                 )
 
 
-def _check_model(r: _Reader, model: ModelSpec | None, workers: list[WorkerSpec]) -> None:
+def _check_model(reader: _Reader, model: ModelSpec | None, workers: list[WorkerSpec]) -> None:
     """[model] stages into the workers' one model path: absolute, the same for all."""
     if model is None or not workers:
         return
     paths = {w.flags.get("model_path") for w in workers}
     target = workers[0].flags.get("model_path")
     if len(paths) != 1 or not isinstance(target, str):
-        r.p.add(
+        reader.problems.add(
             ("sglang", "model_path"),
             "[model] stages one copy for every worker: set "
             "model_path in [sglang] (not per worker) to where workers load it from, "
@@ -208,7 +208,7 @@ def _check_model(r: _Reader, model: ModelSpec | None, workers: list[WorkerSpec])
         )
         return
     if not target.startswith("/") or target.rstrip("/") in ("", "/dev/shm", "/tmp"):
-        r.p.add(
+        reader.problems.add(
             ("sglang", "model_path"),
             f"[model] stages into model_path: expected an "
             f"absolute directory of its own (e.g. '/dev/shm/Qwen3.6-27B'), got {target!r}",
@@ -218,7 +218,7 @@ def _check_model(r: _Reader, model: ModelSpec | None, workers: list[WorkerSpec])
     if model.is_local and (
         t == model.source or t.startswith(model.source + "/") or model.source.startswith(t + "/")
     ):
-        r.p.add(
+        reader.problems.add(
             ("model", "source"),
             f"the source {model.source!r} and the workers' "
             f"model_path {target!r} overlap; the source must be another directory",

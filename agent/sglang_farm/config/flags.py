@@ -11,7 +11,7 @@ import math
 import re
 
 from sglang_farm import sglang_flags
-from sglang_farm.config.problems import _Bad, _show
+from sglang_farm.config.problems import _ConversionError, _show
 from sglang_farm.config.values import _is_int, _is_number
 from sglang_farm.spec import FlagValue
 
@@ -23,19 +23,23 @@ def _check_flag_value(key: str, value: FlagValue) -> None:
     number = value if _is_number(value) and isinstance(value, int | float) else None
     integer = value if _is_int(value) and isinstance(value, int) else None
     if key == "mem_fraction_static" and not (number is not None and 0 < number < 1):
-        raise _Bad(f"expected a number in (0, 1), the fraction of GPU memory, got {_show(value)}")
+        raise _ConversionError(
+            f"expected a number in (0, 1), the fraction of GPU memory, got {_show(value)}"
+        )
     chunk_ok = integer is not None and (integer > 0 or integer == -1)
     if key == "chunked_prefill_size" and not chunk_ok:
-        raise _Bad(
+        raise _ConversionError(
             f"expected an integer > 0, or -1 to disable (SGLang rejects '8k'), got {_show(value)}"
         )
     if key == "max_running_requests" and not (integer is not None and integer >= 1):
-        raise _Bad(f"expected an integer >= 1, got {_show(value)}")
+        raise _ConversionError(f"expected an integer >= 1, got {_show(value)}")
     if key in sglang_flags.MAMBA_STRATEGY_KEYS and value not in sglang_flags.MAMBA_STRATEGIES:
         accepted = ", ".join(repr(s) for s in sglang_flags.MAMBA_STRATEGIES)
-        raise _Bad(f"expected one of {accepted}, got {_show(value)}")
+        raise _ConversionError(f"expected one of {accepted}, got {_show(value)}")
     if key == "served_model_name" and isinstance(value, str) and ":" in value:
-        raise _Bad(f"SGLang asserts that the served model name has no ':', got {_show(value)}")
+        raise _ConversionError(
+            f"SGLang asserts that the served model name has no ':', got {_show(value)}"
+        )
 
 
 def _flag_key_problem(key: str) -> str | None:
@@ -57,7 +61,7 @@ def _flag_key_problem(key: str) -> str | None:
 def _finite(v: object) -> None:
     """Refuse TOML's nan and inf: no SGLang flag or farm number means them."""
     if isinstance(v, float) and not math.isfinite(v):
-        raise _Bad(f"expected a finite number, got {_show(v)}")
+        raise _ConversionError(f"expected a finite number, got {_show(v)}")
 
 
 def _flag_value(v: object) -> FlagValue:
@@ -66,15 +70,17 @@ def _flag_value(v: object) -> FlagValue:
         return v
     if isinstance(v, list):
         if not v:
-            raise _Bad("expected at least one item (SGLang's list flags need one); omit the key")
+            raise _ConversionError(
+                "expected at least one item (SGLang's list flags need one); omit the key"
+            )
         if not all(_is_number(x) or isinstance(x, str) for x in v):
-            raise _Bad(f"expected a list of strings or numbers, got {_show(v)}")
+            raise _ConversionError(f"expected a list of strings or numbers, got {_show(v)}")
         for x in v:
             _finite(x)
         return tuple(v)
     if isinstance(v, dict):
-        raise _Bad(
+        raise _ConversionError(
             f"expected a flag value (true, false, a number, a string or a list), got a table "
             f"{_show(v)}; JSON flags take a string: key = '{{\"k\": 1}}'"
         )
-    raise _Bad(f"expected true, false, a number, a string or a list, got {_show(v)}")
+    raise _ConversionError(f"expected true, false, a number, a string or a list, got {_show(v)}")

@@ -98,28 +98,30 @@ def check_spec(
         raise ConfigError(source, [_syntax_problem(source, exc)]) from exc
     problems = _Problems(source, _LineIndex(text))
     _refuse_control_chars(problems, doc)
-    r = _Reader(problems)
-    r.table((), doc, _SECTIONS)
-    farm = _farm(r, doc, agent_python)
-    startup = _startup(r, doc)
-    health = _health(r, doc)
-    restart = _restart(r, doc)
-    oom, oom_indices = _oom(r, doc)
-    metrics = _metrics(r, doc)
-    control = _control(r, doc)
-    gateway = _gateway(r, doc)
-    model = _model(r, doc)
+    reader = _Reader(problems)
+    reader.table((), doc, _SECTIONS)
+    farm = _farm(reader, doc, agent_python)
+    startup = _startup(reader, doc)
+    health = _health(reader, doc)
+    restart = _restart(reader, doc)
+    oom, oom_indices = _oom(reader, doc)
+    metrics = _metrics(reader, doc)
+    control = _control(reader, doc)
+    gateway = _gateway(reader, doc)
+    model = _model(reader, doc)
     raw_flags = doc.get("sglang", {})
     base_flags: dict[str, FlagValue] = {}
     if isinstance(raw_flags, dict):
-        base_flags = r.flags(raw_flags, ("sglang",))
+        base_flags = reader.flags(raw_flags, ("sglang",))
     else:
-        r.p.add(("sglang",), f"expected a table of SGLang flags, got {_show(raw_flags)}")
-    resolved = _workers(r, doc, farm, base_flags, gpu_count)
+        reader.problems.add(
+            ("sglang",), f"expected a table of SGLang flags, got {_show(raw_flags)}"
+        )
+    resolved = _workers(reader, doc, farm, base_flags, gpu_count)
     if resolved is not None:
         workers, claims = resolved
-        _cross_check(r, farm, workers, claims, startup, oom, oom_indices, metrics, gateway)
-        _check_model(r, model, workers)
+        _cross_check(reader, farm, workers, claims, startup, oom, oom_indices, metrics, gateway)
+        _check_model(reader, model, workers)
     if problems or resolved is None:
         raise ConfigError(source, problems.sorted() or [f"{source}: no workers"])
     spec = FarmSpec(

@@ -20,7 +20,7 @@ def _control_char(text: str) -> str | None:
     return None
 
 
-def _refuse_control_chars(p: _Problems, value: object, path: _Path = ()) -> None:
+def _refuse_control_chars(problems: _Problems, value: object, path: _Path = ()) -> None:
     """Refuse every string value holding a control character, wherever it is.
 
     Values end up in unit files (User=, Environment=, ExecStart=), whose parser reads a
@@ -30,26 +30,26 @@ def _refuse_control_chars(p: _Problems, value: object, path: _Path = ()) -> None
     """
     if isinstance(value, dict):
         for key, item in value.items():
-            _refuse_control_chars(p, item, (*path, key))
+            _refuse_control_chars(problems, item, (*path, key))
         return
     if isinstance(value, list):
         for i, item in enumerate(value):
             if isinstance(item, dict | list):
-                _refuse_control_chars(p, item, (*path, i))
+                _refuse_control_chars(problems, item, (*path, i))
             elif isinstance(item, str) and (found := _control_char(item)) is not None:
-                _refuse_control(p, path, found, f" (item {i + 1})")
+                _refuse_control(problems, path, found, f" (item {i + 1})")
                 return
         return
     if isinstance(value, str) and (found := _control_char(value)) is not None:
-        _refuse_control(p, path, found, "")
+        _refuse_control(problems, path, found, "")
 
 
-def _refuse_control(p: _Problems, path: _Path, found: str, where: str) -> None:
+def _refuse_control(problems: _Problems, path: _Path, found: str, where: str) -> None:
     nul = "; no process can receive a NUL" if found == "a NUL" else ""
-    p.add(
+    problems.add(
         path,
         f"contains {found}{where}, a control character: every value must be one line "
         f"of printable text (it goes into unit files, command lines and environments{nul}); "
         "remove it (a JSON value fits on one line)",
     )
-    p.refused.add(path)
+    problems.refused.add(path)

@@ -27,8 +27,9 @@ def _show(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class _Bad(Exception):
-    """Raised by a converter; the message says what is wrong and what is accepted."""
+class _ConversionError(Exception):
+    """Raised by a converter (`values`, `flags`) for a value it cannot accept; the
+    message says what is wrong and what is accepted, the reader adds where."""
 
 
 _Located = tuple[int | None, int, str]
@@ -55,7 +56,7 @@ class _Problems:
         return line, (f"{where}: {_fmt_path(path)}: {message}" if path else f"{where}: {message}")
 
     def add(self, path: _Path, message: str, *, line_of: _Path | None = None) -> None:
-        if any(path[: len(r)] == r for r in self.refused):
+        if any(path[: len(refused)] == refused for refused in self.refused):
             return
         line, text = self._locate(path, message, line_of)
         self.items.append((line, len(self.items), text))

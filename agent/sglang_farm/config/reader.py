@@ -14,7 +14,7 @@ from typing import TypeVar
 from sglang_farm import sglang_flags
 from sglang_farm.config.flags import _check_flag_value, _flag_key_problem, _flag_value
 from sglang_farm.config.lines import _Path
-from sglang_farm.config.problems import _Bad, _fmt_path, _Problems, _show
+from sglang_farm.config.problems import _ConversionError, _fmt_path, _Problems, _show
 from sglang_farm.config.values import _ENV_NAME_RE, _is_number
 from sglang_farm.spec import FlagValue
 
@@ -30,13 +30,15 @@ _KEY_HINTS: dict[_Path, str] = {
 
 
 class _Reader:
+    """Reads the document's tables for the sections; every problem goes to `problems`."""
+
     def __init__(self, problems: _Problems) -> None:
-        self.p = problems
+        self.problems = problems
 
     def table(self, path: _Path, value: object, allowed: tuple[str, ...]) -> _Table:
         """`value` as a table with only `allowed` keys; {} (and a problem) if it is not a table."""
         if not isinstance(value, dict):
-            self.p.add(path, f"expected a table, got {_show(value)}")
+            self.problems.add(path, f"expected a table, got {_show(value)}")
             return {}
         for key in value:
             if key in allowed:
@@ -45,7 +47,7 @@ class _Reader:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
             hint = _KEY_HINTS.get(kpath) or (f"did you mean {close[0]!r}?" if close else "")
             where = f"[{_fmt_path(path)}]" if path else "the file"
-            self.p.add(
+            self.problems.add(
                 kpath,
                 f"unknown key{f' ({hint})' if hint else ''}; {where} accepts: {', '.join(allowed)}",
             )
@@ -59,32 +61,32 @@ class _Reader:
             return default
         try:
             return conv(tbl[key])
-        except _Bad as exc:
-            self.p.add((*path, key), str(exc))
+        except _ConversionError as exc:
+            self.problems.add((*path, key), str(exc))
             return default
 
     def env(self, tbl: _Table, path: _Path) -> dict[str, str]:
         raw = tbl.get("env", {})
         epath = (*path, "env")
         if not isinstance(raw, dict):
-            self.p.add(epath, f'expected a table of NAME = "value", got {_show(raw)}')
+            self.problems.add(epath, f'expected a table of NAME = "value", got {_show(raw)}')
             return {}
         out: dict[str, str] = {}
         for name, value in raw.items():
             if not _ENV_NAME_RE.fullmatch(name):
-                self.p.add(
+                self.problems.add(
                     (*epath, name),
                     "expected an environment variable name "
                     "(letters, digits, '_', not starting with a digit)",
                 )
             elif name == "CUDA_VISIBLE_DEVICES":
-                self.p.add(
+                self.problems.add(
                     (*epath, name),
                     "the farm sets CUDA_VISIBLE_DEVICES from workers.gpus "
                     "(one worker: workers.overrides.N.gpus); remove it here",
                 )
             elif not isinstance(value, str):
-                self.p.add(
+                self.problems.add(
                     (*epath, name),
                     f"expected a string (quote it: {name} = "
                     f'"{value if _is_number(value) else "..."}"), got {_show(value)}',
@@ -97,7 +99,7 @@ class _Reader:
         """A warning for a spelling of an older SGLang (the installed one may be that old)."""
         stale = sglang_flags.stale_spelling(key)
         if stale is not None:
-            self.p.warn(path, stale)
+            self.problems.warn(path, stale)
 
     def flags(self, tbl: _Table, path: _Path) -> dict[str, FlagValue]:
         """SGLang flags of `[sglang]` or an override's `sglang` table, valid ones only."""
@@ -106,14 +108,14 @@ class _Reader:
             kpath = (*path, key)
             problem = _flag_key_problem(key)
             if problem is not None:
-                self.p.add(kpath, problem)
+                self.problems.add(kpath, problem)
                 continue
             self.stale_flag(kpath, key)
             try:
                 value = _flag_value(raw)
                 _check_flag_value(key, value)
-            except _Bad as exc:
-                self.p.add(kpath, str(exc))
+            except _ConversionError as exc:
+                self.problems.add(kpath, str(exc))
                 continue
             out[key] = value
         return out

@@ -47,51 +47,51 @@ from sglang_farm.spec import (
 )
 
 
-def _farm(r: _Reader, doc: _Table, agent_python: str | None) -> FarmSection:
+def _farm(reader: _Reader, doc: _Table, agent_python: str | None) -> FarmSection:
     path = ("farm",)
     d = FarmSection()
-    tbl = r.table(
+    tbl = reader.table(
         path, doc.get("farm", {}), ("name", "python", "module", "user", "group", "state_dir", "env")
     )
-    python = r.get(tbl, path, "python", _python, d.python)
+    python = reader.get(tbl, path, "python", _python, d.python)
     if python == AGENT_PYTHON:
         if agent_python is None:
-            r.p.add(
+            reader.problems.add(
                 (*path, "python"),
                 f"{AGENT_PYTHON!r} means the interpreter running the "
                 "agent, which this caller did not give; write an absolute path instead",
             )
         python = agent_python or d.python
     return FarmSection(
-        name=r.get(tbl, path, "name", _farm_name, d.name),
+        name=reader.get(tbl, path, "name", _farm_name, d.name),
         python=python,
-        module=r.get(tbl, path, "module", _module, d.module),
-        user=r.get(tbl, path, "user", _account("user"), d.user),
-        group=r.get(tbl, path, "group", _account("group"), d.group),
-        state_dir=r.get(tbl, path, "state_dir", _abs_path, d.state_dir),
-        env=MappingProxyType(r.env(tbl, path)),
+        module=reader.get(tbl, path, "module", _module, d.module),
+        user=reader.get(tbl, path, "user", _account("user"), d.user),
+        group=reader.get(tbl, path, "group", _account("group"), d.group),
+        state_dir=reader.get(tbl, path, "state_dir", _abs_path, d.state_dir),
+        env=MappingProxyType(reader.env(tbl, path)),
     )
 
 
-def _startup(r: _Reader, doc: _Table) -> StartupPolicy:
+def _startup(reader: _Reader, doc: _Table) -> StartupPolicy:
     path = ("startup",)
     d = StartupPolicy()
-    tbl = r.table(
+    tbl = reader.table(
         path, doc.get("startup", {}), ("canary", "parallel", "load_timeout", "poll_interval")
     )
     return StartupPolicy(
         # An invalid canary becomes None so that the cross-check does not report it twice.
-        canary=r.get(tbl, path, "canary", _canary, d.canary if "canary" not in tbl else None),
-        parallel=r.get(tbl, path, "parallel", _int(1), d.parallel),
-        load_timeout=r.get(tbl, path, "load_timeout", _duration(), d.load_timeout),
-        poll_interval=r.get(tbl, path, "poll_interval", _duration(), d.poll_interval),
+        canary=reader.get(tbl, path, "canary", _canary, d.canary if "canary" not in tbl else None),
+        parallel=reader.get(tbl, path, "parallel", _int(1), d.parallel),
+        load_timeout=reader.get(tbl, path, "load_timeout", _duration(), d.load_timeout),
+        poll_interval=reader.get(tbl, path, "poll_interval", _duration(), d.poll_interval),
     )
 
 
-def _health(r: _Reader, doc: _Table) -> HealthPolicy:
+def _health(reader: _Reader, doc: _Table) -> HealthPolicy:
     path = ("health",)
     d = HealthPolicy()
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc.get("health", {}),
         ("period", "timeout", "failure_threshold", "path", "busy_window", "stall_window"),
@@ -99,34 +99,34 @@ def _health(r: _Reader, doc: _Table) -> HealthPolicy:
     # No lower bound on timeout: SGLang's /health may take up to 20 s (hence the 25 s
     # default), but the simulator answers in about 1 s and the demo wants short probes.
     return HealthPolicy(
-        period=r.get(tbl, path, "period", _duration(), d.period),
-        timeout=r.get(tbl, path, "timeout", _duration(), d.timeout),
-        failure_threshold=r.get(tbl, path, "failure_threshold", _int(1), d.failure_threshold),
-        path=r.get(tbl, path, "path", _url_path, d.path),
-        busy_window=r.get(tbl, path, "busy_window", _duration(allow_zero=True), d.busy_window),
-        stall_window=r.get(tbl, path, "stall_window", _duration(), d.stall_window),
+        period=reader.get(tbl, path, "period", _duration(), d.period),
+        timeout=reader.get(tbl, path, "timeout", _duration(), d.timeout),
+        failure_threshold=reader.get(tbl, path, "failure_threshold", _int(1), d.failure_threshold),
+        path=reader.get(tbl, path, "path", _url_path, d.path),
+        busy_window=reader.get(tbl, path, "busy_window", _duration(allow_zero=True), d.busy_window),
+        stall_window=reader.get(tbl, path, "stall_window", _duration(), d.stall_window),
     )
 
 
-def _restart(r: _Reader, doc: _Table) -> RestartPolicy:
+def _restart(reader: _Reader, doc: _Table) -> RestartPolicy:
     path = ("restart",)
     d = RestartPolicy()
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc.get("restart", {}),
         ("backoff_initial", "backoff_max", "reset_after", "max_failures", "stop_timeout"),
     )
     policy = RestartPolicy(
-        backoff_initial=r.get(
+        backoff_initial=reader.get(
             tbl, path, "backoff_initial", _duration(allow_zero=True), d.backoff_initial
         ),
-        backoff_max=r.get(tbl, path, "backoff_max", _duration(allow_zero=True), d.backoff_max),
-        reset_after=r.get(tbl, path, "reset_after", _duration(), d.reset_after),
-        max_failures=r.get(tbl, path, "max_failures", _int(1), d.max_failures),
-        stop_timeout=r.get(tbl, path, "stop_timeout", _duration(), d.stop_timeout),
+        backoff_max=reader.get(tbl, path, "backoff_max", _duration(allow_zero=True), d.backoff_max),
+        reset_after=reader.get(tbl, path, "reset_after", _duration(), d.reset_after),
+        max_failures=reader.get(tbl, path, "max_failures", _int(1), d.max_failures),
+        stop_timeout=reader.get(tbl, path, "stop_timeout", _duration(), d.stop_timeout),
     )
     if policy.backoff_max < policy.backoff_initial:
-        r.p.add(
+        reader.problems.add(
             (*path, "backoff_max"),
             f"must be >= backoff_initial "
             f"({policy.backoff_initial:g} s), got {policy.backoff_max:g} s",
@@ -134,10 +134,10 @@ def _restart(r: _Reader, doc: _Table) -> RestartPolicy:
     return policy
 
 
-def _metrics(r: _Reader, doc: _Table) -> MetricsSpec:
+def _metrics(reader: _Reader, doc: _Table) -> MetricsSpec:
     path = ("metrics",)
     d = MetricsSpec()
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc.get("metrics", {}),
         (
@@ -149,32 +149,36 @@ def _metrics(r: _Reader, doc: _Table) -> MetricsSpec:
         ),
     )
     return MetricsSpec(
-        listen=r.get(tbl, path, "listen", _listen, d.listen),
-        gpu_poll_interval=r.get(tbl, path, "gpu_poll_interval", _duration(), d.gpu_poll_interval),
-        worker_poll_interval=r.get(
+        listen=reader.get(tbl, path, "listen", _listen, d.listen),
+        gpu_poll_interval=reader.get(
+            tbl, path, "gpu_poll_interval", _duration(), d.gpu_poll_interval
+        ),
+        worker_poll_interval=reader.get(
             tbl, path, "worker_poll_interval", _duration(), d.worker_poll_interval
         ),
-        worker_poll_timeout=r.get(
+        worker_poll_timeout=reader.get(
             tbl, path, "worker_poll_timeout", _duration(), d.worker_poll_timeout
         ),
-        gpu_source=r.get(tbl, path, "gpu_source", _choice("nvml", "fake", "none"), d.gpu_source),
+        gpu_source=reader.get(
+            tbl, path, "gpu_source", _choice("nvml", "fake", "none"), d.gpu_source
+        ),
     )
 
 
-def _control(r: _Reader, doc: _Table) -> ControlSpec:
+def _control(reader: _Reader, doc: _Table) -> ControlSpec:
     path = ("control",)
     d = ControlSpec()
-    tbl = r.table(path, doc.get("control", {}), ("socket", "group"))
+    tbl = reader.table(path, doc.get("control", {}), ("socket", "group"))
     return ControlSpec(
-        socket=r.get(tbl, path, "socket", _socket_path, d.socket),
-        group=r.get(tbl, path, "group", _account("group"), d.group),
+        socket=reader.get(tbl, path, "socket", _socket_path, d.socket),
+        group=reader.get(tbl, path, "group", _account("group"), d.group),
     )
 
 
-def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
+def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
     path = ("gateway",)
     d = GatewaySpec()
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc.get("gateway", {}),
         (
@@ -191,21 +195,21 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
         ),
     )
     g = GatewaySpec(
-        mode=r.get(tbl, path, "mode", _choice("off", "managed", "external"), d.mode),
-        listen=r.get(tbl, path, "listen", _listen, d.listen),
-        url=r.get(tbl, path, "url", _http_url, d.url),
-        policy=r.get(tbl, path, "policy", _choice(*GATEWAY_POLICIES), d.policy),
-        metrics_listen=r.get(tbl, path, "metrics_listen", _listen, d.metrics_listen),
-        extra_args=r.get(tbl, path, "extra_args", _str_list, d.extra_args),
-        admin_key_file=r.get(tbl, path, "admin_key_file", _key_file, d.admin_key_file),
-        api_key_file=r.get(tbl, path, "api_key_file", _key_file, d.api_key_file),
-        worker_host=r.get(tbl, path, "worker_host", _host, d.worker_host),
-        drain_timeout=r.get(
+        mode=reader.get(tbl, path, "mode", _choice("off", "managed", "external"), d.mode),
+        listen=reader.get(tbl, path, "listen", _listen, d.listen),
+        url=reader.get(tbl, path, "url", _http_url, d.url),
+        policy=reader.get(tbl, path, "policy", _choice(*GATEWAY_POLICIES), d.policy),
+        metrics_listen=reader.get(tbl, path, "metrics_listen", _listen, d.metrics_listen),
+        extra_args=reader.get(tbl, path, "extra_args", _str_list, d.extra_args),
+        admin_key_file=reader.get(tbl, path, "admin_key_file", _key_file, d.admin_key_file),
+        api_key_file=reader.get(tbl, path, "api_key_file", _key_file, d.api_key_file),
+        worker_host=reader.get(tbl, path, "worker_host", _host, d.worker_host),
+        drain_timeout=reader.get(
             tbl, path, "drain_timeout", _duration(allow_zero=True), d.drain_timeout
         ),
     )
     if g.mode == "external" and g.url is None:
-        r.p.add(
+        reader.problems.add(
             (*path, "url"),
             "missing: mode = 'external' needs the gateway's url "
             "(e.g. url = 'http://10.0.0.5:8000')",
@@ -214,7 +218,7 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
         for arg in g.extra_args:
             flag = arg.split("=", 1)[0]
             if flag in GATEWAY_OWNED_FLAGS:
-                r.p.add(
+                reader.problems.add(
                     (*path, "extra_args"),
                     f"{flag} is set by the farm from [gateway] "
                     "(listen, policy, metrics_listen, the key files); remove it",
@@ -223,7 +227,7 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
         # The worker API always has a key (admin_key_file, else one the agent generates:
         # gateway/adminkey.py); only users' requests may be open.
         if g.api_key_file is None and not is_loopback(host):
-            r.p.warn(
+            reader.problems.warn(
                 (*path, "listen"),
                 f"the gateway listens on {host!r} (not loopback) "
                 "without api_key_file: anyone who reaches it can send requests; set "
@@ -232,39 +236,39 @@ def _gateway(r: _Reader, doc: _Table) -> GatewaySpec:
     return g
 
 
-def _model(r: _Reader, doc: _Table) -> ModelSpec | None:
+def _model(reader: _Reader, doc: _Table) -> ModelSpec | None:
     if "model" not in doc:
         return None
     path = ("model",)
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc["model"],
         ("source", "revision", "warm_page_cache", "headroom", "token_file", "cache_dir"),
     )
     if "source" not in tbl:
         if isinstance(doc["model"], dict):
-            r.p.add(
+            reader.problems.add(
                 (*path, "source"),
                 "missing: [model] needs source = '/persistent/dir' "
                 "or a Hugging Face repo id ('org/name')",
             )
         return None
-    source = r.get(tbl, path, "source", _model_source, "")
+    source = reader.get(tbl, path, "source", _model_source, "")
     d = ModelSpec(source)
     m = ModelSpec(
         source=source,
-        revision=r.get(tbl, path, "revision", _revision, d.revision),
-        warm_page_cache=r.get(tbl, path, "warm_page_cache", _bool, d.warm_page_cache),
-        headroom=r.get(tbl, path, "headroom", _size, d.headroom),
-        token_file=r.get(tbl, path, "token_file", _key_file, d.token_file),
-        cache_dir=r.get(tbl, path, "cache_dir", _abs_path, d.cache_dir),
+        revision=reader.get(tbl, path, "revision", _revision, d.revision),
+        warm_page_cache=reader.get(tbl, path, "warm_page_cache", _bool, d.warm_page_cache),
+        headroom=reader.get(tbl, path, "headroom", _size, d.headroom),
+        token_file=reader.get(tbl, path, "token_file", _key_file, d.token_file),
+        cache_dir=reader.get(tbl, path, "cache_dir", _abs_path, d.cache_dir),
     )
     if not source:
         return None  # its problem is recorded; the other keys were checked all the same
     if m.is_local:
         for key in ("revision", "token_file", "cache_dir"):
             if key in tbl:
-                r.p.add(
+                reader.problems.add(
                     (*path, key),
                     f"only for a Hugging Face repo source; {source!r} is a "
                     "local directory: remove it",

@@ -1,4 +1,4 @@
-"""Pure: value conversion, one TOML value -> a typed value or `_Bad` with a message.
+"""Pure: value conversion, one TOML value -> a typed value, else `_ConversionError`.
 
 Each converter says what is wrong and what is accepted (durations, sizes, ports, paths,
 names); the section readers attach the key path and the line.
@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 
-from sglang_farm.config.problems import _Bad, _show
+from sglang_farm.config.problems import _ConversionError, _show
 
 # `farm.python = "@agent"`: the interpreter that runs the agent itself (the demo uses it
 # to run the simulator from the agent's own environment).
@@ -28,23 +28,23 @@ def _is_number(v: object) -> bool:
 
 def _str(v: object) -> str:
     if not isinstance(v, str) or not v:
-        raise _Bad(f"expected a non-empty string, got {_show(v)}")
+        raise _ConversionError(f"expected a non-empty string, got {_show(v)}")
     return v
 
 
 def _bool(v: object) -> bool:
     if not isinstance(v, bool):
-        raise _Bad(f"expected true or false, got {_show(v)}")
+        raise _ConversionError(f"expected true or false, got {_show(v)}")
     return v
 
 
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[object], int]:
     def conv(v: object) -> int:
         if not _is_int(v):
-            raise _Bad(f"expected an integer{_range_text(lo, hi)}, got {_show(v)}")
+            raise _ConversionError(f"expected an integer{_range_text(lo, hi)}, got {_show(v)}")
         assert isinstance(v, int)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise _Bad(f"expected an integer{_range_text(lo, hi)}, got {_show(v)}")
+            raise _ConversionError(f"expected an integer{_range_text(lo, hi)}, got {_show(v)}")
         return v
 
     return conv
@@ -112,10 +112,10 @@ def _duration(*, allow_zero: bool = False) -> Callable[[object], float]:
         try:
             seconds = parse_duration(v)
         except ValueError as exc:
-            raise _Bad(str(exc)) from None
+            raise _ConversionError(str(exc)) from None
         if seconds < 0 or (seconds == 0 and not allow_zero):
             need = ">= 0" if allow_zero else "> 0"
-            raise _Bad(f"expected a duration {need} ({_DURATION_HINT}), got {_show(v)}")
+            raise _ConversionError(f"expected a duration {need} ({_DURATION_HINT}), got {_show(v)}")
         return seconds
 
     return conv
@@ -125,7 +125,7 @@ def _choice(*options: str) -> Callable[[object], str]:
     def conv(v: object) -> str:
         if v not in options:
             accepted = ", ".join(repr(o) for o in options)
-            raise _Bad(f"expected one of {accepted}, got {_show(v)}")
+            raise _ConversionError(f"expected one of {accepted}, got {_show(v)}")
         assert isinstance(v, str)
         return v
 
@@ -134,7 +134,7 @@ def _choice(*options: str) -> Callable[[object], str]:
 
 def _abs_path(v: object) -> str:
     if not isinstance(v, str) or not v.startswith("/"):
-        raise _Bad(f"expected an absolute path (starting with '/'), got {_show(v)}")
+        raise _ConversionError(f"expected an absolute path (starting with '/'), got {_show(v)}")
     return v
 
 
@@ -147,13 +147,13 @@ _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _farm_name(v: object) -> str:
     if not isinstance(v, str) or not _NAME_RE.fullmatch(v):
-        raise _Bad(f"expected a name of letters, digits, '_', '.', '-', got {_show(v)}")
+        raise _ConversionError(f"expected a name of letters, digits, '_', '.', '-', got {_show(v)}")
     return v
 
 
 def _module(v: object) -> str:
     if not isinstance(v, str) or not _MODULE_RE.fullmatch(v):
-        raise _Bad(
+        raise _ConversionError(
             f"expected a dotted Python module name like 'sglang.launch_server', got {_show(v)}"
         )
     return v
@@ -166,14 +166,14 @@ _PYTHON_BAD = frozenset("\"'\\$")
 
 def _python(v: object) -> str:
     if not isinstance(v, str) or not (v.startswith("/") or v == AGENT_PYTHON):
-        raise _Bad(
+        raise _ConversionError(
             f"expected an absolute path to the SGLang environment's interpreter "
             f"(e.g. '/opt/sglang/bin/python3') or {AGENT_PYTHON!r}, got {_show(v)}"
         )
     bad = sorted({ch for ch in v if ch in _PYTHON_BAD or ch.isspace()})
     if bad:
         shown = ", ".join(repr(ch) for ch in bad)
-        raise _Bad(
+        raise _ConversionError(
             f"the workers' ExecStart= cannot run a program path containing {shown}, "
             f"got {_show(v)}; use a path without quotes, backslashes, '$' or spaces "
             "(a symlink to the interpreter will do)"
@@ -190,7 +190,7 @@ _ACCOUNT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 def _account(kind: str) -> Callable[[object], str]:
     def conv(v: object) -> str:
         if not isinstance(v, str) or not _ACCOUNT_RE.fullmatch(v):
-            raise _Bad(
+            raise _ConversionError(
                 f"expected a {kind} name: a letter or '_', then letters, digits, '_', "
                 f"'.' or '-', at most 32 characters (as useradd and systemd's "
                 f"{kind.capitalize()}= accept), got {_show(v)}"
@@ -205,7 +205,7 @@ def _key_file(v: object) -> str:
     # The rest of a LoadCredential= line is the path: systemd strips surrounding blanks
     # and reads a trailing backslash as a line continuation.
     if path != path.strip() or path.endswith("\\"):
-        raise _Bad(
+        raise _ConversionError(
             f"expected a path without surrounding blanks or a trailing backslash "
             f"(systemd's LoadCredential= would misread it), got {_show(v)}"
         )
@@ -216,20 +216,22 @@ def _socket_path(v: object) -> str:
     path = _abs_path(v)
     # AF_UNIX paths are capped at 108 bytes including the terminating NUL.
     if len(os.fsencode(path)) > 107:
-        raise _Bad(f"a Unix socket path must be at most 107 bytes, got {len(path)}: {_show(v)}")
+        raise _ConversionError(
+            f"a Unix socket path must be at most 107 bytes, got {len(path)}: {_show(v)}"
+        )
     return path
 
 
 def _listen(v: object) -> str:
     hint = "expected 'host:port' (e.g. '127.0.0.1:9840', '[::1]:9840')"
     if not isinstance(v, str) or ":" not in v:
-        raise _Bad(f"{hint}, got {_show(v)}")
+        raise _ConversionError(f"{hint}, got {_show(v)}")
     host, _, port = v.rpartition(":")
     # Port 0 asks the kernel for a free port (tests, throwaway farms); the log names it.
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise _Bad(f"{hint} with a port in 0..65535, got {_show(v)}")
+        raise _ConversionError(f"{hint} with a port in 0..65535, got {_show(v)}")
     if host.startswith("[") != host.endswith("]"):
-        raise _Bad(f"{hint}, got {_show(v)}")
+        raise _ConversionError(f"{hint}, got {_show(v)}")
     return v
 
 
@@ -242,13 +244,15 @@ def _canary(v: object) -> int | None:
     if v is False:
         return None
     if not _is_int(v) or not isinstance(v, int):
-        raise _Bad(f"expected a worker id (an integer) or false for no canary, got {_show(v)}")
+        raise _ConversionError(
+            f"expected a worker id (an integer) or false for no canary, got {_show(v)}"
+        )
     return v
 
 
 def _url_path(v: object) -> str:
     if not isinstance(v, str) or not v.startswith("/"):
-        raise _Bad(f"expected a URL path starting with '/', got {_show(v)}")
+        raise _ConversionError(f"expected a URL path starting with '/', got {_show(v)}")
     return v
 
 
@@ -259,7 +263,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:
 
 def _host(v: object) -> str:
     if not isinstance(v, str) or not _HOST_RE.fullmatch(v):
-        raise _Bad(
+        raise _ConversionError(
             f"expected a host name or IP address (letters, digits, '.', '-'; IPv6 "
             f"with ':'), got {_show(v)}"
         )
@@ -268,13 +272,13 @@ def _host(v: object) -> str:
 
 def _http_url(v: object) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v):
-        raise _Bad(f"expected a base URL like 'http://10.0.0.5:8000', got {_show(v)}")
+        raise _ConversionError(f"expected a base URL like 'http://10.0.0.5:8000', got {_show(v)}")
     return v.rstrip("/")
 
 
 def _str_list(v: object) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise _Bad(f"expected a list of strings, got {_show(v)}")
+        raise _ConversionError(f"expected a list of strings, got {_show(v)}")
     return tuple(v)
 
 
@@ -303,7 +307,7 @@ _SIZE_UNITS = {
 def _model_source(v: object) -> str:
     if isinstance(v, str) and (v.startswith("/") or _REPO_ID_RE.fullmatch(v)):
         return v.rstrip("/") if v != "/" else v
-    raise _Bad(
+    raise _ConversionError(
         f"expected an absolute directory (a persistent disk, NFS) or a Hugging Face "
         f"repo id like 'Qwen/Qwen3-8B', got {_show(v)}"
     )
@@ -311,7 +315,7 @@ def _model_source(v: object) -> str:
 
 def _revision(v: object) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]*", v):
-        raise _Bad(f"expected a branch, tag or commit of the repo, got {_show(v)}")
+        raise _ConversionError(f"expected a branch, tag or commit of the repo, got {_show(v)}")
     return v
 
 
@@ -320,7 +324,7 @@ def _size(v: object) -> int:
         return v
     m = _SIZE_RE.fullmatch(v.strip()) if isinstance(v, str) else None
     if m is None:
-        raise _Bad(
+        raise _ConversionError(
             f"expected a size: bytes (a number) or a string like '4GiB', '512MiB', got {_show(v)}"
         )
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])

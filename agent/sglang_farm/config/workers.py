@@ -40,21 +40,23 @@ class _Claim:
     host_path: _Path
 
 
-def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> list[int] | None:
+def _gpu_list(
+    reader: _Reader, path: _Path, value: object, gpu_count: int | None
+) -> list[int] | None:
     if value == "all":
         if gpu_count is None:
-            r.p.add(
+            reader.problems.add(
                 path,
                 'gpus = "all" needs NVML to count GPUs, and no count was given '
                 "here; list them instead, e.g. gpus = [0, 1, 2, 3]",
             )
             return None
         if gpu_count < 1:
-            r.p.add(path, 'gpus = "all" but this host has no GPU that NVML can see')
+            reader.problems.add(path, 'gpus = "all" but this host has no GPU that NVML can see')
             return None
         return list(range(gpu_count))
     if not isinstance(value, list) or not value or not all(_is_int(g) and g >= 0 for g in value):
-        r.p.add(
+        reader.problems.add(
             path,
             f'expected "all" or a non-empty list of GPU indices (integers >= 0), '
             f"got {_show(value)}",
@@ -64,10 +66,10 @@ def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> 
     ok = True
     for i, g in enumerate(gpus):
         if g in gpus[:i]:
-            r.p.add(path, f"GPU {g} is listed twice; each GPU belongs to one worker")
+            reader.problems.add(path, f"GPU {g} is listed twice; each GPU belongs to one worker")
             ok = False
         if gpu_count is not None and g >= gpu_count:
-            r.p.add(
+            reader.problems.add(
                 path,
                 f"GPU {g} does not exist; this host has {gpu_count} GPU(s), 0..{gpu_count - 1}",
             )
@@ -76,7 +78,7 @@ def _gpu_list(r: _Reader, path: _Path, value: object, gpu_count: int | None) -> 
 
 
 def _workers(
-    r: _Reader,
+    reader: _Reader,
     doc: _Table,
     farm: FarmSection,
     base_flags: dict[str, FlagValue],
@@ -84,21 +86,21 @@ def _workers(
 ) -> tuple[list[WorkerSpec], dict[int, _Claim]] | None:
     path = ("workers",)
     d = WorkersDefaults()
-    tbl = r.table(
+    tbl = reader.table(
         path,
         doc.get("workers", {}),
         ("gpus", "gpus_per_worker", "host", "base_port", "nccl_base_port", "overrides"),
     )
-    before = len(r.p.items)
-    per = r.get(tbl, path, "gpus_per_worker", _int(1), d.gpus_per_worker)
-    per_ok = len(r.p.items) == before
-    host = r.get(tbl, path, "host", _host, d.host)
-    base_port = r.get(tbl, path, "base_port", _PORT, d.base_port)
-    nccl_base = r.get(tbl, path, "nccl_base_port", _PORT, d.nccl_base_port)
-    gpus = _gpu_list(r, (*path, "gpus"), tbl.get("gpus", d.gpus), gpu_count)
+    before = len(reader.problems.items)
+    per = reader.get(tbl, path, "gpus_per_worker", _int(1), d.gpus_per_worker)
+    per_ok = len(reader.problems.items) == before
+    host = reader.get(tbl, path, "host", _host, d.host)
+    base_port = reader.get(tbl, path, "base_port", _PORT, d.base_port)
+    nccl_base = reader.get(tbl, path, "nccl_base_port", _PORT, d.nccl_base_port)
+    gpus = _gpu_list(reader, (*path, "gpus"), tbl.get("gpus", d.gpus), gpu_count)
     raw_overrides = tbl.get("overrides", {})
     if not isinstance(raw_overrides, dict):
-        r.p.add(
+        reader.problems.add(
             (*path, "overrides"),
             f"expected tables [workers.overrides.N], got {_show(raw_overrides)}",
         )
@@ -106,10 +108,10 @@ def _workers(
     if gpus is None or not per_ok:
         # Nothing to lay workers out on; still check the overrides' shapes.
         for key, raw in raw_overrides.items():
-            _override(r, (*path, "overrides", key), raw, gpu_count)
+            _override(reader, (*path, "overrides", key), raw, gpu_count)
         return None
     if len(gpus) % per:
-        r.p.add(
+        reader.problems.add(
             (*path, "gpus_per_worker"),
             f"{len(gpus)} GPU(s) do not split into workers "
             f"of {per}; list a multiple of {per} GPUs in workers.gpus",
@@ -119,7 +121,7 @@ def _workers(
     count = len(gpus) // per
     for key, base in (("base_port", base_port), ("nccl_base_port", nccl_base)):
         if base + count - 1 > 65535:
-            r.p.add(
+            reader.problems.add(
                 (*path, key),
                 f"{base} + {count - 1} (the last worker) exceeds 65535; "
                 f"choose a base port <= {65536 - count}",
@@ -127,11 +129,13 @@ def _workers(
     overrides: dict[int, _Table] = {}
     for key, raw in raw_overrides.items():
         opath = (*path, "overrides", key)
-        ov = _override(r, opath, raw, gpu_count)
+        ov = _override(reader, opath, raw, gpu_count)
         if not key.isdigit():
-            r.p.add(opath, f"expected a worker id (an integer 0..{count - 1}), got {key!r}")
+            reader.problems.add(
+                opath, f"expected a worker id (an integer 0..{count - 1}), got {key!r}"
+            )
         elif int(key) >= count:
-            r.p.add(
+            reader.problems.add(
                 opath,
                 f"no worker {int(key)}; workers are 0..{count - 1} "
                 f"({len(gpus)} GPU(s), {per} per worker)",
@@ -177,25 +181,27 @@ def _workers(
     return workers, claims
 
 
-def _override(r: _Reader, path: _Path, raw: object, gpu_count: int | None) -> _Table | None:
+def _override(reader: _Reader, path: _Path, raw: object, gpu_count: int | None) -> _Table | None:
     """A valid override as a table of converted values; None if it has problems."""
-    tbl = r.table(path, raw, ("gpus", "host", "port", "nccl_port", "env", "sglang"))
-    before = len(r.p.items)
+    tbl = reader.table(path, raw, ("gpus", "host", "port", "nccl_port", "env", "sglang"))
+    before = len(reader.problems.items)
     out: _Table = {}
     if "gpus" in tbl:
-        gpus = _gpu_list(r, (*path, "gpus"), tbl["gpus"], gpu_count)
+        gpus = _gpu_list(reader, (*path, "gpus"), tbl["gpus"], gpu_count)
         if gpus is not None and tbl["gpus"] == "all":
-            r.p.add((*path, "gpus"), "expected a list of this worker's GPUs, got 'all'")
+            reader.problems.add((*path, "gpus"), "expected a list of this worker's GPUs, got 'all'")
         elif gpus is not None:
             out["gpus"] = gpus
     for key, conv in (("host", _host), ("port", _PORT), ("nccl_port", _PORT)):
-        value = r.get(tbl, path, key, conv, None)
+        value = reader.get(tbl, path, key, conv, None)
         if value is not None:
             out[key] = value
-    out["env"] = r.env(tbl, path)
+    out["env"] = reader.env(tbl, path)
     raw_flags = tbl.get("sglang", {})
     if isinstance(raw_flags, dict):
-        out["sglang"] = r.flags(raw_flags, (*path, "sglang"))
+        out["sglang"] = reader.flags(raw_flags, (*path, "sglang"))
     else:
-        r.p.add((*path, "sglang"), f"expected a table of SGLang flags, got {_show(raw_flags)}")
-    return out if len(r.p.items) == before else None
+        reader.problems.add(
+            (*path, "sglang"), f"expected a table of SGLang flags, got {_show(raw_flags)}"
+        )
+    return out if len(reader.problems.items) == before else None
