@@ -39,7 +39,12 @@ from sglang_farm.config.load import (
     load_spec,
     load_spec_file,
 )
-from sglang_farm.config.values import AGENT_PYTHON, MAX_DURATION_S, listen_port, parse_duration
+from sglang_farm.config.values import (
+    AGENT_PYTHON,
+    MAX_DURATION_S,
+    parse_duration,
+    parse_endpoint,
+)
 from sglang_farm.config.workers import WorkersDefaults
 
 __all__ = [
@@ -49,8 +54,8 @@ __all__ = [
     "WorkersDefaults",
     "check_spec",
     "check_spec_file",
-    "listen_port",
     "load_spec",
     "load_spec_file",
     "parse_duration",
+    "parse_endpoint",
 ]

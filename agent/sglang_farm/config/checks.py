@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from sglang_farm import sglang_flags
 from sglang_farm.config.lines import _Path
 from sglang_farm.config.reader import _Reader
-from sglang_farm.config.values import _is_number, listen_port
+from sglang_farm.config.values import _is_number
 from sglang_farm.config.workers import _Claim
 from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.sglang_flags import SGLANG_MODULE
@@ -55,13 +55,13 @@ def _cross_check(
                 gpu_owner[g] = w.id
     # HTTP and NCCL ports share the host's port space (NCCL binds all interfaces), and
     # so does the metrics listener.
-    port_owner: dict[int, str] = {listen_port(metrics.listen): "the metrics listener"}
+    port_owner: dict[int, str] = {metrics.listen.port: "the metrics listener"}
     if gateway.mode == "managed":
         for listen, who in (
             (gateway.listen, "the gateway ([gateway] listen)"),
             (gateway.metrics_listen, "the gateway's metrics listener"),
         ):
-            port = listen_port(listen)
+            port = listen.port
             if port in port_owner:
                 reader.problems.add(
                     ("gateway", "listen" if "listen)" in who else "metrics_listen"),

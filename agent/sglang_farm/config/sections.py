@@ -223,7 +223,7 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
                     f"{flag} is set by the farm from [gateway] "
                     "(listen, policy, metrics_listen, the key files); remove it",
                 )
-        host = g.listen.rpartition(":")[0].strip("[]")
+        host = g.listen.host
         # The worker API always has a key (admin_key_file, else one the agent generates:
         # gateway/adminkey.py); only users' requests may be open.
         if g.api_key_file is None and not is_loopback(host):

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 from sglang_farm.config.problems import _ConversionError, _show
+from sglang_farm.spec import Endpoint
 
 # `farm.python = "@agent"`: the interpreter that runs the agent itself (the demo uses it
 # to run the simulator from the agent's own environment).
@@ -222,22 +223,28 @@ def _socket_path(v: object) -> str:
     return path
 
 
-def _listen(v: object) -> str:
+def parse_endpoint(text: object) -> Endpoint:
+    """The `Endpoint` of a "host:port" listen address ('[v6]:port' too).
+
+    Raises ValueError with a user-facing message saying what is accepted. Port 0 asks the
+    kernel for a free port (tests, throwaway farms); the log names the one it got.
+    """
     hint = "expected 'host:port' (e.g. '127.0.0.1:9840', '[::1]:9840')"
-    if not isinstance(v, str) or ":" not in v:
-        raise _ConversionError(f"{hint}, got {_show(v)}")
-    host, _, port = v.rpartition(":")
-    # Port 0 asks the kernel for a free port (tests, throwaway farms); the log names it.
+    if not isinstance(text, str) or ":" not in text:
+        raise ValueError(f"{hint}, got {_show(text)}")
+    host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise _ConversionError(f"{hint} with a port in 0..65535, got {_show(v)}")
+        raise ValueError(f"{hint} with a port in 0..65535, got {_show(text)}")
     if host.startswith("[") != host.endswith("]"):
-        raise _ConversionError(f"{hint}, got {_show(v)}")
-    return v
+        raise ValueError(f"{hint}, got {_show(text)}")
+    return Endpoint(host.strip("[]"), int(port))
 
 
-def listen_port(listen: str) -> int:
-    """The port of a validated `metrics.listen` value."""
-    return int(listen.rpartition(":")[2])
+def _listen(v: object) -> Endpoint:
+    try:
+        return parse_endpoint(v)
+    except ValueError as exc:
+        raise _ConversionError(str(exc)) from None
 
 
 def _canary(v: object) -> int | None:

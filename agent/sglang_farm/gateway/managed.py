@@ -28,6 +28,10 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an annotation only: the key-file launcher imports this module lean
+    from sglang_farm.spec import Endpoint
 
 # `smg launch --policy` choices in smg 1.13.0 (smg/router_args.py, COMMON_POLICY_CHOICES).
 POLICIES = (
@@ -178,24 +182,16 @@ def smg_argv(
     return argv + list(spec.extra_args)
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """'host:port' (or '[v6]:port') -> (host, port)."""
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def from_config(
-    listen: str, metrics_listen: str, policy: str, extra_args: Sequence[str]
+    listen: Endpoint, metrics_listen: Endpoint, policy: str, extra_args: Sequence[str]
 ) -> ManagedGateway:
     """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`)."""
-    host, port = split_listen(listen)
-    mhost, mport = split_listen(metrics_listen)
     return ManagedGateway(
-        host=host,
-        port=port,
+        host=listen.host,
+        port=listen.port,
         policy=policy,
-        metrics_port=mport,
-        metrics_host=mhost,
+        metrics_port=metrics_listen.port,
+        metrics_host=metrics_listen.host,
         extra_args=tuple(extra_args),
     )
 
