@@ -1,8 +1,8 @@
-"""Pure (+ the one file read): the entry points, TOML text -> `FarmSpec` or every problem.
+"""Pure: the entry points, TOML text -> `FarmSpec` or every problem at once.
 
 `load_spec`/`check_spec` parse (`tomllib.loads`), refuse control characters, read each
-section, resolve the workers, then run the cross-checks; `load_spec_file` and
-`check_spec_file` are the thin shell that reads one file.
+section, resolve the workers, then run the cross-checks. `load_spec_file` and
+`check_spec_file` are the thin shell around them: the one file read (I/O).
 """
 
 from __future__ import annotations
