@@ -59,6 +59,13 @@ _STAGING_FAST = (
     "and not symlink and not cancel and not real_mount"
 )
 
+_CONFIG_TESTS = (
+    "tests/test_config.py",
+    "tests/test_staging_config.py",
+    "tests/test_mutation_config.py",
+    "tests/test_endpoint.py",
+)
+
 # module (as docs/testing.md names it) -> (import name, pytest's arguments: its fast tests)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # Its own tests first, then the real Agent on a virtual clock over the fake runtime
@@ -88,10 +95,23 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("tests/test_classify.py", "tests/test_mutation_classify.py"),
     ),
     "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
-    "config": (
-        "sglang_farm.config",
-        ("tests/test_config.py", "tests/test_staging_config.py", "tests/test_mutation_config.py"),
-    ),
+    # The config package, module by module, each against all of the config's tests.
+    **{
+        f"config.{name}": (f"sglang_farm.config.{name}", _CONFIG_TESTS)
+        for name in (
+            "lines",
+            "problems",
+            "printable",
+            "values",
+            "flags",
+            "reader",
+            "sections",
+            "oom",
+            "workers",
+            "checks",
+            "load",
+        )
+    },
     "staging.plan": (
         "sglang_farm.staging.plan",
         ("tests/test_staging.py", "tests/test_mutation_staging.py", "-k", _STAGING_FAST),
@@ -570,15 +590,27 @@ def table(scores: Sequence[Score]) -> str:
     return "\n".join(rows)
 
 
+# A package's name stands for each of its modules (`--module config`: config.lines, ...).
+PACKAGES = frozenset(m.rpartition(".")[0] for m in MODULES if "." in m)
+
+
+def _expand(names: Sequence[str]) -> list[str]:
+    """`--module` names -> modules of MODULES, a package's in MODULES' order."""
+    out: list[str] = []
+    for name in names:
+        out += [name] if name in MODULES else [m for m in MODULES if m.startswith(name + ".")]
+    return list(dict.fromkeys(out))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench mutants", description=__doc__.split("\n")[0])
-    ap.add_argument("--module", action="append", choices=sorted(MODULES))
+    ap.add_argument("--module", action="append", choices=sorted({*MODULES, *PACKAGES}))
     ap.add_argument("--list", action="store_true", help="list the mutants; run nothing")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     os.chdir(ROOT)
-    modules = a.module or list(MODULES)
+    modules = _expand(a.module) if a.module else list(MODULES)
     if a.list:
         for module in modules:
             spec = importlib.util.find_spec(MODULES[module][0])

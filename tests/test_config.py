@@ -133,7 +133,7 @@ def test_shipped_demo_toml_runs_eight_simulated_workers() -> None:
     assert (spec.startup.canary, spec.startup.parallel) == (0, 4)
     assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (2, 5, 3)
     assert (spec.restart.backoff_initial, spec.restart.backoff_max) == (1, 30)
-    assert spec.metrics.listen == "127.0.0.1:9840" and spec.metrics.gpu_source == "fake"
+    assert str(spec.metrics.listen) == "127.0.0.1:9840" and spec.metrics.gpu_source == "fake"
     assert spec.control.socket.startswith("/tmp/")
 
 

@@ -25,19 +25,21 @@ from sglang_farm.exporter import (
     MAX_CACHED_FORMATS,
     MAX_CONNECTIONS,
     Exporter,
-    parse_listen,
     sd_targets,
 )
 from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import Phase
 from sglang_farm.fdbudget import exporter_pending_cap
 from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.spec import Endpoint
+
+LOOPBACK_ANY_PORT = Endpoint("127.0.0.1", 0)  # port 0: the kernel picks a free one
 
 
 @pytest.fixture
 def exporter() -> Iterator[Exporter]:
     st = state()
-    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: st), lambda: st, LOOPBACK_ANY_PORT) as exp:
         yield exp
 
 
@@ -93,7 +95,7 @@ def test_a_failing_collector_answers_500_and_the_server_keeps_serving() -> None:
             raise RuntimeError("bug in the agent")
         return st
 
-    with Exporter(build_registry(getter), lambda: good, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(getter), lambda: good, LOOPBACK_ANY_PORT) as exp:
         assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 500
         current[0] = good
         assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200
@@ -110,15 +112,15 @@ def test_concurrent_scrapes_all_succeed(exporter: Exporter) -> None:
 
 def test_a_taken_port_fails_at_once_naming_the_address() -> None:
     st = state()
-    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0") as first:
+    with Exporter(build_registry(lambda: st), lambda: st, LOOPBACK_ANY_PORT) as first:
         taken = f"127.0.0.1:{first.port}"
         with pytest.raises(OSError, match=rf"cannot listen on {taken} for metrics"):
-            Exporter(build_registry(lambda: st), lambda: st, taken)
+            Exporter(build_registry(lambda: st), lambda: st, Endpoint("127.0.0.1", first.port))
 
 
 def test_close_frees_the_port() -> None:
     st = state()
-    exp = Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0")
+    exp = Exporter(build_registry(lambda: st), lambda: st, LOOPBACK_ANY_PORT)
     port = exp.port
     exp.close()
     exp.close()  # twice is fine
@@ -132,31 +134,12 @@ def test_ipv6_loopback_listen() -> None:
         pytest.skip("no IPv6 on this machine")
     st = state()
     try:
-        exp = Exporter(build_registry(lambda: st), lambda: st, "[::1]:0")
+        exp = Exporter(build_registry(lambda: st), lambda: st, Endpoint("::1", 0))
     except OSError as exc:
         pytest.skip(f"::1 not bindable here: {exc}")
     with exp:
         assert exp.url.startswith("http://[::1]:")
         assert httpx.get(f"{exp.url}/metrics", timeout=5).status_code == 200
-
-
-@pytest.mark.parametrize(
-    ("listen", "want"),
-    [
-        ("127.0.0.1:9840", ("127.0.0.1", 9840)),
-        (":9840", ("0.0.0.0", 9840)),
-        ("[::1]:9840", ("::1", 9840)),
-        ("0.0.0.0:0", ("0.0.0.0", 0)),
-    ],
-)
-def test_parse_listen_accepts_host_port_forms(listen: str, want: tuple[str, int]) -> None:
-    assert parse_listen(listen) == want
-
-
-@pytest.mark.parametrize("listen", ["9840", "host:", "host:http", "h:70000"])
-def test_parse_listen_rejects_bad_addresses_saying_what_is_accepted(listen: str) -> None:
-    with pytest.raises(ValueError, match="expected HOST:PORT"):
-        parse_listen(listen)
 
 
 @pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT], ids=["text", "prometheus"])
@@ -170,7 +153,7 @@ def test_the_body_is_formatted_once_per_state_and_follows_a_swap(accept: str) ->
         return current
 
     headers = {"Accept": accept} if accept else {}
-    with Exporter(build_registry(getter), getter, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(getter), getter, LOOPBACK_ANY_PORT) as exp:
         first = httpx.get(f"{exp.url}/metrics", headers=headers, timeout=5).text
         formatted = calls
         for _ in range(3):
@@ -184,7 +167,7 @@ def test_the_body_is_formatted_once_per_state_and_follows_a_swap(accept: str) ->
 def test_many_scrapes_keep_one_cached_body_per_format() -> None:
     """A body is kept per format, not per scrape: 300 KB at 64 workers, every 15 s."""
     current = state()
-    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: current), lambda: current, LOOPBACK_ANY_PORT) as exp:
         for accept in [PROMETHEUS_ACCEPT] * 20 + [""] * 5:
             httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
         assert len(exp._server.cache[1]) == 2
@@ -194,7 +177,7 @@ def test_a_client_naming_ever_new_formats_costs_no_memory() -> None:
     """The OpenMetrics version a client names is echoed into the content type: 50
     versions are 50 formats, and only a few bodies of the current state are kept."""
     current = state()
-    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: current), lambda: current, LOOPBACK_ANY_PORT) as exp:
         for i in range(1, 51):
             accept = f"application/openmetrics-text;version=1.{i}"
             r = httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
@@ -206,7 +189,7 @@ def test_a_version_that_is_not_digits_and_dots_is_not_echoed_into_the_header() -
     """The library echoes the asked-for version into Content-Type: a folded header's
     CR LF, or markup, would go back to the client."""
     current = state()
-    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: current), lambda: current, LOOPBACK_ANY_PORT) as exp:
         with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
             s.sendall(
                 b"GET /metrics HTTP/1.0\r\n"
@@ -224,7 +207,7 @@ def test_a_version_that_is_not_digits_and_dots_is_not_echoed_into_the_header() -
 
 def test_an_accept_header_the_library_cannot_parse_gets_the_text_format() -> None:
     current = state()
-    with Exporter(build_registry(lambda: current), lambda: current, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: current), lambda: current, LOOPBACK_ANY_PORT) as exp:
         accept = "application/openmetrics-text;version=1.0.0a"
         r = httpx.get(f"{exp.url}/metrics", headers={"Accept": accept}, timeout=5)
         assert r.status_code == 200
@@ -242,8 +225,9 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from metrics_fixtures import state
 from sglang_farm.exporter import Exporter
 from sglang_farm.metrics import build_registry
+from sglang_farm.spec import Endpoint
 st = state()
-exp = Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0")
+exp = Exporter(build_registry(lambda: st), lambda: st, Endpoint("127.0.0.1", 0))
 print("PORT", exp.port, flush=True)
 sys.stdin.read()  # serve until the test closes our stdin
 exp.close()
@@ -311,7 +295,7 @@ def test_300_idle_connections_pin_no_threads_or_fds_and_a_scrape_still_succeeds(
 def test_a_silent_or_unfinished_request_is_closed_at_the_request_deadline() -> None:
     st = state()
     with Exporter(
-        build_registry(lambda: st), lambda: st, "127.0.0.1:0", request_timeout=0.3
+        build_registry(lambda: st), lambda: st, LOOPBACK_ANY_PORT, request_timeout=0.3
     ) as exp:
         with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as silent:
             t0 = time.monotonic()
@@ -342,7 +326,7 @@ def test_requests_over_the_cap_are_shed_at_once_and_their_slots_come_back() -> N
     gate = _Gate()
     registry = CollectorRegistry()
     registry.register(gate)
-    with Exporter(registry, lambda: st, "127.0.0.1:0", max_connections=2) as exp:
+    with Exporter(registry, lambda: st, LOOPBACK_ANY_PORT, max_connections=2) as exp:
         with ThreadPoolExecutor(2) as pool:
             # Two requests whose answers are being formatted: each holds a handler.
             held = [pool.submit(httpx.get, f"{exp.url}/metrics", timeout=10) for _ in range(2)]
@@ -393,7 +377,7 @@ def test_70_dribbling_clients_of_another_user_leave_every_scrape_answered() -> N
     asuser.require()
     st = state()
     with Exporter(
-        build_registry(lambda: st), lambda: st, "127.0.0.1:0", request_timeout=1.0
+        build_registry(lambda: st), lambda: st, LOOPBACK_ANY_PORT, request_timeout=1.0
     ) as exp:
         slow = asuser.popen_as_nobody(
             [sys.executable, "-I", "-c", _DRIBBLER, str(exp.port), "70", "0.2"]

@@ -24,7 +24,7 @@ def test_backoff_max_may_equal_but_not_undercut_backoff_initial() -> None:
 @pytest.mark.parametrize("port", [0, 1, 65535])
 def test_a_listen_port_in_range_is_accepted(port: int) -> None:
     spec = load(MINIMAL + f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
-    assert spec.metrics.listen == f"127.0.0.1:{port}"
+    assert str(spec.metrics.listen) == f"127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:65536", ":80", "127.0.0.1:x"])
@@ -108,7 +108,7 @@ def test_a_managed_gateway_off_loopback_warns_of_keyless_users_unless_api_key_fi
     assert check_spec(keyed, source="farm.toml").warnings == ()
     loopback = MINIMAL + '[gateway]\nmode = "managed"\nlisten = "127.0.0.1:8000"\n'
     assert check_spec(loopback, source="farm.toml").warnings == ()
-    assert load(MINIMAL + '[gateway]\nmode = "managed"\n').gateway.listen == "127.0.0.1:8000"
+    assert str(load(MINIMAL + '[gateway]\nmode = "managed"\n').gateway.listen) == "127.0.0.1:8000"
 
 
 def test_a_managed_gateway_refuses_the_flags_the_farm_sets() -> None:

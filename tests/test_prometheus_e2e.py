@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics_fixtures import gateway_state
 from sglang_farm.exporter import Exporter
 from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.spec import Endpoint
 
 pytestmark = pytest.mark.slow
 
@@ -139,7 +140,7 @@ def test_prometheus_scrapes_every_family_and_discovers_ready_workers(
     for fam in text_string_to_metric_families(generate_latest(build_registry(lambda: st)).decode()):
         expected.update(s.name for s in fam.samples)
 
-    with Exporter(build_registry(lambda: st), lambda: st, "127.0.0.1:0") as exp:
+    with Exporter(build_registry(lambda: st), lambda: st, Endpoint("127.0.0.1", 0)) as exp:
         target = f"127.0.0.1:{exp.port}"
         config = json.dumps(
             {

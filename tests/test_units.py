@@ -21,6 +21,7 @@ from sglang_farm.gateway.managed import from_spec, launch_argv, smg_stop_timeout
 from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
 from sglang_farm.sglang_argv import build_command
 from sglang_farm.spec import (
+    Endpoint,
     FarmSection,
     FarmSpec,
     FlagValue,
@@ -109,9 +110,9 @@ def gateway_spec(
         gateway=gateway
         or GatewaySpec(
             mode="managed",
-            listen="127.0.0.1:8000",
+            listen=Endpoint("127.0.0.1", 8000),
             policy="round_robin",
-            metrics_listen="127.0.0.1:29000",
+            metrics_listen=Endpoint("127.0.0.1", 29000),
             extra_args=("--log-level", "warn", "--request-timeout-secs", "600"),
             admin_key_file="/etc/sglang-farm/gateway-admin.key",
             api_key_file="/etc/sglang-farm/gateway-api.key",
@@ -249,7 +250,7 @@ def test_user_or_group_with_a_control_character_is_refused_not_written_as_a_dire
 
 def test_description_with_a_control_character_is_refused() -> None:
     spec = demo_spec(n=1)
-    gw = GatewaySpec(mode="managed", listen="127.0.0.1\nExecStartPre=+/bin/id:8000")
+    gw = GatewaySpec(mode="managed", listen=Endpoint("127.0.0.1\nExecStartPre=+/bin/id", 8000))
     with pytest.raises(ValueError, match="control character"):
         render(replace(spec, gateway=gw))
 
@@ -313,7 +314,9 @@ def test_agent_dropin_allows_the_non_loopback_addresses_the_config_names() -> No
     "change",
     [
         lambda s: _with_hosts(s, "gpu-node-1.internal"),  # a name: resolved by DNS anywhere
-        lambda s: replace(s, metrics=replace(s.metrics, listen="0.0.0.0:9840")),  # scrapers
+        lambda s: replace(
+            s, metrics=replace(s.metrics, listen=Endpoint("0.0.0.0", 9840))
+        ),  # scrapers
         lambda s: replace(s, gateway=GatewaySpec(mode="external", url="https://smg.example")),
     ],
 )
@@ -325,7 +328,7 @@ def test_agent_dropin_allows_any_address_when_peers_cannot_be_listed(
 
 
 def test_loopback_config_with_the_packaged_groups_needs_no_agent_dropin() -> None:
-    gw = GatewaySpec(mode="managed", listen="0.0.0.0:8000", admin_key_file="/etc/k")
+    gw = GatewaySpec(mode="managed", listen=Endpoint("0.0.0.0", 8000), admin_key_file="/etc/k")
     spec = replace(demo_spec(n=2), gateway=gw)
     assert AGENT_DROPIN not in render(spec)
 
@@ -434,8 +437,8 @@ def test_gateway_unit_runs_the_key_file_launcher_with_keys_from_credentials() ->
         from_spec(
             GatewaySpec(
                 mode="managed",
-                listen="127.0.0.1:8000",
-                metrics_listen="127.0.0.1:29000",
+                listen=Endpoint("127.0.0.1", 8000),
+                metrics_listen=Endpoint("127.0.0.1", 29000),
                 policy="round_robin",
                 extra_args=spec.gateway.extra_args,
             )
@@ -537,7 +540,7 @@ def test_exec_line_writes_specifier_words_bare_and_refuses_unsafe_ones() -> None
 def test_gateway_unit_for_a_non_loopback_listen_with_an_admin_key_file() -> None:
     spec = gateway_spec(
         gateway=GatewaySpec(
-            mode="managed", listen="0.0.0.0:8000", admin_key_file="/etc/sglang-farm/k"
+            mode="managed", listen=Endpoint("0.0.0.0", 8000), admin_key_file="/etc/sglang-farm/k"
         )
     )
     assert "--host 0.0.0.0" in render(spec)[GW]
@@ -1175,8 +1178,8 @@ def test_gateway_unit_serves_as_a_dynamic_user_under_its_hardening_keys_unseen(
         _container_spec(),
         gateway=GatewaySpec(
             mode="managed",
-            listen="127.0.0.1:18000",
-            metrics_listen="127.0.0.1:18001",
+            listen=Endpoint("127.0.0.1", 18000),
+            metrics_listen=Endpoint("127.0.0.1", 18001),
             admin_key_file="/etc/sf-gw/admin.key",
             # smg waits 5 s after SIGTERM, then this grace: the stop below stays quick.
             extra_args=("--shutdown-grace-period-secs", "1"),

@@ -44,6 +44,7 @@ from prometheus_client.registry import CollectorRegistry
 from sglang_farm import exposition, fdbudget
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.metrics import MetricsState, gpu_label
+from sglang_farm.spec import Endpoint
 
 log = structlog.get_logger(__name__)
 
@@ -62,22 +63,6 @@ _BUSY = (
     b"Retry-After: 1\r\nContent-Length: 41\r\nConnection: close\r\n\r\n"
     b"too many connections; try again shortly\r\n"
 )
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """("host", port) from "host:port", "[v6]:port" or ":port" (all interfaces).
-
-    Raises ValueError with a message that names the accepted forms.
-    """
-    host, sep, port_s = listen.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
-        raise ValueError(
-            f"metrics listen address {listen!r}: expected HOST:PORT with a port in 0..65535, "
-            "e.g. '127.0.0.1:9840', '[::1]:9840' or ':9840'"
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port_s)
 
 
 def sd_targets(farm: FarmView | None) -> list[dict[str, object]]:
@@ -362,7 +347,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Exporter:
-    """Serves `registry` and `/sd` on `listen` ("host:port"; port 0 picks a free one).
+    """Serves `registry` and `/sd` on `listen` (port 0 picks a free one).
 
     Binds in the constructor, so a taken port fails at once with OSError; serves
     in a daemon thread until `close()`. At most `max_connections` requests are served
@@ -375,14 +360,14 @@ class Exporter:
         self,
         registry: CollectorRegistry,
         state_getter: Callable[[], MetricsState],
-        listen: str,
+        listen: Endpoint,
         *,
         max_connections: int = MAX_CONNECTIONS,
         max_pending: int | None = None,
         request_timeout: float = REQUEST_TIMEOUT_S,
         write_timeout: float = WRITE_TIMEOUT_S,
     ) -> None:
-        host, port = parse_listen(listen)
+        host, port = listen.host, listen.port
         cls = _Server6 if ":" in host else _Server
         if max_pending is None:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

@@ -114,10 +114,25 @@ class OomPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A listen address (`[metrics] listen`, `[gateway] listen` and `metrics_listen`),
+    parsed once, by the config (`config.parse_endpoint`): `host` without an IPv6 address's
+    brackets, `port` in 0..65535 (0: the kernel picks a free port). `str()` gives the
+    "host:port" text back, with the brackets for an IPv6 address.
+    """
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsSpec:
     """`[metrics]`: the Prometheus exporter."""
 
-    listen: str = "127.0.0.1:9840"
+    listen: Endpoint = Endpoint("127.0.0.1", 9840)
     gpu_poll_interval: float = 5.0
     worker_poll_interval: float = 5.0
     worker_poll_timeout: float = 2.0
@@ -134,10 +149,10 @@ class GatewaySpec:
     """
 
     mode: str = "off"
-    listen: str = "127.0.0.1:8000"  # managed: where clients connect
+    listen: Endpoint = Endpoint("127.0.0.1", 8000)  # managed: where clients connect
     url: str | None = None  # external: the gateway's base URL
     policy: str = "cache_aware"  # managed: smg's --policy
-    metrics_listen: str = "127.0.0.1:29000"  # managed: smg's own /metrics listener
+    metrics_listen: Endpoint = Endpoint("127.0.0.1", 29000)  # managed: smg's /metrics
     extra_args: tuple[str, ...] = ()  # managed: more `smg launch` flags
     # Files holding keys (root-only; never the config itself or argv): the key for the
     # worker API (/workers), and the key clients must send to the serving routes.

@@ -209,11 +209,10 @@ def agent_ip_allow(spec: FarmSpec) -> tuple[str, ...]:
     alone when one of them cannot be listed.
     """
     wanted: set[str | None] = {_ip_allowed(w.host, wildcard=None) for w in spec.workers}
-    metrics_host = spec.metrics.listen.rpartition(":")[0]
-    wanted.add(None if _ip_allowed(metrics_host, wildcard="any") is None else "any")
+    wanted.add(None if _ip_allowed(spec.metrics.listen.host, wildcard="any") is None else "any")
     g = spec.gateway
     if g.mode == "managed":
-        wanted.add(_ip_allowed(g.listen.rpartition(":")[0], wildcard=None))
+        wanted.add(_ip_allowed(g.listen.host, wildcard=None))
     elif g.mode == "external" and g.url:
         wanted.add(_ip_allowed(urlsplit(g.url).hostname or "", wildcard="any"))
     found = {entry for entry in wanted if entry is not None}
@@ -326,13 +325,13 @@ def render_gateway_unit(
     """
     g = spec.gateway
     # First: a control character in the listen address is the clearest message.
-    listen = setting_text(g.listen, "[gateway] listen")
+    listen = setting_text(str(g.listen), "[gateway] listen")
     argv, marks = gateway_argv(spec, python, gateway)
     stop = smg_stop_timeout(g.extra_args)
     lines = [
         *_header(config_path),
         f'# The managed gateway ([gateway] mode = "managed"): SGLang\'s gateway, smg, at'
-        f" {comment_text(g.listen)},",
+        f" {comment_text(str(g.listen))},",
         "# policy " + comment_text(g.policy) + ". The agent starts this unit and adds each"
         " READY worker",
         "# through smg's worker API, and takes it out before any planned stop",

@@ -189,26 +189,18 @@ def smg_argv(
     return argv + list(spec.extra_args)
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """'host:port' (or '[v6]:port') -> (host, port)."""
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def from_spec(gateway: GatewaySpec) -> ManagedGateway:
     """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`).
 
     Built once by the agent at start (`service.build_gateway`; a reload refuses [gateway]
     changes): the process runtime runs it and the units render it from that one.
     """
-    host, port = split_listen(gateway.listen)
-    mhost, mport = split_listen(gateway.metrics_listen)
     return ManagedGateway(
-        host=host,
-        port=port,
+        host=gateway.listen.host,
+        port=gateway.listen.port,
         policy=gateway.policy,
-        metrics_port=mport,
-        metrics_host=mhost,
+        metrics_port=gateway.metrics_listen.port,
+        metrics_host=gateway.metrics_listen.host,
         extra_args=tuple(gateway.extra_args),
     )
 
