@@ -217,3 +217,23 @@ def test_the_shipped_demo_set_loads_and_each_answer_is_its_questions_sum() -> No
         q = regress.find_question(item.prompt)
         assert q is not None, item.name
         assert Decimal(q.a + q.b) == item.answer, item.name
+
+
+def test_the_shipped_set_fails_a_canary_answering_20_percent_wrong_for_almost_any_seed() -> None:
+    # docs/canary.md: 40 questions at tolerance 5 % (2 answers may be lost) catch a 20 %
+    # wrong rate with probability 1 - P(Binomial(40, 0.2) <= 2) = 99.2 %. The simulator's
+    # wrong answers over 1,000 seeds: the same, within the draw.
+    items = load(SHIPPED.read_text(encoding="utf-8"), source=str(SHIPPED))
+    questions = [regress.find_question(i.prompt) for i in items]
+
+    def caught(rate: float) -> int:
+        count = 0
+        for seed in range(1000):
+            wrong = sum(
+                regress.answer(q, seed, rate) != str(q.a + q.b) for q in questions if q is not None
+            )
+            count += not eval_verdict(len(items) - wrong, len(items), len(items), 0.05).passed
+        return count
+
+    assert caught(0.2) == 995
+    assert caught(0.05) == 324  # 5 % wrong is 2 answers in 40: mostly within the tolerance
