@@ -60,7 +60,8 @@ def test_every_problem_is_reported_at_once_with_its_line_and_what_to_do() -> Non
     assert err.source == "etc/eval.jsonl"
     assert [p.split(":")[0] for p in err.problems] == [f"line {n}" for n in range(2, 11)]
     line = dict(zip(range(2, 11), err.problems, strict=True))
-    assert "not JSON" in line[2] and '{"prompt": "What is 2 + 3?", "answer": 5}' in line[2]
+    assert "not JSON (Expecting property name enclosed in double quotes at column 2)" in line[2]
+    assert '{"prompt": "What is 2 + 3?", "answer": 5}' in line[2]
     assert "missing key(s) answer; add them" in line[3]
     assert "unknown key(s) 'answr'; accepted: prompt, answer, id" in line[4]
     assert "expected a JSON object" in line[5] and "got list" in line[5]

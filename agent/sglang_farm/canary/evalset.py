@@ -81,9 +81,9 @@ def _item(lineno: int, raw: str, problems: list[str]) -> EvalItem | None:
     where = f"line {lineno}"
     try:
         obj = json.loads(raw, parse_float=Decimal)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         problems.append(
-            f"{where}: not JSON ({exc.args[0] if exc.args else exc}); each line must be one "
+            f"{where}: not JSON ({exc.msg} at column {exc.colno}); each line must be one "
             'object such as {"prompt": "What is 2 + 3?", "answer": 5}'
         )
         return None
