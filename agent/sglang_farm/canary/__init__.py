@@ -5,5 +5,9 @@ workers still on the old config, over the same window, behind the same gateway.
 - `figures`: histograms, counters and their deltas over a window (resets handled),
   PromQL's `histogram_quantile`, a worker's `Figures`;
 - `verdict`: `judge()`: promote, rollback or inconclusive, with the evidence in one line;
-- `record`: the hash of what the workers would run, and the rejected-change rule.
+- `record`: the hash of what the workers would run, and the rejected-change rule;
+- `evalset`: the eval gate's core: an eval set (JSON Lines), answers taken GSM8K-style,
+  scores, `eval_verdict()` (canary's score against a baseline worker's);
+- `evalrun` (I/O, the package's one shell): sends an eval set to a worker's
+  /v1/chat/completions and runs the gate on the canary and a baseline worker.
 """
