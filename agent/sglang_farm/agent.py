@@ -27,7 +27,6 @@ from typing import Any
 
 import structlog
 
-from sglang_farm import xid
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
@@ -37,16 +36,16 @@ from sglang_farm.farm_view import FarmView, StagingView, build_view
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu import FleetSnapshot
-from sglang_farm.gpu_health import gpu_faults, pending_remaps
+from sglang_farm.gpu_health import busiest_utilization, fleet_events, quarantined_on
 from sglang_farm.health import HttpProber, Prober
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher, Preflight
 from sglang_farm.liveness import LivenessWatcher
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.notes import note_level, rollout_summary
 from sglang_farm.phase import Phase
 from sglang_farm.portowner import PortOwner, ProcPortOwner
 from sglang_farm.ports import PortState, port_state
-from sglang_farm.progress import judge
+from sglang_farm.progress import progress_events
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command, build_command
@@ -58,38 +57,27 @@ from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, model_target, thread_stager
 from sglang_farm.state import StateStore
 from sglang_farm.supervisor import (
+    STOP_SLACK_S,
     Action,
     Drain,
     Event,
     FailureSeen,
-    GpuFailing,
     Launch,
     Launched,
     Note,
     Policy,
     ProcessExited,
-    ProgressSeen,
     ReleaseRequested,
     StopRequested,
     Supervisor,
     Terminate,
-    Wedged,
     WorkerState,
+    stop_budget,
 )
 from sglang_farm.workerstats import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
 
-_WARNINGS = frozenset(
-    {
-        "worker_failed",
-        "worker_gave_up",
-        "canary_failed",
-        "rollout_halted",
-        "health_failed",
-        "worker_terminating",
-    }
-)
 # Workers a new copy of the model concerns: they loaded (or load) the previous one.
 _LOADED = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF})
 _STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's install: restarted
@@ -138,12 +126,6 @@ class AgentHooks:
     # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
     # that started before its model copy was installed is restarted onto it.
     process_started: Callable[[int], float | None] = process_started
-
-
-def _xid_detail(code: int) -> str:
-    """What a quarantine's reason says about XID `code`: NVIDIA's meaning and action."""
-    info = xid.classify(code)
-    return f"{info.meaning}; NVIDIA's action: {info.action_text}"
 
 
 class Agent:
@@ -572,8 +554,7 @@ class Agent:
             self.feed(wid, StopRequested())
         # Stops run concurrently (each drained first when there is a gateway); wait until
         # every process tree is gone (bounded by the drain budget and stop_timeout).
-        drain = self._spec.gateway.drain_timeout if self._spec.gateway.enabled else 0.0
-        deadline = self._clock() + drain + self._spec.restart.stop_timeout + 10
+        deadline = self._clock() + stop_budget(self.sup.policy) + STOP_SLACK_S
         while self._clock() < deadline and any(
             s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.sup.workers.values()
         ):
@@ -677,89 +658,41 @@ class Agent:
     # ---- GPU health -----------------------------------------------------------------------
 
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
-        """The NVML poller's latest snapshot: set aside the workers whose GPU is failing.
-
-        Which faults count is `gpu_health`'s (pure) decision over NVIDIA's XID catalog;
-        only the workers on the failing GPU are touched, never the rest of the farm.
-        """
-        faults = gpu_faults(
-            self._last_fleet, fleet, quarantines=xid.quarantines, describe=_xid_detail
-        )
+        """The NVML poller's latest snapshot, reported to the workers on a failing GPU
+        (`gpu_health.fleet_events`); whether each is set aside is the supervisor's call."""
+        gpus = {w: self._spec.worker(w).gpus for w in self.sup.workers}
+        events = fleet_events(self._last_fleet, fleet, gpus)
         self._last_fleet = fleet
-        remaps = pending_remaps(fleet)
-        for wid, s in list(self.sup.workers.items()):
-            gpus = self._spec.worker(wid).gpus
-            fault = next((f for f in faults if f.gpu in gpus), None)
-            if fault is not None:
-                self.feed(wid, GpuFailing(fault.gpu, fault.reason, fault.detail))
-                continue
-            remapped = next((g for g in gpus if g in remaps), None)
-            if remapped is not None and s.phase in (Phase.PENDING, Phase.BACKOFF):
-                # At a (re)start: a GPU with row remaps pending needs a reset first.
-                self.feed(
-                    wid,
-                    GpuFailing(
-                        remapped,
-                        "pending row remaps",
-                        "NVML reports row remaps pending: reset the GPU before it is used",
-                    ),
-                )
+        for wid, event in events:
+            self.feed(wid, event)
 
     def observe_stats(self, stats: Mapping[int, WorkerStats]) -> None:
-        """The worker pollers' latest figures: progress excuses a slow /health (busy); no
-        progress with requests running and an idle GPU restarts the worker (wedged)."""
+        """The worker pollers' latest figures, reported as progress or a stall
+        (`progress.progress_events`); busy or wedged is the supervisor's call."""
         now = self._wall()
         for wid, st in stats.items():
-            s = self.sup.workers.get(wid)
-            if s is None or wid not in self._spec.worker_ids:
+            if wid not in self.sup.workers or wid not in self._spec.worker_ids:
                 continue
-            verdict = judge(
+            events = progress_events(
                 self._last_change.get(wid),
                 st,
-                gpu_util=self._gpu_util(wid),
+                gpu_util=busiest_utilization(self._last_fleet, self._spec.worker(wid).gpus),
                 stall_window=self._spec.health.stall_window,
                 now=now,
             )
             self._last_change[wid] = st.changed_at
-            if verdict.progressed:
-                self.feed(wid, ProgressSeen())
-            if verdict.wedged is not None and s.phase in (Phase.READY, Phase.UNHEALTHY):
-                self.feed(wid, Wedged(verdict.wedged))
-
-    def _gpu_util(self, worker: int) -> float | None:
-        """The busiest of the worker's GPUs, per the last NVML snapshot (None: unknown)."""
-        fleet = self._last_fleet
-        if fleet is None or not fleet.nvml_up or fleet.simulated:
-            return None
-        utils = [
-            g.utilization_gpu_ratio
-            for i in self._spec.worker(worker).gpus
-            if (g := fleet.gpu(i)) is not None and g.utilization_gpu_ratio is not None
-        ]
-        return max(utils) if utils else None
+            for event in events:
+                self.feed(wid, event)
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.
 
         Returns what keeps it set aside (its quarantine then stays); empty when released.
         """
-        held = [
-            w
-            for w, s in self.sup.workers.items()
-            if s.phase is Phase.QUARANTINED and s.quarantine is not None and s.quarantine.gpu == gpu
-        ]
+        gpus = {w: self._spec.worker(w).gpus for w in self.sup.workers}
+        held, problems = quarantined_on(gpu, self.sup.workers, gpus)
         if not held:
-            # A worker a reload moved onto `gpu` keeps a quarantine naming its old GPU.
-            moved = [
-                w
-                for w, s in self.sup.workers.items()
-                if s.phase is Phase.QUARANTINED and gpu in self._spec.worker(w).gpus
-            ]
-            return [f"no worker is quarantined on GPU {gpu}"] + [
-                f"worker {w} uses GPU {gpu} and is quarantined for another GPU: release it "
-                f"with farmctl release-gpu --worker {w}"
-                for w in moved
-            ]
+            return problems
         return await self._release(held, [gpu])
 
     async def release_worker(self, worker: int) -> list[str]:
@@ -806,26 +739,11 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
-            fields.update(self._ready_line(fields["ready"], fields["workers"]))
+            front = self._sync.gateway_url if self._sync is not None else None
+            fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
         logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
-        level = "warning" if event in _WARNINGS else "info"
-        getattr(logger, level)(event, **fields)
-
-    def _ready_line(self, ready: object, workers: object) -> dict[str, object]:
-        """What the rollout's end says beside its counts: the farm, the one URL users call,
-        and the command to try next, as one line a person reads (`summary`)."""
-        spec = self._spec
-        front = self._sync.gateway_url if self._sync is not None else None
-        config = "" if spec.source == DEFAULT_CONFIG_PATH else f" --config {spec.source}"
-        try_next = f"farmctl{config} status"
-        door = f"front door {front}" if front else "no gateway: farmctl endpoints lists workers"
-        return {
-            "farm": spec.farm.name,
-            "front_door": front,
-            "next": try_next,
-            "summary": f"{spec.farm.name}: {ready}/{workers} ready · {door} · try: {try_next}",
-        }
+        getattr(logger, note_level(event))(event, **fields)
 
     # ---- command lines -------------------------------------------------------------------
 
@@ -955,14 +873,13 @@ class Agent:
             ids = [w for w in worker_ids if w in self.sup.workers]
             for wid in ids:
                 self.feed(wid, StopRequested(drain))
-        budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
             lambda: all(
                 self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                 for w in ids
                 if w in self.sup.workers
             ),
-            budget + self._spec.restart.stop_timeout + 15,
+            stop_budget(self.sup.policy, drain=drain) + STOP_SLACK_S,
         )
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
