@@ -12,10 +12,13 @@ from sglang_farm.phase import Phase
 from sglang_farm.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
 
 
+FOUR_GPUS = tuple(GpuSnapshot(i) for i in range(4))
+
+
 def snap(
     xids: dict[tuple[int, int], int] | None = None,
     *,
-    gpus: tuple[GpuSnapshot, ...] = tuple(GpuSnapshot(i) for i in range(4)),
+    gpus: tuple[GpuSnapshot, ...] = FOUR_GPUS,
     nvml_up: bool = True,
     simulated: bool = False,
 ) -> FleetSnapshot:
