@@ -153,8 +153,11 @@ class Agent:
         self._prober = hooks.prober or HttpProber()
         self._port_owner = hooks.port_owner or ProcPortOwner()
         self._launcher = Launcher(
-            self,
             self.runtime,
+            state=self.worker_state,
+            feed=self.feed,
+            plan=lambda w: (self._spec, self.command_for(w)),
+            prepare=lambda spec: self.runtime.prepare(spec, self.flags_by_worker()),
             clock=clock,
             preflight=hooks.preflight,
             port_state=hooks.port_state,
