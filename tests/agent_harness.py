@@ -15,7 +15,8 @@ from pathlib import Path
 
 from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
-from sglang_farm.agent import Agent, AgentHooks
+from sglang_farm.agent import Agent
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.launcher import Preflight
 from sglang_farm.phase import Phase
@@ -135,7 +136,7 @@ async def farm(
         config_loader=loader,
         clock=loop.time,
         wall=lambda: 1.8e9 + loop.time(),
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
             port_owner=ports,

@@ -17,8 +17,9 @@ from pathlib import Path
 from agent_harness import Farm, farm_toml
 from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
-from sglang_farm.agent import Agent, AgentHooks
+from sglang_farm.agent import Agent
 from sglang_farm.cli.farmctl import format_status
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
 from sglang_farm.farm_view import StagingView
@@ -84,7 +85,7 @@ async def staged_farm(
         config_loader=loader,
         clock=loop.time,
         wall=lambda: 1.8e9 + loop.time(),
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
             port_owner=ports,

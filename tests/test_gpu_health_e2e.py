@@ -18,7 +18,8 @@ from prometheus_client import generate_latest
 
 from agent_harness import farm_toml
 from fake_runtime import FakePortOwner, FakeProber, FakeRuntime
-from sglang_farm.agent import Agent, AgentHooks
+from sglang_farm.agent import Agent
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.gpu_sim import FakeGpuPoller
 from sglang_farm.phase import Phase
@@ -54,7 +55,7 @@ async def run_farm(tmp: Path, gpus: FakeGpuPoller, scenario: str) -> dict[int, P
     agent = Agent(
         spec,
         factory,
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
             port_owner=ports,

@@ -11,7 +11,6 @@ from sglang_farm.gpu_health import busiest_utilization, fleet_events, quarantine
 from sglang_farm.phase import Phase
 from sglang_farm.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
 
-
 FOUR_GPUS = tuple(GpuSnapshot(i) for i in range(4))
 
 

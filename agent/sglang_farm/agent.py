@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,23 +28,22 @@ from typing import Any
 import structlog
 
 from sglang_farm.classify import LogClassifier
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
-from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
+from sglang_farm.drain import HttpInFlight, watch_drain
 from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, StagingView, build_view
-from sglang_farm.gateway.port import Gateway
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.gpu_health import busiest_utilization, fleet_events, quarantined_on
-from sglang_farm.health import HttpProber, Prober
+from sglang_farm.health import HttpProber
 from sglang_farm.ladder import apply_ladder, next_step
-from sglang_farm.launcher import Launcher, Preflight
+from sglang_farm.launcher import Launcher
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.notes import note_level, rollout_summary
 from sglang_farm.phase import Phase
-from sglang_farm.portowner import PortOwner, ProcPortOwner
-from sglang_farm.ports import PortState, port_state
+from sglang_farm.portowner import ProcPortOwner
 from sglang_farm.progress import progress_events
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
@@ -52,7 +51,7 @@ from sglang_farm.sglang_argv import Command, build_command
 from sglang_farm.spec import FarmSpec, FlagValue
 from sglang_farm.staging.copier import StageResult, remove_old
 from sglang_farm.staging.failure import StageError, StageFailureKind
-from sglang_farm.staging.installed import installed_at, process_started
+from sglang_farm.staging.installed import installed_at
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, model_target, thread_stager
 from sglang_farm.state import StateStore
@@ -84,50 +83,6 @@ _STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's instal
 TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
 
-@dataclass(frozen=True, slots=True)
-class FarmStats:
-    """The pollers' latest figures the control socket shows (never blocks)."""
-
-    gpu_memory: Callable[[], Sequence[GpuMemory]] = lambda: ()
-    queue_depths: Callable[[], Mapping[int, float]] = dict
-
-
-@dataclass(frozen=True, slots=True)
-class AgentHooks:
-    """What the agent is wired to, given at construction (nothing is set afterwards).
-
-    `gateway`: membership follows readiness there (`gateway_sync`); planned stops drain.
-    `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
-    start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").
-    `observers`: called with every new farm view. `stats`: the pollers' figures.
-    """
-
-    prober: Prober | None = None
-    # With [gateway]: the gateway workers are registered with, and how a draining
-    # worker's requests in flight are counted.
-    gateway: Gateway | None = None
-    in_flight: InFlight | None = None
-    preflight: Preflight | None = None
-    # Re-gather the doctor's facts for this config (a reload, an operator's start): what
-    # a fixed model path or a new flag changes is judged anew, not from the start's report.
-    refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None = None
-    compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
-    # Re-check a quarantined GPU through NVML before its worker is released: the problems
-    # that keep it set aside (empty: clear).
-    check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
-    observers: Sequence[Callable[[FarmView], None]] = ()
-    stats: FarmStats = FarmStats()
-    port_state: Callable[[str, int], PortState] = port_state
-    # Whose socket listens on a worker's port: only the worker's own makes it ready
-    # (None: `portowner.ProcPortOwner`, over /proc).
-    port_owner: PortOwner | None = None
-    # [model]: how the model is staged before the rollout (None: `stage_model` in a thread).
-    stager: Stager | None = None
-    # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
-    # that started before its model copy was installed is restarted onto it.
-    process_started: Callable[[int], float | None] = process_started
-
-
 class Agent:
     """One farm: its supervisor, runtime, probes and views. Implements `farm_api.FarmOps`."""
 
@@ -139,19 +94,20 @@ class Agent:
         config_loader: Callable[[], FarmSpec] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        hooks: AgentHooks = AgentHooks(),
+        collaborators: Collaborators | None = None,
     ) -> None:
         self._spec = spec
         self._config_loader = config_loader
         self._clock = clock
         self._wall = wall
-        self._hooks = hooks
+        collaborators = collaborators or Collaborators()
+        self._collaborators = collaborators
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.runtime = runtime_factory(self._emit)
         self.sup = Supervisor(spec.worker_ids, self._policy(spec))
-        self._prober = hooks.prober or HttpProber()
-        self._port_owner = hooks.port_owner or ProcPortOwner()
+        self._prober = collaborators.prober or HttpProber()
+        self._port_owner = collaborators.port_owner or ProcPortOwner()
         self._launcher = Launcher(
             self.runtime,
             state=self.worker_state,
@@ -159,24 +115,24 @@ class Agent:
             plan=lambda w: (self._spec, self.command_for(w)),
             prepare=lambda spec: self.runtime.prepare(spec, self.flags_by_worker()),
             clock=clock,
-            preflight=hooks.preflight,
-            port_state=hooks.port_state,
+            preflight=collaborators.preflight,
+            port_state=collaborators.port_state,
             log_for=self._bind,
             port_owner=self._port_owner,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
         self._sync = (
             MembershipSync(
-                hooks.gateway,
+                collaborators.gateway,
                 spec=lambda: self._spec,
                 states=lambda: self.sup.workers,
                 feed=self.feed,
                 on_status=self._gateway_changed,
             )
-            if hooks.gateway is not None
+            if collaborators.gateway is not None
             else None
         )
-        self._in_flight = hooks.in_flight or HttpInFlight()
+        self._in_flight = collaborators.in_flight or HttpInFlight()
         self._last_fleet: FleetSnapshot | None = None
         self._last_change: dict[int, float | None] = {}
         self._classifiers: dict[int, LogClassifier] = {}
@@ -194,7 +150,7 @@ class Agent:
         self._state_dirty = asyncio.Event()
         self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
-        self._stager: Stager = hooks.stager or thread_stager
+        self._stager: Stager = collaborators.stager or thread_stager
         self._stage_cancel = threading.Event()  # set at shutdown: the copy stops at once
         self._staging: StagingView | None = self._staging_for(spec, None)
         # The workers the rollout starts once a stage succeeds (a failed stage holds them).
@@ -483,9 +439,9 @@ class Agent:
             # The workers of the config in force now (never one a reload has removed).
             start = [w for w in start if w in self.sup.workers]
             drifted = [w for w in drifted if w in self.sup.workers]
-            if self._hooks.refresh_preflight is not None:
+            if self._collaborators.refresh_preflight is not None:
                 # The doctor looked before the model was in place: it judges the copy now.
-                await self._hooks.refresh_preflight(self._spec)
+                await self._collaborators.refresh_preflight(self._spec)
             self._begin_rollout(start, drifted)
             self._after_swap(result)
         finally:
@@ -500,7 +456,7 @@ class Agent:
         if not result.current:
             return loaded
         pids = {w: self.sup.workers[w].pid for w in loaded}
-        process_started = self._hooks.process_started
+        process_started = self._collaborators.process_started
 
         def stale() -> list[int]:
             at = installed_at(result.target)
@@ -707,9 +663,9 @@ class Agent:
         return await self._release([worker], self._spec.worker(worker).gpus)
 
     async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
-        if self._hooks.check_gpu is None:
+        if self._collaborators.check_gpu is None:
             return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
-        problems = [p for g in gpus for p in await self._hooks.check_gpu(g)]
+        problems = [p for g in gpus for p in await self._collaborators.check_gpu(g)]
         if problems:
             log.warning(
                 "gpu_release_refused",
@@ -759,7 +715,7 @@ class Agent:
         spec = spec or self._spec
         w = spec.worker(worker)
         flags, _changes = apply_ladder(w.flags, spec.oom.steps, self._oom_step(worker, spec))
-        return resolve_flags(flags, self._hooks.compute_caps.get(w.gpus[0]))
+        return resolve_flags(flags, self._collaborators.compute_caps.get(w.gpus[0]))
 
     def flags_by_worker(self) -> dict[int, Mapping[str, FlagValue]]:
         return {w: self.flags_for(w) for w in self._spec.worker_ids}
@@ -806,7 +762,7 @@ class Agent:
         self._state_dirty.set()  # written off the loop (an fsync per change: not here)
         if self._sync is not None:
             self._sync.update()
-        for cb in self._hooks.observers:
+        for cb in self._collaborators.observers:
             cb(self._view)
         self.spawn(self._notify_all())
 
@@ -841,10 +797,10 @@ class Agent:
         return self._view
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
-        return self._hooks.stats.gpu_memory()
+        return self._collaborators.stats.gpu_memory()
 
     def queue_depths(self) -> Mapping[int, float]:
-        return self._hooks.stats.queue_depths()
+        return self._collaborators.stats.queue_depths()
 
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""
@@ -860,8 +816,8 @@ class Agent:
                 self._held_by_stage = None
                 stale = await self._on_old_copy(result)
                 self._after_swap(result)
-            if self._hooks.refresh_preflight is not None:
-                await self._hooks.refresh_preflight(self._spec)
+            if self._collaborators.refresh_preflight is not None:
+                await self._collaborators.refresh_preflight(self._spec)
             ids = [w for w in worker_ids if w in self.sup.workers]
             self._apply_actions(self.sup.start(ids, self._clock()))
             if stale:
@@ -985,8 +941,8 @@ class Agent:
                 return ReloadResult(applied=False, problems=(problem,))
         elif new.model is None and old.model is not None:
             self._set_staging(None)  # the model is no longer the farm's to stage
-        if self._hooks.refresh_preflight is not None:
-            await self._hooks.refresh_preflight(new)
+        if self._collaborators.refresh_preflight is not None:
+            await self._collaborators.refresh_preflight(new)
         plan = plan_reload(
             {w: self.command_for(w, old) for w in old.worker_ids},
             {w: self.command_for(w, new) for w in new.worker_ids},
