@@ -105,7 +105,7 @@ class Agent:
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.runtime = runtime_factory(self._emit)
-        self.sup = Supervisor(spec.worker_ids, self._policy(spec))
+        self.supervisor = Supervisor(spec.worker_ids, self._policy(spec))
         self._prober = collaborators.prober or HttpProber()
         self._port_owner = collaborators.port_owner or ProcPortOwner()
         self._launcher = Launcher(
@@ -125,7 +125,7 @@ class Agent:
             MembershipSync(
                 collaborators.gateway,
                 spec=lambda: self._spec,
-                states=lambda: self.sup.workers,
+                states=lambda: self.supervisor.workers,
                 feed=self.feed,
                 on_status=self._gateway_changed,
             )
@@ -157,7 +157,9 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(self.sup, {w.id: w.gpus for w in spec.workers})
+        self._remembered = self._store.restore(
+            self.supervisor, {w.id: w.gpus for w in spec.workers}
+        )
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
@@ -198,7 +200,7 @@ class Agent:
         return bound
 
     def worker_state(self, worker: int) -> WorkerState | None:
-        return self.sup.workers.get(worker)
+        return self.supervisor.workers.get(worker)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -206,7 +208,7 @@ class Agent:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
         remembered = self._remembered
         running = await self.runtime.adopt(configured=self._spec.worker_ids)
-        adoption = self.sup.adopt(
+        adoption = self.supervisor.adopt(
             {w: r.pid for w, r in running.items()},
             remembered,
             self._clock(),
@@ -265,21 +267,21 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await asyncio.to_thread(self._store.save, dict(self.sup.workers))  # the last word
+        await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self._apply_actions(self.sup.start(list(start), self._clock(), fresh=False))
+        self._apply_actions(self.supervisor.start(list(start), self._clock(), fresh=False))
         if drifted:
             # Adopted, but started with another command line than the config renders now
             # (a config edited while the agent was down), or loaded a model copy that has
             # been replaced since: restarted in waves, drained.
             log.warning("workers_drifted", workers=list(drifted))
             self._apply_actions(
-                self.sup.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
+                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
             )
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
@@ -423,7 +425,7 @@ class Agent:
         return result
 
     def _loaded(self) -> list[int]:
-        return sorted(w for w, s in self.sup.workers.items() if s.phase in _LOADED)
+        return sorted(w for w, s in self.supervisor.workers.items() if s.phase in _LOADED)
 
     async def _stage_then_start(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         """At agent start: stage, then the rollout; a failed stage starts no worker."""
@@ -437,8 +439,8 @@ class Agent:
                 return
             drifted = sorted({*drifted, *await self._on_old_copy(result)})
             # The workers of the config in force now (never one a reload has removed).
-            start = [w for w in start if w in self.sup.workers]
-            drifted = [w for w in drifted if w in self.sup.workers]
+            start = [w for w in start if w in self.supervisor.workers]
+            drifted = [w for w in drifted if w in self.supervisor.workers]
             if self._collaborators.refresh_preflight is not None:
                 # The doctor looked before the model was in place: it judges the copy now.
                 await self._collaborators.refresh_preflight(self._spec)
@@ -455,7 +457,7 @@ class Agent:
         loaded = self._loaded()
         if not result.current:
             return loaded
-        pids = {w: self.sup.workers[w].pid for w in loaded}
+        pids = {w: self.supervisor.workers[w].pid for w in loaded}
         process_started = self._collaborators.process_started
 
         def stale() -> list[int]:
@@ -488,7 +490,9 @@ class Agent:
             )
             # Linux keeps the files a worker still has open until it closes them: removal
             # after a wave timeout is safe even for a worker that never restarted.
-            await self._wait_until(lambda: not self.sup.rolling, per_wave * len(spec.workers) + 60)
+            await self._wait_until(
+                lambda: not self.supervisor.rolling, per_wave * len(spec.workers) + 60
+            )
             await asyncio.to_thread(remove_old, old)
             log.info("model_old_copy_removed", path=str(old))
 
@@ -508,14 +512,14 @@ class Agent:
         )
 
     async def _stop_all(self) -> None:
-        ids = [w for w, s in self.sup.workers.items() if s.phase is not Phase.STOPPED]
+        ids = [w for w, s in self.supervisor.workers.items() if s.phase is not Phase.STOPPED]
         for wid in ids:
             self.feed(wid, StopRequested())
         # Stops run concurrently (each drained first when there is a gateway); wait until
         # every process tree is gone (bounded by the drain budget and stop_timeout).
-        deadline = self._clock() + stop_budget(self.sup.policy) + STOP_SLACK_S
+        deadline = self._clock() + stop_budget(self.supervisor.policy) + STOP_SLACK_S
         while self._clock() < deadline and any(
-            s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.sup.workers.values()
+            s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.supervisor.workers.values()
         ):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
@@ -535,7 +539,7 @@ class Agent:
         """
         while True:
             now = self._clock()
-            due = self.sup.next_deadline(now)
+            due = self.supervisor.next_deadline(now)
             wait = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - now))
             self._tick_wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -543,14 +547,14 @@ class Agent:
                 # that races with the event, and this loop would never end.
                 async with asyncio.timeout(wait):
                     await self._tick_wake.wait()
-            self._apply_actions(self.sup.tick(self._clock()), wake=False)
+            self._apply_actions(self.supervisor.tick(self._clock()), wake=False)
 
     def _on_runtime_event(self, ev: RuntimeEvent) -> None:
-        if ev.worker not in self.sup.workers:
+        if ev.worker not in self.supervisor.workers:
             return
         match ev:
             case Started(worker=w, pid=pid):
-                if self.sup.workers[w].phase is Phase.STARTING:
+                if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
                 for q in self._followers.get(w, ()):
@@ -581,11 +585,11 @@ class Agent:
 
     def feed(self, worker: int, event: Event) -> None:
         """One event about one worker into the supervisor; its actions carried out."""
-        self._apply_actions(self.sup.handle(worker, event, self._clock()))
+        self._apply_actions(self.supervisor.handle(worker, event, self._clock()))
 
     def tick(self) -> None:
         """Evaluate the time-based rules now (the ticker does this when one is due)."""
-        self._apply_actions(self.sup.tick(self._clock()))
+        self._apply_actions(self.supervisor.tick(self._clock()))
 
     def _apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
         for a in actions:
@@ -619,7 +623,7 @@ class Agent:
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
         """The NVML poller's latest snapshot, reported to the workers on a failing GPU
         (`gpu_health.fleet_events`); whether each is set aside is the supervisor's call."""
-        gpus = {w: self._spec.worker(w).gpus for w in self.sup.workers}
+        gpus = {w: self._spec.worker(w).gpus for w in self.supervisor.workers}
         events = fleet_events(self._last_fleet, fleet, gpus)
         self._last_fleet = fleet
         for wid, event in events:
@@ -630,7 +634,7 @@ class Agent:
         (`progress.progress_events`); busy or wedged is the supervisor's call."""
         now = self._wall()
         for wid, st in stats.items():
-            if wid not in self.sup.workers or wid not in self._spec.worker_ids:
+            if wid not in self.supervisor.workers or wid not in self._spec.worker_ids:
                 continue
             events = progress_events(
                 self._last_change.get(wid),
@@ -648,8 +652,8 @@ class Agent:
 
         Returns what keeps it set aside (its quarantine then stays); empty when released.
         """
-        gpus = {w: self._spec.worker(w).gpus for w in self.sup.workers}
-        held, problems = quarantined_on(gpu, self.sup.workers, gpus)
+        gpus = {w: self._spec.worker(w).gpus for w in self.supervisor.workers}
+        held, problems = quarantined_on(gpu, self.supervisor.workers, gpus)
         if not held:
             return problems
         return await self._release(held, [gpu])
@@ -657,7 +661,7 @@ class Agent:
     async def release_worker(self, worker: int) -> list[str]:
         """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
         once NVML says each GPU it uses now is clear (a reload may have moved it)."""
-        s = self.sup.workers[worker]
+        s = self.supervisor.workers[worker]
         if s.phase is not Phase.QUARANTINED:
             return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
         return await self._release([worker], self._spec.worker(worker).gpus)
@@ -701,13 +705,13 @@ class Agent:
             front = self._sync.gateway_url if self._sync is not None else None
             fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
-        logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
+        logger = self._bind(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
         getattr(logger, note_level(event))(event, **fields)
 
     # ---- command lines -------------------------------------------------------------------
 
     def _oom_step(self, worker: int, spec: FarmSpec) -> int:
-        step = self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
+        step = self.supervisor.workers[worker].oom_step if worker in self.supervisor.workers else 0
         return min(step, len(spec.oom.steps))  # the ladder may have been shortened
 
     def flags_for(self, worker: int, spec: FarmSpec | None = None) -> dict[str, FlagValue]:
@@ -739,16 +743,16 @@ class Agent:
     def _refresh(self) -> None:
         # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
         current = (
-            dict(self.sup.workers),
-            self.sup.rollout,
-            self.sup.rollout_reason,
+            dict(self.supervisor.workers),
+            self.supervisor.rollout,
+            self.supervisor.rollout_reason,
             self._staging,
         )
         if current == self._last_refresh:
             return
         self._last_refresh = current
         self._view = self._build_view()
-        for wid, s in self.sup.workers.items():
+        for wid, s in self.supervisor.workers.items():
             key = (s.phase, s.pid, s.launched_at)
             prev = self._last_keys.get(wid)
             if prev == key:
@@ -771,7 +775,7 @@ class Agent:
         while True:
             await self._state_dirty.wait()
             self._state_dirty.clear()
-            await asyncio.to_thread(self._store.save, dict(self.sup.workers))
+            await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))
 
     async def _notify_all(self) -> None:
         async with self._any_change:
@@ -780,10 +784,10 @@ class Agent:
     def _build_view(self) -> FarmView:
         return build_view(
             self._spec,
-            self.sup.workers,
+            self.supervisor.workers,
             runtime=self.runtime.name,
-            rollout=str(self.sup.rollout),
-            rollout_reason=self.sup.rollout_reason,
+            rollout=str(self.supervisor.rollout),
+            rollout_reason=self.supervisor.rollout_reason,
             started_at=self._started_at,
             mono_to_wall=self._wall() - self._clock(),
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
@@ -818,33 +822,33 @@ class Agent:
                 self._after_swap(result)
             if self._collaborators.refresh_preflight is not None:
                 await self._collaborators.refresh_preflight(self._spec)
-            ids = [w for w in worker_ids if w in self.sup.workers]
-            self._apply_actions(self.sup.start(ids, self._clock()))
+            ids = [w for w in worker_ids if w in self.supervisor.workers]
+            self._apply_actions(self.supervisor.start(ids, self._clock()))
             if stale:
                 # Adopted workers still on the previous copy roll to the staged one.
                 log.warning("workers_on_old_model_copy", workers=stale)
                 self._apply_actions(
-                    self.sup.restart_rolling(stale, RestartReason.CONFIG, self._clock())
+                    self.supervisor.restart_rolling(stale, RestartReason.CONFIG, self._clock())
                 )
 
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         async with self._changes:
-            ids = [w for w in worker_ids if w in self.sup.workers]
+            ids = [w for w in worker_ids if w in self.supervisor.workers]
             for wid in ids:
                 self.feed(wid, StopRequested(drain))
         await self._wait_until(
             lambda: all(
-                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
+                self.supervisor.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                 for w in ids
-                if w in self.sup.workers
+                if w in self.supervisor.workers
             ),
-            stop_budget(self.sup.policy, drain=drain) + STOP_SLACK_S,
+            stop_budget(self.supervisor.policy, drain=drain) + STOP_SLACK_S,
         )
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         async with self._changes:
             self._apply_actions(
-                self.sup.restart_rolling(
+                self.supervisor.restart_rolling(
                     list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
                 )
             )
@@ -875,7 +879,7 @@ class Agent:
             self._followers[worker_id].discard(q)
 
     def reset_oom(self, worker_id: int) -> None:
-        self.sup.reset_oom(worker_id)
+        self.supervisor.reset_oom(worker_id)
         self._bind(worker_id).info("oom_ladder_reset")
         self._refresh()
 
@@ -952,13 +956,14 @@ class Agent:
                 self.feed(wid, StopRequested())
             await self._wait_until(
                 lambda: all(
-                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
+                    self.supervisor.workers[w].phase
+                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,
             )
         self._spec = new
-        self.sup.reconfigure(self._policy(new), plan.added, plan.removed)
+        self.supervisor.reconfigure(self._policy(new), plan.added, plan.removed)
         for wid in plan.removed:
             self._changed.pop(wid, None)
             t = self._worker_tasks.pop(wid, None)
@@ -980,12 +985,12 @@ class Agent:
         held, self._held_by_stage = self._held_by_stage, None
         if held is not None:
             # The stage that held the rollout at start has now succeeded: the rollout begins.
-            self._apply_actions(self.sup.start(list(new.worker_ids), self._clock()))
+            self._apply_actions(self.supervisor.start(list(new.worker_ids), self._clock()))
         elif plan.added:
-            self._apply_actions(self.sup.start(list(plan.added), self._clock()))
+            self._apply_actions(self.supervisor.start(list(plan.added), self._clock()))
         if changed:
             self._apply_actions(
-                self.sup.restart_rolling(changed, RestartReason.CONFIG, self._clock())
+                self.supervisor.restart_rolling(changed, RestartReason.CONFIG, self._clock())
             )
         if staged is not None:
             self._after_swap(staged)
