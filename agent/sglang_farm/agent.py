@@ -27,7 +27,6 @@ from typing import Any
 
 import structlog
 
-from sglang_farm.classify import LogClassifier
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
@@ -73,6 +72,7 @@ from sglang_farm.supervisor import (
     WorkerState,
     stop_budget,
 )
+from sglang_farm.worker_logs import WorkerLogs
 from sglang_farm.workerstats import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
@@ -135,10 +135,9 @@ class Agent:
         self._in_flight = collaborators.in_flight or HttpInFlight()
         self._last_fleet: FleetSnapshot | None = None
         self._last_change: dict[int, float | None] = {}
-        self._classifiers: dict[int, LogClassifier] = {}
+        self._logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._any_change = asyncio.Condition()
-        self._followers: dict[int, set[asyncio.Queue[str]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
@@ -216,7 +215,7 @@ class Agent:
         )
         for wid in adoption.adopted:
             # An active unit passed its readiness gate: its OOMs are serving-time ones.
-            self._classifiers[wid] = LogClassifier(serving=running[wid].active)
+            self._logs.new_process(wid, serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
         # Secrets changed while the agent was down (the argv does not show them).
         resecreted = await self.runtime.prepare(self._spec, self.flags_by_worker())
@@ -557,18 +556,14 @@ class Agent:
                 if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
-                for q in self._followers.get(w, ()):
-                    with contextlib.suppress(asyncio.QueueFull):
-                        q.put_nowait(text)
-                failure = self._classifier(w).feed(text)
+                failure = self._logs.line(w, text)
                 if failure is not None:
                     self._bind(w).warning(
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
                     )
                     self.feed(w, FailureSeen(failure))
             case Exited(worker=w):
-                failure = self._classifier(w).finish(ev.status, ev.result)
-                self._classifiers.pop(w, None)
+                failure = self._logs.exited(w, ev.status, ev.result)
                 self._bind(w).info(
                     "worker_exited",
                     status=ev.status,
@@ -576,12 +571,6 @@ class Agent:
                     failure=str(failure.kind) if failure else None,
                 )
                 self.feed(w, ProcessExited(ev.status, failure))
-
-    def _classifier(self, worker: int) -> LogClassifier:
-        c = self._classifiers.get(worker)
-        if c is None:
-            c = self._classifiers[worker] = LogClassifier()
-        return c
 
     def feed(self, worker: int, event: Event) -> None:
         """One event about one worker into the supervisor; its actions carried out."""
@@ -690,7 +679,7 @@ class Agent:
 
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
-        self._classifiers[worker] = LogClassifier()
+        self._logs.new_process(worker)
         spec = self._spec
         _flags, changes = apply_ladder(
             spec.worker(worker).flags, spec.oom.steps, self._oom_step(worker, spec)
@@ -869,14 +858,8 @@ class Agent:
         # In a thread: under systemd this runs journalctl, which must not stall the loop.
         return await asyncio.to_thread(self.runtime.log_tail, worker_id, lines)
 
-    async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
-        q: asyncio.Queue[str] = asyncio.Queue(maxsize=10000)
-        self._followers.setdefault(worker_id, set()).add(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._followers[worker_id].discard(q)
+    def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        return self._logs.follow(worker_id)
 
     def reset_oom(self, worker_id: int) -> None:
         self.supervisor.reset_oom(worker_id)
