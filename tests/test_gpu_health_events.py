@@ -7,7 +7,13 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from sglang_farm.gpu import FleetSnapshot, GpuSnapshot
-from sglang_farm.gpu_health import busiest_utilization, fleet_events, quarantined_on, xid_detail
+from sglang_farm.gpu_health import (
+    busiest_utilization,
+    fleet_events,
+    not_quarantined,
+    quarantined_on,
+    xid_detail,
+)
 from sglang_farm.phase import Phase
 from sglang_farm.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
 
@@ -102,3 +108,10 @@ def test_release_gpu_with_none_on_it_says_so_and_how_to_release_a_moved_worker()
         ],
     )
     assert quarantined_on(7, workers, gpus) == ([], ["no worker is quarantined on GPU 7"])
+
+
+def test_release_of_a_worker_that_is_not_quarantined_says_what_it_is() -> None:
+    assert not_quarantined(4, quarantined(5)) == []
+    assert not_quarantined(4, WorkerState(4, phase=Phase.READY)) == [
+        "worker 4 is not quarantined (it is ready): nothing to release"
+    ]

@@ -624,3 +624,25 @@ def test_a_wave_that_outlives_its_budget_gives_way_to_the_next() -> None:
     budget = p.startup.load_timeout + 30.0 + p.restart.stop_timeout  # a load after a stop
     assert Drain(1) not in sup.tick(2.0 + budget - 1)
     assert Drain(1) in sup.tick(2.0 + budget)
+
+
+def test_a_stop_is_done_once_each_worker_runs_nothing_and_starts_nothing() -> None:
+    sup = Supervisor([0, 1, 2], gateway_policy())
+    sup.start([0, 1, 2], 0.0)
+    for w in (0, 1, 2):
+        bring_up(sup, w, 1.0)
+    assert not sup.stopping() and not sup.stopped([0])
+    sup.handle(0, StopRequested(), 2.0)  # drains first
+    assert sup.stopping() and not sup.stopped([0])
+    sup.handle(0, Drained(), 3.0)
+    assert sup.stopping() and not sup.stopped([0])
+    sup.handle(0, ProcessExited(status=0), 4.0)
+    assert sup.stopped([0]) and not sup.stopping()
+    sup.handle(1, GpuFailing(1, "gpu lost", "lost"), 5.0)
+    sup.handle(1, ProcessExited(status=-15), 6.0)  # QUARANTINED: runs nothing
+    assert sup.stopped([0, 1, 99])  # 99: not a worker (a reload removed it)
+    assert not sup.stopped([0, 1, 2])
+    # A restart is not a stop: PENDING starts again by itself.
+    sup.handle(2, RestartRequested(RestartReason.MANUAL, drain=False), 7.0)
+    sup.handle(2, ProcessExited(status=0), 8.0)
+    assert not sup.stopped([2])

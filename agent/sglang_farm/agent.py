@@ -35,7 +35,12 @@ from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, StagingView, build_view
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu import FleetSnapshot
-from sglang_farm.gpu_health import busiest_utilization, fleet_events, quarantined_on
+from sglang_farm.gpu_health import (
+    busiest_utilization,
+    fleet_events,
+    not_quarantined,
+    quarantined_on,
+)
 from sglang_farm.health import HttpProber
 from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher
@@ -517,9 +522,7 @@ class Agent:
         # Stops run concurrently (each drained first when there is a gateway); wait until
         # every process tree is gone (bounded by the drain budget and stop_timeout).
         deadline = self._clock() + stop_budget(self.supervisor.policy) + STOP_SLACK_S
-        while self._clock() < deadline and any(
-            s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.supervisor.workers.values()
-        ):
+        while self._clock() < deadline and self.supervisor.stopping():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
                     ev = await self._queue.get()
@@ -650,9 +653,9 @@ class Agent:
     async def release_worker(self, worker: int) -> list[str]:
         """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
         once NVML says each GPU it uses now is clear (a reload may have moved it)."""
-        s = self.supervisor.workers[worker]
-        if s.phase is not Phase.QUARANTINED:
-            return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
+        problems = not_quarantined(worker, self.supervisor.workers[worker])
+        if problems:
+            return problems
         return await self._release([worker], self._spec.worker(worker).gpus)
 
     async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
@@ -826,11 +829,7 @@ class Agent:
             for wid in ids:
                 self.feed(wid, StopRequested(drain))
         await self._wait_until(
-            lambda: all(
-                self.supervisor.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
-                for w in ids
-                if w in self.supervisor.workers
-            ),
+            lambda: self.supervisor.stopped(ids),
             stop_budget(self.supervisor.policy, drain=drain) + STOP_SLACK_S,
         )
 

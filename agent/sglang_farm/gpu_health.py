@@ -122,6 +122,13 @@ def quarantined_on(
     ]
 
 
+def not_quarantined(worker: int, s: WorkerState) -> list[str]:
+    """Why `release-gpu --worker W` releases nothing: W is not quarantined (empty: it is)."""
+    if s.phase is Phase.QUARANTINED:
+        return []
+    return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
+
+
 def release_problems(current: FleetSnapshot, gpu: int, *, slack_bytes: int) -> list[str]:
     """What keeps `gpu` from being released now: each a complete line; empty when clear."""
     if not current.nvml_up:

@@ -1127,6 +1127,15 @@ class Supervisor:
             actions += self._apply(w, Tick(), now)
         return actions + self._plan(now)
 
+    def stopped(self, worker_ids: Collection[int]) -> bool:
+        """Each of `worker_ids` still configured runs nothing and starts nothing by itself:
+        STOPPED, FAILED or QUARANTINED (what a wait for a stop waits for)."""
+        return all(self.workers[w].phase in HELD_PHASES for w in worker_ids if w in self.workers)
+
+    def stopping(self) -> bool:
+        """A stop is under way for some worker: it drains or its process tree is stopping."""
+        return any(s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.workers.values())
+
     def reset_oom(self, worker_id: int) -> None:
         self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0)
 
