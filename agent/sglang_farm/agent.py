@@ -1,16 +1,21 @@
-"""I/O: the agent: the event pump between the runtime and probes and the pure supervisor.
+"""I/O: the agent: inputs into supervisor events, and the supervisor's actions carried out.
 
-Events flow one way: the runtime and the liveness watchers report into the supervisor
-(`Supervisor.handle`); the actions it returns are carried out here (a launch through the
-`Launcher`, a stop through the runtime) and its notes are logged. After every change a
-fresh immutable `FarmView` is built (`farm_view.build_view`) and swapped in, which the
-control socket and the exporter read without ever waiting on a worker; what must
-survive an agent restart goes to the `StateStore`.
+Inputs: the runtime's events (a start; a log line and an exit, read by `worker_logs`),
+the liveness probes (`liveness`), the pollers' NVML and worker snapshots (reported by
+`gpu_health.fleet_events` and `progress.progress_events`), the gateway (`gateway_sync`,
+`drain`), the clock (the ticker) and the operator's commands (`farm_api.FarmOps`). Each
+becomes an event for the supervisor (`Supervisor.handle`); the actions it returns are
+carried out here (a launch through the `Launcher`, a stop through the runtime, a drain
+watched) and its notes are logged (`notes`). After every change a fresh immutable
+`FarmView` is built (`farm_view.build_view`) and swapped in, which the control socket
+and the exporter read without ever waiting on a worker; what must survive an agent
+restart goes to the `StateStore`.
 
 Nothing here decides: which workers stay held on adoption, the waves of a rolling
-restart, the OOM step spreading to the farm and a reload's effects are the supervisor's
-(and `reload_plan`'s) decisions. Nothing here asks which runtime it drives either: what
-differs is a method of the `Runtime` protocol.
+restart, the OOM step spreading to the farm, a failing GPU, a busy or wedged worker,
+how long a stop may take and a reload's effects are the core's decisions (`supervisor`,
+`gpu_health`, `progress`, `reload_plan`). Nothing here asks which runtime it drives
+either: what differs is a method of the `Runtime` protocol.
 """
 
 from __future__ import annotations
