@@ -54,6 +54,7 @@ from sglang_farm.notes import note_level, rollout_summary
 from sglang_farm.phase import Phase
 from sglang_farm.portowner import ProcPortOwner
 from sglang_farm.progress import progress_events
+from sglang_farm.publisher import Publisher
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang_argv import Command, build_command
@@ -147,7 +148,6 @@ class Agent:
         self._last_change: dict[int, float | None] = {}
         self._logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
-        self._any_change = asyncio.Condition()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
@@ -156,8 +156,6 @@ class Agent:
         # before would be saved over the remembered state), and one reload at a time.
         self._startup: str | None = "the agent is restoring its state and adopting running workers"
         self._changes = asyncio.Lock()
-        self._state_dirty = asyncio.Event()
-        self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
         self._stager: Stager = collaborators.stager or thread_stager
         self._stage_cancel = threading.Event()  # set at shutdown: the copy stops at once
@@ -169,7 +167,16 @@ class Agent:
         self._remembered = self._store.restore(
             self.supervisor, {w.id: w.gpus for w in spec.workers}
         )
-        self._view = self._build_view()
+        sync, on_view = self._sync, list[Callable[[FarmView], None]]()
+        if sync is not None:
+            on_view.append(lambda _view: sync.update())  # membership follows each change
+        self._publisher = Publisher(
+            build=self._build_view,
+            changed=self._changed,
+            save=lambda: asyncio.to_thread(self._store.save, dict(self.supervisor.workers)),
+            after=(*on_view, *collaborators.observers),
+            log_for=self._bind,
+        )
 
     # ---- wiring --------------------------------------------------------------------------
 
@@ -231,7 +238,7 @@ class Agent:
         resecreted = await self.runtime.prepare(self._spec, self.flags_by_worker())
         if self._sync is not None:
             self._sync.start()
-        self.spawn(self._state_writer())
+        self.spawn(self._publisher.write_state())
         pump = self.spawn(self._pump())
         ticker = self.spawn(self._ticker())
         for wid in self._spec.worker_ids:
@@ -516,7 +523,7 @@ class Agent:
             port_owner=self._port_owner,
             runtime=self.runtime,
             feed=self.feed,
-            wait_change=self._wait_change,
+            wait_change=self._publisher.wait_worker,
             clock=self._clock,
         )
 
@@ -728,15 +735,6 @@ class Agent:
 
     # ---- views and state -----------------------------------------------------------------
 
-    async def _wait_change(self, worker: int, timeout: float | None) -> None:
-        ev = self._changed.get(worker)
-        if ev is None:
-            return  # removed by a reload; its watcher ends at its next look
-        ev.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await ev.wait()
-
     def _refresh(self) -> None:
         # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
         current = (
@@ -748,35 +746,7 @@ class Agent:
         if current == self._last_refresh:
             return
         self._last_refresh = current
-        self._view = self._build_view()
-        for wid, s in self.supervisor.workers.items():
-            key = (s.phase, s.pid, s.launched_at)
-            prev = self._last_keys.get(wid)
-            if prev == key:
-                continue
-            self._last_keys[wid] = key
-            if prev is not None and prev[0] != s.phase:
-                self._bind(wid).info("worker_state", state=str(s.phase), was=str(prev[0]))
-            ev = self._changed.get(wid)
-            if ev is not None:
-                ev.set()
-        self._state_dirty.set()  # written off the loop (an fsync per change: not here)
-        if self._sync is not None:
-            self._sync.update()
-        for cb in self._collaborators.observers:
-            cb(self._view)
-        self.spawn(self._notify_all())
-
-    async def _state_writer(self) -> None:
-        """One writer, off the event loop, always of the latest states (changes coalesce)."""
-        while True:
-            await self._state_dirty.wait()
-            self._state_dirty.clear()
-            await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))
-
-    async def _notify_all(self) -> None:
-        async with self._any_change:
-            self._any_change.notify_all()
+        self._publisher.publish(self.supervisor.workers)
 
     def _build_view(self) -> FarmView:
         return build_view(
@@ -795,7 +765,7 @@ class Agent:
     # ---- FarmOps -------------------------------------------------------------------------
 
     def view(self) -> FarmView:
-        return self._view
+        return self._publisher.view
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
         return self._collaborators.stats.gpu_memory()
@@ -847,16 +817,7 @@ class Agent:
             )
 
     async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
-        async def waiter() -> None:
-            async with self._any_change:
-                await self._any_change.wait_for(cond)
-
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter()
-        except TimeoutError:
-            return False
-        return True
+        return await self._publisher.wait_until(cond, timeout)
 
     async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
         # In a thread: under systemd this runs journalctl, which must not stall the loop.
