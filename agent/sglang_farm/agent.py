@@ -36,13 +36,11 @@ from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.doctor import resolve_flags
 from sglang_farm.drain import HttpInFlight, watch_drain
-from sglang_farm.failures import Failure, RestartReason
+from sglang_farm.failures import RestartReason
 from sglang_farm.farm_view import FarmView, StagingView, build_view
 from sglang_farm.gateway_sync import MembershipSync
 from sglang_farm.gpu import FleetSnapshot
 from sglang_farm.gpu_health import (
-    busiest_utilization,
-    fleet_events,
     not_quarantined,
     quarantined_on,
 )
@@ -51,9 +49,9 @@ from sglang_farm.ladder import apply_ladder, next_step
 from sglang_farm.launcher import Launcher
 from sglang_farm.liveness import LivenessWatcher
 from sglang_farm.notes import note_level, rollout_summary
+from sglang_farm.observations import Observations
 from sglang_farm.phase import Phase
 from sglang_farm.portowner import ProcPortOwner
-from sglang_farm.progress import progress_events
 from sglang_farm.publisher import Publisher
 from sglang_farm.reload_plan import plan_reload
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
@@ -144,8 +142,7 @@ class Agent:
             else None
         )
         self._in_flight = collaborators.in_flight or HttpInFlight()
-        self._last_fleet: FleetSnapshot | None = None
-        self._last_change: dict[int, float | None] = {}
+        self._observed = Observations()
         self._logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -187,11 +184,7 @@ class Agent:
     @staticmethod
     def _policy(spec: FarmSpec) -> Policy:
         steps = spec.oom.steps
-
-        def oom_next(current: int, failure: Failure) -> int | None:
-            return next_step(current, steps, failure)
-
-        return Policy.from_spec(spec, oom_next)
+        return Policy.from_spec(spec, lambda current, failure: next_step(current, steps, failure))
 
     def _emit(self, event: RuntimeEvent) -> None:
         """Runtime callback; safe from any thread."""
@@ -625,39 +618,28 @@ class Agent:
     # ---- GPU health -----------------------------------------------------------------------
 
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
-        """The NVML poller's latest snapshot, reported to the workers on a failing GPU
-        (`gpu_health.fleet_events`); whether each is set aside is the supervisor's call."""
-        gpus = {w: self._spec.worker(w).gpus for w in self.supervisor.workers}
-        events = fleet_events(self._last_fleet, fleet, gpus)
-        self._last_fleet = fleet
-        for wid, event in events:
+        """The NVML poller's latest snapshot: reported to the workers on a failing GPU."""
+        for wid, event in self._observed.of_fleet(fleet, self._worker_gpus()):
             self.feed(wid, event)
 
     def observe_stats(self, stats: Mapping[int, WorkerStats]) -> None:
-        """The worker pollers' latest figures, reported as progress or a stall
-        (`progress.progress_events`); busy or wedged is the supervisor's call."""
-        now = self._wall()
-        for wid, st in stats.items():
-            if wid not in self.supervisor.workers or wid not in self._spec.worker_ids:
-                continue
-            events = progress_events(
-                self._last_change.get(wid),
-                st,
-                gpu_util=busiest_utilization(self._last_fleet, self._spec.worker(wid).gpus),
-                stall_window=self._spec.health.stall_window,
-                now=now,
-            )
-            self._last_change[wid] = st.changed_at
-            for event in events:
-                self.feed(wid, event)
+        """The worker pollers' latest figures: reported as progress or a stall."""
+        window, now = self._spec.health.stall_window, self._wall()
+        for wid, event in self._observed.of_stats(
+            stats, self._worker_gpus(), stall_window=window, now=now
+        ):
+            self.feed(wid, event)
+
+    def _worker_gpus(self) -> dict[int, tuple[int, ...]]:
+        ids = self._spec.worker_ids
+        return {w: self._spec.worker(w).gpus for w in self.supervisor.workers if w in ids}
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.
 
         Returns what keeps it set aside (its quarantine then stays); empty when released.
         """
-        gpus = {w: self._spec.worker(w).gpus for w in self.supervisor.workers}
-        held, problems = quarantined_on(gpu, self.supervisor.workers, gpus)
+        held, problems = quarantined_on(gpu, self.supervisor.workers, self._worker_gpus())
         if not held:
             return problems
         return await self._release(held, [gpu])
