@@ -40,6 +40,7 @@ from sglang_farm.supervisor import (
     Wedged,
     WorkerState,
     backoff_delay,
+    drifted_workers,
     restored_quarantine,
     step,
     stop_budget,
@@ -646,3 +647,15 @@ def test_a_stop_is_done_once_each_worker_runs_nothing_and_starts_nothing() -> No
     sup.handle(2, RestartRequested(RestartReason.MANUAL, drain=False), 7.0)
     sup.handle(2, ProcessExited(status=0), 8.0)
     assert not sup.stopped([2])
+
+
+def test_adopted_workers_that_drifted_from_the_config_are_named_for_a_restart() -> None:
+    now = {1: ("python", "--port", "1"), 2: ("python", "--port", "2"), 3: ("python", "-x")}
+    found: dict[int, tuple[str, ...] | None] = {
+        1: ("python", "--port", "1"),  # as the config renders it
+        2: ("python", "--port", "9"),  # edited while the agent was down
+        3: None,  # the runtime cannot tell
+        4: ("python", "--old"),  # running, but not adopted
+    }
+    assert drifted_workers({1, 2, 3}, found, now.__getitem__) == [2]
+    assert drifted_workers({1, 2, 3}, found, now.__getitem__, resecreted={3, 1}) == [1, 2, 3]

@@ -79,8 +79,10 @@ from sglang_farm.supervisor import (
     Supervisor,
     Terminate,
     WorkerState,
+    drifted_workers,
     stop_budget,
 )
+from sglang_farm.ticker import Ticker
 from sglang_farm.worker_logs import WorkerLogs
 from sglang_farm.workerstats import WorkerStats
 
@@ -89,7 +91,6 @@ log = structlog.get_logger("sglang_farm.agent")
 # Workers a new copy of the model concerns: they loaded (or load) the previous one.
 _LOADED = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF})
 _STARTED_SLACK_S = 0.5  # a process that started this soon after a copy's install: restarted
-TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
 
 
 class Agent:
@@ -148,7 +149,11 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
-        self._tick_wake = asyncio.Event()
+        self._ticker = Ticker(
+            next_deadline=lambda now: self.supervisor.next_deadline(now),
+            tick=lambda: self._apply_actions(self.supervisor.tick(self._clock()), wake=False),
+            clock=clock,
+        )
         # State-changing commands wait for this: restore and adoption first (a stop issued
         # before would be saved over the remembered state), and one reload at a time.
         self._startup: str | None = "the agent is restoring its state and adopting running workers"
@@ -233,7 +238,7 @@ class Agent:
             self._sync.start()
         self.spawn(self._publisher.write_state())
         pump = self.spawn(self._pump())
-        ticker = self.spawn(self._ticker())
+        ticker = self.spawn(self._ticker.run())
         for wid in self._spec.worker_ids:
             self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
         log.info(
@@ -246,11 +251,9 @@ class Agent:
         )
         self._apply_actions(list(adoption.actions))
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
-        drifted = sorted(
-            w
-            for w, r in running.items()
-            if w in adoption.adopted
-            and (w in resecreted or (r.argv is not None and r.argv != self.command_for(w).argv))
+        argv = {w: r.argv for w, r in running.items()}
+        drifted = drifted_workers(
+            adoption.adopted, argv, lambda w: self.command_for(w).argv, resecreted
         )
         if self._spec.model is None:
             self._begin_rollout(start, drifted)
@@ -538,24 +541,6 @@ class Agent:
             ev = await self._queue.get()
             self._on_runtime_event(ev)
 
-    async def _ticker(self) -> None:
-        """Time-based rules (back-off end, load deadline, wave timeout), evaluated when due.
-
-        Sleeps until the supervisor's next deadline (or until an action may have set a new
-        one), so an idle farm wakes this loop every TICK_MAX_S at most.
-        """
-        while True:
-            now = self._clock()
-            due = self.supervisor.next_deadline(now)
-            wait = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - now))
-            self._tick_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation
-                # that races with the event, and this loop would never end.
-                async with asyncio.timeout(wait):
-                    await self._tick_wake.wait()
-            self._apply_actions(self.supervisor.tick(self._clock()), wake=False)
-
     def _on_runtime_event(self, ev: RuntimeEvent) -> None:
         if ev.worker not in self.supervisor.workers:
             return
@@ -601,7 +586,7 @@ class Agent:
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         if wake:
-            self._tick_wake.set()  # a new back-off or load deadline may now be the nearest
+            self._ticker.wake()  # a new back-off or load deadline may now be the nearest
         self._refresh()
 
     async def _watch_drain(self, worker: int) -> None:

@@ -98,6 +98,23 @@ class Adoption:
     actions: tuple[Action, ...] = ()
 
 
+def drifted_workers(
+    adopted: Collection[int],
+    argv: Mapping[int, Sequence[str] | None],
+    argv_now: Callable[[int], Sequence[str]],
+    resecreted: Collection[int] = (),
+) -> list[int]:
+    """Pure: the adopted workers to restart onto the config as it is now: those running
+    another command line than it renders (`argv`: each one's as found; None: the runtime
+    cannot tell), and those whose secrets changed while the agent was down (the argv
+    does not show them)."""
+    return sorted(
+        w
+        for w in adopted
+        if w in resecreted or ((found := argv.get(w)) is not None and found != argv_now(w))
+    )
+
+
 class StopIntent(StrEnum):
     STOP = "stop"  # operator stop: stay stopped
     RESTART = "restart"  # operator or config restart: start again at once
