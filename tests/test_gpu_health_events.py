@@ -115,3 +115,13 @@ def test_release_of_a_worker_that_is_not_quarantined_says_what_it_is() -> None:
     assert not_quarantined(4, WorkerState(4, phase=Phase.READY)) == [
         "worker 4 is not quarantined (it is ready): nothing to release"
     ]
+
+
+def test_every_worker_on_a_failing_gpu_hears_of_it_not_only_the_first() -> None:
+    remaps = (*FOUR_GPUS[:1], GpuSnapshot(1, remapped_rows_pending=True), *FOUR_GPUS[2:])
+    events = fleet_events(None, snap({(0, 79): 1, (3, 48): 1}, gpus=remaps), WORKERS)
+    assert events == [
+        (0, GpuFailing(0, "xid 79", xid_detail(79))),
+        (1, RemapsPending(1)),
+        (2, GpuFailing(3, "xid 48", xid_detail(48))),
+    ]
