@@ -658,4 +658,4 @@ def test_adopted_workers_that_drifted_from_the_config_are_named_for_a_restart() 
         4: ("python", "--old"),  # running, but not adopted
     }
     assert drifted_workers({1, 2, 3}, found, now.__getitem__) == [2]
-    assert drifted_workers({1, 2, 3}, found, now.__getitem__, resecreted={3, 1}) == [1, 2, 3]
+    assert drifted_workers({1, 2, 3}, found, now.__getitem__, secrets_changed={3, 1}) == [1, 2, 3]

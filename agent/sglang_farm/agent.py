@@ -233,7 +233,7 @@ class Agent:
             self._logs.new_process(wid, serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
         # Secrets changed while the agent was down (the argv does not show them).
-        resecreted = await self.runtime.prepare(self._spec, self.flags_by_worker())
+        secrets_changed = await self.runtime.prepare(self._spec, self.flags_by_worker())
         if self._sync is not None:
             self._sync.start()
         self.spawn(self._publisher.write_state())
@@ -253,7 +253,7 @@ class Agent:
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
         argv = {w: r.argv for w, r in running.items()}
         drifted = drifted_workers(
-            adoption.adopted, argv, lambda w: self.command_for(w).argv, resecreted
+            adoption.adopted, argv, lambda w: self.command_for(w).argv, secrets_changed
         )
         if self._spec.model is None:
             self._begin_rollout(start, drifted)

@@ -102,7 +102,7 @@ def drifted_workers(
     adopted: Collection[int],
     argv: Mapping[int, Sequence[str] | None],
     argv_now: Callable[[int], Sequence[str]],
-    resecreted: Collection[int] = (),
+    secrets_changed: Collection[int] = (),
 ) -> list[int]:
     """Pure: the adopted workers to restart onto the config as it is now: those running
     another command line than it renders (`argv`: each one's as found; None: the runtime
@@ -111,7 +111,7 @@ def drifted_workers(
     return sorted(
         w
         for w in adopted
-        if w in resecreted or ((found := argv.get(w)) is not None and found != argv_now(w))
+        if w in secrets_changed or ((found := argv.get(w)) is not None and found != argv_now(w))
     )
 
 
