@@ -39,6 +39,8 @@ class FakeRuntime:
     secrets_changed_at_prepare: frozenset[int] = frozenset()
     adopt_configured: Collection[int] | None = None
     procs: dict[int, FakeProcess] = field(default_factory=dict)
+    # Workers whose stop never ends (their process outlives every signal).
+    unstoppable: set[int] = field(default_factory=set)
     _next_pid: int = 1000
 
     async def prepare(
@@ -57,6 +59,8 @@ class FakeRuntime:
 
     async def stop(self, worker: int, timeout: float) -> None:
         self.stops.append(worker)
+        if worker in self.unstoppable:
+            return
         proc = self.procs.pop(worker, None)
         if proc is not None:
             self.emit(Exited(worker, proc.pid, -15, None))

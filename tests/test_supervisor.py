@@ -11,7 +11,6 @@ from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.supervisor import (
-    STOP_SLACK_S,
     Action,
     Decision,
     Drain,
@@ -608,7 +607,6 @@ def test_the_stop_budget_is_the_drain_then_the_stop_timeout() -> None:
     assert stop_budget(p, drain=False) == p.restart.stop_timeout
     assert stop_budget(policy()) == p.restart.stop_timeout  # no gateway: no drain
     assert wave_budget(p) == p.startup.load_timeout + 30.0 + p.restart.stop_timeout
-    assert STOP_SLACK_S > 0
 
 
 def test_a_wave_that_outlives_its_budget_gives_way_to_the_next() -> None:
