@@ -85,7 +85,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "ladder": ("sglang_farm.ladder", ("tests/test_ladder.py", "tests/test_mutation_ladder.py")),
     "xid": ("sglang_farm.xid", ("tests/test_xid.py",)),
-    "gpu_health": ("sglang_farm.gpu_health", ("tests/test_mutation_gpu_health.py",)),
+    "gpu_health": (
+        "sglang_farm.gpu_health",
+        ("tests/test_mutation_gpu_health.py", "tests/test_gpu_health_events.py"),
+    ),
     "sglang_flags": (
         "sglang_farm.sglang_flags",
         ("tests/test_mutation_sglang_flags.py", "tests/test_config.py"),

@@ -11,8 +11,7 @@ happen is reported as the worker's exit with the failure that explains it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -32,35 +31,32 @@ PORT_POLL_S = 0.2  # the kernel offers no event for "a port became free"
 Preflight = Callable[[FarmSpec, int], list[Failure]]
 
 
-class LaunchHost(Protocol):
-    """What the launcher needs of the agent."""
-
-    @property
-    def spec(self) -> FarmSpec: ...
-
-    def worker_state(self, worker: int) -> WorkerState | None: ...
-
-    def feed(self, worker: int, event: Event) -> None: ...
-
-    def command_for(self, worker: int) -> Command: ...
-
-    def commands(self) -> Mapping[int, Command]: ...
-
-
 class Launcher:
+    """Carries out launches. What it needs of the agent, each a call-back: `state` (the
+    supervisor's view of the worker: is this launch still wanted?), `feed` (report what
+    became of it), `plan` (the config in force and the worker's command line, read when
+    the launch begins) and `prepare` (the runtime's preparation for that config, with every
+    worker's flags as they are now; systemd: the drop-ins)."""
+
     def __init__(
         self,
-        host: LaunchHost,
         runtime: Runtime,
         *,
+        state: Callable[[int], WorkerState | None],
+        feed: Callable[[int, Event], None],
+        plan: Callable[[int], tuple[FarmSpec, Command]],
+        prepare: Callable[[FarmSpec], Awaitable[object]],
         clock: Callable[[], float],
         preflight: Preflight | None = None,
         port_state: Callable[[str, int], PortState],
         log_for: Callable[[int], structlog.typing.FilteringBoundLogger],
         port_owner: PortOwner | None = None,
     ) -> None:
-        self._host = host
         self._runtime = runtime
+        self._state = state
+        self._feed = feed
+        self._plan = plan
+        self._prepare = prepare
         self._clock = clock
         self._preflight = preflight
         self._port_state = port_state
@@ -86,23 +82,21 @@ class Launcher:
         )
 
     async def launch(self, worker: int) -> None:
-        host = self._host
-        first = host.worker_state(worker)
+        first = self._state(worker)
         launched = first.launched_at if first is not None else None
         blog = self._log_for(worker)
 
         def still_wanted() -> bool:
-            s = host.worker_state(worker)
+            s = self._state(worker)
             return s is not None and s.phase is Phase.STARTING and s.launched_at == launched
 
         def abandon(failure: Failure | None) -> None:
             # The stop (or this failure) finds no process: report the "exit" ourselves.
-            host.feed(worker, ProcessExited(None, failure))
+            self._feed(worker, ProcessExited(None, failure))
 
         try:
-            spec = host.spec
+            spec, cmd = self._plan(worker)
             w = spec.worker(worker)
-            cmd = host.command_for(worker)
             blocking = self._preflight(spec, worker) if self._preflight is not None else []
             if blocking:
                 blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
@@ -126,12 +120,12 @@ class Launcher:
                 abandon(failure)
                 return
             blog.info("worker_launching", port=w.port, argv=list(cmd.argv))
-            await self._runtime.prepare(spec, host.commands())
+            await self._prepare(spec)
             if not still_wanted():
                 abandon(None)
                 return
             await self._runtime.start(worker, cmd)
-            s = host.worker_state(worker)
+            s = self._state(worker)
             if s is not None and s.phase is Phase.STOPPING:
                 # Stopped while starting: the Terminate found nothing yet; stop it now.
                 await self._runtime.stop(worker, spec.restart.stop_timeout)

@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from sglang_farm import __version__
-from sglang_farm.agent import Agent, AgentHooks, FarmStats
+from sglang_farm.agent import Agent
+from sglang_farm.collaborators import Collaborators, StatsReaders
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.doctor.checks import DoctorReport
@@ -214,13 +215,13 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         spec,
         runtime_factory(kind, spec, config_path, front.managed if front is not None else None),
         config_loader=lambda: load_config(config_path, gpu_count, kind),
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             gateway=front.client if front is not None else None,
             preflight=doctor.blocking,
             refresh_preflight=doctor.refresh,
             compute_caps=doctor.compute_caps,
             observers=(on_status, to_pollers),
-            stats=FarmStats(gpu_memory, queue_depths),
+            stats=StatsReaders(gpu_memory, queue_depths),
             check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
         ),
     )

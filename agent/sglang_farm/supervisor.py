@@ -19,6 +19,18 @@ Worker phases (phase.Phase):
                                                            failure, failed canary)
 
     Operator stop/restart: any running phase -> STOPPING -> STOPPED / PENDING.
+
+    Planned stop or restart with a gateway (`[gateway] drain_timeout`):
+
+        READY/UNHEALTHY --stop/restart--> DRAINING --drained, or budget spent--> STOPPING
+
+    A failing GPU (`GpuFailing`; `RemapsPending` only at a (re)start):
+
+        STARTING/READY/UNHEALTHY/DRAINING --> STOPPING --exit--> QUARANTINED
+        PENDING/BACKOFF/STOPPED/FAILED ----------------------> QUARANTINED
+        QUARANTINED --release (the GPU passed its checks)--> PENDING
+
+`step` sends each event to its own handler (`_on_...`); each edge is commented there.
 """
 
 from __future__ import annotations
@@ -84,6 +96,23 @@ class Adoption:
     adopted: frozenset[int]
     held: frozenset[int]  # failed or stopped before the agent restarted: not started again
     actions: tuple[Action, ...] = ()
+
+
+def drifted_workers(
+    adopted: Collection[int],
+    argv: Mapping[int, Sequence[str] | None],
+    argv_now: Callable[[int], Sequence[str]],
+    secrets_changed: Collection[int] = (),
+) -> list[int]:
+    """Pure: the adopted workers to restart onto the config as it is now: those running
+    another command line than it renders (`argv`: each one's as found; None: the runtime
+    cannot tell), and those whose secrets changed while the agent was down (the argv
+    does not show them)."""
+    return sorted(
+        w
+        for w in adopted
+        if w in secrets_changed or ((found := argv.get(w)) is not None and found != argv_now(w))
+    )
 
 
 class StopIntent(StrEnum):
@@ -172,6 +201,14 @@ class GpuFailing:
 
 
 @dataclass(frozen=True, slots=True)
+class RemapsPending:
+    """NVML reports row remaps pending on the worker's GPU (`gpu_health.fleet_events`): a
+    worker about to (re)start there is set aside until the GPU is reset."""
+
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressSeen:
     """The worker's own token or request counters advanced (its engine is working)."""
 
@@ -228,6 +265,7 @@ Event = (
     | Drained
     | GatewayMembership
     | GpuFailing
+    | RemapsPending
     | ReleaseRequested
     | ProgressSeen
     | Wedged
@@ -358,6 +396,22 @@ _SERVING = frozenset({Phase.READY, Phase.UNHEALTHY})
 HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED})
 
 
+# What a waiter for stops allows beyond `stop_budget`: the exit's report, the runtime's reaping.
+STOP_SLACK_S = 15.0
+
+
+def stop_budget(policy: Policy, *, drain: bool = True) -> float:
+    """The longest a planned stop takes: the drain (with a gateway, unless skipped), then the
+    runtime's stop (SIGTERM, SIGKILL after `restart.stop_timeout`)."""
+    drained = policy.drain_timeout if drain and policy.drain_timeout is not None else 0.0
+    return drained + policy.restart.stop_timeout
+
+
+def wave_budget(policy: Policy) -> float:
+    """The longest one wave of a rolling restart takes: a stop, then a model load."""
+    return policy.startup.load_timeout + stop_budget(policy)
+
+
 def backoff_delay(failures: int, policy: RestartPolicy) -> float:
     """Exponential back-off: initial, 2x, 4x ... capped at backoff_max."""
     exponent = max(0, failures - 1)
@@ -471,261 +525,354 @@ def _terminate_for(s: WorkerState, failure: Failure, now: float) -> Decision:
 
 
 def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
-    """One worker's transition. Raises IllegalTransition for events that make no sense now."""
+    """One worker's transition: the handler of the event's kind (one per kind, below).
+    Raises IllegalTransition for events that make no sense now."""
     match event:
-        case GpuFailing(gpu=gpu, reason=reason, detail=detail):
-            if s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE:
-                return Decision(s)  # set aside already: the first reason stands
-            q = GpuQuarantine(gpu, reason, detail, now)
-            s = replace(
-                s,
-                quarantine=q,
-                quarantines_by_reason=_bump(s.quarantines_by_reason, reason),
-                last_action=f"GPU {gpu} quarantined ({reason}); not restarted until released",
-            )
-            note = Note("gpu_quarantined", {"reason": reason, "detail": detail})
-            if s.phase in (*_RUNNING, Phase.DRAINING):
-                # RUNNING -> STOPPING: out of service; its exit leads to QUARANTINED.
-                s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.QUARANTINE)
-                return Decision(s, (Terminate(s.id), note))
-            if s.phase is Phase.STOPPING:
-                return Decision(replace(s, stop_intent=StopIntent.QUARANTINE), (note,))
-            # PENDING/BACKOFF/STOPPED/FAILED -> QUARANTINED: nothing runs; never started.
-            return Decision(s.enter(Phase.QUARANTINED, now, retry_at=None), (note,))
+        case GpuFailing():
+            return _on_gpu_failing(s, event, now)
+        case RemapsPending():
+            return _on_remaps_pending(s, event, now)
         case ReleaseRequested():
-            if s.phase is not Phase.QUARANTINED:
-                return Decision(s)
-            # QUARANTINED -> PENDING: the GPU passed its checks; start afresh.
-            return Decision(
-                s.enter(Phase.PENDING, now, quarantine=None, failures=0, retry_at=None),
-                (Note("gpu_released"),),
-            )
-        case StopRequested() if (
-            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
-        ):
-            # Stopped already, or stopping for its GPU: it must end set aside (QUARANTINED),
-            # never STOPPED with its quarantine still recorded (a start would then run it).
-            return Decision(s)
-        case StartRequested() | RestartRequested() if (
-            s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
-        ):
-            # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
-            # GPU's checks, starts it again.
-            return Decision(s, (Note("worker_quarantined_not_started"),))
-        case StartRequested(fresh=fresh):
-            if s.phase in (Phase.STOPPED, Phase.FAILED):
-                # STOPPED/FAILED -> PENDING: wanted again; the rollout planner launches it.
-                return Decision(
-                    s.enter(
-                        Phase.PENDING,
-                        now,
-                        failures=0 if fresh else s.failures,
-                        retry_at=None,
-                        next_reason=s.next_reason if s.phase is Phase.FAILED else None,
-                    )
-                )
-            if s.phase is Phase.BACKOFF:
-                # BACKOFF -> PENDING: an operator asked; skip the rest of the wait.
-                return Decision(s.enter(Phase.PENDING, now, retry_at=None))
-            return Decision(s)  # already wanted
-        case StopRequested(drain=drain):
-            if s.phase in _SERVING and drain and policy.drain_timeout is not None:
-                # READY -> DRAINING: out of the gateway, its requests finish, then the stop.
-                return _begin_drain(s, now, StopIntent.STOP, None)
-            if s.phase is Phase.DRAINING:
-                s = replace(s, stop_intent=StopIntent.STOP)
-                return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
-            if s.phase in _RUNNING:
-                # RUNNING -> STOPPING: operator stop.
-                return Decision(
-                    s.enter(Phase.STOPPING, now, stop_intent=StopIntent.STOP), (Terminate(s.id),)
-                )
-            if s.phase is Phase.STOPPING:
-                return Decision(replace(s, stop_intent=StopIntent.STOP))
-            # PENDING/BACKOFF/FAILED -> STOPPED: nothing runs; forget the scheduled start.
-            return Decision(
-                s.enter(Phase.STOPPED, now, retry_at=None) if s.phase is not Phase.STOPPED else s
-            )
-        case RestartRequested(reason=reason, drain=drain):
-            if s.phase in _SERVING and drain and policy.drain_timeout is not None:
-                # READY -> DRAINING: out of the gateway, its requests finish, then the restart.
-                return _begin_drain(s, now, StopIntent.RESTART, reason)
-            if s.phase is Phase.DRAINING:
-                s = replace(s, stop_intent=StopIntent.RESTART, next_reason=reason)
-                return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
-            if s.phase in _RUNNING:
-                # RUNNING -> STOPPING: restart = stop, then start at once.
-                s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.RESTART, next_reason=reason)
-                return Decision(s, (Terminate(s.id),))
-            if s.phase is Phase.STOPPING:
-                return Decision(replace(s, stop_intent=StopIntent.RESTART, next_reason=reason))
-            # STOPPED/BACKOFF/FAILED/PENDING -> PENDING: nothing to stop; start it.
-            return Decision(
-                s.enter(
-                    Phase.PENDING,
-                    now,
-                    retry_at=None,
-                    failures=0 if s.phase is Phase.FAILED else s.failures,
-                    next_reason=reason,
-                )
-            )
-        case Launched(pid=pid):
-            if s.phase is not Phase.STARTING:
-                raise IllegalTransition(f"worker {s.id}: launched while {s.phase}")
-            return Decision(replace(s, pid=pid), (Note("worker_launched", {"pid": pid}),))
+            return _on_release(s, now)
+        case StartRequested():
+            return _on_start(s, event, now)
+        case StopRequested():
+            return _on_stop(s, event, now, policy)
+        case RestartRequested():
+            return _on_restart(s, event, now, policy)
+        case Launched():
+            return _on_launched(s, event)
         case HealthPassed():
-            if s.phase is Phase.STARTING:
-                # STARTING -> READY: /health answered 200 within the load deadline.
-                load = now - s.launched_at if s.launched_at is not None else None
-                s = s.enter(
-                    Phase.READY,
-                    now,
-                    ready_since=now,
-                    ever_ready=True,
-                    health_failures=0,
-                    last_load_seconds=load,
-                    halt_on_failure=False,
-                )
-                return Decision(s, (Note("worker_ready", {"load_s": round(load or 0.0, 3)}),))
-            if s.phase is Phase.UNHEALTHY:
-                # UNHEALTHY -> READY: a probe passed again before the threshold.
-                return Decision(
-                    s.enter(Phase.READY, now, health_failures=0, busy=False),
-                    (Note("worker_recovered"),),
-                )
-            return Decision(replace(s, health_failures=0, busy=False))
+            return _on_health_passed(s, now)
+        case HealthFailed():
+            return _on_health_failed(s, event, now, policy)
         case ProgressSeen():
-            return Decision(replace(s, progress_at=now) if s.phase in _SERVING else s)
-        case Wedged(detail=detail):
-            if s.phase not in _SERVING:
-                return Decision(s)
-            # READY -> STOPPING: requests run, nothing advances: a wedged engine.
+            return _on_progress(s, now)
+        case Wedged():
+            return _on_wedged(s, event, now)
+        case PortTaken():
+            return _on_port_taken(s, event, now)
+        case FailureSeen():
+            return _on_failure_seen(s, event, now)
+        case Drained():
+            return _on_drained(s, now)
+        case GatewayMembership():
+            return _on_membership(s, event)
+        case ProcessExited():
+            return _on_exit(s, event, now, policy)
+        case Tick():
+            return _on_tick(s, now, policy)
+    raise IllegalTransition(f"worker {s.id}: unknown event {event!r}")
+
+
+def _set_aside(s: WorkerState) -> bool:
+    """QUARANTINED, or stopping to become so: only a release brings it back."""
+    return s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+
+
+def _on_gpu_failing(s: WorkerState, event: GpuFailing, now: float) -> Decision:
+    gpu, reason, detail = event.gpu, event.reason, event.detail
+    if _set_aside(s):
+        return Decision(s)  # set aside already: the first reason stands
+    q = GpuQuarantine(gpu, reason, detail, now)
+    s = replace(
+        s,
+        quarantine=q,
+        quarantines_by_reason=_bump(s.quarantines_by_reason, reason),
+        last_action=f"GPU {gpu} quarantined ({reason}); not restarted until released",
+    )
+    note = Note("gpu_quarantined", {"reason": reason, "detail": detail})
+    if s.phase in (*_RUNNING, Phase.DRAINING):
+        # RUNNING -> STOPPING: out of service; its exit leads to QUARANTINED.
+        s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.QUARANTINE)
+        return Decision(s, (Terminate(s.id), note))
+    if s.phase is Phase.STOPPING:
+        return Decision(replace(s, stop_intent=StopIntent.QUARANTINE), (note,))
+    # PENDING/BACKOFF/STOPPED/FAILED -> QUARANTINED: nothing runs; never started.
+    return Decision(s.enter(Phase.QUARANTINED, now, retry_at=None), (note,))
+
+
+def _on_remaps_pending(s: WorkerState, event: RemapsPending, now: float) -> Decision:
+    if s.phase not in (Phase.PENDING, Phase.BACKOFF):
+        # A running worker keeps its GPU (the remap applies at the GPU's next reset); a
+        # stopped one is judged again when it is wanted.
+        return Decision(s)
+    # PENDING/BACKOFF -> QUARANTINED: at a (re)start, a GPU with row remaps pending needs
+    # a reset first.
+    failing = GpuFailing(
+        event.gpu,
+        "pending row remaps",
+        "NVML reports row remaps pending: reset the GPU before it is used",
+    )
+    return _on_gpu_failing(s, failing, now)
+
+
+def _on_release(s: WorkerState, now: float) -> Decision:
+    if s.phase is not Phase.QUARANTINED:
+        return Decision(s)
+    # QUARANTINED -> PENDING: the GPU passed its checks; start afresh.
+    return Decision(
+        s.enter(Phase.PENDING, now, quarantine=None, failures=0, retry_at=None),
+        (Note("gpu_released"),),
+    )
+
+
+def _on_start(s: WorkerState, event: StartRequested, now: float) -> Decision:
+    if _set_aside(s):
+        # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
+        # GPU's checks, starts it again.
+        return Decision(s, (Note("worker_quarantined_not_started"),))
+    if s.phase in (Phase.STOPPED, Phase.FAILED):
+        # STOPPED/FAILED -> PENDING: wanted again; the rollout planner launches it.
+        return Decision(
+            s.enter(
+                Phase.PENDING,
+                now,
+                failures=0 if event.fresh else s.failures,
+                retry_at=None,
+                next_reason=s.next_reason if s.phase is Phase.FAILED else None,
+            )
+        )
+    if s.phase is Phase.BACKOFF:
+        # BACKOFF -> PENDING: an operator asked; skip the rest of the wait.
+        return Decision(s.enter(Phase.PENDING, now, retry_at=None))
+    return Decision(s)  # already wanted
+
+
+def _on_stop(s: WorkerState, event: StopRequested, now: float, policy: Policy) -> Decision:
+    drain = event.drain
+    if _set_aside(s):
+        # Stopped already, or stopping for its GPU: it must end set aside (QUARANTINED),
+        # never STOPPED with its quarantine still recorded (a start would then run it).
+        return Decision(s)
+    if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+        # READY -> DRAINING: out of the gateway, its requests finish, then the stop.
+        return _begin_drain(s, now, StopIntent.STOP, None)
+    if s.phase is Phase.DRAINING:
+        s = replace(s, stop_intent=StopIntent.STOP)
+        return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
+    if s.phase in _RUNNING:
+        # RUNNING -> STOPPING: operator stop.
+        return Decision(
+            s.enter(Phase.STOPPING, now, stop_intent=StopIntent.STOP), (Terminate(s.id),)
+        )
+    if s.phase is Phase.STOPPING:
+        return Decision(replace(s, stop_intent=StopIntent.STOP))
+    # PENDING/BACKOFF/FAILED -> STOPPED: nothing runs; forget the scheduled start.
+    return Decision(
+        s.enter(Phase.STOPPED, now, retry_at=None) if s.phase is not Phase.STOPPED else s
+    )
+
+
+def _on_restart(s: WorkerState, event: RestartRequested, now: float, policy: Policy) -> Decision:
+    reason, drain = event.reason, event.drain
+    if _set_aside(s):
+        # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
+        # GPU's checks, starts it again.
+        return Decision(s, (Note("worker_quarantined_not_started"),))
+    if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+        # READY -> DRAINING: out of the gateway, its requests finish, then the restart.
+        return _begin_drain(s, now, StopIntent.RESTART, reason)
+    if s.phase is Phase.DRAINING:
+        s = replace(s, stop_intent=StopIntent.RESTART, next_reason=reason)
+        return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
+    if s.phase in _RUNNING:
+        # RUNNING -> STOPPING: restart = stop, then start at once.
+        s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.RESTART, next_reason=reason)
+        return Decision(s, (Terminate(s.id),))
+    if s.phase is Phase.STOPPING:
+        return Decision(replace(s, stop_intent=StopIntent.RESTART, next_reason=reason))
+    # STOPPED/BACKOFF/FAILED/PENDING -> PENDING: nothing to stop; start it.
+    return Decision(
+        s.enter(
+            Phase.PENDING,
+            now,
+            retry_at=None,
+            failures=0 if s.phase is Phase.FAILED else s.failures,
+            next_reason=reason,
+        )
+    )
+
+
+def _on_launched(s: WorkerState, event: Launched) -> Decision:
+    if s.phase is not Phase.STARTING:
+        raise IllegalTransition(f"worker {s.id}: launched while {s.phase}")
+    return Decision(replace(s, pid=event.pid), (Note("worker_launched", {"pid": event.pid}),))
+
+
+def _on_health_passed(s: WorkerState, now: float) -> Decision:
+    if s.phase is Phase.STARTING:
+        # STARTING -> READY: /health answered 200 within the load deadline.
+        load = now - s.launched_at if s.launched_at is not None else None
+        s = s.enter(
+            Phase.READY,
+            now,
+            ready_since=now,
+            ever_ready=True,
+            health_failures=0,
+            last_load_seconds=load,
+            halt_on_failure=False,
+        )
+        return Decision(s, (Note("worker_ready", {"load_s": round(load or 0.0, 3)}),))
+    if s.phase is Phase.UNHEALTHY:
+        # UNHEALTHY -> READY: a probe passed again before the threshold.
+        return Decision(
+            s.enter(Phase.READY, now, health_failures=0, busy=False),
+            (Note("worker_recovered"),),
+        )
+    return Decision(replace(s, health_failures=0, busy=False))
+
+
+def _on_progress(s: WorkerState, now: float) -> Decision:
+    return Decision(replace(s, progress_at=now) if s.phase in _SERVING else s)
+
+
+def _on_wedged(s: WorkerState, event: Wedged, now: float) -> Decision:
+    if s.phase not in _SERVING:
+        return Decision(s)  # loading, stopping or gone: the load deadline and exits judge it
+    # READY -> STOPPING: requests run, nothing advances: a wedged engine.
+    failure = Failure(
+        FailureKind.HANG,
+        f"wedged: {event.detail}",
+        "the farm restarts it even though /health answered; if it recurs, look at "
+        "`farmctl logs` for CUDA errors and at GPU health (XID errors)",
+    )
+    return _terminate_for(replace(s, busy=False), failure, now)
+
+
+def _busy(s: WorkerState, event: HealthFailed, now: float, policy: Policy) -> bool:
+    """Its counters advanced after the failed probe was sent, within the busy window."""
+    return (
+        s.phase in _SERVING
+        and s.progress_at is not None
+        and event.started is not None
+        and s.progress_at > event.started
+        and now - s.progress_at <= policy.health.busy_window
+    )
+
+
+def _on_health_failed(s: WorkerState, event: HealthFailed, now: float, policy: Policy) -> Decision:
+    detail = event.detail
+    if _busy(s, event, now, policy):
+        # READY stays (UNHEALTHY -> READY): its /health is slow behind a batch while
+        # its counters advance: busy, and the failure is excused.
+        busy_note: tuple[Action, ...] = () if s.busy else (Note("worker_busy", {"detail": detail}),)
+        if s.phase is Phase.UNHEALTHY:
+            return Decision(s.enter(Phase.READY, now, busy=True, health_failures=0), busy_note)
+        return Decision(replace(s, busy=True, health_failures=0), busy_note)
+    if s.phase in (Phase.READY, Phase.UNHEALTHY):
+        n = s.health_failures + 1
+        if n >= policy.health.failure_threshold:
+            # UNHEALTHY -> STOPPING: `failure_threshold` failed probes in a row: a hang.
             failure = Failure(
                 FailureKind.HANG,
-                f"wedged: {detail}",
-                "the farm restarts it even though /health answered; if it recurs, look at "
-                "`farmctl logs` for CUDA errors and at GPU health (XID errors)",
+                f"health probe failed {n} times in a row ({detail})",
+                "the farm restarts it; if it recurs, look at `farmctl logs` for a stuck "
+                "scheduler and at GPU health (XID errors)",
             )
-            return _terminate_for(replace(s, busy=False), failure, now)
-        case HealthFailed(detail=detail, started=started) if (
-            s.phase in _SERVING
-            and s.progress_at is not None
-            and started is not None
-            and s.progress_at > started
-            and now - s.progress_at <= policy.health.busy_window
-        ):
-            # READY stays (UNHEALTHY -> READY): its /health is slow behind a batch while
-            # its counters advance: busy, and the failure is excused.
-            busy_note: tuple[Action, ...] = (
-                () if s.busy else (Note("worker_busy", {"detail": detail}),)
-            )
-            if s.phase is Phase.UNHEALTHY:
-                return Decision(s.enter(Phase.READY, now, busy=True, health_failures=0), busy_note)
-            return Decision(replace(s, busy=True, health_failures=0), busy_note)
-        case HealthFailed(detail=detail):
-            if s.phase in (Phase.READY, Phase.UNHEALTHY):
-                n = s.health_failures + 1
-                if n >= policy.health.failure_threshold:
-                    # UNHEALTHY -> STOPPING: `failure_threshold` failed probes in a row: a hang.
-                    failure = Failure(
-                        FailureKind.HANG,
-                        f"health probe failed {n} times in a row ({detail})",
-                        "the farm restarts it; if it recurs, look at `farmctl logs` for a stuck "
-                        "scheduler and at GPU health (XID errors)",
-                    )
-                    return _terminate_for(replace(s, health_failures=n), failure, now)
-                # READY -> UNHEALTHY: a probe failed, below the threshold.
-                ns = (
-                    s.enter(Phase.UNHEALTHY, now, health_failures=n)
-                    if s.phase is Phase.READY
-                    else replace(s, health_failures=n)
-                )
-                return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
-            return Decision(s)  # while loading, a refused connection is normal
-        case PortTaken(port=port, holder=holder):
-            if s.phase not in _RUNNING:
-                return Decision(s)  # a verdict on a process already being stopped, or gone
-            # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
-            # (a load that would fail at its end), and whatever answers is not the worker.
-            return _terminate_for(s, port_taken(port, holder, s.id), now)
-        case FailureSeen(failure=failure):
-            if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
-                # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts
-                # (with the next OOM-ladder step, decided when the exit is handled).
-                return _terminate_for(s, failure, now)
+            return _terminate_for(replace(s, health_failures=n), failure, now)
+        # READY -> UNHEALTHY: a probe failed, below the threshold.
+        ns = (
+            s.enter(Phase.UNHEALTHY, now, health_failures=n)
+            if s.phase is Phase.READY
+            else replace(s, health_failures=n)
+        )
+        return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
+    return Decision(s)  # while loading, a refused connection is normal
+
+
+def _on_port_taken(s: WorkerState, event: PortTaken, now: float) -> Decision:
+    if s.phase not in _RUNNING:
+        return Decision(s)  # a verdict on a process already being stopped, or gone
+    # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
+    # (a load that would fail at its end), and whatever answers is not the worker.
+    return _terminate_for(s, port_taken(event.port, event.holder, s.id), now)
+
+
+def _on_failure_seen(s: WorkerState, event: FailureSeen, now: float) -> Decision:
+    failure = event.failure
+    if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
+        # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts
+        # (with the next OOM-ladder step, decided when the exit is handled).
+        return _terminate_for(s, failure, now)
+    return Decision(
+        replace(s, last_failure=failure, last_failure_at=now) if s.phase in _RUNNING else s
+    )
+
+
+def _on_drained(s: WorkerState, now: float) -> Decision:
+    if s.phase is Phase.DRAINING:
+        # DRAINING -> STOPPING: out of the gateway and idle; now the stop.
+        return _end_drain(s, now, "worker_drained")
+    return Decision(s)
+
+
+def _on_membership(s: WorkerState, event: GatewayMembership) -> Decision:
+    return Decision(replace(s, in_gateway=event.member))
+
+
+def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -> Decision:
+    status, failure = event.status, event.failure
+    if s.phase in (Phase.STOPPING, Phase.DRAINING):
+        # (a draining worker that exits on its own has done what was asked)
+        intent = s.stop_intent
+        if intent is StopIntent.QUARANTINE:
+            # STOPPING -> QUARANTINED: stopped because its GPU is failing.
             return Decision(
-                replace(s, last_failure=failure, last_failure_at=now) if s.phase in _RUNNING else s
+                s.enter(Phase.QUARANTINED, now, pid=None, stop_intent=None, health_failures=0),
+                (Note("worker_quarantined"),),
             )
-        case Drained():
-            if s.phase is Phase.DRAINING:
-                # DRAINING -> STOPPING: out of the gateway and idle; now the stop.
-                return _end_drain(s, now, "worker_drained")
-            return Decision(s)
-        case GatewayMembership(member=member):
-            return Decision(replace(s, in_gateway=member))
-        case ProcessExited(status=status, failure=failure):
-            if s.phase in (Phase.STOPPING, Phase.DRAINING):
-                # (a draining worker that exits on its own has done what was asked)
-                intent = s.stop_intent
-                if intent is StopIntent.QUARANTINE:
-                    # STOPPING -> QUARANTINED: stopped because its GPU is failing.
-                    return Decision(
-                        s.enter(
-                            Phase.QUARANTINED, now, pid=None, stop_intent=None, health_failures=0
-                        ),
-                        (Note("worker_quarantined"),),
-                    )
-                if intent is StopIntent.STOP:
-                    # STOPPING -> STOPPED: operator stop done.
-                    return Decision(
-                        s.enter(Phase.STOPPED, now, pid=None, stop_intent=None, health_failures=0),
-                        (Note("worker_stopped"),),
-                    )
-                if intent is StopIntent.RESTART:
-                    # STOPPING -> PENDING: restart; start again at once.
-                    return Decision(
-                        s.enter(Phase.PENDING, now, pid=None, stop_intent=None, health_failures=0)
-                    )
-                return _after_failure(s, s.pending_failure or _crash(status), now, policy)
-            if s.phase in _RUNNING:
-                # RUNNING -> failure handling: it exited on its own.
-                return _after_failure(s, failure or _crash(status), now, policy)
-            return Decision(s)  # a late exit report for a process already accounted for
-        case Tick():
-            if (
-                s.phase is Phase.STARTING
-                and s.launched_at is not None
-                and now - s.launched_at > policy.startup.load_timeout
-            ):
-                # STARTING -> STOPPING: not ready within startup.load_timeout.
-                failure = Failure(
-                    FailureKind.LOAD_TIMEOUT,
-                    f"not ready {policy.startup.load_timeout:g} s after launch "
-                    "(startup.load_timeout)",
-                    "look at `farmctl logs` for where loading stopped; raise "
-                    "startup.load_timeout if the model simply needs longer",
-                )
-                return _terminate_for(s, failure, now)
-            if (
-                s.phase is Phase.DRAINING
-                and policy.drain_timeout is not None
-                and now - s.since >= policy.drain_timeout
-            ):
-                # DRAINING -> STOPPING: the drain budget is spent; stop it with what it runs.
-                return _end_drain(s, now, "drain_budget_expired")
-            if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
-                # BACKOFF -> PENDING: the back-off delay has passed.
-                return Decision(s.enter(Phase.PENDING, now, retry_at=None))
-            if (
-                s.phase is Phase.READY
-                and s.failures
-                and s.ready_since is not None
-                and now - s.ready_since >= policy.restart.reset_after
-            ):
-                # READY, stable for reset_after: the back-off starts over.
-                return Decision(replace(s, failures=0), (Note("backoff_reset"),))
-            return Decision(s)
-    raise IllegalTransition(f"worker {s.id}: unknown event {event!r}")
+        if intent is StopIntent.STOP:
+            # STOPPING -> STOPPED: operator stop done.
+            return Decision(
+                s.enter(Phase.STOPPED, now, pid=None, stop_intent=None, health_failures=0),
+                (Note("worker_stopped"),),
+            )
+        if intent is StopIntent.RESTART:
+            # STOPPING -> PENDING: restart; start again at once.
+            return Decision(
+                s.enter(Phase.PENDING, now, pid=None, stop_intent=None, health_failures=0)
+            )
+        return _after_failure(s, s.pending_failure or _crash(status), now, policy)
+    if s.phase in _RUNNING:
+        # RUNNING -> failure handling: it exited on its own.
+        return _after_failure(s, failure or _crash(status), now, policy)
+    return Decision(s)  # a late exit report for a process already accounted for
+
+
+def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
+    if (
+        s.phase is Phase.STARTING
+        and s.launched_at is not None
+        and now - s.launched_at > policy.startup.load_timeout
+    ):
+        # STARTING -> STOPPING: not ready within startup.load_timeout.
+        failure = Failure(
+            FailureKind.LOAD_TIMEOUT,
+            f"not ready {policy.startup.load_timeout:g} s after launch (startup.load_timeout)",
+            "look at `farmctl logs` for where loading stopped; raise "
+            "startup.load_timeout if the model simply needs longer",
+        )
+        return _terminate_for(s, failure, now)
+    if (
+        s.phase is Phase.DRAINING
+        and policy.drain_timeout is not None
+        and now - s.since >= policy.drain_timeout
+    ):
+        # DRAINING -> STOPPING: the drain budget is spent; stop it with what it runs.
+        return _end_drain(s, now, "drain_budget_expired")
+    if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
+        # BACKOFF -> PENDING: the back-off delay has passed.
+        return Decision(s.enter(Phase.PENDING, now, retry_at=None))
+    if (
+        s.phase is Phase.READY
+        and s.failures
+        and s.ready_since is not None
+        and now - s.ready_since >= policy.restart.reset_after
+    ):
+        # READY, stable for reset_after: the back-off starts over.
+        return Decision(replace(s, failures=0), (Note("backoff_reset"),))
+    return Decision(s)
 
 
 def _crash(status: int | None) -> Failure:
@@ -997,6 +1144,15 @@ class Supervisor:
             actions += self._apply(w, Tick(), now)
         return actions + self._plan(now)
 
+    def stopped(self, worker_ids: Collection[int]) -> bool:
+        """Each of `worker_ids` still configured runs nothing and starts nothing by itself:
+        STOPPED, FAILED or QUARANTINED (what a wait for a stop waits for)."""
+        return all(self.workers[w].phase in HELD_PHASES for w in worker_ids if w in self.workers)
+
+    def stopping(self) -> bool:
+        """A stop is under way for some worker: it drains or its process tree is stopping."""
+        return any(s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.workers.values())
+
     def reset_oom(self, worker_id: int) -> None:
         self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0)
 
@@ -1021,17 +1177,13 @@ class Supervisor:
             return True
         return s.phase is Phase.READY and (self.policy.drain_timeout is None or s.in_gateway)
 
-    def _wave_timeout(self) -> float:
-        p = self.policy
-        return p.startup.load_timeout + p.restart.stop_timeout + (p.drain_timeout or 0.0)
-
     def _advance_rolling(self, now: float) -> list[Action]:
         """Issue the next wave of each rolling restart whose current wave has settled."""
         actions: list[Action] = []
         kept: list[RollingRestart] = []
         for r in self.rolling:
             settled = all(self._settled(w) for w in r.wave)
-            if r.wave and not settled and now - r.wave_started < self._wave_timeout():
+            if r.wave and not settled and now - r.wave_started < wave_budget(self.policy):
                 kept.append(r)
                 continue
             if not r.waves:
@@ -1102,5 +1254,5 @@ class Supervisor:
                 times.append(s.launched_at + self.policy.startup.load_timeout)
             if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
                 times.append(s.since + self.policy.drain_timeout)
-        times += [r.wave_started + self._wave_timeout() for r in self.rolling if r.wave]
+        times += [r.wave_started + wave_budget(self.policy) for r in self.rolling if r.wave]
         return min(times) if times else None
