@@ -44,6 +44,12 @@ LONGEST_FIRST = (
     "test_systemd_gateway_key.py",
 )
 QUIET_S = float(os.environ.get("SF_QUIET_S", "30"))
+# What a module's long silence is, said beside its tests in the "still running" lines.
+LONG_STEPS = {
+    "tests/test_deb.py": "building the .deb first: pystemd and lxml compile, minutes when pip's"
+    " cache is cold",
+    "tests/test_soak.py": "the chaos soak runs 2 minutes",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -106,7 +112,10 @@ class StillRunning:
                 self.last = now
                 tests = sorted(self.running.items(), key=lambda kv: kv[1])
             lines = [f"\n[{_mmss(now - self.started)}] no test finished for {self.quiet_s:g} s;"]
-            lines += [f"  still running ({_mmss(now - t0)}): {nodeid}" for nodeid, t0 in tests]
+            for nodeid, t0 in tests:
+                step = LONG_STEPS.get(nodeid.split("::")[0])
+                why = f" ({step})" if step else ""
+                lines.append(f"  still running ({_mmss(now - t0)}): {nodeid}{why}")
             os.write(self.fd, ("\n".join(lines) + "\n").encode())
 
 
