@@ -173,9 +173,22 @@ def _own_cgroups(name: str) -> list[Path]:
     roots = [
         r for r in (_V1_SYSTEMD_CGROUP, _HYBRID_UNIFIED_CGROUP) if (r / "cgroup.procs").exists()
     ]
+    made: list[Path] = []
     for root in roots:
-        (root / name).mkdir()
-    return [root / name for root in roots]
+        try:
+            (root / name).mkdir()
+        except OSError as exc:  # a read-only cgroupfs: run as before, one container at a time
+            print(
+                f"container {name}: no cgroup of its own ({exc}); run containers one at a time",
+                file=sys.stderr,
+            )
+            break
+        made.append(root / name)
+    else:
+        return made
+    for path in made:
+        _remove_cgroup(path)
+    return []
 
 
 def _remove_cgroup(path: Path) -> None:
