@@ -1092,13 +1092,7 @@ def test_systemd_runs_the_exact_argv_and_env_and_gates_readiness(
         "inactive"
     )
     assert c.run(["test", "-e", "/run/sf/child-got-sigterm-30000"], check=False).returncode == 1
-    # SIGKILLed by now; on cgroup v1 the unit can turn inactive just before the child is gone.
-    deadline = time.monotonic() + 10
-    while (left := c.run(["pgrep", "-f", "sfworker"], check=False).stdout) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
-    assert left == "", f"still running after the stop: {left}"
+    assert c.run(["pgrep", "-f", "sfworker"], check=False).stdout == ""
 
 
 @pytest.mark.systemd
