@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpu_health import (
+from sglang_farm.gpus.health import (
     busiest_utilization,
     fleet_events,
     not_quarantined,
     quarantined_on,
     xid_detail,
 )
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.phase import Phase
-from sglang_farm.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
 
 FOUR_GPUS = tuple(GpuSnapshot(i) for i in range(4))
 

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import GATEWAY_URL, NOW, GiB, farm, gateway_state, state
 from sglang_farm.farm_view import Phase, Quarantine
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.metrics import (
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.metrics.collectors import (
     MetricsState,
     build_registry,
     gpu_label,

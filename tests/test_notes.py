@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sglang_farm.config import load_spec
-from sglang_farm.notes import WARNINGS, note_level, rollout_summary
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.workers.notes import WARNINGS, note_level, rollout_summary
 
 SPEC = load_spec(
     '[farm]\nname = "lab"\n[workers]\ngpus = [0]\n[sglang]\nmodel_path = "/models/m"\n',

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpu_health import xid_detail
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.observations import Observations
-from sglang_farm.supervisor import GpuFailing, ProgressSeen, Wedged
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.gpus.health import xid_detail
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.observations import Observations
+from sglang_farm.workers.supervisor import GpuFailing, ProgressSeen, Wedged
 
 GPUS = {0: (0,), 1: (1,)}
 

@@ -10,9 +10,9 @@ from typing import Any
 import structlog
 
 from sglang_farm.farm_view import FarmView
-from sglang_farm.phase import Phase
 from sglang_farm.publisher import Publisher
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import WorkerState
 
 
 def view(n: int) -> FarmView:

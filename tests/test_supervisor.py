@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.supervisor import (
+from sglang_farm.workers.failures import Failure, FailureKind, RestartReason
+from sglang_farm.workers.supervisor import (
     Action,
     Decision,
     Drain,
@@ -148,7 +148,7 @@ def test_backoff_resets_after_a_stable_period() -> None:
     p = policy()
     s = WorkerState(0, phase=Phase.READY, failures=2, ready_since=0.0)
     assert step(s, HealthPassed(), 49.0, p).state.failures == 2
-    from sglang_farm.supervisor import Tick
+    from sglang_farm.workers.supervisor import Tick
 
     assert step(s, Tick(), 49.9, p).state.failures == 2
     assert step(s, Tick(), 50.0, p).state.failures == 0
@@ -272,7 +272,7 @@ def test_late_exit_after_stop_is_ignored() -> None:
 
 def test_operator_start_resets_backoff_but_agent_restart_keeps_it() -> None:
     s = WorkerState(0, phase=Phase.STOPPED, failures=3)
-    from sglang_farm.supervisor import StartRequested
+    from sglang_farm.workers.supervisor import StartRequested
 
     assert step(s, StartRequested(), 0.0, policy()).state.failures == 0
     kept = step(s, StartRequested(fresh=False), 0.0, policy()).state

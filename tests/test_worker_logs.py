@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from sglang_farm.failures import FailureKind
-from sglang_farm.worker_logs import WorkerLogs
+from sglang_farm.workers.failures import FailureKind
+from sglang_farm.workers.logs import WorkerLogs
 
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 

@@ -31,35 +31,19 @@ import structlog
 
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.drain import HttpInFlight, watch_drain
 from sglang_farm.errors import ConfigError
-from sglang_farm.failures import RestartReason
 from sglang_farm.farm_view import FarmView, build_view
-from sglang_farm.gateway_sync import MembershipSync
-from sglang_farm.gpu_health import (
+from sglang_farm.gateway.sync import MembershipSync
+from sglang_farm.gpus.health import (
     not_quarantined,
     quarantined_on,
 )
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.health import HttpProber
-from sglang_farm.ladder import next_step
-from sglang_farm.launcher import Launcher
-from sglang_farm.liveness import LivenessWatcher
-from sglang_farm.notes import note_level, rollout_summary
-from sglang_farm.observations import Observations
-from sglang_farm.phase import Phase
-from sglang_farm.portowner import ProcPortOwner
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
-from sglang_farm.reload_plan import (
-    ModelChange,
-    Refused,
-    model_change,
-    plan_reload,
-    reload_effects,
-    stage_refused,
-)
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
@@ -67,7 +51,27 @@ from sglang_farm.staging.runner import thread_stager
 from sglang_farm.staging.stale import loading, old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
-from sglang_farm.supervisor import (
+from sglang_farm.ticker import Ticker
+from sglang_farm.workers.drain import HttpInFlight, watch_drain
+from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.health import HttpProber
+from sglang_farm.workers.ladder import next_step
+from sglang_farm.workers.launcher import Launcher
+from sglang_farm.workers.liveness import LivenessWatcher
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.logs import WorkerLogs
+from sglang_farm.workers.notes import note_level, rollout_summary
+from sglang_farm.workers.observations import Observations
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.reload_plan import (
+    ModelChange,
+    Refused,
+    model_change,
+    plan_reload,
+    reload_effects,
+    stage_refused,
+)
+from sglang_farm.workers.supervisor import (
     STOP_SLACK_S,
     Action,
     Drain,
@@ -86,10 +90,6 @@ from sglang_farm.supervisor import (
     drifted_workers,
     stop_budget,
 )
-from sglang_farm.ticker import Ticker
-from sglang_farm.worker_commands import ladder_changes, worker_command, worker_commands
-from sglang_farm.worker_load import WorkerStats
-from sglang_farm.worker_logs import WorkerLogs
 
 log = structlog.get_logger("sglang_farm.agent")
 

@@ -11,16 +11,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.drain import InFlight
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.port import Gateway
-from sglang_farm.health import Prober
-from sglang_farm.launcher import Preflight
-from sglang_farm.portowner import PortOwner
-from sglang_farm.ports import PortState, port_state
+from sglang_farm.host.portowner import PortOwner
+from sglang_farm.host.ports import PortState, port_state
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.installed import process_started
 from sglang_farm.staging.runner import Stager
+from sglang_farm.workers.drain import InFlight
+from sglang_farm.workers.health import Prober
+from sglang_farm.workers.launcher import Preflight
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import structlog
 
 from sglang_farm.farm_view import FarmView
-from sglang_farm.phase import Phase
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import WorkerState
 
 
 class Publisher:

@@ -24,8 +24,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from sglang_farm import procfs
-from sglang_farm.listeners import Listener, OwnerKind, Ownership, judge, parse_listeners, reaches
+from sglang_farm.host import procfs
+from sglang_farm.host.listeners import (
+    Listener,
+    OwnerKind,
+    Ownership,
+    judge,
+    parse_listeners,
+    reaches,
+)
 
 TABLES = ("net/tcp", "net/tcp6")  # under /proc; tcp6 is absent where IPv6 is disabled
 # How long one reading of the tables answers checks. A listener appears in it at most this

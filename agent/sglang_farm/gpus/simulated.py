@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 
 # Figures of a real H200 (nvidia-smi: 143771 MiB; NVML v2 reserved: docs/reference/nvml.md §3).
 H200_MEMORY_TOTAL_BYTES = 143_771 * 1024 * 1024

@@ -25,7 +25,7 @@ import pwd
 import stat
 from collections.abc import Iterable
 
-from sglang_farm.folder_trust import Distrust, folder_distrust, link_distrust
+from sglang_farm.host.folder_trust import Distrust, folder_distrust, link_distrust
 
 
 def owner_name(uid: int) -> str:

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 
-from sglang_farm.classify import LogClassifier
-from sglang_farm.failures import Failure
+from sglang_farm.sglang.classify import LogClassifier
+from sglang_farm.workers.failures import Failure
 
 FOLLOW_BUFFER = 10000  # lines a follower may fall behind before it loses some
 

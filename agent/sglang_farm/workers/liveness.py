@@ -28,15 +28,15 @@ from typing import Any
 
 import structlog
 
-from sglang_farm.health import Prober, ProbeResult
-from sglang_farm.listeners import OwnerKind, Ownership, connect_host
-from sglang_farm.phase import Phase
-from sglang_farm.portowner import PortOwner
+from sglang_farm.host.listeners import OwnerKind, Ownership, connect_host
+from sglang_farm.host.portowner import PortOwner
 from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
+from sglang_farm.workers.health import Prober, ProbeResult
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
 
-log = structlog.get_logger("sglang_farm.liveness")
+log = structlog.get_logger("sglang_farm.workers.liveness")
 
 _PROBED = (Phase.READY, Phase.UNHEALTHY)
 

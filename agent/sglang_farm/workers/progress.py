@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_farm.supervisor import ProgressSeen, Wedged
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.supervisor import ProgressSeen, Wedged
 
 IDLE_GPU_RATIO = 0.05  # below this the GPU is not computing (NVML's utilization sample)
 

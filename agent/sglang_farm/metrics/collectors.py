@@ -35,13 +35,14 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sglang_farm import __version__, exposition
-from sglang_farm.failures import OomKind, RestartReason
+from sglang_farm import __version__
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
+from sglang_farm.metrics import exposition
 from sglang_farm.staging.failure import StageFailureKind
 from sglang_farm.staging.state import StageState, StagingView
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.workers.failures import OomKind, RestartReason
+from sglang_farm.workers.load import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
 # A stop while staging is no failure of the stage: not counted.

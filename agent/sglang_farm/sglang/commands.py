@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from sglang_farm.ladder import FlagChange, apply_ladder
-from sglang_farm.sglang_argv import Command, build_command
-from sglang_farm.sglang_flags import ATTENTION_BACKEND_KEYS
+from sglang_farm.sglang.argv import Command, build_command
+from sglang_farm.sglang.flags import ATTENTION_BACKEND_KEYS
 from sglang_farm.spec import FarmSpec, FlagValue
+from sglang_farm.workers.ladder import FlagChange, apply_ladder
 
 AUTO = "auto"
 # Compute capability per GPU index, as NVML reports it (unknown GPUs are absent).

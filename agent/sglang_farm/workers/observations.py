@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from sglang_farm.gpu_health import busiest_utilization, fleet_events
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.progress import progress_events
-from sglang_farm.supervisor import Event
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.gpus.health import busiest_utilization, fleet_events
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.progress import progress_events
+from sglang_farm.workers.supervisor import Event
 
 
 class Observations:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sglang_farm.sglang_flags import farm_argv, flag_name
+from sglang_farm.sglang.flags import farm_argv, flag_name
 from sglang_farm.spec import FarmSection, FlagValue, WorkerSpec
 
 # The environment variable the process runtime hands the key over in (docs/units.md).

@@ -41,9 +41,10 @@ from urllib.parse import urlsplit
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
-from sglang_farm import exposition, fdbudget
 from sglang_farm.farm_view import FarmView, Phase
-from sglang_farm.metrics import MetricsState, gpu_label
+from sglang_farm.host import fdbudget
+from sglang_farm.metrics import exposition
+from sglang_farm.metrics.collectors import MetricsState, gpu_label
 from sglang_farm.spec import Endpoint
 
 log = structlog.get_logger(__name__)

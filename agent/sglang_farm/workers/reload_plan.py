@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.state import model_target

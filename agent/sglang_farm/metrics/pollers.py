@@ -21,18 +21,18 @@ from typing import Any, Protocol
 import structlog
 
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.exporter import Exporter
 from sglang_farm.farm_view import FarmView, Phase
-from sglang_farm.gpu import choose_gpu_poller, read_ppid_map
-from sglang_farm.gpu_sim import FakeGpuPoller
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller, process_tree
-from sglang_farm.health import LocalHttp
-from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
+from sglang_farm.gpus.nvml import choose_gpu_poller, read_ppid_map
+from sglang_farm.gpus.simulated import FakeGpuPoller
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_tree
+from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
+from sglang_farm.metrics.exporter import Exporter
+from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.spec import FarmSpec
-from sglang_farm.worker_load import WorkerSample, WorkerStats, WorkerStatsTracker
-from sglang_farm.workerstats import poll_worker
+from sglang_farm.workers.health import LocalHttp
+from sglang_farm.workers.load import WorkerSample, WorkerStats, WorkerStatsTracker
 
-log = structlog.get_logger("sglang_farm.pollers")
+log = structlog.get_logger("sglang_farm.metrics.pollers")
 
 # Serving, or finishing its requests before a planned stop (the drain shows them fall).
 _SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)

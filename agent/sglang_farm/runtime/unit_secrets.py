@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 
-from sglang_farm.sglang_argv import Command, build_command
+from sglang_farm.runtime.unit_syntax import HEADER_PREFIX
+from sglang_farm.sglang.argv import Command, build_command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.unit_syntax import HEADER_PREFIX
 
 CREDENTIALS_SUBDIR = "credentials"
 

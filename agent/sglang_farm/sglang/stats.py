@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import httpx
 
-from sglang_farm.health import HttpFailure, LocalHttp
-from sglang_farm.worker_load import WorkerSample
+from sglang_farm.workers.health import HttpFailure, LocalHttp
+from sglang_farm.workers.load import WorkerSample
 
 # Most bytes read of one answer (/metrics, /v1/loads). SGLang's /metrics is tens of KiB
 # per DP rank; a worker answering more (or an endless body) gets a failed sample, not

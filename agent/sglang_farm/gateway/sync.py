@@ -35,9 +35,9 @@ from sglang_farm.errors import GatewayError
 from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
+from sglang_farm.workers.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
 
-log = structlog.get_logger("sglang_farm.gateway_sync")
+log = structlog.get_logger("sglang_farm.gateway.sync")
 
 RECONCILE_EVERY_S = 10.0  # a restarted gateway is noticed (and refilled) within this
 RETRY_INITIAL_S = 0.5

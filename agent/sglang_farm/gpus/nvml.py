@@ -34,8 +34,8 @@ from typing import Any
 
 import structlog
 
-from sglang_farm import procfs
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller, GpuProcess, GpuSnapshot
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, GpuProcess, GpuSnapshot
+from sglang_farm.host import procfs
 
 log = structlog.get_logger(__name__)
 
@@ -419,7 +419,7 @@ def choose_gpu_poller(source: str, count: int) -> GpuPoller | None:
     if source == "none":
         return None
     if source == "fake":
-        from sglang_farm.gpu_sim import FakeGpuPoller
+        from sglang_farm.gpus.simulated import FakeGpuPoller
 
         return FakeGpuPoller(count=max(count, 1))
     return NvmlPoller()

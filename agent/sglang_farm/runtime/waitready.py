@@ -36,13 +36,13 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
-from sglang_farm import procfs
-from sglang_farm.health import probe
-from sglang_farm.listeners import OwnerKind, connect_host
-from sglang_farm.portowner import ProcPortOwner, tree_pids
+from sglang_farm.host import procfs
+from sglang_farm.host.listeners import OwnerKind, connect_host
+from sglang_farm.host.portowner import ProcPortOwner, tree_pids
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.health import probe
 
-log = structlog.get_logger("sglang_farm.waitready")
+log = structlog.get_logger("sglang_farm.runtime.waitready")
 
 
 class WaitExit(IntEnum):

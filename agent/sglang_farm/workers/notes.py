@@ -8,7 +8,7 @@ so that they can be tested without an agent.
 
 from __future__ import annotations
 
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.spec import FarmSpec
 
 # Notes that mean a worker or the rollout needs a person's eye: logged as warnings.

@@ -24,12 +24,9 @@ from sglang_farm.gateway.managed import (
     launch_argv,
     smg_stop_timeout,
 )
-from sglang_farm.paths import DEFAULT_AGENT_BIN, DEFAULT_CONFIG_PATH
-from sglang_farm.sglang_argv import API_KEY_CREDENTIAL as WORKER_KEY_CREDENTIAL
-from sglang_farm.sglang_argv import Command, build_command
-from sglang_farm.spec import FarmSpec, WorkerSpec
-from sglang_farm.unit_secrets import env_file_path, key_file_path
-from sglang_farm.unit_syntax import (
+from sglang_farm.host.paths import DEFAULT_AGENT_BIN, DEFAULT_CONFIG_PATH
+from sglang_farm.runtime.unit_secrets import env_file_path, key_file_path
+from sglang_farm.runtime.unit_syntax import (
     GATEWAY_UNIT,
     HEADER_PREFIX,
     comment_text,
@@ -40,6 +37,9 @@ from sglang_farm.unit_syntax import (
     time_span,
     worker_unit,
 )
+from sglang_farm.sglang.argv import API_KEY_CREDENTIAL as WORKER_KEY_CREDENTIAL
+from sglang_farm.sglang.argv import Command, build_command
+from sglang_farm.spec import FarmSpec, WorkerSpec
 
 DROPIN_NAME = "50-farm.conf"
 STATIC_UNITS = ("sglang@.service", "sglang-farm.service", "sglang-farm.target")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from sglang_farm.classify import classify_lines
-from sglang_farm.failures import Failure
+from sglang_farm.sglang.classify import classify_lines
+from sglang_farm.workers.failures import Failure
 
 
 def explain_lines(lines: Iterable[str]) -> list[Failure]:

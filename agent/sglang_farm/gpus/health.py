@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from sglang_farm import xid
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.phase import Phase
-from sglang_farm.supervisor import GpuFailing, RemapsPending, WorkerState
+from sglang_farm.gpus import xid
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import GpuFailing, RemapsPending, WorkerState
 
 
 @dataclass(frozen=True, slots=True)

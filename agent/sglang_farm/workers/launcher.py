@@ -15,15 +15,15 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sglang_farm.failures import Failure, FailureKind, port_taken
-from sglang_farm.listeners import OwnerKind, connect_host
-from sglang_farm.phase import Phase
-from sglang_farm.portowner import PortOwner
-from sglang_farm.ports import PortState
+from sglang_farm.host.listeners import OwnerKind, connect_host
+from sglang_farm.host.portowner import PortOwner
+from sglang_farm.host.ports import PortState
 from sglang_farm.runtime import Runtime
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Event, ProcessExited, WorkerState
+from sglang_farm.workers.failures import Failure, FailureKind, port_taken
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import Event, ProcessExited, WorkerState
 
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
 PORT_POLL_S = 0.2  # the kernel offers no event for "a port became free"
