@@ -38,6 +38,8 @@ class Exit(IntEnum):
     USAGE = 2  # bad command line, unknown worker, unreadable --config
     NOT_RUNNING = 3  # the named worker is not running / ended failed
     UNREACHABLE = 4  # no agent answers at the socket
+    ROLLED_BACK = 5  # reload: the canary failed its analysis and was put back (docs/canary.md)
+    HELD = 6  # reload: the change is held (too little traffic to judge, or rejected before)
 
 
 class FarmctlError(click.ClickException):
@@ -63,6 +65,14 @@ class NotRunning(FarmctlError):
 
 class Unreachable(FarmctlError):
     exit_code = Exit.UNREACHABLE
+
+
+class RolledBack(FarmctlError):
+    exit_code = Exit.ROLLED_BACK
+
+
+class Held(FarmctlError):
+    exit_code = Exit.HELD
 
 
 def _version() -> str:
@@ -256,7 +266,7 @@ def cli(
     """Operate a running sglang-farm: status, restarts, logs, failures.
 
     Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
-    failed, 4 agent unreachable.
+    failed, 4 agent unreachable, 5 reload rolled back, 6 reload held.
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
@@ -365,6 +375,98 @@ def staging_line(sg: Mapping[str, Any]) -> str:
     return line
 
 
+# A canary analysis's states (canary.view.CanaryState) in words.
+_CANARY_WORDS = {
+    "analysing": "analysing",
+    "promoted": "promoted",
+    "rolled_back": "rolled back",
+    "held": "held",
+}
+
+
+def _secs(seconds: float) -> str:
+    return f"{max(round(seconds), 0):,} s"
+
+
+def canary_line(cv: Mapping[str, Any], now: float) -> str:
+    """The canary analysis in one line: "canary 3: rolled back: canary ITL p99 0.052 s =
+    5.2x the baseline's over 30 s, 412 vs 2,830 requests"; while the window runs,
+    "canary 3: analysing, 12 s of 30 s left" and what is known so far."""
+    head = f"canary {cv.get('canary')}"
+    state = str(cv.get("state"))
+    word = _CANARY_WORDS.get(state, state)
+    evidence = str(cv.get("evidence") or "")
+    if state == "analysing":
+        ends = cv.get("ends_at")
+        text = "analysing"
+        if isinstance(ends, int | float):
+            window = float(cv.get("window_s") or 0)
+            text += f", {_secs(float(ends) - now)} of {_secs(window)} left"
+        return f"{head}: {text}" + (f" ({evidence})" if evidence else "")
+    if not evidence:
+        return f"{head}: {word}"
+    # The agent's evidence may already open with the verdict ("rolled back: ...").
+    return f"{head}: {evidence if evidence.startswith(word) else f'{word}: {evidence}'}"
+
+
+def _figure(x: object) -> str:
+    return f"{x:.4g}" if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+
+
+# What the farm did, by verdict (docs/canary.md).
+_CANARY_DONE = {
+    "analysing": "the next wave waits for the verdict",
+    "promoted": "the change rolls to the other workers, wave by wave",
+    "rolled_back": (
+        "the canary was put back on the accepted config, the other workers were not "
+        "touched, and the change is recorded as rejected: it is not rolled again on its own"
+    ),
+    "held": (
+        "the farm stays on the accepted config and the SglangFarmRolloutHeld alert fires "
+        "after a while; docs/canary.md says what lifts a hold"
+    ),
+}
+
+
+def canary_why_lines(cv: Mapping[str, Any], now: float) -> list[str]:
+    """`farmctl why` of the canary worker: the verdict line, the change and the window,
+    what the farm did, and one row per compared figure."""
+    started = cv.get("started_at")
+    when = (
+        f", window {_secs(float(cv.get('window_s') or 0))} from {_duration(now - float(started))}"
+        " ago"
+        if isinstance(started, int | float)
+        else ""
+    )
+    out = [
+        canary_line(cv, now),
+        f"change {cv.get('change')}{when}; canary rollbacks since the agent started: "
+        f"{int(cv.get('rollbacks_total') or 0)}",
+    ]
+    done = _CANARY_DONE.get(str(cv.get("state")))
+    if done:
+        out.append(f"what the farm did: {done}")
+    checks = [c for c in cv.get("checks") or () if isinstance(c, dict)]
+    if checks:
+        rows = [["CHECK", "CANARY", "BASELINE", "RATIO", "LIMIT", "RESULT"]]
+        for c in checks:
+            passed = c.get("passed")
+            result = "passed" if passed is True else "FAILED" if passed is False else "not judged"
+            ratio = c.get("ratio")
+            rows.append(
+                [
+                    str(c.get("name")),
+                    _figure(c.get("canary")),
+                    _figure(c.get("baseline")),
+                    f"{ratio:.2f}x" if isinstance(ratio, int | float) else "-",
+                    _figure(c.get("limit")),
+                    result,
+                ]
+            )
+        out += ["  " + ln for ln in _table(rows).splitlines()]
+    return out
+
+
 def format_status(st: Mapping[str, Any]) -> str:
     """The `farmctl status` text: a header line, the gateway's line when there is one,
     a table, and one line per quarantined GPU or failure (and for a gateway that does
@@ -423,10 +525,12 @@ def format_status(st: Mapping[str, Any]) -> str:
             "its workers and retries"
         )
     sg: Mapping[str, Any] | None = st.get("staging")
+    cv: Mapping[str, Any] | None = st.get("canary")
     out = [
         head,
         *([_gateway_line(gw, len(workers))] if gw is not None else []),
         *([staging_line(sg)] if sg is not None else []),
+        *([canary_line(cv, now)] if cv is not None else []),
         "",
         _table(rows),
     ]
@@ -441,8 +545,10 @@ def status(ctl: Ctl) -> None:
     """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM.
 
     With a gateway: its URL, whether it answers, how many workers it routes to,
-    and a GATEWAY column (in/out) per worker. A note line follows for each worker
-    whose GPU is quarantined and each failing worker.
+    and a GATEWAY column (in/out) per worker. Once a change has been judged on a
+    canary, one line with its verdict and evidence (farmctl why N says more). A
+    note line follows for each worker whose GPU is quarantined and each failing
+    worker.
     """
     if (st := ctl.query("status")) is not None:
         click.echo(format_status(st))
@@ -700,16 +806,134 @@ def reset_oom(ctl: Ctl, worker: int) -> None:
     )
 
 
+# How often `farmctl reload` reads the farm's view while it waits for the verdict: a
+# `status` is a pointer read in the agent, and a verdict takes tens of seconds at least.
+ROLLOUT_POLL_S = 1.0
+_ROLLING = frozenset({"canary", "rolling"})
+
+
+def _ours(st: Mapping[str, Any], issued_at: float) -> Mapping[str, Any] | None:
+    """The canary analysis that this reload started: one whose window (or held decision)
+    began after the agent took the reload. An earlier change's verdict is not ours."""
+    cv = st.get("canary")
+    if not isinstance(cv, dict):
+        return None
+    started = cv.get("started_at")
+    return cv if isinstance(started, int | float) and started >= issued_at else None
+
+
+def _settled(st: Mapping[str, Any], cv: Mapping[str, Any] | None) -> bool:
+    """Whether the wait is over: a verdict that ends the rollout (rolled back, held), or
+    no analysis under way and no wave left to roll (promoted and done, or no analysis)."""
+    state = cv.get("state") if cv is not None else None
+    if state in ("rolled_back", "held"):
+        return True
+    return state != "analysing" and st.get("rollout") not in _ROLLING
+
+
+def _follow_rollout(
+    ctl: Ctl, issued_at: float, timeout: float
+) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+    """Read the farm's view until the rollout this reload started is settled, printing a
+    line for each rollout phase and each canary state once; the last status and the
+    reload's canary analysis (None: there was none: nothing to roll, or no analysis
+    configured). The agent rebuilds its view before it answers a reload, so the first
+    status already shows the rollout the reload began."""
+    deadline = time.monotonic() + timeout
+    shown: set[object] = set()
+    while True:
+        st = ctl.call("status")
+        cv = _ours(st, issued_at)
+        if not ctl.as_json:
+            rollout, now = st.get("rollout"), float(st.get("now") or time.time())
+            phases = [(("rollout", rollout), f"rollout {rollout}")] if rollout in _ROLLING else []
+            if cv is not None:
+                phases.append((("canary", cv.get("state")), canary_line(cv, now)))
+            for key, text in phases:
+                if key not in shown:
+                    shown.add(key)
+                    click.echo(text)
+        if _settled(st, cv):
+            return st, cv
+        left = deadline - time.monotonic()
+        if left <= 0:
+            what = (
+                f"canary {cv.get('canary')} is still {_CANARY_WORDS.get(str(cv.get('state')))}"
+                if cv is not None and cv.get("state") == "analysing"
+                else f"the rollout is still {st.get('rollout')}"
+            )
+            raise Failed(
+                f"no verdict after {timeout:g}s: {what}; the agent carries on (farmctl status "
+                "follows it), or wait longer with --timeout"
+            )
+        time.sleep(min(ROLLOUT_POLL_S, left))
+
+
+def _verdict(
+    st: Mapping[str, Any], cv: Mapping[str, Any] | None, res: Mapping[str, Any], *, say: bool
+) -> None:
+    """How the reload's rollout ended: said (with `say`) when it went through, raised
+    with its exit code when it did not (rolled back 5, held 6, halted 1)."""
+    if cv is None:
+        changed = bool(res.get("restarted") or res.get("added"))
+        if st.get("rollout") == "halted" and changed:
+            reason = f": {st['rollout_reason']}" if st.get("rollout_reason") else ""
+            raise Failed(
+                f"the rollout halted{reason}; the other workers keep the old config "
+                "(farmctl status; farmctl why N for the worker that failed)"
+            )
+        if say and changed:
+            click.echo("rollout done")
+        return
+    wid, change, state = cv.get("canary"), cv.get("change"), cv.get("state")
+    evidence = str(cv.get("evidence") or "")
+    if state == "rolled_back":
+        raise RolledBack(
+            f"change {change} rolled back on canary {wid}: {evidence}; the other workers "
+            f"kept the old config and the change is not retried (farmctl why {wid})"
+        )
+    if state == "held":
+        raise Held(
+            f"change {change} held on canary {wid}: {evidence}; the farm stays on the "
+            f"accepted config (farmctl why {wid}; docs/canary.md)"
+        )
+    if st.get("rollout") == "halted":
+        reason = f": {st['rollout_reason']}" if st.get("rollout_reason") else ""
+        raise Failed(
+            f"change {change} passed on canary {wid}, then the rollout halted{reason} "
+            "(farmctl status; farmctl why N for the worker that failed)"
+        )
+    if say:
+        click.echo(f"rollout done: change {change} promoted on canary {wid} and rolled out")
+
+
 @cli.command()
+@click.option(
+    "--no-wait", is_flag=True, help="Return once the config is applied, before the verdict."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=24 * 3600),
+    default=3600.0,
+    show_default=True,
+    help="Seconds to wait for the canary's verdict and the waves after it.",
+)
 @pass_ctl
-def reload(ctl: Ctl) -> None:
+def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     """Re-read and validate the config; apply it only if valid.
 
-    Only workers whose command line changed are restarted, in waves. Exits 1
-    (and the old config keeps running) when the new one has problems.
+    Only workers whose command line changed are restarted, canary first, then in
+    waves. By default farmctl then follows the rollout: a line per phase and the
+    canary's verdict with its evidence, until the canary is promoted and every
+    wave is done, or the change is rolled back or held.
+
+    Exits 1 (and the old config keeps running) when the new one has problems or
+    no verdict came within --timeout; 5 when the canary was rolled back; 6 when
+    the change is held (too little traffic to judge, or rejected before).
     """
+    asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
-    if ctl.as_json:
+    if ctl.as_json and (no_wait or not res.get("applied")):
         ctl.emit_json(res)
     if not res.get("applied"):
         problems = list(res.get("problems", []))
@@ -721,14 +945,28 @@ def reload(ctl: Ctl) -> None:
             f"reload rejected: {n} problem{'s' if n != 1 else ''} in the config; "
             "the old config keeps running; fix them and run farmctl reload again"
         )
-    if ctl.as_json:
+    if not ctl.as_json:
+        parts = [
+            f"{label} {_who(res[key])}"
+            for key, label in (
+                ("restarted", "restarted"),
+                ("added", "added"),
+                ("removed", "removed"),
+            )
+            if res.get(key)
+        ]
+        click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+    if no_wait:
         return
-    parts = [
-        f"{label} {_who(res[key])}"
-        for key, label in (("restarted", "restarted"), ("added", "added"), ("removed", "removed"))
-        if res.get(key)
-    ]
-    click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+    # The agent's clock when it took the reload; an agent without it: ours (same host).
+    issued = res.get("issued_at")
+    issued_at = float(issued) if isinstance(issued, int | float) else asked_at
+    st, cv = _follow_rollout(ctl, issued_at, timeout)
+    if ctl.as_json:
+        # One document: the reload's result, how the rollout stands, and its verdict.
+        extra = {"rollout": st.get("rollout"), "rollout_reason": st.get("rollout_reason")}
+        ctl.emit_json({**res, **extra, "canary": cv})
+    _verdict(st, cv, res, say=not ctl.as_json)
 
 
 @cli.command("release-gpu")
@@ -833,7 +1071,8 @@ def why(ctl: Ctl, worker: int) -> None:
     """Explain WORKER's last failure: the log lines, what the farm did, what to do.
 
     Also says what its state means when the name alone does not (quarantined,
-    with the next step; draining; ready but not in the gateway).
+    with the next step; draining; ready but not in the gateway), and for the
+    canary of the latest change its verdict, evidence and every figure compared.
     """
     r = ctl.query("why", {"worker": worker})
     if r is None:
@@ -850,6 +1089,10 @@ def why(ctl: Ctl, worker: int) -> None:
     sg = r.get("staging")
     if sg and sg.get("state") == "staging":
         click.echo(staging_line(sg))  # the progress; a failed stage is the note above
+    cv = r.get("canary")
+    if cv:
+        for ln in canary_why_lines(cv, time.time()):
+            click.echo(ln)
     f = r.get("last_failure")
     if not f:
         if not r.get("quarantine") and not sg:  # said above: the GPU's or the stage's failure
