@@ -833,28 +833,29 @@ def _settled(st: Mapping[str, Any], cv: Mapping[str, Any] | None) -> bool:
 
 def _follow_rollout(
     ctl: Ctl, issued_at: float, timeout: float
-) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+) -> tuple[Mapping[str, Any], Mapping[str, Any] | None, bool]:
     """Read the farm's view until the rollout this reload started is settled, printing a
-    line for each rollout phase and each canary state once; the last status and the
+    line for each rollout phase and each canary state once; the last status, the
     reload's canary analysis (None: there was none: nothing to roll, or no analysis
-    configured). The agent rebuilds its view before it answers a reload, so the first
-    status already shows the rollout the reload began."""
+    configured), and whether a rollout was seen under way. The agent rebuilds its view
+    before it answers a reload, so the first status already shows the rollout the
+    reload began."""
     deadline = time.monotonic() + timeout
     shown: set[object] = set()
     while True:
         st = ctl.call("status")
         cv = _ours(st, issued_at)
-        if not ctl.as_json:
-            rollout, now = st.get("rollout"), float(st.get("now") or time.time())
-            phases = [(("rollout", rollout), f"rollout {rollout}")] if rollout in _ROLLING else []
-            if cv is not None:
-                phases.append((("canary", cv.get("state")), canary_line(cv, now)))
-            for key, text in phases:
-                if key not in shown:
-                    shown.add(key)
+        rollout, now = st.get("rollout"), float(st.get("now") or time.time())
+        phases = [(("rollout", rollout), f"rollout {rollout}")] if rollout in _ROLLING else []
+        if cv is not None:
+            phases.append((("canary", cv.get("state")), canary_line(cv, now)))
+        for key, text in phases:
+            if key not in shown:
+                shown.add(key)
+                if not ctl.as_json:
                     click.echo(text)
         if _settled(st, cv):
-            return st, cv
+            return st, cv, bool(shown)
         left = deadline - time.monotonic()
         if left <= 0:
             what = (
@@ -870,10 +871,16 @@ def _follow_rollout(
 
 
 def _verdict(
-    st: Mapping[str, Any], cv: Mapping[str, Any] | None, res: Mapping[str, Any], *, say: bool
+    st: Mapping[str, Any],
+    cv: Mapping[str, Any] | None,
+    res: Mapping[str, Any],
+    *,
+    say: bool,
+    followed: bool,
 ) -> None:
     """How the reload's rollout ended: said (with `say`) when it went through, raised
-    with its exit code when it did not (rolled back 5, held 6, halted 1)."""
+    with its exit code when it did not (rolled back 5, held 6, halted 1). `followed`: a
+    rollout was seen under way (else, without a verdict, there is nothing to report)."""
     if cv is None:
         changed = bool(res.get("restarted") or res.get("added"))
         if st.get("rollout") == "halted" and changed:
@@ -882,7 +889,7 @@ def _verdict(
                 f"the rollout halted{reason}; the other workers keep the old config "
                 "(farmctl status; farmctl why N for the worker that failed)"
             )
-        if say and changed:
+        if say and followed:
             click.echo("rollout done")
         return
     wid, change, state = cv.get("canary"), cv.get("change"), cv.get("state")
@@ -961,12 +968,12 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     # The agent's clock when it took the reload; an agent without it: ours (same host).
     issued = res.get("issued_at")
     issued_at = float(issued) if isinstance(issued, int | float) else asked_at
-    st, cv = _follow_rollout(ctl, issued_at, timeout)
+    st, cv, followed = _follow_rollout(ctl, issued_at, timeout)
     if ctl.as_json:
         # One document: the reload's result, how the rollout stands, and its verdict.
         extra = {"rollout": st.get("rollout"), "rollout_reason": st.get("rollout_reason")}
         ctl.emit_json({**res, **extra, "canary": cv})
-    _verdict(st, cv, res, say=not ctl.as_json)
+    _verdict(st, cv, res, say=not ctl.as_json, followed=followed)
 
 
 @cli.command("release-gpu")
