@@ -544,3 +544,10 @@ def test_reload_result_carries_when_the_agent_took_it() -> None:
     rr = results.reload_result(ReloadResult(True, restarted=(1,)), 123.5)
     assert list(rr) == ["applied", "problems", "restarted", "added", "removed", "issued_at"]
     assert rr["issued_at"] == 123.5
+
+
+def test_a_reload_held_for_a_rejected_change_says_so_apart_from_its_problems() -> None:
+    why = "change 3f9a1c2e was rejected by its canary at 2026-12-01 18:00:00 UTC: ..."
+    rr = results.reload_result(ReloadResult(False, problems=(why,), held=why), 1.0)
+    assert rr["held"] == why and rr["problems"] == [why] and rr["applied"] is False
+    assert "held" not in results.reload_result(ReloadResult(True), 1.0)

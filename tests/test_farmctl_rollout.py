@@ -230,3 +230,19 @@ def test_why_of_the_canary_gives_the_verdict_its_evidence_and_checks() -> None:
         assert rows[4] == ["ttft_p50", "0.4", "-", "-", "3", "not", "judged"]
         # Another worker's why says nothing of the canary.
         assert "canary" not in agent.run("why", "1").stdout
+
+
+def test_a_change_rejected_before_is_held_at_the_reload_with_exit_6() -> None:
+    why = (
+        "/etc/sglang-farm/farm.toml: change 3f9a1c2e was rejected by its canary at "
+        "2026-12-01 18:00:00 UTC: canary crashed 10 s into the window; the farm stays on "
+        "the accepted config: edit the config to retry"
+    )
+    for agent in farm([("done", None)]):
+        ops(agent).reload_result = ReloadResult(False, problems=(why,), held=why)
+        r = agent.run("reload")
+        assert r.exit_code == 6, r.output
+        assert r.stderr == f"farmctl: reload held: {why}\n"
+        assert ops(agent).statuses == 0  # nothing rolls: nothing to follow
+        doc = json.loads(agent.run("reload", "--json").stdout)
+        assert doc["applied"] is False and doc["held"] == why

@@ -936,12 +936,16 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
 
     Exits 1 (and the old config keeps running) when the new one has problems or
     no verdict came within --timeout; 5 when the canary was rolled back; 6 when
-    the change is held (too little traffic to judge, or rejected before).
+    the change is held (too little traffic to judge, or its canary rejected it
+    before: the agent then does not apply it).
     """
     asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
     if ctl.as_json and (no_wait or not res.get("applied")):
         ctl.emit_json(res)
+    if not res.get("applied") and res.get("held"):
+        # Its change was rejected by a canary before: not rolled again (docs/canary.md).
+        raise Held(f"reload held: {res['held']}")
     if not res.get("applied"):
         problems = list(res.get("problems", []))
         if not ctl.as_json:

@@ -458,7 +458,8 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     """`reload`: applied or not (the problems), the workers restarted, added and removed;
     `issued_at` (when given: the agent's wall clock before it read the config) lets
     `farmctl reload` tell the canary analysis of this reload from an earlier one (its
-    `started_at` is later)."""
+    `started_at` is later); `held` (only when set): the config was not applied because
+    its change was rejected by a canary before, and why."""
     result: Result = {
         "applied": r.applied,
         "problems": list(r.problems),
@@ -468,6 +469,8 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     }
     if issued_at is not None:
         result["issued_at"] = issued_at
+    if r.held is not None:
+        result["held"] = r.held
     return result
 
 
