@@ -3,6 +3,7 @@ against a real control socket over a FakeOps whose views progress as a script sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -32,8 +33,15 @@ CHECKS = (
 
 
 def verdict(
-    state: CanaryState, evidence: str = "", *, started_at: float = FUTURE, canary: int = 2
+    state: CanaryState,
+    evidence: str = "",
+    *,
+    started_at: float = FUTURE,
+    canary: int = 2,
+    window: bool = True,
 ) -> RolloutVerdictView:
+    """The canary analysis in `state`; analysing with `window` False: the canary is still
+    restarting onto the change (no window end yet)."""
     analysing = state is CanaryState.ANALYSING
     return RolloutVerdictView(
         state=state,
@@ -41,7 +49,7 @@ def verdict(
         canary=canary,
         started_at=started_at,
         window_s=30.0,
-        ends_at=started_at + 30.0 if analysing else None,
+        ends_at=started_at + 30.0 if analysing and window else None,
         evidence=evidence,
         checks=() if analysing else CHECKS,
         rollbacks_total=1 if state is CanaryState.ROLLED_BACK else 0,
@@ -49,18 +57,20 @@ def verdict(
 
 
 class RolloutOps(FakeOps):
-    """A farm whose view, at each read (each `status`, `why`), is the next step of
-    `script`: (rollout, canary) pairs, the last one kept. `statuses` counts the reads."""
+    """A farm whose canary analysis, at each read of the view (each `status`), is the next
+    step of `script`, the last one kept; `reads` counts them. Its reloads restart workers
+    1-3 (FakeOps rolls them at once; the agent would hold the waves for the verdict)."""
 
-    def __init__(self, script: Sequence[tuple[str, RolloutVerdictView | None]]) -> None:
+    def __init__(self, script: Sequence[RolloutVerdictView | None]) -> None:
         super().__init__(4)
         self.script = list(script)
-        self.statuses = 0
+        self.reads = 0
+        self.reload_result = ReloadResult(applied=True, restarted=(1, 2, 3))
 
     def view(self) -> FarmView:
-        rollout, canary = self.script[min(self.statuses, len(self.script) - 1)]
-        self.statuses += 1
-        return replace(super().view(), rollout=rollout, canary=canary)
+        canary = self.script[min(self.reads, len(self.script) - 1)]
+        self.reads += 1
+        return replace(super().view(), canary=canary)
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +78,8 @@ def fast_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(farmctl, "ROLLOUT_POLL_S", 0.01)
 
 
-def farm(script: Sequence[tuple[str, RolloutVerdictView | None]]) -> Iterator[Agent]:
+@contextlib.contextmanager
+def farm(script: Sequence[RolloutVerdictView | None]) -> Iterator[Agent]:
     with serving(RolloutOps(script)) as a:
         yield a
 
@@ -78,22 +89,20 @@ def ops(agent: Agent) -> RolloutOps:
     return agent.ops
 
 
+RESTARTING = verdict(CanaryState.ANALYSING, "the canary restarts onto the change", window=False)
 ANALYSING = verdict(CanaryState.ANALYSING, "analysis under way: nothing failed over 12 s")
+PROMOTED = verdict(CanaryState.PROMOTED, "promoted: canary within limits over 30 s")
+APPLIED = "config applied: restarted workers 1, 2, 3"
 
 
 def test_reload_waits_for_a_rollback_and_exits_5_with_the_evidence() -> None:
-    script = [
-        ("canary", None),  # the canary restarts on the new config
-        ("canary", ANALYSING),
-        ("canary", ANALYSING),
-        ("canary", verdict(CanaryState.ROLLED_BACK, ROLLED_BACK)),
-    ]
-    for agent in farm(script):
+    script = [RESTARTING, ANALYSING, ANALYSING, verdict(CanaryState.ROLLED_BACK, ROLLED_BACK)]
+    with farm(script) as agent:
         r = agent.run("reload")
         assert r.exit_code == 5 and Exit(5) is Exit.ROLLED_BACK, r.output
         lines = r.stdout.splitlines()
-        assert lines[0] == "config applied: restarted worker 1"
-        assert lines[1] == "rollout canary"
+        assert lines[0] == APPLIED
+        assert lines[1] == "canary 2: analysing (the canary restarts onto the change)"
         assert lines[2].startswith("canary 2: analysing, ")
         assert lines[2].endswith(" of 30 s left (analysis under way: nothing failed over 12 s)")
         assert lines[3] == f"canary 2: {ROLLED_BACK}"
@@ -102,86 +111,90 @@ def test_reload_waits_for_a_rollback_and_exits_5_with_the_evidence() -> None:
             f"farmctl: change 3f9a1c2e rolled back on canary 2: {ROLLED_BACK}; the other "
             "workers kept the old config and the change is not retried (farmctl why 2)\n"
         )
-        assert ops(agent).statuses == 4
+        assert ops(agent).reads == 4  # it read the view until the verdict, and no more
 
 
-def test_reload_waits_for_the_promotion_and_every_wave_then_exits_0() -> None:
-    promoted = verdict(CanaryState.PROMOTED, "canary within limits over 30 s, 412 vs 2,830")
-    script = [
-        ("canary", ANALYSING),
-        ("canary", promoted),
-        ("rolling", promoted),
-        ("rolling", promoted),
-        ("done", promoted),
-    ]
-    for agent in farm(script):
+def test_reload_waits_for_the_promotion_then_every_wave_and_exits_0() -> None:
+    with farm([RESTARTING, ANALYSING, PROMOTED]) as agent:
         r = agent.run("reload")
         assert r.exit_code == Exit.OK, r.output
-        assert r.stdout.splitlines()[1:] == [
-            "rollout canary",
-            r.stdout.splitlines()[2],  # analysing, with the time left
-            "canary 2: promoted: canary within limits over 30 s, 412 vs 2,830",
-            "rollout rolling",
-            "rollout done: change 3f9a1c2e promoted on canary 2 and rolled out",
+        lines = r.stdout.splitlines()
+        assert lines[:3] == [
+            APPLIED,
+            "canary 2: analysing (the canary restarts onto the change)",
+            lines[2],  # analysing, with the time left
         ]
-        assert ops(agent).statuses == 5  # it waited for the waves after the verdict
+        assert lines[3] == "canary 2: promoted: canary within limits over 30 s"
+        # Then the waves, followed as `farmctl restart` follows them: each worker once.
+        ready = sorted(ln.split(":")[0] for ln in lines[4:-1] if " ready after " in ln)
+        assert ready == ["worker 1", "worker 2", "worker 3"]
+        assert lines[-1] == "rollout done: change 3f9a1c2e promoted on canary 2, every wave ready"
+
+
+def test_a_promoted_change_whose_wave_fails_exits_3() -> None:
+    with farm([ANALYSING, PROMOTED]) as agent:
+        ops(agent).fail_next = {3}
+        r = agent.run("reload")
+        assert r.exit_code == Exit.NOT_RUNNING, r.output
+        assert "worker 3 failed: CUDA out of memory" in r.stderr
 
 
 def test_a_held_change_exits_6() -> None:
-    held = verdict(CanaryState.HELD, "too little traffic to judge: 12 canary requests in 30 s")
-    for agent in farm([("canary", ANALYSING), ("canary", held)]):
+    held = verdict(CanaryState.HELD, "held: too little traffic to judge: 12 canary requests")
+    with farm([ANALYSING, held]) as agent:
         r = agent.run("reload")
         assert r.exit_code == 6 and Exit(6) is Exit.HELD, r.output
-        assert "farmctl: change 3f9a1c2e held on canary 2: too little traffic" in r.stderr
+        assert r.stdout.splitlines()[-1] == (
+            "canary 2: held: too little traffic to judge: 12 canary requests"
+        )
+        assert "farmctl: change 3f9a1c2e held on canary 2: held: too little traffic" in r.stderr
 
 
 def test_no_wait_returns_before_any_verdict() -> None:
-    for agent in farm([("canary", ANALYSING)]):
+    with farm([ANALYSING]) as agent:
         r = agent.run("reload", "--no-wait")
-        assert r.exit_code == 0 and r.stdout == "config applied: restarted worker 1\n"
-        assert ops(agent).statuses == 0
+        assert r.exit_code == 0 and r.stdout == f"{APPLIED}\n"
+        assert ops(agent).reads == 0
 
 
 def test_an_earlier_changes_verdict_is_not_this_reloads() -> None:
-    """A rollback from before the reload stays in the view; the reload rolls nothing."""
+    """A rollback from before the reload stays in the view; this reload (no analysis:
+    `analysis_window = "0s"`, or the canary not among its workers) rolls as before."""
     old = verdict(CanaryState.ROLLED_BACK, ROLLED_BACK, started_at=1000.0)
-    for agent in farm([("done", old)]):
+    with farm([old]) as agent:
+        r = agent.run("reload")
+        assert r.exit_code == 0, r.output
+        assert "rolled back" not in r.output
+        assert r.stdout.splitlines()[-1] == "rollout done"
+
+
+def test_a_reload_that_changes_no_worker_returns_at_once() -> None:
+    with farm([None]) as agent:
         ops(agent).reload_result = ReloadResult(applied=True)
         r = agent.run("reload")
-        assert r.exit_code == 0, r.output
-        assert r.stdout == "config applied: no worker changed\n"
+        assert r.exit_code == 0 and r.stdout == "config applied: no worker changed\n"
 
 
-def test_a_rollout_without_analysis_is_followed_to_its_end() -> None:
-    """`analysis_window = "0s"`: no canary view, the waves as today."""
-    for agent in farm([("canary", None), ("rolling", None), ("done", None)]):
-        r = agent.run("reload")
-        assert r.exit_code == 0, r.output
-        assert r.stdout.splitlines()[1:] == ["rollout canary", "rollout rolling", "rollout done"]
-
-
-def test_a_rollout_that_halts_without_a_verdict_exits_1_with_the_reason() -> None:
-    for agent in farm([("canary", None), ("halted", None)]):
+def test_an_analysis_superseded_by_another_reload_exits_1() -> None:
+    with farm([ANALYSING, None]) as agent:
         r = agent.run("reload")
         assert r.exit_code == Exit.FAILED, r.output
-        assert "the rollout halted" in r.stderr
+        assert "another reload superseded it" in r.stderr
 
 
 def test_no_verdict_within_the_timeout_exits_1() -> None:
-    for agent in farm([("canary", ANALYSING)]):
+    with farm([ANALYSING]) as agent:
         r = agent.run("reload", "--timeout", "0.2")
         assert r.exit_code == Exit.FAILED, r.output
         assert r.stderr.startswith("farmctl: no verdict after 0.2s: canary 2 is still analysing")
 
 
 def test_reload_json_is_one_document_with_the_verdict_and_the_exit_code() -> None:
-    script = [("canary", ANALYSING), ("canary", verdict(CanaryState.ROLLED_BACK, ROLLED_BACK))]
-    for agent in farm(script):
+    with farm([ANALYSING, verdict(CanaryState.ROLLED_BACK, ROLLED_BACK)]) as agent:
         r = agent.run("reload", "--json")
         assert r.exit_code == Exit.ROLLED_BACK
         doc = json.loads(r.stdout)
-        assert doc["applied"] is True and doc["restarted"] == [1]
-        assert doc["rollout"] == "canary"
+        assert doc["applied"] is True and doc["restarted"] == [1, 2, 3]
         assert doc["canary"]["state"] == "rolled_back"
         assert doc["canary"]["evidence"] == ROLLED_BACK
         assert doc["canary"]["checks"][2] == {
@@ -192,10 +205,14 @@ def test_reload_json_is_one_document_with_the_verdict_and_the_exit_code() -> Non
             "limit": 1.4,
             "passed": False,
         }
+    with farm([ANALYSING, PROMOTED]) as agent:
+        r = agent.run("reload", "--json")
+        assert r.exit_code == Exit.OK, r.output
+        assert json.loads(r.stdout)["canary"]["state"] == "promoted"  # the waves: silent
 
 
 def test_status_shows_one_line_for_the_canary() -> None:
-    for agent in farm([("halted", verdict(CanaryState.ROLLED_BACK, ROLLED_BACK))]):
+    with farm([verdict(CanaryState.ROLLED_BACK, ROLLED_BACK)]) as agent:
         lines = agent.run("status").stdout.splitlines()
         assert lines[1] == f"canary 2: {ROLLED_BACK}"
         assert lines[2] == ""  # then the table, as without a canary
@@ -217,7 +234,7 @@ def farmctl_json(cv: RolloutVerdictView) -> dict[str, object]:
 
 
 def test_why_of_the_canary_gives_the_verdict_its_evidence_and_checks() -> None:
-    for agent in farm([("halted", verdict(CanaryState.ROLLED_BACK, ROLLED_BACK))]):
+    with farm([verdict(CanaryState.ROLLED_BACK, ROLLED_BACK)]) as agent:
         out = agent.run("why", "2").stdout.splitlines()
         assert out[0] == "worker 2: ready"
         assert out[1] == f"canary 2: {ROLLED_BACK}"
@@ -238,11 +255,11 @@ def test_a_change_rejected_before_is_held_at_the_reload_with_exit_6() -> None:
         "2026-12-01 18:00:00 UTC: canary crashed 10 s into the window; the farm stays on "
         "the accepted config: edit the config to retry"
     )
-    for agent in farm([("done", None)]):
+    with farm([None]) as agent:
         ops(agent).reload_result = ReloadResult(False, problems=(why,), held=why)
         r = agent.run("reload")
         assert r.exit_code == 6, r.output
         assert r.stderr == f"farmctl: reload held: {why}\n"
-        assert ops(agent).statuses == 0  # nothing rolls: nothing to follow
+        assert ops(agent).reads == 0  # nothing rolls: nothing to follow
         doc = json.loads(agent.run("reload", "--json").stdout)
         assert doc["applied"] is False and doc["held"] == why

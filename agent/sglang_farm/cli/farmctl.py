@@ -568,14 +568,17 @@ def _since_issue(obj: Mapping[str, object], issued_at: float, fallback_key: str)
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) -> None:
+def _wait_ready(
+    ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float, *, quiet: bool = False
+) -> None:
     """Follow every worker at once (one deadline for all), printing each phase once.
 
     Each worker is followed on its own connection from the start, so the workers of a
     later wave show their phases too (followed one after another, they were ready by
     their turn). Each worker is reported once: its phases entered since the request,
     then "ready after S" where S counts from when the agent took the request (the
-    agent's clock). Failures are raised afterwards, in the order of `ids`.
+    agent's clock). Failures are raised afterwards, in the order of `ids`. `quiet`: print
+    nothing (`reload --json`, which ends with one document).
     """
     import threading
 
@@ -586,7 +589,7 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
 
     def follow(wid: int) -> None:
         try:
-            finals[wid] = _follow(ctl, wid, issued_at, deadline, out)
+            finals[wid] = _follow(ctl, wid, issued_at, deadline, out, quiet=quiet)
         except BaseException as exc:  # re-raised in the caller's thread
             errors[wid] = exc
 
@@ -603,7 +606,13 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
 
 
 def _follow(
-    ctl: Ctl, wid: int, issued_at: float, deadline: float, out: AbstractContextManager[object]
+    ctl: Ctl,
+    wid: int,
+    issued_at: float,
+    deadline: float,
+    out: AbstractContextManager[object],
+    *,
+    quiet: bool = False,
 ) -> Mapping[str, Any]:
     """One worker's `wait-ready` stream: its phases printed once each; the final result."""
     left = max(deadline - time.monotonic(), 0.001)
@@ -613,7 +622,9 @@ def _follow(
     # The server sends a line only on a change: the read bound is the wait's own.
     for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
         with out:
-            if ctl.as_json:
+            if quiet:
+                pass
+            elif ctl.as_json:
                 ctl.emit_json(
                     {"stream": reply.stream, **(reply.payload or {})}
                     if not reply.final
@@ -625,7 +636,7 @@ def _follow(
                     shown.add(state)
         if reply.final and isinstance(reply.result, dict):
             final = reply.result
-    if final.get("ready") and not ctl.as_json:
+    if final.get("ready") and not ctl.as_json and not quiet:
         secs = _since_issue(final, issued_at, "waited_s")
         with out:
             click.echo(f"worker {wid}: ready after {secs:.1f}s{_routing_note(final)}")
@@ -809,12 +820,11 @@ def reset_oom(ctl: Ctl, worker: int) -> None:
 # How often `farmctl reload` reads the farm's view while it waits for the verdict: a
 # `status` is a pointer read in the agent, and a verdict takes tens of seconds at least.
 ROLLOUT_POLL_S = 1.0
-_ROLLING = frozenset({"canary", "rolling"})
 
 
 def _ours(st: Mapping[str, Any], issued_at: float) -> Mapping[str, Any] | None:
-    """The canary analysis that this reload started: one whose window (or held decision)
-    began after the agent took the reload. An earlier change's verdict is not ours."""
+    """The canary analysis that this reload started: one whose window (or its canary's
+    restart) began after the agent took the reload. An earlier change's is not ours."""
     cv = st.get("canary")
     if not isinstance(cv, dict):
         return None
@@ -822,76 +832,43 @@ def _ours(st: Mapping[str, Any], issued_at: float) -> Mapping[str, Any] | None:
     return cv if isinstance(started, int | float) and started >= issued_at else None
 
 
-def _settled(st: Mapping[str, Any], cv: Mapping[str, Any] | None) -> bool:
-    """Whether the wait is over: a verdict that ends the rollout (rolled back, held), or
-    no analysis under way and no wave left to roll (promoted and done, or no analysis)."""
-    state = cv.get("state") if cv is not None else None
-    if state in ("rolled_back", "held"):
-        return True
-    return state != "analysing" and st.get("rollout") not in _ROLLING
-
-
-def _follow_rollout(
-    ctl: Ctl, issued_at: float, timeout: float
-) -> tuple[Mapping[str, Any], Mapping[str, Any] | None, bool]:
-    """Read the farm's view until the rollout this reload started is settled, printing a
-    line for each rollout phase and each canary state once; the last status, the
-    reload's canary analysis (None: there was none: nothing to roll, or no analysis
-    configured), and whether a rollout was seen under way. The agent rebuilds its view
-    before it answers a reload, so the first status already shows the rollout the
-    reload began."""
-    deadline = time.monotonic() + timeout
+def _await_verdict(
+    ctl: Ctl, issued_at: float, deadline: float, timeout: float
+) -> Mapping[str, Any] | None:
+    """Read the farm's view (`status`) until the canary analysis this reload started has
+    a verdict, printing a line when the canary restarts, when its window starts, and the
+    verdict; None when the reload started no analysis (nothing to roll, no canary among
+    the workers it restarts, or `[rollout] analysis_window = "0s"`). The agent builds its
+    view before it answers a reload, so the first status already shows the analysis."""
     shown: set[object] = set()
     while True:
         st = ctl.call("status")
         cv = _ours(st, issued_at)
-        rollout, now = st.get("rollout"), float(st.get("now") or time.time())
-        phases = [(("rollout", rollout), f"rollout {rollout}")] if rollout in _ROLLING else []
-        if cv is not None:
-            phases.append((("canary", cv.get("state")), canary_line(cv, now)))
-        for key, text in phases:
-            if key not in shown:
-                shown.add(key)
-                if not ctl.as_json:
-                    click.echo(text)
-        if _settled(st, cv):
-            return st, cv, bool(shown)
+        if cv is None:
+            if shown:
+                raise Failed(
+                    "the change this reload started is no longer analysed: another reload "
+                    "superseded it (farmctl status)"
+                )
+            return None
+        key = (cv.get("state"), cv.get("ends_at") is not None)
+        if key not in shown:
+            shown.add(key)
+            if not ctl.as_json:
+                click.echo(canary_line(cv, float(st.get("now") or time.time())))
+        if cv.get("state") != "analysing":
+            return cv
         left = deadline - time.monotonic()
         if left <= 0:
-            what = (
-                f"canary {cv.get('canary')} is still {_CANARY_WORDS.get(str(cv.get('state')))}"
-                if cv is not None and cv.get("state") == "analysing"
-                else f"the rollout is still {st.get('rollout')}"
-            )
             raise Failed(
-                f"no verdict after {timeout:g}s: {what}; the agent carries on (farmctl status "
-                "follows it), or wait longer with --timeout"
+                f"no verdict after {timeout:g}s: canary {cv.get('canary')} is still analysing; "
+                "the agent carries on (farmctl status follows it), or wait longer with --timeout"
             )
         time.sleep(min(ROLLOUT_POLL_S, left))
 
 
-def _verdict(
-    st: Mapping[str, Any],
-    cv: Mapping[str, Any] | None,
-    res: Mapping[str, Any],
-    *,
-    say: bool,
-    followed: bool,
-) -> None:
-    """How the reload's rollout ended: said (with `say`) when it went through, raised
-    with its exit code when it did not (rolled back 5, held 6, halted 1). `followed`: a
-    rollout was seen under way (else, without a verdict, there is nothing to report)."""
-    if cv is None:
-        changed = bool(res.get("restarted") or res.get("added"))
-        if st.get("rollout") == "halted" and changed:
-            reason = f": {st['rollout_reason']}" if st.get("rollout_reason") else ""
-            raise Failed(
-                f"the rollout halted{reason}; the other workers keep the old config "
-                "(farmctl status; farmctl why N for the worker that failed)"
-            )
-        if say and followed:
-            click.echo("rollout done")
-        return
+def _refused_by_canary(cv: Mapping[str, Any]) -> None:
+    """Raise a verdict that stops the rollout: rolled back (exit 5) or held (exit 6)."""
     wid, change, state = cv.get("canary"), cv.get("change"), cv.get("state")
     evidence = str(cv.get("evidence") or "")
     if state == "rolled_back":
@@ -904,14 +881,6 @@ def _verdict(
             f"change {change} held on canary {wid}: {evidence}; the farm stays on the "
             f"accepted config (farmctl why {wid}; docs/canary.md)"
         )
-    if st.get("rollout") == "halted":
-        reason = f": {st['rollout_reason']}" if st.get("rollout_reason") else ""
-        raise Failed(
-            f"change {change} passed on canary {wid}, then the rollout halted{reason} "
-            "(farmctl status; farmctl why N for the worker that failed)"
-        )
-    if say:
-        click.echo(f"rollout done: change {change} promoted on canary {wid} and rolled out")
 
 
 @cli.command()
@@ -923,21 +892,23 @@ def _verdict(
     type=click.FloatRange(min=0, min_open=True, max=24 * 3600),
     default=3600.0,
     show_default=True,
-    help="Seconds to wait for the canary's verdict and the waves after it.",
+    help="Seconds to wait for the canary's verdict and the waves after it, together.",
 )
 @pass_ctl
 def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     """Re-read and validate the config; apply it only if valid.
 
     Only workers whose command line changed are restarted, canary first, then in
-    waves. By default farmctl then follows the rollout: a line per phase and the
-    canary's verdict with its evidence, until the canary is promoted and every
-    wave is done, or the change is rolled back or held.
+    waves. By default farmctl then follows the rollout: the canary's analysis
+    (a line when it restarts, when its window starts, and its verdict with the
+    evidence), then each restarted worker as restart does ("worker N: ready
+    after S").
 
     Exits 1 (and the old config keeps running) when the new one has problems or
-    no verdict came within --timeout; 5 when the canary was rolled back; 6 when
-    the change is held (too little traffic to judge, or its canary rejected it
-    before: the agent then does not apply it).
+    the rollout is not over within --timeout; 3 when a restarted worker ends
+    failed; 5 when the canary was rolled back; 6 when the change is held (too
+    little traffic to judge, or its canary rejected it before: the agent then
+    does not apply it).
     """
     asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
@@ -969,15 +940,26 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
         click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
     if no_wait:
         return
+    deadline = time.monotonic() + timeout
     # The agent's clock when it took the reload; an agent without it: ours (same host).
     issued = res.get("issued_at")
     issued_at = float(issued) if isinstance(issued, int | float) else asked_at
-    st, cv, followed = _follow_rollout(ctl, issued_at, timeout)
-    if ctl.as_json:
-        # One document: the reload's result, how the rollout stands, and its verdict.
-        extra = {"rollout": st.get("rollout"), "rollout_reason": st.get("rollout_reason")}
-        ctl.emit_json({**res, **extra, "canary": cv})
-    _verdict(st, cv, res, say=not ctl.as_json, followed=followed)
+    cv = _await_verdict(ctl, issued_at, deadline, timeout)
+    if cv is not None and ctl.as_json:
+        # One document, whatever the verdict: the reload's result and the analysis.
+        ctl.emit_json({**res, "canary": cv})
+    if cv is not None:
+        _refused_by_canary(cv)
+    elif ctl.as_json:
+        ctl.emit_json({**res, "canary": None})
+    ids = [int(i) for i in (*res.get("restarted", ()), *res.get("added", ()))]
+    if not ids:
+        return
+    # The waves: each restarted worker followed as `farmctl restart` does.
+    _wait_ready(ctl, ids, issued_at, max(deadline - time.monotonic(), 0.001), quiet=ctl.as_json)
+    if not ctl.as_json:
+        what = f"change {cv.get('change')} promoted on canary {cv.get('canary')}" if cv else ""
+        click.echo(f"rollout done{': ' + what + ', every wave ready' if what else ''}")
 
 
 @cli.command("release-gpu")
