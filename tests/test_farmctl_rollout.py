@@ -107,8 +107,10 @@ def test_reload_waits_for_a_rollback_and_exits_5_with_the_evidence() -> None:
         assert lines[2].endswith(" of 30 s left (analysis under way: nothing failed over 12 s)")
         assert lines[3] == f"canary 2: {ROLLED_BACK}"
         assert len(lines) == 4  # one line per phase: the second "analysing" is not repeated
+        # The evidence once, without its "rolled back: " a second time.
+        evidence = ROLLED_BACK.removeprefix("rolled back: ")
         assert r.stderr == (
-            f"farmctl: change 3f9a1c2e rolled back on canary 2: {ROLLED_BACK}; the other "
+            f"farmctl: change 3f9a1c2e rolled back on canary 2: {evidence}; the other "
             "workers kept the old config and the change is not retried (farmctl why 2)\n"
         )
         assert ops(agent).reads == 4  # it read the view until the verdict, and no more
@@ -147,7 +149,7 @@ def test_a_held_change_exits_6() -> None:
         assert r.stdout.splitlines()[-1] == (
             "canary 2: held: too little traffic to judge: 12 canary requests"
         )
-        assert "farmctl: change 3f9a1c2e held on canary 2: held: too little traffic" in r.stderr
+        assert "farmctl: change 3f9a1c2e held on canary 2: too little traffic" in r.stderr
 
 
 def test_no_wait_returns_before_any_verdict() -> None:

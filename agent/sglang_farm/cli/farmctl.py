@@ -422,8 +422,9 @@ _CANARY_DONE = {
         "touched, and the change is recorded as rejected: it is not rolled again on its own"
     ),
     "held": (
-        "the farm stays on the accepted config and the SglangFarmRolloutHeld alert fires "
-        "after a while; docs/canary.md says what lifts a hold"
+        "nothing more rolls: the other workers stay on the accepted config until the next "
+        "reload (the same config is judged again, another supersedes it; a change rejected "
+        "before needs an edit), and SglangFarmRolloutHeld fires after 30 min"
     ),
 }
 
@@ -871,6 +872,9 @@ def _refused_by_canary(cv: Mapping[str, Any]) -> None:
     """Raise a verdict that stops the rollout: rolled back (exit 5) or held (exit 6)."""
     wid, change, state = cv.get("canary"), cv.get("change"), cv.get("state")
     evidence = str(cv.get("evidence") or "")
+    # The agent's evidence may open with the verdict ("rolled back: ..."), said here already.
+    word = f"{_CANARY_WORDS.get(str(state), state)}: "
+    evidence = evidence[len(word) :] if evidence.startswith(word) else evidence
     if state == "rolled_back":
         raise RolledBack(
             f"change {change} rolled back on canary {wid}: {evidence}; the other workers "
@@ -878,8 +882,8 @@ def _refused_by_canary(cv: Mapping[str, Any]) -> None:
         )
     if state == "held":
         raise Held(
-            f"change {change} held on canary {wid}: {evidence}; the farm stays on the "
-            f"accepted config (farmctl why {wid}; docs/canary.md)"
+            f"change {change} held on canary {wid}: {evidence}; nothing more rolls until the "
+            f"next reload (farmctl why {wid}; docs/canary.md)"
         )
 
 
