@@ -46,7 +46,7 @@ from bench import (
 from bench.farmrun import FarmSetup, running_farm
 from bench.stats import ratio, summary
 from bench.table import markdown, rows
-from sglang_farm.exposition import PROMETHEUS_ACCEPT
+from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.spec import StartupPolicy
 
 RESULTS = Path(__file__).resolve().parent / "results"

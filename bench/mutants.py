@@ -71,7 +71,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # Its own tests first, then the real Agent on a virtual clock over the fake runtime
     # (no processes, sockets or sleeps): drains, the gateway, adoption, quarantine.
     "supervisor": (
-        "sglang_farm.supervisor",
+        "sglang_farm.workers.supervisor",
         (
             "tests/test_supervisor.py",
             "tests/test_mutation_supervisor.py",
@@ -83,18 +83,24 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
             "tests/test_agent_hardening.py",
         ),
     ),
-    "ladder": ("sglang_farm.ladder", ("tests/test_ladder.py", "tests/test_mutation_ladder.py")),
-    "xid": ("sglang_farm.xid", ("tests/test_xid.py",)),
-    "gpu_health": ("sglang_farm.gpu_health", ("tests/test_mutation_gpu_health.py",)),
+    "ladder": (
+        "sglang_farm.workers.ladder",
+        ("tests/test_ladder.py", "tests/test_mutation_ladder.py"),
+    ),
+    "xid": ("sglang_farm.gpus.xid", ("tests/test_xid.py",)),
+    "gpu_health": (
+        "sglang_farm.gpus.health",
+        ("tests/test_mutation_gpu_health.py", "tests/test_gpu_health_events.py"),
+    ),
     "sglang_flags": (
-        "sglang_farm.sglang_flags",
+        "sglang_farm.sglang.flags",
         ("tests/test_mutation_sglang_flags.py", "tests/test_config.py"),
     ),
     "classify": (
-        "sglang_farm.classify",
+        "sglang_farm.sglang.classify",
         ("tests/test_classify.py", "tests/test_mutation_classify.py"),
     ),
-    "reload_plan": ("sglang_farm.reload_plan", ("tests/test_mutation_reload_plan.py",)),
+    "reload_plan": ("sglang_farm.workers.reload_plan", ("tests/test_mutation_reload_plan.py",)),
     # The config package, module by module, each against all of the config's tests.
     **{
         f"config.{name}": (f"sglang_farm.config.{name}", _CONFIG_TESTS)

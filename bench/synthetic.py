@@ -22,12 +22,12 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from tests.metrics_fixtures import GiB, gpu
 
 from bench.stats import summary
-from sglang_farm import exposition
-from sglang_farm.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess
-from sglang_farm.metrics import MetricsState, ProbeStatus, build_registry
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess
+from sglang_farm.metrics import exposition
+from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
+from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
+from sglang_farm.workers.load import WorkerStats
 
 
 def state(n: int) -> MetricsState:

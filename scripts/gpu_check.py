@@ -45,8 +45,8 @@ import pynvml  # noqa: E402 -- after the sys.path setup above
 
 from farmproc import Farm, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- ditto
 from sglang_farm.control.client import Client  # noqa: E402 -- ditto
-from sglang_farm.gpu import NvmlPoller, read_ppid_map  # noqa: E402 -- ditto
-from sglang_farm.gpu_snapshot import process_tree  # noqa: E402 -- ditto
+from sglang_farm.gpus.nvml import NvmlPoller, read_ppid_map  # noqa: E402 -- ditto
+from sglang_farm.gpus.snapshot import process_tree  # noqa: E402 -- ditto
 
 report: dict[str, Any] = {}
 

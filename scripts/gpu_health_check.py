@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))
 
 import pynvml as nvml
 
-from sglang_farm.gpu import NvmlPoller
-from sglang_farm.gpu_health import gpu_faults, release_problems
+from sglang_farm.gpus.health import gpu_faults, release_problems
+from sglang_farm.gpus.nvml import NvmlPoller
 
 
 def field(fn: object, *args: object) -> object:

@@ -19,15 +19,16 @@ import pytest
 from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from farmtoml import Table, merged, sim_farm, toml_text
-from sglang_farm.agent import Agent, AgentHooks
+from sglang_farm.agent import Agent
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.farm_view import FarmView
-from sglang_farm.launcher import Preflight
-from sglang_farm.phase import Phase
-from sglang_farm.ports import PortState
+from sglang_farm.host.ports import PortState
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.runner import Stager
+from sglang_farm.workers.launcher import Preflight
+from sglang_farm.workers.phase import Phase
 
 OOM_LINE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
@@ -140,7 +141,7 @@ async def farm(
         config_loader=loader,
         clock=loop.time,
         wall=lambda: 1.8e9 + loop.time(),
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             prober=prober,
             port_state=lambda _h, _p: PortState.FREE,
             port_owner=ports,

@@ -1,8 +1,55 @@
-"""Shared pytest options and fixtures."""
+"""Shared pytest options and fixtures; the order modules run in; a note on long silences.
+
+`./scripts/test` runs the suite on several pytest-xdist workers, a whole module per
+worker (`--dist loadfile --no-loadscopereorder`: module fixtures such as one systemd
+container, one farm or one .deb are set up once and their steps stay in file order).
+The run then lasts as long as its longest lane, so the modules that take longest run
+first (`LONGEST_FIRST`) and the many quick ones fill the other workers around them.
+
+A long test (the .deb's build, the soak) prints nothing for minutes; when no test has
+finished for `QUIET_S` seconds (SF_QUIET_S overrides; 0: never), a line names what is
+still running and for how long.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import pytest
+
+# The slowest modules, slowest first (measured: `pytest --durations=80` on the 2-core CI
+# machine; the .deb's first build compiles pystemd and lxml). Only the order changes: a
+# module not named runs after these, in file order.
+LONGEST_FIRST = (
+    "test_deb.py",
+    "test_soak.py",
+    "test_readme_walkthrough.py",
+    "test_systemd_farm.py",
+    "test_gateway_trust.py",
+    "test_sim.py",
+    "test_frontdoor.py",
+    "test_port_squat.py",
+    "test_farm_process.py",
+    "test_systemd_squat.py",
+    "test_systemd_staging.py",
+    "test_liveness_e2e.py",
+    "test_systemd_runtime.py",
+    "test_exporter_farm.py",
+    "test_gateway_child.py",
+    "test_exporter.py",
+    "test_canary_e2e.py",
+    "test_units.py",
+    "test_systemd_gateway_key.py",
+)
+QUIET_S = float(os.environ.get("SF_QUIET_S", "30"))
+# What a module's long silence is, said beside its tests in the "still running" lines.
+LONG_STEPS = {
+    "tests/test_deb.py": "building the .deb first: pystemd and lxml compile, minutes when pip's"
+    " cache is cold",
+    "tests/test_soak.py": "the chaos soak runs 2 minutes",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,3 +65,90 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True when the run was started with `--update-golden`."""
     return bool(request.config.getoption("--update-golden"))
+
+
+def _rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first; a stable sort keeps each module's own order."""
+    items.sort(key=_rank)
+
+
+class StillRunning:
+    """Writes, after `quiet_s` without a finished test, which tests run and since when.
+
+    It writes to a copy of the terminal's descriptor taken at start: while a test runs,
+    pytest's capture has the descriptor 1 itself.
+    """
+
+    def __init__(self, fd: int, quiet_s: float) -> None:
+        self.fd = fd
+        self.quiet_s = quiet_s
+        self.started = time.monotonic()
+        self.last = self.started
+        self.running: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="still-running", daemon=True)
+
+    def start(self, nodeid: str) -> None:
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def finish(self, nodeid: str) -> None:
+        with self.lock:
+            self.running.pop(nodeid, None)
+            self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self.done.wait(1.0):
+            now = time.monotonic()
+            with self.lock:
+                if now - self.last < self.quiet_s or not self.running:
+                    continue
+                self.last = now
+                tests = sorted(self.running.items(), key=lambda kv: kv[1])
+            lines = [f"\n[{_mmss(now - self.started)}] no test finished for {self.quiet_s:g} s;"]
+            for nodeid, t0 in tests:
+                step = LONG_STEPS.get(nodeid.split("::")[0])
+                why = f" ({step})" if step else ""
+                lines.append(f"  still running ({_mmss(now - t0)}): {nodeid}{why}")
+            os.write(self.fd, ("\n".join(lines) + "\n").encode())
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
+_still: StillRunning | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _still
+    worker = hasattr(config, "workerinput")  # a pytest-xdist worker: its controller reports
+    if worker or config.getoption("collectonly") or QUIET_S <= 0:
+        return
+    _still = StillRunning(os.dup(1), QUIET_S)
+    _still.thread.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _still
+    if _still is not None:
+        _still.done.set()
+        _still.thread.join()
+        os.close(_still.fd)
+        _still = None
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    if _still is not None:
+        _still.start(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    if _still is not None:
+        _still.finish(nodeid)

@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import TypedDict, Unpack
 
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -23,6 +22,7 @@ from sglang_farm.farm_view import (
     RestartRecord,
     WorkerView,
 )
+from sglang_farm.workers.failures import Failure, FailureKind
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:

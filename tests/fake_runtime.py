@@ -14,11 +14,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from sglang_farm.health import ProbeResult
-from sglang_farm.listeners import OwnerKind, Ownership
+from sglang_farm.host.listeners import OwnerKind, Ownership
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.health import ProbeResult
 
 
 @dataclass
@@ -42,6 +42,8 @@ class FakeRuntime:
     adopt_configured: Collection[int] | None = None
     procs: dict[int, FakeProcess] = field(default_factory=dict)
     timeline: list[str] = field(default_factory=list)
+    # Workers whose stop never ends (their process outlives every signal).
+    unstoppable: set[int] = field(default_factory=set)
     _next_pid: int = 1000
 
     async def prepare(self, spec: FarmSpec, commands: Mapping[int, Command]) -> frozenset[int]:
@@ -59,6 +61,8 @@ class FakeRuntime:
     async def stop(self, worker: int, timeout: float) -> None:
         self.stops.append(worker)
         self.timeline.append(f"stop {worker}")
+        if worker in self.unstoppable:
+            return
         proc = self.procs.pop(worker, None)
         if proc is not None:
             self.emit(Exited(worker, proc.pid, -15, None))

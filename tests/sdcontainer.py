@@ -11,9 +11,18 @@ virtualenv are all there, and nothing written inside reaches the host:
 NEVER boot systemd against the host's root: its boot clears /tmp and more. Only
 this overlay is ever booted.
 
+On a cgroup v1 host (or a hybrid one, v1 plus /sys/fs/cgroup/unified), nspawn (with
+--keep-unit and no systemd on the host) puts the container's cgroups below its own:
+two containers started from the same cgroup would share
+`/payload/system.slice/sglang@0.service`, and one container's systemd would signal
+the other's processes (PID 0 seen from inside: the caller's whole process group). So
+each container's nspawn starts in cgroups of its own, `<name>` under name=systemd and
+under the unified hierarchy, and containers can run side by side (scripts/test runs
+test modules in parallel).
+
 Teardown always runs (context exit, `weakref.finalize` at interpreter exit, or an
 explicit `close()`): poweroff, wait, SIGKILL the container's PID 1 and nspawn if
-they linger, then unmount the overlay and the tmpfs.
+they linger, then unmount the overlay and the tmpfs and remove the cgroup.
 
 `skip_reason()` names what this machine lacks (root, CAP_SYS_ADMIN, systemd-nspawn,
 nsenter, systemd); tests skip with it, unless SF_REQUIRE_SYSTEMD_CONTAINER=1 (set it
@@ -48,6 +57,9 @@ _CAP_SYS_ADMIN = 21
 # Folders the container mounts its own tmpfs over: host paths under them are hidden inside.
 _MASKED = ("/tmp", "/run", "/var/tmp", "/dev/shm")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where systemd (the container's too) tracks processes on a cgroup v1 or hybrid host.
+_V1_SYSTEMD_CGROUP = Path("/sys/fs/cgroup/systemd")
+_HYBRID_UNIFIED_CGROUP = Path("/sys/fs/cgroup/unified")
 
 
 def skip_reason() -> str | None:
@@ -97,6 +109,7 @@ class _State:
     nspawn: subprocess.Popen[bytes] | None = None
     pid1: int | None = None
     log_path: str | None = None
+    cgroups: list[Path] = field(default_factory=list)  # the container's own, removed last
 
 
 def _nsenter(pid1: int) -> list[str]:
@@ -149,6 +162,40 @@ def _teardown(state: _State) -> None:
         with contextlib.suppress(OSError):
             os.rmdir(state.root)
         state.root = None
+    while state.cgroups:
+        _remove_cgroup(state.cgroups.pop())
+
+
+def _own_cgroups(name: str) -> list[Path]:
+    """New cgroups for one container on a v1 or hybrid host; none on a pure v2 host."""
+    if not (_V1_SYSTEMD_CGROUP / "cgroup.procs").exists():
+        return []
+    roots = [
+        r for r in (_V1_SYSTEMD_CGROUP, _HYBRID_UNIFIED_CGROUP) if (r / "cgroup.procs").exists()
+    ]
+    made: list[Path] = []
+    for root in roots:
+        try:
+            (root / name).mkdir()
+        except OSError as exc:  # a read-only cgroupfs: run as before, one container at a time
+            print(
+                f"container {name}: no cgroup of its own ({exc}); run containers one at a time",
+                file=sys.stderr,
+            )
+            break
+        made.append(root / name)
+    else:
+        return made
+    for path in made:
+        _remove_cgroup(path)
+    return []
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Remove a container's cgroup and what its systemd made below it (deepest first)."""
+    for sub, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(sub)
 
 
 class SystemdContainer:
@@ -228,6 +275,11 @@ class SystemdContainer:
             # Arguments after the options go to the container's systemd.
             *self.init_args,
         ]
+        st.cgroups = _own_cgroups(self.name)
+        if st.cgroups:
+            # nspawn starts in the container's own cgroups (see the module's docstring).
+            enter = 'for d in $CGS; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec "$@"'
+            cmd = ["env", f"CGS={' '.join(map(str, st.cgroups))}", "sh", "-c", enter, "sh", *cmd]
         with open(st.log_path, "wb") as log:
             st.nspawn = subprocess.Popen(
                 cmd,

@@ -200,7 +200,7 @@ def http_get(
 
 def install_farm(c: SystemdContainer, toml: str) -> None:
     """Config in /etc/sglang-farm, the shipped units + the agent's dev drop-in in /etc/systemd."""
-    from sglang_farm.units import render_agent_dropin, static_unit
+    from sglang_farm.runtime.units import render_agent_dropin, static_unit
 
     c.write_file(CONFIG, toml)
     for name in ("sglang@.service", "sglang-farm.service", "sglang-farm.target"):

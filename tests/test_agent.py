@@ -11,6 +11,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from agent_harness import (
     OOM_LINE,
     READY_LINE,
@@ -19,8 +21,8 @@ from agent_harness import (
     tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
-from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
+from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
 
@@ -184,3 +186,27 @@ def test_reload_restarts_only_changed_workers_and_adds_and_removes(tmp: Path) ->
             assert again.applied and again.restarted == () and again.added == ()
 
     run_virtual(scenario())
+
+
+def test_a_stop_that_never_ends_is_waited_for_the_stop_budget_and_its_slack(tmp: Path) -> None:
+    """One budget (`supervisor.stop_budget`, issue 24 §1): `farmctl stop` returns once the
+    worker is stopped, or at the budget plus its slack, in farm time."""
+
+    async def scenario() -> float:
+        async with farm(tmp, text=farm_toml(tmp, workers=2)) as f:
+            await f.until(f.all_ready)
+            f.runtime.unstoppable.add(1)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await f.agent.stop([0])  # stops at once
+            assert loop.time() - t0 < 1.0 and f.phase(0) is Phase.STOPPED
+            t0 = loop.time()
+            await f.agent.stop([1])
+            waited = loop.time() - t0
+            assert f.phase(1) is Phase.STOPPING
+            f.runtime.unstoppable.clear()
+            return waited
+
+    waited = run_virtual(scenario())
+    # stop_timeout = "10s", no gateway (no drain), and a 15 s slack (STOP_SLACK_S).
+    assert waited == pytest.approx(25.0, abs=0.5)

@@ -17,9 +17,9 @@ from sglang_farm.cli.farmctl import _gateway_line
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result
 from sglang_farm.gateway import Member
-from sglang_farm.metrics import MetricsState, build_registry
-from sglang_farm.phase import Phase
+from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.runtime import Running
+from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
 

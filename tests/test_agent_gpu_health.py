@@ -18,10 +18,10 @@ from agent_harness import (
     tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.phase import Phase
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.runtime import Running
-from sglang_farm.worker_load import WorkerStats
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
 

@@ -13,10 +13,10 @@ from agent_harness import (
     tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.config import load_spec
-from sglang_farm.failures import Failure, FailureKind
-from sglang_farm.phase import Phase
 from sglang_farm.runtime import Running
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
 

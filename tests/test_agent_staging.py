@@ -19,8 +19,7 @@ from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
 from sglang_farm.farm_view import FarmView
-from sglang_farm.metrics import MetricsState, build_registry
-from sglang_farm.phase import Phase
+from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.runtime import Running
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.copier import Report
@@ -30,6 +29,7 @@ from sglang_farm.staging.plan import MountFacts
 from sglang_farm.staging.progress import StageProgress
 from sglang_farm.staging.runner import Stager, stage_model
 from sglang_farm.staging.state import StageResult, StageState
+from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
 GiB = 1 << 30

@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import canary_state
-from sglang_farm.metrics import build_registry
-from sglang_farm.xid import CATALOG_URL
+from sglang_farm.gpus.xid import CATALOG_URL
+from sglang_farm.metrics.collectors import build_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "etc" / "prometheus" / "alerts.yml"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.classify import READY_TEXT, LogClassifier, classify_lines, strip_prefixes
-from sglang_farm.failures import FailureKind
+from sglang_farm.sglang.classify import READY_TEXT, LogClassifier, classify_lines, strip_prefixes
+from sglang_farm.workers.failures import FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

@@ -9,7 +9,6 @@ from textwrap import dedent
 
 import pytest
 
-from sglang_farm import sglang_flags
 from sglang_farm.config import (
     check_spec,
     check_spec_file,
@@ -18,7 +17,8 @@ from sglang_farm.config import (
     parse_duration,
 )
 from sglang_farm.errors import ConfigError
-from sglang_farm.sglang_argv import build_command
+from sglang_farm.sglang import flags as sglang_flags
+from sglang_farm.sglang.argv import build_command
 from sglang_farm.spec import (
     ControlSpec,
     FarmSection,

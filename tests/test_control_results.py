@@ -11,7 +11,6 @@ import pytest
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control import codec, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -20,6 +19,7 @@ from sglang_farm.farm_view import (
     RestartRecord,
     WorkerView,
 )
+from sglang_farm.workers.failures import Failure, FailureKind
 
 
 def _view() -> FarmView:

@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from sglang_farm.cli.explain import explain
-from sglang_farm.explain import explain_lines, format_text
-from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.sglang.explain import explain_lines, format_text
+from sglang_farm.workers.failures import Failure, FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

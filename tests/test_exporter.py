@@ -21,16 +21,16 @@ from prometheus_client.registry import CollectorRegistry
 
 import asuser
 from metrics_fixtures import farm, state
-from sglang_farm.exporter import (
+from sglang_farm.farm_view import Phase
+from sglang_farm.host.fdbudget import exporter_pending_cap
+from sglang_farm.metrics.collectors import MetricsState, build_registry
+from sglang_farm.metrics.exporter import (
     MAX_CACHED_FORMATS,
     MAX_CONNECTIONS,
     Exporter,
     sd_targets,
 )
-from sglang_farm.exposition import PROMETHEUS_ACCEPT
-from sglang_farm.farm_view import Phase
-from sglang_farm.fdbudget import exporter_pending_cap
-from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.spec import Endpoint
 
 LOOPBACK_ANY_PORT = Endpoint("127.0.0.1", 0)  # port 0: the kernel picks a free one
@@ -223,8 +223,8 @@ sys.path.insert(0, sys.argv[1])
 # As the agent's unit would have it, and under the 300 idle connections the test opens.
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from metrics_fixtures import state
-from sglang_farm.exporter import Exporter
-from sglang_farm.metrics import build_registry
+from sglang_farm.metrics.exporter import Exporter
+from sglang_farm.metrics.collectors import build_registry
 from sglang_farm.spec import Endpoint
 st = state()
 exp = Exporter(build_registry(lambda: st), lambda: st, Endpoint("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglang_farm.fdbudget import (
+from sglang_farm.host.fdbudget import (
     CONTROL_MAX,
     EXPORTER_MAX,
     MIN_CAP,

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from sglang_farm.folder_trust import Distrust, folder_distrust, link_distrust
+from sglang_farm.host.folder_trust import Distrust, folder_distrust, link_distrust
 
 ROOT, AGENT, OTHER = 0, 1000, 65534
 TRUSTED = (ROOT, AGENT)

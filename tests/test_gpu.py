@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from sglang_farm.gpu import NvmlPoller, read_ppid_map
-from sglang_farm.gpu_sim import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
-from sglang_farm.gpu_snapshot import (
+from sglang_farm.gpus.nvml import NvmlPoller, read_ppid_map
+from sglang_farm.gpus.simulated import H200_MEMORY_TOTAL_BYTES, FakeGpuPoller
+from sglang_farm.gpus.snapshot import (
     FleetSnapshot,
     GpuProcess,
     GpuSnapshot,

@@ -16,11 +16,11 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from agent_harness import Farm, farm, farm_toml
-from sglang_farm.gpu_sim import FakeGpuPoller
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.phase import Phase
-from sglang_farm.pollers import MetricPollers
-from sglang_farm.xid import XidClass, classify
+from sglang_farm.gpus.simulated import FakeGpuPoller
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.gpus.xid import XidClass, classify
+from sglang_farm.metrics.pollers import MetricPollers
+from sglang_farm.workers.phase import Phase
 
 
 def fast_farm(tmp: Path) -> str:

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from sglang_farm.health import HEALTH_BODY_LIMIT, LocalHttp, probe
+from sglang_farm.workers.health import HEALTH_BODY_LIMIT, LocalHttp, probe
 
 
 @contextmanager
@@ -137,7 +137,7 @@ async def test_a_refused_connection_is_the_workers_and_not_local() -> None:
 _EXHAUST = r"""
 import asyncio, json, os, resource, sys
 import httpx
-from sglang_farm.health import probe
+from sglang_farm.workers.health import probe
 
 async def main() -> None:
     async with httpx.AsyncClient() as warm:  # imports what a probe needs while fds are left
@@ -225,7 +225,7 @@ async def test_a_worker_dripping_a_body_forever_times_out_at_the_probe_timeout()
 
 _PORT_CHECK_OUT_OF_FDS = r"""
 import json, os, resource, sys
-from sglang_farm.ports import port_problem, port_state
+from sglang_farm.host.ports import port_problem, port_state
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 held = []
@@ -313,7 +313,9 @@ async def test_local_http_answers_a_garbled_head_as_the_workers_failure() -> Non
     assert "malformed" in r.detail
 
 
-_EXHAUST_LOCAL = _EXHAUST.replace("import httpx", "from sglang_farm.health import LocalHttp")
+_EXHAUST_LOCAL = _EXHAUST.replace(
+    "import httpx", "from sglang_farm.workers.health import LocalHttp"
+)
 _EXHAUST_LOCAL = _EXHAUST_LOCAL.replace(
     "async with httpx.AsyncClient() as warm:", "if warm := LocalHttp():"
 ).replace("async with httpx.AsyncClient() as client:", "if client := LocalHttp():")

@@ -145,7 +145,7 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_the_graph_covers_the_package() -> None:
     graph = import_graph()
     assert "sglang_farm.runtime.systemd" in graph
-    assert "sglang_farm.supervisor" in graph["sglang_farm.agent"]
+    assert "sglang_farm.workers.supervisor" in graph["sglang_farm.agent"]
 
 
 # pystemd is imported by the systemd runtime's own modules only (docs/systemd.md).
@@ -189,19 +189,19 @@ def test_the_pure_unit_state_imports_none_of_the_runtimes_io() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("import sglang_farm.gpu", {"sglang_farm.gpu"}),
-        ("from sglang_farm import gpu", {"sglang_farm.gpu"}),
-        ("from sglang_farm.gpu import FleetSnapshot", {"sglang_farm.gpu"}),
+        ("import sglang_farm.gpus.nvml", {"sglang_farm.gpus.nvml"}),
+        ("from sglang_farm import gpu", {"sglang_farm.gpus.nvml"}),
+        ("from sglang_farm.gpus.nvml import FleetSnapshot", {"sglang_farm.gpus.nvml"}),
         ("def f():\n    from sglang_farm.sim import usage\n", {"sglang_farm.sim.usage"}),
         ("from . import usage", {"sglang_farm.sim.usage"}),
-        ("from ..gpu import FleetSnapshot", {"sglang_farm.gpu"}),
+        ("from ..gpu import FleetSnapshot", {"sglang_farm.gpus.nvml"}),
         ("import json\nfrom httpx import Client", set()),
         # The module's own package: its __init__ runs first anyway, so not an edge.
         ("from sglang_farm.sim import FailMode", set()),
     ],
 )
 def test_imports_are_read_at_every_level(source: str, expected: set[str]) -> None:
-    known = {"sglang_farm", "sglang_farm.gpu", "sglang_farm.sim", "sglang_farm.sim.usage"}
+    known = {"sglang_farm", "sglang_farm.gpus.nvml", "sglang_farm.sim", "sglang_farm.sim.usage"}
     got = imported_modules(ast.parse(source), "sglang_farm.sim.options", False, known)
     assert got == expected
 

@@ -16,7 +16,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.doctor.checks import CheckId, Observations, Status
 from sglang_farm.doctor.gather import key_file_facts
 from sglang_farm.doctor.rules import evaluate
-from sglang_farm.gpu_snapshot import FleetSnapshot
+from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.spec import FarmSpec
 
 

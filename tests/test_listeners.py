@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sglang_farm.listeners import (
+from sglang_farm.host.listeners import (
     Listener,
     OwnerKind,
     Ownership,

@@ -22,8 +22,8 @@ from metrics_fixtures import (
 )
 from sglang_farm.canary.view import CanaryState
 from sglang_farm.farm_view import Phase, Quarantine
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.metrics import (
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.metrics.collectors import (
     MetricsState,
     build_registry,
     gpu_label,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpu_health import GpuFault, gpu_faults, pending_remaps, release_problems
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
-from sglang_farm.xid import quarantines
+from sglang_farm.gpus.health import GpuFault, gpu_faults, pending_remaps, release_problems
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
+from sglang_farm.gpus.xid import quarantines
 
 GiB = 2**30
 

@@ -10,7 +10,10 @@ import textwrap
 import pytest
 
 from sglang_farm.config import load_spec
-from sglang_farm.reload_plan import (
+from sglang_farm.sglang.argv import Command
+from sglang_farm.spec import FarmSpec
+from sglang_farm.staging.failure import StageError, StageFailureKind
+from sglang_farm.workers.reload_plan import (
     ModelChange,
     Refused,
     ReloadEffects,
@@ -20,9 +23,6 @@ from sglang_farm.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec
-from sglang_farm.staging.failure import StageError, StageFailureKind
 
 
 def cmd(*argv: str, key: str | None = None, **env: str) -> Command:

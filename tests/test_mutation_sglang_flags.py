@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_farm.sglang_flags import (
+from sglang_farm.sglang.flags import (
     RENAMES,
     _before,
     flag_key,

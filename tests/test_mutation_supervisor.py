@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from sglang_farm.failures import Failure, FailureKind, RestartReason
-from sglang_farm.phase import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.supervisor import (
+from sglang_farm.workers.failures import Failure, FailureKind, RestartReason
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import (
     RESTART_HISTORY,
     Action,
     Drain,
@@ -748,7 +748,7 @@ def test_adopting_a_quarantined_worker_first_still_adopts_the_workers_after_it()
     """Kills `Supervisor.adopt/continue->break`: a worker whose quarantine's stop outlived
     the agent, met first, ended the adoption loop: the serving workers after it were not
     adopted (and would be launched again over their own running processes)."""
-    from sglang_farm.supervisor import GpuQuarantine
+    from sglang_farm.workers.supervisor import GpuQuarantine
 
     sup = Supervisor([1, 2, 3], Policy(StartupPolicy(), HealthPolicy(), RestartPolicy()))
     sup.restore(1, WorkerState(1, quarantine=GpuQuarantine(1, "xid 79", "off the bus", 1.0)))

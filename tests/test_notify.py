@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.notify import extend_timeout, keep_start_alive, notify
+from sglang_farm.runtime.notify import extend_timeout, keep_start_alive, notify
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from sglang_farm.runtime import Exited, RuntimeEvent
 from sglang_farm.runtime.process import ProcessRuntime
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 
 N = 24
 

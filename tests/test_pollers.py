@@ -9,8 +9,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from sglang_farm.config import load_spec
-from sglang_farm.pollers import worker_api_key
-from sglang_farm.worker_load import WorkerSample
+from sglang_farm.metrics.pollers import worker_api_key
+from sglang_farm.workers.load import WorkerSample
 
 TOML = f"""
 [farm]
@@ -45,8 +45,8 @@ def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_p
     import warnings
 
     from metrics_fixtures import farm
-    from sglang_farm import pollers
     from sglang_farm.farm_view import Phase
+    from sglang_farm.metrics import pollers
 
     made: list[int] = []
 

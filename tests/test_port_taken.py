@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from agent_harness import GATEWAY, farm, farm_toml, tmp_fixture, urls  # noqa: F401 (fixture)
-from sglang_farm.failures import FailureKind
-from sglang_farm.phase import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.supervisor import (
+from sglang_farm.workers.failures import FailureKind
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import (
     HealthPassed,
     Launched,
     Policy,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from asuser import popen_as_nobody, require
-from sglang_farm.listeners import OwnerKind, Ownership
-from sglang_farm.portowner import ProcPortOwner, tree_pids
+from sglang_farm.host.listeners import OwnerKind, Ownership
+from sglang_farm.host.portowner import ProcPortOwner, tree_pids
 from sglang_farm.runtime.unit_procs import cgroup_pids, unit_cgroup, unit_pids
 
 LISTENER = (

@@ -29,7 +29,6 @@ import structlog
 from click.testing import CliRunner
 from structlog.testing import capture_logs
 
-from sglang_farm import gpu
 from sglang_farm.cli.doctor import doctor
 from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
@@ -49,9 +48,10 @@ from sglang_farm.doctor import (
     run_doctor,
 )
 from sglang_farm.doctor.checks import ProbeOutcome
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.gpus import nvml as gpu
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.sglang.commands import resolve_attention_backend, resolve_flags
 from sglang_farm.spec import FarmSpec, FlagValue
-from sglang_farm.worker_commands import resolve_attention_backend, resolve_flags
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_TOML = REPO / "etc" / "sglang-farm" / "farm.toml"
@@ -572,7 +572,7 @@ def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
 ) -> None:
     # check-config has no SGLang at hand: it never refuses a flag that some SGLang
     # accepts (the doctor's parser decides), and names both versions for an old one.
-    from sglang_farm import accounts
+    from sglang_farm.host import accounts
 
     # The seed's `sglang` accounts, which this machine may lack, are not this test's subject.
     monkeypatch.setattr(accounts, "host_account_problems", lambda spec: [])
@@ -780,7 +780,7 @@ def test_nccl_warning_only_for_multi_gpu_workers_on_sm12_before_cuda_12_9(tmp_pa
 
 
 def test_the_demo_config_with_the_simulator_passes(tmp_path: Path) -> None:
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
 
     text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
     spec = load_spec(text, source="demo.toml", agent_python=sys.executable)
@@ -1312,7 +1312,7 @@ def _demo_with_gateway() -> FarmSpec:
 def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
     tmp_path: Path,
 ) -> None:
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
 
     if not Path(_NO_SMG_PYTHON).exists():
         pytest.skip("no system Python to play a host without smg")
@@ -1339,7 +1339,7 @@ def test_a_managed_gateway_without_smg_fails_the_doctor_naming_the_install(
 
 
 def test_a_managed_gateway_whose_smg_runs_passes_with_its_version() -> None:
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
 
     report = run_doctor(
         _demo_with_gateway(),
@@ -1352,7 +1352,7 @@ def test_a_managed_gateway_whose_smg_runs_passes_with_its_version() -> None:
 
 
 def test_a_missing_gateway_interpreter_fails_the_doctor() -> None:
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
 
     report = run_doctor(
         _demo_with_gateway(),
@@ -1370,7 +1370,7 @@ def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
     naming the fix, not one per refresh."""
     import asyncio
 
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
     from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
@@ -1394,7 +1394,7 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import asyncio
     import socket
 
-    from sglang_farm.gpu_sim import FakeGpuPoller
+    from sglang_farm.gpus.simulated import FakeGpuPoller
     from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Exited, LogLine, RuntimeEvent, Started
 from sglang_farm.runtime.process import ProcessRuntime, worker_identity
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSection, FarmSpec
 
 # A worker shaped like SGLang: a main process with a child in its process group (the

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from sglang_farm import procfs
+from sglang_farm.host import procfs
 
 # proc(5): pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt
 # cmajflt utime stime cutime cstime priority nice num_threads itrealvalue starttime ...

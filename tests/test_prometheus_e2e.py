@@ -26,8 +26,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_fixtures import gateway_state
-from sglang_farm.exporter import Exporter
-from sglang_farm.metrics import MetricsState, build_registry
+from sglang_farm.metrics.collectors import MetricsState, build_registry
+from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.spec import Endpoint
 
 pytestmark = pytest.mark.slow

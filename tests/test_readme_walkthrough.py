@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.ports import port_problem
+from sglang_farm.host.ports import port_problem
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "### Inject an OOM in the demo and watch the ladder step"

@@ -12,15 +12,15 @@ import httpx
 import pytest
 
 from sglang_farm.runtime.unit_files import write_secrets
-from sglang_farm.sglang_argv import API_KEY_ENV, build_command
-from sglang_farm.unit_secrets import (
+from sglang_farm.runtime.unit_secrets import (
     credentials_dir,
     env_file_path,
     env_file_text,
     key_file_path,
     render_secrets,
 )
-from sglang_farm.units import render
+from sglang_farm.runtime.units import render
+from sglang_farm.sglang.argv import API_KEY_ENV, build_command
 from test_secrets_argv import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 
 

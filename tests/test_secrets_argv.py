@@ -16,7 +16,7 @@ import httpx
 from sglang_farm.config import load_spec
 from sglang_farm.runtime import RuntimeEvent, Started
 from sglang_farm.runtime.process import ProcessRuntime
-from sglang_farm.sglang_argv import build_command
+from sglang_farm.sglang.argv import build_command
 from sglang_farm.spec import FarmSpec
 
 API_KEY = "sk-farm-secret-4f1c"

@@ -22,7 +22,7 @@ from sglang_farm.cli.farmctl import Exit
 from sglang_farm.cli.farmctl import cli as farmctl
 from sglang_farm.control.server import ControlServer
 from sglang_farm.errors import ControlSocketError
-from sglang_farm.securepath import folder_problem, judge, socket_problem
+from sglang_farm.host.securepath import folder_problem, judge, socket_problem
 
 pytestmark = pytest.mark.anyio
 
@@ -203,7 +203,7 @@ def test_farmctl_talks_to_the_agents_socket_in_a_root_folder(tmp_path: Path) -> 
 
 
 def test_folders_the_farm_makes_are_0755_whatever_the_umask(tmp_path: Path) -> None:
-    from sglang_farm.securepath import make_folders
+    from sglang_farm.host.securepath import make_folders
 
     old = os.umask(0o002)
     try:
@@ -220,7 +220,7 @@ def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path
     from sglang_farm.doctor.checks import CheckId, Observations, Status
     from sglang_farm.doctor.gather import farm_folder_problems
     from sglang_farm.doctor.rules import evaluate
-    from sglang_farm.gpu_snapshot import FleetSnapshot
+    from sglang_farm.gpus.snapshot import FleetSnapshot
 
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
     spec = load_spec(_config(shared_dir, state).read_text(), source="farm.toml")

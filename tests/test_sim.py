@@ -24,11 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import sglang_farm.sim
 from sglang_farm.cli.main import cli
+from sglang_farm.sglang.stats import parse_metrics_text
 from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
 from sglang_farm.sim.options import build_parser, human_readable_int, parse_options
 from sglang_farm.sim.settings import FailMode, SettingsError, load_settings
-from sglang_farm.workerstats import parse_metrics_text
 
 FAST = {
     "SGLANG_SIM_LOAD_SECONDS": "0.3",

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from sglang_farm.config import load_spec
-from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.stale import (
     REMOVAL_SLACK_S,
@@ -22,7 +21,8 @@ from sglang_farm.staging.stale import (
     on_old_copy,
 )
 from sglang_farm.staging.state import StageResult
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import WorkerState
 
 INSTALLED = 1.8e9
 OLD = Path("/dev/shm/.m.old-1234")

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from sglang_farm import state
-from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import Phase
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.workers.supervisor import WorkerState
 
 
 def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
 ) -> None:
     """#16: such a file is corrupt: a copy is kept, the farm starts clean and says so."""
     from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-    from sglang_farm.supervisor import Policy, Supervisor
+    from sglang_farm.workers.supervisor import Policy, Supervisor
 
     policy = Policy(StartupPolicy(), HealthPolicy(), RestartPolicy())
     for text in (
@@ -112,7 +112,7 @@ def test_restore_drops_a_quarantine_nothing_could_release_and_says_why(tmp_path:
     from structlog.testing import capture_logs
 
     from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-    from sglang_farm.supervisor import GpuQuarantine, Policy, Supervisor
+    from sglang_farm.workers.supervisor import GpuQuarantine, Policy, Supervisor
 
     q = {"gpu": 2, "reason": "xid 79", "detail": "fell off the bus", "at": 900.0}
     path = tmp_path / "state.json"

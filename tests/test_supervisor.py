@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
-from sglang_farm.failures import Failure, FailureKind, RestartReason
 from sglang_farm.farm_view import Phase
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.supervisor import (
+from sglang_farm.workers.failures import Failure, FailureKind, RestartReason
+from sglang_farm.workers.supervisor import (
     Action,
+    Decision,
+    Drain,
+    Drained,
+    GatewayMembership,
     GpuFailing,
     GpuQuarantine,
     HealthFailed,
@@ -21,17 +26,24 @@ from sglang_farm.supervisor import (
     Note,
     Policy,
     ProcessExited,
+    ProgressSeen,
     ReleaseRequested,
+    RemapsPending,
     RestartRequested,
     Rollout,
     StartRequested,
+    StopIntent,
     StopRequested,
     Supervisor,
     Terminate,
+    Wedged,
     WorkerState,
     backoff_delay,
+    drifted_workers,
     restored_quarantine,
     step,
+    stop_budget,
+    wave_budget,
 )
 
 OOM = Failure(FailureKind.CUDA_OOM_LOAD, "CUDA out of memory", "lower mem_fraction_static")
@@ -136,7 +148,7 @@ def test_backoff_resets_after_a_stable_period() -> None:
     p = policy()
     s = WorkerState(0, phase=Phase.READY, failures=2, ready_since=0.0)
     assert step(s, HealthPassed(), 49.0, p).state.failures == 2
-    from sglang_farm.supervisor import Tick
+    from sglang_farm.workers.supervisor import Tick
 
     assert step(s, Tick(), 49.9, p).state.failures == 2
     assert step(s, Tick(), 50.0, p).state.failures == 0
@@ -260,7 +272,7 @@ def test_late_exit_after_stop_is_ignored() -> None:
 
 def test_operator_start_resets_backoff_but_agent_restart_keeps_it() -> None:
     s = WorkerState(0, phase=Phase.STOPPED, failures=3)
-    from sglang_farm.supervisor import StartRequested
+    from sglang_farm.workers.supervisor import StartRequested
 
     assert step(s, StartRequested(), 0.0, policy()).state.failures == 0
     kept = step(s, StartRequested(fresh=False), 0.0, policy()).state
@@ -398,3 +410,250 @@ def test_a_restored_quarantined_phase_without_a_record_is_dropped_saying_why() -
     restored, ph, why = restored_quarantine(WorkerState(1), Phase.QUARANTINED, (1,))
     assert ph is None and restored.quarantine is None
     assert why is not None and "no record of the GPU" in why
+
+
+# ---- each event's edges, h11-style (issue 24 §4): every phase it may arrive in ---------------
+
+ALL_PHASES = tuple(Phase)
+_SERVING_PHASES = (Phase.READY, Phase.UNHEALTHY)
+_RUNNING_PHASES = (Phase.STARTING, *_SERVING_PHASES)
+T = 100.0  # `now` of the event under test; states entered their phase at 90.0
+
+
+def gateway_policy(drain_timeout: float = 30.0) -> Policy:
+    p = policy()
+    return Policy(p.startup, p.health, p.restart, drain_timeout=drain_timeout)
+
+
+def at(ph: Phase, **fields: object) -> WorkerState:
+    """Worker 7 in phase `ph` since 90.0 (running phases with a pid and a launch time)."""
+    running = ph in (*_RUNNING_PHASES, Phase.DRAINING, Phase.STOPPING)
+    base = WorkerState(
+        7, pid=4242 if running else None, launched_at=50.0 if running else None, ever_ready=True
+    )
+    return base.enter(ph, 90.0, **fields)
+
+
+def unchanged(s: WorkerState, d: Decision) -> bool:
+    return d.state == s and d.actions == ()
+
+
+FAIL = GpuFailing(3, "xid 79", "fell off the bus")
+
+
+@pytest.mark.parametrize("ph", [*_RUNNING_PHASES, Phase.DRAINING])
+def test_gpu_failing_stops_a_running_worker_to_end_quarantined(ph: Phase) -> None:
+    d = step(at(ph), FAIL, T, gateway_policy())
+    assert d.state.phase is Phase.STOPPING and d.state.since == T
+    assert d.state.stop_intent is StopIntent.QUARANTINE
+    assert d.state.quarantine == GpuQuarantine(3, "xid 79", "fell off the bus", T)
+    assert d.state.quarantines_by_reason == {"xid 79": 1}
+    assert d.actions == (
+        Terminate(7),
+        Note("gpu_quarantined", {"reason": "xid 79", "detail": "fell off the bus"}),
+    )
+    # STOPPING -> QUARANTINED at its exit, never restarted.
+    out = step(d.state, ProcessExited(status=-15), T + 1, gateway_policy())
+    assert out.state.phase is Phase.QUARANTINED and out.state.pid is None
+    assert out.actions == (Note("worker_quarantined"),)
+
+
+def test_gpu_failing_while_stopping_turns_the_stop_into_a_quarantine() -> None:
+    s = at(Phase.STOPPING, stop_intent=StopIntent.RESTART)
+    d = step(s, FAIL, T, policy())
+    assert d.state.phase is Phase.STOPPING and d.state.since == 90.0
+    assert d.state.stop_intent is StopIntent.QUARANTINE and d.state.quarantine is not None
+    assert [type(a) for a in d.actions] == [Note]  # the stop under way goes on: no Terminate
+
+
+@pytest.mark.parametrize("ph", [Phase.PENDING, Phase.BACKOFF, Phase.STOPPED, Phase.FAILED])
+def test_gpu_failing_sets_a_worker_that_runs_nothing_aside_at_once(ph: Phase) -> None:
+    d = step(at(ph, retry_at=95.0), FAIL, T, policy())
+    assert d.state.phase is Phase.QUARANTINED and d.state.retry_at is None
+    assert d.state.quarantine is not None and d.state.quarantine.gpu == 3
+    assert [type(a) for a in d.actions] == [Note]
+
+
+def test_gpu_failing_again_keeps_the_first_reason() -> None:
+    first = GpuQuarantine(3, "gpu lost", "lost", 80.0)
+    for s in (
+        at(Phase.QUARANTINED, quarantine=first),
+        at(Phase.STOPPING, quarantine=first, stop_intent=StopIntent.QUARANTINE),
+    ):
+        assert unchanged(s, step(s, FAIL, T, policy()))
+
+
+@pytest.mark.parametrize("ph", [Phase.PENDING, Phase.BACKOFF])
+def test_remaps_pending_sets_aside_a_worker_about_to_start(ph: Phase) -> None:
+    d = step(at(ph), RemapsPending(3), T, policy())
+    assert d.state.phase is Phase.QUARANTINED
+    assert d.state.quarantine is not None
+    assert (d.state.quarantine.gpu, d.state.quarantine.reason) == (3, "pending row remaps")
+    assert d.state.quarantines_by_reason == {"pending row remaps": 1}
+
+
+@pytest.mark.parametrize("ph", [p for p in ALL_PHASES if p not in (Phase.PENDING, Phase.BACKOFF)])
+def test_remaps_pending_leaves_a_running_or_stopped_worker_alone(ph: Phase) -> None:
+    s = at(ph)
+    assert unchanged(s, step(s, RemapsPending(3), T, policy()))
+
+
+def test_release_starts_a_quarantined_worker_afresh() -> None:
+    s = at(Phase.QUARANTINED, quarantine=GpuQuarantine(3, "xid 79", "x", 80.0), failures=2)
+    d = step(s, ReleaseRequested(), T, policy())
+    assert d.state.phase is Phase.PENDING and d.state.quarantine is None
+    assert d.state.failures == 0 and d.actions == (Note("gpu_released"),)
+
+
+@pytest.mark.parametrize("ph", [p for p in ALL_PHASES if p is not Phase.QUARANTINED])
+def test_release_of_a_worker_not_quarantined_changes_nothing(ph: Phase) -> None:
+    s = at(ph)
+    assert unchanged(s, step(s, ReleaseRequested(), T, policy()))
+
+
+def test_drained_ends_the_drain_with_the_stop() -> None:
+    s = at(Phase.DRAINING, stop_intent=StopIntent.STOP)
+    d = step(s, Drained(), T, gateway_policy())
+    assert d.state.phase is Phase.STOPPING and d.state.last_drain_seconds == 10.0
+    assert d.state.stop_intent is StopIntent.STOP
+    assert d.actions == (Terminate(7), Note("worker_drained", {"drain_s": 10.0}))
+
+
+@pytest.mark.parametrize("ph", [p for p in ALL_PHASES if p is not Phase.DRAINING])
+def test_drained_outside_a_drain_changes_nothing(ph: Phase) -> None:
+    s = at(ph)
+    assert unchanged(s, step(s, Drained(), T, gateway_policy()))
+
+
+@pytest.mark.parametrize("ph", ALL_PHASES)
+@pytest.mark.parametrize("member", [True, False])
+def test_gateway_membership_is_recorded_in_every_phase(ph: Phase, member: bool) -> None:
+    s = at(ph, in_gateway=not member)
+    d = step(s, GatewayMembership(member), T, gateway_policy())
+    assert d.state == replace(s, in_gateway=member) and d.actions == ()
+
+
+def test_with_a_gateway_the_next_wave_waits_for_the_gateway_to_route_to_the_last() -> None:
+    p = gateway_policy()
+    sup = Supervisor(
+        [0, 1, 2],
+        Policy(replace(p.startup, parallel=1), p.health, p.restart, drain_timeout=p.drain_timeout),
+    )
+    sup.start([0, 1, 2], 0.0)
+    for w in (0, 1, 2):
+        bring_up(sup, w, 1.0)
+        sup.handle(w, GatewayMembership(True), 1.0)
+    sup.restart_rolling([0, 1, 2], RestartReason.CONFIG, 2.0)  # wave 1: the canary, 0
+    sup.handle(0, GatewayMembership(False), 2.0)
+    sup.handle(0, Drained(), 3.0)
+    sup.handle(0, ProcessExited(status=0), 4.0)
+    assert Drain(1) not in bring_up(sup, 0, 5.0)
+    assert phase(sup, 0) is Phase.READY  # ready, not yet routed to: the wave is not over
+    assert phase(sup, 1) is Phase.READY
+    actions = sup.handle(0, GatewayMembership(True), 6.0)
+    assert Drain(1) in actions and phase(sup, 1) is Phase.DRAINING
+
+
+@pytest.mark.parametrize("ph", _SERVING_PHASES)
+def test_progress_is_recorded_while_serving(ph: Phase) -> None:
+    d = step(at(ph), ProgressSeen(), T, policy())
+    assert d.state.progress_at == T and d.state.phase is ph and d.actions == ()
+
+
+@pytest.mark.parametrize("ph", [p for p in ALL_PHASES if p not in _SERVING_PHASES])
+def test_progress_outside_serving_changes_nothing(ph: Phase) -> None:
+    s = at(ph)
+    assert unchanged(s, step(s, ProgressSeen(), T, policy()))
+
+
+@pytest.mark.parametrize("ph", _SERVING_PHASES)
+def test_progress_after_a_probe_was_sent_excuses_its_failure_as_busy(ph: Phase) -> None:
+    p = policy()  # busy_window 30 s
+    s = step(at(ph, health_failures=1), ProgressSeen(), T, p).state
+    d = step(s, HealthFailed("timed out", started=T - 1), T + 5, p)
+    assert d.state.phase is Phase.READY and d.state.busy and d.state.health_failures == 0
+    assert d.actions == (Note("worker_busy", {"detail": "timed out"}),)
+    # Progress seen before the probe was sent, or too long ago, excuses nothing.
+    late = step(s, HealthFailed("timed out", started=T + 1), T + 5, p)
+    assert late.state.health_failures == 2 and not late.state.busy
+    stale = step(s, HealthFailed("timed out", started=T - 1), T + p.health.busy_window + 1, p)
+    assert stale.state.health_failures == 2 and not stale.state.busy
+
+
+@pytest.mark.parametrize("ph", _SERVING_PHASES)
+def test_wedged_stops_a_serving_worker_as_a_hang(ph: Phase) -> None:
+    d = step(at(ph, busy=True), Wedged("2 requests running, no progress for 130 s"), T, policy())
+    assert d.state.phase is Phase.STOPPING and d.state.stop_intent is StopIntent.FAILURE
+    assert not d.state.busy
+    f = d.state.pending_failure
+    assert f is not None and f.kind is FailureKind.HANG
+    assert f.summary == "wedged: 2 requests running, no progress for 130 s"
+    assert d.actions == (Terminate(7), Note("worker_terminating", {"kind": "hang"}))
+    # Its exit is handled as that hang: back-off, restart reason hang.
+    out = step(d.state, ProcessExited(status=-15), T + 1, policy())
+    assert out.state.phase is Phase.BACKOFF and out.state.next_reason is RestartReason.HANG
+
+
+@pytest.mark.parametrize("ph", [p for p in ALL_PHASES if p not in _SERVING_PHASES])
+def test_wedged_outside_serving_changes_nothing(ph: Phase) -> None:
+    """The one wedged guard: a loading worker's stall is the load deadline's to judge."""
+    s = at(ph)
+    assert unchanged(s, step(s, Wedged("stuck"), T, policy()))
+
+
+def test_the_stop_budget_is_the_drain_then_the_stop_timeout() -> None:
+    p = gateway_policy(drain_timeout=30.0)  # stop_timeout 60 s (the default)
+    assert stop_budget(p) == 30.0 + p.restart.stop_timeout
+    assert stop_budget(p, drain=False) == p.restart.stop_timeout
+    assert stop_budget(policy()) == p.restart.stop_timeout  # no gateway: no drain
+    assert wave_budget(p) == p.startup.load_timeout + 30.0 + p.restart.stop_timeout
+
+
+def test_a_wave_that_outlives_its_budget_gives_way_to_the_next() -> None:
+    p = gateway_policy()
+    sup = Supervisor(
+        [0, 1, 2],
+        Policy(replace(p.startup, parallel=1), p.health, p.restart, drain_timeout=p.drain_timeout),
+    )
+    sup.start([0, 1, 2], 0.0)
+    for w in (0, 1, 2):
+        bring_up(sup, w, 1.0)
+    sup.restart_rolling([0, 1, 2], RestartReason.CONFIG, 2.0)  # worker 0 drains, never settles
+    assert sup.next_deadline(2.0) == 2.0 + 30.0  # its drain budget comes first
+    budget = p.startup.load_timeout + 30.0 + p.restart.stop_timeout  # a load after a stop
+    assert Drain(1) not in sup.tick(2.0 + budget - 1)
+    assert Drain(1) in sup.tick(2.0 + budget)
+
+
+def test_a_stop_is_done_once_each_worker_runs_nothing_and_starts_nothing() -> None:
+    sup = Supervisor([0, 1, 2], gateway_policy())
+    sup.start([0, 1, 2], 0.0)
+    for w in (0, 1, 2):
+        bring_up(sup, w, 1.0)
+    assert not sup.stopping() and not sup.stopped([0])
+    sup.handle(0, StopRequested(), 2.0)  # drains first
+    assert sup.stopping() and not sup.stopped([0])
+    sup.handle(0, Drained(), 3.0)
+    assert sup.stopping() and not sup.stopped([0])
+    sup.handle(0, ProcessExited(status=0), 4.0)
+    assert sup.stopped([0]) and not sup.stopping()
+    sup.handle(1, GpuFailing(1, "gpu lost", "lost"), 5.0)
+    sup.handle(1, ProcessExited(status=-15), 6.0)  # QUARANTINED: runs nothing
+    assert sup.stopped([0, 1, 99])  # 99: not a worker (a reload removed it)
+    assert not sup.stopped([0, 1, 2])
+    # A restart is not a stop: PENDING starts again by itself.
+    sup.handle(2, RestartRequested(RestartReason.MANUAL, drain=False), 7.0)
+    sup.handle(2, ProcessExited(status=0), 8.0)
+    assert not sup.stopped([2])
+
+
+def test_adopted_workers_that_drifted_from_the_config_are_named_for_a_restart() -> None:
+    now = {1: ("python", "--port", "1"), 2: ("python", "--port", "2"), 3: ("python", "-x")}
+    found: dict[int, tuple[str, ...] | None] = {
+        1: ("python", "--port", "1"),  # as the config renders it
+        2: ("python", "--port", "9"),  # edited while the agent was down
+        3: None,  # the runtime cannot tell
+        4: ("python", "--old"),  # running, but not adopted
+    }
+    assert drifted_workers({1, 2, 3}, found, now.__getitem__) == [2]
+    assert drifted_workers({1, 2, 3}, found, now.__getitem__, secrets_changed={3, 1}) == [1, 2, 3]

@@ -263,8 +263,8 @@ DRIVER = textwrap.dedent(
 def farm(sd_container: SystemdContainer) -> Iterator[SystemdContainer]:
     """The container with the farm's units installed (template + rendered drop-ins)."""
     from sglang_farm.config import load_spec
-    from sglang_farm.unit_secrets import credentials_dir, render_secrets
-    from sglang_farm.units import render, static_unit
+    from sglang_farm.runtime.unit_secrets import credentials_dir, render_secrets
+    from sglang_farm.runtime.units import render, static_unit
 
     c = sd_container
     c.write_file(f"{D}/driver.py", DRIVER)

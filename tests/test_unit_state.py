@@ -19,7 +19,7 @@ from sglang_farm.runtime.unit_state import (
     units_of,
     worker_of,
 )
-from sglang_farm.unit_syntax import worker_unit as unit_name
+from sglang_farm.runtime.unit_syntax import worker_unit as unit_name
 
 
 def test_exit_status_maps_killed_to_negative_signal() -> None:

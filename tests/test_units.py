@@ -19,7 +19,17 @@ import pytest
 
 from sglang_farm.gateway.managed import from_spec, launch_argv, smg_stop_timeout
 from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
-from sglang_farm.sglang_argv import build_command
+from sglang_farm.runtime.unit_secrets import credentials_dir, render_secrets
+from sglang_farm.runtime.unit_syntax import (
+    GATEWAY_UNIT,
+    HEADER_PREFIX,
+    credential_line,
+    environment_line,
+    exec_line,
+    systemd_quote,
+)
+from sglang_farm.runtime.units import STATIC_UNITS, gateway_python, render, render_agent_dropin
+from sglang_farm.sglang.argv import build_command
 from sglang_farm.spec import (
     Endpoint,
     FarmSection,
@@ -30,16 +40,6 @@ from sglang_farm.spec import (
     StartupPolicy,
     WorkerSpec,
 )
-from sglang_farm.unit_secrets import credentials_dir, render_secrets
-from sglang_farm.unit_syntax import (
-    GATEWAY_UNIT,
-    HEADER_PREFIX,
-    credential_line,
-    environment_line,
-    exec_line,
-    systemd_quote,
-)
-from sglang_farm.units import STATIC_UNITS, gateway_python, render, render_agent_dropin
 
 if TYPE_CHECKING:
     from sdcontainer import SystemdContainer

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from sglang_farm.cli.waitready import wait_ready_command
+from sglang_farm.runtime.waitready import WaitExit, wait_ready
 from sglang_farm.spec import FarmSection, FarmSpec, HealthPolicy, StartupPolicy, WorkerSpec
-from sglang_farm.waitready import WaitExit, wait_ready
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -236,7 +236,7 @@ def test_a_200_from_a_listener_outside_the_workers_tree_is_never_ready(
 def _gate_argv(spec: FarmSpec, worker: int, *, agent_bin: str, config_path: str) -> list[str]:
     """The rendered ExecStartPost= of `worker`, as systemd would pass it (no specifiers
     or quoting in it here), with $MAINPID and %i filled in."""
-    from sglang_farm.units import dropin_path, render
+    from sglang_farm.runtime.units import dropin_path, render
 
     text = render(spec, agent_bin=agent_bin, config_path=config_path, static=False)[
         dropin_path(worker)

@@ -10,13 +10,12 @@ from typing import Any
 
 from sglang_farm.config import load_spec
 from sglang_farm.doctor import CheckId, DoctorReport, run_doctor
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.sglang_argv import build_command
-from sglang_farm.spec import FarmSpec
-from sglang_farm.unit_secrets import render_secrets
-from sglang_farm.unit_syntax import exec_line
-from sglang_farm.units import dropin_path, render
-from sglang_farm.worker_commands import (
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.runtime.unit_secrets import render_secrets
+from sglang_farm.runtime.unit_syntax import exec_line
+from sglang_farm.runtime.units import dropin_path, render
+from sglang_farm.sglang.argv import build_command
+from sglang_farm.sglang.commands import (
     at_ladder_steps,
     ladder_changes,
     resolve_flags,
@@ -24,6 +23,7 @@ from sglang_farm.worker_commands import (
     worker_commands,
     worker_flags,
 )
+from sglang_farm.spec import FarmSpec
 
 TOML = """
 [farm]

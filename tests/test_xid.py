@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.xid import (
+from sglang_farm.gpus.xid import (
     ACTIONS,
     CATALOG,
     CATALOG_URL,

@@ -1,16 +1,21 @@
-"""I/O: the agent: the event pump between the runtime and probes and the pure supervisor.
+"""I/O: the agent: inputs into supervisor events, and the supervisor's actions carried out.
 
-Events flow one way: the runtime and the liveness watchers report into the supervisor
-(`Supervisor.handle`); the actions it returns are carried out here (a launch through the
-`Launcher`, a stop through the runtime) and its notes are logged. After every change a
-fresh immutable `FarmView` is built (`farm_view.build_view`) and swapped in, which the
-control socket and the exporter read without ever waiting on a worker; what must
-survive an agent restart goes to the `StateStore`.
+Inputs: the runtime's events (a start; a log line and an exit, read by `worker_logs`),
+the liveness probes (`liveness`), the pollers' NVML and worker snapshots (reported by
+`gpu_health.fleet_events` and `progress.progress_events`), the gateway (`gateway_sync`,
+`drain`), the clock (the ticker) and the operator's commands (`farm_api.FarmOps`). Each
+becomes an event for the supervisor (`Supervisor.handle`); the actions it returns are
+carried out here (a launch through the `Launcher`, a stop through the runtime, a drain
+watched) and its notes are logged (`notes`). After every change a fresh immutable
+`FarmView` is built (`farm_view.build_view`) and swapped in, which the control socket
+and the exporter read without ever waiting on a worker; what must survive an agent
+restart goes to the `StateStore`.
 
 Nothing here decides: which workers stay held on adoption, the waves of a rolling
-restart, the OOM step spreading to the farm and a reload's effects are the supervisor's
-(and `reload_plan`'s) decisions. Nothing here asks which runtime it drives either: what
-differs is a method of the `Runtime` protocol.
+restart, the OOM step spreading to the farm, a failing GPU, a busy or wedged worker,
+how long a stop may take and a reload's effects are the core's decisions (`supervisor`,
+`gpu_health`, `progress`, `reload_plan`). Nothing here asks which runtime it drives
+either: what differs is a method of the `Runtime` protocol.
 """
 
 from __future__ import annotations
@@ -18,34 +23,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from sglang_farm import xid
-from sglang_farm.classify import LogClassifier
+from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
 from sglang_farm.errors import ConfigError
-from sglang_farm.failures import Failure, RestartReason
 from sglang_farm.farm_view import FarmView, build_view
-from sglang_farm.gateway.port import Gateway
-from sglang_farm.gateway_sync import MembershipSync
-from sglang_farm.gpu_health import gpu_faults, pending_remaps
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.health import HttpProber, Prober
-from sglang_farm.ladder import next_step
-from sglang_farm.launcher import Launcher, Preflight
-from sglang_farm.liveness import LivenessWatcher
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
-from sglang_farm.phase import Phase
-from sglang_farm.portowner import PortOwner, ProcPortOwner
-from sglang_farm.ports import PortState, port_state
-from sglang_farm.progress import judge
-from sglang_farm.reload_plan import (
+from sglang_farm.gateway.sync import MembershipSync
+from sglang_farm.gpus.health import (
+    not_quarantined,
+    quarantined_on,
+)
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.host.portowner import ProcPortOwner
+from sglang_farm.publisher import Publisher
+from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
+from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
+from sglang_farm.spec import FarmSpec
+from sglang_farm.staging.driver import StageDriver
+from sglang_farm.staging.failure import StageError
+from sglang_farm.staging.runner import thread_stager
+from sglang_farm.staging.stale import loading, old_copy_removal
+from sglang_farm.staging.state import StageResult, StagingView
+from sglang_farm.state import StateStore
+from sglang_farm.ticker import Ticker
+from sglang_farm.workers.drain import HttpInFlight, watch_drain
+from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.health import HttpProber
+from sglang_farm.workers.ladder import next_step
+from sglang_farm.workers.launcher import Launcher
+from sglang_farm.workers.liveness import LivenessWatcher
+from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.logs import WorkerLogs
+from sglang_farm.workers.notes import note_level, rollout_summary
+from sglang_farm.workers.observations import Observations
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.reload_plan import (
     ModelChange,
     Refused,
     model_change,
@@ -53,101 +71,27 @@ from sglang_farm.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
-from sglang_farm.sglang_argv import Command
-from sglang_farm.spec import FarmSpec
-from sglang_farm.staging.driver import StageDriver
-from sglang_farm.staging.failure import StageError
-from sglang_farm.staging.installed import process_started
-from sglang_farm.staging.runner import Stager, thread_stager
-from sglang_farm.staging.stale import loading, old_copy_removal
-from sglang_farm.staging.state import StageResult, StagingView
-from sglang_farm.state import StateStore
-from sglang_farm.supervisor import (
+from sglang_farm.workers.supervisor import (
+    STOP_SLACK_S,
     Action,
     Drain,
     Event,
     FailureSeen,
-    GpuFailing,
     Launch,
     Launched,
     Note,
     Policy,
     ProcessExited,
-    ProgressSeen,
     ReleaseRequested,
     StopRequested,
     Supervisor,
     Terminate,
-    Wedged,
     WorkerState,
+    drifted_workers,
+    stop_budget,
 )
-from sglang_farm.worker_commands import ladder_changes, worker_command, worker_commands
-from sglang_farm.worker_load import WorkerStats
 
 log = structlog.get_logger("sglang_farm.agent")
-
-_WARNINGS = frozenset(
-    {
-        "worker_failed",
-        "worker_gave_up",
-        "canary_failed",
-        "rollout_halted",
-        "health_failed",
-        "worker_terminating",
-    }
-)
-TICK_MAX_S = 5.0  # the longest the time-based rules go unevaluated (a safety net)
-
-
-@dataclass(frozen=True, slots=True)
-class FarmStats:
-    """The pollers' latest figures the control socket shows (never blocks)."""
-
-    gpu_memory: Callable[[], Sequence[GpuMemory]] = lambda: ()
-    queue_depths: Callable[[], Mapping[int, float]] = dict
-
-
-@dataclass(frozen=True, slots=True)
-class AgentHooks:
-    """What the agent is wired to, given at construction (nothing is set afterwards).
-
-    `gateway`: membership follows readiness there (`gateway_sync`); planned stops drain.
-    `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
-    start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").
-    `observers`: called with every new farm view. `stats`: the pollers' figures.
-    """
-
-    prober: Prober | None = None
-    # With [gateway]: the gateway workers are registered with, and how a draining
-    # worker's requests in flight are counted.
-    gateway: Gateway | None = None
-    in_flight: InFlight | None = None
-    preflight: Preflight | None = None
-    # Re-gather the doctor's facts for this config (a reload, an operator's start): what
-    # a fixed model path or a new flag changes is judged anew, not from the start's report.
-    refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None = None
-    compute_caps: Mapping[int, tuple[int, int]] = field(default_factory=dict)
-    # Re-check a quarantined GPU through NVML before its worker is released: the problems
-    # that keep it set aside (empty: clear).
-    check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
-    observers: Sequence[Callable[[FarmView], None]] = ()
-    stats: FarmStats = FarmStats()
-    port_state: Callable[[str, int], PortState] = port_state
-    # Whose socket listens on a worker's port: only the worker's own makes it ready
-    # (None: `portowner.ProcPortOwner`, over /proc).
-    port_owner: PortOwner | None = None
-    # [model]: how the model is staged before the rollout (None: `stage_model` in a thread).
-    stager: Stager | None = None
-    # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
-    # that started before its model copy was installed is restarted onto it.
-    process_started: Callable[[int], float | None] = process_started
-
-
-def _xid_detail(code: int) -> str:
-    """What a quarantine's reason says about XID `code`: NVIDIA's meaning and action."""
-    info = xid.classify(code)
-    return f"{info.meaning}; NVIDIA's action: {info.action_text}"
 
 
 class Agent:
@@ -161,72 +105,86 @@ class Agent:
         config_loader: Callable[[], FarmSpec] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        hooks: AgentHooks = AgentHooks(),
+        collaborators: Collaborators | None = None,
     ) -> None:
         self._spec = spec
         self._config_loader = config_loader
         self._clock = clock
         self._wall = wall
-        self._hooks = hooks
+        collaborators = collaborators or Collaborators()
+        self._collaborators = collaborators
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.runtime = runtime_factory(self._emit)
-        self.sup = Supervisor(spec.worker_ids, self._policy(spec))
-        self._prober = hooks.prober or HttpProber()
-        self._port_owner = hooks.port_owner or ProcPortOwner()
+        self.supervisor = Supervisor(spec.worker_ids, self._policy(spec))
+        self._prober = collaborators.prober or HttpProber()
+        self._port_owner = collaborators.port_owner or ProcPortOwner()
         self._launcher = Launcher(
-            self,
             self.runtime,
+            state=self.worker_state,
+            feed=self.feed,
+            plan=lambda w: (self._spec, self.command_for(w)),
+            prepare=lambda spec: self.runtime.prepare(spec, self.commands()),
             clock=clock,
-            preflight=hooks.preflight,
-            port_state=hooks.port_state,
+            preflight=collaborators.preflight,
+            port_state=collaborators.port_state,
             log_for=self._bind,
             port_owner=self._port_owner,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
         self._sync = (
             MembershipSync(
-                hooks.gateway,
+                collaborators.gateway,
                 spec=lambda: self._spec,
-                states=lambda: self.sup.workers,
+                states=lambda: self.supervisor.workers,
                 feed=self.feed,
                 on_status=self._gateway_changed,
             )
-            if hooks.gateway is not None
+            if collaborators.gateway is not None
             else None
         )
-        self._in_flight = hooks.in_flight or HttpInFlight()
-        self._last_fleet: FleetSnapshot | None = None
-        self._last_change: dict[int, float | None] = {}
-        self._classifiers: dict[int, LogClassifier] = {}
+        self._in_flight = collaborators.in_flight or HttpInFlight()
+        self._observed = Observations()
+        self._logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
-        self._any_change = asyncio.Condition()
-        self._followers: dict[int, set[asyncio.Queue[str]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
-        self._tick_wake = asyncio.Event()
+        self._ticker = Ticker(
+            next_deadline=lambda now: self.supervisor.next_deadline(now),
+            tick=lambda: self._apply_actions(self.supervisor.tick(self._clock()), wake=False),
+            clock=clock,
+        )
         # State-changing commands wait for this: restore and adoption first (a stop issued
         # before would be saved over the remembered state), and one reload at a time.
         self._startup: str | None = "the agent is restoring its state and adopting running workers"
         self._changes = asyncio.Lock()
-        self._state_dirty = asyncio.Event()
-        self._last_keys: dict[int, tuple[Phase, int | None, float | None]] = {}
         self._last_refresh: object = None
         self._stages = StageDriver(
             spec,
-            hooks.stager or thread_stager,
+            collaborators.stager or thread_stager,
             on_change=self._stage_changed,
             clock=clock,
             wall=wall,
-            process_started=hooks.process_started,
+            process_started=collaborators.process_started,
         )
         # The workers the rollout starts once a stage succeeds (a failed stage holds them).
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(self.sup, {w.id: w.gpus for w in spec.workers})
-        self._view = self._build_view()
+        self._remembered = self._store.restore(
+            self.supervisor, {w.id: w.gpus for w in spec.workers}
+        )
+        sync, on_view = self._sync, list[Callable[[FarmView], None]]()
+        if sync is not None:
+            on_view.append(lambda _view: sync.update())  # membership follows each change
+        self._publisher = Publisher(
+            build=self._build_view,
+            changed=self._changed,
+            save=lambda: asyncio.to_thread(self._store.save, dict(self.supervisor.workers)),
+            after=(*on_view, *collaborators.observers),
+            log_for=self._bind,
+        )
 
     # ---- wiring --------------------------------------------------------------------------
 
@@ -237,11 +195,7 @@ class Agent:
     @staticmethod
     def _policy(spec: FarmSpec) -> Policy:
         steps = spec.oom.steps
-
-        def oom_next(current: int, failure: Failure) -> int | None:
-            return next_step(current, steps, failure)
-
-        return Policy.from_spec(spec, oom_next)
+        return Policy.from_spec(spec, lambda current, failure: next_step(current, steps, failure))
 
     def _emit(self, event: RuntimeEvent) -> None:
         """Runtime callback; safe from any thread."""
@@ -266,7 +220,7 @@ class Agent:
         return bound
 
     def worker_state(self, worker: int) -> WorkerState | None:
-        return self.sup.workers.get(worker)
+        return self.supervisor.workers.get(worker)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -274,7 +228,7 @@ class Agent:
         """Adopt or start the farm, supervise until `stop` is set, then shut down."""
         remembered = self._remembered
         running = await self.runtime.adopt(configured=self._spec.worker_ids)
-        adoption = self.sup.adopt(
+        adoption = self.supervisor.adopt(
             {w: r.pid for w, r in running.items()},
             remembered,
             self._clock(),
@@ -282,15 +236,15 @@ class Agent:
         )
         for wid in adoption.adopted:
             # An active unit passed its readiness gate: its OOMs are serving-time ones.
-            self._classifiers[wid] = LogClassifier(serving=running[wid].active)
+            self._logs.new_process(wid, serving=running[wid].active)
             self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
         # Secrets changed while the agent was down (the argv does not show them).
-        resecreted = await self.runtime.prepare(self._spec, self.commands())
+        secrets_changed = await self.runtime.prepare(self._spec, self.commands())
         if self._sync is not None:
             self._sync.start()
-        self.spawn(self._state_writer())
+        self.spawn(self._publisher.write_state())
         pump = self.spawn(self._pump())
-        ticker = self.spawn(self._ticker())
+        ticker = self.spawn(self._ticker.run())
         for wid in self._spec.worker_ids:
             self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
         log.info(
@@ -303,11 +257,9 @@ class Agent:
         )
         self._apply_actions(list(adoption.actions))
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
-        drifted = sorted(
-            w
-            for w, r in running.items()
-            if w in adoption.adopted
-            and (w in resecreted or (r.argv is not None and r.argv != self.command_for(w).argv))
+        argv = {w: r.argv for w, r in running.items()}
+        drifted = drifted_workers(
+            adoption.adopted, argv, lambda w: self.command_for(w).argv, secrets_changed
         )
         if self._spec.model is None:
             self._begin_rollout(start, drifted)
@@ -333,21 +285,21 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await asyncio.to_thread(self._store.save, dict(self.sup.workers))  # the last word
+        await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self._apply_actions(self.sup.start(list(start), self._clock(), fresh=False))
+        self._apply_actions(self.supervisor.start(list(start), self._clock(), fresh=False))
         if drifted:
             # Adopted, but started with another command line than the config renders now
             # (a config edited while the agent was down), or loaded a model copy that has
             # been replaced since: restarted in waves, drained.
             log.warning("workers_drifted", workers=list(drifted))
             self._apply_actions(
-                self.sup.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
+                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
             )
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
@@ -361,7 +313,7 @@ class Agent:
         self._refresh()
 
     def _loaded(self) -> list[int]:
-        return loading(self.sup.workers)
+        return loading(self.supervisor.workers)
 
     async def _stage_then_start(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         """At agent start: stage, then the rollout; a failed stage starts no worker."""
@@ -375,11 +327,11 @@ class Agent:
                 return
             drifted = sorted({*drifted, *await self._on_old_copy(result)})
             # The workers of the config in force now (never one a reload has removed).
-            start = [w for w in start if w in self.sup.workers]
-            drifted = [w for w in drifted if w in self.sup.workers]
-            if self._hooks.refresh_preflight is not None:
+            start = [w for w in start if w in self.supervisor.workers]
+            drifted = [w for w in drifted if w in self.supervisor.workers]
+            if self._collaborators.refresh_preflight is not None:
                 # The doctor looked before the model was in place: it judges the copy now.
-                await self._hooks.refresh_preflight(self._spec)
+                await self._collaborators.refresh_preflight(self._spec)
             self._begin_rollout(start, drifted)
             self._after_swap(result)
         finally:
@@ -387,7 +339,7 @@ class Agent:
 
     async def _on_old_copy(self, result: StageResult) -> list[int]:
         """Running workers that load a copy other than the one now at model_path."""
-        pids = {w: self.sup.workers[w].pid for w in self._loaded()}
+        pids = {w: self.supervisor.workers[w].pid for w in self._loaded()}
         return await self._stages.on_old_copy(result, pids)
 
     def _after_swap(self, result: StageResult) -> None:
@@ -396,7 +348,7 @@ class Agent:
             self.spawn(self._stages.remove_old_copy(action, self._rolled))
 
     async def _rolled(self, timeout: float) -> bool:
-        return await self._wait_until(lambda: not self.sup.rolling, timeout)
+        return await self._wait_until(lambda: not self.supervisor.rolling, timeout)
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(
@@ -407,21 +359,18 @@ class Agent:
             port_owner=self._port_owner,
             runtime=self.runtime,
             feed=self.feed,
-            wait_change=self._wait_change,
+            wait_change=self._publisher.wait_worker,
             clock=self._clock,
         )
 
     async def _stop_all(self) -> None:
-        ids = [w for w, s in self.sup.workers.items() if s.phase is not Phase.STOPPED]
+        ids = [w for w, s in self.supervisor.workers.items() if s.phase is not Phase.STOPPED]
         for wid in ids:
             self.feed(wid, StopRequested())
         # Stops run concurrently (each drained first when there is a gateway); wait until
         # every process tree is gone (bounded by the drain budget and stop_timeout).
-        drain = self._spec.gateway.drain_timeout if self._spec.gateway.enabled else 0.0
-        deadline = self._clock() + drain + self._spec.restart.stop_timeout + 10
-        while self._clock() < deadline and any(
-            s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.sup.workers.values()
-        ):
+        deadline = self._clock() + stop_budget(self.supervisor.policy) + STOP_SLACK_S
+        while self._clock() < deadline and self.supervisor.stopping():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
                     ev = await self._queue.get()
@@ -432,44 +381,22 @@ class Agent:
             ev = await self._queue.get()
             self._on_runtime_event(ev)
 
-    async def _ticker(self) -> None:
-        """Time-based rules (back-off end, load deadline, wave timeout), evaluated when due.
-
-        Sleeps until the supervisor's next deadline (or until an action may have set a new
-        one), so an idle farm wakes this loop every TICK_MAX_S at most.
-        """
-        while True:
-            now = self._clock()
-            due = self.sup.next_deadline(now)
-            wait = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - now))
-            self._tick_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation
-                # that races with the event, and this loop would never end.
-                async with asyncio.timeout(wait):
-                    await self._tick_wake.wait()
-            self._apply_actions(self.sup.tick(self._clock()), wake=False)
-
     def _on_runtime_event(self, ev: RuntimeEvent) -> None:
-        if ev.worker not in self.sup.workers:
+        if ev.worker not in self.supervisor.workers:
             return
         match ev:
             case Started(worker=w, pid=pid):
-                if self.sup.workers[w].phase is Phase.STARTING:
+                if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
-                for q in self._followers.get(w, ()):
-                    with contextlib.suppress(asyncio.QueueFull):
-                        q.put_nowait(text)
-                failure = self._classifier(w).feed(text)
+                failure = self._logs.line(w, text)
                 if failure is not None:
                     self._bind(w).warning(
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
                     )
                     self.feed(w, FailureSeen(failure))
             case Exited(worker=w):
-                failure = self._classifier(w).finish(ev.status, ev.result)
-                self._classifiers.pop(w, None)
+                failure = self._logs.exited(w, ev.status, ev.result)
                 self._bind(w).info(
                     "worker_exited",
                     status=ev.status,
@@ -478,19 +405,13 @@ class Agent:
                 )
                 self.feed(w, ProcessExited(ev.status, failure))
 
-    def _classifier(self, worker: int) -> LogClassifier:
-        c = self._classifiers.get(worker)
-        if c is None:
-            c = self._classifiers[worker] = LogClassifier()
-        return c
-
     def feed(self, worker: int, event: Event) -> None:
         """One event about one worker into the supervisor; its actions carried out."""
-        self._apply_actions(self.sup.handle(worker, event, self._clock()))
+        self._apply_actions(self.supervisor.handle(worker, event, self._clock()))
 
     def tick(self) -> None:
         """Evaluate the time-based rules now (the ticker does this when one is due)."""
-        self._apply_actions(self.sup.tick(self._clock()))
+        self._apply_actions(self.supervisor.tick(self._clock()))
 
     def _apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
         for a in actions:
@@ -505,7 +426,7 @@ class Agent:
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         if wake:
-            self._tick_wake.set()  # a new back-off or load deadline may now be the nearest
+            self._ticker.wake()  # a new back-off or load deadline may now be the nearest
         self._refresh()
 
     async def _watch_drain(self, worker: int) -> None:
@@ -522,103 +443,44 @@ class Agent:
     # ---- GPU health -----------------------------------------------------------------------
 
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
-        """The NVML poller's latest snapshot: set aside the workers whose GPU is failing.
-
-        Which faults count is `gpu_health`'s (pure) decision over NVIDIA's XID catalog;
-        only the workers on the failing GPU are touched, never the rest of the farm.
-        """
-        faults = gpu_faults(
-            self._last_fleet, fleet, quarantines=xid.quarantines, describe=_xid_detail
-        )
-        self._last_fleet = fleet
-        remaps = pending_remaps(fleet)
-        for wid, s in list(self.sup.workers.items()):
-            gpus = self._spec.worker(wid).gpus
-            fault = next((f for f in faults if f.gpu in gpus), None)
-            if fault is not None:
-                self.feed(wid, GpuFailing(fault.gpu, fault.reason, fault.detail))
-                continue
-            remapped = next((g for g in gpus if g in remaps), None)
-            if remapped is not None and s.phase in (Phase.PENDING, Phase.BACKOFF):
-                # At a (re)start: a GPU with row remaps pending needs a reset first.
-                self.feed(
-                    wid,
-                    GpuFailing(
-                        remapped,
-                        "pending row remaps",
-                        "NVML reports row remaps pending: reset the GPU before it is used",
-                    ),
-                )
+        """The NVML poller's latest snapshot: reported to the workers on a failing GPU."""
+        for wid, event in self._observed.of_fleet(fleet, self._worker_gpus()):
+            self.feed(wid, event)
 
     def observe_stats(self, stats: Mapping[int, WorkerStats]) -> None:
-        """The worker pollers' latest figures: progress excuses a slow /health (busy); no
-        progress with requests running and an idle GPU restarts the worker (wedged)."""
-        now = self._wall()
-        for wid, st in stats.items():
-            s = self.sup.workers.get(wid)
-            if s is None or wid not in self._spec.worker_ids:
-                continue
-            verdict = judge(
-                self._last_change.get(wid),
-                st,
-                gpu_util=self._gpu_util(wid),
-                stall_window=self._spec.health.stall_window,
-                now=now,
-            )
-            self._last_change[wid] = st.changed_at
-            if verdict.progressed:
-                self.feed(wid, ProgressSeen())
-            if verdict.wedged is not None and s.phase in (Phase.READY, Phase.UNHEALTHY):
-                self.feed(wid, Wedged(verdict.wedged))
+        """The worker pollers' latest figures: reported as progress or a stall."""
+        window, now = self._spec.health.stall_window, self._wall()
+        for wid, event in self._observed.of_stats(
+            stats, self._worker_gpus(), stall_window=window, now=now
+        ):
+            self.feed(wid, event)
 
-    def _gpu_util(self, worker: int) -> float | None:
-        """The busiest of the worker's GPUs, per the last NVML snapshot (None: unknown)."""
-        fleet = self._last_fleet
-        if fleet is None or not fleet.nvml_up or fleet.simulated:
-            return None
-        utils = [
-            g.utilization_gpu_ratio
-            for i in self._spec.worker(worker).gpus
-            if (g := fleet.gpu(i)) is not None and g.utilization_gpu_ratio is not None
-        ]
-        return max(utils) if utils else None
+    def _worker_gpus(self) -> dict[int, tuple[int, ...]]:
+        ids = self._spec.worker_ids
+        return {w: self._spec.worker(w).gpus for w in self.supervisor.workers if w in ids}
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.
 
         Returns what keeps it set aside (its quarantine then stays); empty when released.
         """
-        held = [
-            w
-            for w, s in self.sup.workers.items()
-            if s.phase is Phase.QUARANTINED and s.quarantine is not None and s.quarantine.gpu == gpu
-        ]
+        held, problems = quarantined_on(gpu, self.supervisor.workers, self._worker_gpus())
         if not held:
-            # A worker a reload moved onto `gpu` keeps a quarantine naming its old GPU.
-            moved = [
-                w
-                for w, s in self.sup.workers.items()
-                if s.phase is Phase.QUARANTINED and gpu in self._spec.worker(w).gpus
-            ]
-            return [f"no worker is quarantined on GPU {gpu}"] + [
-                f"worker {w} uses GPU {gpu} and is quarantined for another GPU: release it "
-                f"with farmctl release-gpu --worker {w}"
-                for w in moved
-            ]
+            return problems
         return await self._release(held, [gpu])
 
     async def release_worker(self, worker: int) -> list[str]:
         """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
         once NVML says each GPU it uses now is clear (a reload may have moved it)."""
-        s = self.sup.workers[worker]
-        if s.phase is not Phase.QUARANTINED:
-            return [f"worker {worker} is not quarantined (it is {s.phase}): nothing to release"]
+        problems = not_quarantined(worker, self.supervisor.workers[worker])
+        if problems:
+            return problems
         return await self._release([worker], self._spec.worker(worker).gpus)
 
     async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
-        if self._hooks.check_gpu is None:
+        if self._collaborators.check_gpu is None:
             return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
-        problems = [p for g in gpus for p in await self._hooks.check_gpu(g)]
+        problems = [p for g in gpus for p in await self._collaborators.check_gpu(g)]
         if problems:
             log.warning(
                 "gpu_release_refused",
@@ -639,7 +501,7 @@ class Agent:
 
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
-        self._classifiers[worker] = LogClassifier()
+        self._logs.new_process(worker)
         for ch in ladder_changes(self._spec, worker, self._oom_step(worker)):
             self._bind(worker).warning(
                 "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
@@ -647,104 +509,54 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
-            fields.update(self._ready_line(fields["ready"], fields["workers"]))
+            front = self._sync.gateway_url if self._sync is not None else None
+            fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
-        logger = self._bind(wid) if isinstance(wid, int) and wid in self.sup.workers else log
-        level = "warning" if event in _WARNINGS else "info"
-        getattr(logger, level)(event, **fields)
-
-    def _ready_line(self, ready: object, workers: object) -> dict[str, object]:
-        """What the rollout's end says beside its counts: the farm, the one URL users call,
-        and the command to try next, as one line a person reads (`summary`)."""
-        spec = self._spec
-        front = self._sync.gateway_url if self._sync is not None else None
-        config = "" if spec.source == DEFAULT_CONFIG_PATH else f" --config {spec.source}"
-        try_next = f"farmctl{config} status"
-        door = f"front door {front}" if front else "no gateway: farmctl endpoints lists workers"
-        return {
-            "farm": spec.farm.name,
-            "front_door": front,
-            "next": try_next,
-            "summary": f"{spec.farm.name}: {ready}/{workers} ready · {door} · try: {try_next}",
-        }
+        logger = self._bind(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
+        getattr(logger, note_level(event))(event, **fields)
 
     # ---- command lines -------------------------------------------------------------------
 
     def _oom_step(self, worker: int) -> int:
-        return self.sup.workers[worker].oom_step if worker in self.sup.workers else 0
+        return self.supervisor.workers[worker].oom_step if worker in self.supervisor.workers else 0
 
     def oom_steps(self) -> dict[int, int]:
         """Each worker's OOM-ladder step now (what `worker_commands` applies)."""
-        return {w: s.oom_step for w, s in self.sup.workers.items()}
+        return {w: s.oom_step for w, s in self.supervisor.workers.items()}
 
     def commands(self, spec: FarmSpec | None = None) -> dict[int, Command]:
         """The exact command line each worker runs now (`worker_commands.worker_commands`)."""
-        return worker_commands(spec or self._spec, self.oom_steps(), self._hooks.compute_caps)
+        return worker_commands(
+            spec or self._spec, self.oom_steps(), self._collaborators.compute_caps
+        )
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
-        caps = self._hooks.compute_caps
+        caps = self._collaborators.compute_caps
         return worker_command(spec or self._spec, worker, self._oom_step(worker), caps)
 
     # ---- views and state -----------------------------------------------------------------
 
-    async def _wait_change(self, worker: int, timeout: float | None) -> None:
-        ev = self._changed.get(worker)
-        if ev is None:
-            return  # removed by a reload; its watcher ends at its next look
-        ev.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await ev.wait()
-
     def _refresh(self) -> None:
         # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
         current = (
-            dict(self.sup.workers),
-            self.sup.rollout,
-            self.sup.rollout_reason,
+            dict(self.supervisor.workers),
+            self.supervisor.rollout,
+            self.supervisor.rollout_reason,
             self._staging,
         )
         if current == self._last_refresh:
             return
         self._last_refresh = current
-        self._view = self._build_view()
-        for wid, s in self.sup.workers.items():
-            key = (s.phase, s.pid, s.launched_at)
-            prev = self._last_keys.get(wid)
-            if prev == key:
-                continue
-            self._last_keys[wid] = key
-            if prev is not None and prev[0] != s.phase:
-                self._bind(wid).info("worker_state", state=str(s.phase), was=str(prev[0]))
-            ev = self._changed.get(wid)
-            if ev is not None:
-                ev.set()
-        self._state_dirty.set()  # written off the loop (an fsync per change: not here)
-        if self._sync is not None:
-            self._sync.update()
-        for cb in self._hooks.observers:
-            cb(self._view)
-        self.spawn(self._notify_all())
-
-    async def _state_writer(self) -> None:
-        """One writer, off the event loop, always of the latest states (changes coalesce)."""
-        while True:
-            await self._state_dirty.wait()
-            self._state_dirty.clear()
-            await asyncio.to_thread(self._store.save, dict(self.sup.workers))
-
-    async def _notify_all(self) -> None:
-        async with self._any_change:
-            self._any_change.notify_all()
+        self._publisher.publish(self.supervisor.workers)
 
     def _build_view(self) -> FarmView:
         return build_view(
             self._spec,
-            self.sup.workers,
+            self.supervisor.workers,
             runtime=self.runtime.name,
-            rollout=str(self.sup.rollout),
-            rollout_reason=self.sup.rollout_reason,
+            rollout=str(self.supervisor.rollout),
+            rollout_reason=self.supervisor.rollout_reason,
             started_at=self._started_at,
             mono_to_wall=self._wall() - self._clock(),
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
@@ -755,13 +567,13 @@ class Agent:
     # ---- FarmOps -------------------------------------------------------------------------
 
     def view(self) -> FarmView:
-        return self._view
+        return self._publisher.view
 
     def gpu_memory(self) -> Sequence[GpuMemory]:
-        return self._hooks.stats.gpu_memory()
+        return self._collaborators.stats.gpu_memory()
 
     def queue_depths(self) -> Mapping[int, float]:
-        return self._hooks.stats.queue_depths()
+        return self._collaborators.stats.queue_depths()
 
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""
@@ -777,67 +589,47 @@ class Agent:
                 self._held_by_stage = None
                 stale = await self._on_old_copy(result)
                 self._after_swap(result)
-            if self._hooks.refresh_preflight is not None:
-                await self._hooks.refresh_preflight(self._spec)
-            ids = [w for w in worker_ids if w in self.sup.workers]
-            self._apply_actions(self.sup.start(ids, self._clock()))
+            if self._collaborators.refresh_preflight is not None:
+                await self._collaborators.refresh_preflight(self._spec)
+            ids = [w for w in worker_ids if w in self.supervisor.workers]
+            self._apply_actions(self.supervisor.start(ids, self._clock()))
             if stale:
                 # Adopted workers still on the previous copy roll to the staged one.
                 log.warning("workers_on_old_model_copy", workers=stale)
                 self._apply_actions(
-                    self.sup.restart_rolling(stale, RestartReason.CONFIG, self._clock())
+                    self.supervisor.restart_rolling(stale, RestartReason.CONFIG, self._clock())
                 )
 
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         async with self._changes:
-            ids = [w for w in worker_ids if w in self.sup.workers]
+            ids = [w for w in worker_ids if w in self.supervisor.workers]
             for wid in ids:
                 self.feed(wid, StopRequested(drain))
-        budget = self._spec.gateway.drain_timeout if drain and self._spec.gateway.enabled else 0
         await self._wait_until(
-            lambda: all(
-                self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
-                for w in ids
-                if w in self.sup.workers
-            ),
-            budget + self._spec.restart.stop_timeout + 15,
+            lambda: self.supervisor.stopped(ids),
+            stop_budget(self.supervisor.policy, drain=drain) + STOP_SLACK_S,
         )
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         async with self._changes:
             self._apply_actions(
-                self.sup.restart_rolling(
+                self.supervisor.restart_rolling(
                     list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
                 )
             )
 
     async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
-        async def waiter() -> None:
-            async with self._any_change:
-                await self._any_change.wait_for(cond)
-
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter()
-        except TimeoutError:
-            return False
-        return True
+        return await self._publisher.wait_until(cond, timeout)
 
     async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
         # In a thread: under systemd this runs journalctl, which must not stall the loop.
         return await asyncio.to_thread(self.runtime.log_tail, worker_id, lines)
 
-    async def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
-        q: asyncio.Queue[str] = asyncio.Queue(maxsize=10000)
-        self._followers.setdefault(worker_id, set()).add(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._followers[worker_id].discard(q)
+    def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        return self._logs.follow(worker_id)
 
     def reset_oom(self, worker_id: int) -> None:
-        self.sup.reset_oom(worker_id)
+        self.supervisor.reset_oom(worker_id)
         self._bind(worker_id).info("oom_ladder_reset")
         self._refresh()
 
@@ -886,8 +678,8 @@ class Agent:
                 return _refused(stage_refused(new, exc))
         elif change is ModelChange.DROP:
             self._stages.publish(None)  # the model is no longer the farm's to stage
-        if self._hooks.refresh_preflight is not None:
-            await self._hooks.refresh_preflight(new)
+        if self._collaborators.refresh_preflight is not None:
+            await self._collaborators.refresh_preflight(new)
         plan = plan_reload(
             {w: self.command_for(w, old) for w in old.worker_ids},
             {w: self.command_for(w, new) for w in new.worker_ids},
@@ -897,13 +689,14 @@ class Agent:
                 self.feed(wid, StopRequested())
             await self._wait_until(
                 lambda: all(
-                    self.sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
+                    self.supervisor.workers[w].phase
+                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,
             )
         self._spec = new
-        self.sup.reconfigure(self._policy(new), plan.added, plan.removed)
+        self.supervisor.reconfigure(self._policy(new), plan.added, plan.removed)
         for wid in plan.removed:
             self._changed.pop(wid, None)
             t = self._worker_tasks.pop(wid, None)
@@ -927,10 +720,12 @@ class Agent:
             workers=new.worker_ids,
         )
         if effects.start:
-            self._apply_actions(self.sup.start(list(effects.start), self._clock()))
+            self._apply_actions(self.supervisor.start(list(effects.start), self._clock()))
         if effects.restart:
             self._apply_actions(
-                self.sup.restart_rolling(list(effects.restart), RestartReason.CONFIG, self._clock())
+                self.supervisor.restart_rolling(
+                    list(effects.restart), RestartReason.CONFIG, self._clock()
+                )
             )
         if staged is not None:
             self._after_swap(staged)

@@ -20,21 +20,22 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from sglang_farm import __version__
-from sglang_farm.agent import Agent, AgentHooks, FarmStats
+from sglang_farm.agent import Agent
+from sglang_farm.collaborators import Collaborators, StatsReaders
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.doctor.checks import DoctorReport
 from sglang_farm.errors import ConfigError
-from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.managed import ManagedGateway
 from sglang_farm.gateway.smg import SmgGateway
-from sglang_farm.gpu_snapshot import GpuPoller
-from sglang_farm.notify import keep_start_alive, notify, watchdog_interval
-from sglang_farm.paths import DEFAULT_AGENT_BIN
+from sglang_farm.gpus.snapshot import GpuPoller
+from sglang_farm.host.paths import DEFAULT_AGENT_BIN
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
-from sglang_farm.sglang_argv import Command
+from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.failures import Failure, FailureKind
 
 log = structlog.get_logger("sglang_farm.service")
 
@@ -51,7 +52,7 @@ def raise_nofile() -> None:
     """
     import resource
 
-    from sglang_farm.fdbudget import nofile_target
+    from sglang_farm.host.fdbudget import nofile_target
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = nofile_target(soft, hard, resource.RLIM_INFINITY)
@@ -73,7 +74,7 @@ def ensure_state_folder(path: str) -> None:
     (issue 22, item 11).
     """
     from sglang_farm.errors import UntrustedFolder
-    from sglang_farm.securepath import folder_problem, make_folders
+    from sglang_farm.host.securepath import folder_problem, make_folders
 
     what, key = "the state folder", "[farm] state_dir"
     problem = folder_problem(path, what, key)
@@ -109,7 +110,7 @@ def runtime_factory(
         agent_bin = agent_executable()
 
         def units(spec: FarmSpec, commands: Mapping[int, Command]) -> Mapping[PurePosixPath, str]:
-            from sglang_farm.units import render
+            from sglang_farm.runtime.units import render
 
             return render(
                 spec,
@@ -152,7 +153,7 @@ def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec
     user or group the host lacks is a problem (`accounts`): the units would name it. A
     config another user wrote or can change is refused (`securepath.config_problem`)."""
     from sglang_farm.errors import UntrustedFolder
-    from sglang_farm.securepath import config_problem
+    from sglang_farm.host.securepath import config_problem
 
     problem = config_problem(path)
     if problem is not None:
@@ -161,7 +162,7 @@ def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec
     for warning in result.warnings:
         log.warning("config_warning", config=path, warning=warning)
     if runtime_kind == "systemd":
-        from sglang_farm.accounts import host_account_problems
+        from sglang_farm.host.accounts import host_account_problems
 
         problems = host_account_problems(result.spec)
         if problems:  # each names its file, as the config's own problems do
@@ -177,7 +178,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     if kind == "process":
         raise_nofile()  # before anything sizes itself from the limit (control, exporter)
     ensure_state_folder(spec.farm.state_dir)
-    from sglang_farm.pollers import MetricPollers, make_gpu_poller
+    from sglang_farm.metrics.pollers import MetricPollers, make_gpu_poller
 
     poller = make_gpu_poller(spec)
     agent: Agent | None = None
@@ -214,13 +215,13 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         spec,
         runtime_factory(kind, spec, config_path, front.managed if front is not None else None),
         config_loader=lambda: load_config(config_path, gpu_count, kind),
-        hooks=AgentHooks(
+        collaborators=Collaborators(
             gateway=front.client if front is not None else None,
             preflight=doctor.blocking,
             refresh_preflight=doctor.refresh,
             compute_caps=doctor.compute_caps,
             observers=(on_status, to_pollers),
-            stats=FarmStats(gpu_memory, queue_depths),
+            stats=StatsReaders(gpu_memory, queue_depths),
             check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
         ),
     )
@@ -274,7 +275,7 @@ RELEASE_SLACK_BYTES = 1 << 30  # used memory beyond the driver's reserve that st
 
 async def check_gpu(poller: GpuPoller, gpu: int) -> list[str]:
     """A fresh NVML read of `gpu`: what keeps it from being released (empty: clear)."""
-    from sglang_farm.gpu_health import release_problems
+    from sglang_farm.gpus.health import release_problems
 
     fleet = await asyncio.to_thread(poller.snapshot)
     return release_problems(fleet, gpu, slack_bytes=RELEASE_SLACK_BYTES)
@@ -405,7 +406,7 @@ class DoctorReportCache:
         gateway_python: str | None = None,
         oom_steps: Callable[[], Mapping[int, int]] = dict,
     ) -> None:
-        from sglang_farm.gpu_sim import FakeGpuPoller
+        from sglang_farm.gpus.simulated import FakeGpuPoller
 
         self._source: GpuPoller = poller or FakeGpuPoller(count=0)
         self._gateway_python = gateway_python  # None: the agent's own (tests: one without smg)
@@ -421,7 +422,7 @@ class DoctorReportCache:
 
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor
-        from sglang_farm.worker_commands import at_ladder_steps, worker_commands
+        from sglang_farm.sglang.commands import at_ladder_steps, worker_commands
 
         try:
             fleet = await asyncio.to_thread(self._source.snapshot)

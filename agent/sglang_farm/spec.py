@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from sglang_farm.paths import DEFAULT_SOCKET, DEFAULT_STATE_DIR
-from sglang_farm.sglang_flags import SGLANG_MODULE
+from sglang_farm.host.paths import DEFAULT_SOCKET, DEFAULT_STATE_DIR
+from sglang_farm.sglang.flags import SGLANG_MODULE
 
 # A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
 # a list becomes several argv items (argparse nargs="+").

@@ -18,10 +18,10 @@ from typing import Any
 
 import structlog
 
-from sglang_farm.atomicfile import write_atomic
-from sglang_farm.failures import Failure, FailureKind
 from sglang_farm.farm_view import Phase
-from sglang_farm.supervisor import (
+from sglang_farm.host.atomicfile import write_atomic
+from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.workers.supervisor import (
     HELD_PHASES,
     GpuQuarantine,
     Supervisor,

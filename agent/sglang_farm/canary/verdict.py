@@ -48,7 +48,7 @@ from enum import StrEnum
 from statistics import NormalDist
 
 from sglang_farm.canary.figures import Figures, Histogram, quantile
-from sglang_farm.failures import Failure, FailureKind
+from sglang_farm.workers.failures import Failure, FailureKind
 
 
 class Outcome(StrEnum):

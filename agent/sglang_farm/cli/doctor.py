@@ -17,8 +17,8 @@ import click
 from sglang_farm.cli.options import config_error_text, config_option, gpus_option
 from sglang_farm.doctor import format_report, run_doctor
 from sglang_farm.errors import ConfigError
-from sglang_farm.gpu import NvmlPoller
-from sglang_farm.gpu_snapshot import FleetSnapshot, GpuPoller
+from sglang_farm.gpus.nvml import NvmlPoller
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller
 
 
 class _NoGpus:
@@ -51,7 +51,7 @@ def _poller_for(config_path: str, gpus: int | None) -> GpuPoller:
         # Quiet: the report's NVML row says what NVML did; the agent's "will retry" log
         # line means nothing to a one-shot check and would land in the report.
         return NvmlPoller(quiet=True)
-    from sglang_farm.gpu import choose_gpu_poller
+    from sglang_farm.gpus.nvml import choose_gpu_poller
 
     # The doctor's simulated GPUs: as many as --gpus says, else the simulator's default.
     return choose_gpu_poller(source, gpus or DOCTOR_FAKE_GPUS) or _NoGpus()

@@ -6,7 +6,7 @@ from typing import TextIO
 
 import click
 
-from sglang_farm.explain import explain_lines, format_json, format_text
+from sglang_farm.sglang.explain import explain_lines, format_json, format_text
 
 EXIT_NO_FAILURE = 0
 EXIT_FAILURES_FOUND = 1

@@ -27,7 +27,7 @@ from sglang_farm.errors import (
     SocketPermissionDenied,
     UntrustedSocket,
 )
-from sglang_farm.paths import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET
 
 
 class Exit(IntEnum):

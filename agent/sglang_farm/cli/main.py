@@ -17,8 +17,8 @@ import click
 
 from sglang_farm import __version__
 from sglang_farm.cli.options import config_error_text, config_option, gpus_option
-from sglang_farm.gpu import gpu_count_for_config
-from sglang_farm.paths import DEFAULT_AGENT_BIN
+from sglang_farm.gpus.nvml import gpu_count_for_config
+from sglang_farm.host.paths import DEFAULT_AGENT_BIN
 
 # The agent's GIL switch interval (CPython's default: 5 ms); see `run`.
 SWITCH_INTERVAL_S = 0.0005
@@ -114,7 +114,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
         click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)
     for problem in farm_folder_problems(spec):  # the agent refuses these at start
         click.echo(f"warning: the agent would stop: {problem}", err=True)
-    from sglang_farm.accounts import host_account_problems
+    from sglang_farm.host.accounts import host_account_problems
 
     for problem in host_account_problems(spec):  # the agent under systemd refuses these
         click.echo(f"warning: under systemd: {problem}", err=True)
@@ -146,7 +146,7 @@ def render(config_path: str, out: Path, agent_bin: str, gpus: int | None) -> Non
     from sglang_farm.config import load_spec_file
     from sglang_farm.errors import ConfigError
     from sglang_farm.runtime.unit_files import write_units
-    from sglang_farm.units import render as render_units
+    from sglang_farm.runtime.units import render as render_units
 
     try:
         spec = load_spec_file(config_path, gpu_count=_gpu_count(config_path, gpus))

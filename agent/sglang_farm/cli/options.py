@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from sglang_farm.errors import ConfigError
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
 
 config_option = click.option(
     "--config",

@@ -12,9 +12,9 @@ import sys
 import click
 
 from sglang_farm.cli.options import config_option
-from sglang_farm.gpu import gpu_count_for_config
+from sglang_farm.gpus.nvml import gpu_count_for_config
+from sglang_farm.runtime.waitready import WaitExit, wait_ready, wait_url
 from sglang_farm.spec import HealthPolicy, StartupPolicy
-from sglang_farm.waitready import WaitExit, wait_ready, wait_url
 
 
 @click.command("wait-ready")

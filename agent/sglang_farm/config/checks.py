@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sglang_farm import sglang_flags
 from sglang_farm.config.lines import _Path
 from sglang_farm.config.reader import _Reader
 from sglang_farm.config.values import _is_number
 from sglang_farm.config.workers import _Claim
 from sglang_farm.gateway.managed import is_loopback
-from sglang_farm.sglang_flags import SGLANG_MODULE
+from sglang_farm.sglang import flags as sglang_flags
+from sglang_farm.sglang.flags import SGLANG_MODULE
 from sglang_farm.spec import (
     FarmSection,
     FlagValue,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import re
 
-from sglang_farm import sglang_flags
 from sglang_farm.config.problems import _ConversionError, _show
 from sglang_farm.config.values import _is_int, _is_number
+from sglang_farm.sglang import flags as sglang_flags
 from sglang_farm.spec import FlagValue
 
 _SNAKE_RE = re.compile(r"[a-z][a-z0-9_]*")

@@ -31,7 +31,7 @@ from sglang_farm.config.sections import (
 )
 from sglang_farm.config.workers import _workers
 from sglang_farm.errors import ConfigError
-from sglang_farm.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
 from sglang_farm.spec import FarmSpec, FlagValue
 
 _SECTIONS = (

@@ -11,11 +11,11 @@ import difflib
 from collections.abc import Callable
 from typing import TypeVar
 
-from sglang_farm import sglang_flags
 from sglang_farm.config.flags import _check_flag_value, _flag_key_problem, _flag_value
 from sglang_farm.config.lines import _Path
 from sglang_farm.config.problems import _ConversionError, _fmt_path, _Problems, _show
 from sglang_farm.config.values import _ENV_NAME_RE, _is_number
+from sglang_farm.sglang import flags as sglang_flags
 from sglang_farm.spec import FlagValue
 
 _T = TypeVar("_T")

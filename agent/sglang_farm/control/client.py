@@ -21,8 +21,8 @@ from sglang_farm.errors import (
     SocketPermissionDenied,
     UntrustedSocket,
 )
-from sglang_farm.paths import DEFAULT_SOCKET
-from sglang_farm.securepath import socket_problem
+from sglang_farm.host.paths import DEFAULT_SOCKET
+from sglang_farm.host.securepath import socket_problem
 
 # Read-only answers come from state the agent already holds: seconds are plenty.
 DEFAULT_TIMEOUT = 15.0

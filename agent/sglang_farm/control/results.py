@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_farm import xid
 from sglang_farm.canary.view import CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
@@ -24,6 +23,7 @@ from sglang_farm.farm_view import (
     Quarantine,
     WorkerView,
 )
+from sglang_farm.gpus import xid
 from sglang_farm.staging.state import StageState, StagingView
 
 Result = dict[str, object]

@@ -28,14 +28,14 @@ from typing import Final
 
 import structlog
 
-from sglang_farm import fdbudget
 from sglang_farm.control import codec
 from sglang_farm.control.auth import Gate, Peer, group_gid, peer_of
 from sglang_farm.control.codec import ErrorCode, Request, RequestError, RequestId
 from sglang_farm.control.farm_api import FarmOps
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.errors import ControlSocketError, FarmError
-from sglang_farm.securepath import folder_problem, make_folders
+from sglang_farm.host import fdbudget
+from sglang_farm.host.securepath import folder_problem, make_folders
 
 log = structlog.get_logger("sglang_farm.control")
 

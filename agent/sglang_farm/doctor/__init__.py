@@ -25,7 +25,7 @@ from sglang_farm.doctor.gpu_rules import arch_covers, backend_verdict
 from sglang_farm.doctor.report import format_report
 from sglang_farm.doctor.rules import evaluate
 from sglang_farm.errors import ProbeError
-from sglang_farm.ports import port_problem
+from sglang_farm.host.ports import port_problem
 
 __all__ = [
     "Check",

@@ -10,7 +10,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from sglang_farm.gpu_snapshot import FleetSnapshot
+from sglang_farm.gpus.snapshot import FleetSnapshot
 
 GIB = 1024**3
 

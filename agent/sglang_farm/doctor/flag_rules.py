@@ -9,7 +9,7 @@ knows, the message names the spelling of the installed version ("SGLang 0.5.12 c
 from __future__ import annotations
 
 from sglang_farm.doctor.checks import Check, CheckId, FlagsOutcome, ProbeOutcome, Status
-from sglang_farm.sglang_flags import (
+from sglang_farm.sglang.flags import (
     SGLANG_MODULE,
     Version,
     flag_key,

@@ -50,7 +50,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from sglang_farm.accounts import account_fix
 from sglang_farm.doctor.checks import (
     Check,
     CheckId,
@@ -67,12 +66,13 @@ from sglang_farm.doctor.gpu_rules import worker_cc
 from sglang_farm.doctor.host_rules import key_files
 from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
-from sglang_farm.gpu_snapshot import GpuPoller
-from sglang_farm.ports import port_problem
-from sglang_farm.sglang_argv import Command
-from sglang_farm.sglang_flags import SGLANG_MODULE
+from sglang_farm.gpus.snapshot import GpuPoller
+from sglang_farm.host.accounts import account_fix
+from sglang_farm.host.ports import port_problem
+from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.commands import worker_commands
+from sglang_farm.sglang.flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
-from sglang_farm.worker_commands import worker_commands
 
 # One probe imports torch and two native extensions in child processes; a cold page
 # cache makes that tens of seconds. SGLang's parser import (torch, triton) likewise.
@@ -326,7 +326,7 @@ def key_file_facts(spec: FarmSpec) -> dict[str, KeyFileFacts]:
 
 def farm_folder_problems(spec: FarmSpec) -> tuple[str, ...]:
     """Why the agent would refuse its state folder or its control socket's folder."""
-    from sglang_farm.securepath import folder_problem
+    from sglang_farm.host.securepath import folder_problem
 
     found = (
         folder_problem(spec.farm.state_dir, "the state folder", "[farm] state_dir"),

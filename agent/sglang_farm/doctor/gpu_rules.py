@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sglang_farm.doctor.checks import Check, CheckId, ProbeOutcome, Status, gb
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.sglang_flags import (
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.sglang.commands import AUTO, resolve_attention_backend
+from sglang_farm.sglang.flags import (
     ATTENTION_BACKEND_KEYS,
     NOT_NVIDIA_BACKENDS,
     SGLANG_MODULE,
@@ -23,7 +24,6 @@ from sglang_farm.sglang_flags import (
     parse_version,
 )
 from sglang_farm.spec import FarmSpec, WorkerSpec
-from sglang_farm.worker_commands import AUTO, resolve_attention_backend
 
 # Above this, CUDA graphs, activations and the CUDA context (outside SGLang's static
 # pool) have almost nothing left: the seed host ran 0.88 on 48 GB cards (~6 GB spare).

@@ -36,8 +36,8 @@ from sglang_farm.doctor.host_rules import (
     model_checks,
     port_checks,
 )
-from sglang_farm.gpu_snapshot import FleetSnapshot
-from sglang_farm.sglang_flags import SGLANG_MODULE
+from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.sglang.flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
 
 # Checks whose verdict goes stale within seconds (another process binds the port; the

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglang_farm.sglang_argv import Command
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import structlog
 
-from sglang_farm import procfs
+from sglang_farm.host import procfs
 
 log = structlog.get_logger("sglang_farm.runtime.children")
 

@@ -11,7 +11,7 @@ from pystemd.systemd1 import Manager
 
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime.systemd_bus import dbus_error_text
-from sglang_farm.unit_syntax import GATEWAY_UNIT
+from sglang_farm.runtime.unit_syntax import GATEWAY_UNIT
 
 
 class UnitGateway:

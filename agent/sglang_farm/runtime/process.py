@@ -45,12 +45,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from sglang_farm import procfs
 from sglang_farm.errors import RuntimeFailure
-from sglang_farm.portowner import tree_pids
+from sglang_farm.host import procfs
+from sglang_farm.host.portowner import tree_pids
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
-from sglang_farm.sglang_argv import API_KEY_ENV, Command
+from sglang_farm.sglang.argv import API_KEY_ENV, Command
 from sglang_farm.spec import FarmSpec
 
 log = structlog.get_logger("sglang_farm.runtime.process")

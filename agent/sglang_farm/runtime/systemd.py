@@ -44,6 +44,7 @@ from sglang_farm.runtime.unit_files import (
     write_units,
 )
 from sglang_farm.runtime.unit_procs import proc_argv, unit_pids
+from sglang_farm.runtime.unit_secrets import credentials_dir, render_secrets
 from sglang_farm.runtime.unit_state import (
     Tracked,
     UnitState,
@@ -53,10 +54,9 @@ from sglang_farm.runtime.unit_state import (
     units_of,
     worker_of,
 )
-from sglang_farm.sglang_argv import Command
+from sglang_farm.runtime.unit_syntax import worker_unit as unit_name
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.unit_secrets import credentials_dir, render_secrets
-from sglang_farm.unit_syntax import worker_unit as unit_name
 
 UnitFiles = Mapping[PurePosixPath, str]
 

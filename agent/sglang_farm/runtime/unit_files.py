@@ -14,12 +14,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from sglang_farm.atomicfile import fsync_dir, write_atomic
-from sglang_farm.paths import DEFAULT_AGENT_BIN, DEFAULT_CONFIG_PATH
-from sglang_farm.sglang_argv import Command
+from sglang_farm.host.atomicfile import fsync_dir, write_atomic
+from sglang_farm.host.paths import DEFAULT_AGENT_BIN, DEFAULT_CONFIG_PATH
+from sglang_farm.runtime.unit_syntax import HEADER_PREFIX
+from sglang_farm.runtime.units import GENERATED_UNITS, render
+from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
-from sglang_farm.unit_syntax import HEADER_PREFIX
-from sglang_farm.units import GENERATED_UNITS, render
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import structlog
 
-from sglang_farm.atomicfile import fsync_dir
+from sglang_farm.host.atomicfile import fsync_dir
 from sglang_farm.staging.dirs import DIR_MODE, own_dir_fd, subdir_fd, trusted_dir
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.lock import stage_lock

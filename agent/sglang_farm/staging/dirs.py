@@ -21,7 +21,7 @@ import os
 import stat
 from pathlib import Path
 
-from sglang_farm.folder_trust import Distrust, folder_distrust, link_distrust
+from sglang_farm.host.folder_trust import Distrust, folder_distrust, link_distrust
 from sglang_farm.staging.failure import StageError, StageFailureKind
 
 DIR_MODE = 0o755

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from sglang_farm import procfs
+from sglang_farm.host import procfs
 from sglang_farm.staging.manifest import MANIFEST_NAME
 
 

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StageResult
-from sglang_farm.supervisor import WorkerState
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import WorkerState
 
 # The phases of a worker whose process loaded (or is loading) a copy of the model.
 LOADS_MODEL = frozenset(

@@ -1,0 +1,293 @@
+"""I/O: keeps the gateway's membership equal to what the supervisor decides.
+
+The decision is the pure core's (`supervisor.wants_in_gateway`: a worker is routed to
+only while READY). This module carries it out against the gateway and reports what
+the gateway confirmed back as `GatewayMembership` events, so the supervisor knows when
+a draining worker is really out and when a restarted one is back in.
+
+It is level-triggered, not edge-triggered: every change of the farm's state, and a
+periodic reconcile, compare what should be with what the gateway lists, so a failed
+call, a gateway restart (which forgets its workers) or a registration smg finished
+late all converge. The gateway being down never stops supervision: calls are retried
+with back-off, the state says so (`up`), and the next reconcile repairs the rest.
+
+Members that are not the farm's ("foreign": registered by someone else): a MANAGED
+gateway is the farm's alone, so each reconcile removes them (logged with their URL:
+someone with the admin key routed users elsewhere behind the farm's back). An
+EXTERNAL gateway is shared with other hosts' farms: their workers are left alone, and
+shown (`GatewayStatus.foreign`: status, metrics) so that an operator sees who else
+takes the users' requests.
+
+A worker is added with the key the gateway must present to it (SGLang's `--api-key`)
+read from the config in force at that moment, so a reload that adds or changes a key
+brings the worker back with it (issue 22, item 8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from sglang_farm.errors import GatewayError
+from sglang_farm.farm_view import GatewayStatus
+from sglang_farm.gateway.port import Gateway, Member, normalize_url
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
+
+log = structlog.get_logger("sglang_farm.gateway.sync")
+
+RECONCILE_EVERY_S = 10.0  # a restarted gateway is noticed (and refilled) within this
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 15.0
+
+
+class MembershipSync:
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        spec: Callable[[], FarmSpec],
+        states: Callable[[], Mapping[int, WorkerState]],
+        feed: Callable[[int, Event], None],
+        on_status: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._gateway = gateway
+        self._evicting: set[str] = set()  # foreign URLs whose removal runs
+        self.foreign: tuple[str, ...] = ()  # as of the last reconcile
+        self._spec = spec
+        self._states = states
+        self._feed = feed
+        self._on_status = on_status
+        self._busy: set[int] = set()
+        self._retry_at: dict[int, float] = {}
+        self._delay: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reconciler: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.up = False  # until the gateway has answered once
+        self._reached = False
+        self.errors = 0
+        self.last_error: str | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return self._gateway.url
+
+    def status(self) -> GatewayStatus:
+        members = sum(1 for s in self._states().values() if s.in_gateway)
+        return GatewayStatus(
+            self._gateway.url, self.up, members, self.errors, self.last_error, self.foreign
+        )
+
+    def start(self) -> None:
+        self._reconciler = asyncio.create_task(self._reconcile_loop(), name="sf-gateway-sync")
+
+    async def close(self) -> None:
+        tasks = [*self._tasks, *([self._reconciler] if self._reconciler else [])]
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- level-triggered sync ------------------------------------------------------
+
+    def update(self) -> None:
+        """Compare each worker's wanted membership with the confirmed one; fix the gaps."""
+        loop = asyncio.get_running_loop()
+        for wid, s in self._states().items():
+            want = wants_in_gateway(s)
+            if want == s.in_gateway or wid in self._busy:
+                continue
+            if self._retry_at.get(wid, 0.0) > loop.time():
+                continue  # backing off after a failed call; the reconciler comes back
+            self._busy.add(wid)
+            task = asyncio.create_task(self._change(wid, want))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _change(self, wid: int, want: bool) -> None:
+        url = self._spec().gateway_url_of(wid)
+        blog = log.bind(worker=wid, gpu=self._gpu(wid), gateway=self._gateway.url)
+        try:
+            if want:
+                await self._gateway.add(url, api_key=worker_key(self._spec(), wid))
+            else:
+                await self._gateway.remove(url)
+        except GatewayError as exc:
+            self._busy.discard(wid)
+            self._failed(wid, str(exc))
+            # Until the gateway first answers, `gateway_not_reached_yet` said it once
+            # (smg not installed retried every 15 s would flood the log: issue 22 item 10).
+            (blog.warning if self._reached else blog.debug)(
+                "gateway_change_failed",
+                change="add" if want else "remove",
+                error=str(exc),
+                retry_in_s=self._delay[wid],
+            )
+            return
+        except BaseException:
+            self._busy.discard(wid)
+            raise
+        self._delay.pop(wid, None)
+        self._retry_at.pop(wid, None)
+        blog.info("gateway_member" if want else "gateway_removed", url=url)
+        # Recorded while still marked busy: the state change calls update() again, which
+        # must see the new membership, not start the same call a second time.
+        if wid in self._states():
+            self._feed(wid, GatewayMembership(want))
+        self._busy.discard(wid)
+        self._mark_up()
+        self.update()  # the phase may have moved on while the call ran
+
+    def _failed(self, wid: int, error: str) -> None:
+        loop = asyncio.get_running_loop()
+        delay = min(RETRY_MAX_S, self._delay.get(wid, RETRY_INITIAL_S / 2) * 2)
+        self._delay[wid] = delay
+        self._retry_at[wid] = loop.time() + delay
+        self._record_error(error)
+        loop.call_later(delay, self._wake.set)
+
+    def _record_error(self, error: str) -> None:
+        first = self.last_error is None
+        self.last_error = error
+        if not self._reached:
+            # Not up yet (a managed gateway starts with the agent): not an error, said once.
+            if first:
+                log.info("gateway_not_reached_yet", gateway=self._gateway.url, error=error)
+            self._on_status()
+            return
+        self.errors += 1
+        if self.up:
+            self.up = False
+            log.warning("gateway_down", gateway=self._gateway.url, error=error)
+        self._on_status()
+
+    def _mark_up(self) -> None:
+        if not self.up:
+            self.up = True
+            self._reached = True
+            self.last_error = None
+            log.info("gateway_up", gateway=self._gateway.url)
+            self._wake.set()  # reconcile now: it may have restarted empty
+            self._on_status()
+
+    # ---- periodic reconcile --------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self.reconcile()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RECONCILE_EVERY_S):
+                    await self._wake.wait()
+
+    async def reconcile(self) -> None:
+        """Make the gateway's list agree with the farm, for the farm's own addresses.
+
+        Listed but not wanted (a stale entry after an agent restart, a late registration):
+        removed. Confirmed but no longer listed (the gateway restarted): marked out, so
+        `update` adds it again. Other hosts' workers: untouched.
+        """
+        spec = self._spec()
+        ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
+        try:
+            members = await self._gateway.list()
+        except GatewayError as exc:
+            was_up = self.up
+            self._record_error(str(exc))
+            # Said when it goes down (`gateway_down`), not on every reconcile while it is.
+            (log.warning if was_up else log.debug)(
+                "gateway_reconcile_failed", gateway=self._gateway.url, error=str(exc)
+            )
+            return
+        self._mark_up()
+        # Managed: the farm runs it, so no member but the farm's belongs there.
+        self._foreign(members, set(ours), managed=spec.gateway.mode == "managed")
+        listed = {_url(m) for m in members if m.routed}
+        known = {_url(m) for m in members}
+        states = self._states()
+        for url, wid in ours.items():
+            s = states.get(wid)
+            if s is None:
+                continue
+            if url in known and not wants_in_gateway(s) and wid not in self._busy:
+                self._busy.add(wid)
+                task = asyncio.create_task(self._change(wid, False))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif s.in_gateway and url not in listed:
+                log.warning("gateway_lost_member", worker=wid, gpu=self._gpu(wid), url=url)
+                self._feed(wid, GatewayMembership(False))
+            elif not s.in_gateway and url in listed and wants_in_gateway(s):
+                self._feed(wid, GatewayMembership(True))  # already there (agent restart)
+        self._retry_at.clear()  # a reconcile is a fresh attempt for every worker
+        self.update()
+
+    def _foreign(self, members: list[Member], ours: set[str], *, managed: bool) -> None:
+        """Note the members that are not the farm's; on a managed gateway, remove them."""
+        foreign = sorted({_url(m) for m in members} - ours)
+        if tuple(foreign) != self.foreign:
+            self.foreign = tuple(foreign)
+            if foreign and not managed:
+                log.warning("gateway_foreign_members", gateway=self._gateway.url, urls=foreign)
+            self._on_status()
+        if not managed:
+            return
+        for url in foreign:
+            if url in self._evicting:
+                continue
+            self._evicting.add(url)
+            task = asyncio.create_task(self._evict(url, [m for m in members if _url(m) == url]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _evict(self, url: str, seen: list[Member]) -> None:
+        """Take a member the farm did not register out of its managed gateway."""
+        what = ", ".join(f"{m.id} {m.status}" for m in seen)
+        try:
+            log.warning(
+                "gateway_foreign_member",
+                gateway=self._gateway.url,
+                url=url,
+                members=what,
+                action="removing: a managed gateway routes only to the farm's workers",
+            )
+            await self._gateway.remove(url)
+        except GatewayError as exc:
+            self._record_error(str(exc))
+            log.warning(
+                "gateway_foreign_remove_failed", gateway=self._gateway.url, url=url, error=str(exc)
+            )
+            return
+        finally:
+            self._evicting.discard(url)
+        log.warning("gateway_foreign_removed", gateway=self._gateway.url, url=url)
+        self.foreign = tuple(u for u in self.foreign if u != url)
+        self._on_status()
+
+    def _gpu(self, wid: int) -> str:
+        spec = self._spec()
+        if wid not in spec.worker_ids:
+            return "?"
+        return ",".join(map(str, spec.worker(wid).gpus))
+
+
+def worker_key(spec: FarmSpec, wid: int) -> str | None:
+    """The key the gateway must present to worker `wid` (its SGLang `--api-key`, per worker
+    or farm-wide), as the config in force says; None without one."""
+    if wid not in spec.worker_ids:
+        return None
+    key = spec.worker(wid).flags.get("api_key")
+    return key if isinstance(key, str) and key else None
+
+
+def _url(m: Member) -> str:
+    """A member's URL in the form the farm compares (a scheme the farm does not know of,
+    such as smg's grpc://, as listed)."""
+    try:
+        return normalize_url(m.url)
+    except ValueError:
+        return m.url

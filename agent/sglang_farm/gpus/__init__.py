@@ -1,0 +1,1 @@
+"""gpus: see docs/ARCHITECTURE.md."""

@@ -1,0 +1,227 @@
+"""I/O: which process holds the socket listening on a worker's port, read from `/proc`.
+
+The readiness rule (docs/security.md): a worker is ready only when the socket listening
+on its port belongs to its own process tree. This module reads the kernel's TCP tables
+(`/proc/net/tcp`, `/proc/net/tcp6`) for LISTEN sockets, finds the processes holding them
+(`/proc/PID/fd/* -> socket:[inode]`), first among the worker's own processes (a few),
+and only for a socket none of them holds among all processes (to name the squatter).
+
+What it costs: a verified listener is remembered by its inode (one socket, for as long
+as it exists), so a liveness beat of a worker whose listener did not change reads the
+two tables and nothing else; the fd walk runs at readiness and when the listener changes.
+The tables are not cheap to read (the kernel walks its whole connection hash: about 1 ms
+each on a 2-core test machine with 30 sockets, more on a host with a larger hash), so one
+reading serves every worker's check for `TABLE_TTL_S`: at most one pair a second however
+many workers beat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from sglang_farm.host import procfs
+from sglang_farm.host.listeners import (
+    Listener,
+    OwnerKind,
+    Ownership,
+    judge,
+    parse_listeners,
+    reaches,
+)
+
+TABLES = ("net/tcp", "net/tcp6")  # under /proc; tcp6 is absent where IPv6 is disabled
+# How long one reading of the tables answers checks. A listener appears in it at most this
+# late; the port is exclusive (another user cannot share it with the worker's socket), so
+# a reading this old cannot show the worker's socket while a squatter holds the port.
+TABLE_TTL_S = 1.0
+
+
+class PortOwner(Protocol):
+    """The seam the liveness watcher asks: whose are the listeners on `host:port`?"""
+
+    async def check(
+        self,
+        host: str,
+        port: int,
+        ours: Callable[[], Awaitable[frozenset[int]]],
+        *,
+        fresh: bool = False,
+    ) -> Ownership:
+        """`ours`: the worker's own pids (asked only when a listener must be traced).
+        `fresh`: read the tables now and trust no earlier verdict (readiness, launch: the
+        port may have changed hands since, as when a restarted worker's old socket
+        closed and a squatter bound the port); liveness beats may use a recent reading."""
+        ...
+
+
+def read_listeners(proc: str = "/proc") -> list[Listener]:
+    """Every LISTEN TCP socket of the agent's network namespace (IPv4 and IPv6)."""
+    out: list[Listener] = []
+    for table in TABLES:
+        try:
+            with open(f"{proc}/{table}") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        out += parse_listeners(text)
+    return out
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> set[int]:
+    """The socket inodes process `pid` has open; empty if it is gone or unreadable."""
+    fd_dir = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return set()
+    out: set[int] = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and target.endswith("]"):
+            try:
+                out.add(int(target[8:-1]))
+            except ValueError:
+                continue
+    return out
+
+
+def holders_of(
+    inodes: Iterable[int], pids: Iterable[int] | None = None, proc: str = "/proc"
+) -> dict[int, frozenset[int]]:
+    """For each of `inodes`, the pids (of `pids`, or of every process) holding it."""
+    wanted = set(inodes)
+    found: dict[int, set[int]] = {}
+    if not wanted:
+        return {}
+    for pid in procfs.pids(proc) if pids is None else pids:
+        for inode in socket_inodes(pid, proc) & wanted:
+            found.setdefault(inode, set()).add(pid)
+    return {i: frozenset(p) for i, p in found.items()}
+
+
+def tree_pids(leader: int, proc: str = "/proc") -> frozenset[int]:
+    """`leader` and every live process in its session or process group, or descended from it.
+
+    The process runtime starts each worker as a session leader (its pid names the group
+    and the session), and no other user's process can join either; descendants that left
+    both (a daemonizing child) are still found through their parents while those live.
+    """
+    parents: dict[int, int] = {}
+    out = {leader}
+    for st in procfs.all_stats(proc):
+        if not st.alive:
+            continue
+        parents[st.pid] = st.ppid
+        if leader in (st.pgrp, st.session):
+            out.add(st.pid)
+    for pid in parents:
+        seen: set[int] = set()
+        cur = pid
+        while cur in parents and cur not in seen and cur not in out:
+            seen.add(cur)
+            cur = parents[cur]
+        if cur in out:
+            out |= seen
+    return frozenset(out)
+
+
+def user_name(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+class ProcPortOwner:
+    """`PortOwner` over `/proc`; remembers the listeners it found to be a worker's own."""
+
+    def __init__(self, proc: str = "/proc", *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._proc = proc
+        self._clock = clock
+        self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
+        self._table: tuple[float, list[Listener]] | None = None
+
+    async def _listeners(self, *, fresh: bool = False) -> list[Listener]:
+        now = self._clock()
+        if not fresh and self._table is not None and now - self._table[0] < TABLE_TTL_S:
+            return self._table[1]
+        listeners = await asyncio.to_thread(read_listeners, self._proc)
+        self._table = (now, listeners)
+        return listeners
+
+    async def check(
+        self,
+        host: str,
+        port: int,
+        ours: Callable[[], Awaitable[frozenset[int]]],
+        *,
+        fresh: bool = False,
+    ) -> Ownership:
+        # Reads of /proc: in a thread, never on the event loop.
+        if fresh:
+            self._verified.pop(port, None)
+        listeners = await self._listeners(fresh=fresh)
+        there = [lst for lst in listeners if reaches(lst, host, port)]
+        inodes = frozenset(lst.inode for lst in there)
+        if not there:
+            return Ownership(OwnerKind.NONE, port)
+        if inodes <= self._verified.get(port, frozenset()):
+            # The same sockets as last verified: an inode names one socket while it exists.
+            return Ownership(OwnerKind.OURS, port, inodes=inodes)
+        pids = await ours()
+        verdict = await asyncio.to_thread(self._trace, there, host, port, pids)
+        if verdict.kind is OwnerKind.OURS:
+            self._verified[port] = verdict.inodes
+        else:
+            self._verified.pop(port, None)
+        return verdict
+
+    def _trace(
+        self, there: list[Listener], host: str, port: int, pids: frozenset[int]
+    ) -> Ownership:
+        inodes = {lst.inode for lst in there}
+        mine = set(holders_of(inodes, pids, self._proc))
+        rest = inodes - mine
+        others = holders_of(rest, None, self._proc) if rest else {}
+        uids = frozenset(
+            u for u in (_process_uid(p, self._proc, default=None) for p in pids) if u is not None
+        )
+        verdict = judge(there, host, port, ours=frozenset(mine), holders=others, our_uids=uids)
+        if verdict.kind in (OwnerKind.FOREIGN, OwnerKind.UNSEEN):
+            uid = verdict.uid
+            if verdict.pid is not None:
+                uid = _process_uid(verdict.pid, self._proc, default=uid)
+            leads = () if verdict.pid is not None or uid is None else self._of_user(uid)
+            return Ownership(
+                verdict.kind, port, verdict.pid, uid, user_name(uid), verdict.inodes, leads
+            )
+        return verdict
+
+    def _of_user(self, uid: int) -> tuple[int, ...]:
+        """The processes running as `uid` (their status is readable without privileges,
+        their descriptors are not): where an unseen socket of that user must be."""
+        pids = procfs.pids(self._proc)
+        return tuple(sorted(p for p in pids if _process_uid(p, self._proc, default=None) == uid))
+
+
+def _process_uid(pid: int, proc: str, *, default: int | None) -> int | None:
+    """The effective uid of `pid` (`/proc/PID/status`, readable without privileges), the
+    owner of the sockets it creates; else `default`."""
+    try:
+        with open(f"{proc}/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return default

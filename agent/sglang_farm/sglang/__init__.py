@@ -1,0 +1,1 @@
+"""sglang: see docs/ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""workers: see docs/ARCHITECTURE.md."""

@@ -1,0 +1,84 @@
+"""I/O: watching a worker drain before a planned stop.
+
+The supervisor decides that a stop is drained first (`Drain` action, phase DRAINING)
+and how long it may take (`[gateway] drain_timeout`). This module watches: first until
+the gateway no longer routes to the worker (`GatewayMembership(False)` confirmed, or
+the gateway is down and routes nothing anywhere), then until the worker's own figures
+show no request running or queued (its `/metrics`, or `/v1/loads`). Then `Drained`.
+
+SGLang keeps admitting new requests while it drains after SIGTERM
+(docs/reference/sglang.md §12): taking the worker out of the gateway first is what
+makes the stop lose nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+import httpx
+
+from sglang_farm.sglang.stats import poll_worker
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import Drained, Event, WorkerState
+
+POLL_S = 0.25  # how often the worker's load is read while draining
+UNKNOWN_LIMIT = 3  # polls in a row with no answer: nothing to wait for (it answers nothing)
+
+
+class InFlight(Protocol):
+    """Running + queued requests of the worker at `base_url`; None when it does not say."""
+
+    async def in_flight(self, worker: int, base_url: str) -> int | None: ...
+
+
+class HttpInFlight:
+    """Reads a worker's own figures, as the metric pollers do (`workerstats`)."""
+
+    def __init__(self, timeout: float = 2.0) -> None:
+        self._client = httpx.AsyncClient(trust_env=False)
+        self._timeout = timeout
+
+    async def in_flight(self, worker: int, base_url: str) -> int | None:
+        sample = await poll_worker(
+            self._client, base_url, self._timeout, worker=worker, known_version="?"
+        )
+        if not sample.ok or sample.running is None:
+            return None
+        return int((sample.running or 0) + (sample.queued or 0))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def watch_drain(
+    worker: int,
+    *,
+    state: Callable[[int], WorkerState | None],
+    gateway_routes_nothing: Callable[[], bool],
+    in_flight: InFlight,
+    base_url: Callable[[], str],
+    feed: Callable[[int, Event], None],
+    poll_s: float = POLL_S,
+) -> None:
+    """Report `Drained` once the worker is out of the gateway and idle; return early when
+    the drain is over for another reason (budget spent, operator's --no-drain, exit)."""
+    first = state(worker)
+    if first is None:
+        return
+    began = first.since
+    unknown = 0
+    while True:
+        s = state(worker)
+        if s is None or s.phase is not Phase.DRAINING or s.since != began:
+            return
+        if not s.in_gateway or gateway_routes_nothing():
+            n = await in_flight.in_flight(worker, base_url())
+            unknown = unknown + 1 if n is None else 0
+            if n == 0 or unknown >= UNKNOWN_LIMIT:
+                s = state(worker)
+                if s is not None and s.phase is Phase.DRAINING and s.since == began:
+                    feed(worker, Drained())
+                return
+        await asyncio.sleep(poll_s)

@@ -1,0 +1,203 @@
+"""I/O: when each worker's health is probed, and what a probe's answer (or silence) means.
+
+Readiness while loading: once the worker's process is launched, `/health` is polled
+every `startup.poll_interval` until it answers 200, the runtime agrees
+(`Runtime.confirm_ready`) and the socket listening on the worker's port is held by the
+worker's own processes (`portowner`); then `HealthPassed`. Any local user can bind the
+port while SGLang loads (it binds only after loading): a listener of another process or
+another user is reported as `PortTaken`; one that cannot be traced at all keeps the
+worker loading.
+
+Liveness once ready: every `health.period` the worker must have answered its probe. A
+probe still outstanding when the period ends counts as a failed beat (the request is left
+to finish, never duplicated: SGLang's `/health` runs a generation and piles up when
+polled concurrently, sgl-project/sglang#35884). So a hung worker is caught within
+`failure_threshold x period` plus at most one period, however long `health.timeout` is.
+A beat that passed is checked against the port's listener too (cheap while it is the
+socket already verified): a listener that is no longer the worker's is `PortTaken`.
+
+The supervisor decides what failed beats mean; this module only schedules probes and
+reports their results as events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from sglang_farm.host.listeners import OwnerKind, Ownership, connect_host
+from sglang_farm.host.portowner import PortOwner
+from sglang_farm.runtime import Runtime
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.health import Prober, ProbeResult
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
+
+log = structlog.get_logger("sglang_farm.workers.liveness")
+
+_PROBED = (Phase.READY, Phase.UNHEALTHY)
+
+
+class LivenessWatcher:
+    """Probes one worker for as long as it is in the farm (a task per worker)."""
+
+    def __init__(
+        self,
+        worker: int,
+        *,
+        spec: Callable[[], FarmSpec],
+        state: Callable[[int], WorkerState | None],
+        prober: Prober,
+        port_owner: PortOwner,
+        runtime: Runtime,
+        feed: Callable[[int, Event], None],
+        wait_change: Callable[[int, float | None], Awaitable[None]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.worker = worker
+        self._spec = spec
+        self._state = state
+        self._prober = prober
+        self._port_owner = port_owner
+        self._said_unseen: float | None = None  # the launch an unseen listener was logged for
+        self._runtime = runtime
+        self._feed = feed
+        self._wait_change = wait_change
+        self._clock = clock
+        self._pending: asyncio.Task[ProbeResult] | None = None
+        self._counted = False
+        self._sent_at = 0.0
+
+    async def run(self) -> None:
+        try:
+            while True:
+                s = self._state(self.worker)
+                if s is None:
+                    return  # removed from the farm by a reload
+                if s.phase is Phase.STARTING:
+                    await self._readiness(s)
+                elif s.phase in _PROBED:
+                    await self._liveness(s)
+                else:
+                    await self._wait_change(self.worker, None)
+        finally:
+            self._drop_pending()  # never leave a probe running against a stale address
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = None
+
+    def _url(self) -> str:
+        # Read each time: a reload may change [health] or the worker's address.
+        spec = self._spec()
+        return spec.worker(self.worker).base_url + spec.health.path
+
+    def _same_process(self, launched: float | None, phases: tuple[Phase, ...]) -> bool:
+        cur = self._state(self.worker)
+        return cur is not None and cur.launched_at == launched and cur.phase in phases
+
+    async def _readiness(self, s: WorkerState) -> None:
+        self._drop_pending()  # a probe of the previous process; its answer is moot
+        spec = self._spec()
+        if s.pid is None:
+            # Not launched yet (waiting for its port, or for systemd): whatever answers on
+            # that port now is not this worker.
+            await self._wait_change(self.worker, spec.startup.poll_interval)
+            return
+        res = await self._prober.probe(self._url(), spec.health.timeout)
+        if res.ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+            # Whatever answered must be the worker itself, not a process that bound its
+            # port first (SGLang binds only after loading). Asked before the runtime's
+            # confirmation, which may wait for a readiness gate the squatter never passes.
+            own = await self._ownership(fresh=True)
+            if not self._same_process(s.launched_at, (Phase.STARTING,)):
+                return
+            if own.kind is OwnerKind.OURS:
+                ok = await self._runtime.confirm_ready(self.worker)
+                if ok and self._same_process(s.launched_at, (Phase.STARTING,)):
+                    self._feed(self.worker, HealthPassed())
+                    return
+            elif own.kind is OwnerKind.FOREIGN:
+                self._feed(self.worker, PortTaken(own.port, own.holder()))
+                return
+            elif self._said_unseen != s.launched_at:
+                self._said_unseen = s.launched_at
+                log.warning(
+                    "worker_port_owner_unknown",
+                    worker=self.worker,
+                    port=own.port,
+                    holder=own.holder() if own.kind is OwnerKind.UNSEEN else None,
+                    why=f"/health answered but the listener is {own.kind}: not proven the "
+                    "worker's own, so it is not ready yet",
+                )
+        await self._wait_change(self.worker, spec.startup.poll_interval)
+
+    async def _ownership(self, *, fresh: bool = False) -> Ownership:
+        w = self._spec().worker(self.worker)
+        return await self._port_owner.check(
+            connect_host(w.host),
+            w.port,
+            lambda: self._runtime.worker_pids(self.worker),
+            fresh=fresh,
+        )
+
+    async def _liveness(self, s: WorkerState) -> None:
+        hp = self._spec().health
+        if self._pending is None:
+            self._pending = asyncio.create_task(self._prober.probe(self._url(), hp.timeout))
+            self._counted = False  # this probe has not been counted as a missed beat yet
+            self._sent_at = self._clock()
+        started = self._clock()
+        done: set[Any]
+        done, _ = await asyncio.wait({self._pending}, timeout=hp.period)
+        if not self._same_process(s.launched_at, _PROBED):
+            return
+        if self._runtime.exit_pending(self.worker):
+            # Its exit is known, only its last log lines are awaited: a failed probe now
+            # says nothing about a hang.
+            await self._wait_change(self.worker, hp.period)
+            return
+        if not done:
+            self._feed(
+                self.worker, HealthFailed(f"no answer within {hp.period:g} s", self._sent_at)
+            )
+            self._counted = True
+            return
+        res = self._pending.result()
+        self._pending = None
+        if self._counted and not res.ok:
+            return  # its silence was counted already, beat by beat: not twice; probe again now
+        if res.local_error:
+            # The agent's own trouble (out of fds, no buffers): says nothing about the
+            # worker. The beat is skipped, never counted as the worker's failure.
+            log.warning(
+                "probe_local_error",
+                worker=self.worker,
+                detail=res.detail,
+                hint="the agent is short of a resource (see LimitNOFILE); the worker is not blamed",
+            )
+        elif res.ok:
+            ev = await self._beat_owner()
+            if self._same_process(s.launched_at, _PROBED):
+                self._feed(self.worker, ev)
+        else:
+            self._feed(self.worker, HealthFailed(res.detail, self._sent_at))
+        rest = hp.period - (self._clock() - started)
+        if rest > 0:
+            await self._wait_change(self.worker, rest)
+
+    async def _beat_owner(self) -> Event:
+        """A passed beat, judged by whose socket answered it (the worker's, or not)."""
+        own = await self._ownership()
+        if own.kind is OwnerKind.OURS:
+            return HealthPassed()
+        if own.kind is OwnerKind.FOREIGN:
+            return PortTaken(own.port, own.holder())
+        # A listener no process of its own holds (or none at all, after an answer):
+        # the beat proves nothing of the worker; a failed beat, as a silence would be.
+        what = own.holder() if own.kind is OwnerKind.UNSEEN else "no listener"
+        return HealthFailed(f"port {own.port}: {what}, not the worker's", self._sent_at)

@@ -1,0 +1,42 @@
+"""How the supervisor's notes read in the agent's log (issue 24 §1): their level, and the
+one line a rollout ends with."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sglang_farm.config import load_spec
+from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
+from sglang_farm.workers.notes import WARNINGS, note_level, rollout_summary
+
+SPEC = load_spec(
+    '[farm]\nname = "lab"\n[workers]\ngpus = [0]\n[sglang]\nmodel_path = "/models/m"\n',
+    source="/srv/farm.toml",
+)
+
+
+def test_failures_are_warnings_and_the_rest_info() -> None:
+    assert note_level("worker_gave_up") == "warning"
+    assert note_level("rollout_halted") == "warning"
+    assert note_level("worker_ready") == "info"
+    assert note_level("rollout_done") == "info"
+    assert all(note_level(e) == "warning" for e in WARNINGS)
+
+
+def test_the_rollout_summary_names_the_front_door_and_the_next_command() -> None:
+    assert rollout_summary(SPEC, "http://10.0.0.5:8080", 3, 4) == {
+        "farm": "lab",
+        "front_door": "http://10.0.0.5:8080",
+        "next": "farmctl --config /srv/farm.toml status",
+        "summary": "lab: 3/4 ready · front door http://10.0.0.5:8080 · "
+        "try: farmctl --config /srv/farm.toml status",
+    }
+
+
+def test_without_a_gateway_it_points_at_the_endpoints_and_skips_the_default_config() -> None:
+    spec = replace(SPEC, source=DEFAULT_CONFIG_PATH)
+    out = rollout_summary(spec, None, 1, 1)
+    assert out["front_door"] is None and out["next"] == "farmctl status"
+    assert out["summary"] == (
+        "lab: 1/1 ready · no gateway: farmctl endpoints lists workers · try: farmctl status"
+    )
