@@ -193,7 +193,7 @@ def reload_flag(ff: FrontFarm) -> Callable[[], None]:
         doc["sglang"]["max_running_requests"] = 1024 if cur == 512 else 512
         ff.rewrite(doc)
         n = len(ff.farm.snapshot())
-        p = ff.farm.farmctl("--json", "reload", timeout=60)
+        p = ff.farm.farmctl("--json", "reload", "--no-wait", timeout=60)
         try:
             res = json.loads(p.stdout)
         except ValueError:

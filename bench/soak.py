@@ -353,7 +353,9 @@ class Soak:
     def reload(self) -> tuple[int, dict[str, Any] | str]:
         from sdfarm import CONFIG, FARMCTL
 
-        r = self.c.run([FARMCTL, "--config", CONFIG, "--json", "reload"], check=False, timeout=120)
+        r = self.c.run(
+            [FARMCTL, "--config", CONFIG, "--json", "reload", "--no-wait"], check=False, timeout=120
+        )
         try:
             return r.returncode, json.loads(r.stdout)
         except ValueError:

@@ -79,6 +79,9 @@ class FakeOps:
     or restart with `drain` passes through DRAINING (out of the gateway) for one
     `step`. `drains` records the `drain` argument of every `stop` and `restart`.
 
+    An applied `reload` restarts its `restarted` workers as `restart` does (not with
+    `roll_on_reload` False).
+
     `quarantine(worker)` sets a worker's GPU aside as the agent does (stopped, state
     QUARANTINED); `start` and `restart` leave such a worker as it is. `release_gpu`
     answers `release_problems` when set (the quarantine stays), else starts the workers
@@ -100,6 +103,7 @@ class FakeOps:
         self.calls: list[tuple[str, tuple[int, ...]]] = []
         self.drains: list[tuple[str, tuple[int, ...], bool]] = []
         self.reload_result = ReloadResult(applied=True, restarted=(1,))
+        self.roll_on_reload = True  # an applied reload restarts its `restarted` workers
         self.queues: dict[int, float] = {}
         self.gpus: list[GpuMemory] = [
             GpuMemory(i, used_bytes=60 * 2**30, total_bytes=80 * 2**30) for i in range(n)
@@ -251,7 +255,15 @@ class FakeOps:
 
     async def reload(self) -> ReloadResult:
         await self._issue("reload", ())
-        return self.reload_result
+        r = self.reload_result
+        if r.applied and self.roll_on_reload:
+            # As the agent's rolling restart does (all at once here): the workers whose
+            # command changed stop, start and come back ready.
+            for i in r.restarted:
+                if i in self.workers and not self._quarantined(i):
+                    self._set(i, Phase.STOPPING, in_gateway=False)
+                    self._spawn(self._come_up(i, stop_first=True))
+        return r
 
     async def release_gpu(self, gpu: int) -> list[str]:
         await self._issue("release-gpu", (gpu,))

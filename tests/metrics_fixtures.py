@@ -211,3 +211,35 @@ def state() -> MetricsState:
 def gateway_state() -> MetricsState:
     """`state()` of a farm with a [gateway] (`gateway_farm`)."""
     return dataclasses.replace(state(), farm=gateway_farm())
+
+
+def canary_farm() -> FarmView:
+    """`gateway_farm()` whose latest change was rolled back from canary worker 1 (GPUs 1
+    and 2): ITL p99 5.2x the baseline's; TTFT's baseline unknown and not judged."""
+    from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
+
+    return dataclasses.replace(
+        gateway_farm(),
+        canary=RolloutVerdictView(
+            state=CanaryState.ROLLED_BACK,
+            change="3f9a1c2e",
+            canary=1,
+            started_at=NOW - 40,
+            window_s=30.0,
+            ends_at=None,
+            evidence="rolled back: canary ITL p99 0.052 s = 5.2x the baseline's over 30 s, "
+            "412 vs 2,830 requests",
+            checks=(
+                CheckView("errors", 0.002, 0.001, 2.0, 0.01, True),
+                CheckView("itl_p50", 0.021, 0.02, 1.05, 1.4, True),
+                CheckView("itl_p99", 0.052, 0.01, 5.2, 1.4, False),
+                CheckView("ttft_p50", 0.4, None, None, 3.0, None),
+            ),
+            rollbacks_total=2,
+        ),
+    )
+
+
+def canary_state() -> MetricsState:
+    """`gateway_state()` after a canary rollback (`canary_farm`): every family exported."""
+    return dataclasses.replace(state(), farm=canary_farm())

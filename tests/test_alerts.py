@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_fixtures import gateway_state
+from metrics_fixtures import canary_state
 from sglang_farm.gpus.xid import CATALOG_URL
 from sglang_farm.metrics.collectors import build_registry
 
@@ -48,8 +48,9 @@ def _dashboard_exprs() -> list[str]:
 
 
 def _exported_names() -> set[str]:
-    # The fixture behind a gateway exports every family: the farm's own and the gateway's.
-    text = generate_latest(build_registry(lambda: gateway_state())).decode()
+    # The fixture behind a gateway after a canary rollback exports every family: the
+    # farm's own, the gateway's and the canary analysis's.
+    text = generate_latest(build_registry(lambda: canary_state())).decode()
     names: set[str] = set()
     for fam in text_string_to_metric_families(text):
         names.add(fam.name)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
 
+from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control import codec, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.farm_view import (
@@ -465,3 +467,87 @@ def test_a_ready_worker_waits_for_the_gateway_unless_it_is_down_or_the_grace_ran
     out = results.wait_result(w, replace(up, up=False), settled=True, elapsed=1.0)
     assert (out["ready"], out["routed"], out["gateway_up"]) == (True, False, False)
     assert results.wait_result(w, None, settled=True, elapsed=1.0)["routed"] is None
+
+
+# --- the canary analysis (issue 23) ------------------------------------------------
+
+
+def _canary(**kw: object) -> RolloutVerdictView:
+    base = RolloutVerdictView(
+        state=CanaryState.ROLLED_BACK,
+        change="3f9a1c2e",
+        canary=1,
+        started_at=400.0,
+        window_s=30.0,
+        ends_at=None,
+        evidence="rolled back: canary ITL p99 0.052 s = 5.2x the baseline's over 30 s, "
+        "412 vs 2,830 requests",
+        checks=(
+            CheckView("itl_p99", 0.052, 0.01, 5.2, 1.4, False),
+            CheckView("ttft_p50", math.inf, None, math.nan, 3.0, None),
+        ),
+        rollbacks_total=2,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]  # test-only keyword overrides
+
+
+def test_status_carries_the_canary_last_and_it_round_trips_through_the_wire() -> None:
+    v = replace(_view(), canary=_canary())
+    st = results.status_result(v, [], version="9.9", now=500.0)
+    assert list(st)[-1] == "canary"
+    reply = codec.decode_reply(codec.encode_ok(7, st))
+    assert isinstance(reply.result, dict)
+    assert reply.result["canary"] == {
+        "state": "rolled_back",
+        "change": "3f9a1c2e",
+        "canary": 1,
+        "started_at": 400.0,
+        "window_s": 30.0,
+        "ends_at": None,
+        "evidence": _canary().evidence,
+        "checks": [
+            {
+                "name": "itl_p99",
+                "canary": 0.052,
+                "baseline": 0.01,
+                "ratio": 5.2,
+                "limit": 1.4,
+                "passed": False,
+            },
+            # inf and NaN are not JSON (the wire refuses them): they travel as null.
+            {
+                "name": "ttft_p50",
+                "canary": None,
+                "baseline": None,
+                "ratio": None,
+                "limit": 3.0,
+                "passed": None,
+            },
+        ],
+        "rollbacks_total": 2,
+    }
+
+
+def test_status_without_a_canary_has_no_canary_key() -> None:
+    assert "canary" not in results.status_result(_view(), [], version="9.9", now=1.0)
+
+
+def test_why_carries_the_canary_only_for_the_canary_worker() -> None:
+    v = replace(_view(), canary=_canary(state=CanaryState.ANALYSING, ends_at=430.0))
+    why1 = results.why_result(v.worker(1), canary=v.canary)
+    assert isinstance(why1["canary"], dict)
+    assert why1["canary"]["state"] == "analysing" and why1["canary"]["ends_at"] == 430.0
+    assert "canary" not in results.why_result(v.worker(0), canary=v.canary)
+
+
+def test_reload_result_carries_when_the_agent_took_it() -> None:
+    rr = results.reload_result(ReloadResult(True, restarted=(1,)), 123.5)
+    assert list(rr) == ["applied", "problems", "restarted", "added", "removed", "issued_at"]
+    assert rr["issued_at"] == 123.5
+
+
+def test_a_reload_held_for_a_rejected_change_says_so_apart_from_its_problems() -> None:
+    why = "change 3f9a1c2e was rejected by its canary at 2026-12-01 18:00:00 UTC: ..."
+    rr = results.reload_result(ReloadResult(False, problems=(why,), held=why), 1.0)
+    assert rr["held"] == why and rr["problems"] == [why] and rr["applied"] is False
+    assert "held" not in results.reload_result(ReloadResult(True), 1.0)

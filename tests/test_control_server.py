@@ -461,7 +461,10 @@ async def test_state_changes_are_logged_with_peer_uid_and_pid(server: ControlSer
 
 
 async def test_reload_reset_oom_and_endpoints(server: ControlServer, ops: FakeOps) -> None:
+    ops.roll_on_reload = False  # worker 1 stays as it is: the stop below decides it
+    before = time.time()
     r = await call(server.path, "reload")
+    issued_at = r["result"].pop("issued_at")
     assert r["result"] == {
         "applied": True,
         "problems": [],
@@ -469,6 +472,8 @@ async def test_reload_reset_oom_and_endpoints(server: ControlServer, ops: FakeOp
         "added": [],
         "removed": [],
     }
+    # The agent's clock when it took the reload: a canary window it starts begins later.
+    assert before <= issued_at <= time.time()
     r = await call(server.path, "reset-oom", {"worker": 3})
     assert r["result"] == {"worker": 3, "oom_step": 0} and ops.oom_resets == [3]
     await call(server.path, "stop", {"worker": 1})

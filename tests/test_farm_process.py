@@ -194,7 +194,7 @@ def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) 
         cfg.write_text(
             rewritten(good, workers={"overrides": {"2": {"sglang": {"max_running_requests": 7}}}})
         )
-        ok = farm.farmctl("--json", "reload")
+        ok = farm.farmctl("--json", "reload", "--no-wait")
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert json.loads(ok.stdout)["restarted"] == [2]
         ready2 = farm.wait_for(

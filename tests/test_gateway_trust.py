@@ -276,7 +276,7 @@ def test_a_reload_adding_api_key_puts_every_worker_back_into_smg() -> None:
         )
         config.write_text(text)
         mark = len(farm.snapshot())
-        r = farm.farmctl("reload", timeout=60)
+        r = farm.farmctl("reload", "--no-wait", timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         for w in (0, 1):
             farm.wait_for(event("worker_ready", w), 90, after=mark)

@@ -11,7 +11,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_fixtures import GATEWAY_URL, NOW, GiB, farm, gateway_state, state
+from metrics_fixtures import (
+    GATEWAY_URL,
+    NOW,
+    GiB,
+    canary_state,
+    farm,
+    gateway_state,
+    state,
+)
+from sglang_farm.canary.view import CanaryState
 from sglang_farm.farm_view import Phase, Quarantine
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.metrics.collectors import (
@@ -24,7 +33,11 @@ from sglang_farm.metrics.collectors import (
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # The shape of a farm without a [gateway], and of one behind a gateway with a draining worker.
-GOLDENS = {"metrics.txt": state, "metrics_gateway.txt": gateway_state}
+GOLDENS = {
+    "metrics.txt": state,
+    "metrics_gateway.txt": gateway_state,
+    "metrics_canary.txt": canary_state,
+}
 GATEWAY_FAMILIES = (
     "sglang_farm_gateway_up",
     "sglang_farm_gateway_members",
@@ -392,7 +405,7 @@ def _ready0() -> dict[str, str]:
 
 
 def test_every_family_is_prefixed_and_counters_end_in_total() -> None:
-    text = generate_latest(_registry(gateway_state())).decode()
+    text = generate_latest(_registry(canary_state())).decode()
     for fam in text_string_to_metric_families(text):
         assert fam.name.startswith("sglang_farm_"), fam.name
         for s in fam.samples:
@@ -434,3 +447,56 @@ def test_a_busy_worker_is_marked_and_others_are_not() -> None:
         if line.startswith("sglang_farm_worker_busy{")
     }
     assert busy["1"] == "1.0" and all(v == "0.0" for k, v in busy.items() if k != "1")
+
+
+# --- the canary analysis (issue 23) -------------------------------------------------
+
+
+def test_the_canary_verdict_is_a_one_hot_state_set_with_its_change_and_worker() -> None:
+    st = canary_state()
+    states = {s: _v(st, "sglang_farm_canary_state", state=s) for s in CanaryState}
+    assert states == {
+        CanaryState.ANALYSING: 0,
+        CanaryState.PROMOTED: 0,
+        CanaryState.ROLLED_BACK: 1,
+        CanaryState.HELD: 0,
+    }
+    assert _v(st, "sglang_farm_canary_info", change="3f9a1c2e", worker="1", gpu="1,2") == 1
+    assert _v(st, "sglang_farm_canary_window_seconds") == 30
+    # Decided: no window end.
+    assert _v(st, "sglang_farm_canary_window_end_timestamp_seconds") is None
+
+
+def test_the_compared_figures_are_exported_per_check_and_side() -> None:
+    st = canary_state()
+    assert _v(st, "sglang_farm_canary_figure", check="itl_p99", side="canary") == 0.052
+    assert _v(st, "sglang_farm_canary_figure", check="itl_p99", side="baseline") == 0.01
+    assert _v(st, "sglang_farm_canary_check_ratio", check="itl_p99") == 5.2
+    assert _v(st, "sglang_farm_canary_check_limit", check="itl_p99") == 1.4
+    assert _v(st, "sglang_farm_canary_check_passed", check="itl_p99") == 0
+    assert _v(st, "sglang_farm_canary_check_passed", check="itl_p50") == 1
+    # Unknown is absent, never 0: TTFT's baseline, its ratio, and its (unjudged) result.
+    assert _v(st, "sglang_farm_canary_figure", check="ttft_p50", side="canary") == 0.4
+    assert _v(st, "sglang_farm_canary_figure", check="ttft_p50", side="baseline") is None
+    assert _v(st, "sglang_farm_canary_check_ratio", check="ttft_p50") is None
+    assert _v(st, "sglang_farm_canary_check_passed", check="ttft_p50") is None
+
+
+def test_rollbacks_are_counted() -> None:
+    assert _v(canary_state(), "sglang_farm_canary_rollbacks_total") == 2
+
+
+def test_an_analysis_under_way_exports_when_its_window_ends() -> None:
+    st = canary_state()
+    assert st.farm is not None and st.farm.canary is not None
+    cv = dataclasses.replace(
+        st.farm.canary, state=CanaryState.ANALYSING, ends_at=NOW + 12, checks=()
+    )
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, canary=cv))
+    assert _v(st, "sglang_farm_canary_state", state="analysing") == 1
+    assert _v(st, "sglang_farm_canary_window_end_timestamp_seconds") == NOW + 12
+
+
+def test_a_farm_that_judged_no_change_exports_no_canary_series() -> None:
+    text = generate_latest(_registry(gateway_state())).decode()
+    assert "sglang_farm_canary_" not in text

@@ -407,7 +407,7 @@ def test_cuda_oom_worker_is_reported_as_such(farm: SdFarm) -> None:
         worker_env={victim: {"SGLANG_SIM_FAIL": "cuda_oom"}},
     )
     farm.c.write_file(CONFIG, toml)
-    res = farm.farmctl("--json", "reload")
+    res = farm.farmctl("--json", "reload", "--no-wait")
     assert res["restarted"] == [victim], res
     w = farm.wait(
         f"worker {victim}'s CUDA OOM recorded",

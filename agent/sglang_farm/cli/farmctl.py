@@ -38,6 +38,8 @@ class Exit(IntEnum):
     USAGE = 2  # bad command line, unknown worker, unreadable --config
     NOT_RUNNING = 3  # the named worker is not running / ended failed
     UNREACHABLE = 4  # no agent answers at the socket
+    ROLLED_BACK = 5  # reload: the canary failed its analysis and was put back (docs/canary.md)
+    HELD = 6  # reload: the change is held (too little traffic to judge, or rejected before)
 
 
 class FarmctlError(click.ClickException):
@@ -63,6 +65,14 @@ class NotRunning(FarmctlError):
 
 class Unreachable(FarmctlError):
     exit_code = Exit.UNREACHABLE
+
+
+class RolledBack(FarmctlError):
+    exit_code = Exit.ROLLED_BACK
+
+
+class Held(FarmctlError):
+    exit_code = Exit.HELD
 
 
 def _version() -> str:
@@ -256,7 +266,7 @@ def cli(
     """Operate a running sglang-farm: status, restarts, logs, failures.
 
     Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
-    failed, 4 agent unreachable.
+    failed, 4 agent unreachable, 5 reload rolled back, 6 reload held.
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
@@ -365,6 +375,99 @@ def staging_line(sg: Mapping[str, Any]) -> str:
     return line
 
 
+# A canary analysis's states (canary.view.CanaryState) in words.
+_CANARY_WORDS = {
+    "analysing": "analysing",
+    "promoted": "promoted",
+    "rolled_back": "rolled back",
+    "held": "held",
+}
+
+
+def _secs(seconds: float) -> str:
+    return f"{max(round(seconds), 0):,} s"
+
+
+def canary_line(cv: Mapping[str, Any], now: float) -> str:
+    """The canary analysis in one line: "canary 3: rolled back: canary ITL p99 0.052 s =
+    5.2x the baseline's over 30 s, 412 vs 2,830 requests"; while the window runs,
+    "canary 3: analysing, 12 s of 30 s left" and what is known so far."""
+    head = f"canary {cv.get('canary')}"
+    state = str(cv.get("state"))
+    word = _CANARY_WORDS.get(state, state)
+    evidence = str(cv.get("evidence") or "")
+    if state == "analysing":
+        ends = cv.get("ends_at")
+        text = "analysing"
+        if isinstance(ends, int | float):
+            window = float(cv.get("window_s") or 0)
+            text += f", {_secs(float(ends) - now)} of {_secs(window)} left"
+        return f"{head}: {text}" + (f" ({evidence})" if evidence else "")
+    if not evidence:
+        return f"{head}: {word}"
+    # The agent's evidence may already open with the verdict ("rolled back: ...").
+    return f"{head}: {evidence if evidence.startswith(word) else f'{word}: {evidence}'}"
+
+
+def _figure(x: object) -> str:
+    return f"{x:.4g}" if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+
+
+# What the farm did, by verdict (docs/canary.md).
+_CANARY_DONE = {
+    "analysing": "the next wave waits for the verdict",
+    "promoted": "the change rolls to the other workers, wave by wave",
+    "rolled_back": (
+        "the canary was put back on the accepted config, the other workers were not "
+        "touched, and the change is recorded as rejected: it is not rolled again on its own"
+    ),
+    "held": (
+        "nothing more rolls: the other workers stay on the accepted config until the next "
+        "reload (the same config is judged again, another supersedes it; a change rejected "
+        "before needs an edit), and SglangFarmRolloutHeld fires after 30 min"
+    ),
+}
+
+
+def canary_why_lines(cv: Mapping[str, Any], now: float) -> list[str]:
+    """`farmctl why` of the canary worker: the verdict line, the change and the window,
+    what the farm did, and one row per compared figure."""
+    started = cv.get("started_at")
+    when = (
+        f", window {_secs(float(cv.get('window_s') or 0))} from {_duration(now - float(started))}"
+        " ago"
+        if isinstance(started, int | float)
+        else ""
+    )
+    out = [
+        canary_line(cv, now),
+        f"change {cv.get('change')}{when}; canary rollbacks since the agent started: "
+        f"{int(cv.get('rollbacks_total') or 0)}",
+    ]
+    done = _CANARY_DONE.get(str(cv.get("state")))
+    if done:
+        out.append(f"what the farm did: {done}")
+    checks = [c for c in cv.get("checks") or () if isinstance(c, dict)]
+    if checks:
+        rows = [["CHECK", "CANARY", "BASELINE", "RATIO", "LIMIT", "RESULT"]]
+        for c in checks:
+            passed = c.get("passed")
+            result = "passed" if passed is True else "FAILED" if passed is False else "not judged"
+            ratio = c.get("ratio")
+            rows.append(
+                [
+                    str(c.get("name")),
+                    _figure(c.get("canary")),
+                    _figure(c.get("baseline")),
+                    f"{ratio:.2f}x" if isinstance(ratio, int | float) else "-",
+                    _figure(c.get("limit")),
+                    result,
+                ]
+            )
+        out += ["  " + ln for ln in _table(rows).splitlines()]
+    return out
+
+
 def format_status(st: Mapping[str, Any]) -> str:
     """The `farmctl status` text: a header line, the gateway's line when there is one,
     a table, and one line per quarantined GPU or failure (and for a gateway that does
@@ -423,10 +526,12 @@ def format_status(st: Mapping[str, Any]) -> str:
             "its workers and retries"
         )
     sg: Mapping[str, Any] | None = st.get("staging")
+    cv: Mapping[str, Any] | None = st.get("canary")
     out = [
         head,
         *([_gateway_line(gw, len(workers))] if gw is not None else []),
         *([staging_line(sg)] if sg is not None else []),
+        *([canary_line(cv, now)] if cv is not None else []),
         "",
         _table(rows),
     ]
@@ -441,8 +546,10 @@ def status(ctl: Ctl) -> None:
     """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM.
 
     With a gateway: its URL, whether it answers, how many workers it routes to,
-    and a GATEWAY column (in/out) per worker. A note line follows for each worker
-    whose GPU is quarantined and each failing worker.
+    and a GATEWAY column (in/out) per worker. Once a change has been judged on a
+    canary, one line with its verdict and evidence (farmctl why N says more). A
+    note line follows for each worker whose GPU is quarantined and each failing
+    worker.
     """
     if (st := ctl.query("status")) is not None:
         click.echo(format_status(st))
@@ -462,14 +569,17 @@ def _since_issue(obj: Mapping[str, object], issued_at: float, fallback_key: str)
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) -> None:
+def _wait_ready(
+    ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float, *, quiet: bool = False
+) -> None:
     """Follow every worker at once (one deadline for all), printing each phase once.
 
     Each worker is followed on its own connection from the start, so the workers of a
     later wave show their phases too (followed one after another, they were ready by
     their turn). Each worker is reported once: its phases entered since the request,
     then "ready after S" where S counts from when the agent took the request (the
-    agent's clock). Failures are raised afterwards, in the order of `ids`.
+    agent's clock). Failures are raised afterwards, in the order of `ids`. `quiet`: print
+    nothing (`reload --json`, which ends with one document).
     """
     import threading
 
@@ -480,7 +590,7 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
 
     def follow(wid: int) -> None:
         try:
-            finals[wid] = _follow(ctl, wid, issued_at, deadline, out)
+            finals[wid] = _follow(ctl, wid, issued_at, deadline, out, quiet=quiet)
         except BaseException as exc:  # re-raised in the caller's thread
             errors[wid] = exc
 
@@ -497,7 +607,13 @@ def _wait_ready(ctl: Ctl, ids: Sequence[int], issued_at: float, timeout: float) 
 
 
 def _follow(
-    ctl: Ctl, wid: int, issued_at: float, deadline: float, out: AbstractContextManager[object]
+    ctl: Ctl,
+    wid: int,
+    issued_at: float,
+    deadline: float,
+    out: AbstractContextManager[object],
+    *,
+    quiet: bool = False,
 ) -> Mapping[str, Any]:
     """One worker's `wait-ready` stream: its phases printed once each; the final result."""
     left = max(deadline - time.monotonic(), 0.001)
@@ -507,7 +623,9 @@ def _follow(
     # The server sends a line only on a change: the read bound is the wait's own.
     for reply in ctl.stream("wait-ready", args, timeout=left + 30.0):
         with out:
-            if ctl.as_json:
+            if quiet:
+                pass
+            elif ctl.as_json:
                 ctl.emit_json(
                     {"stream": reply.stream, **(reply.payload or {})}
                     if not reply.final
@@ -519,7 +637,7 @@ def _follow(
                     shown.add(state)
         if reply.final and isinstance(reply.result, dict):
             final = reply.result
-    if final.get("ready") and not ctl.as_json:
+    if final.get("ready") and not ctl.as_json and not quiet:
         secs = _since_issue(final, issued_at, "waited_s")
         with out:
             click.echo(f"worker {wid}: ready after {secs:.1f}s{_routing_note(final)}")
@@ -700,17 +818,109 @@ def reset_oom(ctl: Ctl, worker: int) -> None:
     )
 
 
+# How often `farmctl reload` reads the farm's view while it waits for the verdict: a
+# `status` is a pointer read in the agent, and a verdict takes tens of seconds at least.
+ROLLOUT_POLL_S = 1.0
+
+
+def _ours(st: Mapping[str, Any], issued_at: float) -> Mapping[str, Any] | None:
+    """The canary analysis that this reload started: one whose window (or its canary's
+    restart) began after the agent took the reload. An earlier change's is not ours."""
+    cv = st.get("canary")
+    if not isinstance(cv, dict):
+        return None
+    started = cv.get("started_at")
+    return cv if isinstance(started, int | float) and started >= issued_at else None
+
+
+def _await_verdict(
+    ctl: Ctl, issued_at: float, deadline: float, timeout: float
+) -> Mapping[str, Any] | None:
+    """Read the farm's view (`status`) until the canary analysis this reload started has
+    a verdict, printing a line when the canary restarts, when its window starts, and the
+    verdict; None when the reload started no analysis (nothing to roll, no canary among
+    the workers it restarts, or `[rollout] analysis_window = "0s"`). The agent builds its
+    view before it answers a reload, so the first status already shows the analysis."""
+    shown: set[object] = set()
+    while True:
+        st = ctl.call("status")
+        cv = _ours(st, issued_at)
+        if cv is None:
+            if shown:
+                raise Failed(
+                    "the change this reload started is no longer analysed: another reload "
+                    "superseded it (farmctl status)"
+                )
+            return None
+        key = (cv.get("state"), cv.get("ends_at") is not None)
+        if key not in shown:
+            shown.add(key)
+            if not ctl.as_json:
+                click.echo(canary_line(cv, float(st.get("now") or time.time())))
+        if cv.get("state") != "analysing":
+            return cv
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Failed(
+                f"no verdict after {timeout:g}s: canary {cv.get('canary')} is still analysing; "
+                "the agent carries on (farmctl status follows it), or wait longer with --timeout"
+            )
+        time.sleep(min(ROLLOUT_POLL_S, left))
+
+
+def _refused_by_canary(cv: Mapping[str, Any]) -> None:
+    """Raise a verdict that stops the rollout: rolled back (exit 5) or held (exit 6)."""
+    wid, change, state = cv.get("canary"), cv.get("change"), cv.get("state")
+    evidence = str(cv.get("evidence") or "")
+    # The agent's evidence may open with the verdict ("rolled back: ..."), said here already.
+    word = f"{_CANARY_WORDS.get(str(state), state)}: "
+    evidence = evidence[len(word) :] if evidence.startswith(word) else evidence
+    if state == "rolled_back":
+        raise RolledBack(
+            f"change {change} rolled back on canary {wid}: {evidence}; the other workers "
+            f"kept the old config and the change is not retried (farmctl why {wid})"
+        )
+    if state == "held":
+        raise Held(
+            f"change {change} held on canary {wid}: {evidence}; nothing more rolls until the "
+            f"next reload (farmctl why {wid}; docs/canary.md)"
+        )
+
+
 @cli.command()
+@click.option(
+    "--no-wait", is_flag=True, help="Return once the config is applied, before the verdict."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=24 * 3600),
+    default=3600.0,
+    show_default=True,
+    help="Seconds to wait for the canary's verdict and the waves after it, together.",
+)
 @pass_ctl
-def reload(ctl: Ctl) -> None:
+def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     """Re-read and validate the config; apply it only if valid.
 
-    Only workers whose command line changed are restarted, in waves. Exits 1
-    (and the old config keeps running) when the new one has problems.
+    Only workers whose command line changed are restarted, canary first, then in
+    waves. By default farmctl then follows the rollout: the canary's analysis
+    (a line when it restarts, when its window starts, and its verdict with the
+    evidence), then each restarted worker as restart does ("worker N: ready
+    after S").
+
+    Exits 1 (and the old config keeps running) when the new one has problems or
+    the rollout is not over within --timeout; 3 when a restarted worker ends
+    failed; 5 when the canary was rolled back; 6 when the change is held (too
+    little traffic to judge, or its canary rejected it before: the agent then
+    does not apply it).
     """
+    asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
-    if ctl.as_json:
+    if ctl.as_json and (no_wait or not res.get("applied")):
         ctl.emit_json(res)
+    if not res.get("applied") and res.get("held"):
+        # Its change was rejected by a canary before: not rolled again (docs/canary.md).
+        raise Held(f"reload held: {res['held']}")
     if not res.get("applied"):
         problems = list(res.get("problems", []))
         if not ctl.as_json:
@@ -721,14 +931,39 @@ def reload(ctl: Ctl) -> None:
             f"reload rejected: {n} problem{'s' if n != 1 else ''} in the config; "
             "the old config keeps running; fix them and run farmctl reload again"
         )
-    if ctl.as_json:
+    if not ctl.as_json:
+        parts = [
+            f"{label} {_who(res[key])}"
+            for key, label in (
+                ("restarted", "restarted"),
+                ("added", "added"),
+                ("removed", "removed"),
+            )
+            if res.get(key)
+        ]
+        click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+    if no_wait:
         return
-    parts = [
-        f"{label} {_who(res[key])}"
-        for key, label in (("restarted", "restarted"), ("added", "added"), ("removed", "removed"))
-        if res.get(key)
-    ]
-    click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+    deadline = time.monotonic() + timeout
+    # The agent's clock when it took the reload; an agent without it: ours (same host).
+    issued = res.get("issued_at")
+    issued_at = float(issued) if isinstance(issued, int | float) else asked_at
+    cv = _await_verdict(ctl, issued_at, deadline, timeout)
+    if cv is not None and ctl.as_json:
+        # One document, whatever the verdict: the reload's result and the analysis.
+        ctl.emit_json({**res, "canary": cv})
+    if cv is not None:
+        _refused_by_canary(cv)
+    elif ctl.as_json:
+        ctl.emit_json({**res, "canary": None})
+    ids = [int(i) for i in (*res.get("restarted", ()), *res.get("added", ()))]
+    if not ids:
+        return
+    # The waves: each restarted worker followed as `farmctl restart` does.
+    _wait_ready(ctl, ids, issued_at, max(deadline - time.monotonic(), 0.001), quiet=ctl.as_json)
+    if not ctl.as_json:
+        what = f"change {cv.get('change')} promoted on canary {cv.get('canary')}" if cv else ""
+        click.echo(f"rollout done{': ' + what + ', every wave ready' if what else ''}")
 
 
 @cli.command("release-gpu")
@@ -833,7 +1068,8 @@ def why(ctl: Ctl, worker: int) -> None:
     """Explain WORKER's last failure: the log lines, what the farm did, what to do.
 
     Also says what its state means when the name alone does not (quarantined,
-    with the next step; draining; ready but not in the gateway).
+    with the next step; draining; ready but not in the gateway), and for the
+    canary of the latest change its verdict, evidence and every figure compared.
     """
     r = ctl.query("why", {"worker": worker})
     if r is None:
@@ -850,6 +1086,10 @@ def why(ctl: Ctl, worker: int) -> None:
     sg = r.get("staging")
     if sg and sg.get("state") == "staging":
         click.echo(staging_line(sg))  # the progress; a failed stage is the note above
+    cv = r.get("canary")
+    if cv:
+        for ln in canary_why_lines(cv, time.time()):
+            click.echo(ln)
     f = r.get("last_failure")
     if not f:
         if not r.get("quarantine") and not sg:  # said above: the GPU's or the stage's failure

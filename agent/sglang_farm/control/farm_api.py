@@ -20,6 +20,9 @@ class ReloadResult:
     restarted: tuple[int, ...] = ()  # workers whose command line changed
     added: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
+    # Not applied because its change was rejected by a canary before (docs/canary.md):
+    # why, in one line (also in `problems`). farmctl exits "held" (6), not "rejected" (1).
+    held: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

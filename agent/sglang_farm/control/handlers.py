@@ -190,7 +190,7 @@ class Handlers:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         view = self._ops.view()
         return results.why_result(
-            self._known(view, req.args.worker, req.id), view.gateway, view.staging
+            self._known(view, req.args.worker, req.id), view.gateway, view.staging, view.canary
         )
 
     async def _logs(self, req: Request, channel: Channel) -> Result:
@@ -389,6 +389,9 @@ class Handlers:
                 ErrorCode.BUSY, "a reload is already in progress; wait for it and retry", req.id
             )
         async with self._reload_lock:
+            # Taken before the reload: the canary analysis it starts has a later
+            # `started_at`, which `farmctl reload` relies on to follow the right one.
+            issued_at = self._wall_clock()
             r = await self._ops.reload()
         log.info(
             "control_reload_done",
@@ -397,7 +400,7 @@ class Handlers:
             problems=len(r.problems),
             restarted=list(r.restarted),
         )
-        return results.reload_result(r)
+        return results.reload_result(r, issued_at)
 
 
 def _quarantined(w: WorkerView) -> bool:

@@ -10,8 +10,10 @@ the existing ones and keeps the version. No I/O, no clock: times are passed in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
+from sglang_farm.canary.view import CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.farm_view import (
@@ -173,6 +175,44 @@ def staging_note(w: WorkerView, s: StagingView | None) -> str | None:
     )
 
 
+def _finite(x: float | None) -> float | None:
+    """A figure for the wire: JSON has no inf or NaN (the wire refuses them), so a figure
+    that is not finite travels as null, like one not known."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def check_result(c: CheckView) -> Result:
+    """One compared figure of a canary verdict (`RolloutVerdictView.checks`)."""
+    return {
+        "name": c.name,
+        "canary": _finite(c.canary),
+        "baseline": _finite(c.baseline),
+        "ratio": _finite(c.ratio),
+        "limit": _finite(c.limit),
+        "passed": c.passed,
+    }
+
+
+def canary_result(c: RolloutVerdictView | None) -> Result | None:
+    """The canary analysis of the latest rolling change (docs/canary.md): its state, the
+    change's short hash, the canary worker, the window (wall clock), the one-line
+    evidence, every figure compared, and the rollbacks counted since the agent started.
+    None when the farm has not judged a change since it started."""
+    if c is None:
+        return None
+    return {
+        "state": str(c.state),
+        "change": c.change,
+        "canary": c.canary,
+        "started_at": c.started_at,
+        "window_s": c.window_s,
+        "ends_at": c.ends_at,
+        "evidence": c.evidence,
+        "checks": [check_result(k) for k in c.checks],
+        "rollbacks_total": c.rollbacks_total,
+    }
+
+
 def _with_queue(result: Result, queued: float | None) -> Result:
     if queued is not None:
         result["queue_depth"] = queued
@@ -188,7 +228,8 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    the gateway (null without one), and with a [model] its stage (`staging`, last)."""
+    the gateway (null without one), with a [model] its stage (`staging`), and once a
+    change has been judged its canary analysis (`canary`, last)."""
     result: Result = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
@@ -221,6 +262,8 @@ def status_result(
     }
     if view.staging is not None:
         result["staging"] = staging_result(view.staging)
+    if view.canary is not None:
+        result["canary"] = canary_result(view.canary)
     return result
 
 
@@ -273,11 +316,16 @@ def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
 
 
 def why_result(
-    w: WorkerView, gateway: GatewayStatus | None = None, staging: StagingView | None = None
+    w: WorkerView,
+    gateway: GatewayStatus | None = None,
+    staging: StagingView | None = None,
+    canary: RolloutVerdictView | None = None,
 ) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it,
     what its state means now (`state_note`: quarantined, draining, or ready but out of the
-    gateway), and for a quarantined GPU the quarantine and the operator's `next_step`."""
+    gateway), for a quarantined GPU the quarantine and the operator's `next_step`, and
+    for the canary of the latest change its verdict with the evidence and the checks
+    (`canary`, last; only on that worker)."""
     f = w.last_failure
     q = w.quarantine
     result: Result = {
@@ -300,6 +348,8 @@ def why_result(
     if staging_note(w, staging):
         # The stage that holds this worker (a failed one: its error and fix).
         result["staging"] = staging_result(staging)
+    if canary is not None and canary.canary == w.id:
+        result["canary"] = canary_result(canary)
     return result
 
 
@@ -404,14 +454,24 @@ def release_gpu_result(
     return result
 
 
-def reload_result(r: ReloadResult) -> Result:
-    return {
+def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
+    """`reload`: applied or not (the problems), the workers restarted, added and removed;
+    `issued_at` (when given: the agent's wall clock before it read the config) lets
+    `farmctl reload` tell the canary analysis of this reload from an earlier one (its
+    `started_at` is later); `held` (only when set): the config was not applied because
+    its change was rejected by a canary before, and why."""
+    result: Result = {
         "applied": r.applied,
         "problems": list(r.problems),
         "restarted": list(r.restarted),
         "added": list(r.added),
         "removed": list(r.removed),
     }
+    if issued_at is not None:
+        result["issued_at"] = issued_at
+    if r.held is not None:
+        result["held"] = r.held
+    return result
 
 
 def describe_ids(ids: Sequence[int]) -> str:

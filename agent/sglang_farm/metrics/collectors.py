@@ -12,7 +12,7 @@ Conventions (docs/metrics.md lists every family):
 - `worker` is the worker id; `uuid` the GPU UUID;
 - the gateway's series (and each worker's `in_gateway`) exist only when the config
   has a [gateway]: absent, not 0, on a farm without one; the model stage's only
-  with a [model];
+  with a [model]; the canary analysis's only once a change has been judged;
 - a reading that is unknown (NotSupported, worker not polled yet) is absent,
   never 0 or NaN.
 
@@ -25,6 +25,7 @@ whole farm.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sglang_farm import __version__
+from sglang_farm.canary.view import CanaryState, RolloutVerdictView
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.metrics import exposition
@@ -239,6 +241,8 @@ def _farm_extras(st: MetricsState) -> Iterator[Metric]:
         yield from _gateway(st.farm.gateway)
     if st.farm is not None and st.farm.staging is not None:
         yield from _staging(st.farm.staging)
+    if st.farm is not None and st.farm.canary is not None:
+        yield from _canary(st.farm, st.farm.canary)
 
 
 def _gpus_of(st: MetricsState) -> Iterator[Metric]:
@@ -331,6 +335,75 @@ def _staging(sg: StagingView) -> Iterator[Metric]:
         total.add_metric([sg.step or ""], sg.bytes_total)
         yield done
         yield total
+
+
+def _canary(farm: FarmView, cv: RolloutVerdictView) -> Iterator[Metric]:
+    # Only once a change has been judged on a canary (docs/canary.md): the latest one's
+    # state, its window, and the figures compared, as `farmctl why` shows them.
+    state = _g(
+        "sglang_farm_canary_state",
+        "The latest change's canary analysis (a state set); rolled_back and held keep the "
+        "farm on the accepted config.",
+        ["state"],
+    )
+    for s in CanaryState:
+        state.add_metric([s.value], 1 if cv.state is s else 0)
+    yield state
+    try:
+        gpus = gpu_label(farm.worker(cv.canary).gpus)
+    except KeyError:  # a reload removed the worker since
+        gpus = ""
+    info = _g(
+        "sglang_farm_canary_info",
+        "The change judged (its short hash) and its canary worker; always 1.",
+        ["change", "worker", "gpu"],
+    )
+    info.add_metric([cv.change, str(cv.canary), gpus], 1)
+    yield info
+    window = _g("sglang_farm_canary_window_seconds", "The canary's analysis window.")
+    window.add_metric([], cv.window_s)
+    yield window
+    if cv.ends_at is not None:
+        ends = _g(
+            "sglang_farm_canary_window_end_timestamp_seconds",
+            "While the canary is analysed: when its window ends (Unix time).",
+        )
+        ends.add_metric([], cv.ends_at)
+        yield ends
+    figure = _g(
+        "sglang_farm_canary_figure",
+        "A figure the verdict compared, for the canary and for the baseline (seconds for "
+        "itl_* and ttft_*, a ratio for errors, requests for traffic, a score for eval).",
+        ["check", "side"],
+    )
+    ratio = _g("sglang_farm_canary_check_ratio", "A compared figure, canary / baseline.", ["check"])
+    limit = _g("sglang_farm_canary_check_limit", "The limit a check is judged against.", ["check"])
+    passed = _g(
+        "sglang_farm_canary_check_passed",
+        "1 if the check passed, 0 if it failed; absent while not judged (too little data).",
+        ["check"],
+    )
+    for c in cv.checks:
+        for side, value in (("canary", c.canary), ("baseline", c.baseline)):
+            if value is not None and math.isfinite(value):
+                figure.add_metric([c.name, side], value)
+        if c.ratio is not None and math.isfinite(c.ratio):
+            ratio.add_metric([c.name], c.ratio)
+        if c.limit is not None and math.isfinite(c.limit):
+            limit.add_metric([c.name], c.limit)
+        if c.passed is not None:
+            passed.add_metric([c.name], 1 if c.passed else 0)
+    yield figure
+    yield ratio
+    yield limit
+    yield passed
+    rollbacks = _c(
+        "sglang_farm_canary_rollbacks",
+        "Changes rolled back from their canary since the agent started.",
+        [],
+    )
+    rollbacks.add_metric([], cv.rollbacks_total)
+    yield rollbacks
 
 
 def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:
