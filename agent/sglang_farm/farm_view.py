@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sglang_farm.canary.view import RolloutVerdictView
 from sglang_farm.failures import Failure
 from sglang_farm.phase import Phase
 from sglang_farm.spec import FarmSpec
@@ -99,6 +100,7 @@ class FarmView:
     rollout_reason: str | None = None  # why a rollout halted
     gateway: GatewayStatus | None = None  # None: no [gateway]
     staging: StagingView | None = None  # None: no [model]
+    canary: RolloutVerdictView | None = None  # None: no canary analysis yet (issue 23)
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
