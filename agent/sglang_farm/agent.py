@@ -26,6 +26,8 @@ from typing import Any
 import structlog
 
 from sglang_farm import xid
+from sglang_farm.canary.driver import CanaryDriver, Scrape  # issue 23
+from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.drain import HttpInFlight, InFlight, watch_drain
@@ -131,6 +133,8 @@ class AgentHooks:
     # Re-check a quarantined GPU through NVML before its worker is released: the problems
     # that keep it set aside (empty: clear).
     check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
+    # Issue 23: how the canary analysis reads a /metrics (None: HTTP; tests: synthetic).
+    canary_scrape: Scrape | None = None
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
     port_state: Callable[[str, int], PortState] = port_state
@@ -163,6 +167,10 @@ class Agent:
         wall: Callable[[], float] = time.time,
         hooks: AgentHooks = AgentHooks(),
     ) -> None:
+        # Issue 23: the canary analysis; a restarted agent may start on the last accepted
+        # config instead of the file's (its change rejected, or not judged yet).
+        self._canary = CanaryDriver(spec, scrape=hooks.canary_scrape, caps=hooks.compute_caps)
+        spec = self._canary.spec
         self._spec = spec
         self._config_loader = config_loader
         self._clock = clock
@@ -226,9 +234,35 @@ class Agent:
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
         self._remembered = self._store.restore(self.sup, {w.id: w.gpus for w in spec.workers})
+        self._canary.attach(self._canary_host())  # issue 23
         self._view = self._build_view()
 
     # ---- wiring --------------------------------------------------------------------------
+
+    def _canary_host(self) -> CanaryHost:
+        """Issue 23: what the canary analysis (canary/driver.py) may do to the farm."""
+
+        def set_spec(spec: FarmSpec) -> None:  # a rollback: the accepted config in force
+            self._spec = spec
+            self.sup.reconfigure(self._policy(spec), (), ())
+
+        def refresh() -> None:
+            self._last_refresh = None
+            self._refresh()
+
+        return CanaryHost(
+            spec=lambda: self._spec,
+            set_spec=set_spec,
+            sup=self.sup,
+            apply=self._apply_actions,
+            spawn=self.spawn,
+            refresh=refresh,
+            reload=self.reload,
+            startup_done=lambda: self._startup is None,
+            clock=self._clock,
+            wall=self._wall,
+            gateway=self._spec.gateway.enabled,
+        )
 
     @property
     def spec(self) -> FarmSpec:
@@ -726,6 +760,7 @@ class Agent:
         for cb in self._hooks.observers:
             cb(self._view)
         self.spawn(self._notify_all())
+        self._canary.observe()  # issue 23: the canary's window starts, fails or ends
 
     async def _state_writer(self) -> None:
         """One writer, off the event loop, always of the latest states (changes coalesce)."""
@@ -750,6 +785,7 @@ class Agent:
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
+            canary=self._canary.view(),  # issue 23: FarmView.canary
         )
 
     # ---- FarmOps -------------------------------------------------------------------------
@@ -872,6 +908,11 @@ class Agent:
             new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
             return _refused(Refused(exc.problems))
+        # Issue 23: a change its canary rejected is refused; one under analysis (or held)
+        # is superseded by this reload (its canary back on the accepted config first).
+        if (rejected := self._canary.held(new)) is not None:
+            return _refused(Refused((rejected,)))
+        self._canary.supersede(new)
         old, serving = self._spec, self._staging
         change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
         if isinstance(change, Refused):
@@ -926,11 +967,14 @@ class Agent:
             held=held is not None,
             workers=new.worker_ids,
         )
+        gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
         if effects.start:
             self._apply_actions(self.sup.start(list(effects.start), self._clock()))
         if effects.restart:
             self._apply_actions(
-                self.sup.restart_rolling(list(effects.restart), RestartReason.CONFIG, self._clock())
+                self.sup.restart_rolling(
+                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
+                )
             )
         if staged is not None:
             self._after_swap(staged)
