@@ -34,6 +34,7 @@ from sglang_farm.canary.rollout import (
     Inconclusive,
     Resolution,
     StartWindow,
+    Stopped,
 )
 from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
@@ -42,7 +43,7 @@ from sglang_farm.failures import RestartReason
 from sglang_farm.phase import Phase
 from sglang_farm.pollers import worker_api_key
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Action, RestartRequested, Supervisor
+from sglang_farm.supervisor import Action, RestartRequested, Rollout, StopIntent, Supervisor
 
 log = structlog.get_logger("sglang_farm.canary")
 
@@ -267,14 +268,29 @@ class CanaryDriver:
         h = self._host
         if h is None or self._busy:
             return
-        if self._reroll and h.startup_done():
+        if (
+            self._reroll
+            and h.startup_done()
+            and h.sup.rollout is Rollout.DONE
+            and not h.sup.rolling
+        ):
+            # The start-up's rollout (on the accepted config) is over: the file's change
+            # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
         if a is None or self._judging or a.canary not in h.sup.workers:
             return
         s = h.sup.workers[a.canary]
-        obs = CanaryObs(s.phase, s.in_gateway, s.busy, s.last_failure, s.last_failure_at)
+        stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+        obs = CanaryObs(
+            phase=s.phase,
+            in_gateway=s.in_gateway,
+            busy=s.busy,
+            stopping=stopping,
+            last_failure=s.last_failure,
+            last_failure_at=s.last_failure_at,
+        )
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -290,6 +306,8 @@ class CanaryDriver:
                     after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
                     evidence = f"canary {ev.kind} {after}: {ev.detail}"
                     self._resolve(Resolution.ROLLBACK, evidence, ())
+                case Stopped():
+                    self._stopped(a2)
                 case Inconclusive(why=why):
                     spec = self._candidate or h.spec()
                     self._resolve(
@@ -316,6 +334,22 @@ class CanaryDriver:
         )
         self._show(CanaryState.ANALYSING, f"the window runs: {a.window_s:g} s")
         self._task = h.spawn(self._window(a))
+        h.refresh()
+
+    def _stopped(self, a: Analysis) -> None:
+        """The canary stopped on purpose: no verdict, nothing recorded, the waves stay
+        gated (HELD): a reload judges the change again; an agent restart starts on the
+        accepted config and rolls the change canary first."""
+        h = self._host
+        assert h is not None
+        self._cancel()
+        why = "the canary was stopped during the analysis: reload to judge the change again"
+        log.bind(worker=a.canary, gpu=_gpu(h.spec(), a.canary)).warning(
+            "canary_held", change=record.short(a.change), evidence=why
+        )
+        self._show(CanaryState.HELD, f"held: {why}", (), a)
+        self._analysis = None
+        h.refresh()
 
     def _baseline(self, canary: int) -> list[int]:
         h = self._host
@@ -352,7 +386,9 @@ class CanaryDriver:
         base = self._baseline(a.canary)
         self._start = await self._samples([a.canary, *base])
         self._base = base
-        await asyncio.sleep(max(0.0, (a.ends_at or h.clock()) - h.clock()))
+        end = a.ends_at if a.ends_at is not None else h.clock()
+        # A millisecond past the end: a timer may fire a float's hair early.
+        await asyncio.sleep(max(0.0, end - h.clock()) + 0.001)
         self._task = None
         self.observe()
 

@@ -43,6 +43,7 @@ __all__ = [
     "Inconclusive",
     "Resolution",
     "StartWindow",
+    "Stopped",
     "Wait",
     "policy",
     "resolve",
@@ -87,6 +88,8 @@ class CanaryObs:
     phase: Phase
     in_gateway: bool
     busy: bool = False  # its failed probe was excused: its counters were advancing
+    # An operator's stop (or the agent's shutdown) is under way: not the change's doing.
+    stopping: bool = False
     last_failure: Failure | None = None
     last_failure_at: float | None = None  # the supervisor's clock
 
@@ -134,13 +137,19 @@ class Fail:
 
 
 @dataclass(frozen=True, slots=True)
+class Stopped:
+    """The canary is being stopped on purpose (an operator, the agent's shutdown): the
+    analysis ends with no verdict and nothing recorded; a reload judges the change again."""
+
+
+@dataclass(frozen=True, slots=True)
 class Inconclusive:
     """Nothing can be said about the change (the canary's GPU was set aside)."""
 
     why: str
 
 
-Step = Wait | StartWindow | EndWindow | Fail | Inconclusive
+Step = Wait | StartWindow | EndWindow | Fail | Stopped | Inconclusive
 
 _GONE = (Phase.BACKOFF, Phase.FAILED, Phase.STOPPED, Phase.STOPPING)
 
@@ -149,6 +158,8 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
     """The analysis after looking at the canary `now`; `gateway`: the farm has one, so the
     canary must be routed to before its window starts."""
     after = 0.0 if a.window_start is None else max(0.0, now - a.window_start)
+    if c.stopping:
+        return a, Stopped()
     new_failure = c.last_failure_at is not None and (
         a.failure_mark is None or c.last_failure_at > a.failure_mark
     )
