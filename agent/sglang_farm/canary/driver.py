@@ -116,6 +116,7 @@ class CanaryDriver:
         self._accepted: FarmSpec | None = None  # the config the baseline runs
         self._candidate: FarmSpec | None = None  # the change under analysis (or held)
         self._analysis: Analysis | None = None
+        self._on_change: int | None = None  # the canary running the candidate, if one does
         self._view: RolloutVerdictView | None = None
         self._oom_step = 0  # the canary's OOM step before the change (a rollback restores it)
         self._task: asyncio.Task[Any] | None = None
@@ -179,7 +180,7 @@ class CanaryDriver:
 
     def _accept(self, spec: FarmSpec, change: str | None = None) -> None:
         change = change or rollout.spec_change(spec, self._caps)
-        self._accepted, self._candidate = spec, None
+        self._accepted, self._candidate, self._on_change = spec, None, None
         acc = self._record.accepted
         if acc is not None and acc.change == change and acc.text is not None:
             return
@@ -220,10 +221,18 @@ class CanaryDriver:
         h = self._host
         if h is None or self._candidate is None or self._accepted is None:
             return
-        if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
+        change = rollout.spec_change(self._candidate, self._caps)
+        canary = self._on_change
+        if rollout.spec_change(new, self._caps) == change:
+            if self._analysis is None and canary is not None and canary in h.sup.workers:
+                # The same change again while it is held (inconclusive, or its canary
+                # stopped): judged again, on the canary that runs it, in a new window.
+                s = h.sup.workers[canary]
+                window = new.rollout.analysis_window
+                self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
+                self._show(CanaryState.ANALYSING, "judged again: the window starts")
             return
-        canary = self._analysis.canary if self._analysis is not None else None
-        log.info("canary_superseded", change=record.short(self._change()), worker=canary)
+        log.info("canary_superseded", change=record.short(change), worker=canary)
         self._back_to_accepted(canary)
         self._view = None
 
@@ -235,6 +244,8 @@ class CanaryDriver:
         canary = new.startup.canary
         window = new.rollout.analysis_window
         if not restart:
+            if self._candidate is None:
+                self._accept(new)  # e.g. workers added: what runs is the new config's
             return False
         if window <= 0 or canary is None or canary not in restart:
             self._accept(new)
@@ -254,7 +265,7 @@ class CanaryDriver:
             return False
         if self._accepted is None:
             self._accepted = old
-        self._candidate = new
+        self._candidate, self._on_change = new, canary
         s = h.sup.workers[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
@@ -469,7 +480,7 @@ class CanaryDriver:
         h = self._host
         assert h is not None and self._accepted is not None
         self._cancel()
-        self._analysis, self._candidate = None, None
+        self._analysis, self._candidate, self._on_change = None, None, None
         h.set_spec(self._accepted)
         h.sup.rolling = tuple(r for r in h.sup.rolling if not r.gated)
         if canary is None or canary not in h.sup.workers:
@@ -488,9 +499,6 @@ class CanaryDriver:
             t.cancel()
 
     # ---- the view ---------------------------------------------------------------------------
-
-    def _change(self) -> str:
-        return self._analysis.change if self._analysis is not None else ""
 
     def _show(
         self,
