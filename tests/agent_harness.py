@@ -20,7 +20,7 @@ from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from farmtoml import Table, merged, sim_farm, toml_text
 from sglang_farm.agent import Agent, AgentHooks
-from sglang_farm.canary.driver import Scrape
+from sglang_farm.canary.driver import Gate, Scrape
 from sglang_farm.config import load_spec
 from sglang_farm.farm_view import FarmView
 from sglang_farm.launcher import Preflight
@@ -113,6 +113,7 @@ async def farm(
     load_s: float = 10.0,
     observers: Sequence[Callable[[FarmView], None]] = (),
     scrape: Scrape | None = None,
+    gate: Gate | None = None,
 ) -> AsyncIterator[Farm]:
     """The real Agent over the fakes, running on the test's loop until the block ends.
 
@@ -120,7 +121,8 @@ async def farm(
     `stager`: how [model] is staged; `process_started`: pid -> when its process started
     (the fakes' pids are no real processes: unknown unless a test says); `load_s`: how
     long a fake worker loads (the loop's seconds); `observers`: called with every farm view;
-    `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text.
+    `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text;
+    `gate`: its eval gate (evalrun.run_gate's signature).
     """
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
@@ -156,6 +158,7 @@ async def farm(
             process_started=process_started,
             observers=observers,
             canary_scrape=scrape,
+            canary_gate=gate,
         ),
     )
     stop = asyncio.Event()

@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from agent_harness import Farm, farm, farm_toml, tmp_fixture  # noqa: F401 (the fixture `tmp`)
+from agent_harness import (
+    GATEWAY,
+    Farm,
+    farm,
+    farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+    urls,
+)
+from fake_gateway import FakeGateway
 from fake_runtime import FakeRuntime
+from sglang_farm.canary.evalrun import EvalGate, EvalRun
+from sglang_farm.canary.evalset import EvalItem, Score, eval_verdict
 from sglang_farm.canary.view import CanaryState
 from sglang_farm.config import load_spec
 from sglang_farm.phase import Phase
@@ -277,5 +288,91 @@ def test_an_agent_restarted_with_a_rejected_change_holds_it_on_the_accepted_conf
             assert view is not None and view.state is CanaryState.HELD
             assert view.evidence.startswith("held: change sha256:")
             assert "edit the config to retry" in view.evidence
+
+    run_virtual(scenario())
+
+
+class FakeGate:
+    """The eval gate (evalrun.run_gate's signature): the canary answers `canary_correct`
+    of the set right, the baseline all of it."""
+
+    def __init__(self, canary_correct: int) -> None:
+        self.canary_correct = canary_correct
+        self.calls: list[tuple[str, str]] = []
+        self.routed_then: set[str] | None = None
+        self.gateway: FakeGateway | None = None
+
+    async def __call__(
+        self,
+        items: Sequence[EvalItem],
+        *,
+        canary_url: str,
+        baseline_url: str,
+        tolerance: float,
+        **_: object,
+    ) -> EvalGate:
+        self.calls.append((canary_url, baseline_url))
+        assert self.gateway is not None
+        self.routed_then = self.gateway.routed()
+        n = len(items)
+        verdict = eval_verdict(self.canary_correct, n, n, tolerance)
+
+        def run(url: str, correct: int) -> EvalRun:
+            return EvalRun(url, (), (), Score(correct, n, 0, ()))
+
+        return EvalGate(verdict, run(canary_url, self.canary_correct), run(baseline_url, n))
+
+
+@pytest.mark.parametrize("canary_correct", [40, 30])
+def test_the_eval_gate_runs_before_the_canary_joins_the_gateway(
+    tmp: Path, canary_correct: int
+) -> None:
+    eval_file = Path(__file__).parent.parent / "etc/sglang-farm/eval/arith.jsonl"
+    old = farm_toml(tmp, workers=4, gateway=GATEWAY, rollout={**WINDOW, "eval": str(eval_file)})
+    new = farm_toml(
+        tmp,
+        workers=4,
+        gateway=GATEWAY,
+        farm={"state_dir": str(tmp), "env": {"CHANGED": "1"}},
+        rollout={**WINDOW, "eval": str(eval_file)},
+    )
+    m, gate, gw = Metrics(), FakeGate(canary_correct), FakeGateway()
+    gate.gateway = gw
+
+    async def scenario() -> None:
+        async with farm(
+            tmp,
+            text=old,
+            loader=lambda: load_spec(new, source="test.toml"),
+            scrape=m,
+            gateway=gw,
+            gate=gate,
+        ) as f:
+            await _start(f, m)
+            await f.until(lambda: gw.routed() == urls(range(4)))
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: gate.calls != [], within=300)
+            assert gate.calls[0] == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
+            assert gate.routed_then == urls([1, 2, 3])  # the canary took no traffic yet
+            if canary_correct == 40:
+                await f.until(
+                    lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=400
+                )
+                view = f.agent.view().canary
+                assert view is not None and view.state is CanaryState.PROMOTED
+            else:
+                await f.until(
+                    lambda: (
+                        (v := f.agent.view().canary) is not None
+                        and v.state is CanaryState.ROLLED_BACK
+                    ),
+                    within=60,
+                )
+                view = f.agent.view().canary
+                assert view is not None and view.evidence.startswith("rolled back: eval: ")
+                assert [c.name for c in view.checks] == ["eval"]
+                await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+                assert "CHANGED" not in _env(f, 0)
+                assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())

@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from sglang_farm import xid
-from sglang_farm.canary.driver import CanaryDriver, Scrape  # issue 23
+from sglang_farm.canary.driver import CanaryDriver, Gate, Scrape  # issue 23
 from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.classify import LogClassifier
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
@@ -135,6 +135,7 @@ class AgentHooks:
     check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
     # Issue 23: how the canary analysis reads a /metrics (None: HTTP; tests: synthetic).
     canary_scrape: Scrape | None = None
+    canary_gate: Gate | None = None  # and how it runs the eval gate (None: evalrun.run_gate)
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: FarmStats = FarmStats()
     port_state: Callable[[str, int], PortState] = port_state
@@ -169,7 +170,9 @@ class Agent:
     ) -> None:
         # Issue 23: the canary analysis; a restarted agent may start on the last accepted
         # config instead of the file's (its change rejected, or not judged yet).
-        self._canary = CanaryDriver(spec, scrape=hooks.canary_scrape, caps=hooks.compute_caps)
+        self._canary = CanaryDriver(
+            spec, scrape=hooks.canary_scrape, caps=hooks.compute_caps, gate=hooks.canary_gate
+        )
         spec = self._canary.spec
         self._spec = spec
         self._config_loader = config_loader
@@ -196,7 +199,8 @@ class Agent:
             MembershipSync(
                 hooks.gateway,
                 spec=lambda: self._spec,
-                states=lambda: self.sup.workers,
+                # Issue 23: a canary waiting for its eval gate is kept out of the gateway.
+                states=lambda: self._canary.gateway_states(self.sup.workers),
                 feed=self.feed,
                 on_status=self._gateway_changed,
             )

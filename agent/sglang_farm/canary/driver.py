@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import structlog
 
-from sglang_farm.canary import figures, promtext, record, rollout, store
+from sglang_farm.canary import evalrun, evalset, figures, promtext, record, rollout, store
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -33,6 +33,7 @@ from sglang_farm.canary.rollout import (
     Fail,
     Inconclusive,
     Resolution,
+    RunEval,
     StartWindow,
     Stopped,
 )
@@ -43,12 +44,21 @@ from sglang_farm.failures import RestartReason
 from sglang_farm.phase import Phase
 from sglang_farm.pollers import worker_api_key
 from sglang_farm.spec import FarmSpec
-from sglang_farm.supervisor import Action, RestartRequested, Rollout, StopIntent, Supervisor
+from sglang_farm.supervisor import (
+    Action,
+    RestartRequested,
+    Rollout,
+    StopIntent,
+    Supervisor,
+    WorkerState,
+)
 
 log = structlog.get_logger("sglang_farm.canary")
 
 # (url, bearer key or None) -> the /metrics body; raises on any failure.
 Scrape = Callable[[str, str | None], Awaitable[str]]
+# evalrun.run_gate's signature (tests give a fake).
+Gate = Callable[..., Awaitable[evalrun.EvalGate]]
 
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -107,8 +117,12 @@ class CanaryDriver:
         *,
         scrape: Scrape | None = None,
         caps: Mapping[int, tuple[int, int]] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._scrape = scrape or http_scrape
+        self._gate = gate or evalrun.run_gate
+        self._eval_items: tuple[evalset.EvalItem, ...] = ()
+        self._evaluating = False
         self._caps = dict(caps or {})
         self._host: Host | None = None
         self._record = store.load(spec.farm.state_dir)
@@ -200,9 +214,22 @@ class CanaryDriver:
     # ---- a reload ----------------------------------------------------------------------------
 
     def held(self, new: FarmSpec) -> str | None:
-        """Why a reload to `new` is refused (its change was rejected), or None."""
+        """Why a reload to `new` is refused (its change was rejected, or its eval set
+        cannot be used), or None."""
         if new.rollout.analysis_window <= 0:
             return None
+        self._eval_items = ()
+        if new.rollout.eval is not None:
+            try:
+                text = Path(new.rollout.eval).read_text(encoding="utf-8")
+                self._eval_items = evalset.load(text, source=new.rollout.eval)
+            except (OSError, UnicodeDecodeError) as exc:
+                return (
+                    f"{new.source}: rollout.eval: cannot read {new.rollout.eval}: {exc}; fix "
+                    "the path or remove the key"
+                )
+            except evalset.EvalSetError as exc:
+                return "; ".join(exc.problems)
         desired = rollout.spec_change(new, self._caps)
         rejection = self._record.rejected.rejection(desired)
         if rejection is None:
@@ -269,7 +296,14 @@ class CanaryDriver:
         s = h.sup.workers[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
-        self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
+        self._analysis = Analysis(
+            change,
+            canary,
+            window,
+            h.clock(),
+            s.last_failure_at,
+            needs_eval=new.rollout.eval is not None and bool(self._eval_items),
+        )
         self._show(CanaryState.ANALYSING, "the canary restarts onto the change")
         return len(restart) > 1
 
@@ -307,6 +341,10 @@ class CanaryDriver:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
             self._analysis = a2
             match step:
+                case RunEval():
+                    if not self._evaluating:
+                        self._evaluating = True
+                        h.spawn(self._eval(a2))
                 case StartWindow():
                     self._start_window(a2)
                 case EndWindow():
@@ -330,6 +368,73 @@ class CanaryDriver:
                     pass
         finally:
             self._busy = False
+
+    def gateway_states(self, workers: Mapping[int, WorkerState]) -> Mapping[int, WorkerState]:
+        """The states the gateway's membership follows: a canary waiting for its eval
+        gate is kept out (shown as loading), so it takes no traffic before it passes."""
+        a = self._analysis
+        if a is None or not a.needs_eval or a.evaluated or a.canary not in workers:
+            return workers
+        s = workers[a.canary]
+        if s.phase is not Phase.READY:
+            return workers
+        return {**workers, a.canary: replace(s, phase=Phase.STARTING)}
+
+    async def _eval(self, a: Analysis) -> None:
+        """The eval gate on the canary and one baseline worker; passed -> the canary may
+        join the gateway; failed -> rolled back like a failed window."""
+        h = self._host
+        assert h is not None
+        try:
+            spec = self._candidate or h.spec()
+            base = self._baseline(a.canary)
+            wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
+            checks: tuple[Check, ...] = ()
+            if not base:
+                wlog.warning("canary_eval_skipped", why="no ready worker on the old config")
+                passed, evidence = True, ""
+            else:
+                flags = spec.worker(a.canary).flags.get("served_model_name")
+                gate = await self._gate(
+                    self._eval_items,
+                    canary_url=spec.worker(a.canary).base_url,
+                    baseline_url=spec.worker(base[0]).base_url,
+                    tolerance=spec.rollout.eval_tolerance,
+                    canary_key=worker_api_key(spec, a.canary),
+                    baseline_key=worker_api_key(spec, base[0]),
+                    options=evalrun.EvalOptions(model=flags if isinstance(flags, str) else None),
+                    canary_worker=a.canary,
+                    baseline_worker=base[0],
+                )
+                v = gate.verdict
+                passed, evidence = v.passed, f"eval: {v.evidence_line}"
+                checks = (
+                    Check(
+                        "eval",
+                        v.passed,
+                        v.canary_score,
+                        v.baseline_score,
+                        v.canary_score / v.baseline_score if v.baseline_score else None,
+                        None,
+                        spec.rollout.eval_tolerance,
+                        v.evidence_line,
+                    ),
+                )
+            if self._analysis is None or self._analysis.change != a.change:
+                return  # superseded, or failed otherwise, meanwhile
+            self._busy = True
+            try:
+                if passed:
+                    self._analysis = replace(self._analysis, evaluated=True)
+                    wlog.info("canary_eval_passed", evidence=evidence)
+                    self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
+                else:
+                    self._resolve(Resolution.ROLLBACK, evidence, checks)
+            finally:
+                self._busy = False
+            h.refresh()  # the gateway's membership follows: the canary joins it
+        finally:
+            self._evaluating = False
 
     def _start_window(self, a: Analysis) -> None:
         h = self._host

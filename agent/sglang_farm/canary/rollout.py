@@ -4,8 +4,10 @@ A reload that changes what workers run restarts them in waves (supervisor.plan_w
 the canary alone first. With `[rollout] analysis_window` > 0 the rolling restart is
 *gated*: its next wave is not issued until this machine says so.
 
-    WAITING    the canary restarts onto the change; ready (and in the gateway, when
-               there is one) -> ANALYSING, the caller scrapes the window's start
+    WAITING    the canary restarts onto the change; ready -> with `[rollout] eval`, the
+               eval gate first (the canary kept out of the gateway meanwhile); then
+               (once in the gateway, when there is one) -> ANALYSING, the caller
+               scrapes the window's start
     ANALYSING  the window runs; at its end the caller scrapes again and judges
                (canary.verdict.judge); `resolve` turns the verdict into what to do
 
@@ -42,6 +44,7 @@ __all__ = [
     "Fail",
     "Inconclusive",
     "Resolution",
+    "RunEval",
     "StartWindow",
     "Stopped",
     "Wait",
@@ -104,6 +107,9 @@ class Analysis:
     issued_at: float  # the canary's restart onto the change was issued
     failure_mark: float | None  # the canary's last_failure_at then: a later one is the change's
     window_start: float | None = None  # None: still WAITING
+    # `[rollout] eval`: the canary answers the eval set before it takes traffic.
+    needs_eval: bool = False
+    evaluated: bool = False  # the eval gate passed (or had nothing to compare with)
 
     @property
     def analysing(self) -> bool:
@@ -122,6 +128,11 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class StartWindow:
     """The canary serves: scrape the canary and the baseline now (the window's start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEval:
+    """The canary is ready but kept out of the gateway: run the eval gate now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +160,7 @@ class Inconclusive:
     why: str
 
 
-Step = Wait | StartWindow | EndWindow | Fail | Stopped | Inconclusive
+Step = Wait | RunEval | StartWindow | EndWindow | Fail | Stopped | Inconclusive
 
 _GONE = (Phase.BACKOFF, Phase.FAILED, Phase.STOPPED, Phase.STOPPING)
 
@@ -173,6 +184,8 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
         if c.phase in (Phase.FAILED, Phase.STOPPED):
             detail = f"the canary is {c.phase} before it served"
             return a, Fail(LivenessEvent(LivenessKind.CRASHED, 0.0, detail))
+        if c.phase is Phase.READY and a.needs_eval and not a.evaluated:
+            return a, RunEval()
         if c.phase is Phase.READY and (c.in_gateway or not gateway):
             return replace(a, window_start=now), StartWindow()
         return a, Wait()
