@@ -186,3 +186,44 @@ def test_rollout_config_problems_name_the_key() -> None:
         "bogus",
     ):
         assert f"rollout.{key}" in problems, key
+
+
+def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_release() -> None:
+    """supervisor.RollingRestart.gated: the canary's wave is issued, the next one is not,
+    however long it takes (no wave timeout), until the driver clears the gate."""
+    from dataclasses import replace
+
+    from sglang_farm.failures import RestartReason
+    from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+    from sglang_farm.supervisor import (
+        HealthPassed,
+        Launch,
+        Launched,
+        Policy,
+        ProcessExited,
+        Supervisor,
+    )
+
+    p = Policy(
+        StartupPolicy(canary=0, parallel=2, load_timeout=100.0),
+        HealthPolicy(period=1.0, timeout=1.0, failure_threshold=3),
+        RestartPolicy(backoff_initial=1.0, backoff_max=8.0, reset_after=50.0, max_failures=3),
+    )
+    sup = Supervisor(range(4), p)
+    sup.start(list(range(4)), 0.0)
+    for w in range(4):
+        sup.handle(w, Launched(pid=1000 + w), 1.0)
+        sup.handle(w, HealthPassed(), 1.0)
+    assert all(s.phase is Phase.READY for s in sup.workers.values())
+    sup.restart_rolling([0, 1, 2, 3], RestartReason.CONFIG, 10.0, gated=True)
+    sup.handle(0, ProcessExited(status=-15), 11.0)
+    sup.handle(0, Launched(pid=2000), 11.0)
+    actions = sup.handle(0, HealthPassed(), 12.0)
+    actions += sup.tick(10_000.0)  # far past any wave timeout
+    assert not [a for a in actions if isinstance(a, Launch)]
+    assert all(sup.workers[w].phase is Phase.READY for w in (1, 2, 3))
+    assert sup.next_deadline(10_000.0) is None  # no busy ticking on a gated wave
+    sup.rolling = tuple(replace(r, gated=False) for r in sup.rolling)
+    actions = sup.tick(10_001.0)
+    assert any(a for a in actions if getattr(a, "event", None) == "rolling_restart_wave")
+    assert {w for w in (1, 2) if sup.workers[w].phase is not Phase.READY} == {1, 2}
