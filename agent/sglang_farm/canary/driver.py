@@ -93,16 +93,21 @@ def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]])
     an edit in between is noticed: then None, and a restart cannot use it)."""
     try:
         text = Path(spec.source).read_text(encoding="utf-8")
-        again = _load(text, spec.source)
+        again = _load(text, spec.source, _gpu_count(spec))
     except (OSError, UnicodeDecodeError, ConfigError):
         return None
     return text if rollout.spec_change(again, caps) == change else None
 
 
-def _load(text: str, source: str) -> FarmSpec:
+def _gpu_count(spec: FarmSpec) -> int:
+    """What `workers.gpus = "all"` resolved to (the GPUs the farm uses: 0..n-1 then)."""
+    return 1 + max(g for w in spec.workers for g in w.gpus)
+
+
+def _load(text: str, source: str, gpu_count: int) -> FarmSpec:
     from sglang_farm.config import load_spec  # config imports nothing of the canary's
 
-    return load_spec(text, source=source, agent_python=sys.executable)
+    return load_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)
 
 
 def _gpu(spec: FarmSpec, worker: int) -> str | int:
@@ -157,7 +162,7 @@ class CanaryDriver:
         accepted = None
         if acc.text is not None:
             try:
-                accepted = _load(acc.text, spec.source)
+                accepted = _load(acc.text, spec.source, _gpu_count(spec))
             except ConfigError as exc:
                 log.error("canary_accepted_config_unusable", problems=list(exc.problems))
         if accepted is None or accepted.worker_ids != spec.worker_ids:
