@@ -39,6 +39,7 @@ from sglang_farm.canary.rollout import (
 )
 from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
+from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.failures import RestartReason
 from sglang_farm.phase import Phase
@@ -105,8 +106,6 @@ def _gpu_count(spec: FarmSpec) -> int:
 
 
 def _load(text: str, source: str, gpu_count: int) -> FarmSpec:
-    from sglang_farm.config import load_spec  # config imports nothing of the canary's
-
     return load_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)
 
 
