@@ -376,3 +376,36 @@ def test_the_eval_gate_runs_before_the_canary_joins_the_gateway(
                 assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())
+
+
+def test_a_canary_that_cannot_start_on_the_change_is_rolled_back_before_its_window(
+    tmp: Path,
+) -> None:
+    """A renamed flag: the canary exits while loading (a deterministic failure, FAILED at
+    once); the farm puts it back on the old config, the other waves never start."""
+    new = _toml(tmp, {"BROKEN": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.STARTING)
+            f.runtime.crash(0, 2, ("launch_server.py: error: unrecognized arguments: --bogus",))
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=30,
+            )
+            view = f.agent.view().canary
+            assert view is not None and view.ends_at is None
+            await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+            assert "BROKEN" not in _env(f, 0)
+            await asyncio.sleep(120)
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert m.scrapes == []  # no window ever started
+
+    run_virtual(scenario())

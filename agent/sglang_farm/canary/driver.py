@@ -596,11 +596,10 @@ class CanaryDriver:
             return
         s = h.sup.workers[canary]
         h.sup.restore(canary, replace(s, oom_step=self._oom_step))
-        now = h.clock()
-        if s.phase in (Phase.STOPPED, Phase.FAILED):
-            h.apply(h.sup.start([canary], now))
-        else:
-            h.apply(h.sup.handle(canary, RestartRequested(RestartReason.CONFIG), now))
+        if s.phase is not Phase.STOPPED:  # an operator's stop stands
+            # Drained first; from BACKOFF or FAILED (the change broke it) straight to a
+            # launch, with the accepted config's command (the launcher reads it then).
+            h.apply(h.sup.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
 
     def _cancel(self) -> None:
         t, self._task = self._task, None
