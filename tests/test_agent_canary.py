@@ -409,3 +409,34 @@ def test_a_canary_that_cannot_start_on_the_change_is_rolled_back_before_its_wind
             assert m.scrapes == []  # no window ever started
 
     run_virtual(scenario())
+
+
+def test_a_slow_canary_is_rolled_back_before_a_long_window_ends(tmp: Path) -> None:
+    """Judged early inside the window (every window/10): a certain rollback does not wait
+    for the end of a 10-minute window."""
+    new = _toml(tmp, {"SLOW": "1"}, analysis_window="10m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
+            )
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=600,
+            )
+            assert loop.time() - t0 <= 61  # the first early judgement, 60 s in
+            view = f.agent.view().canary
+            assert view is not None and "ITL" in view.evidence
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())

@@ -62,6 +62,11 @@ Scrape = Callable[[str, str | None], Awaitable[str]]
 Gate = Callable[..., Awaitable[evalrun.EvalGate]]
 
 SCRAPE_TIMEOUT_S = 5.0
+# Inside the window the canary is judged early (only a certain rollback acts) this many
+# times, but not more often than every EARLY_POLL_MIN_S: a 5-minute window polls every
+# 30 s, each poll one /metrics scrape per worker.
+EARLY_POLLS = 10
+EARLY_POLL_MIN_S = 5.0
 
 
 async def http_scrape(url: str, key: str | None) -> str:
@@ -507,37 +512,57 @@ class CanaryDriver:
         self._start = await self._samples([a.canary, *base])
         self._base = base
         end = a.ends_at if a.ends_at is not None else h.clock()
+        poll = max(EARLY_POLL_MIN_S, a.window_s / EARLY_POLLS)
+        while (left := end - h.clock()) > poll:
+            # Early: a rollback as soon as one is certain (judge, complete=False).
+            await asyncio.sleep(poll)
+            assert a.window_start is not None
+            now = await self._samples([a.canary, *self._base])
+            outcome, evidence, checks = self._verdict(a, now, h.clock() - a.window_start, False)
+            if outcome is Outcome.ROLLBACK and self._analysis == a and not self._judging:
+                self._task = None
+                self._busy = True
+                try:
+                    self._resolve(Resolution.ROLLBACK, evidence, checks)
+                finally:
+                    self._busy = False
+                return
         # A millisecond past the end: a timer may fire a float's hair early.
-        await asyncio.sleep(max(0.0, end - h.clock()) + 0.001)
+        await asyncio.sleep(max(0.0, left) + 0.001)
         self._task = None
         self.observe()
+
+    def _verdict(
+        self,
+        a: Analysis,
+        end: Mapping[int, figures.WorkerSample],
+        seconds: float,
+        complete: bool,
+    ) -> tuple[Outcome, str, tuple[Check, ...]]:
+        h = self._host
+        assert h is not None
+        start = self._start
+        spec = self._candidate or h.spec()
+        if a.canary not in start or a.canary not in end:
+            return Outcome.INCONCLUSIVE, "inconclusive: the canary's /metrics could not be read", ()
+        canary_f = figures.window(start[a.canary], end[a.canary], seconds)
+        baseline = figures.combined(
+            [
+                figures.window(start[w], end[w], seconds)
+                for w in self._base
+                if w in start and w in end
+            ]
+        )
+        v: Verdict = judge(canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete)
+        return v.outcome, v.evidence, v.checks
 
     async def _judge(self, a: Analysis) -> None:
         h = self._host
         assert h is not None
         try:
             end = await self._samples([a.canary, *self._base])
-            seconds = a.window_s
-            start = self._start
             spec = self._candidate or h.spec()
-            checks: tuple[Check, ...] = ()
-            if a.canary not in start or a.canary not in end:
-                verdict_outcome, evidence, checks = (
-                    Outcome.INCONCLUSIVE,
-                    "inconclusive: the canary's /metrics could not be read",
-                    (),
-                )
-            else:
-                canary_f = figures.window(start[a.canary], end[a.canary], seconds)
-                baseline = figures.combined(
-                    [
-                        figures.window(start[w], end[w], seconds)
-                        for w in self._base
-                        if w in start and w in end
-                    ]
-                )
-                v: Verdict = judge(canary_f, baseline, [], rollout.policy(spec.rollout))
-                verdict_outcome, evidence, checks = v.outcome, v.evidence, v.checks
+            verdict_outcome, evidence, checks = self._verdict(a, end, a.window_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
             res = rollout.resolve(verdict_outcome, spec.rollout.on_inconclusive)
