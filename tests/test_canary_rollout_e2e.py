@@ -110,3 +110,47 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
         assert "rejected by its canary" in again.stdout + again.stderr
     finally:
         assert farm.stop() == 0
+
+
+def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
+    tmp: Path,
+) -> None:
+    marker = new_marker()
+    cfg = farm_config(
+        tmp,
+        workers=3,
+        parallel=2,
+        load_seconds=0.5,
+        marker=marker,
+        rollout={"analysis_window": "8s", "min_requests": 20},
+        sglang={"model_path": MODEL, "enable_metrics": True},
+    )
+    farm = Farm(cfg, marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        ports = sorted({e["port"] for e in farm.named("worker_launching") if "port" in e})
+        with load([f"http://127.0.0.1:{p}" for p in ports]):
+            good = cfg.read_text()
+            n = len(farm.snapshot())
+            changed = rewritten(
+                good,
+                sglang={"model_path": MODEL, "enable_metrics": True, "max_running_requests": 64},
+            )
+            cfg.write_text(changed)
+            out = farm.farmctl("reload")
+            assert out.returncode == 0, out.stdout + out.stderr
+            verdict = farm.wait_for(
+                lambda e: (
+                    e.get("event") in ("canary_rolled_back", "canary_promoted", "canary_held")
+                ),
+                after=n,
+                timeout=60,
+            )
+            assert verdict["event"] == "canary_promoted", verdict
+            farm.wait_for(lambda e: e.get("event") == "rolling_restart_done", after=n, timeout=60)
+        launching = [e for e in farm.snapshot()[n:] if e.get("event") == "worker_launching"]
+        assert sorted(e["worker"] for e in launching) == [0, 1, 2]
+        assert launching[0]["worker"] == 0
+        assert all("--max-running-requests" in e["argv"] for e in launching)
+    finally:
+        assert farm.stop() == 0
