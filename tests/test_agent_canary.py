@@ -440,3 +440,32 @@ def test_a_slow_canary_is_rolled_back_before_a_long_window_ends(tmp: Path) -> No
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())
+
+
+def test_a_baseline_worker_that_crashes_during_the_analysis_comes_back_on_the_old_config(
+    tmp: Path,
+) -> None:
+    """Only the canary runs the change under analysis: another worker restarted meanwhile
+    (a crash here) is relaunched with the accepted config."""
+    new = _toml(tmp, {"HARMLESS": "1"}, analysis_window="5m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
+            )
+            f.runtime.crash(2, 1, ("Traceback (most recent call last):", "RuntimeError: boom"))
+            await f.until(lambda: f.runtime.starts_of(2) == 2 and f.phase(2) is Phase.READY)
+            assert "HARMLESS" not in _env(f, 2)
+            assert _env(f, 0).get("HARMLESS") == "1"
+            # After the promotion, worker 2 rolls to the change with the others.
+            await f.until(
+                lambda: all(_env(f, w).get("HARMLESS") == "1" for w in range(4)), within=600
+            )
+
+    run_virtual(scenario())

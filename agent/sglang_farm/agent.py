@@ -717,12 +717,15 @@ class Agent:
 
     def commands(self, spec: FarmSpec | None = None) -> dict[int, Command]:
         """The exact command line each worker runs now (`worker_commands.worker_commands`)."""
-        return worker_commands(spec or self._spec, self.oom_steps(), self._hooks.compute_caps)
+        if spec is None:  # issue 23: during a canary analysis, each worker's own config
+            return {w: self.command_for(w) for w in self._spec.worker_ids}
+        return worker_commands(spec, self.oom_steps(), self._hooks.compute_caps)
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
         caps = self._hooks.compute_caps
-        return worker_command(spec or self._spec, worker, self._oom_step(worker), caps)
+        spec = spec or self._canary.spec_for(worker, self._spec)  # issue 23: canary only
+        return worker_command(spec, worker, self._oom_step(worker), caps)
 
     # ---- views and state -----------------------------------------------------------------
 

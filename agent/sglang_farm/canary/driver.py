@@ -217,6 +217,19 @@ class CanaryDriver:
         except OSError as exc:
             log.error("canary_record_not_saved", error=str(exc), state_dir=self._state_dir)
 
+    def spec_for(self, worker: int, current: FarmSpec) -> FarmSpec:
+        """The config `worker` runs when the agent's `current` one is in force: while a
+        change is analysed (or held), only the canary runs it; every other worker keeps
+        the accepted config, also when it restarts (a crash, an operator's restart)."""
+        if (
+            current is self._candidate
+            and self._accepted is not None
+            and worker != self._on_change
+            and worker in self._accepted.worker_ids
+        ):
+            return self._accepted
+        return current
+
     def attach(self, host: Host) -> None:
         self._host = host
 
