@@ -20,6 +20,7 @@ from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from farmtoml import Table, merged, sim_farm, toml_text
 from sglang_farm.agent import Agent
+from sglang_farm.canary.driver import Gate, Scrape
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.farm_view import FarmView
@@ -112,13 +113,17 @@ async def farm(
     process_started: Callable[[int], float | None] = lambda _pid: None,
     load_s: float = 10.0,
     observers: Sequence[Callable[[FarmView], None]] = (),
+    scrape: Scrape | None = None,
+    gate: Gate | None = None,
 ) -> AsyncIterator[Farm]:
     """The real Agent over the fakes, running on the test's loop until the block ends.
 
     The one place a test builds an Agent. `running`: workers found running at start;
     `stager`: how [model] is staged; `process_started`: pid -> when its process started
     (the fakes' pids are no real processes: unknown unless a test says); `load_s`: how
-    long a fake worker loads (the loop's seconds); `observers`: called with every farm view.
+    long a fake worker loads (the loop's seconds); `observers`: called with every farm view;
+    `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text;
+    `gate`: its eval gate (evalrun.run_gate's signature).
     """
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
@@ -153,6 +158,8 @@ async def farm(
             stager=stager,
             process_started=process_started,
             observers=observers,
+            canary_scrape=scrape,
+            canary_gate=gate,
         ),
     )
     stop = asyncio.Event()

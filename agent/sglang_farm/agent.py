@@ -29,6 +29,8 @@ from typing import Any
 
 import structlog
 
+from sglang_farm.canary.driver import CanaryDriver  # issue 23
+from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.errors import ConfigError
@@ -107,6 +109,16 @@ class Agent:
         wall: Callable[[], float] = time.time,
         collaborators: Collaborators | None = None,
     ) -> None:
+        # Issue 23: the canary analysis; a restarted agent may start on the last accepted
+        # config instead of the file's (its change rejected, or not judged yet).
+        collaborators = collaborators or Collaborators()
+        self._canary = CanaryDriver(
+            spec,
+            scrape=collaborators.canary_scrape,
+            caps=collaborators.compute_caps,
+            gate=collaborators.canary_gate,
+        )
+        spec = self._canary.spec
         self._spec = spec
         self._config_loader = config_loader
         self._clock = clock
@@ -136,7 +148,8 @@ class Agent:
             MembershipSync(
                 collaborators.gateway,
                 spec=lambda: self._spec,
-                states=lambda: self.supervisor.workers,
+                # Issue 23: a canary waiting for its eval gate is kept out of the gateway.
+                states=lambda: self._canary.gateway_states(self.supervisor.workers),
                 feed=self.feed,
                 on_status=self._gateway_changed,
             )
@@ -175,6 +188,7 @@ class Agent:
         self._remembered = self._store.restore(
             self.supervisor, {w.id: w.gpus for w in spec.workers}
         )
+        self._canary.attach(self._canary_host())  # issue 23
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
         if sync is not None:
             on_view.append(lambda _view: sync.update())  # membership follows each change
@@ -187,6 +201,31 @@ class Agent:
         )
 
     # ---- wiring --------------------------------------------------------------------------
+
+    def _canary_host(self) -> CanaryHost:
+        """Issue 23: what the canary analysis (canary/driver.py) may do to the farm."""
+
+        def set_spec(spec: FarmSpec) -> None:  # a rollback: the accepted config in force
+            self._spec = spec
+            self.supervisor.reconfigure(self._policy(spec), (), ())
+
+        def refresh() -> None:
+            self._last_refresh = None
+            self._refresh()
+
+        return CanaryHost(
+            spec=lambda: self._spec,
+            set_spec=set_spec,
+            sup=self.supervisor,
+            apply=self._apply_actions,
+            spawn=self.spawn,
+            refresh=refresh,
+            reload=self.reload,
+            startup_done=lambda: self._startup is None,
+            clock=self._clock,
+            wall=self._wall,
+            gateway=self._spec.gateway.enabled,
+        )
 
     @property
     def spec(self) -> FarmSpec:
@@ -526,14 +565,15 @@ class Agent:
 
     def commands(self, spec: FarmSpec | None = None) -> dict[int, Command]:
         """The exact command line each worker runs now (`worker_commands.worker_commands`)."""
-        return worker_commands(
-            spec or self._spec, self.oom_steps(), self._collaborators.compute_caps
-        )
+        if spec is None:  # issue 23: during a canary analysis, each worker's own config
+            return {w: self.command_for(w) for w in self._spec.worker_ids}
+        return worker_commands(spec, self.oom_steps(), self._collaborators.compute_caps)
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command:
         """The exact command line the worker runs now (its OOM-ladder step applied)."""
         caps = self._collaborators.compute_caps
-        return worker_command(spec or self._spec, worker, self._oom_step(worker), caps)
+        spec = spec or self._canary.spec_for(worker, self._spec)  # issue 23: canary only
+        return worker_command(spec, worker, self._oom_step(worker), caps)
 
     # ---- views and state -----------------------------------------------------------------
 
@@ -549,6 +589,7 @@ class Agent:
             return
         self._last_refresh = current
         self._publisher.publish(self.supervisor.workers)
+        self._canary.observe()  # issue 23: the canary's window starts, fails or ends
 
     def _build_view(self) -> FarmView:
         return build_view(
@@ -562,6 +603,7 @@ class Agent:
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
+            canary=self._canary.view(),  # issue 23: FarmView.canary
         )
 
     # ---- FarmOps -------------------------------------------------------------------------
@@ -664,6 +706,12 @@ class Agent:
             new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
             return _refused(Refused(exc.problems))
+        # Issue 23: a change its canary rejected is refused; one under analysis (or held)
+        # is superseded by this reload (its canary back on the accepted config first).
+        if (rejected := self._canary.held(new)) is not None:
+            log.error("reload_rejected", problems=[rejected])
+            return ReloadResult(applied=False, problems=(rejected,), held=rejected)
+        self._canary.supersede(new)
         old, serving = self._spec, self._staging
         change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
         if isinstance(change, Refused):
@@ -719,12 +767,13 @@ class Agent:
             held=held is not None,
             workers=new.worker_ids,
         )
+        gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
         if effects.start:
             self._apply_actions(self.supervisor.start(list(effects.start), self._clock()))
         if effects.restart:
             self._apply_actions(
                 self.supervisor.restart_rolling(
-                    list(effects.restart), RestartReason.CONFIG, self._clock()
+                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
                 )
             )
         if staged is not None:

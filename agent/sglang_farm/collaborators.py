@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sglang_farm.canary.driver import Gate, Scrape
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.port import Gateway
@@ -55,6 +56,10 @@ class Collaborators:
     # Re-check a quarantined GPU through NVML before its worker is released: the problems
     # that keep it set aside (empty: clear).
     check_gpu: Callable[[int], Awaitable[list[str]]] | None = None
+    # How the canary analysis reads a /metrics (None: HTTP; tests: synthetic text), and
+    # how it runs the eval gate (None: `canary.evalrun.run_gate`).
+    canary_scrape: Scrape | None = None
+    canary_gate: Gate | None = None
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: StatsReaders = StatsReaders()
     port_state: Callable[[str, int], PortState] = port_state

@@ -125,6 +125,7 @@ def build_view(
     argv: Mapping[int, Sequence[str]],
     gateway: GatewayStatus | None = None,
     staging: StagingView | None = None,
+    canary: RolloutVerdictView | None = None,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
@@ -180,4 +181,5 @@ def build_view(
         rollout_reason=rollout_reason,
         gateway=gateway,
         staging=staging,
+        canary=canary,
     )

@@ -192,6 +192,28 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """`[rollout]`: canary analysis of a reload's change on live traffic (docs/canary.md).
+
+    The thresholds' defaults are `canary.verdict.CanaryPolicy`'s, justified there.
+    """
+
+    # How long the canary serves real traffic before its verdict; 0 = no analysis (the
+    # next wave follows as soon as the canary is ready, as before issue 23).
+    analysis_window: float = 300.0
+    on_inconclusive: str = "hold"  # "hold" | "rollback" | "promote"
+    eval: str | None = None  # an eval set (JSON Lines) asked of the canary before traffic
+    eval_tolerance: float = 0.05
+    min_requests: int = 50
+    itl_max_ratio: float = 1.4
+    ttft_max_ratio: float = 3.0
+    error_floor: float = 0.01
+    error_max_ratio: float = 2.0
+    min_errors: int = 3
+    confidence: float = 0.98
+
+
+@dataclass(frozen=True, slots=True)
 class ControlSpec:
     """`[control]`: the local control socket."""
 
@@ -236,6 +258,7 @@ class FarmSpec:
     control: ControlSpec = ControlSpec()
     gateway: GatewaySpec = GatewaySpec()
     model: ModelSpec | None = None  # [model]: staged before the rollout (None: not managed)
+    rollout: RolloutSpec = RolloutSpec()
 
     def worker(self, worker_id: int) -> WorkerSpec:
         """The worker with this id; KeyError if there is none."""

@@ -8,6 +8,11 @@ workers still on the old config, over the same window, behind the same gateway.
 - `record`: the hash of what the workers would run, and the rejected-change rule;
 - `evalset`: the eval gate's core: an eval set (JSON Lines), answers taken GSM8K-style,
   scores, `eval_verdict()` (canary's score against a baseline worker's);
-- `evalrun` (I/O, the package's one shell): sends an eval set to a worker's
-  /v1/chat/completions and runs the gate on the canary and a baseline worker.
+- `evalrun` (I/O): sends an eval set to a worker's /v1/chat/completions and runs the
+  gate on the canary and a baseline worker;
+- `rollout`: the analysis of a reload's change as a state machine (wait for the canary,
+  the window, liveness failures, `resolve` a verdict), `spec_change` (a config's hash);
+- `view`: `RolloutVerdictView`, the analysis as `FarmView.canary` shows it;
+- `driver` (I/O): the agent's side: the gated waves, scrapes, judging, promote,
+  rollback, the held change; `store` (I/O): the record in the state directory.
 """

@@ -19,6 +19,7 @@ from sglang_farm.config.oom import _oom
 from sglang_farm.config.printable import _refuse_control_chars
 from sglang_farm.config.problems import _Problems, _show
 from sglang_farm.config.reader import _Reader
+from sglang_farm.config.rollout import _rollout
 from sglang_farm.config.sections import (
     _control,
     _farm,
@@ -46,6 +47,7 @@ _SECTIONS = (
     "gateway",
     "sglang",
     "model",
+    "rollout",
 )
 
 
@@ -109,6 +111,7 @@ def check_spec(
     control = _control(reader, doc)
     gateway = _gateway(reader, doc)
     model = _model(reader, doc)
+    rollout = _rollout(reader, doc)
     raw_flags = doc.get("sglang", {})
     base_flags: dict[str, FlagValue] = {}
     if isinstance(raw_flags, dict):
@@ -136,6 +139,7 @@ def check_spec(
         control=control,
         gateway=gateway,
         model=model,
+        rollout=rollout,
     )
     return LoadResult(spec, tuple(problems.sorted_warnings()))
 

@@ -68,6 +68,8 @@ class RollingRestart:
     wave: tuple[int, ...] = ()  # issued, not yet settled
     wave_started: float = 0.0
     drain: bool = True  # planned: drained out of the gateway first
+    # Issue 23: the canary's verdict (canary/driver.py) releases the waves after the first.
+    gated: bool = False
 
 
 def plan_waves(
@@ -1073,7 +1075,13 @@ class Supervisor:
         return Adoption(frozenset(adopted), frozenset(held), tuple(actions))
 
     def restart_rolling(
-        self, worker_ids: Sequence[int], reason: RestartReason, now: float, *, drain: bool = True
+        self,
+        worker_ids: Sequence[int],
+        reason: RestartReason,
+        now: float,
+        *,
+        drain: bool = True,
+        gated: bool = False,  # issue 23: hold the waves after the first (canary analysis)
     ) -> list[Action]:
         """Restart these workers: canary first, then waves of `startup.parallel`.
 
@@ -1085,7 +1093,7 @@ class Supervisor:
         if len(ids) == 1:
             return self.handle(ids[0], RestartRequested(reason, drain), now)
         waves = plan_waves(ids, self.policy.startup.canary, self.policy.startup.parallel)
-        self.rolling = (*self.rolling, RollingRestart(reason, waves, drain=drain))
+        self.rolling = (*self.rolling, RollingRestart(reason, waves, drain=drain, gated=gated))
         return self._plan(now)
 
     def reconfigure(self, policy: Policy, added: Sequence[int], removed: Sequence[int]) -> None:
@@ -1186,6 +1194,9 @@ class Supervisor:
             if r.wave and not settled and now - r.wave_started < wave_budget(self.policy):
                 kept.append(r)
                 continue
+            if r.gated and r.wave:  # issue 23: the canary's verdict releases the next wave
+                kept.append(r)
+                continue
             if not r.waves:
                 actions.append(Note("rolling_restart_done", {"reason": str(r.reason)}))
                 continue  # the last wave settled (or timed out): this rolling restart is over
@@ -1254,5 +1265,9 @@ class Supervisor:
                 times.append(s.launched_at + self.policy.startup.load_timeout)
             if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
                 times.append(s.since + self.policy.drain_timeout)
-        times += [r.wave_started + wave_budget(self.policy) for r in self.rolling if r.wave]
+        times += [
+            r.wave_started + wave_budget(self.policy)
+            for r in self.rolling
+            if r.wave and not r.gated  # issue 23: a gated wave waits for a verdict, not time
+        ]
         return min(times) if times else None

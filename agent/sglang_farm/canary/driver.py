@@ -1,0 +1,684 @@
+"""I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
+
+The agent calls it at four points and nothing else (each a line or two in agent.py):
+at construction (`CanaryDriver(spec, ...)`: a restarted agent's config, the accepted
+one when the file's change was rejected), at a reload (`supersede`, then `begin`, which
+says whether the rolling restart is gated), on every state change (`observe`), and to
+build its view (`view`). The decisions are canary/rollout.py's and canary/verdict.py's;
+this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic Prometheus
+text), keeps the window's timer, and acts: it releases the supervisor's gated waves
+(promote), or puts the farm back on the accepted config and restarts the canary alone
+(rollback), and keeps the record in the state directory (canary/store.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+
+from sglang_farm.canary import evalrun, evalset, figures, promtext, record, rollout, store
+from sglang_farm.canary.rollout import (
+    Analysis,
+    CanaryObs,
+    EndWindow,
+    Fail,
+    Inconclusive,
+    Resolution,
+    RunEval,
+    StartWindow,
+    Stopped,
+)
+from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
+from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
+from sglang_farm.config import load_spec
+from sglang_farm.errors import ConfigError
+from sglang_farm.metrics.pollers import worker_api_key
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import (
+    Action,
+    RestartRequested,
+    Rollout,
+    StopIntent,
+    Supervisor,
+    WorkerState,
+)
+
+log = structlog.get_logger("sglang_farm.canary")
+
+# (url, bearer key or None) -> the /metrics body; raises on any failure.
+Scrape = Callable[[str, str | None], Awaitable[str]]
+# evalrun.run_gate's signature (tests give a fake).
+Gate = Callable[..., Awaitable[evalrun.EvalGate]]
+
+SCRAPE_TIMEOUT_S = 5.0
+# Inside the window the canary is judged early (only a certain rollback acts) this many
+# times, but not more often than every EARLY_POLL_MIN_S: a 5-minute window polls every
+# 30 s, each poll one /metrics scrape per worker.
+EARLY_POLLS = 10
+EARLY_POLL_MIN_S = 5.0
+
+
+async def http_scrape(url: str, key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(trust_env=False, timeout=SCRAPE_TIMEOUT_S) as client:
+        r = await client.get(url, headers=headers)
+        r.raise_for_status()
+        return r.text
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """What the driver needs of the agent (given once the agent is built)."""
+
+    spec: Callable[[], FarmSpec]
+    set_spec: Callable[[FarmSpec], None]  # the config in force (a rollback's, a restart's)
+    sup: Supervisor
+    apply: Callable[[list[Action]], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+    refresh: Callable[[], None]
+    reload: Callable[[], Coroutine[Any, Any, Any]]
+    startup_done: Callable[[], bool]
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    gateway: bool  # the farm has a gateway: the canary's window starts once it routes to it
+
+
+def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]]) -> str | None:
+    """The config file's text, if it still says what `spec` says (read back at once, so
+    an edit in between is noticed: then None, and a restart cannot use it)."""
+    try:
+        text = Path(spec.source).read_text(encoding="utf-8")
+        again = _load(text, spec.source, _gpu_count(spec))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return None
+    return text if rollout.spec_change(again, caps) == change else None
+
+
+def _gpu_count(spec: FarmSpec) -> int:
+    """What `workers.gpus = "all"` resolved to (the GPUs the farm uses: 0..n-1 then)."""
+    return 1 + max(g for w in spec.workers for g in w.gpus)
+
+
+def _load(text: str, source: str, gpu_count: int) -> FarmSpec:
+    return load_spec(text, source=source, agent_python=sys.executable, gpu_count=gpu_count)
+
+
+def _gpu(spec: FarmSpec, worker: int) -> str | int:
+    gpus = spec.worker(worker).gpus
+    return gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus))
+
+
+class CanaryDriver:
+    def __init__(
+        self,
+        spec: FarmSpec,
+        *,
+        scrape: Scrape | None = None,
+        caps: Mapping[int, tuple[int, int]] | None = None,
+        gate: Gate | None = None,
+    ) -> None:
+        self._scrape = scrape or http_scrape
+        self._gate = gate or evalrun.run_gate
+        self._eval_items: tuple[evalset.EvalItem, ...] = ()
+        self._evaluating = False
+        self._caps = dict(caps or {})
+        self._host: Host | None = None
+        self._record = store.load(spec.farm.state_dir)
+        self._state_dir = spec.farm.state_dir
+        self._accepted: FarmSpec | None = None  # the config the baseline runs
+        self._candidate: FarmSpec | None = None  # the change under analysis (or held)
+        self._analysis: Analysis | None = None
+        self._on_change: int | None = None  # the canary running the candidate, if one does
+        self._view: RolloutVerdictView | None = None
+        self._oom_step = 0  # the canary's OOM step before the change (a rollback restores it)
+        self._task: asyncio.Task[Any] | None = None
+        self._judging = False
+        self._busy = False
+        self._reroll = False
+        self._rollbacks = 0
+        self._start: dict[int, figures.WorkerSample] = {}  # the window's first scrape
+        self._base: list[int] = []  # the baseline workers, as the window started
+        self.spec = self._start_spec(spec)
+
+    # ---- agent start -----------------------------------------------------------------------
+
+    def _start_spec(self, spec: FarmSpec) -> FarmSpec:
+        """The config the agent starts on: the file's, unless the canary record says its
+        change was rejected (then the accepted one, HELD) or was never accepted (then
+        the accepted one first, and the file's change rolls as a reload would: canary
+        first, judged). With analysis off, the file's, as before issue 23."""
+        desired = rollout.spec_change(spec, self._caps)
+        acc = self._record.accepted
+        if spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired:
+            self._accept(spec, desired)
+            return spec
+        accepted = None
+        if acc.text is not None:
+            try:
+                accepted = _load(acc.text, spec.source, _gpu_count(spec))
+            except ConfigError as exc:
+                log.error("canary_accepted_config_unusable", problems=list(exc.problems))
+        if accepted is None or accepted.worker_ids != spec.worker_ids:
+            log.error(
+                "canary_accepted_config_unusable",
+                change=record.short(desired),
+                hint="the config file runs as it is: its change is not judged by a canary",
+            )
+            self._accept(spec, desired)
+            return spec
+        self._accepted = accepted
+        rejection = self._record.rejected.rejection(desired)
+        if rejection is not None:
+            self._candidate = spec
+            evidence = (
+                f"held: change {record.short(desired)} was rejected at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
+                f"{rejection.evidence}; edit the config to retry"
+            )
+            log.warning("canary_change_held", change=record.short(desired), evidence=evidence)
+            canary = spec.startup.canary if spec.startup.canary is not None else -1
+            self._view = RolloutVerdictView(
+                CanaryState.HELD, record.short(desired), canary, rejection.at, 0.0, None, evidence
+            )
+        else:
+            log.warning(
+                "canary_change_pending",
+                change=record.short(desired),
+                why="the config file's change was not accepted before the agent restarted: "
+                "the farm starts on the accepted config and rolls the change canary first",
+            )
+            self._reroll = True
+        return accepted
+
+    def _accept(self, spec: FarmSpec, change: str | None = None) -> None:
+        change = change or rollout.spec_change(spec, self._caps)
+        self._accepted, self._candidate, self._on_change = spec, None, None
+        acc = self._record.accepted
+        if acc is not None and acc.change == change and acc.text is not None:
+            return
+        text = _read_text(spec, change, self._caps)
+        self._record = replace(self._record, accepted=store.Accepted(change, text, time.time()))
+        self._save()
+
+    def _save(self) -> None:
+        try:
+            store.save(self._state_dir, self._record)
+        except OSError as exc:
+            log.error("canary_record_not_saved", error=str(exc), state_dir=self._state_dir)
+
+    def spec_for(self, worker: int, current: FarmSpec) -> FarmSpec:
+        """The config `worker` runs when the agent's `current` one is in force: while a
+        change is analysed (or held), only the canary runs it; every other worker keeps
+        the accepted config, also when it restarts (a crash, an operator's restart)."""
+        if (
+            current is self._candidate
+            and self._accepted is not None
+            and worker != self._on_change
+            and worker in self._accepted.worker_ids
+        ):
+            return self._accepted
+        return current
+
+    def attach(self, host: Host) -> None:
+        self._host = host
+
+    # ---- a reload ----------------------------------------------------------------------------
+
+    def held(self, new: FarmSpec) -> str | None:
+        """Why a reload to `new` is refused (its change was rejected, or its eval set
+        cannot be used), or None."""
+        if new.rollout.analysis_window <= 0:
+            return None
+        self._eval_items = ()
+        if new.rollout.eval is not None:
+            try:
+                text = Path(new.rollout.eval).read_text(encoding="utf-8")
+                self._eval_items = evalset.load(text, source=new.rollout.eval)
+            except (OSError, UnicodeDecodeError) as exc:
+                return (
+                    f"{new.source}: rollout.eval: cannot read {new.rollout.eval}: {exc}; fix "
+                    "the path or remove the key"
+                )
+            except evalset.EvalSetError as exc:
+                return "; ".join(exc.problems)
+        desired = rollout.spec_change(new, self._caps)
+        rejection = self._record.rejected.rejection(desired)
+        if rejection is None:
+            return None
+        return (
+            f"{new.source}: change {record.short(desired)} was rejected by its canary at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
+            f"{rejection.evidence}; the farm stays on the accepted config: edit the config "
+            "to retry"
+        )
+
+    def supersede(self, new: FarmSpec) -> None:
+        """A reload while a change is analysed (or held): unless it is the same change,
+        the farm goes back to the accepted config first (the canary restarts on it), and
+        the reload is then planned from there. Not a rejection: nothing is recorded."""
+        h = self._host
+        if h is None or self._candidate is None or self._accepted is None:
+            return
+        change = rollout.spec_change(self._candidate, self._caps)
+        canary = self._on_change
+        if rollout.spec_change(new, self._caps) == change:
+            if self._analysis is None and canary is not None and canary in h.sup.workers:
+                # The same change again while it is held (inconclusive, or its canary
+                # stopped): judged again, on the canary that runs it, in a new window.
+                s = h.sup.workers[canary]
+                window = new.rollout.analysis_window
+                self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
+                self._show(CanaryState.ANALYSING, "judged again: the window starts")
+            return
+        log.info("canary_superseded", change=record.short(change), worker=canary)
+        self._back_to_accepted(canary)
+        self._view = None
+
+    def begin(self, old: FarmSpec, new: FarmSpec, restart: Sequence[int]) -> bool:
+        """The reload's rolling restart of `restart` is about to be issued: start an
+        analysis when it takes the canary and analysis is on. True: gate the waves."""
+        h = self._host
+        assert h is not None
+        canary = new.startup.canary
+        window = new.rollout.analysis_window
+        if not restart:
+            if self._candidate is None:
+                self._accept(new)  # e.g. workers added: what runs is the new config's
+            return False
+        if window <= 0 or canary is None or canary not in restart:
+            self._accept(new)
+            if window > 0:
+                log.info(
+                    "canary_analysis_skipped",
+                    why="the change does not restart the canary worker ([startup] canary)",
+                    workers=list(restart),
+                )
+            return False
+        if old.worker_ids != new.worker_ids:
+            self._accept(new)
+            log.warning(
+                "canary_analysis_skipped",
+                why="the reload adds or removes workers: no baseline on the same workers",
+            )
+            return False
+        if self._accepted is None:
+            self._accepted = old
+        self._candidate, self._on_change = new, canary
+        s = h.sup.workers[canary]
+        self._oom_step = s.oom_step
+        change = rollout.spec_change(new, self._caps)
+        self._analysis = Analysis(
+            change,
+            canary,
+            window,
+            h.clock(),
+            s.last_failure_at,
+            needs_eval=new.rollout.eval is not None and bool(self._eval_items),
+        )
+        self._show(CanaryState.ANALYSING, "the canary restarts onto the change")
+        return len(restart) > 1
+
+    # ---- every state change ------------------------------------------------------------------
+
+    def observe(self) -> None:
+        h = self._host
+        if h is None or self._busy:
+            return
+        if (
+            self._reroll
+            and h.startup_done()
+            and h.sup.rollout is Rollout.DONE
+            and not h.sup.rolling
+        ):
+            # The start-up's rollout (on the accepted config) is over: the file's change
+            # now rolls as a reload would, canary first, judged.
+            self._reroll = False
+            h.spawn(h.reload())
+        a = self._analysis
+        if a is None or self._judging or a.canary not in h.sup.workers:
+            return
+        s = h.sup.workers[a.canary]
+        stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+        obs = CanaryObs(
+            phase=s.phase,
+            in_gateway=s.in_gateway,
+            busy=s.busy,
+            stopping=stopping,
+            last_failure=s.last_failure,
+            last_failure_at=s.last_failure_at,
+        )
+        self._busy = True
+        try:
+            a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
+            self._analysis = a2
+            match step:
+                case RunEval():
+                    if not self._evaluating:
+                        self._evaluating = True
+                        h.spawn(self._eval(a2))
+                case StartWindow():
+                    self._start_window(a2)
+                case EndWindow():
+                    self._judging = True
+                    self._cancel()
+                    self._task = h.spawn(self._judge(a2))
+                case Fail(event=ev):
+                    after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
+                    evidence = f"canary {ev.kind} {after}: {ev.detail}"
+                    self._resolve(Resolution.ROLLBACK, evidence, ())
+                case Stopped():
+                    self._stopped(a2)
+                case Inconclusive(why=why):
+                    spec = self._candidate or h.spec()
+                    self._resolve(
+                        rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
+                        f"inconclusive: {why}",
+                        (),
+                    )
+                case _:
+                    pass
+        finally:
+            self._busy = False
+
+    def gateway_states(self, workers: Mapping[int, WorkerState]) -> Mapping[int, WorkerState]:
+        """The states the gateway's membership follows: a canary waiting for its eval
+        gate is kept out (shown as loading), so it takes no traffic before it passes."""
+        a = self._analysis
+        if a is None or not a.needs_eval or a.evaluated or a.canary not in workers:
+            return workers
+        s = workers[a.canary]
+        if s.phase is not Phase.READY:
+            return workers
+        return {**workers, a.canary: replace(s, phase=Phase.STARTING)}
+
+    async def _eval(self, a: Analysis) -> None:
+        """The eval gate on the canary and one baseline worker; passed -> the canary may
+        join the gateway; failed -> rolled back like a failed window."""
+        h = self._host
+        assert h is not None
+        try:
+            spec = self._candidate or h.spec()
+            base = self._baseline(a.canary)
+            wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
+            checks: tuple[Check, ...] = ()
+            if not base:
+                wlog.warning("canary_eval_skipped", why="no ready worker on the old config")
+                passed, evidence = True, ""
+            else:
+                flags = spec.worker(a.canary).flags.get("served_model_name")
+                gate = await self._gate(
+                    self._eval_items,
+                    canary_url=spec.worker(a.canary).base_url,
+                    baseline_url=spec.worker(base[0]).base_url,
+                    tolerance=spec.rollout.eval_tolerance,
+                    canary_key=worker_api_key(spec, a.canary),
+                    baseline_key=worker_api_key(spec, base[0]),
+                    options=evalrun.EvalOptions(model=flags if isinstance(flags, str) else None),
+                    canary_worker=a.canary,
+                    baseline_worker=base[0],
+                )
+                v = gate.verdict
+                passed, evidence = v.passed, f"eval: {v.evidence_line}"
+                checks = (
+                    Check(
+                        "eval",
+                        v.passed,
+                        v.canary_score,
+                        v.baseline_score,
+                        v.canary_score / v.baseline_score if v.baseline_score else None,
+                        None,
+                        spec.rollout.eval_tolerance,
+                        v.evidence_line,
+                    ),
+                )
+            if self._analysis is None or self._analysis.change != a.change:
+                return  # superseded, or failed otherwise, meanwhile
+            self._busy = True
+            try:
+                if passed:
+                    self._analysis = replace(self._analysis, evaluated=True)
+                    wlog.info("canary_eval_passed", evidence=evidence)
+                    self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
+                else:
+                    self._resolve(Resolution.ROLLBACK, evidence, checks)
+            finally:
+                self._busy = False
+            h.refresh()  # the gateway's membership follows: the canary joins it
+        finally:
+            self._evaluating = False
+
+    def _start_window(self, a: Analysis) -> None:
+        h = self._host
+        assert h is not None
+        spec = h.spec()
+        base = self._baseline(a.canary)
+        h_log = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
+        h_log.info(
+            "canary_analysis_started",
+            change=record.short(a.change),
+            window_s=a.window_s,
+            baseline=list(base),
+        )
+        self._show(CanaryState.ANALYSING, f"the window runs: {a.window_s:g} s")
+        self._task = h.spawn(self._window(a))
+        h.refresh()
+
+    def _stopped(self, a: Analysis) -> None:
+        """The canary stopped on purpose: no verdict, nothing recorded, the waves stay
+        gated (HELD): a reload judges the change again; an agent restart starts on the
+        accepted config and rolls the change canary first."""
+        h = self._host
+        assert h is not None
+        self._cancel()
+        why = "the canary was stopped during the analysis: reload to judge the change again"
+        log.bind(worker=a.canary, gpu=_gpu(h.spec(), a.canary)).warning(
+            "canary_held", change=record.short(a.change), evidence=why
+        )
+        self._show(CanaryState.HELD, f"held: {why}", (), a)
+        self._analysis = None
+        h.refresh()
+
+    def _baseline(self, canary: int) -> list[int]:
+        h = self._host
+        assert h is not None
+        return [
+            w for w, s in sorted(h.sup.workers.items()) if w != canary and s.phase is Phase.READY
+        ]
+
+    async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
+        h = self._host
+        assert h is not None
+        spec = h.spec()
+        gw = None
+        if spec.gateway.mode == "managed":
+            try:
+                body = await self._scrape(f"http://{spec.gateway.metrics_listen}/metrics", None)
+                gw = promtext.parse(body, source="gateway")
+            except Exception as exc:  # any failure: no gateway figures
+                log.warning("canary_scrape_failed", target="gateway", error=repr(exc))
+        out: dict[int, figures.WorkerSample] = {}
+        for w in workers:
+            try:
+                ws = spec.worker(w)
+                body = await self._scrape(ws.base_url + "/metrics", worker_api_key(spec, w))
+                url = spec.gateway_url_of(w)
+                out[w] = figures.worker_sample(promtext.parse(body, source=f"worker {w}"), gw, url)
+            except Exception as exc:  # a worker without a sample is left out
+                log.warning("canary_scrape_failed", worker=w, error=repr(exc))
+        return out
+
+    async def _window(self, a: Analysis) -> None:
+        h = self._host
+        assert h is not None
+        base = self._baseline(a.canary)
+        self._start = await self._samples([a.canary, *base])
+        self._base = base
+        end = a.ends_at if a.ends_at is not None else h.clock()
+        poll = max(EARLY_POLL_MIN_S, a.window_s / EARLY_POLLS)
+        while (left := end - h.clock()) > poll:
+            # Early: a rollback as soon as one is certain (judge, complete=False).
+            await asyncio.sleep(poll)
+            assert a.window_start is not None
+            now = await self._samples([a.canary, *self._base])
+            outcome, evidence, checks = self._verdict(a, now, h.clock() - a.window_start, False)
+            if outcome is Outcome.ROLLBACK and self._analysis == a and not self._judging:
+                self._task = None
+                self._busy = True
+                try:
+                    self._resolve(Resolution.ROLLBACK, evidence, checks)
+                finally:
+                    self._busy = False
+                return
+        # A millisecond past the end: a timer may fire a float's hair early.
+        await asyncio.sleep(max(0.0, left) + 0.001)
+        self._task = None
+        self.observe()
+
+    def _verdict(
+        self,
+        a: Analysis,
+        end: Mapping[int, figures.WorkerSample],
+        seconds: float,
+        complete: bool,
+    ) -> tuple[Outcome, str, tuple[Check, ...]]:
+        h = self._host
+        assert h is not None
+        start = self._start
+        spec = self._candidate or h.spec()
+        if a.canary not in start or a.canary not in end:
+            return Outcome.INCONCLUSIVE, "inconclusive: the canary's /metrics could not be read", ()
+        canary_f = figures.window(start[a.canary], end[a.canary], seconds)
+        baseline = figures.combined(
+            [
+                figures.window(start[w], end[w], seconds)
+                for w in self._base
+                if w in start and w in end
+            ]
+        )
+        v: Verdict = judge(canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete)
+        return v.outcome, v.evidence, v.checks
+
+    async def _judge(self, a: Analysis) -> None:
+        h = self._host
+        assert h is not None
+        try:
+            end = await self._samples([a.canary, *self._base])
+            spec = self._candidate or h.spec()
+            verdict_outcome, evidence, checks = self._verdict(a, end, a.window_s, True)
+            if self._analysis is not a and self._analysis != a:
+                return  # superseded meanwhile
+            res = rollout.resolve(verdict_outcome, spec.rollout.on_inconclusive)
+            self._busy = True
+            try:
+                self._resolve(res, evidence, checks)
+            finally:
+                self._busy = False
+        finally:
+            self._judging = False
+            self._task = None
+
+    # ---- acting on a verdict -------------------------------------------------------------
+
+    def _resolve(self, res: Resolution, evidence: str, checks: Sequence[Any]) -> None:
+        h = self._host
+        a = self._analysis
+        assert h is not None and a is not None
+        self._cancel()
+        spec = h.spec()
+        wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary), change=record.short(a.change))
+        views = tuple(check_view(c) for c in checks)
+        if res is Resolution.PROMOTE:
+            self._analysis = None
+            assert self._candidate is not None
+            self._accept(self._candidate, a.change)
+            h.sup.rolling = tuple(replace(r, gated=False) for r in h.sup.rolling)
+            wlog.info("canary_promoted", evidence=evidence)
+            self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
+            h.apply(h.sup.tick(h.clock()))
+        elif res is Resolution.ROLLBACK:
+            self._rollbacks += 1
+            self._record = replace(
+                self._record, rejected=self._record.rejected.reject(a.change, evidence, h.wall())
+            )
+            self._save()
+            wlog.warning("canary_rolled_back", evidence=evidence)
+            self._show(CanaryState.ROLLED_BACK, f"rolled back: {evidence}", views, a)
+            self._back_to_accepted(a.canary)
+        else:
+            wlog.warning("canary_held", evidence=evidence)
+            self._show(CanaryState.HELD, f"held: {evidence}", views, a)
+            self._analysis = None  # the gate stays closed until the next reload
+        h.refresh()
+
+    def _back_to_accepted(self, canary: int | None) -> None:
+        """The farm on the accepted config again: the gated waves dropped, the canary
+        restarted alone (its OOM step as before the change), every other worker untouched."""
+        h = self._host
+        assert h is not None and self._accepted is not None
+        self._cancel()
+        self._analysis, self._candidate, self._on_change = None, None, None
+        h.set_spec(self._accepted)
+        h.sup.rolling = tuple(r for r in h.sup.rolling if not r.gated)
+        if canary is None or canary not in h.sup.workers:
+            return
+        s = h.sup.workers[canary]
+        h.sup.restore(canary, replace(s, oom_step=self._oom_step))
+        if s.phase is not Phase.STOPPED:  # an operator's stop stands
+            # Drained first; from BACKOFF or FAILED (the change broke it) straight to a
+            # launch, with the accepted config's command (the launcher reads it then).
+            h.apply(h.sup.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
+
+    def _cancel(self) -> None:
+        t, self._task = self._task, None
+        if t is not None and not t.done() and t is not asyncio.current_task():
+            t.cancel()
+
+    # ---- the view ---------------------------------------------------------------------------
+
+    def _show(
+        self,
+        state: CanaryState,
+        evidence: str,
+        checks: tuple[Any, ...] = (),
+        a: Analysis | None = None,
+    ) -> None:
+        h = self._host
+        a = a or self._analysis
+        if h is None or a is None:
+            return
+        to_wall = h.wall() - h.clock()
+        start = a.window_start if a.window_start is not None else a.issued_at
+        self._view = RolloutVerdictView(
+            state=state,
+            change=record.short(a.change),
+            canary=a.canary,
+            started_at=start + to_wall,
+            window_s=a.window_s,
+            ends_at=a.ends_at + to_wall
+            if a.ends_at is not None and state is CanaryState.ANALYSING
+            else None,
+            evidence=evidence,
+            checks=checks,
+            rollbacks_total=self._rollbacks,
+        )
+
+    def view(self) -> RolloutVerdictView | None:
+        return self._view
+
+    async def close(self) -> None:
+        t = self._task
+        self._cancel()
+        if t is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

@@ -1,0 +1,213 @@
+"""Pure: the canary analysis of a rolling change, as a state machine (issue 23).
+
+A reload that changes what workers run restarts them in waves (supervisor.plan_waves),
+the canary alone first. With `[rollout] analysis_window` > 0 the rolling restart is
+*gated*: its next wave is not issued until this machine says so.
+
+    WAITING    the canary restarts onto the change; ready -> with `[rollout] eval`, the
+               eval gate first (the canary kept out of the gateway meanwhile); then
+               (once in the gateway, when there is one) -> ANALYSING, the caller
+               scrapes the window's start
+    ANALYSING  the window runs; at its end the caller scrapes again and judges
+               (canary.verdict.judge); `resolve` turns the verdict into what to do
+
+A crash, OOM, hang, wedge or failed health check of the canary from the moment its
+restart is issued fails the change at once (`observe` returns `Fail`): the change
+caused it, so it is no OOM-ladder step. A canary whose GPU is quarantined says nothing
+about the change: inconclusive. The caller (canary/driver.py) does the I/O: the scrapes,
+the supervisor's gate, the rollback, the record in the state directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from sglang_farm.canary import record
+from sglang_farm.canary.verdict import (
+    CanaryPolicy,
+    LivenessEvent,
+    LivenessKind,
+    Outcome,
+    liveness_event,
+)
+from sglang_farm.sglang.commands import worker_commands
+from sglang_farm.spec import FarmSpec, RolloutSpec
+from sglang_farm.workers.failures import Failure
+from sglang_farm.workers.phase import Phase
+
+__all__ = [
+    "Analysis",
+    "CanaryObs",
+    "EndWindow",
+    "Fail",
+    "Inconclusive",
+    "Resolution",
+    "RunEval",
+    "StartWindow",
+    "Stopped",
+    "Wait",
+    "policy",
+    "resolve",
+    "spec_change",
+]
+
+
+def policy(r: RolloutSpec) -> CanaryPolicy:
+    """The verdict's thresholds from `[rollout]` (its keys carry CanaryPolicy's names)."""
+    return CanaryPolicy(
+        min_requests=r.min_requests,
+        itl_max_ratio=r.itl_max_ratio,
+        ttft_max_ratio=r.ttft_max_ratio,
+        confidence=r.confidence,
+        error_floor=r.error_floor,
+        error_max_ratio=r.error_max_ratio,
+        min_errors=r.min_errors,
+    )
+
+
+def spec_change(spec: FarmSpec, caps: Mapping[int, tuple[int, int]] | None = None) -> str:
+    """The hash (record.change_hash) of what the workers of `spec` would run: each
+    worker's argv, environment and interpreter at the configured flags (OOM-ladder step
+    0: a ladder step is the farm's reaction, not the operator's change) and the model
+    revision. Ports and GPUs are in the argv, so moving a worker is a change too."""
+    revision = spec.model.revision if spec.model is not None else None
+    commands = worker_commands(spec, {}, caps or {})
+    return record.change_hash(
+        {
+            "workers": {
+                str(w): record.workload(c.argv, c.env_dict, spec.farm.python, revision)
+                for w, c in commands.items()
+            }
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryObs:
+    """What the supervisor says of the canary now (from its WorkerState)."""
+
+    phase: Phase
+    in_gateway: bool
+    busy: bool = False  # its failed probe was excused: its counters were advancing
+    # An operator's stop (or the agent's shutdown) is under way: not the change's doing.
+    stopping: bool = False
+    last_failure: Failure | None = None
+    last_failure_at: float | None = None  # the supervisor's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """One change under analysis. Times are the supervisor's (monotonic) clock."""
+
+    change: str  # the candidate's hash (spec_change)
+    canary: int
+    window_s: float
+    issued_at: float  # the canary's restart onto the change was issued
+    failure_mark: float | None  # the canary's last_failure_at then: a later one is the change's
+    window_start: float | None = None  # None: still WAITING
+    # `[rollout] eval`: the canary answers the eval set before it takes traffic.
+    needs_eval: bool = False
+    evaluated: bool = False  # the eval gate passed (or had nothing to compare with)
+
+    @property
+    def analysing(self) -> bool:
+        return self.window_start is not None
+
+    @property
+    def ends_at(self) -> float | None:
+        return None if self.window_start is None else self.window_start + self.window_s
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartWindow:
+    """The canary serves: scrape the canary and the baseline now (the window's start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEval:
+    """The canary is ready but kept out of the gateway: run the eval gate now."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndWindow:
+    """The window is over: scrape again and judge."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The canary failed its liveness: roll back at once."""
+
+    event: LivenessEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """The canary is being stopped on purpose (an operator, the agent's shutdown): the
+    analysis ends with no verdict and nothing recorded; a reload judges the change again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inconclusive:
+    """Nothing can be said about the change (the canary's GPU was set aside)."""
+
+    why: str
+
+
+Step = Wait | RunEval | StartWindow | EndWindow | Fail | Stopped | Inconclusive
+
+_GONE = (Phase.BACKOFF, Phase.FAILED, Phase.STOPPED, Phase.STOPPING)
+
+
+def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[Analysis, Step]:
+    """The analysis after looking at the canary `now`; `gateway`: the farm has one, so the
+    canary must be routed to before its window starts."""
+    after = 0.0 if a.window_start is None else max(0.0, now - a.window_start)
+    if c.stopping:
+        return a, Stopped()
+    new_failure = c.last_failure_at is not None and (
+        a.failure_mark is None or c.last_failure_at > a.failure_mark
+    )
+    if c.last_failure is not None and new_failure:
+        return a, Fail(liveness_event(c.last_failure, after))
+    if c.phase is Phase.QUARANTINED:
+        return a, Inconclusive(f"canary worker {a.canary}'s GPU was set aside (quarantined)")
+    if c.phase is Phase.UNHEALTHY and not c.busy:
+        return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
+    if a.window_start is None:
+        if c.phase in (Phase.FAILED, Phase.STOPPED):
+            detail = f"the canary is {c.phase} before it served"
+            return a, Fail(LivenessEvent(LivenessKind.CRASHED, 0.0, detail))
+        if c.phase is Phase.READY and a.needs_eval and not a.evaluated:
+            return a, RunEval()
+        if c.phase is Phase.READY and (c.in_gateway or not gateway):
+            return replace(a, window_start=now), StartWindow()
+        return a, Wait()
+    if c.phase in _GONE:
+        detail = f"the canary left serving ({c.phase})"
+        return a, Fail(LivenessEvent(LivenessKind.CRASHED, after, detail))
+    if a.ends_at is not None and now >= a.ends_at:
+        return a, EndWindow()
+    return a, Wait()
+
+
+class Resolution(StrEnum):
+    PROMOTE = "promote"  # release the gate: the next waves proceed
+    ROLLBACK = "rollback"  # the canary back on the accepted config, the other waves dropped
+    HOLD = "hold"  # neither: the farm stays as it is (canary on the change) and alerts
+
+
+def resolve(outcome: Outcome, on_inconclusive: str) -> Resolution:
+    """What a verdict means for the rollout; an inconclusive one follows
+    `[rollout] on_inconclusive` ("hold" | "rollback" | "promote")."""
+    if outcome is Outcome.PROMOTE:
+        return Resolution.PROMOTE
+    if outcome is Outcome.ROLLBACK:
+        return Resolution.ROLLBACK
+    return Resolution(on_inconclusive)

@@ -1,0 +1,471 @@
+"""The canary analysis in the real Agent over the fakes, on the virtual clock (issue 23).
+
+A reload changes `[farm] env`; the fake workers' /metrics (synthetic Prometheus text, fed
+through the agent's scrape seam) are slow when a worker runs `SLOW=1`. Pass -> the next
+waves; fail -> the canary alone back on the old config, the change refused afterwards; a
+crash in the window -> rolled back at once; an agent restarted during the analysis
+starts on the accepted config and rolls the change canary first again; a second reload
+during the analysis supersedes the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from agent_harness import (
+    GATEWAY,
+    Farm,
+    farm,
+    farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+    urls,
+)
+from fake_gateway import FakeGateway
+from fake_runtime import FakeRuntime
+from sglang_farm.canary.evalrun import EvalGate, EvalRun
+from sglang_farm.canary.evalset import EvalItem, Score, eval_verdict
+from sglang_farm.canary.view import CanaryState
+from sglang_farm.config import load_spec
+from sglang_farm.workers.phase import Phase
+from virtual_time import run_virtual
+
+WINDOW = {"analysis_window": "60s"}
+
+
+def _toml(tmp: Path, env: dict[str, str] | None = None, **rollout: str) -> str:
+    tables: dict[str, dict[str, object]] = {"rollout": {**WINDOW, **rollout}}
+    if env:
+        tables["farm"] = {"state_dir": str(tmp), "env": env}
+    return farm_toml(tmp, workers=4, **tables)
+
+
+class Metrics:
+    """Each worker's /metrics: 10 requests a second of 10 tokens each since the test began;
+    tokens take 10-20 ms, or 50-100 ms on a worker whose process runs SLOW=1."""
+
+    def __init__(self) -> None:
+        self.runtime: FakeRuntime | None = None
+        self.t0 = 0.0
+        self.scrapes: list[str] = []
+
+    async def __call__(self, url: str, key: str | None) -> str:
+        self.scrapes.append(url)
+        assert self.runtime is not None
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        proc = self.runtime.procs.get(port - 30000)
+        if proc is None:
+            raise ConnectionRefusedError(url)
+        n = 10 * (asyncio.get_running_loop().time() - self.t0)
+        slow = proc.command.env_dict.get("SLOW") == "1"
+        buckets = (0, 0, 0, 10 * n, 10 * n) if slow else (0, 10 * n, 10 * n, 10 * n, 10 * n)
+        lines = [f"sglang:num_requests_total {n}", "sglang:num_aborted_requests_total 0"]
+        for le, v in zip(("0.01", "0.02", "0.05", "0.1", "+Inf"), buckets, strict=True):
+            lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}"}} {v}')
+        lines.append(f"sglang:inter_token_latency_seconds_sum {0.01 * n}")
+        return "\n".join(lines) + "\n"
+
+
+def _env(f: Farm, worker: int) -> dict[str, str]:
+    return f.runtime.procs[worker].command.env_dict
+
+
+async def _start(f: Farm, m: Metrics) -> None:
+    m.runtime = f.runtime
+    m.t0 = asyncio.get_running_loop().time()
+    await f.until(f.all_ready)
+
+
+def test_a_passing_canary_holds_the_next_waves_for_the_window_then_promotes(tmp: Path) -> None:
+    new = _toml(tmp, {"HARMLESS": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            result = await f.agent.reload()
+            assert result.applied and result.restarted == (0, 1, 2, 3)
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
+            await asyncio.sleep(30)  # inside the window: the other workers wait
+            view = f.agent.view().canary
+            assert view is not None and view.state is CanaryState.ANALYSING
+            assert view.canary == 0 and view.ends_at is not None
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=200)
+            await f.until(f.all_ready)
+            view = f.agent.view().canary
+            assert view is not None and view.state is CanaryState.PROMOTED
+            assert view.evidence.startswith("promoted: ")
+            assert {c.name for c in view.checks} >= {"itl_p50"}
+            assert all(_env(f, w).get("HARMLESS") == "1" for w in range(4))
+            record = json.loads((tmp / "canary.json").read_text())
+            assert record["rejected"] == []
+
+    run_virtual(scenario())
+
+
+def test_a_slow_canary_is_rolled_back_alone_and_its_change_is_not_retried(tmp: Path) -> None:
+    new = _toml(tmp, {"SLOW": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=300,
+            )
+            view = f.agent.view().canary
+            assert view is not None
+            assert view.evidence.startswith("rolled back: ") and "ITL" in view.evidence
+            assert view.rollbacks_total == 1
+            await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+            assert "SLOW" not in _env(f, 0)  # back on the old config
+            await asyncio.sleep(300)  # the dropped waves never come
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            ran_slow = {w for w, c in f.runtime.starts if c.env_dict.get("SLOW") == "1"}
+            assert ran_slow == {0}
+            again = await f.agent.reload()
+            assert not again.applied
+            assert "rejected by its canary" in again.problems[0]
+            assert "edit the config to retry" in again.problems[0]
+            record = json.loads((tmp / "canary.json").read_text())
+            assert len(record["rejected"]) == 1
+
+    run_virtual(scenario())
+
+
+def test_a_canary_that_crashes_in_the_window_is_rolled_back_at_once(tmp: Path) -> None:
+    new = _toml(tmp, {"CRASHY": "1"}, analysis_window="10m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None
+                    and v.state is CanaryState.ANALYSING
+                    and v.ends_at is not None
+                )
+            )
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await asyncio.sleep(20)
+            f.runtime.crash(0, 1, ("Traceback (most recent call last):", "RuntimeError: boom"))
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=30,
+            )
+            assert loop.time() - t0 < 600  # not at the window's end
+            view = f.agent.view().canary
+            assert view is not None and "crashed" in view.evidence
+            await f.until(lambda: 0 in f.runtime.procs and f.phase(0) is Phase.READY)
+            assert "CRASHY" not in _env(f, 0)
+            assert f.agent.view().worker(0).oom_step == 0
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_second_reload_during_the_analysis_supersedes_the_first(tmp: Path) -> None:
+    texts = [_toml(tmp, {"FIRST": "1"})]
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(texts[0], source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
+            await asyncio.sleep(20)
+            texts[0] = _toml(tmp, {"SECOND": "1"})
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: all(f.runtime.starts_of(w) >= 2 for w in range(4)), within=400)
+            await f.until(f.all_ready)
+            view = f.agent.view().canary
+            assert view is not None and view.state is CanaryState.PROMOTED
+            assert all(_env(f, w).get("SECOND") == "1" for w in range(4))
+            ran_first = {w for w, c in f.runtime.starts if c.env_dict.get("FIRST") == "1"}
+            assert ran_first == {0}  # the first change never left the canary
+
+    run_virtual(scenario())
+
+
+def test_an_agent_restarted_during_the_analysis_starts_on_the_accepted_config(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config file says the new change; the record says it was never accepted: the
+    restarted agent starts every worker on the accepted config, then rolls the change
+    canary first (a reload from the file), judged again."""
+    monkeypatch.chdir(tmp)
+    old, new = _toml(tmp), _toml(tmp, {"HARMLESS": "1"})
+    (tmp / "test.toml").write_text(old)
+    m1, m2 = Metrics(), Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=old, loader=lambda: load_spec(new, source="test.toml"), scrape=m1
+        ) as f:
+            await _start(f, m1)
+            record = json.loads((tmp / "canary.json").read_text())
+            assert record["accepted"]["text"] == old
+            (tmp / "test.toml").write_text(new)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
+            )
+        # The agent went during the analysis; it comes back with the file's config.
+        async with farm(
+            tmp, text=new, loader=lambda: load_spec(new, source="test.toml"), scrape=m2
+        ) as f:
+            m2.runtime = f.runtime
+            m2.t0 = asyncio.get_running_loop().time()
+            await f.until(lambda: len(f.runtime.starts) >= 4)
+            assert all("HARMLESS" not in c.env_dict for _, c in f.runtime.starts[:4])
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None
+                    and v.state is CanaryState.ANALYSING
+                    and v.ends_at is not None
+                ),
+                within=300,
+            )
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=300)
+            assert all(c.env_dict.get("HARMLESS") == "1" for _, c in f.runtime.starts[-3:])
+
+    run_virtual(scenario())
+
+
+def test_an_agent_restarted_with_a_rejected_change_holds_it_on_the_accepted_config(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp)
+    old, bad = _toml(tmp), _toml(tmp, {"SLOW": "1"})
+    (tmp / "test.toml").write_text(old)
+    m1, m2 = Metrics(), Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=old, loader=lambda: load_spec(bad, source="test.toml"), scrape=m1
+        ) as f:
+            await _start(f, m1)
+            (tmp / "test.toml").write_text(bad)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=300,
+            )
+        async with farm(
+            tmp, text=bad, loader=lambda: load_spec(bad, source="test.toml"), scrape=m2
+        ) as f:
+            m2.runtime = f.runtime
+            await f.until(f.all_ready)
+            await asyncio.sleep(120)
+            assert len(f.runtime.starts) == 4
+            assert all("SLOW" not in c.env_dict for _, c in f.runtime.starts)
+            view = f.agent.view().canary
+            assert view is not None and view.state is CanaryState.HELD
+            assert view.evidence.startswith("held: change sha256:")
+            assert "edit the config to retry" in view.evidence
+
+    run_virtual(scenario())
+
+
+class FakeGate:
+    """The eval gate (evalrun.run_gate's signature): the canary answers `canary_correct`
+    of the set right, the baseline all of it."""
+
+    def __init__(self, canary_correct: int) -> None:
+        self.canary_correct = canary_correct
+        self.calls: list[tuple[str, str]] = []
+        self.routed_then: set[str] | None = None
+        self.gateway: FakeGateway | None = None
+
+    async def __call__(
+        self,
+        items: Sequence[EvalItem],
+        *,
+        canary_url: str,
+        baseline_url: str,
+        tolerance: float,
+        **_: object,
+    ) -> EvalGate:
+        self.calls.append((canary_url, baseline_url))
+        assert self.gateway is not None
+        self.routed_then = self.gateway.routed()
+        n = len(items)
+        verdict = eval_verdict(self.canary_correct, n, n, tolerance)
+
+        def run(url: str, correct: int) -> EvalRun:
+            return EvalRun(url, (), (), Score(correct, n, 0, ()))
+
+        return EvalGate(verdict, run(canary_url, self.canary_correct), run(baseline_url, n))
+
+
+@pytest.mark.parametrize("canary_correct", [40, 30])
+def test_the_eval_gate_runs_before_the_canary_joins_the_gateway(
+    tmp: Path, canary_correct: int
+) -> None:
+    eval_file = Path(__file__).parent.parent / "etc/sglang-farm/eval/arith.jsonl"
+    old = farm_toml(tmp, workers=4, gateway=GATEWAY, rollout={**WINDOW, "eval": str(eval_file)})
+    new = farm_toml(
+        tmp,
+        workers=4,
+        gateway=GATEWAY,
+        farm={"state_dir": str(tmp), "env": {"CHANGED": "1"}},
+        rollout={**WINDOW, "eval": str(eval_file)},
+    )
+    m, gate, gw = Metrics(), FakeGate(canary_correct), FakeGateway()
+    gate.gateway = gw
+
+    async def scenario() -> None:
+        async with farm(
+            tmp,
+            text=old,
+            loader=lambda: load_spec(new, source="test.toml"),
+            scrape=m,
+            gateway=gw,
+            gate=gate,
+        ) as f:
+            await _start(f, m)
+            await f.until(lambda: gw.routed() == urls(range(4)))
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: gate.calls != [], within=300)
+            assert gate.calls[0] == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
+            assert gate.routed_then == urls([1, 2, 3])  # the canary took no traffic yet
+            if canary_correct == 40:
+                await f.until(
+                    lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=400
+                )
+                view = f.agent.view().canary
+                assert view is not None and view.state is CanaryState.PROMOTED
+            else:
+                await f.until(
+                    lambda: (
+                        (v := f.agent.view().canary) is not None
+                        and v.state is CanaryState.ROLLED_BACK
+                    ),
+                    within=60,
+                )
+                view = f.agent.view().canary
+                assert view is not None and view.evidence.startswith("rolled back: eval: ")
+                assert [c.name for c in view.checks] == ["eval"]
+                await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+                assert "CHANGED" not in _env(f, 0)
+                assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_canary_that_cannot_start_on_the_change_is_rolled_back_before_its_window(
+    tmp: Path,
+) -> None:
+    """A renamed flag: the canary exits while loading (a deterministic failure, FAILED at
+    once); the farm puts it back on the old config, the other waves never start."""
+    new = _toml(tmp, {"BROKEN": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.STARTING)
+            f.runtime.crash(0, 2, ("launch_server.py: error: unrecognized arguments: --bogus",))
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=30,
+            )
+            view = f.agent.view().canary
+            assert view is not None and view.ends_at is None
+            await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+            assert "BROKEN" not in _env(f, 0)
+            await asyncio.sleep(120)
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert m.scrapes == []  # no window ever started
+
+    run_virtual(scenario())
+
+
+def test_a_slow_canary_is_rolled_back_before_a_long_window_ends(tmp: Path) -> None:
+    """Judged early inside the window (every window/10): a certain rollback does not wait
+    for the end of a 10-minute window."""
+    new = _toml(tmp, {"SLOW": "1"}, analysis_window="10m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
+            )
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=600,
+            )
+            assert loop.time() - t0 <= 61  # the first early judgement, 60 s in
+            view = f.agent.view().canary
+            assert view is not None and "ITL" in view.evidence
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_baseline_worker_that_crashes_during_the_analysis_comes_back_on_the_old_config(
+    tmp: Path,
+) -> None:
+    """Only the canary runs the change under analysis: another worker restarted meanwhile
+    (a crash here) is relaunched with the accepted config."""
+    new = _toml(tmp, {"HARMLESS": "1"}, analysis_window="5m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.agent.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
+            )
+            f.runtime.crash(2, 1, ("Traceback (most recent call last):", "RuntimeError: boom"))
+            await f.until(lambda: f.runtime.starts_of(2) == 2 and f.phase(2) is Phase.READY)
+            assert "HARMLESS" not in _env(f, 2)
+            assert _env(f, 0).get("HARMLESS") == "1"
+            # After the promotion, worker 2 rolls to the change with the others.
+            await f.until(
+                lambda: all(_env(f, w).get("HARMLESS") == "1" for w in range(4)), within=600
+            )
+
+    run_virtual(scenario())

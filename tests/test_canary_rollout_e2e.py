@@ -1,0 +1,156 @@
+"""End to end (issue 23): the agent, the process runtime and simulator workers under
+load; a reload that makes every token 5x slower is judged on the canary alone and rolled
+back, no other worker ever running it."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmtoml import rewritten
+
+pytestmark = pytest.mark.slow
+
+MODEL = "sim/Qwen3.6-27B"
+
+
+@contextlib.contextmanager
+def load(urls: list[str], per_worker: int = 3) -> Iterator[list[int]]:
+    """`per_worker` clients per worker sending short chat requests until the block ends;
+    yields the list of status codes seen."""
+    stop = threading.Event()
+    statuses: list[int] = []
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    def client(url: str) -> None:
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            while not stop.is_set():
+                try:
+                    statuses.append(c.post(f"{url}/v1/chat/completions", json=body).status_code)
+                except httpx.HTTPError:
+                    statuses.append(0)
+                    time.sleep(0.05)
+
+    threads = [
+        threading.Thread(target=client, args=(u,), daemon=True)
+        for u in urls
+        for _ in range(per_worker)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+
+
+def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Path) -> None:
+    marker = new_marker()
+    cfg = farm_config(
+        tmp,
+        workers=3,
+        parallel=2,
+        load_seconds=0.5,
+        marker=marker,
+        rollout={"analysis_window": "8s", "min_requests": 20},
+    )
+    farm = Farm(cfg, marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        ports = sorted({e["port"] for e in farm.named("worker_launching") if "port" in e})
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        assert len(urls) == 3
+        with load(urls):
+            good = cfg.read_text()
+            env = {
+                "SGLANG_SIM_LOAD_SECONDS": "0.5",
+                "SGLANG_SIM_HEALTH_DELAY": "0.05",
+                "SGLANG_SIM_WARMUP_SECONDS": "0.1",
+                "SGLANG_FARM_TEST_MARKER": marker,
+                "SGLANG_SIM_TOKEN_SECONDS": "0.05",
+            }
+            cfg.write_text(rewritten(good, farm={"env": env}))
+            n = len(farm.snapshot())
+            out = farm.farmctl("reload")
+            assert out.returncode == 0, out.stdout + out.stderr
+            farm.wait_for(lambda e: e.get("event") == "canary_analysis_started", after=n)
+            back = farm.wait_for(
+                lambda e: (
+                    e.get("event") in ("canary_rolled_back", "canary_promoted", "canary_held")
+                ),
+                after=n,
+                timeout=60,
+            )
+            assert back["event"] == "canary_rolled_back", back
+            assert back["worker"] == 0 and "ITL" in back["evidence"], back
+            farm.wait_for(
+                lambda e: e.get("event") == "worker_ready" and e.get("worker") == 0,
+                after=farm.snapshot().index(
+                    next(e for e in farm.snapshot()[n:] if e.get("event") == "canary_rolled_back")
+                ),
+                timeout=30,
+            )
+        # Workers 1 and 2 were never restarted; the canary ran the change once, then the
+        # old config again.
+        later = farm.snapshot()[n:]
+        launched = [e["worker"] for e in later if e.get("event") == "worker_launching"]
+        assert launched == [0, 0], launched
+        # The same change again is refused, naming the verdict.
+        again = farm.farmctl("reload")
+        assert again.returncode != 0
+        assert "rejected by its canary" in again.stdout + again.stderr
+    finally:
+        assert farm.stop() == 0
+
+
+def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
+    tmp: Path,
+) -> None:
+    marker = new_marker()
+    cfg = farm_config(
+        tmp,
+        workers=3,
+        parallel=2,
+        load_seconds=0.5,
+        marker=marker,
+        rollout={"analysis_window": "8s", "min_requests": 20},
+        sglang={"model_path": MODEL, "enable_metrics": True},
+    )
+    farm = Farm(cfg, marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        ports = sorted({e["port"] for e in farm.named("worker_launching") if "port" in e})
+        with load([f"http://127.0.0.1:{p}" for p in ports]):
+            good = cfg.read_text()
+            n = len(farm.snapshot())
+            changed = rewritten(
+                good,
+                sglang={"model_path": MODEL, "enable_metrics": True, "max_running_requests": 64},
+            )
+            cfg.write_text(changed)
+            out = farm.farmctl("reload")
+            assert out.returncode == 0, out.stdout + out.stderr
+            verdict = farm.wait_for(
+                lambda e: (
+                    e.get("event") in ("canary_rolled_back", "canary_promoted", "canary_held")
+                ),
+                after=n,
+                timeout=60,
+            )
+            assert verdict["event"] == "canary_promoted", verdict
+            farm.wait_for(lambda e: e.get("event") == "rolling_restart_done", after=n, timeout=60)
+        launching = [e for e in farm.snapshot()[n:] if e.get("event") == "worker_launching"]
+        assert sorted(e["worker"] for e in launching) == [0, 1, 2]
+        assert launching[0]["worker"] == 0
+        assert all("--max-running-requests" in e["argv"] for e in launching)
+    finally:
+        assert farm.stop() == 0
