@@ -80,8 +80,10 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
             }
             cfg.write_text(rewritten(good, farm={"env": env}))
             n = len(farm.snapshot())
-            out = farm.farmctl("reload")
-            assert out.returncode == 0, out.stdout + out.stderr
+            # farmctl reload waits for the verdict: a rollback exits 5, with its evidence.
+            out = farm.farmctl("reload", timeout=120)
+            assert out.returncode == 5, out.stdout + out.stderr
+            assert "rolled back" in out.stdout and "ITL" in out.stdout, out.stdout
             farm.wait_for(lambda e: e.get("event") == "canary_analysis_started", after=n)
             back = farm.wait_for(
                 lambda e: (
@@ -106,7 +108,7 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
         assert launched == [0, 0], launched
         # The same change again is refused, naming the verdict.
         again = farm.farmctl("reload")
-        assert again.returncode != 0
+        assert again.returncode == 6, again.stdout + again.stderr  # held: not rolled again
         assert "rejected by its canary" in again.stdout + again.stderr
     finally:
         assert farm.stop() == 0
@@ -137,8 +139,10 @@ def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
                 sglang={"model_path": MODEL, "enable_metrics": True, "max_running_requests": 64},
             )
             cfg.write_text(changed)
-            out = farm.farmctl("reload")
+            # farmctl reload waits for the promotion, then for every wave: exit 0.
+            out = farm.farmctl("reload", timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
+            assert "rollout done" in out.stdout, out.stdout
             verdict = farm.wait_for(
                 lambda e: (
                     e.get("event") in ("canary_rolled_back", "canary_promoted", "canary_held")
