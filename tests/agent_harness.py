@@ -25,6 +25,7 @@ from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.farm_view import FarmView
 from sglang_farm.host.ports import PortState
+from sglang_farm.operations import FarmControl
 from sglang_farm.runtime import Emit, Running
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.runner import Stager
@@ -63,6 +64,7 @@ def farm_toml(state_dir: Path, *, workers: int | Sequence[int] = 8, **tables: Ta
 @dataclass
 class Farm:
     agent: Agent
+    ops: FarmControl  # the operator's commands (farmctl's, SIGHUP's) on `agent`
     runtime: FakeRuntime
     prober: FakeProber
     stop: asyncio.Event
@@ -140,30 +142,32 @@ async def farm(
         made.append(rt)
         return rt
 
+    collaborators = Collaborators(
+        prober=prober,
+        port_state=lambda _h, _p: PortState.FREE,
+        port_owner=ports,
+        gateway=gw if spec.gateway.enabled else None,
+        in_flight=in_flight,
+        preflight=preflight,
+        refresh_preflight=refresh,
+        check_gpu=check_gpu,
+        stager=stager,
+        process_started=process_started,
+        observers=observers,
+        canary_scrape=scrape,
+        canary_gate=gate,
+    )
     agent = Agent(
         spec,
         factory,
         config_loader=loader,
         clock=loop.time,
         wall=lambda: 1.8e9 + loop.time(),
-        collaborators=Collaborators(
-            prober=prober,
-            port_state=lambda _h, _p: PortState.FREE,
-            port_owner=ports,
-            gateway=gw if spec.gateway.enabled else None,
-            in_flight=in_flight,
-            preflight=preflight,
-            refresh_preflight=refresh,
-            check_gpu=check_gpu,
-            stager=stager,
-            process_started=process_started,
-            observers=observers,
-            canary_scrape=scrape,
-            canary_gate=gate,
-        ),
+        collaborators=collaborators,
     )
     stop = asyncio.Event()
-    f = Farm(agent, made[0], prober, stop, gw, in_flight, ports, timeline)
+    ops = FarmControl(agent, collaborators)
+    f = Farm(agent, ops, made[0], prober, stop, gw, in_flight, ports, timeline)
 
     task = asyncio.create_task(agent.run(stop))
     try:

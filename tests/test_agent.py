@@ -128,7 +128,7 @@ def test_rolling_restart_keeps_the_rest_serving(tmp: Path) -> None:
                     await asyncio.sleep(0.05)
 
             sampler = asyncio.create_task(sample())
-            await f.agent.restart(list(range(8)))
+            await f.ops.restart(list(range(8)))
             await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
             await f.until(f.all_ready)
             sampler.cancel()
@@ -171,7 +171,7 @@ def test_reload_restarts_only_changed_workers_and_adds_and_removes(tmp: Path) ->
         loader = lambda: load_spec(new_text[0], source="test.toml")  # noqa: E731 -- one-liner
         async with farm(tmp, loader=loader) as f:
             await f.until(f.all_ready)
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert result.applied
             assert result.removed == (6, 7) and result.added == ()
             assert result.restarted == (0, 1, 2, 3, 4, 5)
@@ -182,7 +182,7 @@ def test_reload_restarts_only_changed_workers_and_adds_and_removes(tmp: Path) ->
             argv = f.agent.view().worker(0).argv
             assert argv[argv.index("--max-running-requests") + 1] == "32"
             # The same config again changes nothing.
-            again = await f.agent.reload()
+            again = await f.ops.reload()
             assert again.applied and again.restarted == () and again.added == ()
 
     run_virtual(scenario())
@@ -198,10 +198,10 @@ def test_a_stop_that_never_ends_is_waited_for_the_stop_budget_and_its_slack(tmp:
             f.runtime.unstoppable.add(1)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
-            await f.agent.stop([0])  # stops at once
+            await f.ops.stop([0])  # stops at once
             assert loop.time() - t0 < 1.0 and f.phase(0) is Phase.STOPPED
             t0 = loop.time()
-            await f.agent.stop([1])
+            await f.ops.stop([1])
             waited = loop.time() - t0
             assert f.phase(1) is Phase.STOPPING
             f.runtime.unstoppable.clear()

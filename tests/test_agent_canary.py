@@ -89,7 +89,7 @@ def test_a_passing_canary_holds_the_next_waves_for_the_window_then_promotes(tmp:
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert result.applied and result.restarted == (0, 1, 2, 3)
             await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
             await asyncio.sleep(30)  # inside the window: the other workers wait
@@ -119,7 +119,7 @@ def test_a_slow_canary_is_rolled_back_alone_and_its_change_is_not_retried(tmp: P
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (
                     (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
@@ -136,7 +136,7 @@ def test_a_slow_canary_is_rolled_back_alone_and_its_change_is_not_retried(tmp: P
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
             ran_slow = {w for w, c in f.runtime.starts if c.env_dict.get("SLOW") == "1"}
             assert ran_slow == {0}
-            again = await f.agent.reload()
+            again = await f.ops.reload()
             assert not again.applied
             assert "rejected by its canary" in again.problems[0]
             assert "edit the config to retry" in again.problems[0]
@@ -155,7 +155,7 @@ def test_a_canary_that_crashes_in_the_window_is_rolled_back_at_once(tmp: Path) -
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (
                     (v := f.agent.view().canary) is not None
@@ -193,11 +193,11 @@ def test_a_second_reload_during_the_analysis_supersedes_the_first(tmp: Path) -> 
             tmp, text=_toml(tmp), loader=lambda: load_spec(texts[0], source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
             await asyncio.sleep(20)
             texts[0] = _toml(tmp, {"SECOND": "1"})
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(lambda: all(f.runtime.starts_of(w) >= 2 for w in range(4)), within=400)
             await f.until(f.all_ready)
             view = f.agent.view().canary
@@ -228,7 +228,7 @@ def test_an_agent_restarted_during_the_analysis_starts_on_the_accepted_config(
             record = json.loads((tmp / "canary.json").read_text())
             assert record["accepted"]["text"] == old
             (tmp / "test.toml").write_text(new)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
             )
@@ -269,7 +269,7 @@ def test_an_agent_restarted_with_a_rejected_change_holds_it_on_the_accepted_conf
         ) as f:
             await _start(f, m1)
             (tmp / "test.toml").write_text(bad)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (
                     (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
@@ -350,7 +350,7 @@ def test_the_eval_gate_runs_before_the_canary_joins_the_gateway(
         ) as f:
             await _start(f, m)
             await f.until(lambda: gw.routed() == urls(range(4)))
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(lambda: gate.calls != [], within=300)
             assert gate.calls[0] == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
             assert gate.routed_then == urls([1, 2, 3])  # the canary took no traffic yet
@@ -391,7 +391,7 @@ def test_a_canary_that_cannot_start_on_the_change_is_rolled_back_before_its_wind
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.STARTING)
             f.runtime.crash(0, 2, ("launch_server.py: error: unrecognized arguments: --bogus",))
             await f.until(
@@ -422,7 +422,7 @@ def test_a_slow_canary_is_rolled_back_before_a_long_window_ends(tmp: Path) -> No
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
             )
@@ -455,7 +455,7 @@ def test_a_baseline_worker_that_crashes_during_the_analysis_comes_back_on_the_ol
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (v := f.agent.view().canary) is not None and v.ends_at is not None
             )

@@ -48,7 +48,7 @@ def test_planned_stop_leaves_the_gateway_then_waits_for_in_flight_requests(tmp: 
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             f.in_flight.counts[2] = 5
             begun = len(f.timeline)
-            stopping = asyncio.create_task(f.agent.stop([2]))
+            stopping = asyncio.create_task(f.ops.stop([2]))
             await f.until(lambda: urls([2]).isdisjoint(f.gateway.routed()), within=1)
             await asyncio.sleep(10)
             # Out of the gateway, its requests still running: not signalled yet.
@@ -78,12 +78,12 @@ def test_drain_budget_bounds_the_wait_and_no_drain_skips_it(tmp: Path) -> None:
             loop = asyncio.get_running_loop()
             f.in_flight.counts[4] = 3  # never finishes
             t0 = loop.time()
-            await f.agent.stop([4])
+            await f.ops.stop([4])
             assert f.phase(4) is Phase.STOPPED
             assert 30 <= loop.time() - t0 <= 31  # drain_timeout = 30 s, then the stop
             f.in_flight.counts[5] = 3
             t0 = loop.time()
-            await f.agent.stop([5], drain=False)
+            await f.ops.stop([5], drain=False)
             assert f.phase(5) is Phase.STOPPED and loop.time() - t0 < 1
 
     run_virtual(scenario())
@@ -105,7 +105,7 @@ def test_restart_all_keeps_workers_minus_parallel_in_the_gateway(tmp: Path) -> N
                     await asyncio.sleep(0.05)
 
             sampler = asyncio.create_task(sample())
-            await f.agent.restart(list(range(8)))
+            await f.ops.restart(list(range(8)))
             await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             sampler.cancel()
@@ -236,7 +236,7 @@ def test_a_reload_adding_api_key_brings_every_worker_back_with_its_key(tmp: Path
         async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), loader=loader) as f:
             await f.until(lambda: f.gateway.routed() == urls(range(8)))
             assert set(f.gateway.keys.values()) == {None}
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert result.applied and result.restarted == tuple(range(8))
             await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
             await f.until(lambda: f.gateway.routed() == urls(range(8)))

@@ -62,7 +62,7 @@ def test_a_reset_class_xid_quarantines_only_its_worker_and_it_stays_stopped(tmp:
             assert all(f.phase(w) is Phase.READY for w in range(8) if w != 5)
             assert all(f.runtime.starts_of(w) == 1 for w in range(8) if w != 5)
             # An operator's start does not bypass it.
-            await f.agent.start([5])
+            await f.ops.start([5])
             await asyncio.sleep(5)
             assert f.phase(5) is Phase.QUARANTINED
 
@@ -134,10 +134,10 @@ def test_quarantine_survives_an_agent_restart_and_release_checks_the_gpu(tmp: Pa
             assert f.phase(5) is Phase.QUARANTINED and f.runtime.starts_of(5) == 0
             q = f.agent.view().worker(5).quarantine
             assert q is not None and q.reason == "xid 79"
-            assert await f.agent.release_gpu(5) == problems  # refused: stays quarantined
+            assert await f.ops.release_gpu(5) == problems  # refused: stays quarantined
             assert f.phase(5) is Phase.QUARANTINED and checked == [5]
             problems.clear()  # the operator reset the GPU
-            assert await f.agent.release_gpu(5) == []
+            assert await f.ops.release_gpu(5) == []
             await f.until(lambda: f.phase(5) is Phase.READY, within=60)
             assert f.agent.view().worker(5).quarantine is None
             assert dict(f.agent.view().worker(5).quarantines_by_reason) == {"xid 79": 1}
@@ -234,22 +234,22 @@ def test_a_worker_quarantined_before_a_reload_moved_it_is_released_by_worker(tmp
             f.agent.observe_fleet(fleet())
             f.agent.observe_fleet(fleet({(2, 79): 1}))
             await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=10)
-            assert (await f.agent.reload()).applied
+            assert (await f.ops.reload()).applied
             await asyncio.sleep(30)
             assert f.phase(2) is Phase.QUARANTINED and f.runtime.starts_of(2) == 1
             # By GPU: its quarantine names GPU 2; GPU 5, its GPU now, says the way out.
-            assert await f.agent.release_gpu(5) == [
+            assert await f.ops.release_gpu(5) == [
                 "no worker is quarantined on GPU 5",
                 "worker 2 uses GPU 5 and is quarantined for another GPU: release it with "
                 "farmctl release-gpu --worker 2",
             ]
-            assert await f.agent.release_worker(2) == problems  # refused: it stays
+            assert await f.ops.release_worker(2) == problems  # refused: it stays
             assert f.phase(2) is Phase.QUARANTINED and checked == [5]
             problems.clear()
-            assert await f.agent.release_worker(2) == []
+            assert await f.ops.release_worker(2) == []
             await f.until(lambda: f.phase(2) is Phase.READY, within=60)
             assert f.agent.view().worker(2).quarantine is None and checked == [5, 5]
-            assert await f.agent.release_worker(2) == [
+            assert await f.ops.release_worker(2) == [
                 "worker 2 is not quarantined (it is ready): nothing to release"
             ]
 
@@ -268,7 +268,7 @@ def test_a_released_gpu_is_not_quarantined_again_by_the_xid_it_already_counted(
             f.agent.observe_fleet(fleet())
             f.agent.observe_fleet(fleet({(5, 79): 1}))
             await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
-            assert await f.agent.release_gpu(5) == []
+            assert await f.ops.release_gpu(5) == []
             await f.until(lambda: f.phase(5) is Phase.READY, within=60)
             for _ in range(3):  # the poller's next looks: the same count of XID 79
                 f.agent.observe_fleet(fleet({(5, 79): 1}))
@@ -294,7 +294,7 @@ def test_a_stop_of_a_quarantined_worker_returns_at_once_and_leaves_it_quarantine
             f.agent.observe_fleet(fleet({(5, 79): 1}))
             await f.until(lambda: f.phase(5) is Phase.QUARANTINED, within=10)
             t0 = loop.time()
-            await f.agent.stop([5])
+            await f.ops.stop([5])
             assert loop.time() - t0 < 1
             assert f.phase(5) is Phase.QUARANTINED
 
@@ -313,7 +313,7 @@ def test_a_reload_that_removes_a_quarantined_worker_does_not_wait_for_it_to_stop
             f.agent.observe_fleet(fleet({(2, 79): 1}))
             await f.until(lambda: f.phase(2) is Phase.QUARANTINED, within=10)
             t0 = loop.time()
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert result.applied and result.removed == (2,)
             assert loop.time() - t0 < 1  # before: the whole stop budget (25 s here)
 

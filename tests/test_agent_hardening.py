@@ -64,12 +64,12 @@ def test_a_start_after_the_fix_judges_the_preflight_anew(tmp: Path) -> None:
         async with farm(tmp, preflight=preflight, refresh=refresh, loader=loader) as f:
             await f.until(lambda: f.phase(3) is Phase.FAILED and f.phase(2) is Phase.READY)
             world["broken"] = set()  # the operator fixed the model path
-            await f.agent.start([3])
+            await f.ops.start([3])
             await f.until(lambda: f.phase(3) is Phase.READY, within=60)
             world["broken"] = {5}  # a reload brings a new problem for worker 5
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert result.applied
-            await f.agent.restart([5])
+            await f.ops.restart([5])
             await f.until(lambda: f.phase(5) is Phase.FAILED, within=60)
 
     run_virtual(scenario())
@@ -83,7 +83,7 @@ def test_overlapping_reloads_restart_each_changed_worker_once(tmp: Path) -> None
         loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
         async with farm(tmp, loader=loader) as f:
             await f.until(f.all_ready)
-            first, second = await asyncio.gather(f.agent.reload(), f.agent.reload())
+            first, second = await asyncio.gather(f.ops.reload(), f.ops.reload())
             assert first.restarted == tuple(range(8)) and second.restarted == ()
             await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
             await f.until(f.all_ready)
@@ -101,7 +101,7 @@ def test_a_restart_racing_the_removal_of_its_worker_leaves_nothing_running(tmp: 
         loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
         async with farm(tmp, loader=loader) as f:
             await f.until(f.all_ready)
-            await asyncio.gather(f.agent.reload(), f.agent.restart([7]))
+            await asyncio.gather(f.ops.reload(), f.ops.restart([7]))
             await asyncio.sleep(60)
             assert set(f.runtime.procs) == set(range(6))  # nothing of 6 or 7 still runs
 
@@ -116,7 +116,7 @@ def test_a_reload_that_changes_the_gateway_is_refused_and_says_to_restart(tmp: P
         loader = lambda: load_spec(new_text, source="test.toml")  # noqa: E731 -- one-liner
         async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), loader=loader) as f:
             await f.until(f.all_ready)
-            result = await f.agent.reload()
+            result = await f.ops.reload()
             assert not result.applied
             assert "restart the agent" in result.problems[0]
             assert f.agent.spec.gateway.drain_timeout == 30.0

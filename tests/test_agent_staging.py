@@ -225,7 +225,7 @@ def test_a_stage_that_does_not_fit_starts_no_worker_and_status_and_why_say_why(
             assert sample(f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}) == 1
             # `farmctl start` stages again: still too small, still nothing started.
             try:
-                await f.agent.start(list(range(8)))
+                await f.ops.start(list(range(8)))
                 raise AssertionError("start should have failed")
             except StageError as exc:
                 assert exc.kind is StageFailureKind.NO_SPACE
@@ -233,7 +233,7 @@ def test_a_stage_that_does_not_fit_starts_no_worker_and_status_and_why_say_why(
             assert sample(f, "sglang_farm_model_stage_failures_total", {"kind": "no_space"}) == 2
             # The tmpfs is grown: the next start stages, then the canary, then the rest.
             measure[0] = roomy
-            await f.agent.start(list(range(8)))
+            await f.ops.start(list(range(8)))
             await f.until(f.all_ready)
             assert f.runtime.starts[0][0] == 0
             assert (
@@ -260,7 +260,7 @@ def test_reload_with_a_new_revision_stages_beside_rolls_in_waves_then_removes_th
             await f.until(f.all_ready)
             texts[0] = model_toml(tmp_path, v2)
             before = len(f.runtime.starts)
-            r = await f.agent.reload()
+            r = await f.ops.reload()
             assert r.applied and sorted(r.restarted) == list(range(8))
             # The new copy is in place; the old one waits beside it for the roll.
             assert (target / "config.json").read_bytes() == b'{"v": "v2"}'
@@ -299,7 +299,7 @@ def test_a_reload_whose_model_cannot_be_staged_is_rejected_and_workers_keep_serv
             before = len(f.runtime.starts)
             shown.clear()  # from the reload on
             texts[0] = model_toml(tmp_path, tmp_path / "missing")
-            r = await f.agent.reload()
+            r = await f.ops.reload()
             assert not r.applied
             # Never shown as a failed stage (that holds the farm), not even for a moment.
             assert StageState.STAGING in shown and StageState.FAILED not in shown, shown
@@ -315,10 +315,10 @@ def test_a_reload_whose_model_cannot_be_staged_is_rejected_and_workers_keep_serv
             assert "reload REJECTED [source_missing]" in text
             assert "the reload was not applied: workers keep the previous copy" in text
             # A stopped worker then starts from the copy in place: no stage holds it.
-            await f.agent.stop([3])
+            await f.ops.stop([3])
             why = why_result(f.agent.view().worker(3), None, f.agent.view().staging)
             assert "no worker starts until" not in str(why["state_note"])
-            await f.agent.start([3])
+            await f.ops.start([3])
             await f.until(f.all_ready)
 
     run_virtual(scenario())
@@ -348,7 +348,7 @@ def test_a_reload_that_fixes_a_failed_stage_stages_and_begins_the_rollout(
             await asyncio.sleep(60)
             assert f.runtime.starts == []
             texts[0] = model_toml(tmp_path, make_source(tmp_path / "src"))
-            r = await f.agent.reload()
+            r = await f.ops.reload()
             assert r.applied
             await f.until(f.all_ready)
             assert f.runtime.starts[0][0] == 0
@@ -384,7 +384,7 @@ def test_an_unexpected_error_in_the_stage_is_a_failed_stage_that_status_and_why_
             why = why_result(f.agent.view().worker(3), None, f.agent.view().staging)
             assert "ValueError" in str(why["state_note"])
             try:
-                await f.agent.start([0])
+                await f.ops.start([0])
                 raise AssertionError("start should have failed")
             except StageError as exc:
                 assert exc.kind is StageFailureKind.IO_ERROR
@@ -457,7 +457,7 @@ def test_farmctl_start_after_a_failed_stage_restarts_adopted_workers_on_the_old_
             assert st is not None and st.state == "failed"
             assert f.runtime.starts == []
             measure[0] = roomy
-            await f.agent.start(list(range(8)))
+            await f.ops.start(list(range(8)))
             await f.until(lambda: all(f.runtime.starts_of(w) == 1 for w in range(8)))
             await f.until(f.all_ready)
             assert (tmp_path / "shm" / "model" / "config.json").read_bytes() == b'{"v": "v2"}'
@@ -488,13 +488,13 @@ def test_a_sighup_during_the_start_up_stage_is_refused_and_a_later_one_applies(
             await asyncio.sleep(5)
             # The reload would remove workers 4-7 while the start-up still means to start them.
             texts[0] = model_toml(tmp_path, src, workers=4)
-            f.agent.reload_on_signal()
+            f.ops.reload_on_signal()
             await asyncio.sleep(5)
             assert loads == []  # refused (logged: retry once started), not raced
             gate.set()
             await f.until(f.all_ready)
             assert len(f.agent.view().workers) == 8
-            f.agent.reload_on_signal()
+            f.ops.reload_on_signal()
             await f.until(lambda: len(f.agent.view().workers) == 4)
             assert loads == [1]
 

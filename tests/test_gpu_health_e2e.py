@@ -115,7 +115,7 @@ async def _scenario(
         assert gpu_line(text, "sglang_farm_gpu_quarantined", 2).endswith(" 0.0")
     elif scenario == "release":
         assert f.phase(5) is Phase.QUARANTINED  # after the agent's restart
-        assert await f.agent.release_gpu(5) == []
+        assert await f.ops.release_gpu(5) == []
         await f.until(lambda: f.phase(5) is Phase.READY, within=10)
     return f.phases()
 

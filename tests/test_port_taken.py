@@ -111,7 +111,7 @@ def test_agent_never_makes_a_worker_ready_on_a_squatters_answers(tmp: Path) -> N
                         routed_3.append(asyncio.get_running_loop().time())
                     await asyncio.sleep(0.1)
 
-            await f.agent.restart([3])
+            await f.ops.restart([3])
             await f.until(lambda: f.phase(3) is not Phase.READY, within=60)
             watcher = asyncio.create_task(watch())
             await f.until(

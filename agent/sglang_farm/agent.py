@@ -1,20 +1,21 @@
 """I/O: the agent: inputs into supervisor events, and the supervisor's actions carried out.
 
-Inputs: the runtime's events (a start; a log line and an exit, read by `worker_logs`),
-the liveness probes (`liveness`), the pollers' NVML and worker snapshots (reported by
-`gpu_health.fleet_events` and `progress.progress_events`), the gateway (`gateway_sync`,
-`drain`), the clock (the ticker) and the operator's commands (`farm_api.FarmOps`). Each
-becomes an event for the supervisor (`Supervisor.handle`); the actions it returns are
-carried out here (a launch through the `Launcher`, a stop through the runtime, a drain
-watched) and its notes are logged (`notes`). After every change a fresh immutable
-`FarmView` is built (`farm_view.build_view`) and swapped in, which the control socket
-and the exporter read without ever waiting on a worker; what must survive an agent
-restart goes to the `StateStore`.
+Inputs: the runtime's events (a start; a log line and an exit, read by `workers/logs`),
+the liveness probes (`workers/liveness`), the pollers' NVML and worker snapshots
+(`workers/observations`), the gateway (`gateway/sync`, `workers/drain`), the clock (the
+ticker), the operator's commands (`operations.FarmControl`) and a reload (`reloader`),
+each through the narrow surface those modules name. Each becomes an event for the
+supervisor (`Supervisor.handle`); the actions it returns are carried out here (a launch
+through the `Launcher`, a stop through the runtime, a drain watched) and its notes are
+logged (`workers/notes`). After every change a fresh immutable `FarmView` is built
+(`farm_view.build_view`) and swapped in (`publisher`), which the control socket and the
+exporter read without ever waiting on a worker; what must survive an agent restart goes
+to the `StateStore`.
 
 Nothing here decides: which workers stay held on adoption, the waves of a rolling
 restart, the OOM step spreading to the farm, a failing GPU, a busy or wedged worker,
-how long a stop may take and a reload's effects are the core's decisions (`supervisor`,
-`gpu_health`, `progress`, `reload_plan`). Nothing here asks which runtime it drives
+how long a stop may take and a reload's effects are the core's decisions (`workers/`,
+`gpus/health`, `staging/`, `canary/`). Nothing here asks which runtime it drives
 either: what differs is a method of the `Runtime` protocol.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +33,12 @@ import structlog
 from sglang_farm.canary.driver import CanaryDriver  # issue 23
 from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
-from sglang_farm.control.farm_api import GpuMemory, ReloadResult
-from sglang_farm.errors import ConfigError
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.sync import MembershipSync
-from sglang_farm.gpus.health import (
-    not_quarantined,
-    quarantined_on,
-)
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
+from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
@@ -65,14 +61,6 @@ from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.notes import note_level, rollout_summary
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.reload_plan import (
-    ModelChange,
-    Refused,
-    model_change,
-    plan_reload,
-    reload_effects,
-    stage_refused,
-)
 from sglang_farm.workers.supervisor import (
     STOP_SLACK_S,
     Action,
@@ -84,7 +72,6 @@ from sglang_farm.workers.supervisor import (
     Note,
     Policy,
     ProcessExited,
-    ReleaseRequested,
     StopRequested,
     Supervisor,
     Terminate,
@@ -97,7 +84,8 @@ log = structlog.get_logger("sglang_farm.agent")
 
 
 class Agent:
-    """One farm: its supervisor, runtime, probes and views. Implements `farm_api.FarmOps`."""
+    """One farm: its supervisor, runtime, probes and views (`operations.FarmControl`
+    carries out the operator's commands on it)."""
 
     def __init__(
         self,
@@ -120,10 +108,8 @@ class Agent:
         )
         spec = self._canary.spec
         self._spec = spec
-        self._config_loader = config_loader
-        self._clock = clock
+        self.clock = clock
         self._wall = wall
-        collaborators = collaborators or Collaborators()
         self._collaborators = collaborators
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
@@ -140,7 +126,7 @@ class Agent:
             clock=clock,
             preflight=collaborators.preflight,
             port_state=collaborators.port_state,
-            log_for=self._bind,
+            log_for=self.log_for,
             port_owner=self._port_owner,
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
@@ -151,32 +137,32 @@ class Agent:
                 # Issue 23: a canary waiting for its eval gate is kept out of the gateway.
                 states=lambda: self._canary.gateway_states(self.supervisor.workers),
                 feed=self.feed,
-                on_status=self._gateway_changed,
+                on_status=self.republish,
             )
             if collaborators.gateway is not None
             else None
         )
         self._in_flight = collaborators.in_flight or HttpInFlight()
         self._observed = Observations()
-        self._logs = WorkerLogs()
+        self.worker_logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
         self._ticker = Ticker(
             next_deadline=lambda now: self.supervisor.next_deadline(now),
-            tick=lambda: self._apply_actions(self.supervisor.tick(self._clock()), wake=False),
+            tick=lambda: self.apply_actions(self.supervisor.tick(self.clock()), wake=False),
             clock=clock,
         )
         # State-changing commands wait for this: restore and adoption first (a stop issued
         # before would be saved over the remembered state), and one reload at a time.
         self._startup: str | None = "the agent is restoring its state and adopting running workers"
-        self._changes = asyncio.Lock()
+        self.changes = asyncio.Lock()
         self._last_refresh: object = None
         self._stages = StageDriver(
             spec,
             collaborators.stager or thread_stager,
-            on_change=self._stage_changed,
+            on_change=self.republish,
             clock=clock,
             wall=wall,
             process_started=collaborators.process_started,
@@ -188,6 +174,15 @@ class Agent:
         self._remembered = self._store.restore(
             self.supervisor, {w.id: w.gpus for w in spec.workers}
         )
+        self.reloader = Reloader(
+            self,
+            loader=config_loader,
+            changes=self.changes,
+            canary=self._canary,
+            stages=self._stages,
+            refresh_preflight=collaborators.refresh_preflight,
+            clock=clock,
+        )
         self._canary.attach(self._canary_host())  # issue 23
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
         if sync is not None:
@@ -197,32 +192,23 @@ class Agent:
             changed=self._changed,
             save=lambda: asyncio.to_thread(self._store.save, dict(self.supervisor.workers)),
             after=(*on_view, *collaborators.observers),
-            log_for=self._bind,
+            log_for=self.log_for,
         )
 
     # ---- wiring --------------------------------------------------------------------------
 
     def _canary_host(self) -> CanaryHost:
         """Issue 23: what the canary analysis (canary/driver.py) may do to the farm."""
-
-        def set_spec(spec: FarmSpec) -> None:  # a rollback: the accepted config in force
-            self._spec = spec
-            self.supervisor.reconfigure(self._policy(spec), (), ())
-
-        def refresh() -> None:
-            self._last_refresh = None
-            self._refresh()
-
         return CanaryHost(
             spec=lambda: self._spec,
-            set_spec=set_spec,
+            set_spec=self.reconfigure,  # a rollback: the accepted config in force
             sup=self.supervisor,
-            apply=self._apply_actions,
+            apply=self.apply_actions,
             spawn=self.spawn,
-            refresh=refresh,
-            reload=self.reload,
+            refresh=self.republish,
+            reload=self.reloader.reload,
             startup_done=lambda: self._startup is None,
-            clock=self._clock,
+            clock=self.clock,
             wall=self._wall,
             gateway=self._spec.gateway.enabled,
         )
@@ -230,6 +216,22 @@ class Agent:
     @property
     def spec(self) -> FarmSpec:
         return self._spec
+
+    def reconfigure(
+        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
+    ) -> None:
+        """`spec` in force (a reload's, a canary rollback's): the supervisor's policy and
+        workers; a watcher for each added worker, none left for a removed one."""
+        self._spec = spec
+        self.supervisor.reconfigure(self._policy(spec), added, removed)
+        for wid in removed:
+            self._changed.pop(wid, None)
+            t = self._worker_tasks.pop(wid, None)
+            if t:
+                t.cancel()
+        for wid in added:
+            self._changed[wid] = asyncio.Event()
+            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
 
     @staticmethod
     def _policy(spec: FarmSpec) -> Policy:
@@ -252,7 +254,7 @@ class Agent:
             exc = task.exception()
             log.error("agent_task_failed", error=repr(exc), exc_info=exc)
 
-    def _bind(self, worker: int) -> structlog.typing.FilteringBoundLogger:
+    def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)
         gpu = w.gpus[0] if len(w.gpus) == 1 else ",".join(map(str, w.gpus))
         bound: structlog.typing.FilteringBoundLogger = log.bind(worker=worker, gpu=gpu)
@@ -270,13 +272,15 @@ class Agent:
         adoption = self.supervisor.adopt(
             {w: r.pid for w, r in running.items()},
             remembered,
-            self._clock(),
+            self.clock(),
             serving={w for w, r in running.items() if r.active},
         )
         for wid in adoption.adopted:
             # An active unit passed its readiness gate: its OOMs are serving-time ones.
-            self._logs.new_process(wid, serving=running[wid].active)
-            self._bind(wid).info("worker_adopted", pid=running[wid].pid, active=running[wid].active)
+            self.worker_logs.new_process(wid, serving=running[wid].active)
+            self.log_for(wid).info(
+                "worker_adopted", pid=running[wid].pid, active=running[wid].active
+            )
         # Secrets changed while the agent was down (the argv does not show them).
         secrets_changed = await self.runtime.prepare(self._spec, self.commands())
         if self._sync is not None:
@@ -294,7 +298,7 @@ class Agent:
             canary=self._spec.startup.canary,
             parallel=self._spec.startup.parallel,
         )
-        self._apply_actions(list(adoption.actions))
+        self.apply_actions(list(adoption.actions))
         start = [w for w in self._spec.worker_ids if w not in adoption.held]
         argv = {w: r.argv for w, r in running.items()}
         drifted = drifted_workers(
@@ -331,14 +335,14 @@ class Agent:
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self._apply_actions(self.supervisor.start(list(start), self._clock(), fresh=False))
+        self.apply_actions(self.supervisor.start(list(start), self.clock(), fresh=False))
         if drifted:
             # Adopted, but started with another command line than the config renders now
             # (a config edited while the agent was down), or loaded a model copy that has
             # been replaced since: restarted in waves, drained.
             log.warning("workers_drifted", workers=list(drifted))
-            self._apply_actions(
-                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self._clock())
+            self.apply_actions(
+                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self.clock())
             )
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
@@ -346,10 +350,6 @@ class Agent:
     @property
     def _staging(self) -> StagingView | None:
         return self._stages.view
-
-    def _stage_changed(self) -> None:
-        self._last_refresh = None
-        self._refresh()
 
     def _loaded(self) -> list[int]:
         return loading(self.supervisor.workers)
@@ -372,22 +372,38 @@ class Agent:
                 # The doctor looked before the model was in place: it judges the copy now.
                 await self._collaborators.refresh_preflight(self._spec)
             self._begin_rollout(start, drifted)
-            self._after_swap(result)
+            self.after_swap(result)
         finally:
             self._startup = None
+
+    async def restage(self) -> list[int]:
+        """`farmctl start` while a failed stage holds the farm: stage again (StageError when
+        it fails again); the running workers still on the previous copy, to roll."""
+        if self._staging is None or not self._staging.blocks_rollout:
+            return []
+        result = await self._stages.stage(self._spec, keep_old=bool(self._loaded()))
+        self._held_by_stage = None
+        stale = await self._on_old_copy(result)
+        self.after_swap(result)
+        return stale
+
+    def take_stage_hold(self) -> list[int] | None:
+        """The workers a failed stage held back (a reload now starts them), or None."""
+        held, self._held_by_stage = self._held_by_stage, None
+        return held
 
     async def _on_old_copy(self, result: StageResult) -> list[int]:
         """Running workers that load a copy other than the one now at model_path."""
         pids = {w: self.supervisor.workers[w].pid for w in self._loaded()}
         return await self._stages.on_old_copy(result, pids)
 
-    def _after_swap(self, result: StageResult) -> None:
+    def after_swap(self, result: StageResult) -> None:
         """The previous copy goes once no worker loads from it (after the rolling restart)."""
         if (action := old_copy_removal(result, self._spec)) is not None:
             self.spawn(self._stages.remove_old_copy(action, self._rolled))
 
     async def _rolled(self, timeout: float) -> bool:
-        return await self._wait_until(lambda: not self.supervisor.rolling, timeout)
+        return await self.wait_until(lambda: not self.supervisor.rolling, timeout)
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(
@@ -399,7 +415,7 @@ class Agent:
             runtime=self.runtime,
             feed=self.feed,
             wait_change=self._publisher.wait_worker,
-            clock=self._clock,
+            clock=self.clock,
         )
 
     async def _stop_all(self) -> None:
@@ -408,8 +424,8 @@ class Agent:
             self.feed(wid, StopRequested())
         # Stops run concurrently (each drained first when there is a gateway); wait until
         # every process tree is gone (bounded by the drain budget and stop_timeout).
-        deadline = self._clock() + stop_budget(self.supervisor.policy) + STOP_SLACK_S
-        while self._clock() < deadline and self.supervisor.stopping():
+        deadline = self.clock() + stop_budget(self.supervisor.policy) + STOP_SLACK_S
+        while self.clock() < deadline and self.supervisor.stopping():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
                     ev = await self._queue.get()
@@ -428,15 +444,15 @@ class Agent:
                 if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
-                failure = self._logs.line(w, text)
+                failure = self.worker_logs.line(w, text)
                 if failure is not None:
-                    self._bind(w).warning(
+                    self.log_for(w).warning(
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
                     )
                     self.feed(w, FailureSeen(failure))
             case Exited(worker=w):
-                failure = self._logs.exited(w, ev.status, ev.result)
-                self._bind(w).info(
+                failure = self.worker_logs.exited(w, ev.status, ev.result)
+                self.log_for(w).info(
                     "worker_exited",
                     status=ev.status,
                     result=ev.result,
@@ -446,13 +462,13 @@ class Agent:
 
     def feed(self, worker: int, event: Event) -> None:
         """One event about one worker into the supervisor; its actions carried out."""
-        self._apply_actions(self.supervisor.handle(worker, event, self._clock()))
+        self.apply_actions(self.supervisor.handle(worker, event, self.clock()))
 
     def tick(self) -> None:
         """Evaluate the time-based rules now (the ticker does this when one is due)."""
-        self._apply_actions(self.supervisor.tick(self._clock()))
+        self.apply_actions(self.supervisor.tick(self.clock()))
 
-    def _apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
+    def apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
         for a in actions:
             match a:
                 case Launch(worker=w):
@@ -466,7 +482,7 @@ class Agent:
                     self._log_note(event, dict(fields))
         if wake:
             self._ticker.wake()  # a new back-off or load deadline may now be the nearest
-        self._refresh()
+        self.refresh()
 
     async def _watch_drain(self, worker: int) -> None:
         sync = self._sync
@@ -483,66 +499,32 @@ class Agent:
 
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
         """The NVML poller's latest snapshot: reported to the workers on a failing GPU."""
-        for wid, event in self._observed.of_fleet(fleet, self._worker_gpus()):
+        for wid, event in self._observed.of_fleet(fleet, self.worker_gpus()):
             self.feed(wid, event)
 
     def observe_stats(self, stats: Mapping[int, WorkerStats]) -> None:
         """The worker pollers' latest figures: reported as progress or a stall."""
         window, now = self._spec.health.stall_window, self._wall()
         for wid, event in self._observed.of_stats(
-            stats, self._worker_gpus(), stall_window=window, now=now
+            stats, self.worker_gpus(), stall_window=window, now=now
         ):
             self.feed(wid, event)
 
-    def _worker_gpus(self) -> dict[int, tuple[int, ...]]:
+    def worker_gpus(self) -> dict[int, tuple[int, ...]]:
         ids = self._spec.worker_ids
         return {w: self._spec.worker(w).gpus for w in self.supervisor.workers if w in ids}
 
-    async def release_gpu(self, gpu: int) -> list[str]:
-        """Start the workers quarantined on `gpu` again, once NVML says it is clear.
-
-        Returns what keeps it set aside (its quarantine then stays); empty when released.
-        """
-        held, problems = quarantined_on(gpu, self.supervisor.workers, self._worker_gpus())
-        if not held:
-            return problems
-        return await self._release(held, [gpu])
-
-    async def release_worker(self, worker: int) -> list[str]:
-        """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
-        once NVML says each GPU it uses now is clear (a reload may have moved it)."""
-        problems = not_quarantined(worker, self.supervisor.workers[worker])
-        if problems:
-            return problems
-        return await self._release([worker], self._spec.worker(worker).gpus)
-
-    async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
-        if self._collaborators.check_gpu is None:
-            return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
-        problems = [p for g in gpus for p in await self._collaborators.check_gpu(g)]
-        if problems:
-            log.warning(
-                "gpu_release_refused",
-                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
-                workers=list(held),
-                problems=problems,
-            )
-            return problems
-        async with self._changes:
-            for wid in held:
-                self.feed(wid, ReleaseRequested())
-        return []
-
-    def _gateway_changed(self) -> None:
-        """The gateway went up or down: the view (status, metrics) says so at once."""
+    def republish(self) -> None:
+        """The view is rebuilt now, whatever the workers' states: the gateway went up or
+        down, the stage moved on, the config in force changed (status, metrics say so)."""
         self._last_refresh = None
-        self._refresh()
+        self.refresh()
 
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
-        self._logs.new_process(worker)
+        self.worker_logs.new_process(worker)
         for ch in ladder_changes(self._spec, worker, self._oom_step(worker)):
-            self._bind(worker).warning(
+            self.log_for(worker).warning(
                 "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
             )
 
@@ -551,7 +533,9 @@ class Agent:
             front = self._sync.gateway_url if self._sync is not None else None
             fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
-        logger = self._bind(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
+        logger = (
+            self.log_for(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
+        )
         getattr(logger, note_level(event))(event, **fields)
 
     # ---- command lines -------------------------------------------------------------------
@@ -577,7 +561,7 @@ class Agent:
 
     # ---- views and state -----------------------------------------------------------------
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         # Most events (a passing probe of a ready worker) change nothing: skip the rebuild.
         current = (
             dict(self.supervisor.workers),
@@ -599,192 +583,21 @@ class Agent:
             rollout=str(self.supervisor.rollout),
             rollout_reason=self.supervisor.rollout_reason,
             started_at=self._started_at,
-            mono_to_wall=self._wall() - self._clock(),
+            mono_to_wall=self._wall() - self.clock(),
             argv={w: self.command_for(w).argv for w in self._spec.worker_ids},
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
             canary=self._canary.view(),  # issue 23: FarmView.canary
         )
 
-    # ---- FarmOps -------------------------------------------------------------------------
+    # ---- read by the operator's commands (operations.FarmControl) ------------------------
 
     def view(self) -> FarmView:
         return self._publisher.view
-
-    def gpu_memory(self) -> Sequence[GpuMemory]:
-        return self._collaborators.stats.gpu_memory()
-
-    def queue_depths(self) -> Mapping[int, float]:
-        return self._collaborators.stats.queue_depths()
 
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""
         return self._startup
 
-    async def start(self, worker_ids: Sequence[int]) -> None:
-        """Start workers; while a failed stage holds the farm, stage again first (raises
-        StageError when it fails again: nothing starts)."""
-        async with self._changes:
-            stale: list[int] = []
-            if self._staging is not None and self._staging.blocks_rollout:
-                result = await self._stages.stage(self._spec, keep_old=bool(self._loaded()))
-                self._held_by_stage = None
-                stale = await self._on_old_copy(result)
-                self._after_swap(result)
-            if self._collaborators.refresh_preflight is not None:
-                await self._collaborators.refresh_preflight(self._spec)
-            ids = [w for w in worker_ids if w in self.supervisor.workers]
-            self._apply_actions(self.supervisor.start(ids, self._clock()))
-            if stale:
-                # Adopted workers still on the previous copy roll to the staged one.
-                log.warning("workers_on_old_model_copy", workers=stale)
-                self._apply_actions(
-                    self.supervisor.restart_rolling(stale, RestartReason.CONFIG, self._clock())
-                )
-
-    async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
-        async with self._changes:
-            ids = [w for w in worker_ids if w in self.supervisor.workers]
-            for wid in ids:
-                self.feed(wid, StopRequested(drain))
-        await self._wait_until(
-            lambda: self.supervisor.stopped(ids),
-            stop_budget(self.supervisor.policy, drain=drain) + STOP_SLACK_S,
-        )
-
-    async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
-        async with self._changes:
-            self._apply_actions(
-                self.supervisor.restart_rolling(
-                    list(worker_ids), RestartReason.MANUAL, self._clock(), drain=drain
-                )
-            )
-
-    async def _wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
+    async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
         return await self._publisher.wait_until(cond, timeout)
-
-    async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
-        # In a thread: under systemd this runs journalctl, which must not stall the loop.
-        return await asyncio.to_thread(self.runtime.log_tail, worker_id, lines)
-
-    def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
-        return self._logs.follow(worker_id)
-
-    def reset_oom(self, worker_id: int) -> None:
-        self.supervisor.reset_oom(worker_id)
-        self._bind(worker_id).info("oom_ladder_reset")
-        self._refresh()
-
-    def reload_on_signal(self) -> None:
-        """SIGHUP: reload, unless the start-up (adoption, the first stage) is still under way:
-        then refused with a log line, as the control socket's `busy` (a reload racing the
-        start-up's rollout would start workers of the config it replaced)."""
-        if self._startup is not None:
-            log.warning(
-                "reload_refused_during_startup",
-                reason=self._startup,
-                fix="send SIGHUP again (systemctl reload sglang-farm) once `farmctl status` "
-                "shows the start-up done",
-            )
-            return
-        self.spawn(self.reload())
-
-    async def reload(self) -> ReloadResult:
-        """Apply the config file if valid. One at a time (the control socket and SIGHUP
-        alike), and worker commands wait for it: a restart racing the removal of its
-        worker would otherwise leave a process nobody tracks."""
-        async with self._changes:
-            return await self._reload()
-
-    async def _reload(self) -> ReloadResult:
-        if self._config_loader is None:
-            return ReloadResult(
-                applied=False, problems=("this agent was started without a config file",)
-            )
-        try:
-            # In a thread: the file read, and under systemd the account lookups (NSS).
-            new = await asyncio.to_thread(self._config_loader)
-        except ConfigError as exc:
-            return _refused(Refused(exc.problems))
-        # Issue 23: a change its canary rejected is refused; one under analysis (or held)
-        # is superseded by this reload (its canary back on the accepted config first).
-        if (rejected := self._canary.held(new)) is not None:
-            log.error("reload_rejected", problems=[rejected])
-            return ReloadResult(applied=False, problems=(rejected,), held=rejected)
-        self._canary.supersede(new)
-        old, serving = self._spec, self._staging
-        change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
-        if isinstance(change, Refused):
-            return _refused(change)
-        staged: StageResult | None = None
-        if change is ModelChange.RESTAGE:
-            try:
-                staged = await self._stages.stage(
-                    new, keep_old=bool(self._loaded()), serving=serving
-                )
-            except StageError as exc:
-                return _refused(stage_refused(new, exc))
-        elif change is ModelChange.DROP:
-            self._stages.publish(None)  # the model is no longer the farm's to stage
-        if self._collaborators.refresh_preflight is not None:
-            await self._collaborators.refresh_preflight(new)
-        plan = plan_reload(
-            {w: self.command_for(w, old) for w in old.worker_ids},
-            {w: self.command_for(w, new) for w in new.worker_ids},
-        )
-        if plan.removed:
-            for wid in plan.removed:
-                self.feed(wid, StopRequested())
-            await self._wait_until(
-                lambda: all(
-                    self.supervisor.workers[w].phase
-                    in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
-                    for w in plan.removed
-                ),
-                old.gateway.drain_timeout + old.restart.stop_timeout + 15,
-            )
-        self._spec = new
-        self.supervisor.reconfigure(self._policy(new), plan.added, plan.removed)
-        for wid in plan.removed:
-            self._changed.pop(wid, None)
-            t = self._worker_tasks.pop(wid, None)
-            if t:
-                t.cancel()
-        for wid in plan.added:
-            self._changed[wid] = asyncio.Event()
-            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
-        log.info(
-            "reload_applied",
-            restarted=list(plan.changed),
-            added=list(plan.added),
-            removed=list(plan.removed),
-        )
-        held, self._held_by_stage = self._held_by_stage, None
-        effects = reload_effects(
-            plan,
-            copy_replaced=staged is not None and not staged.current,
-            loading=self._loaded(),
-            held=held is not None,
-            workers=new.worker_ids,
-        )
-        gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
-        if effects.start:
-            self._apply_actions(self.supervisor.start(list(effects.start), self._clock()))
-        if effects.restart:
-            self._apply_actions(
-                self.supervisor.restart_rolling(
-                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
-                )
-            )
-        if staged is not None:
-            self._after_swap(staged)
-        self._last_refresh = None  # the spec changed (ports, names): rebuild the view
-        self._refresh()
-        return ReloadResult(
-            applied=True, restarted=effects.restart, added=plan.added, removed=plan.removed
-        )
-
-
-def _refused(refused: Refused) -> ReloadResult:
-    log.error("reload_rejected", problems=list(refused.problems))
-    return ReloadResult(applied=False, problems=refused.problems)

@@ -31,6 +31,7 @@ from sglang_farm.gateway.managed import ManagedGateway
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpus.snapshot import GpuPoller
 from sglang_farm.host.paths import DEFAULT_AGENT_BIN
+from sglang_farm.operations import FarmControl
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
 from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.sglang.argv import Command
@@ -211,20 +212,22 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         return pollers.queue_depths() if pollers is not None else {}
 
     front = build_gateway(spec, kind)
+    collaborators = Collaborators(
+        gateway=front.client if front is not None else None,
+        preflight=doctor.blocking,
+        refresh_preflight=doctor.refresh,
+        compute_caps=doctor.compute_caps,
+        observers=(on_status, to_pollers),
+        stats=StatsReaders(gpu_memory, queue_depths),
+        check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
+    )
     agent = Agent(
         spec,
         runtime_factory(kind, spec, config_path, front.managed if front is not None else None),
         config_loader=lambda: load_config(config_path, gpu_count, kind),
-        collaborators=Collaborators(
-            gateway=front.client if front is not None else None,
-            preflight=doctor.blocking,
-            refresh_preflight=doctor.refresh,
-            compute_caps=doctor.compute_caps,
-            observers=(on_status, to_pollers),
-            stats=StatsReaders(gpu_memory, queue_depths),
-            check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
-        ),
+        collaborators=collaborators,
     )
+    ops = FarmControl(agent, collaborators)  # what farmctl and SIGHUP ask of the agent
     pollers = MetricPollers(
         spec, poller, agent.view(), on_fleet=agent.observe_fleet, on_stats=agent.observe_stats
     )
@@ -234,11 +237,11 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    loop.add_signal_handler(signal.SIGHUP, agent.reload_on_signal)
+    loop.add_signal_handler(signal.SIGHUP, ops.reload_on_signal)
 
     from sglang_farm.control.server import ControlServer
 
-    control = ControlServer(agent, spec.control.socket, spec.control.group, version=__version__)
+    control = ControlServer(ops, spec.control.socket, spec.control.group, version=__version__)
     await control.start()  # it says where it listens, and who may connect
 
     await pollers.start()

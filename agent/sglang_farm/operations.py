@@ -1,0 +1,196 @@
+"""I/O: the operator's commands (`control.farm_api.FarmOps`) carried out on the agent.
+
+The control socket and SIGHUP call these; each turns a command into supervisor events
+or actions through `Farm`, the agent's narrow surface, and waits where the command
+says it waits (a stop until the workers are gone). State changes wait for the agent's
+`changes` lock: one at a time, and never before the start-up's restore and adoption.
+Nothing here decides: what a release, a stop or a restart does is the supervisor's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from sglang_farm.collaborators import Collaborators
+from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.farm_view import FarmView
+from sglang_farm.gpus.health import not_quarantined, quarantined_on
+from sglang_farm.reloader import Reloader
+from sglang_farm.runtime import Runtime
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.logs import WorkerLogs
+from sglang_farm.workers.supervisor import (
+    STOP_SLACK_S,
+    Action,
+    Event,
+    ReleaseRequested,
+    StopRequested,
+    Supervisor,
+    stop_budget,
+)
+
+log = structlog.get_logger("sglang_farm.agent")
+
+
+class Farm(Protocol):
+    """What the operator's commands may do to the farm (the agent implements it)."""
+
+    supervisor: Supervisor
+    runtime: Runtime
+    reloader: Reloader
+    worker_logs: WorkerLogs
+    changes: asyncio.Lock
+    clock: Callable[[], float]
+
+    @property
+    def spec(self) -> FarmSpec: ...
+
+    def view(self) -> FarmView: ...
+
+    def startup_pending(self) -> str | None: ...
+
+    def feed(self, worker: int, event: Event) -> None: ...
+
+    def apply_actions(self, actions: list[Action]) -> None: ...
+
+    async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool: ...
+
+    async def restage(self) -> list[int]: ...
+
+    def worker_gpus(self) -> dict[int, tuple[int, ...]]: ...
+
+    def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger: ...
+
+    def refresh(self) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+
+class FarmControl:
+    """`farm_api.FarmOps` over one agent (and what it is wired to: the pollers' figures,
+    the doctor, NVML's GPU check)."""
+
+    def __init__(self, farm: Farm, collaborators: Collaborators) -> None:
+        self._farm = farm
+        self._collaborators = collaborators
+
+    def view(self) -> FarmView:
+        return self._farm.view()
+
+    def gpu_memory(self) -> Sequence[GpuMemory]:
+        return self._collaborators.stats.gpu_memory()
+
+    def queue_depths(self) -> Mapping[int, float]:
+        return self._collaborators.stats.queue_depths()
+
+    def startup_pending(self) -> str | None:
+        """Why state-changing commands must wait now, or None (see control.handlers)."""
+        return self._farm.startup_pending()
+
+    async def start(self, worker_ids: Sequence[int]) -> None:
+        """Start workers; while a failed stage holds the farm, stage again first (raises
+        StageError when it fails again: nothing starts)."""
+        farm = self._farm
+        async with farm.changes:
+            stale = await farm.restage()
+            if self._collaborators.refresh_preflight is not None:
+                await self._collaborators.refresh_preflight(farm.spec)
+            ids = [w for w in worker_ids if w in farm.supervisor.workers]
+            farm.apply_actions(farm.supervisor.start(ids, farm.clock()))
+            if stale:
+                # Adopted workers still on the previous copy roll to the staged one.
+                log.warning("workers_on_old_model_copy", workers=stale)
+                farm.apply_actions(
+                    farm.supervisor.restart_rolling(stale, RestartReason.CONFIG, farm.clock())
+                )
+
+    async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        farm = self._farm
+        async with farm.changes:
+            ids = [w for w in worker_ids if w in farm.supervisor.workers]
+            for wid in ids:
+                farm.feed(wid, StopRequested(drain))
+        await farm.wait_until(
+            lambda: farm.supervisor.stopped(ids),
+            stop_budget(farm.supervisor.policy, drain=drain) + STOP_SLACK_S,
+        )
+
+    async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
+        farm = self._farm
+        async with farm.changes:
+            farm.apply_actions(
+                farm.supervisor.restart_rolling(
+                    list(worker_ids), RestartReason.MANUAL, farm.clock(), drain=drain
+                )
+            )
+
+    async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
+        # In a thread: under systemd this runs journalctl, which must not stall the loop.
+        return await asyncio.to_thread(self._farm.runtime.log_tail, worker_id, lines)
+
+    def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
+        return self._farm.worker_logs.follow(worker_id)
+
+    def reset_oom(self, worker_id: int) -> None:
+        self._farm.supervisor.reset_oom(worker_id)
+        self._farm.log_for(worker_id).info("oom_ladder_reset")
+        self._farm.refresh()
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: reload, unless the start-up (adoption, the first stage) is still under way:
+        then refused with a log line, as the control socket's `busy` (a reload racing the
+        start-up's rollout would start workers of the config it replaced)."""
+        if (startup := self._farm.startup_pending()) is not None:
+            log.warning(
+                "reload_refused_during_startup",
+                reason=startup,
+                fix="send SIGHUP again (systemctl reload sglang-farm) once `farmctl status` "
+                "shows the start-up done",
+            )
+            return
+        self._farm.spawn(self.reload())
+
+    async def reload(self) -> ReloadResult:
+        """Apply the config file if valid (`reloader.Reloader.reload`)."""
+        return await self._farm.reloader.reload()
+
+    async def release_gpu(self, gpu: int) -> list[str]:
+        """Start the workers quarantined on `gpu` again, once NVML says it is clear.
+
+        Returns what keeps it set aside (its quarantine then stays); empty when released.
+        """
+        farm = self._farm
+        held, problems = quarantined_on(gpu, farm.supervisor.workers, farm.worker_gpus())
+        if not held:
+            return problems
+        return await self._release(held, [gpu])
+
+    async def release_worker(self, worker: int) -> list[str]:
+        """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
+        once NVML says each GPU it uses now is clear (a reload may have moved it)."""
+        problems = not_quarantined(worker, self._farm.supervisor.workers[worker])
+        if problems:
+            return problems
+        return await self._release([worker], self._farm.spec.worker(worker).gpus)
+
+    async def _release(self, held: Sequence[int], gpus: Sequence[int]) -> list[str]:
+        if self._collaborators.check_gpu is None:
+            return ["this agent has no NVML to check the GPU with ([metrics] gpu_source)"]
+        problems = [p for g in gpus for p in await self._collaborators.check_gpu(g)]
+        if problems:
+            log.warning(
+                "gpu_release_refused",
+                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
+                workers=list(held),
+                problems=problems,
+            )
+            return problems
+        async with self._farm.changes:
+            for wid in held:
+                self._farm.feed(wid, ReleaseRequested())
+        return []

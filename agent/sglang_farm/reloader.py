@@ -1,0 +1,182 @@
+"""I/O: a reload carried out (`farmctl reload`, SIGHUP, the canary analysis's retry).
+
+Kept apart from the agent's pump because a reload is one long sequence of awaits over
+many of the agent's parts: the config file read (in a thread), the canary analysis asked
+(a change it rejected is refused, one under analysis superseded: `canary.driver`), the
+stage run when the model changes, the removed workers stopped and waited for, the new
+config put in force, then the starts and the rolling restart (gated by the canary
+when it says so) handed to the supervisor. What it may do to the farm is `Farm`, the
+agent's narrow surface. Nothing here decides: refuse, restage or keep the model, and
+what stops, starts and restarts are `workers/reload_plan`'s answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import structlog
+
+from sglang_farm.canary.driver import CanaryDriver  # issue 23
+from sglang_farm.control.farm_api import ReloadResult
+from sglang_farm.errors import ConfigError
+from sglang_farm.sglang.argv import Command
+from sglang_farm.spec import FarmSpec
+from sglang_farm.staging.driver import StageDriver
+from sglang_farm.staging.failure import StageError
+from sglang_farm.staging.stale import loading
+from sglang_farm.staging.state import StageResult
+from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.reload_plan import (
+    ModelChange,
+    Refused,
+    model_change,
+    plan_reload,
+    reload_effects,
+    stage_refused,
+)
+from sglang_farm.workers.supervisor import Action, Event, StopRequested, Supervisor
+
+log = structlog.get_logger("sglang_farm.agent")
+
+
+class Farm(Protocol):
+    """What a reload may do to the farm (the agent implements it)."""
+
+    supervisor: Supervisor
+
+    @property
+    def spec(self) -> FarmSpec: ...
+
+    def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command: ...
+
+    def feed(self, worker: int, event: Event) -> None: ...
+
+    def apply_actions(self, actions: list[Action]) -> None: ...
+
+    async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool: ...
+
+    def reconfigure(
+        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
+    ) -> None: ...
+
+    def take_stage_hold(self) -> list[int] | None: ...
+
+    def after_swap(self, result: StageResult) -> None: ...
+
+    def republish(self) -> None: ...
+
+
+class Reloader:
+    """Carries out reloads, one at a time (`changes`, the agent's lock for every change)."""
+
+    def __init__(
+        self,
+        farm: Farm,
+        *,
+        loader: Callable[[], FarmSpec] | None,
+        changes: asyncio.Lock,
+        canary: CanaryDriver,
+        stages: StageDriver,
+        refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._farm = farm
+        self._config_loader = loader
+        self._changes = changes
+        self._canary = canary
+        self._stages = stages
+        self._refresh_preflight = refresh_preflight
+        self._clock = clock
+
+    async def reload(self) -> ReloadResult:
+        """Apply the config file if valid. One at a time (the control socket and SIGHUP
+        alike), and worker commands wait for it: a restart racing the removal of its
+        worker would otherwise leave a process nobody tracks."""
+        async with self._changes:
+            return await self._reload()
+
+    async def _reload(self) -> ReloadResult:
+        farm, sup = self._farm, self._farm.supervisor
+        if self._config_loader is None:
+            return ReloadResult(
+                applied=False, problems=("this agent was started without a config file",)
+            )
+        try:
+            # In a thread: the file read, and under systemd the account lookups (NSS).
+            new = await asyncio.to_thread(self._config_loader)
+        except ConfigError as exc:
+            return _refused(Refused(exc.problems))
+        # Issue 23: a change its canary rejected is refused; one under analysis (or held)
+        # is superseded by this reload (its canary back on the accepted config first).
+        if (rejected := self._canary.held(new)) is not None:
+            log.error("reload_rejected", problems=[rejected])
+            return ReloadResult(applied=False, problems=(rejected,), held=rejected)
+        self._canary.supersede(new)
+        old, serving = farm.spec, self._stages.view
+        change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
+        if isinstance(change, Refused):
+            return _refused(change)
+        staged: StageResult | None = None
+        if change is ModelChange.RESTAGE:
+            try:
+                staged = await self._stages.stage(
+                    new, keep_old=bool(loading(sup.workers)), serving=serving
+                )
+            except StageError as exc:
+                return _refused(stage_refused(new, exc))
+        elif change is ModelChange.DROP:
+            self._stages.publish(None)  # the model is no longer the farm's to stage
+        if self._refresh_preflight is not None:
+            await self._refresh_preflight(new)
+        plan = plan_reload(
+            {w: farm.command_for(w, old) for w in old.worker_ids},
+            {w: farm.command_for(w, new) for w in new.worker_ids},
+        )
+        if plan.removed:
+            for wid in plan.removed:
+                farm.feed(wid, StopRequested())
+            await farm.wait_until(
+                lambda: all(
+                    sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
+                    for w in plan.removed
+                ),
+                old.gateway.drain_timeout + old.restart.stop_timeout + 15,
+            )
+        farm.reconfigure(new, plan.added, plan.removed)
+        log.info(
+            "reload_applied",
+            restarted=list(plan.changed),
+            added=list(plan.added),
+            removed=list(plan.removed),
+        )
+        held = farm.take_stage_hold()
+        effects = reload_effects(
+            plan,
+            copy_replaced=staged is not None and not staged.current,
+            loading=loading(sup.workers),
+            held=held is not None,
+            workers=new.worker_ids,
+        )
+        gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
+        if effects.start:
+            farm.apply_actions(sup.start(list(effects.start), self._clock()))
+        if effects.restart:
+            farm.apply_actions(
+                sup.restart_rolling(
+                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
+                )
+            )
+        if staged is not None:
+            farm.after_swap(staged)
+        farm.republish()  # the spec changed (ports, names): rebuild the view
+        return ReloadResult(
+            applied=True, restarted=effects.restart, added=plan.added, removed=plan.removed
+        )
+
+
+def _refused(refused: Refused) -> ReloadResult:
+    log.error("reload_rejected", problems=list(refused.problems))
+    return ReloadResult(applied=False, problems=refused.problems)
