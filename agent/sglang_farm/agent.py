@@ -183,7 +183,21 @@ class Agent:
             refresh_preflight=collaborators.refresh_preflight,
             clock=clock,
         )
-        self._canary.attach(self._canary_host())  # issue 23
+        self._canary.attach(  # issue 23: what the canary analysis may do to the farm
+            CanaryHost(
+                spec=lambda: self._spec,
+                set_spec=self.reconfigure,  # a rollback: the accepted config in force
+                sup=self.supervisor,
+                apply=self.apply_actions,
+                spawn=self.spawn,
+                refresh=self.republish,
+                reload=self.reloader.reload,
+                startup_done=lambda: self._startup is None,
+                clock=self.clock,
+                wall=self._wall,
+                gateway=self._spec.gateway.enabled,
+            )
+        )
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
         if sync is not None:
             on_view.append(lambda _view: sync.update())  # membership follows each change
@@ -196,22 +210,6 @@ class Agent:
         )
 
     # ---- wiring --------------------------------------------------------------------------
-
-    def _canary_host(self) -> CanaryHost:
-        """Issue 23: what the canary analysis (canary/driver.py) may do to the farm."""
-        return CanaryHost(
-            spec=lambda: self._spec,
-            set_spec=self.reconfigure,  # a rollback: the accepted config in force
-            sup=self.supervisor,
-            apply=self.apply_actions,
-            spawn=self.spawn,
-            refresh=self.republish,
-            reload=self.reloader.reload,
-            startup_done=lambda: self._startup is None,
-            clock=self.clock,
-            wall=self._wall,
-            gateway=self._spec.gateway.enabled,
-        )
 
     @property
     def spec(self) -> FarmSpec:
@@ -463,10 +461,6 @@ class Agent:
     def feed(self, worker: int, event: Event) -> None:
         """One event about one worker into the supervisor; its actions carried out."""
         self.apply_actions(self.supervisor.handle(worker, event, self.clock()))
-
-    def tick(self) -> None:
-        """Evaluate the time-based rules now (the ticker does this when one is due)."""
-        self.apply_actions(self.supervisor.tick(self.clock()))
 
     def apply_actions(self, actions: list[Action], *, wake: bool = True) -> None:
         for a in actions:

@@ -1,7 +1,8 @@
 """Pure: the seam between the control socket and the agent.
 
-The control server only decodes requests and calls these methods; the agent
-implements them. Tests drive the server with a fake implementation.
+The control server only decodes requests and calls these methods;
+`operations.FarmControl` implements them on the agent. Tests drive the server with a
+fake implementation.
 """
 
 from __future__ import annotations
