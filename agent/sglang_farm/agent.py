@@ -225,6 +225,7 @@ class Agent:
             clock=self._clock,
             wall=self._wall,
             gateway=self._spec.gateway.enabled,
+            restore_model=self._stages.restore_old_copy,
         )
 
     @property
@@ -387,7 +388,11 @@ class Agent:
             self.spawn(self._stages.remove_old_copy(action, self._rolled))
 
     async def _rolled(self, timeout: float) -> bool:
-        return await self._wait_until(lambda: not self.supervisor.rolling, timeout)
+        # Issue 23: a change analysed or held by its canary (gated waves) keeps the old copy.
+        while not await self._wait_until(lambda: not self.supervisor.rolling, timeout):
+            if not any(r.gated for r in self.supervisor.rolling):
+                return False
+        return True
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(
