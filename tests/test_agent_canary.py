@@ -31,6 +31,7 @@ from sglang_farm.canary.evalrun import EvalGate, EvalRun
 from sglang_farm.canary.evalset import EvalItem, Score, eval_verdict
 from sglang_farm.canary.view import CanaryState
 from sglang_farm.config import load_spec
+from sglang_farm.sglang.argv import Command
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
@@ -467,5 +468,130 @@ def test_a_baseline_worker_that_crashes_during_the_analysis_comes_back_on_the_ol
             await f.until(
                 lambda: all(_env(f, w).get("HARMLESS") == "1" for w in range(4)), within=600
             )
+
+    run_virtual(scenario())
+
+
+# ---- a change of the model (issue 23, item 2: the old copy kept until a promotion) ----------
+
+
+def _model_toml(tmp: Path, source: Path, env: dict[str, str] | None = None) -> str:
+    """The 4-worker farm staging its model from `source` into tmp/shm/model."""
+    farm_table: dict[str, object] = {"state_dir": str(tmp)}
+    if env:
+        farm_table["env"] = env
+    return farm_toml(
+        tmp,
+        workers=4,
+        farm=farm_table,
+        rollout=WINDOW,
+        sglang={"model_path": str(tmp / "shm" / "model")},
+        model={"source": str(source), "headroom": 0},
+    )
+
+
+def _model_source(root: Path, version: bytes) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_bytes(b'{"v": "' + version + b'"}')
+    (root / "model.safetensors").write_bytes(version * 5_000)
+    return root
+
+
+def _beside(target: Path) -> list[str]:
+    """What is in model_path's folder besides model_path itself (old copies)."""
+    return sorted(p.name for p in target.parent.iterdir() if p != target)
+
+
+def _model_at(target: Path) -> bytes:
+    return (target / "config.json").read_bytes()
+
+
+def test_a_rolled_back_model_change_restarts_the_canary_on_the_old_copy(tmp: Path) -> None:
+    """A new model revision (slow here) is staged and swapped into model_path for the
+    canary; its rollback puts the old copy back in model_path before the canary restarts,
+    and only the rejected copy is removed."""
+    v1 = _model_source(tmp / "v1", b"v1")
+    v2 = _model_source(tmp / "v2", b"v2")
+    target = tmp / "shm" / "model"
+    new = _model_toml(tmp, v2, {"SLOW": "1"})
+    m = Metrics()
+    seen: list[bytes] = []  # what model_path held at each start of the canary
+
+    async def scenario() -> None:
+        async with farm(
+            tmp,
+            text=_model_toml(tmp, v1),
+            loader=lambda: load_spec(new, source="test.toml"),
+            scrape=m,
+        ) as f:
+            await _start(f, m)
+            start = f.runtime.start
+
+            async def start_and_look(worker: int, command: Command) -> None:
+                if worker == 0:
+                    seen.append(_model_at(target))
+                await start(worker, command)
+
+            f.runtime.start = start_and_look  # type: ignore[method-assign]
+            assert (await f.ops.reload()).applied
+            assert _model_at(target) == b'{"v": "v2"}'
+            assert len(_beside(target)) == 1  # the old copy, kept beside it
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=300,
+            )
+            await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+            assert seen == [b'{"v": "v2"}', b'{"v": "v1"}']
+            assert "SLOW" not in _env(f, 0)
+            await f.until(lambda: _beside(target) == [])  # the rejected copy goes
+            assert _model_at(target) == b'{"v": "v1"}'
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_held_model_change_keeps_the_old_copy_until_a_reload_goes_back_to_it(
+    tmp: Path,
+) -> None:
+    """Inconclusive (the canary's /metrics unreadable) holds the change: the old copy is
+    kept however long it is held (past the waves' time the removal waits otherwise); a
+    reload of the old config supersedes it and the canary restarts on the old copy."""
+    v1 = _model_source(tmp / "v1", b"v1")
+    v2 = _model_source(tmp / "v2", b"v2")
+    target = tmp / "shm" / "model"
+    texts = [_model_toml(tmp, v2, {"NOMETRICS": "1"})]
+    m = Metrics()
+
+    async def scrape(url: str, key: str | None) -> str:
+        assert m.runtime is not None
+        proc = m.runtime.procs.get(int(url.rsplit(":", 1)[1].split("/")[0]) - 30000)
+        if proc is not None and proc.command.env_dict.get("NOMETRICS") == "1":
+            raise ConnectionRefusedError(url)
+        return await m(url, key)
+
+    async def scenario() -> None:
+        async with farm(
+            tmp,
+            text=_model_toml(tmp, v1),
+            loader=lambda: load_spec(texts[0], source="test.toml"),
+            scrape=scrape,
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(
+                lambda: (v := f.agent.view().canary) is not None and v.state is CanaryState.HELD,
+                within=300,
+            )
+            await asyncio.sleep(1200)  # longer than the waves' time (4 x 130 s + 60 s)
+            assert len(_beside(target)) == 1
+            assert _model_at(target) == b'{"v": "v2"}'
+            texts[0] = _model_toml(tmp, v1)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
+            assert _model_at(target) == b'{"v": "v1"}'
+            await f.until(lambda: _beside(target) == [])
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())

@@ -215,7 +215,9 @@ def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_relea
         sup.handle(w, Launched(pid=1000 + w), 1.0)
         sup.handle(w, HealthPassed(), 1.0)
     assert all(s.phase is Phase.READY for s in sup.workers.values())
+    assert not sup.gated()
     sup.restart_rolling([0, 1, 2, 3], RestartReason.CONFIG, 10.0, gated=True)
+    assert sup.gated()  # the agent keeps the old model copy while it is
     sup.handle(0, ProcessExited(status=-15), 11.0)
     sup.handle(0, Launched(pid=2000), 11.0)
     actions = sup.handle(0, HealthPassed(), 12.0)
@@ -224,6 +226,7 @@ def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_relea
     assert all(sup.workers[w].phase is Phase.READY for w in (1, 2, 3))
     assert sup.next_deadline(10_000.0) is None  # no busy ticking on a gated wave
     sup.rolling = tuple(replace(r, gated=False) for r in sup.rolling)
+    assert not sup.gated()
     actions = sup.tick(10_001.0)
     assert any(a for a in actions if getattr(a, "event", None) == "rolling_restart_wave")
     assert {w for w in (1, 2) if sup.workers[w].phase is not Phase.READY} == {1, 2}

@@ -62,6 +62,9 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
         load_seconds=0.5,
         marker=marker,
         rollout={"analysis_window": "8s", "min_requests": 20},
+        # A loaded CI machine (4 test workers on 2 cores) may miss a probe or two; a
+        # canary judged unhealthy there would be a false rollback, not the change's doing.
+        health={"period": "1s", "timeout": "5s", "failure_threshold": 5},
     )
     farm = Farm(cfg, marker)
     try:
@@ -125,6 +128,9 @@ def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
         load_seconds=0.5,
         marker=marker,
         rollout={"analysis_window": "8s", "min_requests": 20},
+        # A loaded CI machine (4 test workers on 2 cores) may miss a probe or two; a
+        # canary judged unhealthy there would be a false rollback, not the change's doing.
+        health={"period": "1s", "timeout": "5s", "failure_threshold": 5},
         sglang={"model_path": MODEL, "enable_metrics": True},
     )
     farm = Farm(cfg, marker)

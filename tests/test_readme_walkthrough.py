@@ -244,3 +244,86 @@ def test_the_quickstart_does_what_the_readme_says(clean_demo_paths: None, tmp_pa
                 wait_for_worker(config, 5, "back", came_back_from(victim))
     finally:
         demo.stop()
+
+
+# ---- "Make a bad change and watch it rolled back" (issue 23) ---------------------------------
+
+CANARY_SECTION = "### Make a bad change and watch it rolled back"
+CANARY_CONFIG = "/tmp/canary-demo.toml"
+
+
+def test_the_canary_walkthrough_is_parsed_as_the_reader_reads_it() -> None:
+    first, change, after = (
+        steps(b) for b in section_blocks((REPO / "README.md").read_text(), CANARY_SECTION)
+    )
+    assert first[0].command == "rm -rf /tmp/canary-demo"
+    assert first[-1].command.startswith(".venv/bin/sglang-farm run --config " + CANARY_CONFIG)
+    assert change[0].command.startswith("shuf ") and change[0].command.endswith("' &")
+    assert '"max_tokens": 8' in change[0].command  # joined over its backslash
+    assert [len(s.promises) for s in change] == [0, 0, 4]
+    assert [len(s.promises) for s in after] == [2, 2, 2, 1]
+
+
+def sh_all(command: str, timeout: float = 30) -> str:
+    """`command`'s output as the reader's terminal shows it (stdout and stderr)."""
+    r = subprocess.run(
+        ["bash", "-c", command],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, f"{command}: exit {r.returncode}\n{r.stdout}"
+    return r.stdout
+
+
+@pytest.fixture
+def clean_canary_demo(clean_demo_paths: None) -> Iterator[None]:
+    yield
+    subprocess.run(["rm", "-rf", "/tmp/canary-demo", CANARY_CONFIG])
+
+
+def test_the_canary_walkthrough_does_what_the_readme_says(
+    clean_canary_demo: None, tmp_path: Path
+) -> None:
+    first, change, after = (
+        steps(b) for b in section_blocks((REPO / "README.md").read_text(), CANARY_SECTION)
+    )
+    for step in first[:-1]:
+        sh(step.command)
+    copy = Farm(first[-1].command, tmp_path / "copy.log")
+    traffic: subprocess.Popen[bytes] | None = None
+    try:
+        for i in range(8):  # "once it says 8/8 ready" (and the front door routes to each)
+            wait_for_worker(
+                CANARY_CONFIG,
+                i,
+                "ready and routed",
+                lambda w: w.get("state") == "ready" and bool(w.get("in_gateway")),
+            )
+        for step in [*change, *after]:
+            if step.command.endswith("&"):  # the reader's background job: ours, stopped below
+                traffic = subprocess.Popen(
+                    ["bash", "-c", step.command[:-1]],
+                    cwd=REPO,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                continue
+            out = sh_all(step.command, timeout=180)
+            for promise in step.promises:
+                found = promise_pattern(promise).search(out)
+                assert found, f"{step.command}: no {promise!r}:\n{out}"
+        # "workers 1 to 7 were never restarted"
+        assert all(
+            int(str(w.get("restarts_total") or 0)) == 0
+            for w in status(CANARY_CONFIG).values()
+            if w["id"] != 0
+        )
+    finally:
+        if traffic is not None and traffic.poll() is None:
+            os.killpg(traffic.pid, signal.SIGKILL)  # "or `kill %1`"
+            traffic.wait(10)
+        copy.stop()

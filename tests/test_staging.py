@@ -457,6 +457,31 @@ def test_the_new_copy_replaces_the_old_in_one_step(tmp_path: Path) -> None:
         exchange(tmp_path / "missing", b)
 
 
+@pytest.mark.parametrize("one_step", [True, False])
+def test_a_rolled_back_copy_swaps_back_with_the_previous_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_step: bool
+) -> None:
+    """Issue 23: a rollback puts the previous copy back at model_path and the rejected one
+    where the previous one waited; where RENAME_EXCHANGE is missing, by three renames,
+    and a failed middle one puts the copy back at model_path."""
+    from sglang_farm.staging import copier
+
+    if not one_step:
+        monkeypatch.setattr(copier, "exchange", lambda _a, _b: False)
+    target, old = tmp_path / "model", tmp_path / ".model.old-x"
+    target.mkdir()
+    (target / "f").write_text("rejected")
+    old.mkdir()
+    (old / "f").write_text("previous")
+    copier.swap_back(target, old)
+    assert (target / "f").read_text() == "previous" and (old / "f").read_text() == "rejected"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old-x", "model"]
+    with pytest.raises(FileNotFoundError):
+        copier.swap_back(target, tmp_path / "gone")
+    assert (target / "f").read_text() == "previous"  # still there, whichever way
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old-x", "model"]
+
+
 def test_a_stage_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path) -> None:
     # After a reboot /dev/shm/models is gone; the agent runs under UMask=0077, and the
     # workers ([farm] user) must still enter every folder above model_path.

@@ -104,7 +104,7 @@ def test_without_an_old_copy_nothing_is_removed() -> None:
 def test_the_old_copy_goes_after_the_waves_at_most() -> None:
     # Per worker: a wave's load (2 min) and stop (10 s); 3 workers; then the slack.
     assert old_copy_removal(result(current=False, old_copy=OLD), spec()) == RemoveOldCopy(
-        OLD, (120.0 + 10.0) * 3 + REMOVAL_SLACK_S
+        OLD, (120.0 + 10.0) * 3 + REMOVAL_SLACK_S, Path("/dev/shm/m")
     )
     assert REMOVAL_SLACK_S == 60.0
 

@@ -100,14 +100,11 @@ class Agent:
         # Issue 23: the canary analysis; a restarted agent may start on the last accepted
         # config instead of the file's (its change rejected, or not judged yet).
         collaborators = collaborators or Collaborators()
+        c = collaborators
         self._canary = CanaryDriver(
-            spec,
-            scrape=collaborators.canary_scrape,
-            caps=collaborators.compute_caps,
-            gate=collaborators.canary_gate,
+            spec, scrape=c.canary_scrape, caps=c.compute_caps, gate=c.canary_gate
         )
-        spec = self._canary.spec
-        self._spec = spec
+        spec = self._spec = self._canary.spec
         self.clock = clock
         self._wall = wall
         self._collaborators = collaborators
@@ -196,6 +193,7 @@ class Agent:
                 clock=self.clock,
                 wall=self._wall,
                 gateway=self._spec.gateway.enabled,
+                restore_model=self._stages.restore_old_copy,
             )
         )
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
@@ -401,7 +399,12 @@ class Agent:
             self.spawn(self._stages.remove_old_copy(action, self._rolled))
 
     async def _rolled(self, timeout: float) -> bool:
-        return await self.wait_until(lambda: not self.supervisor.rolling, timeout)
+        """The waves are over; while a canary's verdict gates them (issue 23), the old copy
+        of the model is kept however long that takes."""
+        while not await self.wait_until(lambda: not self.supervisor.rolling, timeout):
+            if not self.supervisor.gated():
+                return False
+        return True
 
     def _watcher(self, worker: int) -> LivenessWatcher:
         return LivenessWatcher(

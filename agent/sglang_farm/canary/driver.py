@@ -1,7 +1,7 @@
 """I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
 
-The agent calls it at four points and nothing else (each a line or two in agent.py):
-at construction (`CanaryDriver(spec, ...)`: a restarted agent's config, the accepted
+It is called at four points and nothing else (each a line or two in agent.py and
+reloader.py): at construction (`CanaryDriver(spec, ...)`: a restarted agent's config, the accepted
 one when the file's change was rejected), at a reload (`supersede`, then `begin`, which
 says whether the rolling restart is gated), on every state change (`observe`), and to
 build its view (`view`). The decisions are canary/rollout.py's and canary/verdict.py's;
@@ -92,6 +92,9 @@ class Host:
     clock: Callable[[], float]
     wall: Callable[[], float]
     gateway: bool  # the farm has a gateway: the canary's window starts once it routes to it
+    # A rolled-back change of [model]: the previous copy back in model_path (kept beside
+    # it since the reload's swap: staging.driver.StageDriver.restore_old_copy).
+    restore_model: Callable[[FarmSpec], None]
 
 
 def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]]) -> str | None:
@@ -622,13 +625,17 @@ class CanaryDriver:
         h.refresh()
 
     def _back_to_accepted(self, canary: int | None) -> None:
-        """The farm on the accepted config again: the gated waves dropped, the canary
-        restarted alone (its OOM step as before the change), every other worker untouched."""
+        """The farm on the accepted config again: the gated waves dropped, the old model
+        copy back in model_path (a change of [model]), the canary restarted alone (its OOM
+        step as before the change), every other worker untouched."""
         h = self._host
         assert h is not None and self._accepted is not None
         self._cancel()
+        candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
         h.set_spec(self._accepted)
+        if candidate is not None and candidate.model != self._accepted.model:
+            h.restore_model(self._accepted)  # before the canary's relaunch below
         h.sup.rolling = tuple(r for r in h.sup.rolling if not r.gated)
         if canary is None or canary not in h.sup.workers:
             return

@@ -373,6 +373,24 @@ def exchange(a: Path, b: Path) -> bool:
     return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
+def swap_back(target: Path, old: Path) -> None:
+    """Put the previous copy `old` back at `target` and the copy that was there at `old`
+    (a rolled-back canary's model, issue 23): one step where the kernel can; else three
+    renames through a temporary sibling, the copy put back on a failure. Raises OSError."""
+    if exchange(target, old):
+        fsync_dir(target.parent)
+        return
+    aside = target.parent / f".{target.name}.old-{_token()}"
+    os.rename(target, aside)
+    try:
+        os.rename(old, target)
+    except OSError:
+        os.rename(aside, target)
+        raise
+    os.rename(aside, old)
+    fsync_dir(target.parent)
+
+
 def _rename_new(a: Path, b: Path) -> bool:
     """Rename `a` to `b` where nothing is at `b`; False where something is (another user
     may create model_path while the stage copies)."""

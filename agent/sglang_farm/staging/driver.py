@@ -2,7 +2,8 @@
 what it reports (progress, its result, its failure) through `staging.state`'s
 transitions into the `StagingView` the farm shows, with a log line for each end; reads
 the facts `staging.stale` decides on (when the copy was installed, when each worker's
-process started) and removes an old copy when told.
+process started) and removes an old copy when told, or puts it back in model_path when a
+canary's rollback says so (issue 23).
 
 The agent decides when to stage and what follows (the rollout, a reload's restarts);
 this module decides nothing either: every next view is `staging.state`'s.
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import replace
+from typing import Any
 
 import structlog
 
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging import state
-from sglang_farm.staging.copier import remove_old
+from sglang_farm.staging.copier import remove_old, swap_back
 from sglang_farm.staging.failure import StageError, unexpected
 from sglang_farm.staging.installed import installed_at
 from sglang_farm.staging.progress import StageProgress
@@ -54,6 +57,7 @@ class StageDriver:
         self._loop = asyncio.get_running_loop()
         self.cancel = threading.Event()
         self.view: StagingView | None = state.waiting_for(spec, None, now=wall())
+        self._kept: RemoveOldCopy | None = None  # the previous copy, until it is removed
 
     def publish(self, view: StagingView | None) -> None:
         self.view = view
@@ -134,11 +138,50 @@ class StageDriver:
         started, installed = await asyncio.to_thread(facts)
         return on_old_copy(result, started, installed)
 
-    async def remove_old_copy(
+    def remove_old_copy(
+        self, action: RemoveOldCopy, rolled: Callable[[float], Awaitable[object]]
+    ) -> Coroutine[Any, Any, None]:
+        """Carry out `action` (the coroutine to spawn): wait for the rolling restart
+        (`rolled`, bounded by its `wait_s`), then remove the copy off the event loop.
+        Until then (kept from this call on, before the coroutine first runs) the copy can
+        go back to model_path: `restore_old_copy`."""
+        self._kept = action
+        return self._remove_old_copy(action, rolled)
+
+    async def _remove_old_copy(
         self, action: RemoveOldCopy, rolled: Callable[[float], Awaitable[object]]
     ) -> None:
-        """Carry out `action`: wait for the rolling restart (`rolled`, bounded by its
-        `wait_s`), then remove the copy off the event loop."""
-        await rolled(action.wait_s)
-        await asyncio.to_thread(remove_old, action.path)
-        log.info("model_old_copy_removed", path=str(action.path))
+        try:
+            await rolled(action.wait_s)
+            await asyncio.to_thread(remove_old, action.path)
+            log.info("model_old_copy_removed", path=str(action.path))
+        finally:
+            if self._kept is action:
+                self._kept = None
+
+    def restore_old_copy(self, spec: FarmSpec) -> None:
+        """Issue 23: a change of the model rolled back from its canary (or superseded):
+        the previous copy, kept beside model_path since the reload's swap, goes back to
+        model_path and the rejected copy takes its place aside, where the pending removal
+        removes it. Called on the event loop before the canary's relaunch is issued (two
+        renames in one folder), so the canary loads the previous copy. The previous copy's
+        manifest keeps its mtime: the workers that never left it started after it."""
+        kept = self._kept
+        if kept is None or spec.model is None or kept.target != state.model_target(spec):
+            return  # no copy swapped out by a reload is waiting to be removed
+        try:
+            swap_back(kept.target, kept.path)
+        except OSError as exc:
+            log.error(
+                "model_old_copy_not_restored",
+                target=str(kept.target),
+                old_copy=str(kept.path),
+                error=str(exc),
+                fix=f"the canary loads the rejected copy: stop it (farmctl stop "
+                f"{spec.startup.canary}), move {kept.path} back to {kept.target} by hand "
+                "(mv), then start it",
+            )
+            return
+        log.info("model_old_copy_restored", target=str(kept.target), rejected=str(kept.path))
+        if self.view is not None and (back := state.waiting_for(spec, None, now=0.0)):
+            self.publish(replace(self.view, source=back.source))

@@ -40,6 +40,7 @@ class RemoveOldCopy:
 
     path: Path
     wait_s: float
+    target: Path  # model_path, where `path` goes back should the change be rolled back
 
 
 def loading(workers: Mapping[int, WorkerState]) -> list[int]:
@@ -76,4 +77,5 @@ def old_copy_removal(result: StageResult, spec: FarmSpec) -> RemoveOldCopy | Non
         + spec.restart.stop_timeout
         + (spec.gateway.drain_timeout if spec.gateway.enabled else 0.0)
     )
-    return RemoveOldCopy(result.old_copy, per_wave * len(spec.workers) + REMOVAL_SLACK_S)
+    wait_s = per_wave * len(spec.workers) + REMOVAL_SLACK_S
+    return RemoveOldCopy(result.old_copy, wait_s, result.target)

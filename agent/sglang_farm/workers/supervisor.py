@@ -1074,6 +1074,10 @@ class Supervisor:
             )
         return Adoption(frozenset(adopted), frozenset(held), tuple(actions))
 
+    def gated(self) -> bool:
+        """A rolling restart waits on its canary's verdict (issue 23)."""
+        return any(r.gated for r in self.rolling)
+
     def restart_rolling(
         self,
         worker_ids: Sequence[int],
