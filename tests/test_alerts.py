@@ -23,7 +23,7 @@ ALERTS_TEST = ROOT / "etc" / "prometheus" / "alerts_test.yml"
 DASHBOARD = ROOT / "etc" / "grafana" / "sglang-farm.json"
 
 # Grafana's template variables, replaced by what they expand to so promtool can parse.
-GRAFANA_VARS = {"$__rate_interval": "5m", "$instance": ".+"}
+GRAFANA_VARS = {"$__rate_interval": "5m", "$host": ".*"}
 
 
 def _promtool() -> str:
@@ -143,6 +143,59 @@ def test_dashboard_panels_do_not_overlap() -> None:
             for y in range(pos["y"], pos["y"] + pos["h"]):
                 other = cells.setdefault((x, y), panel["title"])
                 assert other == panel["title"], f"{panel['title']!r} overlaps {other!r}"
+
+
+def test_dashboard_has_a_multi_host_variable_that_every_query_uses() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    var = {v["name"]: v for v in dash["templating"]["list"]}["host"]
+    assert var["multi"] and var["includeAll"]
+    assert "label_values(sglang_farm_build_info, host)" in var["definition"]
+    # "All" also matches series without a host label (a single host scraped without fleet.yml).
+    assert var["allValue"] == ".*"
+    for expr in _dashboard_exprs():
+        assert "$instance" not in expr and "instance=~" not in expr, expr
+        for selector in re.findall(r"\b(?:sglang_farm_|sglang:)[a-z_]+\{[^}]*\}", expr):
+            assert 'host=~"$host"' in selector, f"{selector!r} ignores the host variable"
+
+
+def test_dashboard_fleet_row_has_per_host_and_fleet_wide_views() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    fleet = [
+        p
+        for p in panels
+        if p["gridPos"]["y"]
+        < min(q["gridPos"]["y"] for q in panels if q["type"] == "row" and q["title"] == "Farm")
+    ]
+    assert fleet[0]["type"] == "row" and fleet[0]["title"].startswith("Fleet")
+    exprs = [t["expr"] for p in fleet for t in p.get("targets", [])]
+    for needed in (
+        'state="ready"',
+        "sglang:num_requests_total",
+        "histogram_quantile(0.99, sum by (le) (rate(sglang:inter_token_latency_seconds_bucket",
+        "histogram_quantile(0.99, sum by (host, le) (rate(sglang:inter_token_latency_seconds",
+        "sglang_farm_gpu_quarantined",
+        "sglang_farm_rollout_state",
+        "sglang_farm_canary_state",
+    ):
+        assert any(needed in e for e in exprs), needed
+    # Each view both fleet-wide (a stat, one number) and per host (a series by host).
+    per_host = [
+        e for p in fleet if p["type"] == "timeseries" for e in (t["expr"] for t in p["targets"])
+    ]
+    for metric in (
+        'state="ready"',
+        "num_requests_total",
+        "inter_token_latency",
+        "gpu_quarantined",
+        "rollout_state",
+    ):
+        assert any(metric in e and "by (host" in e for e in per_host), metric
+        assert any(
+            metric in t["expr"] and "by (host" not in t["expr"]
+            for p in fleet
+            if p["type"] == "stat"
+            for t in p["targets"]
+        ), metric
 
 
 @pytest.mark.parametrize("source", [ALERTS, DASHBOARD], ids=["alerts", "dashboard"])
