@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -101,6 +101,10 @@ def _host_state(port: int) -> MetricsState:
     )
 
 
+def _getter(st: MetricsState) -> Callable[[], MetricsState]:
+    return lambda: st
+
+
 def _fleet_config(tmp: Path, agents: dict[str, int]) -> str:
     """fleet.yml as shipped, pointed at this test's hosts (its own text, a few values swapped)."""
     text = FLEET.read_text()
@@ -137,10 +141,8 @@ def test_prometheus_on_the_fleet_config_labels_every_series_with_its_host(tmp_pa
         worker_ports: dict[str, int] = {}
         for host in HOSTS:
             port = stack.enter_context(_worker_on(host))
-            st = _host_state(port)
-            exp = stack.enter_context(
-                Exporter(build_registry(lambda st=st: st), lambda st=st: st, Endpoint(host, 0))
-            )
+            st = _getter(_host_state(port))
+            exp = stack.enter_context(Exporter(build_registry(st), st, Endpoint(host, 0)))
             agents[host], worker_ports[host] = exp.port, port
         proc, url = _start_prometheus(tmp_path, _fleet_config(tmp_path, agents))
         try:
