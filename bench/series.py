@@ -1,8 +1,11 @@
-"""I/O: how many Prometheus series one host adds: an 8-worker simulated farm's `/metrics`
-(the agent's own series, by family) and one worker's `/metrics` (what `/sd` points at).
+"""I/O: what one host costs a fleet's Prometheus and gateway: an 8-worker simulated farm's
+`/metrics` (the agent's own series, by family), one worker's `/metrics` (what `/sd` points
+at), and with `--gateway` the demo's farm behind its smg: the agent's series then, and
+smg's `GET /workers` (what each farm's reconcile fetches every 10 s): bytes per member
+and latency.
 
-`python -m bench.series [--workers N]` prints JSON; docs/fleet.md quotes it and
-extrapolates to a fleet from it.
+`python -m bench.series [--workers N] [--gateway]` prints JSON; docs/fleet.md quotes it
+and extrapolates to a fleet from it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from collections import Counter
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.farmrun import FarmSetup, metrics_url, running_farm, wait_rollout
+from bench.farmrun import FarmSetup, metrics_url, running_farm, wait_rollout  # sets sys.path
+from bench.frontfarm import running as running_front_farm
+from bench.stats import summary
 
 
 def count_series(text: str) -> Counter[str]:
@@ -51,10 +56,39 @@ def measure(workers: int) -> dict[str, object]:
     }
 
 
+def measure_gateway(reps: int = 200) -> dict[str, object]:
+    """The demo's 8 workers behind its managed smg: GET /workers size and latency."""
+    with running_front_farm(token_s=0.01) as ff:
+        host, port = metrics_url(ff.farm)
+        ff.wait_all_in(120)
+        time.sleep(11)  # a reconcile after every worker joined: in_gateway confirmed
+        agent = count_series(httpx.get(f"http://{host}:{port}/metrics", timeout=10).text)
+        url, headers = f"{ff.gateway_url}/workers", ff.admin_headers()
+        xs: list[float] = []
+        size = members = 0
+        with httpx.Client(timeout=10, trust_env=False) as http:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                r = http.get(url, headers=headers)
+                xs.append(time.perf_counter() - t0)
+                size, members = len(r.content), len(r.json()["workers"])
+    return {
+        "agent_series_with_gateway": sum(agent.values()),
+        "gateway_families": {k: v for k, v in agent.items() if "gateway" in k},
+        "get_workers_members": members,
+        "get_workers_bytes": size,
+        "get_workers_bytes_per_member": size / max(members, 1),
+        "get_workers_ms": summary(xs, scale=1000),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--workers", type=int, default=8)
-    print(json.dumps(measure(ap.parse_args().workers), indent=1))
+    ap.add_argument("--gateway", action="store_true", help="the demo's farm behind its smg")
+    args = ap.parse_args()
+    out = measure_gateway() if args.gateway else measure(args.workers)
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
