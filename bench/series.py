@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.farmrun import FarmSetup, metrics_url, running_farm, wait_rollout  # sets sys.path
 from bench.frontfarm import running as running_front_farm
 from bench.stats import summary
+from sglang_farm.gateway.smg import parse_members
 
 
 def count_series(text: str) -> Counter[str]:
@@ -56,6 +57,25 @@ def measure(workers: int) -> dict[str, object]:
     }
 
 
+def parse_ms(body: dict[str, object], members: int, reps: int = 5) -> float:
+    """Median ms for the farm to decode and read a GET /workers answer of `members` entries
+    shaped like smg's real ones (each a copy of a real entry, its URL made unique)."""
+    real = body["workers"]
+    assert isinstance(real, list) and real
+    entries = []
+    for i in range(members):
+        e = dict(real[i % len(real)])
+        e["url"] = f"http://10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}:30000"
+        entries.append(e)
+    text = json.dumps({**body, "workers": entries})
+    xs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        parse_members(json.loads(text))
+        xs.append(time.perf_counter() - t0)
+    return float(summary(xs, scale=1000)["median"])
+
+
 def measure_gateway(reps: int = 200) -> dict[str, object]:
     """The demo's 8 workers behind its managed smg: GET /workers size and latency."""
     with running_front_farm(token_s=0.01) as ff:
@@ -73,6 +93,7 @@ def measure_gateway(reps: int = 200) -> dict[str, object]:
                 xs.append(time.perf_counter() - t0)
                 size, members = len(r.content), len(r.json()["workers"])
     return {
+        "parse_ms_by_members": {n: parse_ms(r.json(), n) for n in (8, 800, 8000)},
         "agent_series_with_gateway": sum(agent.values()),
         "gateway_families": {k: v for k, v in agent.items() if "gateway" in k},
         "get_workers_members": members,
