@@ -1,6 +1,6 @@
 """The fleet's Prometheus config (etc/prometheus/fleet.yml): promtool accepts it, and a real
 Prometheus run on it scrapes two hosts' agents (file_sd) and their workers (each farm's /sd)
-with a `host` label on every series.
+with a `host` label on every series, which the dashboard's host variable selects.
 
 The two "hosts" are two loopback addresses, 127.0.0.1 and 127.0.0.2, each with an exporter
 (hand-built state) and one worker endpoint listening on that address only.
@@ -33,6 +33,7 @@ PROM = Path(__file__).resolve().parent.parent / "etc" / "prometheus"
 FLEET = PROM / "fleet.yml"
 TARGETS = PROM / "sglang-farm-targets.json"
 TEMPLATE = PROM.parent.parent / "deploy" / "ansible" / "templates" / "sglang-farm-targets.json.j2"
+DASHBOARD = PROM.parent / "grafana" / "sglang-farm.json"
 HOSTS = ("127.0.0.1", "127.0.0.2")
 
 
@@ -99,6 +100,14 @@ def _host_state(port: int) -> MetricsState:
     return dataclasses.replace(
         base, farm=dataclasses.replace(view, workers=(w0, *view.workers[1:]))
     )
+
+
+def _panel(title: str) -> str:
+    """The one query of the dashboard's panel titled `title`."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    (panel,) = (p for p in panels if p["title"] == title)
+    (target,) = panel["targets"]
+    return str(target["expr"])
 
 
 def _getter(st: MetricsState) -> Callable[[], MetricsState]:
@@ -185,6 +194,12 @@ def test_prometheus_on_the_fleet_config_labels_every_series_with_its_host(tmp_pa
                     return sorted(got) == sorted(HOSTS), rows
 
                 _wait_for("the fleet recording rules, one series per host", recorded)
+                # The dashboard's per-host panel, as Grafana sends it: one host picked, then All.
+                panel = _panel("Workers ready by host")
+                for picked, want in ((HOSTS[1], [HOSTS[1]]), (".*", sorted(HOSTS))):
+                    expr = panel.replace("$host", picked)
+                    rows = _query(client, expr)
+                    assert sorted(r["metric"]["host"] for r in rows) == want, (expr, rows)
                 groups = client.get("/api/v1/rules").json()["data"]["groups"]
                 fleet = [g for g in groups if g["name"] == "sglang-farm-fleet"]
                 names = {r["name"] for g in fleet for r in g["rules"]}
