@@ -62,8 +62,23 @@ def test_every_target_of_the_example_and_the_template_has_a_host_label() -> None
     assert len(groups) >= 2
     for g in groups:
         assert g["labels"]["host"] == g["targets"][0].rsplit(":", 1)[0], g
-    template = TEMPLATE.read_text()
-    assert "groups['sglang_farm']" in template and '"host": "{{ h }}"' in template
+
+
+def test_the_ansible_template_writes_the_example_targets_file() -> None:
+    jinja2 = pytest.importorskip("jinja2", reason="jinja2 comes with ansible-core")
+    # As Ansible's template module renders: trim_blocks on, an undefined variable an error.
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    template = env.from_string(TEMPLATE.read_text())
+    inventory = ["gpu-host-1", "gpu-host-2"]
+    out = template.render(
+        groups={"sglang_farm": inventory}, hostvars={h: {"rack": "r01"} for h in inventory}
+    )
+    assert json.loads(out) == json.loads(TARGETS.read_text())
+    # No rack, another metrics port: no rack label, that port.
+    out = template.render(
+        groups={"sglang_farm": ["h"]}, hostvars={"h": {"sglang_farm_metrics_port": 9999}}
+    )
+    assert json.loads(out) == [{"targets": ["h:9999"], "labels": {"host": "h"}}]
 
 
 @contextmanager
