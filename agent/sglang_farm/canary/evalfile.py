@@ -13,7 +13,6 @@ file itself (no window between the check and the read), and at most `MAX_BYTES` 
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import stat
@@ -75,7 +74,3 @@ def read(path: str) -> str:
         os.close(fd)
     return b"".join(chunks).decode("utf-8")
 
-
-async def read_async(path: str) -> str:
-    """`read` in a worker thread, so that a slow disk never stalls the agent's loop."""
-    return await asyncio.to_thread(read, path)
