@@ -73,4 +73,3 @@ def read(path: str) -> str:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8")
-
