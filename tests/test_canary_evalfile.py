@@ -132,3 +132,48 @@ def test_a_reload_naming_nobodys_eval_file_is_refused_naming_the_owner(
             assert [f.runtime.starts_of(w) for w in (0, 1)] == [1, 1]
 
     run_virtual(scenario())
+
+
+def test_a_reload_naming_a_fifo_is_refused_without_blocking_the_agent(
+    tmp: Path,
+    shared_dir: Path,  # noqa: F811
+) -> None:
+    """A FIFO where the eval set should be (root's own, so that only its kind is wrong):
+    opened without waiting for a writer and refused. Run in a thread so that a reload
+    that blocks fails the test instead of hanging it."""
+    folder = shared_dir / "etc"
+    folder.mkdir(mode=0o755)
+    fifo = folder / "eval.jsonl"
+    os.mkfifo(fifo, 0o644)
+    rollout = {"analysis_window": "60s"}
+    old = farm_toml(tmp, workers=2, rollout=rollout)
+    new = farm_toml(tmp, workers=2, rollout={**rollout, "eval": str(fifo)})
+    problems: list[str] = []
+
+    async def scenario() -> None:
+        async with farm(tmp, text=old, loader=lambda: load_spec(new, source="test.toml")) as f:
+            await f.until(lambda: all(f.phase(w) is Phase.READY for w in (0, 1)))
+            result = await f.ops.reload()
+            assert not result.applied
+            problems.extend(result.problems)
+
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            run_virtual(scenario())
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the reload blocked on the FIFO"
+    if errors:
+        raise errors[0]
+    assert problems == [
+        f"test.toml: rollout.eval: refusing the eval set {fifo}: {fifo} is not a regular file; "
+        "the eval set decides whether a change rolls out: make it a regular file of root's "
+        f"that no other user can write (chown root:root {fifo} && chmod 0644 {fifo}), in a "
+        "folder only root can write, or remove [rollout] eval"
+    ]
