@@ -4,9 +4,9 @@
     python3 scripts/gpu_health_check.py > docs/gpu-runs/<date>-<gpu>-gpu-health.json
 
 Records, per GPU: whether XID critical-error events can be registered (the quarantine's
-trigger; they cannot be provoked here), the health fields `gpu_health` reads (remapped
+trigger; they cannot be provoked here), the health fields `gpus.health` reads (remapped
 rows pending, the healthy flag), persistence mode, utilization, and what `release-gpu`'s
-check (`gpu_health.release_problems`) says about the idle GPU.
+check (`gpus.health.release_problems`) says about the idle GPU.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_shipped_configs_keep_the_polls_out_of_the_workers_access_log(name: str)
     """`farmctl logs 3` was mostly the farm's /health and /metrics and the gateway's /v1/loads."""
     text = (ETC / name).read_text()
     spec = load_spec(text, source=name, gpu_count=8, agent_python=sys.executable)
-    polled = (spec.health.path, "/metrics", "/v1/loads")  # the prober, workerstats, smg
+    polled = (spec.health.path, "/metrics", "/v1/loads")  # the prober, sglang.stats, smg
     for w in spec.workers:
         excluded = w.flags.get("uvicorn_access_log_exclude_prefixes")
         assert isinstance(excluded, tuple), f"worker {w.id}: no access-log exclusions"

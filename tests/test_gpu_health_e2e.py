@@ -1,6 +1,6 @@
 """XID 79 through the GPU poller's seam: the real pollers, agent and exporter, on a real clock.
 
-The simulated GPUs (`gpu_sim.FakeGpuPoller`) stand in for NVML at the poller's seam;
+The simulated GPUs (`gpus.simulated.FakeGpuPoller`) stand in for NVML at the poller's seam;
 workers are the fake runtime's (no processes). Issue 14's "done when": worker 5 is
 stopped and quarantined within 10 s, naming XID 79, the other seven untouched, the
 metric at 1; XID 13 quarantines nothing; the quarantine survives an agent restart, and

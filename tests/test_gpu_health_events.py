@@ -1,4 +1,4 @@
-"""gpu_health's report of a new NVML snapshot to the workers (issue 24 §1): which worker
+"""gpus.health's report of a new NVML snapshot to the workers (issue 24 §1): which worker
 hears of which fault, and a GPU's busiest utilization. Whether a report sets a worker
 aside is the supervisor's (tests/test_supervisor.py)."""
 

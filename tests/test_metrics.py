@@ -497,6 +497,11 @@ def test_an_analysis_under_way_exports_when_its_window_ends() -> None:
     assert _v(st, "sglang_farm_canary_window_end_timestamp_seconds") == NOW + 12
 
 
-def test_a_farm_that_judged_no_change_exports_no_canary_series() -> None:
-    text = generate_latest(_registry(gateway_state())).decode()
-    assert "sglang_farm_canary_" not in text
+def test_a_farm_that_judged_no_change_exports_only_its_rollbacks_counter_at_0() -> None:
+    """From the agent's start (review item 10): a canary that fails within one scrape
+    interval of its start must show as a step 0 -> 1, or `increase()` never sees it."""
+    for st in (state(), gateway_state()):
+        assert _v(st, "sglang_farm_canary_rollbacks_total") == 0
+        text = generate_latest(_registry(st)).decode()
+        samples = [line for line in text.splitlines() if line.startswith("sglang_farm_canary_")]
+        assert samples == ["sglang_farm_canary_rollbacks_total 0.0"]

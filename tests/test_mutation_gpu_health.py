@@ -1,4 +1,4 @@
-"""gpu_health's rules, called directly (issue 27: nothing did, so a broken comparison
+"""gpus.health's rules, called directly (issue 27: nothing did, so a broken comparison
 went unnoticed): which GPUs a pair of snapshots sets aside, and what blocks a release."""
 
 from __future__ import annotations

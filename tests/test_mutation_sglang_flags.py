@@ -1,4 +1,4 @@
-"""sglang_flags' advice for renamed flags, pinned word for word (issue 27: mutation testing
+"""sglang.flags' advice for renamed flags, pinned word for word (issue 27: mutation testing
 found these rules unheld): a log's advice when the SGLang version is unknown, and the hint
 when the installed SGLang is known."""
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from sglang_farm.config import load_spec
 from sglang_farm.runtime.unit_files import write_secrets
 from sglang_farm.runtime.unit_secrets import (
     credentials_dir,
@@ -21,6 +23,7 @@ from sglang_farm.runtime.unit_secrets import (
 )
 from sglang_farm.runtime.units import render
 from sglang_farm.sglang.argv import API_KEY_ENV, build_command
+from sglang_farm.sglang.commands import worker_commands
 from test_secrets_argv import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 
 
@@ -37,6 +40,48 @@ def test_rendered_units_hold_no_secret_value_and_name_where_systemd_gets_them() 
     assert 'Environment="CUDA_VISIBLE_DEVICES=1"' in dropin
     assert "HF_TOKEN" in dropin and 'Environment="HF_TOKEN' not in dropin
     assert "\n    --api-key" not in dropin  # no such argv word (the launcher adds it)
+
+
+def test_a_config_variable_never_reaches_a_drop_in_during_a_canary_analysis() -> None:
+    """During an analysis the units are rendered from the candidate config while the
+    baseline workers run the accepted config's commands: a variable the candidate dropped
+    (HF_TOKEN) is still a config variable of the command that carries it, so its value goes
+    to the root-only env file, never into the world-readable drop-in (review B7)."""
+    accepted = keyed_spec()
+    candidate = load_spec(
+        f"""
+[farm]
+python = "{sys.executable}"
+module = "sglang_farm.sim"
+user = "root"
+group = "root"
+env = {{ OTHER = "1" }}
+
+[workers]
+gpus = [0, 1]
+host = "127.0.0.1"
+base_port = 30000
+
+[sglang]
+model_path = "sim/m"
+""",
+        source="/etc/sglang-farm/farm.toml",
+        gpu_count=2,
+    )
+    # As the agent renders them mid-analysis: the canary (0) on the candidate, worker 1 on
+    # the accepted config.
+    commands = {0: worker_commands(candidate, {})[0], 1: worker_commands(accepted, {})[1]}
+    files = render(candidate, commands=commands, static=False)
+    for path, text in files.items():
+        assert TOKEN not in text, path
+        assert API_KEY not in text, path
+    dropin = files[next(p for p in files if str(p) == "sglang@1.service.d/50-farm.conf")]
+    assert f"EnvironmentFile={env_file_path(candidate, 1)}\n" in dropin
+    assert 'Environment="CUDA_VISIBLE_DEVICES=1"' in dropin
+    # The value still reaches worker 1, through its root-only file.
+    secrets = render_secrets(candidate, commands)
+    assert f'HF_TOKEN="{TOKEN}"\n' in secrets["sglang@1.env"].decode()
+    assert "HF_TOKEN" not in secrets["sglang@0.env"].decode()
 
 
 def test_secret_files_are_root_only_and_hold_the_values(tmp_path: Path) -> None:

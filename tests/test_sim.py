@@ -798,7 +798,7 @@ def test_hang_stops_health_while_metrics_and_loads_answer_frozen_values(sims: St
 
 
 def progress(client: httpx.Client) -> tuple[tuple[str, float], ...]:
-    """The farm's progress fingerprint of the worker (what `workerstats` compares)."""
+    """The farm's progress fingerprint of the worker (what `sglang.stats` compares)."""
     return parse_metrics_text(0, 0.0, client.get("/metrics").text).progress
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import structlog
 
-from sglang_farm.canary import evalrun, evalset, figures, promtext, record, rollout, store
+from sglang_farm.canary import evalfile, evalrun, evalset, figures, promtext, record, rollout, store
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -246,8 +246,10 @@ class CanaryDriver:
         self._eval_items = ()
         if new.rollout.eval is not None:
             try:
-                text = Path(new.rollout.eval).read_text(encoding="utf-8")
+                text = evalfile.read(new.rollout.eval)  # root's trust rule (review B8)
                 self._eval_items = evalset.load(text, source=new.rollout.eval)
+            except evalfile.EvalFileRefused as exc:
+                return f"{new.source}: rollout.eval: {exc}"
             except (OSError, UnicodeDecodeError) as exc:
                 return (
                     f"{new.source}: rollout.eval: cannot read {new.rollout.eval}: {exc}; fix "

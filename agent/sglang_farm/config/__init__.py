@@ -13,7 +13,7 @@ what is accepted`. tomllib gives no positions, so `_LineIndex` finds them by sca
 the text for table headers and key lines (best effort; no line when it cannot tell).
 
 Raises `errors.ConfigError(source, problems)`. A flag that some SGLang version accepts
-is never a problem: a spelling of an older SGLang (`sglang_flags.RENAMES`) is a
+is never a problem: a spelling of an older SGLang (`sglang.flags.RENAMES`) is a
 warning naming both versions, returned by `check_spec` / `check_spec_file` beside the
 spec (this package has no SGLang at hand; the doctor judges flags by the installed
 one). Workers listening off loopback without an API key are a warning too. The

@@ -1,7 +1,7 @@
 """Pure: the doctor's flag rules: a worker's command line as the installed SGLang judges it.
 
 Its own parser (envprobe's `flags` mode) decides, over the argv the worker will run
-(`worker_commands`); for a flag it rejects whose other spelling `sglang_flags.RENAMES`
+(`worker_commands`); for a flag it rejects whose other spelling `sglang.flags.RENAMES`
 knows, the message names the spelling of the installed version ("SGLang 0.5.12 calls it
 --mamba-scheduler-strategy"). OOM-ladder steps are checked for such spellings too.
 """

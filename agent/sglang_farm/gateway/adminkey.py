@@ -7,7 +7,7 @@ farm's workers out (docs/gateway.md, "Who may change the members"). When `[gatew
 admin_key_file` is not set, the agent makes one: `gateway-admin.key` in the state
 directory, root-only. Both runtimes read that same file: the process runtime's
 launcher (`gateway.launch --admin-key-file`) and, under systemd, the gateway unit's
-`LoadCredential=` (units.py).
+`LoadCredential=` (`runtime.units`).
 
 The file is trusted only if this agent's user made it: created with O_EXCL|O_NOFOLLOW
 (never through a planted link, never into a planted file), and when reused it must be

@@ -147,6 +147,21 @@ def folder_problem(path: str, what: str, key: str) -> str | None:
     return f"refusing {what} {path}: {problem}; {_fix(path, what, key)}"
 
 
+def way_problem(path: str) -> str | None:
+    """The first problem on the way to the file at `path` that root is to trust (the
+    eval set), itself not judged: a symbolic link on the way (`path` included) that
+    another user made, or a folder of its real location that another user may write
+    without the sticky bit. None for a sound way, or one that cannot be looked at
+    (opening the file says so)."""
+    trusted = _trusted()
+    try:
+        return _links_problem(path, trusted) or _walk_problem(
+            os.path.dirname(os.path.realpath(path)), trusted, own=False
+        )
+    except OSError:
+        return None
+
+
 def config_problem(path: str) -> str | None:
     """Why the agent must not run from the config at `path`, or None.
 

@@ -12,7 +12,8 @@ Conventions (docs/metrics.md lists every family):
 - `worker` is the worker id; `uuid` the GPU UUID;
 - the gateway's series (and each worker's `in_gateway`) exist only when the config
   has a [gateway]: absent, not 0, on a farm without one; the model stage's only
-  with a [model]; the canary analysis's only once a change has been judged;
+  with a [model]; the canary analysis's only once a change has been judged (but
+  `sglang_farm_canary_rollbacks_total`, 0 from the agent's start);
 - a reading that is unknown (NotSupported, worker not polled yet) is absent,
   never 0 or NaN.
 
@@ -243,6 +244,8 @@ def _farm_extras(st: MetricsState) -> Iterator[Metric]:
         yield from _staging(st.farm.staging)
     if st.farm is not None and st.farm.canary is not None:
         yield from _canary(st.farm, st.farm.canary)
+    if st.farm is not None:
+        yield _canary_rollbacks(st.farm)
 
 
 def _gpus_of(st: MetricsState) -> Iterator[Metric]:
@@ -397,13 +400,19 @@ def _canary(farm: FarmView, cv: RolloutVerdictView) -> Iterator[Metric]:
     yield ratio
     yield limit
     yield passed
+
+
+def _canary_rollbacks(farm: FarmView) -> Metric:
+    # From the agent's start, at 0 before any change is judged (unlike the other canary
+    # series): a canary that fails within one scrape interval must still show as a step
+    # from 0, or the rollback alert's increase() never sees it (etc/prometheus/alerts.yml).
     rollbacks = _c(
         "sglang_farm_canary_rollbacks",
         "Changes rolled back from their canary since the agent started.",
         [],
     )
-    rollbacks.add_metric([], cv.rollbacks_total)
-    yield rollbacks
+    rollbacks.add_metric([], farm.canary.rollbacks_total if farm.canary is not None else 0)
+    return rollbacks
 
 
 def _gpus(fleet: FleetSnapshot) -> Iterator[Metric]:

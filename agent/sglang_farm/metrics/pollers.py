@@ -3,7 +3,7 @@
 Two background loops fill one immutable `MetricsState`: the GPU loop (NVML, or the
 simulated GPUs of the demo; blocking calls in a thread) and the worker loop (each
 serving worker's `/metrics` or `/v1/loads`, with a timeout). Every farm-view change
-is folded in at once. A scrape only formats the latest state (`metrics.py`), so a
+is folded in at once. A scrape only formats the latest state (`metrics.collectors`), so a
 hung worker or GPU slows nothing but its own poll.
 """
 
@@ -47,7 +47,7 @@ def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
 
 
 class PollWorker(Protocol):
-    """How one worker is polled (`workerstats.poll_worker`; a test passes a fake)."""
+    """How one worker is polled (`sglang.stats.poll_worker`; a test passes a fake)."""
 
     def __call__(
         self,

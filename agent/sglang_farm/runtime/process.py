@@ -227,7 +227,7 @@ class ProcessRuntime:
             env.update(HOME=who.home, USER=who.user, LOGNAME=who.user)
         env.update(command.env_dict)
         # The API key never goes on a command line (every local user can read those):
-        # the worker's launcher takes it from here and removes it (sglang_argv).
+        # the worker's launcher takes it from here and removes it (sglang.argv).
         env.pop(API_KEY_ENV, None)
         if command.api_key is not None:
             env[API_KEY_ENV] = command.api_key

@@ -66,9 +66,8 @@ def render_secrets(
     runs = commands or {}
     for worker in spec.workers:
         cmd = runs.get(worker.id) or build_command(spec.farm, worker)
-        private = [(k, v) for k, v in cmd.env if k in worker.env]
-        if private:
-            files[env_file_path(spec, worker.id).name] = env_file_text(private).encode()
+        if cmd.private_env:  # the command's own config variables (`Command.public_env`)
+            files[env_file_path(spec, worker.id).name] = env_file_text(cmd.private_env).encode()
         if cmd.api_key is not None:
             files[key_file_path(spec, worker.id).name] = cmd.api_key.encode()
     return dict(sorted(files.items()))

@@ -145,8 +145,10 @@ def render_worker_dropin(
     # The config's own variables ([farm] env, a worker's env) may be tokens: they go to a
     # root-only file (`render_secrets`), never into this world-readable drop-in. Only the
     # variables the farm itself sets are written here.
-    private = sorted(k for k, _ in cmd.env if k in worker.env)
-    lines += [f"Environment={environment_line(k, v)}" for k, v in cmd.env if k not in worker.env]
+    # The names come from the command (`Command.public_env`), not from `spec`: during a
+    # canary analysis a baseline worker runs the accepted config's command (issue 23, B7).
+    private = [k for k, _ in cmd.private_env]
+    lines += [f"Environment={environment_line(k, v)}" for k, v in cmd.env if k in cmd.public_env]
     if private:
         lines += [
             "# The config's environment (" + comment_text(", ".join(private)) + "): its values",

@@ -44,11 +44,26 @@ class Command:
 
     `argv` never holds the key: with one, it is the launcher form (docs/units.md).
     `api_key` is part of equality (a changed key restarts the worker) but not of repr.
+
+    `public_env`: the names in `env` the farm itself set (`CUDA_VISIBLE_DEVICES` and the
+    like), the only ones a world-readable unit drop-in may show; every other variable
+    came from the config that built this command and may be a token, so its value goes
+    to a root-only file (`runtime.unit_secrets`). Carried here, not looked up in a spec
+    at render time: during a canary analysis the units are rendered from the candidate
+    config while the baseline workers run the accepted one's commands. Empty (a command
+    made by hand) treats every variable as private. Not part of equality: where a value
+    is written does not change what the worker runs.
     """
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # sorted, so equal commands compare equal
     api_key: str | None = field(default=None, repr=False)
+    public_env: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def private_env(self) -> tuple[tuple[str, str], ...]:
+        """The config's variables (`env` less `public_env`), sorted: never world-readable."""
+        return tuple((k, v) for k, v in self.env if k not in self.public_env)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -93,4 +108,9 @@ def build_command(
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     # Log lines must reach the farm as they are written, not when a buffer fills.
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return Command(argv=tuple(argv), env=tuple(sorted(env.items())), api_key=api_key)
+    return Command(
+        argv=tuple(argv),
+        env=tuple(sorted(env.items())),
+        api_key=api_key,
+        public_env=frozenset(env) - frozenset(worker.env),
+    )

@@ -34,7 +34,7 @@ class InFlight(Protocol):
 
 
 class HttpInFlight:
-    """Reads a worker's own figures, as the metric pollers do (`workerstats`)."""
+    """Reads a worker's own figures, as the metric pollers do (`sglang.stats`)."""
 
     def __init__(self, timeout: float = 2.0) -> None:
         self._client = httpx.AsyncClient(trust_env=False)

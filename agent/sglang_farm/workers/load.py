@@ -1,6 +1,6 @@
 """Pure: a worker's load figures: what one poll gives (`WorkerSample`), what the farm
 keeps and exports (`WorkerStats`), and the staleness verdict between them
-(`WorkerStatsTracker`). The poll itself is `workerstats` (I/O, httpx).
+(`WorkerStatsTracker`). The poll itself is `sglang.stats` (I/O, httpx).
 
 Both endpoints keep answering while SGLang's scheduler hangs: `/metrics` is
 file-backed (multiprocess mode) and `/v1/loads` is read from /dev/shm, so they

@@ -1,7 +1,7 @@
 """Pure: the pollers' snapshots as supervisor events, with the memory a next look needs.
 
 The NVML poller's fleet snapshot is compared with the previous one (a new XID counts
-once: `gpu_health.fleet_events`); a worker's counters with their previous change
+once: `gpus.health.fleet_events`); a worker's counters with their previous change
 (`progress.progress_events`), its GPUs' utilization taken from the latest fleet. The
 pollers only report: what each event means for the worker is the supervisor's call.
 """
