@@ -53,7 +53,7 @@ def test_an_operator_restart_of_the_canary_rearms_the_window_not_a_crash() -> No
     assert not isinstance(step, Fail)
     assert a.window_start is None  # judged again once it serves again, in a new window
     # ...and a crash after that restart still fails it.
-    crashed = CanaryObs(phase=Phase.BACKOFF, in_gateway=False)
+    crashed = CanaryObs(phase=Phase.FAILED, in_gateway=False)
     assert isinstance(observe(a, crashed, 110.0, gateway=True)[1], Fail)
 
 

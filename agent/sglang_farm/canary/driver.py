@@ -108,6 +108,20 @@ def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]])
     return text if rollout.spec_change(again, caps) == change else None
 
 
+def _obs(s: WorkerState) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state."""
+    stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+    return CanaryObs(
+        phase=s.phase,
+        in_gateway=s.in_gateway,
+        busy=s.busy,
+        stopping=stopping,
+        last_failure=s.last_failure,
+        last_failure_at=s.last_failure_at,
+        stop_intent=s.stop_intent,
+    )
+
+
 def _gpu_count(spec: FarmSpec) -> int:
     """What `workers.gpus = "all"` resolved to (the GPUs the farm uses: 0..n-1 then)."""
     return 1 + max(g for w in spec.workers for g in w.gpus)
@@ -279,6 +293,11 @@ class CanaryDriver:
             if self._analysis is None and canary is not None and canary in h.sup.workers:
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
+                # A canary stopped by the operator starts again onto the change first
+                # (a stopped one is not a canary that failed to serve).
+                if h.sup.workers[canary].phase is Phase.STOPPED:
+                    log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
+                    h.apply(h.sup.start([canary], h.clock()))
                 s = h.sup.workers[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
@@ -351,48 +370,47 @@ class CanaryDriver:
         a = self._analysis
         if a is None or self._judging or a.canary not in h.sup.workers:
             return
-        s = h.sup.workers[a.canary]
-        stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
-        obs = CanaryObs(
-            phase=s.phase,
-            in_gateway=s.in_gateway,
-            busy=s.busy,
-            stopping=stopping,
-            last_failure=s.last_failure,
-            last_failure_at=s.last_failure_at,
-        )
+        obs = _obs(h.sup.workers[a.canary])
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
             self._analysis = a2
-            match step:
-                case RunEval():
-                    if not self._evaluating:
-                        self._evaluating = True
-                        h.spawn(self._eval(a2))
-                case StartWindow():
-                    self._start_window(a2)
-                case EndWindow():
-                    self._judging = True
-                    self._cancel()
-                    self._task = h.spawn(self._judge(a2))
-                case Fail(event=ev):
-                    after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
-                    evidence = f"canary {ev.kind} {after}: {ev.detail}"
-                    self._resolve(Resolution.ROLLBACK, evidence, ())
-                case Stopped():
-                    self._stopped(a2)
-                case Inconclusive(why=why):
-                    spec = self._candidate or h.spec()
-                    self._resolve(
-                        rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
-                        f"inconclusive: {why}",
-                        (),
-                    )
-                case _:
-                    pass
+            if a.analysing and not a2.analysing:
+                self._cancel()  # restarted in its window: a new window once it serves
+                self._show(CanaryState.ANALYSING, "the canary restarts: judged again once it serves")
+            self._act(a2, step)
         finally:
             self._busy = False
+
+    def _act(self, a2: Analysis, step: rollout.Step) -> None:
+        h = self._host
+        assert h is not None
+        match step:
+            case RunEval():
+                if not self._evaluating:
+                    self._evaluating = True
+                    h.spawn(self._eval(a2))
+            case StartWindow():
+                self._start_window(a2)
+            case EndWindow():
+                self._judging = True
+                self._cancel()
+                self._task = h.spawn(self._judge(a2))
+            case Fail(event=ev):
+                after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
+                evidence = f"canary {ev.kind} {after}: {ev.detail}"
+                self._resolve(Resolution.ROLLBACK, evidence, ())
+            case Stopped():
+                self._stopped(a2)
+            case Inconclusive(why=why):
+                spec = self._candidate or h.spec()
+                self._resolve(
+                    rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
+                    f"inconclusive: {why}",
+                    (),
+                )
+            case _:
+                pass
 
     def gateway_states(self, workers: Mapping[int, WorkerState]) -> Mapping[int, WorkerState]:
         """The states the gateway's membership follows: a canary waiting for its eval
@@ -581,6 +599,19 @@ class CanaryDriver:
             verdict_outcome, evidence, checks = self._verdict(a, end, a.window_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
+            # observe() looked away while the end scrape ran: a crash, stop, restart or
+            # quarantine of the canary meanwhile is seen now, before any verdict.
+            if a.canary in h.sup.workers:
+                a2, step = rollout.observe(a, _obs(h.sup.workers[a.canary]), h.clock(), gateway=h.gateway)
+                if a2 != a or not isinstance(step, EndWindow):
+                    self._judging = False
+                    self._analysis = a2
+                    self._busy = True
+                    try:
+                        self._act(a2, step)
+                    finally:
+                        self._busy = False
+                    return
             res = rollout.resolve(verdict_outcome, spec.rollout.on_inconclusive)
             self._busy = True
             try:
