@@ -99,7 +99,7 @@ def test_a_canary_gpu_quarantined_in_the_window_is_inconclusive_not_rejected(tmp
             f.agent.feed(0, GpuFailing(0, "xid 79", "fell off the bus"))
             await f.until(lambda: _state(f) is not CanaryState.ANALYSING, within=300)
             v = f.agent.view().canary
-            assert v is not None and v.state is CanaryState.HELD, v.evidence
+            assert v is not None and v.state is CanaryState.HELD, v and v.evidence
             assert "inconclusive" in v.evidence
             rec = json.loads((tmp / "canary.json").read_text())
             assert rec["rejected"] == []
@@ -125,7 +125,7 @@ def test_stopped_canary_then_same_reload_is_not_rejected(tmp: Path) -> None:
             await f.ops.reload()  # "reload to judge the change again"
             await asyncio.sleep(120)
             v = f.agent.view().canary
-            assert v is not None and v.state is not CanaryState.ROLLED_BACK, v.evidence
+            assert v is not None and v.state is not CanaryState.ROLLED_BACK, v and v.evidence
             rec = json.loads((tmp / "canary.json").read_text())
             assert rec["rejected"] == []
 
@@ -172,8 +172,10 @@ def test_a_canary_crash_during_the_final_scrape_is_not_promoted(tmp: Path) -> No
             await f.until(lambda: m.fired, within=200)
             await asyncio.sleep(60)
             v = f.agent.view().canary
-            assert v is not None and v.state is CanaryState.ROLLED_BACK, v.evidence
-            assert all(f.runtime.procs[w].command.env_dict.get("HARMLESS") is None for w in (1, 2, 3))
+            assert v is not None and v.state is CanaryState.ROLLED_BACK, v and v.evidence
+            assert all(
+                f.runtime.procs[w].command.env_dict.get("HARMLESS") is None for w in (1, 2, 3)
+            )
 
     run_virtual(scenario())
 
@@ -247,5 +249,69 @@ def test_a_rejected_change_in_the_file_is_not_run_after_restart_when_edited_duri
             slow = [w for w, c in f.runtime.starts if c.env_dict.get("SLOW") == "1"]
             assert not slow
             assert all(c.env_dict.get("HARMLESS") == "1" for _, c in f.runtime.starts)
+
+    run_virtual(scenario())
+
+
+# ---- B1 (the last fallback), item 16 (a window of 0 s) --------------------------------------
+
+
+def _record(tmp: Path, *, accepted_text: str | None, rejected: FarmSpec) -> None:
+    from sglang_farm.canary import store
+    from sglang_farm.canary.record import RejectedChanges
+    from sglang_farm.canary.rollout import spec_change
+
+    bad = spec_change(rejected)
+    store.save(
+        str(tmp),
+        store.CanaryRecord(
+            store.Accepted("sha256:" + "1" * 64, accepted_text, 1.8e9),
+            RejectedChanges().reject(bad, "canary ITL p50 5.0x the baseline's", 1.8e9),
+        ),
+    )
+
+
+def test_a_rejected_change_with_no_usable_accepted_config_starts_nothing(tmp: Path) -> None:
+    from sglang_farm.canary.driver import CanaryDriver
+    from sglang_farm.errors import ConfigError
+
+    bad = load_spec(_toml(tmp, {"SLOW": "1"}), source="test.toml")
+    _record(tmp, accepted_text=None, rejected=bad)
+    with pytest.raises(ConfigError) as exc:
+        CanaryDriver(bad)
+    (problem,) = exc.value.problems
+    assert "was rejected by its canary" in problem and "nothing starts" in problem
+    assert "canary.json" in problem
+
+
+def test_a_rejected_change_is_not_started_with_analysis_off_either(tmp: Path) -> None:
+    from sglang_farm.canary.driver import CanaryDriver
+
+    old_text = _toml(tmp)
+    bad = load_spec(_toml(tmp, {"SLOW": "1"}, analysis_window="0s"), source="test.toml")
+    _record(tmp, accepted_text=old_text, rejected=bad)
+    d = CanaryDriver(bad)
+    assert d.spec.farm.env.get("SLOW") is None  # the accepted config, held
+    assert d.held(bad) is not None and "rejected" in (d.held(bad) or "")
+
+
+def test_a_rejected_change_reloaded_with_a_window_of_0s_is_refused(tmp: Path) -> None:
+    bad = _toml(tmp, {"SLOW": "1"})
+    bad0 = _toml(tmp, {"SLOW": "1"}, analysis_window="0s")
+    m = Metrics()
+    texts = [bad]
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(texts[-1], source="test.toml")  # noqa: E731
+        async with farm(tmp, text=_toml(tmp), loader=loader, scrape=m) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: _state(f) is CanaryState.ROLLED_BACK, within=300)
+            await f.until(f.all_ready)
+            texts.append(bad0)  # the same workers' change, analysis switched off
+            r = await f.ops.reload()
+            assert not r.applied and r.held is not None
+            await asyncio.sleep(60)
+            assert all(p.command.env_dict.get("SLOW") is None for p in f.runtime.procs.values())
 
     run_virtual(scenario())

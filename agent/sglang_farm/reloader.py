@@ -109,6 +109,7 @@ class Reloader:
             new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
             return _refused(Refused(exc.problems))
+        await asyncio.to_thread(self._canary.loaded, new)  # its text, for the record
         # Issue 23: a change its canary rejected is refused; one under analysis (or held)
         # is superseded by this reload (its canary back on the accepted config first).
         if (rejected := self._canary.held(new)) is not None:
@@ -145,6 +146,11 @@ class Reloader:
                 ),
                 old.gateway.drain_timeout + old.restart.stop_timeout + 15,
             )
+        # The canary's verdict may have come during the awaits above (its rollback does
+        # not wait for this lock): a change it rejected meanwhile is not put in force.
+        if (rejected := self._canary.rejected(new)) is not None:
+            log.error("reload_rejected", problems=[rejected])
+            return ReloadResult(applied=False, problems=(rejected,), held=rejected)
         farm.reconfigure(new, plan.added, plan.removed)
         log.info(
             "reload_applied",

@@ -166,6 +166,9 @@ class CanaryDriver:
         self._rollbacks = 0
         self._start: dict[int, figures.WorkerSample] = {}  # the window's first scrape
         self._base: list[int] = []  # the baseline workers, as the window started
+        # The last reload's (change, config text), read back as it was loaded: what is
+        # recorded as accepted at its promotion (the file may be edited in its window).
+        self._loaded: tuple[str, str] | None = None
         self.spec = self._start_spec(spec)
 
     # ---- agent start -----------------------------------------------------------------------
@@ -174,28 +177,51 @@ class CanaryDriver:
         """The config the agent starts on: the file's, unless the canary record says its
         change was rejected (then the accepted one, HELD) or was never accepted (then
         the accepted one first, and the file's change rolls as a reload would: canary
-        first, judged). With analysis off, the file's, as before issue 23."""
+        first, judged). With analysis off, the file's, as before issue 23, unless its
+        change was rejected: a rejected change never runs, whatever the window. A
+        rejected change with no usable accepted config starts nothing (ConfigError)."""
         desired = rollout.spec_change(spec, self._caps)
         acc = self._record.accepted
-        if spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired:
+        rejection = self._record.rejected.rejection(desired)
+        if rejection is None and (
+            spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired
+        ):
             self._accept(spec, desired)
             return spec
         accepted = None
-        if acc.text is not None:
+        why = "no accepted config is recorded"
+        if acc is not None and acc.text is None:
+            why = "the accepted config's text was not recorded"
+        if acc is not None and acc.text is not None:
             try:
                 accepted = _load(acc.text, spec.source, _gpu_count(spec))
             except ConfigError as exc:
+                why = "the accepted config no longer loads: " + "; ".join(exc.problems)
                 log.error("canary_accepted_config_unusable", problems=list(exc.problems))
-        if accepted is None or accepted.worker_ids != spec.worker_ids:
+        if accepted is not None and accepted.worker_ids != spec.worker_ids:
+            why = "the accepted config has other workers than the file's"
+            accepted = None
+        if accepted is None:
+            if rejection is not None:
+                problem = (
+                    f"{spec.source}: change {record.short(desired)} was rejected by its canary "
+                    f"at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
+                    f"{rejection.evidence}; the accepted config cannot be run instead ({why}) "
+                    f"so nothing starts: put the config file back on the accepted config, or "
+                    f"remove the change's entry from {Path(self._state_dir) / store.FILE} "
+                    "to run it anyway"
+                )
+                log.error("canary_rejected_change_not_started", change=record.short(desired))
+                raise ConfigError(spec.source, [problem])
             log.error(
                 "canary_accepted_config_unusable",
                 change=record.short(desired),
+                why=why,
                 hint="the config file runs as it is: its change is not judged by a canary",
             )
             self._accept(spec, desired)
             return spec
         self._accepted = accepted
-        rejection = self._record.rejected.rejection(desired)
         if rejection is not None:
             self._candidate = spec
             evidence = (
@@ -220,11 +246,19 @@ class CanaryDriver:
 
     def _accept(self, spec: FarmSpec, change: str | None = None) -> None:
         change = change or rollout.spec_change(spec, self._caps)
+        if self._record.rejected.rejection(change) is not None:
+            # Never: a rejected change is not the baseline (the reloader re-asks
+            # `rejected` after its awaits; this is the last guard).
+            log.error("canary_rejected_change_not_accepted", change=record.short(change))
+            return
         self._accepted, self._candidate, self._on_change = spec, None, None
         acc = self._record.accepted
         if acc is not None and acc.change == change and acc.text is not None:
             return
-        text = _read_text(spec, change, self._caps)
+        loaded = self._loaded
+        text = loaded[1] if loaded is not None and loaded[0] == change else None
+        if text is None:
+            text = _read_text(spec, change, self._caps)
         self._record = replace(self._record, accepted=store.Accepted(change, text, time.time()))
         self._save()
 
@@ -247,6 +281,14 @@ class CanaryDriver:
             return self._accepted
         return current
 
+    def loaded(self, new: FarmSpec) -> None:
+        """A reload just loaded `new` from its file: keep the file's text now (read back
+        and checked to say what `new` says), for the record at its promotion. Blocking:
+        call it in a thread."""
+        change = rollout.spec_change(new, self._caps)
+        text = _read_text(new, change, self._caps)
+        self._loaded = None if text is None else (change, text)
+
     def attach(self, host: Host) -> None:
         self._host = host
 
@@ -255,6 +297,8 @@ class CanaryDriver:
     def held(self, new: FarmSpec) -> str | None:
         """Why a reload to `new` is refused (its change was rejected, or its eval set
         cannot be used), or None."""
+        if (rejected := self.rejected(new)) is not None:
+            return rejected
         if new.rollout.analysis_window <= 0:
             return None
         self._eval_items = ()
@@ -269,6 +313,12 @@ class CanaryDriver:
                 )
             except evalset.EvalSetError as exc:
                 return "; ".join(exc.problems)
+        return None
+
+    def rejected(self, new: FarmSpec) -> str | None:
+        """Why `new` must not run: its change was rejected by a canary (whatever its
+        `analysis_window`: a window of 0 s does not roll a rejected change), or None.
+        Asked again after a reload's last await: a verdict may have come meanwhile."""
         desired = rollout.spec_change(new, self._caps)
         rejection = self._record.rejected.rejection(desired)
         if rejection is None:
@@ -377,7 +427,9 @@ class CanaryDriver:
             self._analysis = a2
             if a.analysing and not a2.analysing:
                 self._cancel()  # restarted in its window: a new window once it serves
-                self._show(CanaryState.ANALYSING, "the canary restarts: judged again once it serves")
+                self._show(
+                    CanaryState.ANALYSING, "the canary restarts: judged again once it serves"
+                )
             self._act(a2, step)
         finally:
             self._busy = False
@@ -602,7 +654,9 @@ class CanaryDriver:
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
             if a.canary in h.sup.workers:
-                a2, step = rollout.observe(a, _obs(h.sup.workers[a.canary]), h.clock(), gateway=h.gateway)
+                a2, step = rollout.observe(
+                    a, _obs(h.sup.workers[a.canary]), h.clock(), gateway=h.gateway
+                )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
                     self._analysis = a2

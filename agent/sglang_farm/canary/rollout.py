@@ -16,8 +16,9 @@ restart is issued fails the change at once (`observe` returns `Fail`): the chang
 caused it, so it is no OOM-ladder step. A canary whose GPU is quarantined (or being
 stopped for it) says nothing about the change: inconclusive. An operator's stop ends the
 analysis with no verdict (`Stopped`); an operator's restart of the canary in its window
-starts the analysis over (a new window once it serves again). The caller (canary/driver.py) does the I/O: the scrapes,
-the supervisor's gate, the rollback, the record in the state directory.
+starts the analysis over (a new window once it serves again). The caller
+(canary/driver.py) does the I/O: the scrapes, the supervisor's gate, the rollback, the
+record in the state directory.
 """
 
 from __future__ import annotations
