@@ -315,3 +315,39 @@ def test_a_rejected_change_reloaded_with_a_window_of_0s_is_refused(tmp: Path) ->
             assert all(p.command.env_dict.get("SLOW") is None for p in f.runtime.procs.values())
 
     run_virtual(scenario())
+
+
+# ---- item 9: a refused reload leaves the analysis alone ------------------------------------
+
+
+def test_a_refused_reload_during_an_analysis_leaves_the_canary_on_the_change(tmp: Path) -> None:
+    from agent_harness import farm_toml
+    from test_agent_canary import WINDOW
+
+    new = _toml(tmp, {"HARMLESS": "1"})
+    refused = farm_toml(
+        tmp,
+        workers=4,
+        rollout=dict(WINDOW),
+        farm={"state_dir": str(tmp), "env": {"OTHER": "1"}},
+        gateway={"drain_timeout": "9s"},  # a [gateway] change: refused by a reload
+    )
+    texts = [new]
+    m = Metrics()
+
+    async def scenario() -> None:
+        loader = lambda: load_spec(texts[-1], source="test.toml")  # noqa: E731
+        async with farm(tmp, text=_toml(tmp), loader=loader, scrape=m) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: _in_window(f), within=300)
+            starts = f.runtime.starts_of(0)
+            texts.append(refused)
+            r = await f.ops.reload()
+            assert not r.applied and "[gateway] changed" in r.problems[0]
+            assert _in_window(f) and f.runtime.starts_of(0) == starts
+            await f.until(lambda: _state(f) is CanaryState.PROMOTED, within=300)
+            assert f.runtime.starts_of(0) == starts
+            assert all(p.command.env_dict.get("HARMLESS") == "1" for p in f.runtime.procs.values())
+
+    run_virtual(scenario())
