@@ -37,7 +37,14 @@ from sglang_farm.workers.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.workers.supervisor import Action, Event, StopRequested, Supervisor
+from sglang_farm.workers.supervisor import (
+    STOP_SLACK_S,
+    Action,
+    Event,
+    StopRequested,
+    Supervisor,
+    stop_budget,
+)
 
 log = structlog.get_logger("sglang_farm.agent")
 
@@ -115,6 +122,12 @@ class Reloader:
         if (rejected := self._canary.held(new)) is not None:
             log.error("reload_rejected", problems=[rejected])
             return ReloadResult(applied=False, problems=(rejected,), held=rejected)
+        # Refused before anything is superseded: a refused reload leaves an analysis alone.
+        base = self._canary.superseded_by(new) or farm.spec
+        serving = self._stages.view
+        holds = serving is not None and serving.blocks_rollout
+        if isinstance(refused := model_change(base, new, stage_holds=holds), Refused):
+            return _refused(refused)
         self._canary.supersede(new)
         old, serving = farm.spec, self._stages.view
         change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
@@ -144,7 +157,7 @@ class Reloader:
                     sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
-                old.gateway.drain_timeout + old.restart.stop_timeout + 15,
+                stop_budget(sup.policy) + STOP_SLACK_S,
             )
         # The canary's verdict may have come during the awaits above (its rollback does
         # not wait for this lock): a change it rejected meanwhile is not put in force.

@@ -330,6 +330,16 @@ class CanaryDriver:
             "to retry"
         )
 
+    def superseded_by(self, new: FarmSpec) -> FarmSpec | None:
+        """The config `supersede(new)` would put the farm back on (the accepted one),
+        or None when it would change nothing: a reload checks its refusals against it
+        before it supersedes anything."""
+        if self._host is None or self._candidate is None or self._accepted is None:
+            return None
+        if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
+            return None
+        return self._accepted
+
     def supersede(self, new: FarmSpec) -> None:
         """A reload while a change is analysed (or held): unless it is the same change,
         the farm goes back to the accepted config first (the canary restarts on it), and
