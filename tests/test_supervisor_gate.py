@@ -49,10 +49,12 @@ def test_release_gate_issues_the_next_wave() -> None:
 
 def test_drop_gated_never_issues_the_waves_and_keeps_other_restarts() -> None:
     sup, _ = _gated_farm()
-    sup.restart_rolling([3], RestartReason.MANUAL, 10_000.0)  # an operator's, not gated
     sup.drop_gated()
-    assert not sup.gated()
-    assert [r.gated for r in sup.rolling] == [False]
+    assert not sup.gated() and sup.rolling == ()
     actions = sup.tick(10_001.0)
     assert not any(getattr(a, "event", None) == "rolling_restart_wave" for a in actions)
-    assert all(sup.workers[w].phase is Phase.READY for w in (1, 2))
+    assert all(sup.workers[w].phase is Phase.READY for w in (1, 2, 3))
+    sup, _ = _gated_farm()
+    sup.restart_rolling([1, 2, 3], RestartReason.MANUAL, 10_000.0)  # an operator's
+    sup.drop_gated()
+    assert [r.gated for r in sup.rolling] == [False]

@@ -83,7 +83,7 @@ class Host:
 
     spec: Callable[[], FarmSpec]
     set_spec: Callable[[FarmSpec], None]  # the config in force (a rollback's, a restart's)
-    sup: Supervisor
+    supervisor: Supervisor
     apply: Callable[[list[Action]], None]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     refresh: Callable[[], None]
@@ -350,15 +350,15 @@ class CanaryDriver:
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
         if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.sup.workers:
+            if self._analysis is None and canary is not None and canary in h.supervisor.workers:
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
                 # A canary stopped by the operator starts again onto the change first
                 # (a stopped one is not a canary that failed to serve).
-                if h.sup.workers[canary].phase is Phase.STOPPED:
+                if h.supervisor.workers[canary].phase is Phase.STOPPED:
                     log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
-                    h.apply(h.sup.start([canary], h.clock()))
-                s = h.sup.workers[canary]
+                    h.apply(h.supervisor.start([canary], h.clock()))
+                s = h.supervisor.workers[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
                 self._show(CanaryState.ANALYSING, "judged again: the window starts")
@@ -397,7 +397,7 @@ class CanaryDriver:
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
-        s = h.sup.workers[canary]
+        s = h.supervisor.workers[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
         self._analysis = Analysis(
@@ -420,17 +420,17 @@ class CanaryDriver:
         if (
             self._reroll
             and h.startup_done()
-            and h.sup.rollout is Rollout.DONE
-            and not h.sup.rolling
+            and h.supervisor.rollout is Rollout.DONE
+            and not h.supervisor.rolling
         ):
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
-        if a is None or self._judging or a.canary not in h.sup.workers:
+        if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        obs = _obs(h.sup.workers[a.canary])
+        obs = _obs(h.supervisor.workers[a.canary])
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -576,7 +576,9 @@ class CanaryDriver:
         h = self._host
         assert h is not None
         return [
-            w for w, s in sorted(h.sup.workers.items()) if w != canary and s.phase is Phase.READY
+            w
+            for w, s in sorted(h.supervisor.workers.items())
+            if w != canary and s.phase is Phase.READY
         ]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
@@ -663,9 +665,9 @@ class CanaryDriver:
                 return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
-            if a.canary in h.sup.workers:
+            if a.canary in h.supervisor.workers:
                 a2, step = rollout.observe(
-                    a, _obs(h.sup.workers[a.canary]), h.clock(), gateway=h.gateway
+                    a, _obs(h.supervisor.workers[a.canary]), h.clock(), gateway=h.gateway
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
@@ -700,10 +702,9 @@ class CanaryDriver:
             self._analysis = None
             assert self._candidate is not None
             self._accept(self._candidate, a.change)
-            h.sup.rolling = tuple(replace(r, gated=False) for r in h.sup.rolling)
             wlog.info("canary_promoted", evidence=evidence)
             self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
-            h.apply(h.sup.tick(h.clock()))
+            h.apply(h.supervisor.release_gate(h.clock()))
         elif res is Resolution.ROLLBACK:
             self._rollbacks += 1
             self._record = replace(
@@ -731,15 +732,15 @@ class CanaryDriver:
         h.set_spec(self._accepted)
         if candidate is not None and candidate.model != self._accepted.model:
             h.restore_model(self._accepted)  # before the canary's relaunch below
-        h.sup.rolling = tuple(r for r in h.sup.rolling if not r.gated)
-        if canary is None or canary not in h.sup.workers:
+        h.supervisor.drop_gated()
+        if canary is None or canary not in h.supervisor.workers:
             return
-        s = h.sup.workers[canary]
-        h.sup.restore(canary, replace(s, oom_step=self._oom_step))
+        s = h.supervisor.workers[canary]
+        h.supervisor.restore(canary, replace(s, oom_step=self._oom_step))
         if s.phase is not Phase.STOPPED:  # an operator's stop stands
             # Drained first; from BACKOFF or FAILED (the change broke it) straight to a
             # launch, with the accepted config's command (the launcher reads it then).
-            h.apply(h.sup.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
+            h.apply(h.supervisor.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
 
     def _cancel(self) -> None:
         t, self._task = self._task, None
