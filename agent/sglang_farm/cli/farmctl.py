@@ -852,12 +852,11 @@ def _await_verdict(
     while True:
         st = ctl.call("status")
         cv = _ours(st, issued_at, going_on)
-        if cv is None and not shown and isinstance(now := st.get("canary"), dict):
+        now = st.get("canary")
+        if cv is None and not shown and isinstance(now, dict) and now.get("state") == "analysing":
             # An applied reload supersedes any other change's analysis: one still
             # analysing now is of this reload's change, which the reload left running.
-            if now.get("state") == "analysing":
-                going_on = now.get("change")
-                cv = now
+            going_on, cv = now.get("change"), now
         if cv is None:
             if shown:
                 raise Failed(
