@@ -1,14 +1,25 @@
 """I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
 
-It is called at four points and nothing else (each a line or two in agent.py and
-reloader.py): at construction (`CanaryDriver(spec, ...)`: a restarted agent's config, the accepted
-one when the file's change was rejected), at a reload (`supersede`, then `begin`, which
-says whether the rolling restart is gated), on every state change (`observe`), and to
-build its view (`view`). The decisions are canary/rollout.py's and canary/verdict.py's;
-this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic Prometheus
-text), keeps the window's timer, and acts: it releases the supervisor's gated waves
-(promote), or puts the farm back on the accepted config and restarts the canary alone
-(rollback), and keeps the record in the state directory (canary/store.py).
+Its surface, each call a line or two in agent.py and reloader.py and nothing else:
+- at construction, `CanaryDriver(spec, ...)` and its `spec`: the config a (re)started
+  agent runs (the accepted one when the file's change was rejected or not yet judged;
+  ConfigError when the change was rejected and no accepted config can run instead);
+  `attach(Host)` once the agent is built;
+- at a reload: `loaded` (the file's text as it was loaded, for the record), `held`
+  (refused: rejected before, or an unusable eval set), `superseded_by` and `supersede`
+  (a reload during an analysis), `rejected` again after the reload's last await (a
+  verdict meanwhile), then `begin`, which says whether the rolling restart is gated;
+- on every state change, `observe`; for each launch, `spec_for` (the baseline keeps the
+  accepted config); for the gateway's membership, `gateway_states` (a canary waiting for
+  its eval gate is kept out); for the farm's view, `view`; at shutdown, `close`.
+The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
+supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
+function: the tests feed synthetic Prometheus text), keeps the window's timer, and acts:
+it releases the supervisor's gated waves (promote), or puts the farm back on the accepted
+config and restarts the canary alone (rollback), and keeps the record in the state
+directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
+reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
+change.
 """
 
 from __future__ import annotations
