@@ -11,7 +11,8 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   verdict meanwhile), then `begin`, which says whether the rolling restart is gated;
 - on every state change, `observe`; for each launch, `spec_for` (the baseline keeps the
   accepted config); for the gateway's membership, `gateway_states` (a canary waiting for
-  its eval gate is kept out); for the farm's view, `view`; at shutdown, `close`.
+  its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
+  task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
 The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
 supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
 function: the tests feed synthetic Prometheus text), keeps the window's timer, and acts:
