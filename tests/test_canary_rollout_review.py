@@ -27,6 +27,10 @@ def _in_window(f: Farm) -> bool:
     return v is not None and v.state is CanaryState.ANALYSING and v.ends_at is not None
 
 
+def _env_of(f: Farm, worker: int) -> dict[str, str]:
+    return f.runtime.procs[worker].command.env_dict
+
+
 def _state(f: Farm) -> CanaryState | None:
     v = f.agent.view().canary
     return None if v is None else v.state
@@ -123,11 +127,13 @@ def test_stopped_canary_then_same_reload_is_not_rejected(tmp: Path) -> None:
             await f.ops.stop([0])
             await f.until(lambda: _state(f) is CanaryState.HELD, within=100)
             await f.ops.reload()  # "reload to judge the change again"
-            await asyncio.sleep(120)
+            await f.until(lambda: _state(f) is not CanaryState.ANALYSING, within=300)
             v = f.agent.view().canary
-            assert v is not None and v.state is not CanaryState.ROLLED_BACK, v and v.evidence
+            assert v is not None and v.state is CanaryState.PROMOTED, v and v.evidence
             rec = json.loads((tmp / "canary.json").read_text())
             assert rec["rejected"] == []
+            await f.until(f.all_ready, within=300)
+            assert all(_env_of(f, w).get("HARMLESS") == "1" for w in range(4))
 
     run_virtual(scenario())
 
