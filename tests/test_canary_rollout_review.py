@@ -61,6 +61,22 @@ def test_an_operator_restart_of_the_canary_rearms_the_window_not_a_crash() -> No
     assert isinstance(observe(a, crashed, 110.0, gateway=True)[1], Fail)
 
 
+def test_a_canary_restarted_for_its_own_failure_is_failed_not_rearmed() -> None:
+    """An OOM of the canary while serving, then the ladder's restart (scope "all"): the
+    restart is the farm's reaction to the change's failure, not an operator's."""
+    from sglang_farm.workers.failures import Failure, FailureKind
+
+    oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
+    obs = CanaryObs(
+        phase=Phase.DRAINING,
+        in_gateway=False,
+        stop_intent=StopIntent.RESTART,
+        last_failure=oom,
+        last_failure_at=90.0,
+    )
+    assert isinstance(observe(_analysing(), obs, 100.0, gateway=True)[1], Fail)
+
+
 def test_an_operator_stop_of_the_canary_is_stopped() -> None:
     obs = CanaryObs(phase=Phase.DRAINING, in_gateway=False, stop_intent=StopIntent.STOP)
     assert isinstance(observe(_analysing(), obs, 100.0, gateway=True)[1], Stopped)

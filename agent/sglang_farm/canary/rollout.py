@@ -183,16 +183,16 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
         # Its GPU is set aside (draining or stopping for it, or already aside): says
         # nothing about the change, whatever the process did on its way out.
         return a, Inconclusive(f"canary worker {a.canary}'s GPU was set aside (quarantined)")
-    if leaving and c.stop_intent is StopIntent.RESTART and a.window_start is not None:
-        # Restarted on purpose (`farmctl restart`) in its window: not the change's doing.
-        # The analysis starts over: a new window once it serves again, and a failure
-        # from here on is the change's.
-        return replace(a, window_start=None, failure_mark=c.last_failure_at), Wait()
     new_failure = c.last_failure_at is not None and (
         a.failure_mark is None or c.last_failure_at > a.failure_mark
     )
     if c.last_failure is not None and new_failure:
         return a, Fail(liveness_event(c.last_failure, after))
+    if leaving and c.stop_intent is StopIntent.RESTART and a.window_start is not None:
+        # Restarted on purpose (`farmctl restart`) in its window: not the change's doing.
+        # The analysis starts over: a new window once it serves again, and a failure
+        # from here on is the change's.
+        return replace(a, window_start=None, failure_mark=c.last_failure_at), Wait()
     if c.phase is Phase.UNHEALTHY and not c.busy:
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
