@@ -170,6 +170,18 @@ def test_an_earlier_changes_verdict_is_not_this_reloads() -> None:
         assert r.stdout.splitlines()[-1] == "rollout done"
 
 
+def test_a_reload_of_the_change_under_analysis_waits_for_its_verdict() -> None:
+    """The same change reloaded during its analysis (nothing to restart): the analysis
+    under way, started before this reload, is the one it waits for (review item 11)."""
+    running = verdict(CanaryState.ANALYSING, "analysis under way", started_at=1000.0)
+    rolled = verdict(CanaryState.ROLLED_BACK, ROLLED_BACK, started_at=1000.0)
+    with farm([running, running, rolled]) as agent:
+        ops(agent).reload_result = ReloadResult(applied=True)
+        r = agent.run("reload")
+        assert r.exit_code == Exit.ROLLED_BACK, r.output
+        assert "rollout done" not in r.stdout
+
+
 def test_a_reload_that_changes_no_worker_returns_at_once() -> None:
     with farm([None]) as agent:
         ops(agent).reload_result = ReloadResult(applied=True)

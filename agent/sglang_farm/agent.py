@@ -184,7 +184,7 @@ class Agent:
             CanaryHost(
                 spec=lambda: self._spec,
                 set_spec=self.reconfigure,  # a rollback: the accepted config in force
-                sup=self.supervisor,
+                supervisor=self.supervisor,
                 apply=self.apply_actions,
                 spawn=self.spawn,
                 refresh=self.republish,

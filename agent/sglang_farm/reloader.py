@@ -37,7 +37,14 @@ from sglang_farm.workers.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.workers.supervisor import Action, Event, StopRequested, Supervisor
+from sglang_farm.workers.supervisor import (
+    STOP_SLACK_S,
+    Action,
+    Event,
+    StopRequested,
+    Supervisor,
+    stop_budget,
+)
 
 log = structlog.get_logger("sglang_farm.agent")
 
@@ -109,11 +116,18 @@ class Reloader:
             new = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
             return _refused(Refused(exc.problems))
+        await asyncio.to_thread(self._canary.loaded, new)  # its text, for the record
         # Issue 23: a change its canary rejected is refused; one under analysis (or held)
         # is superseded by this reload (its canary back on the accepted config first).
         if (rejected := self._canary.held(new)) is not None:
             log.error("reload_rejected", problems=[rejected])
             return ReloadResult(applied=False, problems=(rejected,), held=rejected)
+        # Refused before anything is superseded: a refused reload leaves an analysis alone.
+        base = self._canary.superseded_by(new) or farm.spec
+        serving = self._stages.view
+        holds = serving is not None and serving.blocks_rollout
+        if isinstance(refused := model_change(base, new, stage_holds=holds), Refused):
+            return _refused(refused)
         self._canary.supersede(new)
         old, serving = farm.spec, self._stages.view
         change = model_change(old, new, stage_holds=serving is not None and serving.blocks_rollout)
@@ -143,8 +157,13 @@ class Reloader:
                     sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
                     for w in plan.removed
                 ),
-                old.gateway.drain_timeout + old.restart.stop_timeout + 15,
+                stop_budget(sup.policy) + STOP_SLACK_S,
             )
+        # The canary's verdict may have come during the awaits above (its rollback does
+        # not wait for this lock): a change it rejected meanwhile is not put in force.
+        if (rejected := self._canary.rejected(new)) is not None:
+            log.error("reload_rejected", problems=[rejected])
+            return ReloadResult(applied=False, problems=(rejected,), held=rejected)
         farm.reconfigure(new, plan.added, plan.removed)
         log.info(
             "reload_applied",

@@ -1,14 +1,26 @@
 """I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
 
-It is called at four points and nothing else (each a line or two in agent.py and
-reloader.py): at construction (`CanaryDriver(spec, ...)`: a restarted agent's config, the accepted
-one when the file's change was rejected), at a reload (`supersede`, then `begin`, which
-says whether the rolling restart is gated), on every state change (`observe`), and to
-build its view (`view`). The decisions are canary/rollout.py's and canary/verdict.py's;
-this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic Prometheus
-text), keeps the window's timer, and acts: it releases the supervisor's gated waves
-(promote), or puts the farm back on the accepted config and restarts the canary alone
-(rollback), and keeps the record in the state directory (canary/store.py).
+Its surface, each call a line or two in agent.py and reloader.py and nothing else:
+- at construction, `CanaryDriver(spec, ...)` and its `spec`: the config a (re)started
+  agent runs (the accepted one when the file's change was rejected or not yet judged;
+  ConfigError when the change was rejected and no accepted config can run instead);
+  `attach(Host)` once the agent is built;
+- at a reload: `loaded` (the file's text as it was loaded, for the record), `held`
+  (refused: rejected before, or an unusable eval set), `superseded_by` and `supersede`
+  (a reload during an analysis), `rejected` again after the reload's last await (a
+  verdict meanwhile), then `begin`, which says whether the rolling restart is gated;
+- on every state change, `observe`; for each launch, `spec_for` (the baseline keeps the
+  accepted config); for the gateway's membership, `gateway_states` (a canary waiting for
+  its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
+  task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
+The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
+supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
+function: the tests feed synthetic Prometheus text), keeps the window's timer, and acts:
+it releases the supervisor's gated waves (promote), or puts the farm back on the accepted
+config and restarts the canary alone (rollback), and keeps the record in the state
+directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
+reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
+change.
 """
 
 from __future__ import annotations
@@ -83,7 +95,7 @@ class Host:
 
     spec: Callable[[], FarmSpec]
     set_spec: Callable[[FarmSpec], None]  # the config in force (a rollback's, a restart's)
-    sup: Supervisor
+    supervisor: Supervisor
     apply: Callable[[list[Action]], None]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     refresh: Callable[[], None]
@@ -106,6 +118,20 @@ def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]])
     except (OSError, UnicodeDecodeError, ConfigError):
         return None
     return text if rollout.spec_change(again, caps) == change else None
+
+
+def _obs(s: WorkerState) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state."""
+    stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+    return CanaryObs(
+        phase=s.phase,
+        in_gateway=s.in_gateway,
+        busy=s.busy,
+        stopping=stopping,
+        last_failure=s.last_failure,
+        last_failure_at=s.last_failure_at,
+        stop_intent=s.stop_intent,
+    )
 
 
 def _gpu_count(spec: FarmSpec) -> int:
@@ -152,6 +178,9 @@ class CanaryDriver:
         self._rollbacks = 0
         self._start: dict[int, figures.WorkerSample] = {}  # the window's first scrape
         self._base: list[int] = []  # the baseline workers, as the window started
+        # The last reload's (change, config text), read back as it was loaded: what is
+        # recorded as accepted at its promotion (the file may be edited in its window).
+        self._loaded: tuple[str, str] | None = None
         self.spec = self._start_spec(spec)
 
     # ---- agent start -----------------------------------------------------------------------
@@ -160,28 +189,51 @@ class CanaryDriver:
         """The config the agent starts on: the file's, unless the canary record says its
         change was rejected (then the accepted one, HELD) or was never accepted (then
         the accepted one first, and the file's change rolls as a reload would: canary
-        first, judged). With analysis off, the file's, as before issue 23."""
+        first, judged). With analysis off, the file's, as before issue 23, unless its
+        change was rejected: a rejected change never runs, whatever the window. A
+        rejected change with no usable accepted config starts nothing (ConfigError)."""
         desired = rollout.spec_change(spec, self._caps)
         acc = self._record.accepted
-        if spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired:
+        rejection = self._record.rejected.rejection(desired)
+        if rejection is None and (
+            spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired
+        ):
             self._accept(spec, desired)
             return spec
         accepted = None
-        if acc.text is not None:
+        why = "no accepted config is recorded"
+        if acc is not None and acc.text is None:
+            why = "the accepted config's text was not recorded"
+        if acc is not None and acc.text is not None:
             try:
                 accepted = _load(acc.text, spec.source, _gpu_count(spec))
             except ConfigError as exc:
+                why = "the accepted config no longer loads: " + "; ".join(exc.problems)
                 log.error("canary_accepted_config_unusable", problems=list(exc.problems))
-        if accepted is None or accepted.worker_ids != spec.worker_ids:
+        if accepted is not None and accepted.worker_ids != spec.worker_ids:
+            why = "the accepted config has other workers than the file's"
+            accepted = None
+        if accepted is None:
+            if rejection is not None:
+                problem = (
+                    f"{spec.source}: change {record.short(desired)} was rejected by its canary "
+                    f"at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
+                    f"{rejection.evidence}; the accepted config cannot be run instead ({why}) "
+                    f"so nothing starts: put the config file back on the accepted config, or "
+                    f"remove the change's entry from {Path(self._state_dir) / store.FILE} "
+                    "to run it anyway"
+                )
+                log.error("canary_rejected_change_not_started", change=record.short(desired))
+                raise ConfigError(spec.source, [problem])
             log.error(
                 "canary_accepted_config_unusable",
                 change=record.short(desired),
+                why=why,
                 hint="the config file runs as it is: its change is not judged by a canary",
             )
             self._accept(spec, desired)
             return spec
         self._accepted = accepted
-        rejection = self._record.rejected.rejection(desired)
         if rejection is not None:
             self._candidate = spec
             evidence = (
@@ -206,11 +258,19 @@ class CanaryDriver:
 
     def _accept(self, spec: FarmSpec, change: str | None = None) -> None:
         change = change or rollout.spec_change(spec, self._caps)
+        if self._record.rejected.rejection(change) is not None:
+            # Never: a rejected change is not the baseline (the reloader re-asks
+            # `rejected` after its awaits; this is the last guard).
+            log.error("canary_rejected_change_not_accepted", change=record.short(change))
+            return
         self._accepted, self._candidate, self._on_change = spec, None, None
         acc = self._record.accepted
         if acc is not None and acc.change == change and acc.text is not None:
             return
-        text = _read_text(spec, change, self._caps)
+        loaded = self._loaded
+        text = loaded[1] if loaded is not None and loaded[0] == change else None
+        if text is None:
+            text = _read_text(spec, change, self._caps)
         self._record = replace(self._record, accepted=store.Accepted(change, text, time.time()))
         self._save()
 
@@ -233,6 +293,14 @@ class CanaryDriver:
             return self._accepted
         return current
 
+    def loaded(self, new: FarmSpec) -> None:
+        """A reload just loaded `new` from its file: keep the file's text now (read back
+        and checked to say what `new` says), for the record at its promotion. Blocking:
+        call it in a thread."""
+        change = rollout.spec_change(new, self._caps)
+        text = _read_text(new, change, self._caps)
+        self._loaded = None if text is None else (change, text)
+
     def attach(self, host: Host) -> None:
         self._host = host
 
@@ -241,6 +309,8 @@ class CanaryDriver:
     def held(self, new: FarmSpec) -> str | None:
         """Why a reload to `new` is refused (its change was rejected, or its eval set
         cannot be used), or None."""
+        if (rejected := self.rejected(new)) is not None:
+            return rejected
         if new.rollout.analysis_window <= 0:
             return None
         self._eval_items = ()
@@ -257,6 +327,12 @@ class CanaryDriver:
                 )
             except evalset.EvalSetError as exc:
                 return "; ".join(exc.problems)
+        return None
+
+    def rejected(self, new: FarmSpec) -> str | None:
+        """Why `new` must not run: its change was rejected by a canary (whatever its
+        `analysis_window`: a window of 0 s does not roll a rejected change), or None.
+        Asked again after a reload's last await: a verdict may have come meanwhile."""
         desired = rollout.spec_change(new, self._caps)
         rejection = self._record.rejected.rejection(desired)
         if rejection is None:
@@ -268,6 +344,16 @@ class CanaryDriver:
             "to retry"
         )
 
+    def superseded_by(self, new: FarmSpec) -> FarmSpec | None:
+        """The config `supersede(new)` would put the farm back on (the accepted one),
+        or None when it would change nothing: a reload checks its refusals against it
+        before it supersedes anything."""
+        if self._host is None or self._candidate is None or self._accepted is None:
+            return None
+        if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
+            return None
+        return self._accepted
+
     def supersede(self, new: FarmSpec) -> None:
         """A reload while a change is analysed (or held): unless it is the same change,
         the farm goes back to the accepted config first (the canary restarts on it), and
@@ -278,10 +364,15 @@ class CanaryDriver:
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
         if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.sup.workers:
+            if self._analysis is None and canary is not None and canary in h.supervisor.workers:
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
-                s = h.sup.workers[canary]
+                # A canary stopped by the operator starts again onto the change first
+                # (a stopped one is not a canary that failed to serve).
+                if h.supervisor.workers[canary].phase is Phase.STOPPED:
+                    log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
+                    h.apply(h.supervisor.start([canary], h.clock()))
+                s = h.supervisor.workers[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
                 self._show(CanaryState.ANALYSING, "judged again: the window starts")
@@ -320,7 +411,7 @@ class CanaryDriver:
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
-        s = h.sup.workers[canary]
+        s = h.supervisor.workers[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
         self._analysis = Analysis(
@@ -343,58 +434,59 @@ class CanaryDriver:
         if (
             self._reroll
             and h.startup_done()
-            and h.sup.rollout is Rollout.DONE
-            and not h.sup.rolling
+            and h.supervisor.rollout is Rollout.DONE
+            and not h.supervisor.rolling
         ):
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
-        if a is None or self._judging or a.canary not in h.sup.workers:
+        if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        s = h.sup.workers[a.canary]
-        stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
-        obs = CanaryObs(
-            phase=s.phase,
-            in_gateway=s.in_gateway,
-            busy=s.busy,
-            stopping=stopping,
-            last_failure=s.last_failure,
-            last_failure_at=s.last_failure_at,
-        )
+        obs = _obs(h.supervisor.workers[a.canary])
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
             self._analysis = a2
-            match step:
-                case RunEval():
-                    if not self._evaluating:
-                        self._evaluating = True
-                        h.spawn(self._eval(a2))
-                case StartWindow():
-                    self._start_window(a2)
-                case EndWindow():
-                    self._judging = True
-                    self._cancel()
-                    self._task = h.spawn(self._judge(a2))
-                case Fail(event=ev):
-                    after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
-                    evidence = f"canary {ev.kind} {after}: {ev.detail}"
-                    self._resolve(Resolution.ROLLBACK, evidence, ())
-                case Stopped():
-                    self._stopped(a2)
-                case Inconclusive(why=why):
-                    spec = self._candidate or h.spec()
-                    self._resolve(
-                        rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
-                        f"inconclusive: {why}",
-                        (),
-                    )
-                case _:
-                    pass
+            if a.analysing and not a2.analysing:
+                self._cancel()  # restarted in its window: a new window once it serves
+                self._show(
+                    CanaryState.ANALYSING, "the canary restarts: judged again once it serves"
+                )
+            self._act(a2, step)
         finally:
             self._busy = False
+
+    def _act(self, a2: Analysis, step: rollout.Step) -> None:
+        h = self._host
+        assert h is not None
+        match step:
+            case RunEval():
+                if not self._evaluating:
+                    self._evaluating = True
+                    h.spawn(self._eval(a2))
+            case StartWindow():
+                self._start_window(a2)
+            case EndWindow():
+                self._judging = True
+                self._cancel()
+                self._task = h.spawn(self._judge(a2))
+            case Fail(event=ev):
+                after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
+                evidence = f"canary {ev.kind} {after}: {ev.detail}"
+                self._resolve(Resolution.ROLLBACK, evidence, ())
+            case Stopped():
+                self._stopped(a2)
+            case Inconclusive(why=why):
+                spec = self._candidate or h.spec()
+                self._resolve(
+                    rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
+                    f"inconclusive: {why}",
+                    (),
+                )
+            case _:
+                pass
 
     def gateway_states(self, workers: Mapping[int, WorkerState]) -> Mapping[int, WorkerState]:
         """The states the gateway's membership follows: a canary waiting for its eval
@@ -498,7 +590,9 @@ class CanaryDriver:
         h = self._host
         assert h is not None
         return [
-            w for w, s in sorted(h.sup.workers.items()) if w != canary and s.phase is Phase.READY
+            w
+            for w, s in sorted(h.supervisor.workers.items())
+            if w != canary and s.phase is Phase.READY
         ]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
@@ -583,6 +677,21 @@ class CanaryDriver:
             verdict_outcome, evidence, checks = self._verdict(a, end, a.window_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
+            # observe() looked away while the end scrape ran: a crash, stop, restart or
+            # quarantine of the canary meanwhile is seen now, before any verdict.
+            if a.canary in h.supervisor.workers:
+                a2, step = rollout.observe(
+                    a, _obs(h.supervisor.workers[a.canary]), h.clock(), gateway=h.gateway
+                )
+                if a2 != a or not isinstance(step, EndWindow):
+                    self._judging = False
+                    self._analysis = a2
+                    self._busy = True
+                    try:
+                        self._act(a2, step)
+                    finally:
+                        self._busy = False
+                    return
             res = rollout.resolve(verdict_outcome, spec.rollout.on_inconclusive)
             self._busy = True
             try:
@@ -607,10 +716,9 @@ class CanaryDriver:
             self._analysis = None
             assert self._candidate is not None
             self._accept(self._candidate, a.change)
-            h.sup.rolling = tuple(replace(r, gated=False) for r in h.sup.rolling)
             wlog.info("canary_promoted", evidence=evidence)
             self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
-            h.apply(h.sup.tick(h.clock()))
+            h.apply(h.supervisor.release_gate(h.clock()))
         elif res is Resolution.ROLLBACK:
             self._rollbacks += 1
             self._record = replace(
@@ -638,15 +746,15 @@ class CanaryDriver:
         h.set_spec(self._accepted)
         if candidate is not None and candidate.model != self._accepted.model:
             h.restore_model(self._accepted)  # before the canary's relaunch below
-        h.sup.rolling = tuple(r for r in h.sup.rolling if not r.gated)
-        if canary is None or canary not in h.sup.workers:
+        h.supervisor.drop_gated()
+        if canary is None or canary not in h.supervisor.workers:
             return
-        s = h.sup.workers[canary]
-        h.sup.restore(canary, replace(s, oom_step=self._oom_step))
+        s = h.supervisor.workers[canary]
+        h.supervisor.restore(canary, replace(s, oom_step=self._oom_step))
         if s.phase is not Phase.STOPPED:  # an operator's stop stands
             # Drained first; from BACKOFF or FAILED (the change broke it) straight to a
             # launch, with the accepted config's command (the launcher reads it then).
-            h.apply(h.sup.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
+            h.apply(h.supervisor.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
 
     def _cancel(self) -> None:
         t, self._task = self._task, None

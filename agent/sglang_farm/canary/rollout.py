@@ -13,9 +13,12 @@ the canary alone first. With `[rollout] analysis_window` > 0 the rolling restart
 
 A crash, OOM, hang, wedge or failed health check of the canary from the moment its
 restart is issued fails the change at once (`observe` returns `Fail`): the change
-caused it, so it is no OOM-ladder step. A canary whose GPU is quarantined says nothing
-about the change: inconclusive. The caller (canary/driver.py) does the I/O: the scrapes,
-the supervisor's gate, the rollback, the record in the state directory.
+caused it, so it is no OOM-ladder step. A canary whose GPU is quarantined (or being
+stopped for it) says nothing about the change: inconclusive. An operator's stop ends the
+analysis with no verdict (`Stopped`); an operator's restart of the canary in its window
+starts the analysis over (a new window once it serves again). The caller
+(canary/driver.py) does the I/O: the scrapes, the supervisor's gate, the rollback, the
+record in the state directory.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sglang_farm.sglang.commands import worker_commands
 from sglang_farm.spec import FarmSpec, RolloutSpec
 from sglang_farm.workers.failures import Failure
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import StopIntent
 
 __all__ = [
     "Analysis",
@@ -95,6 +99,9 @@ class CanaryObs:
     stopping: bool = False
     last_failure: Failure | None = None
     last_failure_at: float | None = None  # the supervisor's clock
+    # Why the supervisor is stopping it (WorkerState.stop_intent): an operator's stop,
+    # a restart (an operator's, or a config restart), its GPU set aside, or a failure.
+    stop_intent: StopIntent | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +176,23 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
     """The analysis after looking at the canary `now`; `gateway`: the farm has one, so the
     canary must be routed to before its window starts."""
     after = 0.0 if a.window_start is None else max(0.0, now - a.window_start)
-    if c.stopping:
+    leaving = c.phase in (Phase.DRAINING, Phase.STOPPING)
+    if c.stopping or (leaving and c.stop_intent is StopIntent.STOP):
         return a, Stopped()
+    if c.phase is Phase.QUARANTINED or c.stop_intent is StopIntent.QUARANTINE:
+        # Its GPU is set aside (draining or stopping for it, or already aside): says
+        # nothing about the change, whatever the process did on its way out.
+        return a, Inconclusive(f"canary worker {a.canary}'s GPU was set aside (quarantined)")
     new_failure = c.last_failure_at is not None and (
         a.failure_mark is None or c.last_failure_at > a.failure_mark
     )
     if c.last_failure is not None and new_failure:
         return a, Fail(liveness_event(c.last_failure, after))
-    if c.phase is Phase.QUARANTINED:
-        return a, Inconclusive(f"canary worker {a.canary}'s GPU was set aside (quarantined)")
+    if leaving and c.stop_intent is StopIntent.RESTART and a.window_start is not None:
+        # Restarted on purpose (`farmctl restart`) in its window: not the change's doing.
+        # The analysis starts over: a new window once it serves again, and a failure
+        # from here on is the change's.
+        return replace(a, window_start=None, failure_mark=c.last_failure_at), Wait()
     if c.phase is Phase.UNHEALTHY and not c.busy:
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:

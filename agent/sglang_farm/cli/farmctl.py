@@ -823,12 +823,18 @@ def reset_oom(ctl: Ctl, worker: int) -> None:
 ROLLOUT_POLL_S = 1.0
 
 
-def _ours(st: Mapping[str, Any], issued_at: float) -> Mapping[str, Any] | None:
+def _ours(
+    st: Mapping[str, Any], issued_at: float, change: object = None
+) -> Mapping[str, Any] | None:
     """The canary analysis that this reload started: one whose window (or its canary's
-    restart) began after the agent took the reload. An earlier change's is not ours."""
+    restart) began after the agent took the reload, or `change`'s, the analysis this
+    reload found under way (the same change reloaded: it goes on). An earlier change's
+    verdict is not ours."""
     cv = st.get("canary")
     if not isinstance(cv, dict):
         return None
+    if change is not None and cv.get("change") == change:
+        return cv
     started = cv.get("started_at")
     return cv if isinstance(started, int | float) and started >= issued_at else None
 
@@ -842,9 +848,15 @@ def _await_verdict(
     the workers it restarts, or `[rollout] analysis_window = "0s"`). The agent builds its
     view before it answers a reload, so the first status already shows the analysis."""
     shown: set[object] = set()
+    going_on: object = None  # the change of an analysis under way when the reload returned
     while True:
         st = ctl.call("status")
-        cv = _ours(st, issued_at)
+        cv = _ours(st, issued_at, going_on)
+        now = st.get("canary")
+        if cv is None and not shown and isinstance(now, dict) and now.get("state") == "analysing":
+            # An applied reload supersedes any other change's analysis: one still
+            # analysing now is of this reload's change, which the reload left running.
+            going_on, cv = now.get("change"), now
         if cv is None:
             if shown:
                 raise Failed(

@@ -1078,6 +1078,17 @@ class Supervisor:
         """A rolling restart waits on its canary's verdict (issue 23)."""
         return any(r.gated for r in self.rolling)
 
+    def release_gate(self, now: float) -> list[Action]:
+        """The canary's verdict passed: the gated rolling restarts go on (their next
+        waves from here, as `tick` issues them)."""
+        self.rolling = tuple(replace(r, gated=False) for r in self.rolling)
+        return self.tick(now)
+
+    def drop_gated(self) -> None:
+        """The canary's verdict failed (or its change was superseded): the gated rolling
+        restarts are dropped, their later waves never issued; other restarts go on."""
+        self.rolling = tuple(r for r in self.rolling if not r.gated)
+
     def restart_rolling(
         self,
         worker_ids: Sequence[int],
