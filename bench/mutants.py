@@ -151,7 +151,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "canary.promtext": (
         "sglang_farm.canary.promtext",
-        ("tests/test_canary_figures.py",),
+        ("tests/test_canary_figures.py", "tests/test_mutation_canary_promtext.py"),
     ),
     "canary.record": (
         "sglang_farm.canary.record",
