@@ -157,7 +157,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.canary.record",
         ("tests/test_canary_record.py", "tests/test_canary_rollout.py"),
     ),
-    "canary.evalset": ("sglang_farm.canary.evalset", ("tests/test_canary_evalset.py",)),
+    "canary.evalset": (
+        "sglang_farm.canary.evalset",
+        ("tests/test_canary_evalset.py", "tests/test_mutation_canary_evalset.py"),
+    ),
     "canary.rollout": (
         "sglang_farm.canary.rollout",
         ("tests/test_canary_rollout.py", "tests/test_mutation_canary_rollout.py"),
