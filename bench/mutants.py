@@ -139,6 +139,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.canary.verdict",
         (
             "tests/test_canary_verdict.py",
+            "tests/test_mutation_canary_verdict.py",
             "tests/test_canary_rollout.py",
         ),
     ),
