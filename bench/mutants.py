@@ -147,6 +147,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.canary.figures",
         (
             "tests/test_canary_figures.py",
+            "tests/test_mutation_canary_figures.py",
             "tests/test_canary_verdict.py",
         ),
     ),
