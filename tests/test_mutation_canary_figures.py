@@ -27,7 +27,8 @@ def test_from_counts_has_no_sum_unless_given() -> None:
 def test_adding_histograms_adds_their_sums_and_needs_the_same_bounds() -> None:
     a = Histogram((0.1, 0.2), (1.0, 2.0, 2.0), 0.3)
     b = Histogram((0.1, 0.2), (2.0, 4.0, 5.0), 1.2)
-    assert a.plus(b) == Histogram((0.1, 0.2), (3.0, 6.0, 7.0), pytest.approx(1.5))
+    both = a.plus(b)
+    assert both.cumulative == (3.0, 6.0, 7.0) and both.total == pytest.approx(1.5)
     with pytest.raises(ValueError, match="different buckets"):
         a.plus(Histogram((0.1, 0.3), (1.0, 2.0, 2.0)))
 
@@ -36,9 +37,8 @@ def test_a_delta_with_an_empty_bucket_or_an_equal_sum_is_still_a_delta() -> None
     earlier = Histogram((0.1, 0.2, 0.4), (10.0, 20.0, 30.0, 30.0), 4.5)
     # Nothing new in the first bucket: a delta of 0 there is no reset.
     later = Histogram((0.1, 0.2, 0.4), (10.0, 25.0, 35.0, 35.0), 5.5)
-    assert later.since(earlier) == Histogram(
-        (0.1, 0.2, 0.4), (0.0, 5.0, 5.0, 5.0), pytest.approx(1.0)
-    )
+    delta = later.since(earlier)
+    assert delta.cumulative == (0.0, 5.0, 5.0, 5.0) and delta.total == pytest.approx(1.0)
     # Observations of 0 s leave the sum as it was: still a delta, with a sum of 0.
     zeros = Histogram((0.1, 0.2, 0.4), (12.0, 22.0, 32.0, 32.0), 4.5)
     assert zeros.since(earlier) == Histogram((0.1, 0.2, 0.4), (2.0, 2.0, 2.0, 2.0), 0.0)
