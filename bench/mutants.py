@@ -132,6 +132,41 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.control.auth",
         ("tests/test_control_auth.py", "tests/test_mutation_control_auth.py"),
     ),
+    # The canary's pure core (issue 23), each against the pure tests that call it: no
+    # processes, sockets or agent (test_agent_canary, the e2e tests and the eval runs
+    # against simulators are left out; they take seconds, not milliseconds).
+    "canary.verdict": (
+        "sglang_farm.canary.verdict",
+        (
+            "tests/test_canary_verdict.py",
+            "tests/test_mutation_canary_verdict.py",
+            "tests/test_canary_rollout.py",
+        ),
+    ),
+    "canary.figures": (
+        "sglang_farm.canary.figures",
+        (
+            "tests/test_canary_figures.py",
+            "tests/test_mutation_canary_figures.py",
+            "tests/test_canary_verdict.py",
+        ),
+    ),
+    "canary.promtext": (
+        "sglang_farm.canary.promtext",
+        ("tests/test_canary_figures.py", "tests/test_mutation_canary_promtext.py"),
+    ),
+    "canary.record": (
+        "sglang_farm.canary.record",
+        ("tests/test_canary_record.py", "tests/test_canary_rollout.py"),
+    ),
+    "canary.evalset": (
+        "sglang_farm.canary.evalset",
+        ("tests/test_canary_evalset.py", "tests/test_mutation_canary_evalset.py"),
+    ),
+    "canary.rollout": (
+        "sglang_farm.canary.rollout",
+        ("tests/test_canary_rollout.py", "tests/test_mutation_canary_rollout.py"),
+    ),
 }
 
 

@@ -93,3 +93,16 @@ def test_the_record_survives_a_restart_as_json_and_stays_bounded() -> None:
         RejectedChanges.from_json({"change": "x"})
     with pytest.raises(ValueError, match=r"\[0\].at: expected a number"):
         RejectedChanges.from_json([{"change": "sha256:1", "evidence": "", "at": True}])
+
+
+def test_the_record_keeps_the_latest_32_rejections_as_docs_canary_md_says() -> None:
+    # docs/canary.md promises 32 (the constant spelled out: a test reusing MAX_REJECTED
+    # would follow any change of it). Also on the way in from JSON.
+    record = RejectedChanges()
+    for i in range(33):
+        record = record.reject(f"sha256:{i:064x}", f"evidence {i}", at=float(i))
+    assert [r.at for r in record.entries] == [float(i) for i in range(1, 33)]
+    stored = [{"change": f"sha256:{i:064x}", "evidence": "", "at": i} for i in range(40)]
+    assert [r.at for r in RejectedChanges.from_json(stored).entries] == [
+        float(i) for i in range(8, 40)
+    ]
