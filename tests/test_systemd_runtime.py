@@ -347,7 +347,7 @@ def test_adopt_finds_running_units_and_close_leaves_them(
     # Worker 2 stays loading: a slower model load, in a drop-in of the test's own.
     farm.write_file(
         "/run/systemd/system/sglang@2.service.d/60-test.conf",
-        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=60\n",
+        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=900\n",  # loading for as long as a loaded machine needs
     )
     farm.run(["systemctl", "daemon-reload"])
     # Worker 1 is started (and ready) by someone else, as before an agent restart.

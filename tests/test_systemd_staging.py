@@ -109,8 +109,19 @@ def test_an_agent_restart_keeps_the_current_copy(farm: SdFarm) -> None:
     )
     (staged,) = [x for x in _run_events(farm, pid) if x["event"] == "model_staged"]
     assert staged["current"] is True and staged["copied_bytes"] == 0
+    # The new agent adopts the workers and restarts none: its rollout is done with each
+    # adopted, and no worker was launched (or stopped) by it.
+    farm.wait(
+        "the new agent's rollout done",
+        lambda: (bool([x for x in _run_events(farm, pid) if x["event"] == "rollout_done"]), pid),
+        timeout=60,
+    )
+    events = _run_events(farm, pid)
+    relaunched = [(x["event"], x.get("worker")) for x in events if x["event"] == "worker_launching"]
+    assert relaunched == [], [(x["event"], x.get("worker"), x.get("why")) for x in events]
     ok, states = _all_active(farm)
-    assert ok, states
+    import json as _j; open("/tmp/evts.json", "w").write(_j.dumps(_run_events(farm, pid)))
+    assert ok, (states, [{k: v for k, v in x.items() if not k.startswith("_")} for x in events])
 
 
 def test_reboot_like_empty_tmpfs_and_target_restart_stages_then_rolls_out(farm: SdFarm) -> None:
