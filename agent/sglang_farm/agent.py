@@ -202,7 +202,7 @@ class Agent:
         self._publisher = Publisher(
             build=self._build_view,
             changed=self._changed,
-            save=lambda: asyncio.to_thread(self._store.save, dict(self.supervisor.workers)),
+            save=self._save_state,
             after=(*on_view, *collaborators.observers),
             log_for=self.log_for,
         )
@@ -324,7 +324,7 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))  # the last word
+        await self._save_state()  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -585,6 +585,14 @@ class Agent:
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
             canary=self._canary.view(),  # issue 23: FarmView.canary
+        )
+
+    async def _save_state(self) -> None:
+        """state.json: the workers, and the host's hold out of the gateway (drain-host);
+        read on the loop, written in a thread."""
+        sup = self.supervisor
+        await asyncio.to_thread(
+            self._store.save, dict(sup.workers), held_out_since=sup.held_out_since
         )
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------
