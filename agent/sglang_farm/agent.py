@@ -565,6 +565,7 @@ class Agent:
             self.supervisor.rollout,
             self.supervisor.rollout_reason,
             self._staging,
+            len(self.supervisor.rolling),  # issue 26: farmctl wait reads it
         )
         if current == self._last_refresh:
             return
@@ -585,6 +586,8 @@ class Agent:
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
             canary=self._canary.view(),  # issue 23: FarmView.canary
+            rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
+            held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
         )
 
     async def _save_state(self) -> None:

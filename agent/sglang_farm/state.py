@@ -3,9 +3,10 @@
 Restart counts, back-off position, failure history and the OOM-ladder step in force
 live in `<state_dir>/state.json`, and beside the workers the host's own state: held out
 of the gateway (`farmctl drain-host`, issue 26), so that the agent restart of a package
-upgrade does not put a drained host back in the gateway by itself. Converting to and from that JSON is pure; `save`
-writes atomically (temp file + rename) and `load` treats a missing or unreadable file
-as "nothing remembered", logging why, so a broken file never stops the farm.
+upgrade does not put a drained host back in the gateway by itself. Converting to and
+from that JSON is pure; `save` writes atomically (temp file + rename) and `load` treats a
+missing or unreadable file as "nothing remembered", logging why, so a broken file never
+stops the farm.
 """
 
 from __future__ import annotations
@@ -122,9 +123,7 @@ def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> Wo
 def host_to_dict(held_out_since: float | None, mono_to_wall: float) -> dict[str, Any]:
     """The host's persisted state: since when it is held out of the gateway (wall clock),
     or null."""
-    return {
-        "held_out_since": held_out_since + mono_to_wall if held_out_since is not None else None
-    }
+    return {"held_out_since": held_out_since + mono_to_wall if held_out_since is not None else None}
 
 
 def save(

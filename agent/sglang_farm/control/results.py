@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_farm.canary.view import CheckView, RolloutVerdictView
+from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.farm_view import (
@@ -489,3 +489,151 @@ def describe_ids(ids: Sequence[int]) -> str:
         if i is not None:
             start = prev = i
     return ", ".join(parts)
+
+
+# ---- settled (farmctl wait, issue 26) ----------------------------------------------------
+
+# What holds a farm that will not settle by itself, in the order `farmctl wait` names
+# them (its exit code is the first one's: docs/control-protocol.md).
+FAILURE_KINDS = (
+    "stage_failed",
+    "rollout_halted",
+    "canary_rolled_back",
+    "canary_held",
+    "host_drained",
+    "worker_failed",
+    "worker_quarantined",
+)
+# Phases a worker passes through on its way to serving (or out of it): the farm is busy.
+_UNDER_WAY = frozenset(
+    {
+        Phase.PENDING,
+        Phase.STARTING,
+        Phase.BACKOFF,
+        Phase.UNHEALTHY,
+        Phase.DRAINING,
+        Phase.STOPPING,
+    }
+)
+
+
+def _item(kind: str, message: str, worker: int | None = None) -> Result:
+    return {"kind": kind, "worker": worker, "message": message}
+
+
+def settled_result(view: FarmView) -> Result:
+    """`settled` (what `farmctl wait` polls): whether the farm is settled, and if not,
+    what it waits for and what holds it.
+
+    Settled: every worker that should serve is ready, and with a gateway the gateway
+    routes to it; no model stage, rollout, canary analysis, rolling restart, drain or stop
+    is under way. A worker "should serve" unless an operator stopped it (STOPPED); a
+    quarantined worker should (its GPU is set aside: the host is not whole), and so does a
+    failed one. `failures` are what will not change by itself (a failed or quarantined
+    worker, a halted rollout, a failed stage, a canary rolled back or held, the host held
+    out of the gateway by drain-host), in `FAILURE_KINDS` order; `waiting` what is still
+    under way. `state`: "failed" when there is a failure, else "waiting" or "settled".
+    """
+    failures: list[Result] = []
+    waiting: list[Result] = []
+    sg = view.staging
+    if sg is not None and sg.blocks_rollout:
+        if sg.state is StageState.FAILED:
+            failures.append(
+                _item(
+                    "stage_failed",
+                    f"the model could not be staged into {sg.target}: {sg.error}; what to "
+                    f"do: {sg.fix}; then farmctl start all",
+                )
+            )
+        else:
+            waiting.append(_item("staging", f"the model is being staged into {sg.target}"))
+    if view.rollout == "halted":
+        failures.append(
+            _item(
+                "rollout_halted",
+                f"the rollout is halted ({view.rollout_reason or 'the canary failed'}); "
+                "fix the cause (farmctl why on the canary) and farmctl start all",
+            )
+        )
+    elif view.rollout != "done" and not failures:
+        what = "has not begun" if view.rollout == "idle" else f"is under way ({view.rollout})"
+        waiting.append(_item("rollout", f"the rollout {what}"))
+    cv = view.canary
+    if cv is not None and cv.state is not CanaryState.PROMOTED:
+        where = f"change {cv.change} on canary worker {cv.canary}"
+        if cv.state is CanaryState.ANALYSING:
+            waiting.append(_item("canary_analysing", f"{where} is being analysed", cv.canary))
+        else:
+            kind = "canary_rolled_back" if cv.state is CanaryState.ROLLED_BACK else "canary_held"
+            failures.append(
+                _item(
+                    kind,
+                    f"{where} was {str(cv.state).replace('_', ' ')}: {cv.evidence}; "
+                    f"farmctl why {cv.canary}; the next reload of a changed config is judged "
+                    "again",
+                    cv.canary,
+                )
+            )
+    if view.rolling:
+        waiting.append(_item("rolling_restart", "a rolling restart is under way"))
+    if view.held_out_since is not None:
+        failures.append(
+            _item(
+                "host_drained",
+                "the host is held out of the gateway (farmctl drain-host); its workers "
+                "serve no user until farmctl undrain-host",
+            )
+        )
+    gw = view.gateway
+    if gw is not None and not gw.up:
+        waiting.append(_item("gateway_down", f"the gateway at {gw.url} is not answering"))
+    for w in view.workers:
+        if w.phase is Phase.QUARANTINED or (
+            w.quarantine is not None and w.phase is not Phase.READY
+        ):
+            q = w.quarantine
+            what = f"GPU {q.gpu} is quarantined ({q.reason})" if q is not None else "quarantined"
+            failures.append(
+                _item(
+                    "worker_quarantined",
+                    f"worker {w.id}: {what}; farmctl why {w.id}, then {release_command(w)}",
+                    w.id,
+                )
+            )
+        elif w.phase is Phase.FAILED:
+            why = w.last_failure.summary if w.last_failure else "gave up"
+            failures.append(
+                _item(
+                    "worker_failed",
+                    f"worker {w.id} failed: {why}; farmctl why {w.id}, then farmctl start {w.id}",
+                    w.id,
+                )
+            )
+        elif w.phase in _UNDER_WAY:
+            waiting.append(_item("worker", f"worker {w.id} is {w.phase}", w.id))
+        elif (
+            w.phase is Phase.READY
+            and gw is not None
+            and gw.up
+            and not w.in_gateway
+            and view.held_out_since is None
+        ):
+            waiting.append(
+                _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
+            )
+    failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
+    should = [w for w in view.workers if w.phase is not Phase.STOPPED]
+    state = "failed" if failures else "waiting" if waiting else "settled"
+    return {
+        "settled": state == "settled",
+        "state": state,
+        "should_serve": len(should),
+        "serving": sum(
+            1
+            for w in should
+            if w.ready and (gw is None or w.in_gateway) and view.held_out_since is None
+        ),
+        "failures": failures,
+        "waiting": waiting,
+    }
