@@ -50,7 +50,7 @@ from sglang_farm.staging.stale import loading, old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
-from sglang_farm.workers.drain import HttpInFlight, watch_drain
+from sglang_farm.workers.drain import HttpInFlight, wait_host_idle, watch_drain
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.health import HttpProber
 from sglang_farm.workers.ladder import next_step
@@ -490,6 +490,20 @@ class Agent:
             in_flight=self._in_flight,
             base_url=lambda: self._spec.worker(worker).base_url,
             feed=self.feed,
+        )
+
+    async def host_idle(self, workers: Sequence[int], timeout: float) -> dict[int, int | None]:
+        """`drain-host`'s wait (`workers.drain.wait_host_idle`): each of `workers` out of the
+        gateway and idle; those left when `timeout` ran out."""
+        sync = self._sync
+        return await wait_host_idle(
+            workers,
+            state=self.worker_state,
+            gateway_routes_nothing=lambda: sync is None or not sync.up,
+            in_flight=self._in_flight,
+            base_url=lambda w: self._spec.worker(w).base_url,
+            clock=self.clock,
+            timeout=timeout,
         )
 
     # ---- GPU health -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
-from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -228,8 +228,9 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    the gateway (null without one), with a [model] its stage (`staging`), and once a
-    change has been judged its canary analysis (`canary`, last)."""
+    the gateway (null without one), with a [model] its stage (`staging`), once a
+    change has been judged its canary analysis (`canary`), and while the host is held
+    out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last)."""
     result: Result = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
@@ -264,6 +265,9 @@ def status_result(
         result["staging"] = staging_result(view.staging)
     if view.canary is not None:
         result["canary"] = canary_result(view.canary)
+    if view.held_out_since is not None:
+        # Issue 26: only while farmctl drain-host holds the host out of the gateway.
+        result["held_out_since"] = view.held_out_since
     return result
 
 
@@ -472,6 +476,24 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     if r.held is not None:
         result["held"] = r.held
     return result
+
+
+def drain_host_result(r: HostDrainResult) -> Result:
+    """`drain-host`: the workers held out, those drained, those still running requests
+    when the wait ran out (`left`: worker id as a string -> running + queued, null when
+    unknown), `drained_all`, and how long the agent waited."""
+    return {
+        "workers": list(r.workers),
+        "drained": list(r.drained),
+        "left": {str(w): n for w, n in r.left.items()},
+        "drained_all": not r.left,
+        "waited_s": round(r.waited_s, 3),
+    }
+
+
+def undrain_host_result(ids: Sequence[int]) -> Result:
+    """`undrain-host`: the workers let back into the gateway (as each is ready)."""
+    return {"workers": list(ids)}
 
 
 def describe_ids(ids: Sequence[int]) -> str:
