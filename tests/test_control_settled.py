@@ -18,9 +18,8 @@ GW = GatewayStatus("http://gw:8000", True, 2, 0)
 
 def worker(wid: int, phase: Phase = Phase.READY, **kw: object) -> WorkerView:
     kw.setdefault("in_gateway", phase is Phase.READY)
-    return WorkerView(
-        wid, (wid,), 30000 + wid, f"http://127.0.0.1:{30000 + wid}", phase, 1.0, None, **kw
-    )  # type: ignore[arg-type]
+    w = WorkerView(wid, (wid,), 30000 + wid, f"http://127.0.0.1:{30000 + wid}", phase, 1.0, None)
+    return replace(w, **kw)  # type: ignore[arg-type]
 
 
 def farm(*workers: WorkerView, **kw: object) -> FarmView:
@@ -28,7 +27,7 @@ def farm(*workers: WorkerView, **kw: object) -> FarmView:
     return replace(FarmView("f", "process", workers, "/x.toml", 0.0, "done"), **kw)  # type: ignore[arg-type]
 
 
-def kinds(r: dict[str, object], key: str) -> list[object]:
+def kinds(r: dict[str, object], key: str) -> list[tuple[object, object]]:
     items = r[key]
     assert isinstance(items, list)
     return [(i["kind"], i["worker"]) for i in items]

@@ -22,7 +22,7 @@ from sglang_farm.workers.supervisor import (
     WorkerState,
     wants_in_gateway,
 )
-from test_supervisor import gateway_policy
+from test_supervisor import gateway_policy, phase
 
 
 def serving(ids: list[int], policy: Policy | None = None) -> Supervisor:
@@ -82,19 +82,21 @@ def test_a_restart_while_held_out_comes_back_ready_but_stays_out() -> None:
     assert Drain(0) in sup.handle(0, StopRequested(), 6.0)
     sup.handle(0, Drained(), 7.0)
     sup.handle(0, ProcessExited(0), 8.0)
-    assert sup.workers[0].phase is Phase.STOPPED and sup.workers[0].held_out
+    assert phase(sup, 0) is Phase.STOPPED and sup.workers[0].held_out
     sup.start([0], 9.0)
     sup.handle(0, Launched(pid=5), 10.0)
     sup.handle(0, HealthPassed(), 11.0)
-    assert sup.workers[0].phase is Phase.READY and not wants_in_gateway(sup.workers[0])
+    assert phase(sup, 0) is Phase.READY and not wants_in_gateway(sup.workers[0])
 
 
 def test_a_rolling_restart_while_held_out_does_not_wait_for_the_gateway() -> None:
     """A held-out worker never rejoins: its wave is settled once it is ready again, not
     after the wave budget (the upgrade of a drained host restarts every worker)."""
     p = gateway_policy()
-    sup = serving([0, 1, 2], Policy(replace(p.startup, parallel=1), p.health, p.restart,
-                                    drain_timeout=p.drain_timeout))
+    sup = serving(
+        [0, 1, 2],
+        Policy(replace(p.startup, parallel=1), p.health, p.restart, drain_timeout=p.drain_timeout),
+    )
     sup.hold_out(True, 5.0)
     for w in (0, 1, 2):
         sup.handle(w, GatewayMembership(False), 5.0)
@@ -104,4 +106,4 @@ def test_a_rolling_restart_while_held_out_does_not_wait_for_the_gateway() -> Non
     sup.handle(0, Launched(pid=9), 7.5)
     actions = sup.handle(0, HealthPassed(), 8.0)
     assert Drain(1) in actions  # the next wave at once, not after the wave budget
-    assert sup.workers[1].phase is Phase.DRAINING
+    assert phase(sup, 1) is Phase.DRAINING
