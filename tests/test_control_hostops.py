@@ -4,7 +4,9 @@ codec's shapes and the handlers against FakeOps, without a socket."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +19,7 @@ from sglang_farm.control.codec import (
     NoArgs,
     Request,
     RequestError,
+    WaitArgs,
 )
 from sglang_farm.control.handlers import Handlers
 from sglang_farm.farm_view import GatewayStatus
@@ -121,3 +124,16 @@ async def test_drain_host_without_a_gateway_is_refused_before_the_agent_is_asked
     assert e.value.error_code is ErrorCode.FAILED and "no gateway" in e.value.message
     assert ops.calls == []
     await ops.aclose()
+
+
+async def test_wait_ready_while_the_host_is_held_out_does_not_wait_for_the_gateway(
+    ops: FakeOps,
+) -> None:
+    """A restart on a drained host comes back ready and stays out of the gateway on
+    purpose: `farmctl restart` must not wait the join grace for each worker."""
+    ops.workers[0] = replace(ops.workers[0], in_gateway=False, since=time.time())
+    ops.held_out_since = time.time()
+    began = time.monotonic()
+    r = await _h(ops).handle(Request(1, Command.WAIT_READY, WaitArgs(0, timeout=20.0)), Channel())
+    assert r["ready"] is True and r["timed_out"] is False and r["routed"] is False
+    assert time.monotonic() - began < 10

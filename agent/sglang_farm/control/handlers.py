@@ -241,8 +241,9 @@ class Handlers:
 
     async def _wait_ready(self, req: Request, channel: Channel) -> Result:
         """Stream phase changes until ready (and, with a gateway, routed to: see
-        `results.routed_or_never`) or failed (entered at or after `after`), quarantined
-        (whenever entered: start and restart leave it so), or timeout.
+        `results.routed_or_never`; not while the host is held out of it) or failed
+        (entered at or after `after`), quarantined (whenever entered: start and restart
+        leave it so), or timeout.
 
         Polls `view()` (a reference read): the progress lines need every phase, and
         `after` must skip a ready phase that predates the restart the client just issued.
@@ -266,7 +267,11 @@ class Handlers:
                 or (
                     w.phase is Phase.READY
                     and w.since >= a.after
-                    and results.routed_or_never(w, view.gateway, self._wall_clock())
+                    and (
+                        results.routed_or_never(w, view.gateway, self._wall_clock())
+                        # issue 26: a drained host's workers stay out of the gateway
+                        or view.held_out_since is not None
+                    )
                 )
             )
             if settled or elapsed >= a.timeout:
