@@ -20,6 +20,7 @@ from sglang_farm.control.codec import (
     Request,
     RequestError,
     WaitArgs,
+    WorkerArgs,
 )
 from sglang_farm.control.handlers import Handlers
 from sglang_farm.farm_view import GatewayStatus
@@ -137,3 +138,11 @@ async def test_wait_ready_while_the_host_is_held_out_does_not_wait_for_the_gatew
     r = await _h(ops).handle(Request(1, Command.WAIT_READY, WaitArgs(0, timeout=20.0)), Channel())
     assert r["ready"] is True and r["timed_out"] is False and r["routed"] is False
     assert time.monotonic() - began < 10
+
+
+async def test_why_of_a_ready_worker_on_a_drained_host_says_it_is_held_out(ops: FakeOps) -> None:
+    ops.workers[1] = replace(ops.workers[1], in_gateway=False)
+    ops.held_out_since = time.time()
+    r = await _h(ops).handle(Request(1, Command.WHY, WorkerArgs(1)), Channel())
+    note = r["state_note"]
+    assert isinstance(note, str) and "farmctl undrain-host" in note and "held out" in note

@@ -199,7 +199,11 @@ class Handlers:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         view = self._ops.view()
         return results.why_result(
-            self._known(view, req.args.worker, req.id), view.gateway, view.staging, view.canary
+            self._known(view, req.args.worker, req.id),
+            view.gateway,
+            view.staging,
+            view.canary,
+            held_out=view.held_out_since is not None,
         )
 
     async def _logs(self, req: Request, channel: Channel) -> Result:

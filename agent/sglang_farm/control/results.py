@@ -275,7 +275,9 @@ def version_result(version: str) -> Result:
     return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
 
 
-def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
+def state_note(
+    w: WorkerView, gateway: GatewayStatus | None, *, held_out: bool = False
+) -> str | None:
     """What the worker's state means now, where the state name alone does not say; else None.
 
     Built only from the view: a quarantined worker's `quarantine` is what set its GPU
@@ -308,6 +310,12 @@ def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
             "to finish, at most the drain budget ([gateway] drain_timeout), then stops it "
             "(and starts it again if this is a restart)"
         )
+    if w.phase is Phase.READY and gateway is not None and held_out:
+        # Issue 26: farmctl drain-host.
+        return (
+            "ready, and held out of the gateway with every worker of this host (farmctl "
+            "drain-host): it serves no user until farmctl undrain-host"
+        )
     if w.phase is Phase.READY and gateway is not None and not w.in_gateway:
         if not gateway.up:
             return (
@@ -324,6 +332,8 @@ def why_result(
     gateway: GatewayStatus | None = None,
     staging: StagingView | None = None,
     canary: RolloutVerdictView | None = None,
+    *,
+    held_out: bool = False,
 ) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it,
     what its state means now (`state_note`: quarantined, draining, or ready but out of the
@@ -344,7 +354,7 @@ def why_result(
         "oom_step_name": w.oom_step_name,
         "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
         "in_gateway": w.in_gateway,
-        "state_note": staging_note(w, staging) or state_note(w, gateway),
+        "state_note": staging_note(w, staging) or state_note(w, gateway, held_out=held_out),
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q, w) if q is not None else None,
