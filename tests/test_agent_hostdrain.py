@@ -107,3 +107,46 @@ def test_a_drained_host_stays_out_of_the_gateway_across_an_agent_restart(tmp: Pa
             await f.until(lambda: gw.routed() == urls(range(8)), within=2)
 
     run_virtual(second())
+
+
+def test_a_reload_on_a_drained_host_judges_its_canary_only_once_it_is_back_in(
+    tmp: Path,
+) -> None:
+    """The upgrade's reload while drained: the canary restarts on the change, ready and
+    out of the gateway; its window waits for undrain-host (a canary without traffic cannot
+    be judged), then the verdict, then the waves; farmctl wait's rule follows it."""
+    from sglang_farm.canary.view import CanaryState
+    from sglang_farm.config import load_spec
+    from test_agent_canary import WINDOW, Metrics, _start
+
+    def text(env: dict[str, str] | None = None) -> str:
+        farm_t = {"state_dir": str(tmp), **({"env": env} if env else {})}
+        return farm_toml(tmp, workers=4, gateway=GATEWAY, rollout=WINDOW, farm=farm_t)
+
+    new = text({"HARMLESS": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=text(), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            await f.until(lambda: f.gateway.routed() == urls(range(4)))
+            await f.ops.drain_host(None)
+            result = await f.ops.reload()
+            assert result.applied and result.restarted == (0, 1, 2, 3)
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
+            await asyncio.sleep(120)  # twice the window: nothing judged while out
+            view = f.agent.view()
+            assert view.canary is not None and view.canary.state is CanaryState.ANALYSING
+            assert view.canary.ends_at is None  # the window has not started
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert not f.gateway.routed()
+            await f.ops.undrain_host()
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=300)
+            await f.until(lambda: settled_result(f.agent.view())["settled"] is True, within=300)
+            cv = f.agent.view().canary
+            assert cv is not None and cv.state is CanaryState.PROMOTED
+            assert f.gateway.routed() == urls(range(4))
+
+    run_virtual(scenario())
