@@ -13,7 +13,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TypedDict, Unpack
 
-from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -115,6 +115,13 @@ class FakeOps:
         self.oom_resets: list[int] = []
         self.startup_reason: str | None = None
         self.release_problems: list[str] = []
+        # Issue 26: drain-host holds the host out (`held_out_since`); `drain_left` is what
+        # `drain_host` answers is still running when its wait runs out.
+        self.held_out_since: float | None = None
+        self.drain_left: dict[int, int | None] = {}
+        self.drain_timeouts: list[float | None] = []
+        self.rolling = 0
+        self.rollout = "done"
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- FarmOps ---
@@ -128,7 +135,9 @@ class FakeOps:
             workers=tuple(self.workers[i] for i in sorted(self.workers)),
             config_source="/etc/sglang-farm/farm.toml",
             started_at=time.time() - 7200,
-            rollout="done",
+            rollout=self.rollout,
+            rolling=self.rolling,
+            held_out_since=self.held_out_since,
             gateway=None
             if self.gateway is None
             else replace(self.gateway, members=sum(w.in_gateway for w in self.workers.values())),
@@ -291,6 +300,24 @@ class FakeOps:
         self._set(worker, Phase.PENDING, quarantine=None)
         self._spawn(self._come_up(worker, stop_first=False))
         return []
+
+    async def drain_host(self, timeout: float | None) -> HostDrainResult:
+        await self._issue("drain-host", ())
+        self.drain_timeouts.append(timeout)
+        self.held_out_since = time.time()
+        for i in self.workers:
+            self.workers[i] = replace(self.workers[i], in_gateway=False)
+        ids = tuple(sorted(self.workers))
+        drained = tuple(i for i in ids if i not in self.drain_left)
+        return HostDrainResult(ids, drained, dict(self.drain_left), self.step)
+
+    async def undrain_host(self) -> tuple[int, ...]:
+        await self._issue("undrain-host", ())
+        self.held_out_since = None
+        for i, w in self.workers.items():
+            if w.phase is Phase.READY and self.gateway is not None:
+                self.workers[i] = replace(w, in_gateway=True)
+        return tuple(sorted(self.workers))
 
     # --- test helpers ---
 

@@ -168,6 +168,8 @@ def test_every_command_is_classified_once() -> None:
         Command.RELOAD,
         Command.RESET_OOM,
         Command.RELEASE_GPU,
+        Command.DRAIN_HOST,
+        Command.UNDRAIN_HOST,
     } == codec.STATE_CHANGING
 
 

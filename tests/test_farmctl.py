@@ -138,6 +138,9 @@ AGENT_COMMANDS = [
     ("start", "1"),
     ("restart", "0", "--no-wait"),
     ("release-gpu", "1"),  # worker 1 quarantined before each run
+    ("wait", "--timeout", "5"),
+    ("drain-host",),  # a gateway given before each run
+    ("undrain-host",),
 ]
 
 
@@ -153,6 +156,8 @@ def test_json_works_before_and_after_every_subcommand(agent: Agent, argv: tuple[
     def run(*args: str) -> Result:
         if argv[0] == "release-gpu":
             agent.ops.quarantine(1)
+        if argv[0] == "drain-host":
+            agent.ops.gateway = GATEWAY
         return agent.run(*args)
 
     before = run("--json", *argv)

@@ -369,6 +369,15 @@ def test_agent_probe_and_snapshot_metrics() -> None:
     assert _v(st, "sglang_farm_probe_last_success_timestamp_seconds", source="runtime") is None
     assert _v(st, "sglang_farm_rollout_state", state="done") == 1
     assert _v(st, "sglang_farm_rollout_state", state="halted") == 0
+    assert _v(st, "sglang_farm_host_drained") == 0
+
+
+def test_a_drained_host_says_so() -> None:
+    """Issue 26: farmctl drain-host holds the host out of the gateway."""
+    st = state()
+    assert st.farm is not None
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, held_out_since=NOW - 5))
+    assert _v(st, "sglang_farm_host_drained") == 1
 
 
 def test_each_scrape_reads_the_state_reference_exactly_once() -> None:

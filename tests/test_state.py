@@ -138,3 +138,34 @@ def test_restore_drops_a_quarantine_nothing_could_release_and_says_why(tmp_path:
         if e["event"] == "quarantine_dropped" and e["log_level"] == "warning"
     ]
     assert dropped == [(1, 5, 2), (2, "2,3", None)]
+
+
+def test_a_host_held_out_of_the_gateway_stays_held_out_across_an_agent_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 26 item 2: the agent restart of a package upgrade must not put a drained host
+    back in the gateway by itself; undrain-host is remembered too."""
+    from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+    from sglang_farm.workers.supervisor import Policy, Supervisor
+
+    policy = Policy(StartupPolicy(), HealthPolicy(), RestartPolicy())
+    path = tmp_path / "state.json"
+    before = Supervisor([0, 1], policy)
+    before.hold_out(True, 5.0)  # monotonic 5.0 = wall 1005.0
+    store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
+    store.save(before.workers, held_out_since=before.held_out_since)
+    assert json.loads(path.read_text())["host"] == {"held_out_since": 1005.0}
+
+    after = Supervisor([0, 1], policy)
+    state.StateStore(path, clock=lambda: 50.0, wall=lambda: 2000.0).restore(after, {0: (0,)})
+    assert after.held_out and after.held_out_since == 1005.0 + 50.0 - 2000.0
+    assert all(s.held_out for s in after.workers.values())
+
+    after.hold_out(False, 60.0)
+    again = state.StateStore(path, clock=lambda: 50.0, wall=lambda: 2000.0)
+    again.restore(Supervisor([0, 1], policy), {})
+    again.save(after.workers, held_out_since=after.held_out_since)  # only the host changed
+    assert json.loads(path.read_text())["host"] == {"held_out_since": None}
+    third = Supervisor([0, 1], policy)
+    state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0).restore(third, {})
+    assert not third.held_out and not third.workers[0].held_out

@@ -50,7 +50,7 @@ from sglang_farm.staging.stale import loading, old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
-from sglang_farm.workers.drain import HttpInFlight, watch_drain
+from sglang_farm.workers.drain import HttpInFlight, wait_host_idle, watch_drain
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.health import HttpProber
 from sglang_farm.workers.ladder import next_step
@@ -202,7 +202,7 @@ class Agent:
         self._publisher = Publisher(
             build=self._build_view,
             changed=self._changed,
-            save=lambda: asyncio.to_thread(self._store.save, dict(self.supervisor.workers)),
+            save=self._save_state,
             after=(*on_view, *collaborators.observers),
             log_for=self.log_for,
         )
@@ -324,7 +324,7 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await asyncio.to_thread(self._store.save, dict(self.supervisor.workers))  # the last word
+        await self._save_state()  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -492,6 +492,20 @@ class Agent:
             feed=self.feed,
         )
 
+    async def host_idle(self, workers: Sequence[int], timeout: float) -> dict[int, int | None]:
+        """`drain-host`'s wait (`workers.drain.wait_host_idle`): each of `workers` out of the
+        gateway and idle; those left when `timeout` ran out."""
+        sync = self._sync
+        return await wait_host_idle(
+            workers,
+            state=self.worker_state,
+            gateway_routes_nothing=lambda: sync is None or not sync.up,
+            in_flight=self._in_flight,
+            base_url=lambda w: self._spec.worker(w).base_url,
+            clock=self.clock,
+            timeout=timeout,
+        )
+
     # ---- GPU health -----------------------------------------------------------------------
 
     def observe_fleet(self, fleet: FleetSnapshot) -> None:
@@ -565,6 +579,7 @@ class Agent:
             self.supervisor.rollout,
             self.supervisor.rollout_reason,
             self._staging,
+            len(self.supervisor.rolling),  # issue 26: farmctl wait reads it
         )
         if current == self._last_refresh:
             return
@@ -585,6 +600,16 @@ class Agent:
             gateway=self._sync.status() if self._sync is not None else None,
             staging=self._staging,
             canary=self._canary.view(),  # issue 23: FarmView.canary
+            rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
+            held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
+        )
+
+    async def _save_state(self) -> None:
+        """state.json: the workers, and the host's hold out of the gateway (drain-host);
+        read on the loop, written in a thread."""
+        sup = self.supervisor
+        await asyncio.to_thread(
+            self._store.save, dict(sup.workers), held_out_since=sup.held_out_since
         )
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------

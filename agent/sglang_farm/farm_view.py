@@ -101,6 +101,11 @@ class FarmView:
     gateway: GatewayStatus | None = None  # None: no [gateway]
     staging: StagingView | None = None  # None: no [model]
     canary: RolloutVerdictView | None = None  # None: no canary analysis yet (issue 23)
+    # Issue 26: rolling restarts under way (waves not all issued and settled).
+    rolling: int = 0
+    # Issue 26: since when (wall clock) the host is held out of the gateway (farmctl
+    # drain-host); None: it is not.
+    held_out_since: float | None = None
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
@@ -126,11 +131,14 @@ def build_view(
     gateway: GatewayStatus | None = None,
     staging: StagingView | None = None,
     canary: RolloutVerdictView | None = None,
+    rolling: int = 0,
+    held_out_since: float | None = None,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
     `mono_to_wall` converts the supervisor's monotonic times; `argv` is each worker's
-    command line now (its OOM-ladder step applied).
+    command line now (its OOM-ladder step applied); `held_out_since` is the supervisor's
+    (monotonic) time of the host's drain.
     """
     views = []
     for ws in spec.workers:
@@ -182,4 +190,6 @@ def build_view(
         gateway=gateway,
         staging=staging,
         canary=canary,
+        rolling=rolling,
+        held_out_since=held_out_since + mono_to_wall if held_out_since is not None else None,
     )

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import structlog
 
 from sglang_farm.collaborators import Collaborators
-from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gpus.health import not_quarantined, quarantined_on
 from sglang_farm.reloader import Reloader
@@ -24,6 +24,7 @@ from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.logs import WorkerLogs
+from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
     STOP_SLACK_S,
     Action,
@@ -69,6 +70,8 @@ class Farm(Protocol):
     def refresh(self) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    async def host_idle(self, workers: Sequence[int], timeout: float) -> dict[int, int | None]: ...
 
 
 class FarmControl:
@@ -158,6 +161,44 @@ class FarmControl:
     async def reload(self) -> ReloadResult:
         """Apply the config file if valid (`reloader.Reloader.reload`)."""
         return await self._farm.reloader.reload()
+
+    async def drain_host(self, timeout: float | None) -> HostDrainResult:
+        """The host out of the gateway, nothing stopped; wait for the requests in flight
+        (`FarmOps.drain_host`). The supervisor's hold does the rest: the sync removes the
+        workers, and no worker that becomes ready joins until `undrain_host`."""
+        farm = self._farm
+        async with farm.changes:
+            sup = farm.supervisor
+            farm.apply_actions(sup.hold_out(True, farm.clock()))
+            serving = [
+                w for w, s in sup.workers.items() if s.phase in (Phase.READY, Phase.UNHEALTHY)
+            ]
+        budget = timeout if timeout is not None else (sup.policy.drain_timeout or 0.0)
+        began = farm.clock()
+        left = await farm.host_idle(serving, budget)
+        waited = farm.clock() - began
+        result = HostDrainResult(
+            tuple(sorted(sup.workers)),
+            tuple(w for w in serving if w not in left),
+            left,
+            waited,
+        )
+        (log.warning if left else log.info)(
+            "host_drained" if not left else "host_drain_incomplete",
+            workers=list(result.workers),
+            drained=list(result.drained),
+            left={str(w): n for w, n in left.items()},
+            waited_s=round(waited, 3),
+            **({"why": "the wait ran out; the host stays out of the gateway"} if left else {}),
+        )
+        return result
+
+    async def undrain_host(self) -> tuple[int, ...]:
+        """The host back in the gateway (`FarmOps.undrain_host`)."""
+        farm = self._farm
+        async with farm.changes:
+            farm.apply_actions(farm.supervisor.hold_out(False, farm.clock()))
+            return tuple(sorted(farm.supervisor.workers))
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.

@@ -1,9 +1,12 @@
 """I/O: what the agent must not forget across its own restarts, and where it keeps it.
 
 Restart counts, back-off position, failure history and the OOM-ladder step in force
-live in `<state_dir>/state.json`. Converting to and from that JSON is pure; `save`
-writes atomically (temp file + rename) and `load` treats a missing or unreadable file
-as "nothing remembered", logging why, so a broken file never stops the farm.
+live in `<state_dir>/state.json`, and beside the workers the host's own state: held out
+of the gateway (`farmctl drain-host`, issue 26), so that the agent restart of a package
+upgrade does not put a drained host back in the gateway by itself. Converting to and
+from that JSON is pure; `save` writes atomically (temp file + rename) and `load` treats a
+missing or unreadable file as "nothing remembered", logging why, so a broken file never
+stops the farm.
 """
 
 from __future__ import annotations
@@ -117,13 +120,20 @@ def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> Wo
     )
 
 
-def save(path: Path, workers: dict[int, dict[str, Any]]) -> None:
+def host_to_dict(held_out_since: float | None, mono_to_wall: float) -> dict[str, Any]:
+    """The host's persisted state: since when it is held out of the gateway (wall clock),
+    or null."""
+    return {"held_out_since": held_out_since + mono_to_wall if held_out_since is not None else None}
+
+
+def save(
+    path: Path, workers: dict[int, dict[str, Any]], host: Mapping[str, Any] | None = None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(
-        {"format": FORMAT, "workers": {str(k): v for k, v in workers.items()}},
-        indent=1,
-        sort_keys=True,
-    )
+    doc: dict[str, Any] = {"format": FORMAT, "workers": {str(k): v for k, v in workers.items()}}
+    if host is not None:
+        doc["host"] = dict(host)
+    data = json.dumps(doc, indent=1, sort_keys=True)
     write_atomic(path, data.encode(), 0o600)  # as before: only root reads it
 
 
@@ -135,15 +145,25 @@ def _finite(text: str) -> float:
 
 
 def load(path: Path) -> dict[int, dict[str, Any]]:
-    """The remembered workers; {} when there is no file. An unreadable file (not JSON,
-    numbers out of range, nesting too deep) is kept aside as `<name>.corrupt-<time>` for
-    a post-mortem, and the farm starts with nothing remembered, saying so."""
+    """The remembered workers (`load_all`)."""
+    return load_all(path)[0]
+
+
+def load_all(path: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """The remembered workers and host; ({}, {}) when there is no file. An unreadable file
+    (not JSON, numbers out of range, nesting too deep) is kept aside as
+    `<name>.corrupt-<time>` for a post-mortem, and the farm starts with nothing
+    remembered, saying so. A file without a host part (an older agent's) remembers none."""
     try:
         raw = json.loads(path.read_text(), parse_float=_finite)
         workers = raw["workers"]
-        return {int(k): v for k, v in workers.items() if isinstance(v, dict)}
+        host = raw.get("host")
+        return (
+            {int(k): v for k, v in workers.items() if isinstance(v, dict)},
+            host if isinstance(host, dict) else {},
+        )
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
         try:
@@ -157,7 +177,7 @@ def load(path: Path) -> dict[int, dict[str, Any]]:
             kept=str(kept),
             hint="starting with no remembered restarts; the unreadable file is kept aside",
         )
-        return {}
+        return {}, {}
 
 
 def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
@@ -193,6 +213,7 @@ class StateStore:
         self._clock = clock
         self._wall = wall
         self._persisted: dict[int, dict[str, Any]] = {}
+        self._persisted_host: dict[str, Any] = {}
 
     def restore(
         self, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
@@ -201,9 +222,10 @@ class StateStore:
 
         `gpus` are each worker's GPUs in the config now: a remembered quarantine that
         names none of them, or none at all, is dropped (`supervisor.restored_quarantine`
-        says why), with a warning naming the worker and both GPUs.
+        says why), with a warning naming the worker and both GPUs. A host held out of the
+        gateway (`farmctl drain-host`) stays held out (`Supervisor.hold_out`).
         """
-        saved = load(self.path)
+        saved, host = load_all(self.path)
         offset = self._clock() - self._wall()
         phases: dict[int, Phase | None] = {}
         for wid, d in saved.items():
@@ -234,20 +256,39 @@ class StateStore:
                     error=str(exc),
                     hint="its remembered restarts are dropped; the farm goes on",
                 )
+        since = host.get("held_out_since")
+        if isinstance(since, (int, float)) and not isinstance(since, bool):
+            sup.hold_out(True, float(since) + offset)
+            log.warning(
+                "host_still_held_out",
+                since=since,
+                why="farmctl drain-host took this host out of the gateway before the agent "
+                "restarted; its workers stay out",
+                fix="farmctl undrain-host puts them back",
+            )
         self._persisted = saved
+        self._persisted_host = host
         if saved:
             log.info("state_restored", path=str(self.path), workers=len(saved))
         return phases
 
-    def save(self, workers: Mapping[int, WorkerState]) -> None:
-        """Write the file if something worth remembering changed; a failed write is logged."""
+    def save(
+        self, workers: Mapping[int, WorkerState], *, held_out_since: float | None = None
+    ) -> None:
+        """Write the file if something worth remembering changed; a failed write is logged.
+        `held_out_since`: the supervisor's `held_out_since` (the host's drain)."""
         offset = self._wall() - self._clock()
         data = {w: worker_to_dict(s, offset) for w, s in workers.items()}
-        if _compare_key(data) == _compare_key(self._persisted):
+        host = host_to_dict(held_out_since, offset)
+        held_then = self._persisted_host.get("held_out_since") is not None
+        if _compare_key(data) == _compare_key(self._persisted) and held_then == (
+            held_out_since is not None
+        ):
             return
         try:
-            save(self.path, data)
+            save(self.path, data, host)
             self._persisted = data
+            self._persisted_host = host
         except OSError as exc:
             log.error(
                 "state_save_failed",

@@ -40,6 +40,9 @@ class Exit(IntEnum):
     UNREACHABLE = 4  # no agent answers at the socket
     ROLLED_BACK = 5  # reload: the canary failed its analysis and was put back (docs/canary.md)
     HELD = 6  # reload: the change is held (too little traffic to judge, or rejected before)
+    TIMED_OUT = 7  # wait, drain-host: time ran out (something is still under way)
+    HALTED = 8  # wait: the rollout is halted, or the model stage failed
+    DRAINED = 9  # wait: the host is held out of the gateway (drain-host)
 
 
 class FarmctlError(click.ClickException):
@@ -73,6 +76,30 @@ class RolledBack(FarmctlError):
 
 class Held(FarmctlError):
     exit_code = Exit.HELD
+
+
+class TimedOut(FarmctlError):
+    exit_code = Exit.TIMED_OUT
+
+
+class Halted(FarmctlError):
+    exit_code = Exit.HALTED
+
+
+class HostDrained(FarmctlError):
+    exit_code = Exit.DRAINED
+
+
+# `farmctl wait`: what holds the farm (control.results.FAILURE_KINDS) -> its exit.
+WAIT_EXITS: Mapping[str, type[FarmctlError]] = {
+    "stage_failed": Halted,
+    "rollout_halted": Halted,
+    "canary_rolled_back": RolledBack,
+    "canary_held": Held,
+    "host_drained": HostDrained,
+    "worker_failed": NotRunning,
+    "worker_quarantined": NotRunning,
+}
 
 
 def _version() -> str:
@@ -266,7 +293,8 @@ def cli(
     """Operate a running sglang-farm: status, restarts, logs, failures.
 
     Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
-    failed, 4 agent unreachable, 5 reload rolled back, 6 reload held.
+    failed, 4 agent unreachable, 5 reload rolled back, 6 reload held, 7 timed
+    out (wait, drain-host), 8 rollout halted (wait), 9 host drained (wait).
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
@@ -482,6 +510,9 @@ def format_status(st: Mapping[str, Any]) -> str:
         + (f" ({st['rollout_reason']})" if st.get("rollout_reason") else "")
         + f" · {st.get('ready', 0)}/{len(workers)} ready"
     )
+    held = st.get("held_out_since")
+    if isinstance(held, int | float):
+        head += f" · host DRAINED (out of the gateway) for {_duration(now - float(held))}"
     cols = ["WORKER", "GPU", "PORT", "STATE"]
     if gw is not None:
         cols.append("GATEWAY")  # in: the gateway confirmed it routes to the worker
@@ -519,6 +550,11 @@ def format_status(st: Mapping[str, Any]) -> str:
         elif f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
+    if isinstance(held, int | float):
+        notes.append(
+            "host drained: every worker is held out of the gateway (farmctl drain-host), also "
+            "when it restarts, until farmctl undrain-host"
+        )
     if gw is not None and not gw.get("up"):
         why = f": {gw['last_error']}" if gw.get("last_error") else ""
         notes.append(
@@ -1032,6 +1068,134 @@ def release_gpu(ctl: Ctl, gpu: int | None, worker: int | None) -> None:
     click.echo(
         f"{what} released{gpus}: {_who(held)} starting again "
         f"(farmctl status shows the progress; farmctl logs {held[0]} -f the output)"
+    )
+
+
+# --- the host, for an orchestrator (issue 26) ------------------------------------------
+
+# How often `farmctl wait` asks whether the farm is settled: a pointer read in the agent.
+SETTLED_POLL_S = 0.5
+
+
+def _items(res: Mapping[str, Any], key: str) -> list[str]:
+    return [str(i.get("message")) for i in res.get(key) or () if isinstance(i, dict)]
+
+
+@cli.command()
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, max=24 * 3600),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the farm to settle.",
+)
+@pass_ctl
+def wait(ctl: Ctl, timeout: float) -> None:
+    """Block until the farm is settled, for an orchestrator (Ansible, a script).
+
+    Settled: every worker that should serve is ready and, with a gateway, in it;
+    no model stage, rollout, canary analysis, rolling restart, drain or stop under
+    way. A worker an operator stopped does not count; a failed or quarantined one
+    does. Prints what it waits for as that changes.
+
+    Exits 0 settled; 7 still not settled after --timeout; at once, when the farm
+    holds what will not change by itself: 8 the rollout is halted or the model
+    stage failed, 5 the latest change's canary was rolled back, 6 it is held, 9
+    the host is held out of the gateway (farmctl undrain-host), 3 a worker failed
+    or is quarantined (in that order when several hold); 4 agent unreachable.
+    """
+    began = time.monotonic()
+    deadline = began + timeout
+    said: list[str] = []
+    while True:
+        res = ctl.call("settled")
+        if res.get("state") in ("settled", "failed") or time.monotonic() >= deadline:
+            break
+        waiting = _items(res, "waiting")
+        if waiting != said and not ctl.as_json:
+            click.echo("waiting: " + "; ".join(waiting))
+        said = waiting
+        time.sleep(min(SETTLED_POLL_S, max(deadline - time.monotonic(), 0.0)))
+    state = res.get("state")
+    waited = time.monotonic() - began
+    if ctl.as_json:
+        ctl.emit_json({**res, "timed_out": state == "waiting", "waited_s": round(waited, 3)})
+    if state == "settled":
+        if not ctl.as_json:
+            n, m = res.get("serving"), res.get("should_serve")
+            where = " (ready and in the gateway)" if res.get("serving") is not None else ""
+            click.echo(f"settled: {n} of {m} workers serving{where}")
+        return
+    if state == "failed":
+        failures = [f for f in res.get("failures") or () if isinstance(f, dict)]
+        if not ctl.as_json:
+            for msg in _items(res, "failures")[1:]:
+                click.echo(f"  also: {msg}", err=True)
+        first = failures[0] if failures else {}
+        raise WAIT_EXITS.get(str(first.get("kind")), Failed)(f"not settled: {first.get('message')}")
+    raise TimedOut(
+        f"not settled after {timeout:g}s: waiting for {'; '.join(_items(res, 'waiting'))}; "
+        "farmctl status shows the farm, or wait longer with --timeout"
+    )
+
+
+@cli.command("drain-host")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, max=3600),
+    default=None,
+    help="Seconds to wait for the requests in flight [default: the farm's "
+    "[gateway] drain_timeout].",
+)
+@pass_ctl
+def drain_host(ctl: Ctl, timeout: float | None) -> None:
+    """Take every worker of this host out of the gateway and wait for its requests.
+
+    For a reboot or a package upgrade: no worker is stopped, and none goes back
+    into the gateway (also a restarted one, also across an agent restart) until
+    farmctl undrain-host. Stops, restarts and reloads keep working meanwhile.
+
+    Exits 0 once every serving worker is out of the gateway with no request
+    running or queued; 7 when --timeout ran out first (the host stays out of the
+    gateway; the workers named still run requests); 1 without a gateway.
+    """
+    args = {} if timeout is None else {"timeout": timeout}
+    res = ctl.call("drain-host", args, timeout=CHANGE_TIMEOUT + (timeout or 3600.0))
+    if ctl.as_json:
+        ctl.emit_json(res)
+    left = {str(w): n for w, n in (res.get("left") or {}).items()}
+    waited = float(res.get("waited_s") or 0.0)
+    if left:
+        what = ", ".join(
+            f"worker {w} ({'unknown' if n is None else n} in flight)" for w, n in left.items()
+        )
+        raise TimedOut(
+            f"host out of the gateway, but after {waited:.1f}s {what} still had requests; "
+            "the host stays out: run farmctl drain-host again to wait longer"
+        )
+    if not ctl.as_json:
+        click.echo(
+            f"host drained: {_who([int(w) for w in res.get('workers', [])])} out of the "
+            f"gateway, no request in flight (waited {waited:.1f}s); they keep running until "
+            "farmctl undrain-host"
+        )
+
+
+@cli.command("undrain-host")
+@pass_ctl
+def undrain_host(ctl: Ctl) -> None:
+    """Put this host's workers back into the gateway after farmctl drain-host.
+
+    Returns at once: each ready worker joins as the gateway confirms it; farmctl
+    wait blocks until they all have.
+    """
+    res = ctl.call("undrain-host", timeout=CHANGE_TIMEOUT)
+    if ctl.as_json:
+        ctl.emit_json(res)
+        return
+    click.echo(
+        f"host back in the gateway: {_who([int(w) for w in res.get('workers', [])])} "
+        "join as each is ready (farmctl wait blocks until they have)"
     )
 
 

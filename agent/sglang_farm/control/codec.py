@@ -69,6 +69,9 @@ class Command(StrEnum):
     RESET_OOM = "reset-oom"
     WAIT_READY = "wait-ready"
     RELEASE_GPU = "release-gpu"
+    SETTLED = "settled"  # issue 26: farmctl wait polls it
+    DRAIN_HOST = "drain-host"  # issue 26: the whole host out of the gateway, not stopped
+    UNDRAIN_HOST = "undrain-host"
 
 
 READ_ONLY: Final = frozenset(
@@ -79,6 +82,7 @@ READ_ONLY: Final = frozenset(
         Command.ENDPOINTS,
         Command.VERSION,
         Command.WAIT_READY,
+        Command.SETTLED,
     }
 )
 STATE_CHANGING: Final = frozenset(set(Command) - READ_ONLY)
@@ -154,8 +158,24 @@ class ReleaseWorkerArgs:
     worker: int
 
 
+@dataclass(frozen=True, slots=True)
+class DrainHostArgs:
+    """`drain-host`: how long to wait for the requests in flight; None: the farm's
+    `[gateway] drain_timeout`."""
+
+    timeout: float | None = None
+
+
 Args = (
-    NoArgs | TargetArgs | StopArgs | WorkerArgs | LogsArgs | WaitArgs | GpuArgs | ReleaseWorkerArgs
+    NoArgs
+    | TargetArgs
+    | StopArgs
+    | WorkerArgs
+    | LogsArgs
+    | WaitArgs
+    | GpuArgs
+    | ReleaseWorkerArgs
+    | DrainHostArgs
 )
 
 
@@ -247,6 +267,7 @@ _ALLOWED: Final[Mapping[Command, frozenset[str]]] = {
     Command.LOGS: frozenset({"worker", "lines", "follow"}),
     Command.WAIT_READY: frozenset({"worker", "timeout", "after"}),
     Command.RELEASE_GPU: frozenset({"gpu", "worker"}),
+    Command.DRAIN_HOST: frozenset({"timeout"}),
 }
 
 
@@ -280,6 +301,15 @@ def _parse_args(cmd: Command, args: dict[str, object]) -> Args:
         if "worker" in args:
             return ReleaseWorkerArgs(_worker(args))
         return GpuArgs(_gpu(args))
+    if cmd is Command.DRAIN_HOST:
+        if "timeout" not in args:
+            return DrainHostArgs()
+        timeout = _number(args, "timeout", 0.0)
+        if not 0 <= timeout <= MAX_WAIT_SECONDS:
+            raise _ArgError(
+                f"'timeout' must be in [0, {MAX_WAIT_SECONDS:g}] seconds, got {timeout}"
+            )
+        return DrainHostArgs(timeout)
     return NoArgs()
 
 

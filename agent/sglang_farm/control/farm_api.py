@@ -27,6 +27,18 @@ class ReloadResult:
 
 
 @dataclass(frozen=True, slots=True)
+class HostDrainResult:
+    """`drain-host`: the workers held out of the gateway, those whose requests all
+    finished, and those still running some when the wait ran out (`left`: worker ->
+    running + queued, None when its figures or the gateway's confirmation are missing)."""
+
+    workers: tuple[int, ...]
+    drained: tuple[int, ...]
+    left: Mapping[int, int | None]
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuMemory:
     index: int
     used_bytes: int
@@ -107,6 +119,18 @@ class FarmOps(Protocol):
         `gpu`, or the agent has no NVML to check with). `gpu` is validated by the caller:
         a worker of the farm uses it.
         """
+        ...
+
+    async def drain_host(self, timeout: float | None) -> HostDrainResult:
+        """Hold every worker of this host out of the gateway (persisted across agent
+        restarts) without stopping any, and wait at most `timeout` seconds (None: the
+        farm's `[gateway] drain_timeout`) until each serving one is out of the gateway and
+        has no request running or queued. The hold stays when the wait runs out."""
+        ...
+
+    async def undrain_host(self) -> tuple[int, ...]:
+        """End the hold: the ready workers go back into the gateway (the sync adds them);
+        returns the workers it concerns at once."""
         ...
 
     async def release_worker(self, worker: int) -> list[str]:

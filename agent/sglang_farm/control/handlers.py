@@ -38,6 +38,7 @@ import structlog
 from sglang_farm.control import results
 from sglang_farm.control.codec import (
     Command,
+    DrainHostArgs,
     ErrorCode,
     GpuArgs,
     LogsArgs,
@@ -94,6 +95,7 @@ class Handlers:
         self._wall_clock = wall_clock
         self._worker_locks: dict[int, asyncio.Lock] = {}
         self._reload_lock = asyncio.Lock()
+        self._host_lock = asyncio.Lock()  # drain-host / undrain-host: one at a time
         self.table: Mapping[Command, Handler] = {
             Command.STATUS: self._status,
             Command.VERSION: self._version_cmd,
@@ -107,6 +109,9 @@ class Handlers:
             Command.RESET_OOM: self._reset_oom,
             Command.RELOAD: self._reload,
             Command.RELEASE_GPU: self._release_gpu,
+            Command.SETTLED: self._settled,
+            Command.DRAIN_HOST: self._drain_host,
+            Command.UNDRAIN_HOST: self._undrain_host,
         }
 
     async def handle(self, req: Request, channel: Channel) -> Result:
@@ -180,6 +185,10 @@ class Handlers:
             queues=self._ops.queue_depths(),
         )
 
+    async def _settled(self, req: Request, channel: Channel) -> Result:
+        """Whether the farm is settled (`results.settled_result`); farmctl wait polls it."""
+        return results.settled_result(self._ops.view())
+
     async def _version_cmd(self, req: Request, channel: Channel) -> Result:
         return results.version_result(self._version)
 
@@ -190,7 +199,11 @@ class Handlers:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         view = self._ops.view()
         return results.why_result(
-            self._known(view, req.args.worker, req.id), view.gateway, view.staging, view.canary
+            self._known(view, req.args.worker, req.id),
+            view.gateway,
+            view.staging,
+            view.canary,
+            held_out=view.held_out_since is not None,
         )
 
     async def _logs(self, req: Request, channel: Channel) -> Result:
@@ -232,8 +245,9 @@ class Handlers:
 
     async def _wait_ready(self, req: Request, channel: Channel) -> Result:
         """Stream phase changes until ready (and, with a gateway, routed to: see
-        `results.routed_or_never`) or failed (entered at or after `after`), quarantined
-        (whenever entered: start and restart leave it so), or timeout.
+        `results.routed_or_never`; not while the host is held out of it) or failed
+        (entered at or after `after`), quarantined (whenever entered: start and restart
+        leave it so), or timeout.
 
         Polls `view()` (a reference read): the progress lines need every phase, and
         `after` must skip a ready phase that predates the restart the client just issued.
@@ -257,7 +271,11 @@ class Handlers:
                 or (
                     w.phase is Phase.READY
                     and w.since >= a.after
-                    and results.routed_or_never(w, view.gateway, self._wall_clock())
+                    and (
+                        results.routed_or_never(w, view.gateway, self._wall_clock())
+                        # issue 26: a drained host's workers stay out of the gateway
+                        or view.held_out_since is not None
+                    )
                 )
             )
             if settled or elapsed >= a.timeout:
@@ -382,6 +400,43 @@ class Handlers:
             worker=w.id,
             checked=w.gpus,
         )
+
+    async def _drain_host(self, req: Request, channel: Channel) -> Result:
+        """The host out of the gateway, its requests waited for (`FarmOps.drain_host`).
+
+        Refused without a gateway (nothing routes to the workers but what the operator
+        set up). Not a per-worker change: stops and restarts go on meanwhile.
+        """
+        a = req.args
+        assert isinstance(a, DrainHostArgs)  # the codec pairs each command with its args
+        view = self._ops.view()
+        if view.gateway is None:
+            raise RequestError(
+                ErrorCode.FAILED,
+                "this farm has no gateway ([gateway] is off in its config), so there is "
+                "nothing to take its workers out of; stop them instead (farmctl stop all) "
+                "or switch the gateway on as docs/gateway.md says",
+                req.id,
+            )
+        async with self._host_change(req):
+            r = await self._ops.drain_host(a.timeout)
+        return results.drain_host_result(r)
+
+    async def _undrain_host(self, req: Request, channel: Channel) -> Result:
+        async with self._host_change(req):
+            ids = await self._ops.undrain_host()
+        return results.undrain_host_result(ids)
+
+    @contextlib.asynccontextmanager
+    async def _host_change(self, req: Request) -> AsyncIterator[None]:
+        if self._host_lock.locked():
+            raise RequestError(
+                ErrorCode.BUSY,
+                "a drain-host or undrain-host is already in progress; wait for it and retry",
+                req.id,
+            )
+        async with self._host_lock:
+            yield
 
     async def _reload(self, req: Request, channel: Channel) -> Result:
         if self._reload_lock.locked():

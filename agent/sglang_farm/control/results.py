@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_farm.canary.view import CheckView, RolloutVerdictView
+from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
-from sglang_farm.control.farm_api import GpuMemory, ReloadResult
+from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -228,8 +228,9 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    the gateway (null without one), with a [model] its stage (`staging`), and once a
-    change has been judged its canary analysis (`canary`, last)."""
+    the gateway (null without one), with a [model] its stage (`staging`), once a
+    change has been judged its canary analysis (`canary`), and while the host is held
+    out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last)."""
     result: Result = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
@@ -264,6 +265,9 @@ def status_result(
         result["staging"] = staging_result(view.staging)
     if view.canary is not None:
         result["canary"] = canary_result(view.canary)
+    if view.held_out_since is not None:
+        # Issue 26: only while farmctl drain-host holds the host out of the gateway.
+        result["held_out_since"] = view.held_out_since
     return result
 
 
@@ -271,7 +275,9 @@ def version_result(version: str) -> Result:
     return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
 
 
-def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
+def state_note(
+    w: WorkerView, gateway: GatewayStatus | None, *, held_out: bool = False
+) -> str | None:
     """What the worker's state means now, where the state name alone does not say; else None.
 
     Built only from the view: a quarantined worker's `quarantine` is what set its GPU
@@ -304,6 +310,12 @@ def state_note(w: WorkerView, gateway: GatewayStatus | None) -> str | None:
             "to finish, at most the drain budget ([gateway] drain_timeout), then stops it "
             "(and starts it again if this is a restart)"
         )
+    if w.phase is Phase.READY and gateway is not None and held_out:
+        # Issue 26: farmctl drain-host.
+        return (
+            "ready, and held out of the gateway with every worker of this host (farmctl "
+            "drain-host): it serves no user until farmctl undrain-host"
+        )
     if w.phase is Phase.READY and gateway is not None and not w.in_gateway:
         if not gateway.up:
             return (
@@ -320,6 +332,8 @@ def why_result(
     gateway: GatewayStatus | None = None,
     staging: StagingView | None = None,
     canary: RolloutVerdictView | None = None,
+    *,
+    held_out: bool = False,
 ) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it,
     what its state means now (`state_note`: quarantined, draining, or ready but out of the
@@ -340,7 +354,7 @@ def why_result(
         "oom_step_name": w.oom_step_name,
         "restarts_by_reason": {str(k): int(v) for k, v in w.restarts_by_reason.items()},
         "in_gateway": w.in_gateway,
-        "state_note": staging_note(w, staging) or state_note(w, gateway),
+        "state_note": staging_note(w, staging) or state_note(w, gateway, held_out=held_out),
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q, w) if q is not None else None,
@@ -474,6 +488,24 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     return result
 
 
+def drain_host_result(r: HostDrainResult) -> Result:
+    """`drain-host`: the workers held out, those drained, those still running requests
+    when the wait ran out (`left`: worker id as a string -> running + queued, null when
+    unknown), `drained_all`, and how long the agent waited."""
+    return {
+        "workers": list(r.workers),
+        "drained": list(r.drained),
+        "left": {str(w): n for w, n in r.left.items()},
+        "drained_all": not r.left,
+        "waited_s": round(r.waited_s, 3),
+    }
+
+
+def undrain_host_result(ids: Sequence[int]) -> Result:
+    """`undrain-host`: the workers let back into the gateway (as each is ready)."""
+    return {"workers": list(ids)}
+
+
 def describe_ids(ids: Sequence[int]) -> str:
     """`[0,1,2,3,5]` → "0-3, 5": for messages such as "no worker 9; workers are 0-7"."""
     if not ids:
@@ -489,3 +521,151 @@ def describe_ids(ids: Sequence[int]) -> str:
         if i is not None:
             start = prev = i
     return ", ".join(parts)
+
+
+# ---- settled (farmctl wait, issue 26) ----------------------------------------------------
+
+# What holds a farm that will not settle by itself, in the order `farmctl wait` names
+# them (its exit code is the first one's: docs/control-protocol.md).
+FAILURE_KINDS = (
+    "stage_failed",
+    "rollout_halted",
+    "canary_rolled_back",
+    "canary_held",
+    "host_drained",
+    "worker_failed",
+    "worker_quarantined",
+)
+# Phases a worker passes through on its way to serving (or out of it): the farm is busy.
+_UNDER_WAY = frozenset(
+    {
+        Phase.PENDING,
+        Phase.STARTING,
+        Phase.BACKOFF,
+        Phase.UNHEALTHY,
+        Phase.DRAINING,
+        Phase.STOPPING,
+    }
+)
+
+
+def _item(kind: str, message: str, worker: int | None = None) -> Result:
+    return {"kind": kind, "worker": worker, "message": message}
+
+
+def settled_result(view: FarmView) -> Result:
+    """`settled` (what `farmctl wait` polls): whether the farm is settled, and if not,
+    what it waits for and what holds it.
+
+    Settled: every worker that should serve is ready, and with a gateway the gateway
+    routes to it; no model stage, rollout, canary analysis, rolling restart, drain or stop
+    is under way. A worker "should serve" unless an operator stopped it (STOPPED); a
+    quarantined worker should (its GPU is set aside: the host is not whole), and so does a
+    failed one. `failures` are what will not change by itself (a failed or quarantined
+    worker, a halted rollout, a failed stage, a canary rolled back or held, the host held
+    out of the gateway by drain-host), in `FAILURE_KINDS` order; `waiting` what is still
+    under way. `state`: "failed" when there is a failure, else "waiting" or "settled".
+    """
+    failures: list[Result] = []
+    waiting: list[Result] = []
+    sg = view.staging
+    if sg is not None and sg.blocks_rollout:
+        if sg.state is StageState.FAILED:
+            failures.append(
+                _item(
+                    "stage_failed",
+                    f"the model could not be staged into {sg.target}: {sg.error}; what to "
+                    f"do: {sg.fix}; then farmctl start all",
+                )
+            )
+        else:
+            waiting.append(_item("staging", f"the model is being staged into {sg.target}"))
+    if view.rollout == "halted":
+        failures.append(
+            _item(
+                "rollout_halted",
+                f"the rollout is halted ({view.rollout_reason or 'the canary failed'}); "
+                "fix the cause (farmctl why on the canary) and farmctl start all",
+            )
+        )
+    elif view.rollout != "done" and not failures:
+        what = "has not begun" if view.rollout == "idle" else f"is under way ({view.rollout})"
+        waiting.append(_item("rollout", f"the rollout {what}"))
+    cv = view.canary
+    if cv is not None and cv.state is not CanaryState.PROMOTED:
+        where = f"change {cv.change} on canary worker {cv.canary}"
+        if cv.state is CanaryState.ANALYSING:
+            waiting.append(_item("canary_analysing", f"{where} is being analysed", cv.canary))
+        else:
+            kind = "canary_rolled_back" if cv.state is CanaryState.ROLLED_BACK else "canary_held"
+            failures.append(
+                _item(
+                    kind,
+                    f"{where} was {str(cv.state).replace('_', ' ')}: {cv.evidence}; "
+                    f"farmctl why {cv.canary}; the next reload of a changed config is judged "
+                    "again",
+                    cv.canary,
+                )
+            )
+    if view.rolling:
+        waiting.append(_item("rolling_restart", "a rolling restart is under way"))
+    if view.held_out_since is not None:
+        failures.append(
+            _item(
+                "host_drained",
+                "the host is held out of the gateway (farmctl drain-host); its workers "
+                "serve no user until farmctl undrain-host",
+            )
+        )
+    gw = view.gateway
+    if gw is not None and not gw.up:
+        waiting.append(_item("gateway_down", f"the gateway at {gw.url} is not answering"))
+    for w in view.workers:
+        if w.phase is Phase.QUARANTINED or (
+            w.quarantine is not None and w.phase is not Phase.READY
+        ):
+            q = w.quarantine
+            what = f"GPU {q.gpu} is quarantined ({q.reason})" if q is not None else "quarantined"
+            failures.append(
+                _item(
+                    "worker_quarantined",
+                    f"worker {w.id}: {what}; farmctl why {w.id}, then {release_command(w)}",
+                    w.id,
+                )
+            )
+        elif w.phase is Phase.FAILED:
+            why = w.last_failure.summary if w.last_failure else "gave up"
+            failures.append(
+                _item(
+                    "worker_failed",
+                    f"worker {w.id} failed: {why}; farmctl why {w.id}, then farmctl start {w.id}",
+                    w.id,
+                )
+            )
+        elif w.phase in _UNDER_WAY:
+            waiting.append(_item("worker", f"worker {w.id} is {w.phase}", w.id))
+        elif (
+            w.phase is Phase.READY
+            and gw is not None
+            and gw.up
+            and not w.in_gateway
+            and view.held_out_since is None
+        ):
+            waiting.append(
+                _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
+            )
+    failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
+    should = [w for w in view.workers if w.phase is not Phase.STOPPED]
+    state = "failed" if failures else "waiting" if waiting else "settled"
+    return {
+        "settled": state == "settled",
+        "state": state,
+        "should_serve": len(should),
+        "serving": sum(
+            1
+            for w in should
+            if w.ready and (gw is None or w.in_gateway) and view.held_out_since is None
+        ),
+        "failures": failures,
+        "waiting": waiting,
+    }

@@ -235,6 +235,12 @@ def _agent(version: str, st: MetricsState) -> Iterator[Metric]:
         for s in ROLLOUT_STATES:
             m.add_metric([s], 1 if farm.rollout == s else 0)
         yield m
+        m = _g(
+            "sglang_farm_host_drained",
+            "1 while farmctl drain-host holds this host's workers out of the gateway.",
+        )
+        m.add_metric([], 1 if farm.held_out_since is not None else 0)
+        yield m
 
 
 def _farm_extras(st: MetricsState) -> Iterator[Metric]:

@@ -1,4 +1,5 @@
-"""I/O: watching a worker drain before a planned stop.
+"""I/O: watching a worker drain before a planned stop, and a whole host drain
+(`farmctl drain-host`, issue 26) without a stop.
 
 The supervisor decides that a stop is drained first (`Drain` action, phase DRAINING)
 and how long it may take (`[gateway] drain_timeout`). This module watches: first until
@@ -9,12 +10,16 @@ show no request running or queued (its `/metrics`, or `/v1/loads`). Then `Draine
 SGLang keeps admitting new requests while it drains after SIGTERM
 (docs/reference/sglang.md §12): taking the worker out of the gateway first is what
 makes the stop lose nothing.
+
+A host drain (`wait_host_idle`) watches the same two steps for every serving worker at
+once, but nothing stops: the supervisor holds the host out of the gateway
+(`Supervisor.hold_out`) and the workers keep running, idle, for a reboot or an upgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 import httpx
@@ -82,3 +87,46 @@ async def watch_drain(
                     feed(worker, Drained())
                 return
         await asyncio.sleep(poll_s)
+
+
+async def wait_host_idle(
+    workers: Collection[int],
+    *,
+    state: Callable[[int], WorkerState | None],
+    gateway_routes_nothing: Callable[[], bool],
+    in_flight: InFlight,
+    base_url: Callable[[int], str],
+    clock: Callable[[], float],
+    timeout: float,
+    poll_s: float = POLL_S,
+) -> dict[int, int | None]:
+    """Wait until each of `workers` still serving is out of the gateway (confirmed, or the
+    gateway routes nothing) and has no request running or queued (or gives no figures
+    `UNKNOWN_LIMIT` polls in a row), at most `timeout` seconds. A worker that stops
+    serving meanwhile (stopped, crashed) is no longer waited for. Returns those left when
+    time ran out: worker -> running + queued (None: still in the gateway, or no figures);
+    {} once every one is idle."""
+    end = clock() + timeout
+    pending = set(workers)
+    unknown = dict.fromkeys(pending, 0)
+    last: dict[int, int | None] = dict.fromkeys(pending)
+
+    async def look(w: int) -> None:
+        s = state(w)
+        if s is None or s.phase not in (Phase.READY, Phase.UNHEALTHY):
+            pending.discard(w)  # not serving any more: nothing to wait for
+            return
+        if s.in_gateway and not gateway_routes_nothing():
+            last[w] = None
+            return
+        n = await in_flight.in_flight(w, base_url(w))
+        unknown[w] = unknown[w] + 1 if n is None else 0
+        last[w] = n
+        if n == 0 or unknown[w] >= UNKNOWN_LIMIT:
+            pending.discard(w)
+
+    while True:
+        await asyncio.gather(*(look(w) for w in sorted(pending)))
+        if not pending or clock() >= end:
+            return {w: last[w] for w in sorted(pending)}
+        await asyncio.sleep(min(poll_s, max(end - clock(), 0.0)))

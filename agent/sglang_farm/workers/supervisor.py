@@ -375,6 +375,9 @@ class WorkerState:
     busy: bool = False  # its last failed probe was excused: counters were advancing
     quarantine: GpuQuarantine | None = None  # set while its GPU is set aside
     quarantines_by_reason: Mapping[str, int] = field(default_factory=dict)
+    # Issue 26: the host is held out of the gateway (`Supervisor.hold_out`: farmctl
+    # drain-host), copied into each worker's state so the membership rule reads one state.
+    held_out: bool = False
 
     def enter(self, phase: Phase, now: float, **changes: object) -> WorkerState:
         # replace() checks the field names at run time; mypy cannot type **changes per field.
@@ -493,12 +496,13 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
 
 
 def wants_in_gateway(s: WorkerState) -> bool:
-    """The core's membership rule: the gateway routes to a worker only while it is READY.
+    """The core's membership rule: the gateway routes to a worker only while it is READY,
+    and its host is not held out of the gateway (`farmctl drain-host`).
 
     Anything else (loading, unhealthy, draining, stopped, failed) is taken out at once,
     so users' requests go only where the farm itself would send them.
     """
-    return s.phase is Phase.READY
+    return s.phase is Phase.READY and not s.held_out
 
 
 def _begin_drain(
@@ -974,6 +978,8 @@ class Supervisor:
         self.rollout = Rollout.IDLE
         self.rollout_reason: str | None = None
         self.rolling: tuple[RollingRestart, ...] = ()  # planned multi-worker restarts in flight
+        # Issue 26: the host is held out of the gateway (drain-host) since this time.
+        self.held_out_since: float | None = None
 
     # -- commands ---------------------------------------------------------------------
 
@@ -1074,6 +1080,25 @@ class Supervisor:
             )
         return Adoption(frozenset(adopted), frozenset(held), tuple(actions))
 
+    @property
+    def held_out(self) -> bool:
+        """The host is held out of the gateway (`farmctl drain-host`)."""
+        return self.held_out_since is not None
+
+    def hold_out(self, held: bool, now: float) -> list[Action]:
+        """Hold every worker of the host out of the gateway (`farmctl drain-host`), or let
+        them back in (`undrain-host`). Nothing stops or restarts: a ready worker stays
+        ready, out of the gateway (`wants_in_gateway`), until the hold ends; planned stops,
+        restarts and rollouts go on as usual meanwhile (their waves do not wait for a
+        gateway the workers may not join). Persisted in state.json by the agent."""
+        if held == self.held_out:
+            return []
+        self.held_out_since = now if held else None
+        for wid, s in self.workers.items():
+            self.workers[wid] = replace(s, held_out=held)
+        ids = sorted(self.workers)
+        return [Note("host_held_out" if held else "host_back_in", {"workers": ids})]
+
     def gated(self) -> bool:
         """A rolling restart waits on its canary's verdict (issue 23)."""
         return any(r.gated for r in self.rolling)
@@ -1130,7 +1155,7 @@ class Supervisor:
             for r in self.rolling
         )
         for wid in added:
-            self.workers.setdefault(wid, WorkerState(wid))
+            self.workers.setdefault(wid, WorkerState(wid, held_out=self.held_out))
 
     def handle(self, worker_id: int, event: Event, now: float) -> list[Action]:
         """Feed one event about one worker."""
@@ -1194,11 +1219,13 @@ class Supervisor:
 
     def _settled(self, worker: int) -> bool:
         """A worker of a rolling wave is done: serving again (and back in the gateway when
-        there is one), or failed, or stopped."""
+        there is one, unless its host is held out of it), or failed, or stopped."""
         s = self.workers.get(worker)
         if s is None or s.phase in (Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED):
             return True
-        return s.phase is Phase.READY and (self.policy.drain_timeout is None or s.in_gateway)
+        return s.phase is Phase.READY and (
+            self.policy.drain_timeout is None or s.in_gateway or s.held_out
+        )
 
     def _advance_rolling(self, now: float) -> list[Action]:
         """Issue the next wave of each rolling restart whose current wave has settled."""

@@ -1,0 +1,152 @@
+"""The agent drains its whole host out of the gateway (issue 26 item 2): farmctl
+drain-host / undrain-host on the real Agent over the fakes, on the virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from agent_harness import (
+    GATEWAY,
+    farm,
+    farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+    urls,
+)
+from fake_gateway import FakeGateway
+from sglang_farm.control.results import settled_result
+from sglang_farm.runtime import Running
+from sglang_farm.workers.phase import Phase
+from virtual_time import run_virtual
+
+
+def test_drain_host_empties_the_gateway_waits_for_requests_and_stops_nothing(tmp: Path) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            assert settled_result(f.agent.view())["settled"] is True
+            f.in_flight.counts[2] = 4
+            f.in_flight.counts[5] = 1
+            begun = len(f.timeline)
+            draining = asyncio.create_task(f.ops.drain_host(None))
+            await f.until(lambda: not f.gateway.routed(), within=1)
+            await asyncio.sleep(8)
+            assert not draining.done()  # workers 2 and 5 still run requests
+            f.in_flight.counts[5] = 0
+            await asyncio.sleep(3)
+            assert not draining.done()
+            f.in_flight.counts[2] = 0
+            r = await asyncio.wait_for(draining, 5)
+            assert r.workers == tuple(range(8)) and r.drained == tuple(range(8))
+            assert r.left == {} and 11 <= r.waited_s <= 12
+            # Every worker still runs: nothing stopped, nothing restarted.
+            assert f.all_ready() and f.runtime.stops == []
+            assert all(f.runtime.starts_of(w) == 1 for w in range(8))
+            # A worker's requests are counted only once it is out of the gateway.
+            url2 = "http://127.0.0.1:30002"
+            seen = [
+                e
+                for e in f.timeline[begun:]
+                if e == f"gateway remove {url2}" or e.startswith("in_flight 2:")
+            ]
+            assert seen[0] == f"gateway remove {url2}" and seen[-1] == "in_flight 2: 0", seen
+            view = f.agent.view()
+            assert view.held_out_since is not None
+            assert settled_result(view)["state"] == "failed"  # held out: not settled
+            # A restart while drained comes back ready and stays out of the gateway.
+            await f.ops.restart([3])
+            await f.until(lambda: f.runtime.starts_of(3) == 2 and f.phase(3) is Phase.READY)
+            await asyncio.sleep(15)  # reconciles come and go
+            assert not f.gateway.routed()
+            # undrain-host: every ready worker back in, nothing restarted.
+            assert await f.ops.undrain_host() == tuple(range(8))
+            await f.until(lambda: f.gateway.routed() == urls(range(8)), within=2)
+            assert f.runtime.stops == [3] and f.agent.view().held_out_since is None
+            assert settled_result(f.agent.view())["settled"] is True
+
+    run_virtual(scenario())
+
+
+def test_a_drain_whose_budget_runs_out_says_what_is_left_and_keeps_the_host_out(
+    tmp: Path,
+) -> None:
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            f.in_flight.counts[6] = 2  # never finishes
+            r = await f.ops.drain_host(20.0)
+            assert r.left == {6: 2} and 6 not in r.drained and len(r.drained) == 7
+            assert 20 <= r.waited_s <= 21
+            assert not f.gateway.routed() and f.all_ready()
+
+    run_virtual(scenario())
+
+
+def test_a_drained_host_stays_out_of_the_gateway_across_an_agent_restart(tmp: Path) -> None:
+    """The upgrade's agent restart must not put the host back by itself."""
+    text = farm_toml(tmp, gateway=GATEWAY)
+
+    async def first() -> None:
+        async with farm(tmp, text=text) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            await f.ops.drain_host(None)
+            assert not f.gateway.routed()
+
+    run_virtual(first())
+    assert json.loads((tmp / "state.json").read_text())["host"]["held_out_since"] is not None
+    running = {w: Running(w, 5000 + w, True) for w in range(8)}
+    gw = FakeGateway()
+
+    async def second() -> None:
+        async with farm(tmp, text=text, running=running, gateway=gw) as f:
+            await asyncio.sleep(30)  # several reconciles
+            assert f.all_ready() and not gw.routed()
+            assert f.agent.view().held_out_since is not None
+            await f.ops.undrain_host()
+            await f.until(lambda: gw.routed() == urls(range(8)), within=2)
+
+    run_virtual(second())
+
+
+def test_a_reload_on_a_drained_host_judges_its_canary_only_once_it_is_back_in(
+    tmp: Path,
+) -> None:
+    """The upgrade's reload while drained: the canary restarts on the change, ready and
+    out of the gateway; its window waits for undrain-host (a canary without traffic cannot
+    be judged), then the verdict, then the waves; farmctl wait's rule follows it."""
+    from sglang_farm.canary.view import CanaryState
+    from sglang_farm.config import load_spec
+    from test_agent_canary import WINDOW, Metrics, _start
+
+    def text(env: dict[str, str] | None = None) -> str:
+        farm_t = {"state_dir": str(tmp), **({"env": env} if env else {})}
+        return farm_toml(tmp, workers=4, gateway=GATEWAY, rollout=WINDOW, farm=farm_t)
+
+    new = text({"HARMLESS": "1"})
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=text(), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            await f.until(lambda: f.gateway.routed() == urls(range(4)))
+            await f.ops.drain_host(None)
+            result = await f.ops.reload()
+            assert result.applied and result.restarted == (0, 1, 2, 3)
+            await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
+            await asyncio.sleep(120)  # twice the window: nothing judged while out
+            view = f.agent.view()
+            assert view.canary is not None and view.canary.state is CanaryState.ANALYSING
+            assert view.canary.ends_at is None  # the window has not started
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert not f.gateway.routed()
+            await f.ops.undrain_host()
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=300)
+            await f.until(lambda: settled_result(f.agent.view())["settled"] is True, within=300)
+            cv = f.agent.view().canary
+            assert cv is not None and cv.state is CanaryState.PROMOTED
+            assert f.gateway.routed() == urls(range(4))
+
+    run_virtual(scenario())
