@@ -316,12 +316,17 @@ def has_smg() -> bool:
 
 
 def adjust(
-    workers: int, window: str, gateway: bool, eval_gate: bool
+    workers: int, window: str, gateway: bool, eval_gate: bool, min_requests: int | None = None
 ) -> Callable[[dict[str, Any]], None]:
+    """The demo's config with the matrix's changes: `workers` of them, the window, the
+    eval gate, `[rollout] min_requests` when given (else the default, 50), no gateway."""
+
     def go(doc: dict[str, Any]) -> None:
         doc["workers"]["gpus"] = list(range(workers))
         doc["startup"]["parallel"] = max(1, min(int(doc["startup"]["parallel"]), workers // 2))
         doc["rollout"] = {**doc.get("rollout", {}), "analysis_window": window}
+        if min_requests is not None:
+            doc["rollout"]["min_requests"] = min_requests
         if eval_gate:
             doc["rollout"]["eval"] = str(EVAL)
         if not gateway:
@@ -350,6 +355,7 @@ def run(
     workers: int = 8,
     crash_after_s: float = 10.0,
     eval_gate: bool = True,
+    min_requests: int | None = None,
     only: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The matrix on one farm; every trial recorded, a failed one with its error."""
@@ -369,6 +375,7 @@ def run(
             "max_tokens": MAX_TOKENS,
             "token_s": TOKEN_S,
             "eval": str(EVAL) if eval_gate else None,
+            "min_requests": min_requests or 50,
             "gateway": "smg (managed)" if gateway else "none: smg is not installed",
             "changes": [asdict(c) for c in kinds],
         },
@@ -378,7 +385,7 @@ def run(
         say("smg is not installed: a process farm WITHOUT a gateway; the load goes to worker 0")
     say(f"canary matrix: {workers} workers, window {window}, {len(kinds)} changes x {repeat}")
     t_start = time.monotonic()
-    with running(TOKEN_S, adjust(workers, window, gateway, eval_gate)) as ff:
+    with running(TOKEN_S, adjust(workers, window, gateway, eval_gate, min_requests)) as ff:
         ff.farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=180)
         all_ready(ff, gateway, 120)
         out["config"]["parallel"] = int(ff.doc["startup"]["parallel"])
