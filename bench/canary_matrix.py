@@ -19,7 +19,10 @@ machine's drift spreads over them):
   (`SGLANG_SIM_FAIL_AFTER`);
 - wrong answers: 20 % of arithmetic questions answered wrong (`SGLANG_SIM_WRONG_RATE`).
 
-Every change but the comment carries a nonce (`SF_BENCH_TRIAL`, an environment
+Every change is made from the farm's first config (the base), and a promoted change
+that is not harmless (ITL 1.5x) is followed by a reload back to the base, so that each
+change is judged against workers on the base config. Every change but the comment
+carries a nonce (`SF_BENCH_TRIAL`, an environment
 variable of no effect), so that a repeat is a new change: a change its canary rejected
 is never rolled again (docs/canary.md).
 
@@ -259,6 +262,22 @@ class Matrix:
         doc["sglang"] = {**doc["sglang"], **c.sglang}
         return doc, toml_dumps(doc)
 
+    def restore(self) -> None:
+        """Every worker back on the base config (a promoted latency change would
+        otherwise be the next change's baseline): a reload of the base with a fresh
+        nonce, judged like any change, waited for."""
+        nonce = f"restore-{int(time.time() * 1000) % 10**8}"
+        doc = copy.deepcopy(self.base)
+        doc["farm"]["env"] = {**doc["farm"]["env"], NONCE: nonce}
+        self.say("    restoring the base config on every worker")
+        self.ff.rewrite(doc)
+        p = self.ff.farm.farmctl("reload", timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"restoring the base config: farmctl reload exit {p.returncode}: "
+                               f"{(p.stdout + p.stderr).strip()[-300:]}")  # fmt: skip
+        self.accepted = doc
+        self.all_ready(240)
+
     def trial(self, c: Change, repeat: int, window_s: float) -> Trial:
         nonce = f"{c.key}-{repeat}-{int(time.time() * 1000) % 10**8}"
         t = Trial(c.key, c.label, c.group, c.bad, repeat, nonce)
@@ -300,6 +319,8 @@ class Matrix:
                 t.checks = list(canary.get("checks", []))
         if t.verdict == "promoted" or (c.comment and p.returncode == 0):
             self.accepted = doc
+        if t.verdict == "promoted" and c.group != "harmless":
+            self.restore()
         t.ran_change = [] if c.comment else self.procs.workers_with(nonce)
         outs = window(self.load.snapshot(), t0, t_end)
         r = report(outs, t_end - t0)
