@@ -8,7 +8,9 @@ farm and `farmctl status`; with `--baseline COMMIT` the same figures for the cod
 COMMIT, measured in the same run), `--only systemd` (just the reaction times under
 systemd, in the throwaway container), `--only frontdoor` or `python -m bench frontdoor`
 (just the front door: the gateway under load), `--only canary` or `python -m bench canary`
-(the canary statistics' simulation: false and missed rollbacks of each method), `--out PATH`.
+(the canary statistics' simulation: false and missed rollbacks of each method),
+`python -m bench canary-matrix` (issue 23's matrix of changes on a live farm of simulators:
+`--window 30s`, `--repeat 3`, `--reduced`; bench/canary_matrix.py), `--out PATH`.
 `python -m bench mutants`: mutation testing of the pure core (bench/mutants.py).
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    canary_matrix,
     canary_stats,
     control,
     farmrun,
@@ -329,12 +332,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-64", dest="no64", action="store_true")
-    ap.add_argument("--only", choices=["systemd", "frontdoor", "perf", "canary"])
+    ap.add_argument("--only", choices=["systemd", "frontdoor", "perf", "canary", "canary-matrix"])
     ap.add_argument(
         "what",
         nargs="?",
-        choices=["frontdoor", "systemd", "perf", "canary"],
+        choices=["frontdoor", "systemd", "perf", "canary", "canary-matrix"],
         help="same as --only",
+    )
+    ap.add_argument("--window", default="30s", help="canary-matrix: [rollout] analysis_window")
+    ap.add_argument("--repeat", type=int, default=3, help="canary-matrix: trials per change")
+    ap.add_argument(
+        "--reduced",
+        action="store_true",
+        help="canary-matrix: one repeat of harmless, ITL 5x, crash",
     )
     ap.add_argument(
         "--baseline",
@@ -361,6 +371,17 @@ def main() -> int:
         section(results, "canary_stats", lambda: canary_stats.run(a.quick, say))
         print(canary_stats.table(results["canary_stats"]))
         return finish(a, results, t0, suffix="-canary")
+    if a.only == "canary-matrix":
+        repeat = 1 if a.reduced else a.repeat
+        section(
+            results,
+            "canary_matrix",
+            lambda: canary_matrix.run(say, reduced=a.reduced, repeat=repeat, window=a.window),
+        )
+        if "summary" in results["canary_matrix"]:
+            print(canary_matrix.table(results["canary_matrix"]))
+        suffix = "-canary-matrix" + ("-reduced" if a.reduced else "")
+        return finish(a, results, t0, suffix=suffix)
     if a.only == "frontdoor":
         section(results, "frontdoor", lambda: frontdoor.run(a.quick, say))
         return finish(a, results, t0, suffix="-frontdoor")

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,11 +256,18 @@ def _is_gateway(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def running(token_s: float) -> Iterator[FrontFarm]:
-    """A started front-door farm (not yet ready); stopped and checked for leftovers on exit."""
+def running(
+    token_s: float, adjust: Callable[[dict[str, Any]], None] | None = None
+) -> Iterator[FrontFarm]:
+    """A started front-door farm (not yet ready); stopped and checked for leftovers on exit.
+
+    `adjust` edits the derived config document before it is written (another bench's
+    own changes: fewer workers, a `[rollout]` section, no gateway)."""
     tmp = tmpdir()
     marker = new_marker()
     doc, ports = derive(tmp, marker, token_s)
+    if adjust is not None:
+        adjust(doc)
     config = tmp / "farm.toml"
     config.write_text(toml_dumps(doc))
     farm = Farm(config, marker)

@@ -1,6 +1,7 @@
 """I/O: a load generator for the front door: C clients sending chat completions without pause.
 
-Half of the clients stream (`"stream": true`, server-sent events), half do not. Each
+Half of the clients stream (`"stream": true`, server-sent events), half do not (every
+client streams with `LoadSpec.all_streaming`). Each
 client sends one request after the other for as long as the load runs; every request
 is recorded (`Outcome`: when it started and ended, wall clock, so that it can be
 compared with the agent's log timestamps; whether it succeeded; why not). A request
@@ -49,6 +50,7 @@ class LoadSpec:
     max_s: float = 120.0
     max_requests: int = 200_000
     timeout_s: float = 30.0
+    all_streaming: bool = False  # every client streams (else half)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ class Load:
             waiter.cancel()
 
     async def _client(self, i: int, client: httpx.AsyncClient, end: float) -> None:
-        stream = i % 2 == 0
+        stream = self.spec.all_streaming or i % 2 == 0
         assert self._stop is not None
         while not self._stop.is_set() and time.monotonic() < end:
             n = next(self._counter)

@@ -26,3 +26,52 @@ def test_default_policy_never_rolls_back_harmless_and_always_catches_2x() -> Non
     rng = random.Random(1)
     canary, base = canary_stats.trial(by_name["ITL 5x"], 50, rng)
     assert (canary.requests, base.requests) == (50, 350)
+
+
+def test_the_matrix_reduced_is_harmless_itl_5x_and_crash() -> None:
+    from bench import canary_matrix as cm
+
+    full = cm.changes(10)
+    assert len(full) == 10 and sum(c.group == "harmless" for c in full) == 3
+    assert [c.key for c in cm.select(full, reduced=True)] == ["harmless-env", "itl-5x", "crash-10s"]
+    slow = next(c for c in full if c.key == "itl-5x")
+    assert slow.env == {"SGLANG_SIM_TOKEN_SECONDS": "0.05"} and slow.bad
+
+
+def test_caught_by_names_the_check_of_the_evidence() -> None:
+    from bench.canary_matrix import caught_by
+
+    assert caught_by("canary crashed 1 s into the window: the canary left serving") == "liveness"
+    assert caught_by("eval: canary 32/40 vs the baseline's 40/40") == "eval"
+    assert caught_by("canary errors 10.2 % (12 of 118) vs the baseline's 0.0 %") == "errors"
+    assert caught_by("canary ITL p50 0.05 s = 5.0x the baseline's 0.01 s") == "itl"
+    assert caught_by("within limits") == ""
+
+
+def _trial(**kw: object) -> dict[str, object]:
+    t: dict[str, object] = {
+        "label": "x", "group": "harmless", "bad": False, "repeat": 0, "verdict": "promoted",
+        "evidence": "", "ran_change": [0, 1], "failed": 0, "requests": 10, "reasons": {},
+    }  # fmt: skip
+    t.update(kw)
+    return t
+
+
+def test_goals_name_every_miss_and_nothing_else() -> None:
+    from bench.canary_matrix import goals
+
+    assert goals([_trial(), _trial(group="crash", bad=True, verdict="rolled back",
+                                   ran_change=[0], failed=2)]) == []  # fmt: skip
+    missed = goals(
+        [
+            _trial(verdict="rolled back", evidence="ITL"),
+            _trial(group="latency", failed=3, reasons={"status 502": 3}),
+            _trial(group="latency", bad=True, verdict="held", evidence="too little"),
+            _trial(group="errors", bad=True, verdict="rolled back", ran_change=[0, 1]),
+        ]
+    )
+    assert len(missed) == 4, missed
+    assert "harmless change rolled back" in missed[0]
+    assert "3 of 10 requests failed" in missed[1]
+    assert "held, not rolled back" in missed[2]
+    assert "workers [0, 1] ran the change" in missed[3]
