@@ -3,9 +3,17 @@ world the farm's default policy rolls back no harmless change and every 2x or 5x
 
 from __future__ import annotations
 
+import importlib
 import random
+from typing import Any
 
 from bench import canary_stats
+
+
+def _matrix() -> Any:
+    """bench.canary_matrix, imported by name: it reaches tests/farmproc.py as
+    `tests.farmproc`, which mypy over tests/*.py would meet a second time as `farmproc`."""
+    return importlib.import_module("bench.canary_matrix")
 
 
 def test_mann_whitney_on_buckets_finds_a_shift_and_not_its_absence() -> None:
@@ -29,7 +37,7 @@ def test_default_policy_never_rolls_back_harmless_and_always_catches_2x() -> Non
 
 
 def test_the_matrix_reduced_is_harmless_itl_5x_and_crash() -> None:
-    from bench import canary_matrix as cm
+    cm = _matrix()
 
     full = cm.changes(10)
     assert len(full) == 10 and sum(c.group == "harmless" for c in full) == 3
@@ -39,7 +47,7 @@ def test_the_matrix_reduced_is_harmless_itl_5x_and_crash() -> None:
 
 
 def test_caught_by_names_the_check_of_the_evidence() -> None:
-    from bench.canary_matrix import caught_by
+    caught_by = _matrix().caught_by
 
     assert caught_by("canary crashed 1 s into the window: the canary left serving") == "liveness"
     assert caught_by("eval: canary 32/40 vs the baseline's 40/40") == "eval"
@@ -58,7 +66,7 @@ def _trial(**kw: object) -> dict[str, object]:
 
 
 def test_goals_name_every_miss_and_nothing_else() -> None:
-    from bench.canary_matrix import goals
+    goals = _matrix().goals
 
     assert goals([_trial(), _trial(group="crash", bad=True, verdict="rolled back",
                                    ran_change=[0], failed=2)]) == []  # fmt: skip

@@ -113,3 +113,16 @@ def test_the_old_copy_goes_after_the_waves_at_most() -> None:
 def test_with_a_gateway_each_wave_drains_first(gateway: bool, drain: float) -> None:
     action = old_copy_removal(result(current=False, old_copy=OLD), spec(gateway=gateway, workers=2))
     assert action is not None and action.wait_s == (120.0 + 10.0 + drain) * 2 + 60.0
+
+
+def test_a_worker_this_farm_launched_after_the_install_is_not_stale_however_soon() -> None:
+    # The canary starts within the slack of the copy's install (the stage ends, the rollout
+    # launches it at once): its /proc start alone would count it as before. The launch the
+    # agent recorded for that very process (state.json) says it came after: not stale.
+    started = {0: INSTALLED + 0.1, 1: INSTALLED + 0.1, 2: INSTALLED - 30.0}
+    launched = {0: INSTALLED + 0.05, 2: INSTALLED + 1.0}  # 1: no record (an older agent)
+    assert on_old_copy(result(current=True), started, INSTALLED, launched) == [1, 2]
+    # A launch recorded before the install is no excuse either.
+    assert on_old_copy(
+        result(current=True), {0: INSTALLED + 0.1}, INSTALLED, {0: INSTALLED - 2}
+    ) == [0]

@@ -344,10 +344,11 @@ def test_start_ready_gate_sigkill_and_stop(farm: SystemdContainer, sd: SystemdCo
 def test_adopt_finds_running_units_and_close_leaves_them(
     farm: SystemdContainer, sd: SystemdContainer
 ) -> None:
-    # Worker 2 stays loading: a slower model load, in a drop-in of the test's own.
+    # Worker 2 stays loading: a slower model load, in a drop-in of the test's own (15 min:
+    # longer than any loaded machine takes to reach the adoption below).
     farm.write_file(
         "/run/systemd/system/sglang@2.service.d/60-test.conf",
-        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=900\n",  # loading for as long as a loaded machine needs
+        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=900\n",
     )
     farm.run(["systemctl", "daemon-reload"])
     # Worker 1 is started (and ready) by someone else, as before an agent restart.

@@ -120,7 +120,6 @@ def test_an_agent_restart_keeps_the_current_copy(farm: SdFarm) -> None:
     relaunched = [(x["event"], x.get("worker")) for x in events if x["event"] == "worker_launching"]
     assert relaunched == [], [(x["event"], x.get("worker"), x.get("why")) for x in events]
     ok, states = _all_active(farm)
-    import json as _j; open("/tmp/evts.json", "w").write(_j.dumps(_run_events(farm, pid)))
     assert ok, (states, [{k: v for k, v in x.items() if not k.startswith("_")} for x in events])
 
 

@@ -50,7 +50,7 @@ from sglang_farm.staging.stale import loading, old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
-from sglang_farm.workers.drain import HttpInFlight, wait_host_idle, watch_drain
+from sglang_farm.workers.drain import Drains, HttpInFlight
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.health import HttpProber
 from sglang_farm.workers.ladder import next_step
@@ -139,7 +139,15 @@ class Agent:
             if collaborators.gateway is not None
             else None
         )
-        self._in_flight = collaborators.in_flight or HttpInFlight()
+        sync = self._sync
+        self.drains = Drains(
+            state=self.worker_state,
+            gateway_routes_nothing=lambda: sync is None or not sync.up,
+            in_flight=collaborators.in_flight or HttpInFlight(),
+            base_url=lambda w: self._spec.worker(w).base_url,
+            feed=self.feed,
+            clock=clock,
+        )
         self._observed = Observations()
         self.worker_logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
@@ -202,7 +210,7 @@ class Agent:
         self._publisher = Publisher(
             build=self._build_view,
             changed=self._changed,
-            save=self._save_state,
+            save=lambda: self._store.save_from(self.supervisor),
             after=(*on_view, *collaborators.observers),
             log_for=self.log_for,
         )
@@ -324,7 +332,7 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await self._save_state()  # the last word
+        await self._store.save_from(self.supervisor)  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -391,7 +399,8 @@ class Agent:
     async def _on_old_copy(self, result: StageResult) -> list[int]:
         """Running workers that load a copy other than the one now at model_path."""
         pids = {w: self.supervisor.workers[w].pid for w in self._loaded()}
-        return await self._stages.on_old_copy(result, pids)
+        launched = {w: at for w, (pid, at) in self._store.launches.items() if pids.get(w) == pid}
+        return await self._stages.on_old_copy(result, pids, launched)
 
     def after_swap(self, result: StageResult) -> None:
         """The previous copy goes once no worker loads from it (after the rolling restart)."""
@@ -474,37 +483,12 @@ class Agent:
                 case Terminate(worker=w):
                     self.spawn(self.runtime.stop(w, self._spec.restart.stop_timeout))
                 case Drain(worker=w):
-                    self.spawn(self._watch_drain(w))
+                    self.spawn(self.drains.watch(w))
                 case Note(event=event, fields=fields):
                     self._log_note(event, dict(fields))
         if wake:
             self._ticker.wake()  # a new back-off or load deadline may now be the nearest
         self.refresh()
-
-    async def _watch_drain(self, worker: int) -> None:
-        sync = self._sync
-        await watch_drain(
-            worker,
-            state=self.worker_state,
-            gateway_routes_nothing=lambda: sync is None or not sync.up,
-            in_flight=self._in_flight,
-            base_url=lambda: self._spec.worker(worker).base_url,
-            feed=self.feed,
-        )
-
-    async def host_idle(self, workers: Sequence[int], timeout: float) -> dict[int, int | None]:
-        """`drain-host`'s wait (`workers.drain.wait_host_idle`): each of `workers` out of the
-        gateway and idle; those left when `timeout` ran out."""
-        sync = self._sync
-        return await wait_host_idle(
-            workers,
-            state=self.worker_state,
-            gateway_routes_nothing=lambda: sync is None or not sync.up,
-            in_flight=self._in_flight,
-            base_url=lambda w: self._spec.worker(w).base_url,
-            clock=self.clock,
-            timeout=timeout,
-        )
 
     # ---- GPU health -----------------------------------------------------------------------
 
@@ -602,14 +586,6 @@ class Agent:
             canary=self._canary.view(),  # issue 23: FarmView.canary
             rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
             held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
-        )
-
-    async def _save_state(self) -> None:
-        """state.json: the workers, and the host's hold out of the gateway (drain-host);
-        read on the loop, written in a thread."""
-        sup = self.supervisor
-        await asyncio.to_thread(
-            self._store.save, dict(sup.workers), held_out_since=sup.held_out_since
         )
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------

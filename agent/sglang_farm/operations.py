@@ -22,6 +22,7 @@ from sglang_farm.gpus.health import not_quarantined, quarantined_on
 from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.phase import Phase
@@ -71,7 +72,7 @@ class Farm(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
-    async def host_idle(self, workers: Sequence[int], timeout: float) -> dict[int, int | None]: ...
+    drains: Drains
 
 
 class FarmControl:
@@ -175,7 +176,7 @@ class FarmControl:
             ]
         budget = timeout if timeout is not None else (sup.policy.drain_timeout or 0.0)
         began = farm.clock()
-        left = await farm.host_idle(serving, budget)
+        left = await farm.drains.host_idle(serving, budget)
         waited = farm.clock() - began
         result = HostDrainResult(
             tuple(sorted(sup.workers)),

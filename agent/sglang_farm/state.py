@@ -11,6 +11,7 @@ stops the farm.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -59,6 +60,11 @@ def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
         "last_failure_at": s.last_failure_at + mono_to_wall if s.last_failure_at else None,
         "last_action": s.last_action,
         "last_load_seconds": s.last_load_seconds,
+        # Which process this farm launched last, and when (wall clock): a restarted agent
+        # tells by it whether an adopted worker started after a model copy's install.
+        "launch": {"pid": s.pid, "at": s.launched_at + mono_to_wall}
+        if s.pid is not None and s.launched_at is not None
+        else None,
     }
 
 
@@ -196,6 +202,7 @@ def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
             v.get("last_load_seconds"),
             v.get("phase"),
             (v.get("quarantine") or {}).get("reason"),
+            (v.get("launch") or {}).get("pid"),  # a new process: its launch is remembered
         )
         for w, v in d.items()
     }
@@ -209,11 +216,18 @@ class StateStore:
     """
 
     def __init__(self, path: Path, clock: Callable[[], float], wall: Callable[[], float]) -> None:
+        # Restored: each worker's last launch by a farm, (pid, wall time).
+        self.launches: dict[int, tuple[int, float]] = {}
         self.path = path
         self._clock = clock
         self._wall = wall
         self._persisted: dict[int, dict[str, Any]] = {}
         self._persisted_host: dict[str, Any] = {}
+
+    async def save_from(self, sup: Supervisor) -> None:
+        """The supervisor's workers and the host's hold out of the gateway (drain-host):
+        read on the event loop, written in a thread."""
+        await asyncio.to_thread(self.save, dict(sup.workers), held_out_since=sup.held_out_since)
 
     def restore(
         self, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
@@ -231,6 +245,11 @@ class StateStore:
         for wid, d in saved.items():
             if wid not in sup.workers:
                 continue
+            launch = d.get("launch")
+            if isinstance(launch, dict):
+                pid, at = launch.get("pid"), launch.get("at")
+                if isinstance(pid, int) and isinstance(at, (int, float)):
+                    self.launches[wid] = (pid, float(at))
             try:
                 raw = d.get("phase")
                 remembered = Phase(raw) if isinstance(raw, str) else None

@@ -120,7 +120,12 @@ class StageDriver:
         )
         return result
 
-    async def on_old_copy(self, result: StageResult, pids: Mapping[int, int | None]) -> list[int]:
+    async def on_old_copy(
+        self,
+        result: StageResult,
+        pids: Mapping[int, int | None],
+        launched: Mapping[int, float] | None = None,
+    ) -> list[int]:
         """Of the loading workers (`pids`: worker -> its process), those on a copy other
         than the one `result` left at model_path (`stale.on_old_copy`). The copy's stat and
         the /proc reads run in a thread, not on the event loop; a stage that replaced the
@@ -136,7 +141,7 @@ class StageDriver:
             return started, installed_at(result.target)
 
         started, installed = await asyncio.to_thread(facts)
-        return on_old_copy(result, started, installed)
+        return on_old_copy(result, started, installed, launched)
 
     def remove_old_copy(
         self, action: RemoveOldCopy, rolled: Callable[[float], Awaitable[object]]

@@ -52,18 +52,31 @@ def on_old_copy(
     result: StageResult,
     started: Mapping[int, float | None],
     installed: float | None,
+    launched: Mapping[int, float] | None = None,
 ) -> list[int]:
     """Of the loading workers (`started`: worker -> when its process started, wall time,
     None: unknown), those on a copy other than the one at model_path: all of them when
     this stage replaced it; else those whose process started before the copy was
-    `installed` (None: no recorded install, none)."""
+    `installed` (None: no recorded install, none).
+
+    A process that started within `STARTED_SLACK_S` of the install is ambiguous by its
+    start alone (the canary starts that soon after a stage): `launched` (worker -> when
+    this farm launched that same process, wall time, from state.json) settles it: a
+    launch at or after the install is on the copy in place."""
     if not result.current:
         return sorted(started)
     if installed is None:
         return []
-    return sorted(
-        w for w, at in started.items() if at is not None and at < installed + STARTED_SLACK_S
-    )
+    launched = launched or {}
+
+    def stale(w: int, at: float | None) -> bool:
+        if at is None or at >= installed + STARTED_SLACK_S:
+            return False
+        if at < installed - STARTED_SLACK_S:
+            return True  # clearly before the swap
+        return not (w in launched and launched[w] >= installed)
+
+    return sorted(w for w, at in started.items() if stale(w, at))
 
 
 def old_copy_removal(result: StageResult, spec: FarmSpec) -> RemoveOldCopy | None:

@@ -130,3 +130,45 @@ async def wait_host_idle(
         if not pending or clock() >= end:
             return {w: last[w] for w in sorted(pending)}
         await asyncio.sleep(min(poll_s, max(end - clock(), 0.0)))
+
+
+class Drains:
+    """The agent's drains, wired once: a worker's before its planned stop (`watch`), and
+    the whole host's (`host_idle`, `farmctl drain-host`)."""
+
+    def __init__(
+        self,
+        *,
+        state: Callable[[int], WorkerState | None],
+        gateway_routes_nothing: Callable[[], bool],
+        in_flight: InFlight,
+        base_url: Callable[[int], str],
+        feed: Callable[[int, Event], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._state, self._routes_nothing = state, gateway_routes_nothing
+        self._in_flight, self._base_url = in_flight, base_url
+        self._feed, self._clock = feed, clock
+
+    async def watch(self, worker: int) -> None:
+        """Report `Drained` for `worker` once it is out of the gateway and idle."""
+        await watch_drain(
+            worker,
+            state=self._state,
+            gateway_routes_nothing=self._routes_nothing,
+            in_flight=self._in_flight,
+            base_url=lambda: self._base_url(worker),
+            feed=self._feed,
+        )
+
+    async def host_idle(self, workers: Collection[int], timeout: float) -> dict[int, int | None]:
+        """Each of `workers` out of the gateway and idle; those left when `timeout` ran out."""
+        return await wait_host_idle(
+            workers,
+            state=self._state,
+            gateway_routes_nothing=self._routes_nothing,
+            in_flight=self._in_flight,
+            base_url=self._base_url,
+            clock=self._clock,
+            timeout=timeout,
+        )
