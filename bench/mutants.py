@@ -75,6 +75,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "tests/test_supervisor.py",
             "tests/test_mutation_supervisor.py",
+            "tests/test_supervisor_gate.py",
+            "tests/test_canary_rollout.py",
+            "tests/test_agent_canary.py",
+            "tests/test_agent_hostdrain.py",
             "tests/test_port_taken.py",
             "tests/test_state.py",
             "tests/test_agent.py",

@@ -139,10 +139,9 @@ class Agent:
             if collaborators.gateway is not None
             else None
         )
-        sync = self._sync
         self.drains = Drains(
             state=self.worker_state,
-            gateway_routes_nothing=lambda: sync is None or not sync.up,
+            gateway_routes_nothing=lambda: self._sync is None or not self._sync.up,
             in_flight=collaborators.in_flight or HttpInFlight(),
             base_url=lambda w: self._spec.worker(w).base_url,
             feed=self.feed,
