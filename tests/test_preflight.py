@@ -1302,8 +1302,13 @@ def test_doctor_warns_when_a_world_readable_config_holds_secrets(tmp_path: Path)
 _NO_SMG_PYTHON = "/usr/bin/python3"
 
 
-def _demo_with_gateway() -> FarmSpec:
+def _demo_with_gateway(base_port: int | None = None) -> FarmSpec:
+    """The demo's config; `base_port`: its workers elsewhere (the README walkthrough
+    tests may run the demo itself on its own ports meanwhile)."""
     text = (REPO / "etc" / "sglang-farm" / "demo.toml").read_text()
+    if base_port is not None:
+        assert "\nbase_port = 30000\n" in text
+        text = text.replace("\nbase_port = 30000\n", f"\nbase_port = {base_port}\n")
     spec = load_spec(text, source="demo.toml", agent_python=sys.executable)
     assert spec.gateway.mode == "managed"  # the demo runs smg itself
     return spec
@@ -1394,10 +1399,11 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import asyncio
     import socket
 
+    from farmproc import free_port_block
     from sglang_farm.gpus.simulated import FakeGpuPoller
     from sglang_farm.service import DoctorReportCache
 
-    spec = _demo_with_gateway()
+    spec = _demo_with_gateway(base_port=free_port_block(8))
     held = spec.worker(1).port
     verdict = DoctorReportCache(FakeGpuPoller(count=8))
     with socket.socket() as squatter, capture_logs() as logs:
