@@ -41,15 +41,23 @@ def block_is_free(base: int, n: int) -> bool:
     return True
 
 
+# Blocks handed out by this process: free now is not free later, when a test builds two
+# farms before starting either (their blocks must not overlap).
+_GIVEN: list[range] = []
+
+
 def free_port_block(n: int) -> int:
-    """A base port with n consecutive ports free on 127.0.0.1 (best effort, retried)."""
+    """A base port with n consecutive ports free on 127.0.0.1 and not handed out before
+    by this process (best effort, retried)."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base: int = s.getsockname()[1]
-        if base + n >= 65000:
+        block = range(base, base + n)
+        if base + n >= 65000 or any(b.start < block.stop and block.start < b.stop for b in _GIVEN):
             continue
         if block_is_free(base, n):
+            _GIVEN.append(block)
             return base
     raise RuntimeError("no free port block")
 

@@ -235,7 +235,8 @@ def test_two_farms_share_one_external_gateway_without_touching_each_other(
     a_urls, b_urls = set(worker_urls(a_cfg)), set(worker_urls(b_cfg))
     with running_farm(b_cfg, b_marker):
         with running_farm(a_cfg, a_marker) as a:
-            until(lambda: routed(gw) == a_urls | b_urls, 60, "both farms routed")
+            # Two farms of two workers starting at once, on a busy 2-core machine.
+            until(lambda: routed(gw) == a_urls | b_urls, 120, "both farms routed")
             lost_b = [False]
             done = threading.Event()
 
