@@ -36,6 +36,10 @@ def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(tm
     farm = Farm(farm_config(tmp, workers=8, parallel=4, load_seconds=1.0, marker=marker), marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
+        # Every worker's ready line, however the log's lines interleave on a busy machine.
+        end = time.monotonic() + 30
+        while len({e["worker"] for e in farm.named("worker_ready")}) < 8 and time.monotonic() < end:
+            time.sleep(0.2)
         ready = {e["worker"]: e["_t"] for e in farm.named("worker_ready")}
         launching = {e["worker"]: e["_t"] for e in farm.named("worker_launching")}
         assert sorted(ready) == list(range(8))
