@@ -137,6 +137,10 @@ FAKE_JOURNALCTL = textwrap.dedent(
     with open(os.environ["FAKE_JOURNAL_CALLS"], "a") as f:
         f.write(json.dumps(args) + "\\n")
     if any(a.startswith("--field=") for a in args):
+        slow = os.environ.get("FAKE_JOURNAL_FIELD_PID")  # a file: a slow --field (big journal)
+        if slow:
+            open(slow, "w").write(str(os.getpid()))
+            time.sleep(3600)
         print(os.environ.get("FAKE_JOURNAL_UNITS", ""))
         sys.exit(0)
     after = since = None
@@ -322,6 +326,37 @@ def test_a_new_units_line_journald_stored_before_its_starting_entry_is_not_lost(
     texts = [x.text for x in seen]
     assert "hello early" in texts, texts
     assert sorted(texts) == sorted(set(texts)), texts  # each line once
+
+
+def test_a_follower_closed_while_it_reads_the_known_units_leaves_no_journalctl_running(
+    fake_journal: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A farm stopped while journalctl still lists the journal's units (slow on a big
+    # journal): that journalctl was left running and unreaped, a process and a pipe leaked
+    # by every such stop (CI saw its ResourceWarning fail an unrelated test).
+    fake_journal([])
+    pid_file = tmp_path / "field.pid"
+    monkeypatch.setenv("FAKE_JOURNAL_FIELD_PID", str(pid_file))
+
+    async def run() -> int:
+        follower = jr.JournalFollower(lambda ev: None, _ours)
+        follower.start()
+        for _ in range(500):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            await asyncio.sleep(0.02)
+        pid = int(pid_file.read_text())
+        await follower.close()
+        return pid
+
+    pid = asyncio.run(run())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # killed and reaped by close()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)
+    pytest.fail(f"journalctl {pid} still running after the follower closed")
 
 
 def test_units_in_the_journal_already_are_followed_from_the_start(

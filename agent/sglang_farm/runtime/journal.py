@@ -319,6 +319,15 @@ def _known_units(text: str, worker_of: Callable[[str], int | None]) -> set[str]:
     return {u for u in text.splitlines() if worker_of(u) is not None}
 
 
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill `proc` if it still runs and wait for it: a journalctl is never left behind,
+    even when the read that started it is cancelled (the farm stopping)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()
+
+
 class JournalFollower:
     """Feeds `LogLine` events from the journal until closed, reading it every `POLL_S`.
 
@@ -368,7 +377,10 @@ class JournalFollower:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
-            out, _ = await proc.communicate()
+            try:
+                out, _ = await proc.communicate()
+            finally:
+                await _reap(proc)  # closed mid-read: no journalctl left running, unreaped
         except OSError as exc:
             log.warning("journal_seed_failed", error=str(exc))
             return
@@ -393,11 +405,10 @@ class JournalFollower:
                 new_unit = await self._read(proc.stdout)
                 done = not new_unit  # read to its end: journalctl is exiting by itself
             finally:
-                if proc.returncode is None and not done:
-                    # A new unit (the rest is read again, with it matched), or closing.
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                await proc.wait()
+                if done:  # journalctl ends by itself: its status says whether it failed
+                    await proc.wait()
+                else:  # a new unit (the rest is read again, with it matched), or closing
+                    await _reap(proc)
             if new_unit:
                 self._failures = 0
                 log.info("journal_follow_units", units=sorted(self._units))
@@ -494,10 +505,7 @@ class JournalFollower:
         except TimeoutError:
             log.warning("journal_catch_up_timeout", units=sorted(units), after_s=timeout)
         finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            await proc.wait()
+            await _reap(proc)
 
     def _entry(self, raw: bytes) -> object:
         """Emit one entry's lines unless emitted before; returns the parsed entry (None: bad)."""
