@@ -312,7 +312,7 @@ def test_playbook_installs_and_starts_fresh_hosts(fleet_logs: Fleet) -> None:
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-3000:]
     for h in f.hosts:
         assert h.version() == f.v1.name.split("_")[1]
-        assert h.sh("systemctl is-enabled sglang-farm.service").strip() == "enabled"
+        assert h.sh("systemctl is-enabled sglang-farm.target").strip() == "enabled"
         assert h.worker_states() == dict.fromkeys(range(WORKERS), "ready")
         # The template as the agent reads it: this host's ports, the shared gateway.
         toml = h.sh("cat /etc/sglang-farm/farm.toml")
@@ -360,9 +360,12 @@ def test_rolling_upgrade_under_load_fails_no_request(fleet_logs: Fleet) -> None:
     threads.append(threading.Thread(target=watch))
     for t in threads:
         t.start()
+    t0 = time.monotonic()
     try:
         r = f.play(f.v2)
     finally:
+        print(f"rolling upgrade of {len(f.hosts)} hosts: {time.monotonic() - t0:.1f} s,", end=" ")
+        print(f"{ok[0]} requests answered, {len(failed)} failed")
         stop.set()
         for t in threads:
             t.join(60)
