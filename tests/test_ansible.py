@@ -7,9 +7,10 @@
     rolling.yml on fresh hosts: the package installed, farm.toml written (validated by
         check-config), the farm enabled and started; all 4 workers ready and in the gateway
     under steady load through the gateway, rolling.yml with the next version of the package
-        (the same files, version bumped): 0 failed requests; host by host (one drained
-        while the other serves); both hosts end on the new version, their agents
-        restarted by the upgrade, every worker ready and in the gateway
+        (the same files, version bumped) and a changed farm.toml (the workers'
+        environment): 0 failed requests; host by host (one drained while the other
+        serves); both hosts end on the new version, their agents restarted by the
+        upgrade, their workers by the reload handler, every worker ready and in the gateway
 
 The real ansible-core, the real package (tests/debbuild.py), a real systemd per host and
 the real smg; the controller runs as root (nsenter). The container tests of this module
@@ -136,6 +137,10 @@ class Host:
     def agent_pid(self) -> int:
         return int(self.sh("systemctl show -p MainPID --value sglang-farm.service").strip())
 
+    def worker_pids(self) -> list[int]:
+        units = " ".join(f"sglang@{i}.service" for i in range(WORKERS))
+        return [int(p) for p in self.sh(f"systemctl show -p MainPID --value {units}").split()]
+
     def worker_states(self) -> dict[int, str]:
         r = self.c.run(["farmctl", "--json", "status"], check=False, timeout=30)
         if r.returncode != 0:
@@ -164,7 +169,7 @@ class Fleet:
     def all_urls(self) -> set[str]:
         return set().union(*(h.urls() for h in self.hosts))
 
-    def inventory(self, deb: Path) -> Path:
+    def inventory(self, deb: Path, worker_env: dict[str, str]) -> Path:
         """A YAML (here JSON) inventory: the group sglang_farm, one entry per container."""
         config = {
             "farm": {
@@ -176,6 +181,7 @@ class Fleet:
                     "SGLANG_SIM_LOAD_SECONDS": "0.5",
                     "SGLANG_SIM_WARMUP_SECONDS": "0.2",
                     "SGLANG_SIM_HEALTH_DELAY": "0.05",
+                    **worker_env,
                 },
             },
             "workers": {"gpus": list(range(WORKERS)), "host": "127.0.0.1"},
@@ -184,6 +190,9 @@ class Fleet:
             "restart": {"backoff_initial": "1s", "stop_timeout": "10s"},
             "metrics": {"gpu_source": "fake", "gpu_poll_interval": "1s"},
             "sglang": {"model_path": MODEL},
+            # A changed config restarts the workers canary first; its analysis (judged on
+            # minutes of traffic) is canary.md's to test: off here.
+            "rollout": {"analysis_window": "0s"},
             "gateway": {
                 "mode": "external",
                 "url": self.gateway,
@@ -219,12 +228,14 @@ class Fleet:
         path.write_text(json.dumps(inv, indent=1))
         return path
 
-    def play(self, deb: Path) -> subprocess.CompletedProcess[str]:
+    def play(
+        self, deb: Path, worker_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
                 str(BIN / "ansible-playbook"),
                 "-i",
-                str(self.inventory(deb)),
+                str(self.inventory(deb, worker_env or {})),
                 str(ANSIBLE_DIR / "rolling.yml"),
             ],
             env=_env(self.tmp),
@@ -326,6 +337,7 @@ def test_rolling_upgrade_under_load_fails_no_request(fleet_logs: Fleet) -> None:
     f = fleet_logs
     assert f.routed() == f.all_urls(), "the previous test left the fleet unsettled"
     before = {h.name: h.agent_pid() for h in f.hosts}
+    workers_before = {h.name: h.worker_pids() for h in f.hosts}
     ok, failed = [0], []
     routed_seen: list[set[str]] = []
     stop = threading.Event()
@@ -364,7 +376,9 @@ def test_rolling_upgrade_under_load_fails_no_request(fleet_logs: Fleet) -> None:
         t.start()
     t0 = time.monotonic()
     try:
-        r = f.play(f.v2)
+        # The next version, and a changed farm.toml (the workers' environment): the
+        # handler's farmctl reload restarts every worker, each out of the gateway first.
+        r = f.play(f.v2, worker_env={"SGLANG_SIM_ROLLED": "1"})
     finally:
         print(f"rolling upgrade of {len(f.hosts)} hosts: {time.monotonic() - t0:.1f} s,", end=" ")
         print(f"{ok[0]} requests answered, {len(failed)} failed")
@@ -378,6 +392,10 @@ def test_rolling_upgrade_under_load_fails_no_request(fleet_logs: Fleet) -> None:
     for h in f.hosts:
         assert h.version() == new
         assert h.agent_pid() not in (0, before[h.name]), "the upgrade did not restart the agent"
+        # The reload (the handler) restarted every worker on the changed config.
+        pids = h.worker_pids()
+        assert 0 not in pids and not set(pids) & set(workers_before[h.name]), (h.name, pids)
+        assert "SGLANG_SIM_ROLLED=1" in h.sh(f"tr '\\0' '\\n' < /proc/{pids[0]}/environ")
         assert h.worker_states() == dict.fromkeys(range(WORKERS), "ready")
     assert f.routed() == f.all_urls()
     # Host by host: each host was out of the gateway at some point, never both at once.
