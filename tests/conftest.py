@@ -49,8 +49,8 @@ QUIET_S = float(os.environ.get("SF_QUIET_S", "30"))
 LONG_STEPS = {
     "tests/test_deb.py": "building the .deb first: pystemd and lxml compile, minutes when pip's"
     " cache is cold",
-    "tests/test_ansible.py": "waits for the run's one .deb build (tests/debbuild.py), then"
-    " two rolling playbook runs",
+    "tests/test_ansible.py": "the first test waits for the run's one .deb build"
+    " (tests/debbuild.py); the playbook runs take minutes",
     "tests/test_soak.py": "the chaos soak runs 2 minutes",
 }
 
