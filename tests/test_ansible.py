@@ -68,6 +68,8 @@ def _env(tmp: Path) -> dict[str, str]:
         "ANSIBLE_CONNECTION_PLUGINS": str(PLUGINS / "connection"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        # One nsenter per task (the module on stdin) instead of copy, chmod, run, remove.
+        "ANSIBLE_PIPELINING": "1",
         "XDG_CACHE_HOME": str(tmp / "cache"),
     }
 

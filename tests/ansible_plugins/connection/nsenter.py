@@ -20,8 +20,12 @@ import shlex
 import subprocess
 from typing import Any
 
-from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
-from ansible.plugins.connection import ConnectionBase
+from ansible.errors import (  # type: ignore[import-untyped]  # no type hints shipped
+    AnsibleConnectionFailure,
+    AnsibleError,
+    AnsibleFileNotFound,
+)
+from ansible.plugins.connection import ConnectionBase  # type: ignore[import-untyped]
 
 DOCUMENTATION = """
     name: nsenter
@@ -39,8 +43,8 @@ DOCUMENTATION = """
                 - name: ansible_nsenter_pid
 """
 
-_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
-_ENV += ("LANG=C.UTF-8",)
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ENV = (f"PATH={_PATH}", "HOME=/root", "LANG=C.UTF-8")
 
 
 class Connection(ConnectionBase):  # type: ignore[misc]  # ansible-core ships no type hints
