@@ -4,7 +4,8 @@ tests/test_deb.py and tests/test_ansible.py both install the .deb in systemd con
 Building it costs about a minute with pip's cache warm (minutes cold: pystemd and lxml
 compile), so the modules of one run share one build: under pytest-xdist the workers of a
 run have the same PYTEST_XDIST_TESTRUNUID, and the first to ask builds into a folder
-named after it while the others wait on its lock. Without xdist each asking module
+named after it (in TMPDIR: scripts/test's per-run folder, removed at its end) while the
+others wait on its lock. Without xdist each asking module
 builds its own (nothing to share, and no stale package from an earlier run). SF_DEB
 names a package built beforehand instead.
 """
