@@ -24,6 +24,7 @@ import pytest
 # module not named runs after these, in file order.
 LONGEST_FIRST = (
     "test_deb.py",
+    "test_ansible.py",
     "test_soak.py",
     "test_readme_walkthrough.py",
     "test_systemd_farm.py",
@@ -48,6 +49,8 @@ QUIET_S = float(os.environ.get("SF_QUIET_S", "30"))
 LONG_STEPS = {
     "tests/test_deb.py": "building the .deb first: pystemd and lxml compile, minutes when pip's"
     " cache is cold",
+    "tests/test_ansible.py": "the first test waits for the run's one .deb build"
+    " (tests/debbuild.py); the playbook runs take minutes",
     "tests/test_soak.py": "the chaos soak runs 2 minutes",
 }
 

@@ -208,6 +208,10 @@ class SystemdContainer:
     pass `init_args=()` for the full boot. `binds_ro` are host folders bound read-only
     at the same path; this checkout and the running venv are always bound (they may
     live under /tmp on CI, which the container masks with its own tmpfs).
+    `private_network=False` shares this machine's network namespace (loopback included)
+    instead of a loopback of its own: for a test whose servers on this machine must reach
+    the container's (tests/test_ansible.py: one gateway, workers in two containers), each
+    container then on ports of its own.
     """
 
     def __init__(
@@ -217,6 +221,7 @@ class SystemdContainer:
         binds_ro: Sequence[str | Path] = (),
         boot_timeout: float = 60.0,
         init_args: Sequence[str] = ("systemd.unit=basic.target",),
+        private_network: bool = True,
     ) -> None:
         self.name = name or f"sf-test-{uuid.uuid4().hex[:8]}"
         binds = [str(REPO), sys.prefix, *(str(b) for b in binds_ro)]
@@ -225,6 +230,7 @@ class SystemdContainer:
         self.binds_ro = list(dict.fromkeys(binds))
         self.boot_timeout = boot_timeout
         self.init_args = list(init_args)
+        self.private_network = private_network
         self.boot_seconds: float | None = None
         self._state = _State()
         self._finalizer = weakref.finalize(self, _teardown, self._state)
@@ -270,7 +276,7 @@ class SystemdContainer:
             "--register=no",
             "--keep-unit",
             "--link-journal=no",
-            "--private-network",
+            *(["--private-network"] if self.private_network else []),
             *(f"--bind-ro={b}" for b in self.binds_ro),
             # Arguments after the options go to the container's systemd.
             *self.init_args,

@@ -1,7 +1,8 @@
 """The Debian package, built, linted and installed for real (issue 7).
 
-Once per module: `packaging/build-deb --no-lint --out TMP` builds the .deb (several
-minutes: pystemd and lxml compile), or SF_DEB=/path/to.deb names one already built.
+Once per run (tests/debbuild.py, shared with test_ansible.py): `packaging/build-deb
+--no-lint` builds the .deb (several minutes when pip's cache is cold: pystemd and lxml
+compile), or SF_DEB=/path/to.deb names one already built.
 Then lintian must print no E: or W: line, and the package goes through its life in a
 throwaway systemd container (tests/sdcontainer.py; no network: its dependencies are
 the host's, already installed):
@@ -37,11 +38,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+import debbuild
 import sdcontainer
 from sdcontainer import SystemdContainer
 
 REPO = Path(__file__).resolve().parent.parent
-BUILD_DEB = REPO / "packaging" / "build-deb"
 
 pytestmark = [
     pytest.mark.slow,
@@ -159,32 +160,8 @@ def poll(what: str, probe: Callable[[], tuple[bool, T]], timeout: float = 60.0) 
 
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package: SF_DEB, or built once for this module from a copy of the tree."""
-    given = os.environ.get("SF_DEB")
-    if given:
-        path = Path(given)
-        assert path.is_file(), f"SF_DEB={given} is not a file"
-        return path
-    if shutil.which("dpkg-buildpackage") is None:
-        _skip_or_fail("dpkg-buildpackage not found (apt-get install dpkg-dev debhelper)")
-    deps = subprocess.run(
-        ["dpkg-checkbuilddeps", str(REPO / "packaging" / "debian" / "control")],
-        capture_output=True,
-        text=True,
-    )
-    if deps.returncode != 0:
-        _skip_or_fail(f"build dependencies missing: {deps.stderr.strip()}")
-    out = tmp_path_factory.mktemp("deb")
-    r = subprocess.run(
-        [str(BUILD_DEB), "--no-lint", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert r.returncode == 0, f"build-deb failed:\n{r.stdout}\n{r.stderr[-6000:]}"
-    debs = sorted(out.glob("sglang-farm_*.deb"))
-    assert len(debs) == 1, f"expected one .deb in {out}, found {debs}"
-    return debs[0]
+    """The package: SF_DEB, or this run's build (tests/debbuild.py, shared with test_ansible)."""
+    return debbuild.package(tmp_path_factory.mktemp("deb"))
 
 
 def test_package_name_and_version_follow_the_project(deb: Path) -> None:
