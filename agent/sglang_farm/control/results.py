@@ -228,7 +228,8 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    the gateway (null without one), with a [model] its stage (`staging`), once a
+    the gateway (null without one; with several, their sum and `gateways`, each
+    one's own), with a [model] its stage (`staging`), once a
     change has been judged its canary analysis (`canary`), and while the host is held
     out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last)."""
     result: Result = {
@@ -261,6 +262,9 @@ def status_result(
         ],
         "gateway": gateway_result(view.gateway),
     }
+    if view.gateway is not None and view.gateway.gateways:
+        # Issue 26, [gateway] urls: each gateway's own; `gateway` then sums them up.
+        result["gateways"] = [gateway_result(g) for g in view.gateway.gateways]
     if view.staging is not None:
         result["staging"] = staging_result(view.staging)
     if view.canary is not None:

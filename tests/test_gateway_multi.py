@@ -1,0 +1,281 @@
+"""Several gateways (issue 26, item 1): `[gateway] urls`, the admin key's file, and the farm
+over two in-memory gateways (virtual time): every ready worker in each, a planned stop out
+of all of them first, each gateway reconciled on its own, a down or hung one holding
+nothing on the other. The same over two real smg gateways: tests/test_gateway_multi_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+import asuser
+from agent_harness import (
+    GATEWAY,
+    farm,
+    farm_toml,
+    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
+    urls,
+)
+from asuser import shared_dir  # noqa: F401 (a fixture)
+from fake_gateway import FakeGateway
+from sglang_farm.config import load_spec
+from sglang_farm.control.results import settled_result, status_result
+from sglang_farm.errors import ConfigError
+from sglang_farm.gateway.membership import combined
+from sglang_farm.service import build_gateway
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.phase import Phase
+from virtual_time import run_virtual
+
+A, B = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+TWO = {"mode": "external", "urls": [A, B], "drain_timeout": "30s"}
+HEAD = "[workers]\ngpus = [0, 1]\n[sglang]\nmodel_path = '/models/m'\n[gateway]\n"
+
+
+def _load(gateway: str) -> FarmSpec:
+    return load_spec(HEAD + gateway, source="farm.toml")
+
+
+def _problems(gateway: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        _load(gateway)
+    return list(info.value.problems)
+
+
+# --- config ----------------------------------------------------------------------------
+
+
+def test_urls_names_every_external_gateway_and_url_stays_for_one() -> None:
+    g = _load(f'mode = "external"\nurls = ["{A}", "{B}/"]\n').gateway
+    assert g.external_urls == (A, B)
+    assert _load(f'mode = "external"\nurl = "{A}"\n').gateway.external_urls == (A,)
+    assert _load('mode = "managed"\n').gateway.external_urls == ()
+
+
+@pytest.mark.parametrize(
+    ("gateway", "words"),
+    [
+        (f'mode = "external"\nurl = "{A}"\nurls = ["{B}"]\n', "url and urls are both set"),
+        (f'mode = "external"\nurls = ["{A}", "{A}/"]\n', "named twice"),
+        ('mode = "external"\nurls = []\n', "expected a list of base URLs"),
+        ('mode = "external"\nurls = ["10.0.0.5:8000"]\n', "expected a base URL"),
+        (f'mode = "managed"\nurls = ["{A}"]\n', "urls is for mode = 'external'"),
+    ],
+)
+def test_bad_urls_are_refused_with_the_fix(gateway: str, words: str) -> None:
+    found = _problems(gateway)
+    assert len(found) == 1, found
+    assert "gateway.urls" in found[0] and words in found[0], found
+
+
+def test_external_mode_without_url_or_urls_says_both() -> None:
+    (problem,) = _problems('mode = "external"\n')
+    assert "gateway.url" in problem and "urls = [...]" in problem
+
+
+# --- the admin key's file --------------------------------------------------------------
+
+
+def _external(key: Path) -> FarmSpec:
+    return _load(f'mode = "external"\nurls = ["{A}", "{B}"]\nadmin_key_file = "{key}"\n')
+
+
+def test_a_private_admin_key_is_given_to_every_gateway(tmp_path: Path) -> None:
+    key = tmp_path / "gateway.key"
+    key.write_text("k-0123\n")
+    key.chmod(0o600)
+    front = build_gateway(_external(key), "process")
+    assert front is not None
+    clients = (front.client, *front.more)
+    assert [c.url for c in clients] == [A, B]
+    assert all(c._headers == {"Authorization": "Bearer k-0123"} for c in clients)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o602])
+def test_an_admin_key_others_can_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    key = tmp_path / "gateway.key"
+    key.write_text("k-0123\n")
+    key.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        build_gateway(_external(key), "process")
+    (problem,) = info.value.problems
+    assert f"open to other users (mode {mode:04o})" in problem
+    assert f"chown root: {key} && chmod 0600 {key}" in problem and "k-0123" not in problem
+
+
+def test_an_admin_key_of_another_user_is_refused(shared_dir: Path) -> None:  # noqa: F811
+    key = shared_dir / "gateway.key"
+    asuser.nobody_python(
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600);"
+        " os.write(fd, b'k-planted'); os.close(fd)",
+        str(key),
+    )
+    assert os.stat(key).st_uid == asuser.NOBODY_UID
+    with pytest.raises(ConfigError) as info:
+        build_gateway(_external(key), "process")
+    assert f"owned by nobody (uid {asuser.NOBODY_UID})" in info.value.problems[0]
+
+
+# --- the combined word (pure) ----------------------------------------------------------
+
+
+def test_joining_needs_every_answering_gateway_and_leaving_needs_none() -> None:
+    assert combined(True, [True, True]) is True
+    assert combined(True, [True, False]) is False
+    assert combined(True, [True, None]) is None  # one has not said yet
+    assert combined(True, [False, None]) is False
+    assert combined(False, [False, False]) is False
+    assert combined(False, [False, True]) is True  # still routed by one: not drained
+    assert combined(False, [False, None]) is None
+    assert combined(False, [True, None]) is True
+    assert combined(True, []) is None and combined(False, []) is None  # none answers
+
+
+# --- the farm over two gateways (virtual time) -----------------------------------------
+
+
+def _two() -> tuple[FakeGateway, FakeGateway]:
+    a, b = FakeGateway(A), FakeGateway(B)
+    b.timeline = a.timeline  # one order of calls for both
+    return a, b
+
+
+def test_every_ready_worker_joins_every_gateway(tmp: Path) -> None:
+    a, b = _two()
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            await f.until(lambda: all(w.in_gateway for w in f.agent.view().workers), within=1)
+            gw = f.agent.view().gateway
+            assert gw is not None and gw.up and gw.members == 8
+            assert [(g.url, g.up, g.members) for g in gw.each] == [(A, True, 8), (B, True, 8)]
+            shown = status_result(f.agent.view(), (), version="t", now=0.0)["gateways"]
+            assert isinstance(shown, list)
+            assert [(g["url"], g["up"], g["members"]) for g in shown] == [
+                (A, True, 8),
+                (B, True, 8),
+            ]
+            assert settled_result(f.agent.view())["settled"] is True
+
+    run_virtual(scenario())
+
+
+def test_a_planned_stop_leaves_every_gateway_before_its_requests_are_counted(tmp: Path) -> None:
+    a, b = _two()
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            b.delay = 3.0  # B takes its time: the drain waits for it
+            f.in_flight.counts[2] = 4
+            begun = len(f.timeline)
+            stopping = asyncio.create_task(f.ops.stop([2]))
+            await f.until(lambda: urls([2]).isdisjoint(a.routed() | b.routed()), within=5)
+            f.in_flight.counts[2] = 0
+            await asyncio.wait_for(stopping, 10)
+            url = "http://127.0.0.1:30002"
+            seen = [
+                e
+                for e in f.timeline[begun:]
+                if e in (f"gateway remove {url}", "stop 2") or e.startswith("in_flight 2:")
+            ]
+            # Out of both (B's answer came 3 s later) before a single count, then the stop.
+            assert seen[:2] == [f"gateway remove {url}"] * 2, seen
+            assert seen[-1] == "stop 2" and f.phase(2) is Phase.STOPPED
+
+    run_virtual(scenario())
+
+
+def test_a_down_gateway_holds_no_stop_and_is_refilled_when_it_returns(tmp: Path) -> None:
+    a, b = _two()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            b.down = True
+            await f.until(lambda: not f.agent.view().gateway.each[1].up, within=15)  # type: ignore[union-attr]
+            t0 = loop.time()
+            await f.ops.restart([5])
+            await f.until(lambda: f.runtime.starts_of(5) == 2 and f.phase(5) is Phase.READY)
+            await f.until(lambda: urls([5]) <= a.routed(), within=5)
+            assert loop.time() - t0 < 30  # not the 30 s drain budget: B was not waited on
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.up  # A answers
+            assert view.worker(5).in_gateway  # in every gateway that answers
+            assert settled_result(view)["settled"] is True
+            # B restarts empty: its own reconcile refills it, A untouched meanwhile.
+            b.members.clear()
+            removes = [c for c in a.calls if c[0] == "remove"]
+            b.down = False
+            await f.until(lambda: b.routed() == urls(range(8)), within=25)
+            assert [c for c in a.calls if c[0] == "remove"] == removes
+
+    run_virtual(scenario())
+
+
+def test_a_gateway_that_never_answers_holds_a_stop_only_for_its_bound(tmp: Path) -> None:
+    a, b = _two()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        text = farm_toml(tmp, gateway={**TWO, "drain_timeout": "5m"})
+        async with farm(tmp, text=text, gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            b.delay = float("inf")  # hangs: no error, no answer
+            t0 = loop.time()
+            await f.ops.stop([1])
+            assert f.phase(1) is Phase.STOPPED
+            assert loop.time() - t0 < 60  # its bound (15 s), not the 5 min drain budget
+            gw = f.agent.view().gateway
+            assert gw is not None and not gw.each[1].up
+            assert "no answer within 15 s" in (gw.each[1].last_error or "")
+
+    run_virtual(scenario())
+
+
+def test_a_rolling_wave_waits_until_every_gateway_routes_to_it(tmp: Path) -> None:
+    a, b = _two()
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            b.delay = 2.0  # B confirms each add 2 s after A
+            broken: list[str] = []
+
+            async def watch() -> None:
+                while True:
+                    for w in f.agent.view().workers:
+                        u = f"http://127.0.0.1:{30000 + w.id}"
+                        joined = w.phase is Phase.READY and w.in_gateway
+                        if joined and not (u in a.routed() and u in b.routed()):
+                            broken.append(f"worker {w.id} in, gateways {a.routed(), b.routed()}")
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            await f.ops.restart(list(range(8)))
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(8)))
+            await f.until(lambda: all(w.in_gateway for w in f.agent.view().workers))
+            watcher.cancel()
+            assert broken == []
+            assert a.routed() == b.routed() == urls(range(8))
+
+    run_virtual(scenario())
+
+
+def test_one_gateway_reads_as_before(tmp: Path) -> None:
+    """`url` alone: the status is that gateway's, with no list of gateways beside it."""
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY)) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            gw = f.agent.view().gateway
+            assert gw is not None and gw.gateways == () and gw.each == (gw,)
+            assert gw.url == "http://127.0.0.1:8000"
+
+    run_virtual(scenario())
