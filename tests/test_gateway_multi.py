@@ -22,10 +22,12 @@ from agent_harness import (
 )
 from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_gateway import FakeGateway
+from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import settled_result, status_result
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.membership import combined
+from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.service import build_gateway
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.phase import Phase
@@ -161,6 +163,20 @@ def test_every_ready_worker_joins_every_gateway(tmp: Path) -> None:
                 (B, True, 8),
             ]
             assert settled_result(f.agent.view())["settled"] is True
+            b.down = True
+            await f.until(lambda: not f.agent.view().gateway.each[1].up, within=15)  # type: ignore[union-attr]
+            view = f.agent.view()
+            registry = build_registry(lambda: MetricsState(snapshot_at=0.0, farm=view), version="t")
+            for url, up in ((A, 1), (B, 0)):
+                assert registry.get_sample_value("sglang_farm_gateway_up", {"url": url}) == up
+                labels = {"url": url}
+                assert registry.get_sample_value("sglang_farm_gateway_routed_workers", labels) == 8
+            assert registry.get_sample_value("sglang_farm_gateway_members") == 8
+            text = format_status(status_result(view, (), version="t", now=0.0))
+            assert f"gateway {A} · up · routes to 8 of 8 workers" in text
+            assert f"gateway {B} · down · routed to 8 of 8 workers when last confirmed" in text
+            (note,) = [line for line in text.splitlines() if "is not answering" in line]
+            assert note.startswith(f"gateway {B} is not answering") and "cannot reach it" in note
 
     run_virtual(scenario())
 
