@@ -22,7 +22,9 @@ Two questions, measured with the real smg on this machine and the farm's simulat
      worker deleted on one node and registered again on the other, 3 s to settle: cycles
      that end with a node not routing to it;
    - `every_node_inconsistent`: the farm's own way on a mesh: the worker deleted on both
-     nodes and registered on both again (as `[gateway] urls` naming both nodes would do).
+     nodes and registered on both again (as `[gateway] urls` naming both nodes would do);
+     `every_node_gone_s`: from the deletes until neither node routes to it;
+     `every_node_entries_max`: the most entries one node lists for the worker.
 
 Prints one line per figure and writes JSON with `--out`. `--cycles N` (default 10).
 Takes about three minutes; run it alone on a quiet machine (numbers on a busy 2-core
@@ -207,6 +209,47 @@ def mesh(cycles: int) -> dict[str, Any]:
         say(f"delete via the peer converges: {r['delete_via_peer_converges']}")
         m.clear()
 
+        def cycles_of(step: Callable[[int], None]) -> str:
+            bad = 0
+            for i in range(cycles):
+                step(i)
+                time.sleep(3)
+                if not (m.routes(n1) and m.routes(n2)):
+                    bad += 1
+            m.clear()
+            return f"{bad}/{cycles}"
+
+        def cross(i: int) -> None:
+            src, dst = (n1, n2) if i % 2 == 0 else (n2, n1)
+            m.delete(src)
+            wait(lambda: not m.routes(src), 5)
+            m.add(dst)
+            wait(lambda: m.routes(dst), 10)
+
+        gone: list[float | None] = []
+        entries: list[int] = []
+
+        def every(_i: int) -> None:
+            for node in (n1, n2):
+                m.delete(node)
+            gone.append(wait(lambda: not m.routes(n1) and not m.routes(n2), 5))
+            for node in (n1, n2):
+                m.add(node)
+            wait(lambda: m.routes(n1) and m.routes(n2), 10)
+            time.sleep(3)
+            entries.extend(len(m.ids(node)) for node in (n1, n2))
+
+        m.add(n1)
+        wait(lambda: m.routes(n2), 20)
+        r["cross_node_inconsistent"] = cycles_of(cross)
+        say(f"cross-node (#1661 pattern): {r['cross_node_inconsistent']} inconsistent")
+        r["every_node_inconsistent"] = cycles_of(every)
+        say(f"every node registered: {r['every_node_inconsistent']} inconsistent")
+        r["every_node_gone_s"] = gone
+        most = r["every_node_entries_max"] = max(entries, default=0)
+        say(f"every node: gone from both {gone}; entries per node at most {most}")
+
+        # Last: it leaves the mesh's records in a state the cycles above would inherit.
         m.add(n1)
         wait(lambda: m.routes(n2), 20)
         n1.kill()
@@ -230,37 +273,6 @@ def mesh(cycles: int) -> dict[str, Any]:
         say(f"owner restart: re-import {r['owner_restart_reimport_s']} s, stale {stale}")
         m.clear()
 
-        def cycles_of(step: Callable[[int], None]) -> str:
-            bad = 0
-            for i in range(cycles):
-                step(i)
-                time.sleep(3)
-                if not (m.routes(n1) and m.routes(n2)):
-                    bad += 1
-            m.clear()
-            return f"{bad}/{cycles}"
-
-        def cross(i: int) -> None:
-            src, dst = (n1, n2) if i % 2 == 0 else (n2, n1)
-            m.delete(src)
-            wait(lambda: not m.routes(src), 5)
-            m.add(dst)
-            wait(lambda: m.routes(dst), 10)
-
-        def every(_i: int) -> None:
-            for node in (n1, n2):
-                m.delete(node)
-            wait(lambda: not m.routes(n1) and not m.routes(n2), 5)
-            for node in (n1, n2):
-                m.add(node)
-            wait(lambda: m.routes(n1) and m.routes(n2), 10)
-
-        m.add(n1)
-        wait(lambda: m.routes(n2), 20)
-        r["cross_node_inconsistent"] = cycles_of(cross)
-        say(f"cross-node (#1661 pattern): {r['cross_node_inconsistent']} inconsistent")
-        r["every_node_inconsistent"] = cycles_of(every)
-        say(f"every node registered: {r['every_node_inconsistent']} inconsistent")
     return r
 
 

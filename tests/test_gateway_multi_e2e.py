@@ -158,6 +158,7 @@ def test_two_farms_in_two_gateways_restart_under_load_and_refill_a_killed_gatewa
                     # `farmctl wait`: settled means in every gateway.
                     assert g1.routed() == g2.routed() == every
                 time.sleep(1)
+            print(f"\nrestart all on both farms, load through both gateways: {load.ok} ok")
             assert load.ok > 0
             assert not load.failed, load.failed
             for farm in (a, b):
