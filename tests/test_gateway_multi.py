@@ -24,7 +24,7 @@ from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_gateway import FakeGateway
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
-from sglang_farm.control.results import settled_result, status_result
+from sglang_farm.control.results import endpoints_result, settled_result, status_result
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.membership import combined
 from sglang_farm.metrics.collectors import MetricsState, build_registry
@@ -163,6 +163,8 @@ def test_every_ready_worker_joins_every_gateway(tmp: Path) -> None:
                 (B, True, 8),
             ]
             assert settled_result(f.agent.view())["settled"] is True
+            ends = endpoints_result(f.agent.view())
+            assert ends["gateway"] == A and ends["gateways"] == [A, B]
             b.down = True
             await f.until(lambda: not f.agent.view().gateway.each[1].up, within=15)  # type: ignore[union-attr]
             view = f.agent.view()

@@ -42,8 +42,9 @@ class GatewayStatus:
     # other hosts; on a managed gateway, removed by that reconcile).
     foreign: tuple[str, ...] = ()
     # Issue 26, several gateways ([gateway] urls): each one's own status; this one then
-    # sums them up (url: all of them, up: any answers, members: in every one that
-    # answers). Empty with one gateway: this status is that gateway's.
+    # sums them up (up: any answers, members: in every one that answers; url: the
+    # first one's). Empty with one gateway: this status is that
+    # gateway's.
     gateways: tuple[GatewayStatus, ...] = ()
 
     @property

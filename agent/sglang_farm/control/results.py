@@ -373,11 +373,15 @@ def why_result(
 
 def endpoints_result(view: FarmView) -> Result:
     """`endpoints`: the base URL of every ready worker (what a router balances over),
-    and the gateway's URL (the one URL for users; null without a gateway)."""
-    return {
+    and the gateway's URL (the one URL for users; null without a gateway; with several,
+    the first, and `gateways` lists them all)."""
+    result: Result = {
         "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready],
         "gateway": view.gateway.url if view.gateway is not None else None,
     }
+    if view.gateway is not None and view.gateway.gateways:
+        result["gateways"] = [g.url for g in view.gateway.gateways]
+    return result
 
 
 def logs_result(worker: int, lines: Sequence[str]) -> Result:

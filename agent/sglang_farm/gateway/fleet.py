@@ -71,7 +71,7 @@ class GatewayFleet:
             return each[0]
         errors = [f"{g.url}: {g.last_error}" for g in each if g.last_error]
         return GatewayStatus(
-            url=self.gateway_url,
+            url=each[0].url,  # a URL still (readers of one gateway); `gateways` has all
             up=any(g.up for g in each),
             members=sum(1 for s in self._states().values() if s.in_gateway),
             errors=sum(g.errors for g in each),
