@@ -87,7 +87,7 @@ def test_a_negative_headroom_is_refused() -> None:
 def test_an_external_gateway_needs_its_url() -> None:
     assert only_problem(MINIMAL + '[gateway]\nmode = "external"\n') == (
         "farm.toml:6: gateway.url: missing: mode = 'external' needs the gateway's url "
-        "(e.g. url = 'http://10.0.0.5:8000')"
+        "(e.g. url = 'http://10.0.0.5:8000'), or urls = [...] for several gateways"
     )
     spec = load(MINIMAL + '[gateway]\nmode = "external"\nurl = "http://10.0.0.5:8000"\n')
     assert spec.gateway.url == "http://10.0.0.5:8000"
