@@ -1,7 +1,8 @@
-"""Several gateways (issue 26, item 1): `[gateway] urls`, the admin key's file, and the farm
+"""Several gateways (issue 26, item 1): the admin key's file, and the farm
 over two in-memory gateways (virtual time): every ready worker in each, a planned stop out
 of all of them first, each gateway reconciled on its own, a down or hung one holding
-nothing on the other. The same over two real smg gateways: tests/test_gateway_multi_e2e.py.
+nothing on the other. The same over two real smg gateways: tests/test_gateway_multi_e2e.py;
+`[gateway] urls` itself: tests/test_mutation_config.py (with the config's other tests).
 """
 
 from __future__ import annotations
@@ -46,37 +47,6 @@ def _problems(gateway: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
         _load(gateway)
     return list(info.value.problems)
-
-
-# --- config ----------------------------------------------------------------------------
-
-
-def test_urls_names_every_external_gateway_and_url_stays_for_one() -> None:
-    g = _load(f'mode = "external"\nurls = ["{A}", "{B}/"]\n').gateway
-    assert g.external_urls == (A, B)
-    assert _load(f'mode = "external"\nurl = "{A}"\n').gateway.external_urls == (A,)
-    assert _load('mode = "managed"\n').gateway.external_urls == ()
-
-
-@pytest.mark.parametrize(
-    ("gateway", "words"),
-    [
-        (f'mode = "external"\nurl = "{A}"\nurls = ["{B}"]\n', "url and urls are both set"),
-        (f'mode = "external"\nurls = ["{A}", "{A}/"]\n', "named twice"),
-        ('mode = "external"\nurls = []\n', "expected a list of base URLs"),
-        ('mode = "external"\nurls = ["10.0.0.5:8000"]\n', "expected a base URL"),
-        (f'mode = "managed"\nurls = ["{A}"]\n', "urls is for mode = 'external'"),
-    ],
-)
-def test_bad_urls_are_refused_with_the_fix(gateway: str, words: str) -> None:
-    found = _problems(gateway)
-    assert len(found) == 1, found
-    assert "gateway.urls" in found[0] and words in found[0], found
-
-
-def test_external_mode_without_url_or_urls_says_both() -> None:
-    (problem,) = _problems('mode = "external"\n')
-    assert "gateway.url" in problem and "urls = [...]" in problem
 
 
 # --- the admin key's file --------------------------------------------------------------
