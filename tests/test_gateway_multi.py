@@ -1,19 +1,18 @@
-"""Several gateways (issue 26, item 1): the admin key's file, and the farm
+"""Several gateways (issue 26, item 1): the farm
 over two in-memory gateways (virtual time): every ready worker in each, a planned stop out
 of all of them first, each gateway reconciled on its own, a down or hung one holding
 nothing on the other. The same over two real smg gateways: tests/test_gateway_multi_e2e.py;
-`[gateway] urls` itself: tests/test_mutation_config.py (with the config's other tests).
+`[gateway] urls` itself: tests/test_mutation_config.py (with the config's other tests);
+the admin key's file: tests/test_gateway_keyfile.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
-import asuser
 from agent_harness import (
     GATEWAY,
     farm,
@@ -29,7 +28,6 @@ from sglang_farm.control.results import endpoints_result, settled_result, status
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.membership import combined
 from sglang_farm.metrics.collectors import MetricsState, build_registry
-from sglang_farm.service import build_gateway
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
@@ -47,49 +45,6 @@ def _problems(gateway: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
         _load(gateway)
     return list(info.value.problems)
-
-
-# --- the admin key's file --------------------------------------------------------------
-
-
-def _external(key: Path) -> FarmSpec:
-    return _load(f'mode = "external"\nurls = ["{A}", "{B}"]\nadmin_key_file = "{key}"\n')
-
-
-def test_a_private_admin_key_is_given_to_every_gateway(tmp_path: Path) -> None:
-    key = tmp_path / "gateway.key"
-    key.write_text("k-0123\n")
-    key.chmod(0o600)
-    front = build_gateway(_external(key), "process")
-    assert front is not None
-    clients = (front.client, *front.more)
-    assert [c.url for c in clients] == [A, B]
-    assert all(c._headers == {"Authorization": "Bearer k-0123"} for c in clients)
-
-
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o602])
-def test_an_admin_key_others_can_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
-    key = tmp_path / "gateway.key"
-    key.write_text("k-0123\n")
-    key.chmod(mode)
-    with pytest.raises(ConfigError) as info:
-        build_gateway(_external(key), "process")
-    (problem,) = info.value.problems
-    assert f"open to other users (mode {mode:04o})" in problem
-    assert f"chown root: {key} && chmod 0600 {key}" in problem and "k-0123" not in problem
-
-
-def test_an_admin_key_of_another_user_is_refused(shared_dir: Path) -> None:  # noqa: F811
-    key = shared_dir / "gateway.key"
-    asuser.nobody_python(
-        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600);"
-        " os.write(fd, b'k-planted'); os.close(fd)",
-        str(key),
-    )
-    assert os.stat(key).st_uid == asuser.NOBODY_UID
-    with pytest.raises(ConfigError) as info:
-        build_gateway(_external(key), "process")
-    assert f"owned by nobody (uid {asuser.NOBODY_UID})" in info.value.problems[0]
 
 
 # --- the combined word (pure) ----------------------------------------------------------
