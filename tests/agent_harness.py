@@ -108,6 +108,7 @@ async def farm(
     running: Mapping[int, Running] | None = None,
     loader: Callable[[], FarmSpec] | None = None,
     gateway: FakeGateway | None = None,
+    more_gateways: Sequence[FakeGateway] = (),
     preflight: Preflight | None = None,
     refresh: Callable[[FarmSpec], Awaitable[None]] | None = None,
     check_gpu: Callable[[int], Awaitable[list[str]]] | None = None,
@@ -124,6 +125,7 @@ async def farm(
     `stager`: how [model] is staged; `process_started`: pid -> when its process started
     (the fakes' pids are no real processes: unknown unless a test says); `load_s`: how
     long a fake worker loads (the loop's seconds); `observers`: called with every farm view;
+    `more_gateways`: the others of `[gateway] urls` (issue 26), beside `gateway`;
     `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text;
     `gate`: its eval gate (evalrun.run_gate's signature).
     """
@@ -147,6 +149,7 @@ async def farm(
         port_state=lambda _h, _p: PortState.FREE,
         port_owner=ports,
         gateway=gw if spec.gateway.enabled else None,
+        more_gateways=tuple(more_gateways) if spec.gateway.enabled else (),
         in_flight=in_flight,
         preflight=preflight,
         refresh_preflight=refresh,

@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     "test_systemd_squat.py",
     "test_systemd_staging.py",
     "test_liveness_e2e.py",
+    "test_gateway_multi_e2e.py",  # two smg and two farms: ~35 s alone
     "test_systemd_runtime.py",
     "test_exporter_farm.py",
     "test_gateway_child.py",

@@ -5,12 +5,15 @@ scenario against both): `add` lists the worker as routed, `remove` takes it out 
 rotation at once, both are idempotent, URLs are normalized, and every method but `up`
 raises `GatewayError` while the gateway is `down`. Calls are recorded in order;
 `fail_add`/`fail_remove` make a call for that URL raise REFUSED; `others` seeds
-workers registered by someone else (another host's farm). `timeline` gets a line per call
-too ("gateway remove URL"): a harness shares one list among its fakes, to order their calls.
+workers registered by someone else (another host's farm); `delay` makes every call take
+that long first (a slow gateway; `float("inf")`: one that never answers). `timeline` gets
+a line per call too ("gateway remove URL"): a harness shares one list among its fakes, to
+order their calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import itertools
 from collections.abc import Iterable
@@ -27,6 +30,7 @@ class FakeGateway:
         self.timeline: list[str] = []
         self.keys: dict[str, str | None] = {}  # the worker key each URL was last added with
         self.down = False
+        self.delay = 0.0
         self.fail_add: set[str] = set()
         self.fail_remove: set[str] = set()
         for u in others:
@@ -43,7 +47,14 @@ class FakeGateway:
     async def up(self) -> bool:
         return not self.down
 
+    async def _slow(self) -> None:
+        if self.delay == float("inf"):
+            await asyncio.Event().wait()
+        elif self.delay:
+            await asyncio.sleep(self.delay)
+
     async def add(self, url: str, *, api_key: str | None = None) -> None:
+        await self._slow()
         u = normalize_url(url)
         self.calls.append(("add", u))
         self.timeline.append(f"gateway add {u}")
@@ -53,6 +64,7 @@ class FakeGateway:
             self._put(u)
 
     async def remove(self, url: str) -> None:
+        await self._slow()
         u = normalize_url(url)
         self.calls.append(("remove", u))
         self.timeline.append(f"gateway remove {u}")
@@ -60,6 +72,7 @@ class FakeGateway:
         self.members.pop(u, None)
 
     async def list(self) -> builtins.list[Member]:
+        await self._slow()
         self._check("", set(), "list")
         return list(self.members.values())
 

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.config import MAX_DURATION_S, check_spec, check_spec_file, parse_duration
+from sglang_farm.config import (
+    MAX_DURATION_S,
+    check_spec,
+    check_spec_file,
+    load_spec,
+    parse_duration,
+)
 from sglang_farm.errors import ConfigError
+from sglang_farm.spec import FarmSpec
 from test_config import MINIMAL, load, only_problem, problems
 
 
@@ -87,7 +94,7 @@ def test_a_negative_headroom_is_refused() -> None:
 def test_an_external_gateway_needs_its_url() -> None:
     assert only_problem(MINIMAL + '[gateway]\nmode = "external"\n') == (
         "farm.toml:6: gateway.url: missing: mode = 'external' needs the gateway's url "
-        "(e.g. url = 'http://10.0.0.5:8000')"
+        "(e.g. url = 'http://10.0.0.5:8000'), or urls = [...] for several gateways"
     )
     spec = load(MINIMAL + '[gateway]\nmode = "external"\nurl = "http://10.0.0.5:8000"\n')
     assert spec.gateway.url == "http://10.0.0.5:8000"
@@ -595,3 +602,48 @@ def test_a_port_clash_lands_on_the_override_that_made_it() -> None:
         "farm.toml:5: workers.overrides.0.port: port 30001 for worker 0 (HTTP) is already used "
         "by worker 1 (HTTP); every HTTP, NCCL and metrics port must be distinct"
     ]
+
+
+# --- [gateway] urls (issue 26: several gateways) ----------------------------------------
+
+
+A, B = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+GW_HEAD = "[workers]\ngpus = [0, 1]\n[sglang]\nmodel_path = '/models/m'\n[gateway]\n"
+
+
+def _gw_load(gateway: str) -> FarmSpec:
+    return load_spec(GW_HEAD + gateway, source="farm.toml")
+
+
+def _gw_problems(gateway: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        _gw_load(gateway)
+    return list(info.value.problems)
+
+
+def test_urls_names_every_external_gateway_and_url_stays_for_one() -> None:
+    g = _gw_load(f'mode = "external"\nurls = ["{A}", "{B}/"]\n').gateway
+    assert g.external_urls == (A, B)
+    assert _gw_load(f'mode = "external"\nurl = "{A}"\n').gateway.external_urls == (A,)
+    assert _gw_load('mode = "managed"\n').gateway.external_urls == ()
+
+
+@pytest.mark.parametrize(
+    ("gateway", "words"),
+    [
+        (f'mode = "external"\nurl = "{A}"\nurls = ["{B}"]\n', "url and urls are both set"),
+        (f'mode = "external"\nurls = ["{A}", "{A}/"]\n', "named twice"),
+        ('mode = "external"\nurls = []\n', "expected a list of base URLs"),
+        ('mode = "external"\nurls = ["10.0.0.5:8000"]\n', "expected a base URL"),
+        (f'mode = "managed"\nurls = ["{A}"]\n', "urls is for mode = 'external'"),
+    ],
+)
+def test_bad_urls_are_refused_with_the_fix(gateway: str, words: str) -> None:
+    found = _gw_problems(gateway)
+    assert len(found) == 1, found
+    assert "gateway.urls" in found[0] and words in found[0], found
+
+
+def test_external_mode_without_url_or_urls_says_both() -> None:
+    (problem,) = _gw_problems('mode = "external"\n')
+    assert "gateway.url" in problem and "urls = [...]" in problem

@@ -310,6 +310,15 @@ def test_agent_dropin_allows_the_non_loopback_addresses_the_config_names() -> No
     assert "ExecStart=" not in text
 
 
+def test_agent_dropin_allows_every_gateway_of_urls() -> None:
+    """Issue 26: the agent calls each gateway of `[gateway] urls`, not only the first."""
+    urls = ("http://10.0.0.7:8000", "http://10.0.0.8:8000")
+    spec = replace(demo_spec(n=1), gateway=GatewaySpec(mode="external", urls=urls))
+    assert (
+        "IPAddressAllow=10.0.0.7 10.0.0.8" in render(spec, static=False)[AGENT_DROPIN].splitlines()
+    )
+
+
 @pytest.mark.parametrize(
     "change",
     [

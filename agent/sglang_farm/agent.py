@@ -34,7 +34,7 @@ from sglang_farm.canary.driver import CanaryDriver  # issue 23
 from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.farm_view import FarmView, build_view
-from sglang_farm.gateway.sync import MembershipSync
+from sglang_farm.gateway.fleet import GatewayFleet
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
@@ -128,15 +128,15 @@ class Agent:
         )
         self._store = StateStore(Path(spec.farm.state_dir) / "state.json", clock, wall)
         self._sync = (
-            MembershipSync(
-                collaborators.gateway,
+            GatewayFleet(  # issue 26: one sync per gateway ([gateway] urls)
+                collaborators.gateways,
                 spec=lambda: self._spec,
                 # Issue 23: a canary waiting for its eval gate is kept out of the gateway.
                 states=lambda: self._canary.gateway_states(self.supervisor.workers),
                 feed=self.feed,
                 on_status=self.republish,
             )
-            if collaborators.gateway is not None
+            if collaborators.gateways
             else None
         )
         self.drains = Drains(

@@ -38,6 +38,7 @@ class Collaborators:
     """What the agent is wired to, given at construction (nothing is set afterwards).
 
     `gateway`: membership follows readiness there (`gateway.sync`); planned stops drain.
+    `more_gateways`: the others with `[gateway] urls` (`gateways` lists them all).
     `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
     start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").
     `observers`: called with every new farm view. `stats`: the pollers' figures.
@@ -47,6 +48,8 @@ class Collaborators:
     # With [gateway]: the gateway workers are registered with, and how a draining
     # worker's requests in flight are counted.
     gateway: Gateway | None = None
+    # Issue 26: more gateways ([gateway] urls): every ready worker joins each of them.
+    more_gateways: tuple[Gateway, ...] = ()
     in_flight: InFlight | None = None
     preflight: Preflight | None = None
     # Re-gather the doctor's facts for this config (a reload, an operator's start): what
@@ -71,3 +74,8 @@ class Collaborators:
     # When a worker's process started (pid -> wall time; None: unknown): an adopted worker
     # that started before its model copy was installed is restarted onto it.
     process_started: Callable[[int], float | None] = process_started
+
+    @property
+    def gateways(self) -> tuple[Gateway, ...]:
+        """Every gateway the farm's workers join (`gateway`, then `more_gateways`)."""
+        return (*((self.gateway,) if self.gateway is not None else ()), *self.more_gateways)

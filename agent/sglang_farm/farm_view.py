@@ -41,6 +41,16 @@ class GatewayStatus:
     # Members the farm did not register, as of the last reconcile (an external gateway's
     # other hosts; on a managed gateway, removed by that reconcile).
     foreign: tuple[str, ...] = ()
+    # Issue 26, several gateways ([gateway] urls): each one's own status; this one then
+    # sums them up (up: any answers, members: in every one that answers; url: the
+    # first one's). Empty with one gateway: this status is that
+    # gateway's.
+    gateways: tuple[GatewayStatus, ...] = ()
+
+    @property
+    def each(self) -> tuple[GatewayStatus, ...]:
+        """Every gateway's own status (one gateway: this one)."""
+        return self.gateways or (self,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,6 +214,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     front = build_gateway(spec, kind)
     collaborators = Collaborators(
         gateway=front.client if front is not None else None,
+        more_gateways=front.more if front is not None else (),
         preflight=doctor.blocking,
         refresh_preflight=doctor.refresh,
         compute_caps=doctor.compute_caps,
@@ -269,7 +270,8 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         if front is not None:
             if front.runner is not None:
                 await front.runner.close()  # after the workers: it routed to them until now
-            await front.client.aclose()
+            for client in (front.client, *front.more):
+                await client.aclose()
     return 0
 
 
@@ -293,25 +295,18 @@ class FrontDoor:
     # The managed gateway, built once from [gateway] (None: external); the systemd
     # runtime renders its unit from this one.
     managed: ManagedGateway | None = None
+    # Issue 26: the other external gateways of `[gateway] urls` (the first is `client`).
+    more: tuple[SmgGateway, ...] = ()
 
 
 def read_key(path: str | None, what: str) -> str | None:
-    """A key from a root-only file named in [gateway]; a clear error when unreadable."""
+    """A key from a root-only file named in [gateway] (`gateway.keyfile`: refused when
+    another user could read or replace it); None when the config names none."""
     if path is None:
         return None
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(
-            path,
-            [
-                f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it "
-                f"(one key, mode 0600, owned by root) or remove {what} from the config"
-            ],
-        ) from exc
-    if not key or any(c.isspace() for c in key):
-        raise ConfigError(path, [f"[gateway] {what}: {path} must hold one key without blanks"])
-    return key
+    from sglang_farm.gateway.keyfile import read_gateway_key
+
+    return read_gateway_key(path, what)
 
 
 def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
@@ -358,8 +353,8 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
                 argv, state / "gateway.log", records=ChildRecords(state / RECORDS_SUBDIR)
             )
     else:
-        assert g.url is not None  # config: external needs url
-        url = g.url
+        assert g.external_urls  # config: external needs url or urls
+        url = g.external_urls[0]
         # The farm's own calls use the control-plane key, else the shared one (smg
         # accepts it on /workers when no control-plane key is set).
         key = read_key(g.admin_key_file, "admin_key_file") or read_key(
@@ -368,8 +363,11 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # SGLang's /health can take up to 20 s on a busy worker (docs/reference/sglang.md):
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
     # worker is given with each add, from the config in force (gateway.sync.worker_key).
-    client = SmgGateway(url, api_key=key, health={"timeout_secs": 20})
-    return FrontDoor(client, runner, managed)
+    health: dict[str, int | bool] = {"timeout_secs": 20}
+    client = SmgGateway(url, api_key=key, health=health)
+    # Issue 26: every gateway of [gateway] urls takes the same admin key.
+    more = tuple(SmgGateway(u, api_key=key, health=health) for u in g.external_urls[1:])
+    return FrontDoor(client, runner, managed, more)
 
 
 async def _watchdog(interval: float) -> None:

@@ -151,6 +151,8 @@ class GatewaySpec:
     mode: str = "off"
     listen: Endpoint = Endpoint("127.0.0.1", 8000)  # managed: where clients connect
     url: str | None = None  # external: the gateway's base URL
+    # External, several gateways (issue 26): every ready worker is a member of each one.
+    urls: tuple[str, ...] = ()
     policy: str = "cache_aware"  # managed: smg's --policy
     metrics_listen: Endpoint = Endpoint("127.0.0.1", 29000)  # managed: smg's /metrics
     extra_args: tuple[str, ...] = ()  # managed: more `smg launch` flags
@@ -167,6 +169,13 @@ class GatewaySpec:
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
+
+    @property
+    def external_urls(self) -> tuple[str, ...]:
+        """The external gateways the farm registers with: `urls`, else `url` alone."""
+        if self.mode != "external":
+            return ()
+        return self.urls or ((self.url,) if self.url is not None else ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -555,17 +555,21 @@ def format_status(st: Mapping[str, Any]) -> str:
             "host drained: every worker is held out of the gateway (farmctl drain-host), also "
             "when it restarts, until farmctl undrain-host"
         )
-    if gw is not None and not gw.get("up"):
-        why = f": {gw['last_error']}" if gw.get("last_error") else ""
-        notes.append(
-            f"gateway {gw.get('url')} is not answering{why}; the farm keeps supervising "
-            "its workers and retries"
-        )
+    # Issue 26: several gateways ([gateway] urls) are shown one line each.
+    each: list[Mapping[str, Any]] = st.get("gateways") or ([gw] if gw is not None else [])
+    for g in each:
+        if not g.get("up"):
+            why = f": {g['last_error']}" if g.get("last_error") else ""
+            others = " and its other gateways" if len(each) > 1 else ""
+            notes.append(
+                f"gateway {g.get('url')} is not answering{why}; the farm keeps supervising "
+                f"its workers{others} and retries"
+            )
     sg: Mapping[str, Any] | None = st.get("staging")
     cv: Mapping[str, Any] | None = st.get("canary")
     out = [
         head,
-        *([_gateway_line(gw, len(workers))] if gw is not None else []),
+        *(_gateway_line(g, len(workers)) for g in each),
         *([staging_line(sg)] if sg is not None else []),
         *([canary_line(cv, now)] if cv is not None else []),
         "",

@@ -20,6 +20,7 @@ from sglang_farm.config.values import (
     _farm_name,
     _host,
     _http_url,
+    _http_urls,
     _int,
     _key_file,
     _listen,
@@ -185,6 +186,7 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
             "mode",
             "listen",
             "url",
+            "urls",
             "policy",
             "metrics_listen",
             "extra_args",
@@ -198,6 +200,7 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
         mode=reader.get(tbl, path, "mode", _choice("off", "managed", "external"), d.mode),
         listen=reader.get(tbl, path, "listen", _listen, d.listen),
         url=reader.get(tbl, path, "url", _http_url, d.url),
+        urls=reader.get(tbl, path, "urls", _http_urls, d.urls),
         policy=reader.get(tbl, path, "policy", _choice(*GATEWAY_POLICIES), d.policy),
         metrics_listen=reader.get(tbl, path, "metrics_listen", _listen, d.metrics_listen),
         extra_args=reader.get(tbl, path, "extra_args", _str_list, d.extra_args),
@@ -208,11 +211,24 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
             tbl, path, "drain_timeout", _duration(allow_zero=True), d.drain_timeout
         ),
     )
-    if g.mode == "external" and g.url is None:
+    if g.mode == "external" and g.url is None and not g.urls and "urls" not in tbl:
         reader.problems.add(
             (*path, "url"),
             "missing: mode = 'external' needs the gateway's url "
-            "(e.g. url = 'http://10.0.0.5:8000')",
+            "(e.g. url = 'http://10.0.0.5:8000'), or urls = [...] for several gateways",
+        )
+    if g.url is not None and "urls" in tbl:
+        reader.problems.add(
+            (*path, "urls"),
+            "url and urls are both set: keep url for one gateway, or list every gateway "
+            "in urls (e.g. urls = ['http://10.0.0.5:8000', 'http://10.0.0.6:8000']) and "
+            "remove url",
+        )
+    if "urls" in tbl and g.mode != "external":
+        reader.problems.add(
+            (*path, "urls"),
+            f"urls is for mode = 'external' (the farm registers with gateways it does not "
+            f"run); mode is {g.mode!r}: set mode = 'external' or remove urls",
         )
     if g.mode == "managed":
         for arg in g.extra_args:

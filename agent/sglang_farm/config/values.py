@@ -283,6 +283,22 @@ def _http_url(v: object) -> str:
     return v.rstrip("/")
 
 
+def _http_urls(v: object) -> tuple[str, ...]:
+    """`[gateway] urls`: one or more base URLs, none twice (the same gateway named twice
+    would get every worker registered twice over and count twice in status)."""
+    if not isinstance(v, list) or not v:
+        raise _ConversionError(
+            f"expected a list of base URLs like ['http://10.0.0.5:8000'], got {_show(v)}"
+        )
+    urls = tuple(_http_url(x) for x in v)
+    seen: set[str] = set()
+    for u in urls:
+        if u.lower() in seen:
+            raise _ConversionError(f"{u!r} is named twice; name each gateway once")
+        seen.add(u.lower())
+    return urls
+
+
 def _str_list(v: object) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise _ConversionError(f"expected a list of strings, got {_show(v)}")

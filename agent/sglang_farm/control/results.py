@@ -228,7 +228,8 @@ def status_result(
     queues: Mapping[int, float] | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
-    the gateway (null without one), with a [model] its stage (`staging`), once a
+    the gateway (null without one; with several, their sum and `gateways`, each
+    one's own), with a [model] its stage (`staging`), once a
     change has been judged its canary analysis (`canary`), and while the host is held
     out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last)."""
     result: Result = {
@@ -261,6 +262,9 @@ def status_result(
         ],
         "gateway": gateway_result(view.gateway),
     }
+    if view.gateway is not None and view.gateway.gateways:
+        # Issue 26, [gateway] urls: each gateway's own; `gateway` then sums them up.
+        result["gateways"] = [gateway_result(g) for g in view.gateway.gateways]
     if view.staging is not None:
         result["staging"] = staging_result(view.staging)
     if view.canary is not None:
@@ -369,11 +373,15 @@ def why_result(
 
 def endpoints_result(view: FarmView) -> Result:
     """`endpoints`: the base URL of every ready worker (what a router balances over),
-    and the gateway's URL (the one URL for users; null without a gateway)."""
-    return {
+    and the gateway's URL (the one URL for users; null without a gateway; with several,
+    the first, and `gateways` lists them all)."""
+    result: Result = {
         "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready],
         "gateway": view.gateway.url if view.gateway is not None else None,
     }
+    if view.gateway is not None and view.gateway.gateways:
+        result["gateways"] = [g.url for g in view.gateway.gateways]
+    return result
 
 
 def logs_result(worker: int, lines: Sequence[str]) -> Result:

@@ -1,9 +1,12 @@
-"""I/O: keeps the gateway's membership equal to what the supervisor decides.
+"""I/O: keeps one gateway's membership equal to what the supervisor decides.
 
 The decision is the pure core's (`supervisor.wants_in_gateway`: a worker is routed to
-only while READY). This module carries it out against the gateway and reports what
-the gateway confirmed back as `GatewayMembership` events, so the supervisor knows when
-a draining worker is really out and when a restarted one is back in.
+only while READY). This module carries it out against one gateway and reports what
+that gateway confirmed (`confirmed`, and `on_member` on each change); `gateway.fleet`
+runs one of these per gateway and turns their confirmations into the supervisor's
+`GatewayMembership` events (`gateway.membership.combined`: in every gateway that
+answers, out of all of them), so the supervisor knows when a draining worker is really
+out and when a restarted one is back in.
 
 It is level-triggered, not edge-triggered: every change of the farm's state, and a
 periodic reconcile, compare what should be with what the gateway lists, so a failed
@@ -27,19 +30,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import structlog
 
-from sglang_farm.errors import GatewayError
+from sglang_farm.errors import GatewayError, GatewayErrorCode
 from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
+from sglang_farm.workers.supervisor import WorkerState, wants_in_gateway
 
 log = structlog.get_logger("sglang_farm.gateway.sync")
 
 RECONCILE_EVERY_S = 10.0  # a restarted gateway is noticed (and refilled) within this
+# Issue 26: the most one call may take here, whatever the `Gateway` does (smg's adapter
+# bounds its own: 30 s to add, 10 s to remove, 5 s a request): past it the gateway counts
+# as down, so a gateway that hangs holds no drain and no wave on the others.
+ADD_BOUND_S = 45.0
+REMOVE_BOUND_S = 15.0
+LIST_BOUND_S = 15.0
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 15.0
 
@@ -51,15 +60,18 @@ class MembershipSync:
         *,
         spec: Callable[[], FarmSpec],
         states: Callable[[], Mapping[int, WorkerState]],
-        feed: Callable[[int, Event], None],
+        on_member: Callable[[int, bool], None],
         on_status: Callable[[], None] = lambda: None,
     ) -> None:
         self._gateway = gateway
+        # What this gateway last confirmed per worker: True routed, False not; a worker
+        # absent is not known yet (before the first call or reconcile that says).
+        self.confirmed: dict[int, bool] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
         self._spec = spec
         self._states = states
-        self._feed = feed
+        self._on_member = on_member
         self._on_status = on_status
         self._busy: set[int] = set()
         self._retry_at: dict[int, float] = {}
@@ -77,13 +89,15 @@ class MembershipSync:
         return self._gateway.url
 
     def status(self) -> GatewayStatus:
-        members = sum(1 for s in self._states().values() if s.in_gateway)
+        members = sum(1 for w in self._states() if self.confirmed.get(w))
         return GatewayStatus(
             self._gateway.url, self.up, members, self.errors, self.last_error, self.foreign
         )
 
     def start(self) -> None:
-        self._reconciler = asyncio.create_task(self._reconcile_loop(), name="sf-gateway-sync")
+        self._reconciler = asyncio.create_task(
+            self._reconcile_loop(), name=f"sf-gateway-sync {self._gateway.url}"
+        )
 
     async def close(self) -> None:
         tasks = [*self._tasks, *([self._reconciler] if self._reconciler else [])]
@@ -99,7 +113,9 @@ class MembershipSync:
         loop = asyncio.get_running_loop()
         for wid, s in self._states().items():
             want = wants_in_gateway(s)
-            if want == s.in_gateway or wid in self._busy:
+            # Not known yet counts as out here: a worker that should not be routed is not
+            # removed blindly (the reconcile, at start, lists what the gateway holds).
+            if want == self.confirmed.get(wid, False) or wid in self._busy:
                 continue
             if self._retry_at.get(wid, 0.0) > loop.time():
                 continue  # backing off after a failed call; the reconciler comes back
@@ -112,10 +128,11 @@ class MembershipSync:
         url = self._spec().gateway_url_of(wid)
         blog = log.bind(worker=wid, gpu=self._gpu(wid), gateway=self._gateway.url)
         try:
-            if want:
-                await self._gateway.add(url, api_key=worker_key(self._spec(), wid))
-            else:
-                await self._gateway.remove(url)
+            async with _bounded(self._gateway.url, ADD_BOUND_S if want else REMOVE_BOUND_S):
+                if want:
+                    await self._gateway.add(url, api_key=worker_key(self._spec(), wid))
+                else:
+                    await self._gateway.remove(url)
         except GatewayError as exc:
             self._busy.discard(wid)
             self._failed(wid, str(exc))
@@ -134,12 +151,13 @@ class MembershipSync:
         self._delay.pop(wid, None)
         self._retry_at.pop(wid, None)
         blog.info("gateway_member" if want else "gateway_removed", url=url)
-        # Recorded while still marked busy: the state change calls update() again, which
-        # must see the new membership, not start the same call a second time.
-        if wid in self._states():
-            self._feed(wid, GatewayMembership(want))
+        # Recorded before the report: the state change it causes calls update() again,
+        # which must see the new membership, not start the same call a second time.
+        self.confirmed[wid] = want
         self._busy.discard(wid)
         self._mark_up()
+        if wid in self._states():
+            self._on_member(wid, want)
         self.update()  # the phase may have moved on while the call ran
 
     def _failed(self, wid: int, error: str) -> None:
@@ -194,7 +212,8 @@ class MembershipSync:
         spec = self._spec()
         ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
         try:
-            members = await self._gateway.list()
+            async with _bounded(self._gateway.url, LIST_BOUND_S):
+                members = await self._gateway.list()
         except GatewayError as exc:
             was_up = self.up
             self._record_error(str(exc))
@@ -211,18 +230,25 @@ class MembershipSync:
         states = self._states()
         for url, wid in ours.items():
             s = states.get(wid)
-            if s is None:
-                continue
-            if url in known and not wants_in_gateway(s) and wid not in self._busy:
+            if s is None or wid in self._busy:
+                continue  # a change under way reports what it confirms itself
+            was, now_in = self.confirmed.get(wid), url in listed
+            if was and not now_in:
+                log.warning(
+                    "gateway_lost_member",
+                    worker=wid,
+                    gpu=self._gpu(wid),
+                    gateway=self._gateway.url,
+                    url=url,
+                )
+            self.confirmed[wid] = now_in
+            if url in known and not wants_in_gateway(s):
                 self._busy.add(wid)
                 task = asyncio.create_task(self._change(wid, False))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            elif s.in_gateway and url not in listed:
-                log.warning("gateway_lost_member", worker=wid, gpu=self._gpu(wid), url=url)
-                self._feed(wid, GatewayMembership(False))
-            elif not s.in_gateway and url in listed and wants_in_gateway(s):
-                self._feed(wid, GatewayMembership(True))  # already there (agent restart)
+            if was != now_in:
+                self._on_member(wid, now_in)
         self._retry_at.clear()  # a reconcile is a fresh attempt for every worker
         self.update()
 
@@ -273,6 +299,21 @@ class MembershipSync:
         if wid not in spec.worker_ids:
             return "?"
         return ",".join(map(str, spec.worker(wid).gpus))
+
+
+@contextlib.asynccontextmanager
+async def _bounded(gateway: str, seconds: float) -> AsyncIterator[None]:
+    """At most `seconds` for one call; past them a `GatewayError` (TIMEOUT)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise GatewayError(
+            gateway,
+            GatewayErrorCode.TIMEOUT,
+            f"no answer within {seconds:g} s; the farm counts it as down and goes on with "
+            "its other gateways; check that it runs and is not overloaded",
+        ) from None
 
 
 def worker_key(spec: FarmSpec, wid: int) -> str | None:

@@ -266,14 +266,24 @@ def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
         "1 if the gateway answered the farm's latest membership call or reconcile.",
         ["url"],
     )
-    up.add_metric([public_url(gw.url)], 1 if gw.up else 0)
+    for each in gw.each:  # issue 26: one series per gateway of [gateway] urls
+        up.add_metric([public_url(each.url)], 1 if each.up else 0)
     yield up
     members = _g(
         "sglang_farm_gateway_members",
-        "The farm's own workers the gateway routes to, as it last confirmed.",
+        "The farm's own workers the gateway routes to, as it last confirmed "
+        "(several gateways: those in every gateway that answers).",
     )
     members.add_metric([], gw.members)
     yield members
+    routed = _g(
+        "sglang_farm_gateway_routed_workers",
+        "The farm's own workers this gateway routes to, as it last confirmed.",
+        ["url"],
+    )
+    for each in gw.each:
+        routed.add_metric([public_url(each.url)], each.members)
+    yield routed
     errors = _c(
         "sglang_farm_gateway_errors",
         "Failed gateway membership calls and reconciles since the agent started.",

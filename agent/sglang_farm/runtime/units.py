@@ -215,8 +215,8 @@ def agent_ip_allow(spec: FarmSpec) -> tuple[str, ...]:
     g = spec.gateway
     if g.mode == "managed":
         wanted.add(_ip_allowed(g.listen.host, wildcard=None))
-    elif g.mode == "external" and g.url:
-        wanted.add(_ip_allowed(urlsplit(g.url).hostname or "", wildcard="any"))
+    for url in g.external_urls:  # issue 26: every gateway of [gateway] urls
+        wanted.add(_ip_allowed(urlsplit(url).hostname or "", wildcard="any"))
     found = {entry for entry in wanted if entry is not None}
     if "any" in found:
         return ("any",)
