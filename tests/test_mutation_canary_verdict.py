@@ -315,3 +315,27 @@ def test_errors_more_than_chance_fail_and_exactly_chance_does_not() -> None:
     assert check(judge(figs(100, 2), figs(0), [], POLICY), "errors").passed is False
     assert check(judge(figs(100, 2), None, [], POLICY), "errors").passed is False
     assert check(judge(figs(100, 1), None, [], POLICY), "errors").passed is True
+
+
+def test_the_bounds_edges_that_the_first_tests_left_unheld() -> None:
+    # One observation, but 10 requests' worth of rank: its upper bound is read from it.
+    one = Histogram((0.1, 0.2), (0.0, 1.0, 1.0), 0.15)
+    assert rank_bounds(0.5, 10, 0.98)[1] == pytest.approx(0.9)
+    assert quantile_bounds(0.5, one, 10, 0.98)[2] == pytest.approx(0.19)
+    # Both of 2 observations above the median: 0.25 exactly, a lower bound at 0.75.
+    assert rank_bounds(0.5, 2, 0.75)[0] == 0.0
+    # A p99 of 4: no upper bound (all 4 below it is 96 %), the lower one the 3rd (rank 2/4).
+    assert rank_bounds(0.99, 4, 0.98) == (0.5, None)
+    # The smallest observation in the second bucket: its lower edge, the first bound.
+    second = Histogram.from_counts(LINEAR.bounds, [0.0, 6.0] + [0.0] * 9)
+    assert quantile_bounds(0.5, second, 6, 0.98)[0] == pytest.approx(0.01)
+
+
+def test_the_errors_edges_that_the_first_tests_left_unheld() -> None:
+    # One request each side: an error is the canary's with chance 1/2.
+    assert error_p_value(1, 1, 0, 1) == pytest.approx(0.5)
+    # Exactly twice the baseline's ratio passes even where chance is no explanation.
+    assert check(judge(figs(10_000, 200), figs(10_000, 100), [], POLICY), "errors").passed
+    # A baseline of 1 request is a baseline: 2 errors of 100 beside it are chance
+    # (the canary has 100/101 of the requests).
+    assert check(judge(figs(100, 2), figs(1), [], POLICY), "errors").passed is True

@@ -278,17 +278,16 @@ def error_p_value(
     requests, so the count is binomial (the exact conditional test of two Poisson rates).
     1.0 where there is nothing to compare (no errors, no baseline requests)."""
     k, t = round(errors), round(errors + base_errors)
-    total = requests + base_requests
-    if k <= 0 or requests <= 0 or base_requests <= 0 or total <= 0:
+    if k <= 0 or requests <= 0 or base_requests <= 0:
         return 1.0
-    f = requests / total
+    f = requests / (requests + base_requests)
     log_f, log_g = math.log(f), math.log1p(-f)
     head = math.lgamma(t + 1)
     tail = sum(
         math.exp(head - math.lgamma(i + 1) - math.lgamma(t - i + 1) + i * log_f + (t - i) * log_g)
         for i in range(k, t + 1)
     )
-    return min(1.0, tail)
+    return tail
 
 
 def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> Check:
