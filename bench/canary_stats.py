@@ -47,6 +47,7 @@ TOKENS = (16, 256)  # output tokens per request, uniform
 DRAWS_PER_REQUEST = 4  # a request's tokens are placed by this many draws (speed)
 CONFIDENCE = 0.98
 EFFECT = 1.2
+STARVED_BASE = 200  # each baseline worker's requests beside a starved canary
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +117,11 @@ def _fill(
         s.ttft_sum += first
 
 
-def trial(scenario: Scenario, n: int, rng: random.Random) -> tuple[Side, Side]:
-    """One window: the canary's `n` requests and the baseline's 7n."""
+def trial(
+    scenario: Scenario, n: int, rng: random.Random, per_worker: int | None = None
+) -> tuple[Side, Side]:
+    """One window: the canary's `n` requests and the baseline's 7n (7 x `per_worker`:
+    a canary starved of traffic, as smg starves a slow one)."""
     canary = _side()
     _fill(
         canary,
@@ -130,7 +134,7 @@ def trial(scenario: Scenario, n: int, rng: random.Random) -> tuple[Side, Side]:
     )
     base = _side()
     for _ in range(BASELINE_WORKERS):
-        _fill(base, rng, n, rng.lognormvariate(0, 0.05), 1.0, 1.0, BASE_ERRORS)
+        _fill(base, rng, per_worker or n, rng.lognormvariate(0, 0.05), 1.0, 1.0, BASE_ERRORS)
     return canary, base
 
 
@@ -189,13 +193,15 @@ def mwu_fails(canary: Side, base: Side, *, effect: float | None, only: str | Non
     return False
 
 
-def cell(scenario: Scenario, n: int, trials: int, seed: int) -> dict[str, float]:
+def cell(
+    scenario: Scenario, n: int, trials: int, seed: int, per_worker: int | None = None
+) -> dict[str, float]:
     """Rollback rates of each method (and the verdict's inconclusive rate) over `trials`."""
     rng = random.Random(seed)
     policy = CanaryPolicy()
     counts = {"ratio": 0, "inconclusive": 0, "mwu": 0, "mwu_itl": 0, "mwu_effect": 0}
     for _ in range(trials):
-        canary, base = trial(scenario, n, rng)
+        canary, base = trial(scenario, n, rng, per_worker)
         v = judge(canary.figures(300.0), base.figures(300.0), [], policy)
         counts["ratio"] += v.outcome is Outcome.ROLLBACK
         counts["inconclusive"] += v.outcome is Outcome.INCONCLUSIVE
@@ -206,7 +212,13 @@ def cell(scenario: Scenario, n: int, trials: int, seed: int) -> dict[str, float]
 
 
 def run(quick: bool, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    sizes = (50, 200) if quick else (50, 200, 1000)
+    # (canary requests, each baseline worker's; None: the canary's): the starved canaries
+    # (10 and 25 requests against 200 per baseline worker) are judged below min_requests.
+    sizes: tuple[tuple[int, int | None], ...] = (
+        ((25, STARVED_BASE), (50, None), (200, None))
+        if quick
+        else ((10, STARVED_BASE), (25, STARVED_BASE), (50, None), (200, None), (1000, None))
+    )
     trials = 30 if quick else 200
     out: dict[str, Any] = {
         "config": {
@@ -219,25 +231,34 @@ def run(quick: bool, say: Callable[[str], None] = lambda _: None) -> dict[str, A
         },
         "cells": [],
     }
-    for n in sizes:
+    for n, per_worker in sizes:
         for i, sc in enumerate(SCENARIOS):
             say(f"  canary of {n} requests, {sc.name}")
-            rates = cell(sc, n, trials, seed=1000 * n + i)
-            out["cells"].append({"requests": n, "scenario": sc.name, "bad": sc.bad, **rates})
+            rates = cell(sc, n, trials, seed=1000 * n + i, per_worker=per_worker)
+            out["cells"].append(
+                {
+                    "requests": n,
+                    "baseline_requests": BASELINE_WORKERS * (per_worker or n),
+                    "scenario": sc.name,
+                    "bad": sc.bad,
+                    **rates,
+                }
+            )
     return out
 
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: for a harmless change the false-positive rate, for a bad one detection."""
     head = (
-        "| canary requests | change | ratio + margin (farm) | inconclusive | MWU | "
+        "| canary / baseline requests | change | ratio + margin (farm) | inconclusive | MWU | "
         "MWU, ITL alone | MWU + effect 1.2x |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |"
     )
     rows = [head]
     for c in result["cells"]:
         kind = "detected" if c["bad"] else "false rollback"
         rows.append(
-            f"| {c['requests']} | {c['scenario']} ({kind}) | {100 * c['ratio']:.0f} % | "
+            f"| {c['requests']} / {c.get('baseline_requests', 7 * c['requests'])} | "
+            f"{c['scenario']} ({kind}) | {100 * c['ratio']:.0f} % | "
             f"{100 * c['inconclusive']:.0f} % | {100 * c['mwu']:.0f} % | "
             f"{100 * c['mwu_itl']:.0f} % | {100 * c['mwu_effect']:.0f} % |"
         )

@@ -16,8 +16,10 @@ from sglang_farm.canary.verdict import (
     LivenessKind,
     Outcome,
     Verdict,
+    error_p_value,
     judge,
     quantile_bounds,
+    rank_bounds,
 )
 
 POLICY = CanaryPolicy()
@@ -73,33 +75,51 @@ def test_policy_names_every_problem_at_once() -> None:
 LINEAR = Histogram.from_counts([0.01 * i for i in range(1, 11)], [10.0] * 10 + [0.0])
 
 
-def test_quantile_bounds_are_the_quantiles_at_q_plus_and_minus_z_sigma() -> None:
-    # n 100, q 0.5: sigma = sqrt(0.5 * 0.5 / 100) = 0.05; z 2: ranks 0.4 and 0.6.
-    lo, est, hi = quantile_bounds(0.5, LINEAR, 100, 2.0)
-    assert (lo, est, hi) == pytest.approx((0.04, 0.05, 0.06))
+def test_quantile_bounds_are_the_binomial_order_statistics() -> None:
+    # n 100, q 0.5, confidence 0.98: P(Bin(100, 0.5) <= 39) = 0.018 <= 0.02 < P(<= 40),
+    # so the 40th smallest is the lower bound (rank 39/100, the bottom of its step);
+    # P(<= 60) = 0.982 >= 0.98 > P(<= 59): the 61st is the upper one (rank 61/100).
+    assert rank_bounds(0.5, 100, 0.98) == pytest.approx((0.39, 0.61))
+    lo, est, hi = quantile_bounds(0.5, LINEAR, 100, 0.98)
+    assert (lo, est, hi) == pytest.approx((0.039, 0.05, 0.061))
 
 
-def test_a_lower_bound_before_rank_0_is_0_and_an_upper_one_past_rank_1_unbounded() -> None:
-    # n 1: sigma 0.5, z 2: ranks -0.5 and 1.5.
-    assert quantile_bounds(0.5, LINEAR, 1, 2.0) == pytest.approx((0.0, 0.05, math.inf))
+def test_too_few_observations_give_no_order_statistic_to_bound_a_quantile() -> None:
+    # 5 observations: all 5 above the median happens 1 time in 32 (> 0.02): no lower
+    # bound; all 5 below it too: no upper bound either.
+    assert rank_bounds(0.5, 5, 0.98) == (None, None)
+    assert quantile_bounds(0.5, LINEAR, 5, 0.98) == pytest.approx((0.0, 0.05, math.inf))
+    # At 0.96 the smallest of 5 bounds it (rank 0) and the largest (rank 1: unbounded).
+    assert rank_bounds(0.5, 5, 0.96) == pytest.approx((0.0, 1.0))
+    assert quantile_bounds(0.5, LINEAR, 5, 0.96) == pytest.approx((0.0, 0.05, math.inf))
     one = Histogram((0.1, 0.2), (0.0, 1.0, 1.0), 0.15)  # a single observation
-    assert quantile_bounds(0.5, one, 1, 2.0) == pytest.approx((0.0, 0.15, math.inf))
-    # Rank 1 exactly (sigma 0.5, z 1): unbounded too, not the highest bucket's bound.
-    assert quantile_bounds(0.5, LINEAR, 1, 1.0)[2] == math.inf
+    assert quantile_bounds(0.5, one, 1, 0.98) == pytest.approx((0.0, 0.15, math.inf))
+
+
+def test_a_chance_exactly_at_the_confidence_bounds_the_quantile() -> None:
+    # n 1, q 0.5: P(Bin < 1) = 0.5 exactly: at confidence 0.5 the one observation is
+    # the upper bound (rank 1) and nothing the lower one.
+    assert rank_bounds(0.5, 1, 0.5) == (None, 1.0)
+    # n 2, q 0.5: both above the median has a chance of 0.25: the smaller of the two is a
+    # lower bound (rank 0) at a confidence up to 0.75, not above.
+    assert rank_bounds(0.5, 2, 0.74) == (0.0, 1.0)
+    assert rank_bounds(0.5, 2, 0.76) == (None, None)
 
 
 def test_an_upper_bound_in_the_inf_bucket_is_unbounded_and_one_at_its_edge_is_not() -> None:
     # 10 % of the observations past the last finite bound (0.1 s).
     tail = Histogram.from_counts([0.01 * i for i in range(1, 11)], [9.0] * 10 + [10.0])
-    assert quantile_bounds(0.92, tail, 10**6, 2.0) == pytest.approx((0.1, 0.1, math.inf))
-    # Rank 0.75 of 4 observations is 3, all of them within the last finite bound (2 s).
+    assert quantile_bounds(0.92, tail, 10**4, 0.98) == pytest.approx((0.1, 0.1, math.inf))
+    # 4 observations at 0.6: ranks 1/4 and 3/4, within the last finite bound (2 s).
     h = Histogram((1.0, 2.0), (1.0, 3.0, 4.0))
-    assert quantile_bounds(0.5, h, 1, 0.5) == (1.0, 1.5, 2.0)
+    assert quantile_bounds(0.5, h, 4, 0.6) == (1.0, 1.5, 2.0)
 
 
 def test_no_bounds_without_observations_to_count() -> None:
-    assert quantile_bounds(0.5, LINEAR, 0, 2.0) == pytest.approx((None, 0.05, None))
-    assert quantile_bounds(0.5, Histogram.empty((0.1,)), 10, 2.0) == (None, None, None)
+    assert quantile_bounds(0.5, LINEAR, 0, 0.98) == pytest.approx((None, 0.05, None))
+    assert quantile_bounds(0.5, LINEAR, 0.9, 0.98) == pytest.approx((None, 0.05, None))
+    assert quantile_bounds(0.5, LINEAR, 1, 0.98) == pytest.approx((0.0, 0.05, math.inf))
+    assert quantile_bounds(0.5, Histogram.empty((0.1,)), 10, 0.98) == (None, None, None)
 
 
 # -- the checks, on figures built by hand ---------------------------------------------------
@@ -128,12 +148,11 @@ def test_a_latency_margin_equal_to_its_limit_passes() -> None:
 
 def test_a_sides_bounds_rest_on_the_fewer_of_its_requests_and_observations() -> None:
     # The canary: 25 requests of 4 tokens (n 25); the baseline: 100 observations of
-    # 10,000 requests (n 100, its histogram holds no more). z = 2.054 (confidence 0.98).
+    # 10,000 requests (n 100, its histogram holds no more). At confidence 0.98 the ranks
+    # are 0.24 (the 7th smallest of 25, the bottom of its step) and 0.61 (the 61st of 100).
     v = judge(figs(25, itl=LINEAR), figs(10_000, itl=LINEAR), [], CanaryPolicy(min_requests=20))
     p50 = check(v, "itl_p50")
-    c_lo = 0.05 - 2.053748910631822 * 0.1 * 0.1  # 0.1 s per unit of rank, sigma 0.1
-    b_hi = 0.05 + 2.053748910631822 * 0.05 * 0.1
-    assert p50.margin_ratio == pytest.approx(c_lo / b_hi)
+    assert p50.margin_ratio == pytest.approx(0.024 / 0.061)
 
 
 def test_a_side_without_observations_is_not_judged_and_one_observation_is() -> None:
@@ -235,3 +254,88 @@ def test_a_promotion_names_the_first_two_judged_checks() -> None:
     assert v.evidence == (
         f"canary within limits ({errors.text}; {p50.text}) over 30 s, 400 vs 10,000 requests"
     )
+
+
+# -- issue 23's second pass: observations per metric, exact ranks, the errors' test --------
+
+
+def test_the_smallest_observation_bounds_a_quantile_at_its_buckets_lower_edge() -> None:
+    # 6 observations, all in the bucket (0.03, 0.04]: the smallest of 6 is the lower
+    # bound of the median (all 6 above it: 1 in 64 < 0.02), and it is at least 0.03.
+    h = Histogram.from_counts(LINEAR.bounds, [0.0, 0.0, 0.0, 6.0] + [0.0] * 7)
+    assert rank_bounds(0.5, 6, 0.98)[0] == 0.0
+    assert quantile_bounds(0.5, h, 6, 0.98)[0] == pytest.approx(0.03)
+    # ... and one past the last finite bound: that bound.
+    inf = Histogram.from_counts(LINEAR.bounds, [0.0] * 10 + [6.0])
+    assert quantile_bounds(0.5, inf, 6, 0.98)[0] == pytest.approx(0.1)
+
+
+def test_a_metric_is_judged_from_min_observations_on_each_side() -> None:
+    def itl(n: float) -> Histogram:  # n observations, all in (0.05, 0.06]
+        return Histogram.from_counts(LINEAR.bounds, [0.0] * 5 + [n] + [0.0] * 5)
+
+    base = figs(1000, itl=LINEAR)
+    p50 = CanaryPolicy(itl_quantiles=(0.5,), min_observations=12)
+    at = check(judge(figs(12, itl=itl(12)), base, [], p50), "itl_p50")
+    assert at.passed is not None
+    below = check(judge(figs(12, itl=itl(11)), base, [], p50), "itl_p50")
+    assert below.passed is None
+    assert below.text.endswith("(too few to judge: 11 observations, 12 needed)")
+    thin_base = check(judge(figs(12, itl=itl(12)), figs(1000, itl=itl(11)), [], p50), "itl_p50")
+    assert thin_base.passed is None
+    with pytest.raises(ValueError, match=r"^min_observations must be >= 1, got 0$"):
+        CanaryPolicy(min_observations=0)
+    CanaryPolicy(min_observations=1)
+
+
+def test_a_latency_failure_needs_no_min_requests() -> None:
+    slow = Histogram.from_counts(LINEAR.bounds, [0.0] * 9 + [100.0, 0.0])
+    v = judge(figs(10, itl=slow), figs(1000, itl=LINEAR), [], POLICY)  # 10 requests
+    assert v.outcome is Outcome.ROLLBACK, v.evidence
+    assert v.evidence.startswith("canary ITL p50 0.095 s = 1.9x the baseline's 0.05 s")
+
+
+def test_error_p_value_is_the_binomial_tail_of_the_canarys_share() -> None:
+    assert error_p_value(2, 161, 0, 1127) == pytest.approx(0.125**2)
+    # P(Bin(5, 1/8) >= 2) = 1 - (7/8)^5 - 5 (1/8) (7/8)^4
+    assert error_p_value(2, 161, 3, 1127) == pytest.approx(1 - 0.875**5 - 5 * 0.125 * 0.875**4)
+    assert error_p_value(1.6, 161, 0.4, 1127) == pytest.approx(0.125**2)  # counts round
+    assert error_p_value(0, 161, 3, 1127) == 1.0
+    assert error_p_value(2, 161, 0, 0) == 1.0
+    assert error_p_value(2, 0, 0, 1127) == 1.0
+
+
+def test_errors_more_than_chance_fail_and_exactly_chance_does_not() -> None:
+    lax = CanaryPolicy(min_errors=1, confidence=0.5)
+    # 1 error of 100 vs 0 of 100: p = 0.5, not below 1 - 0.5.
+    assert check(judge(figs(100, 1), figs(100), [], lax), "errors").passed is True
+    # 0 of 101: p = 100/201, below 0.5.
+    assert check(judge(figs(100, 1), figs(101), [], lax), "errors").passed is False
+    # Without baseline requests there is no test: the floors alone judge.
+    assert check(judge(figs(100, 2), figs(0), [], POLICY), "errors").passed is False
+    assert check(judge(figs(100, 2), None, [], POLICY), "errors").passed is False
+    assert check(judge(figs(100, 1), None, [], POLICY), "errors").passed is True
+
+
+def test_the_bounds_edges_that_the_first_tests_left_unheld() -> None:
+    # One observation, but 10 requests' worth of rank: its upper bound is read from it.
+    one = Histogram((0.1, 0.2), (0.0, 1.0, 1.0), 0.15)
+    assert rank_bounds(0.5, 10, 0.98)[1] == pytest.approx(0.9)
+    assert quantile_bounds(0.5, one, 10, 0.98)[2] == pytest.approx(0.19)
+    # Both of 2 observations above the median: 0.25 exactly, a lower bound at 0.75.
+    assert rank_bounds(0.5, 2, 0.75)[0] == 0.0
+    # A p99 of 4: no upper bound (all 4 below it is 96 %), the lower one the 3rd (rank 2/4).
+    assert rank_bounds(0.99, 4, 0.98) == (0.5, None)
+    # The smallest observation in the second bucket: its lower edge, the first bound.
+    second = Histogram.from_counts(LINEAR.bounds, [0.0, 6.0] + [0.0] * 9)
+    assert quantile_bounds(0.5, second, 6, 0.98)[0] == pytest.approx(0.01)
+
+
+def test_the_errors_edges_that_the_first_tests_left_unheld() -> None:
+    # One request each side: an error is the canary's with chance 1/2.
+    assert error_p_value(1, 1, 0, 1) == pytest.approx(0.5)
+    # Exactly twice the baseline's ratio passes even where chance is no explanation.
+    assert check(judge(figs(10_000, 200), figs(10_000, 100), [], POLICY), "errors").passed
+    # A baseline of 1 request is a baseline: 2 errors of 100 beside it are chance
+    # (the canary has 100/101 of the requests).
+    assert check(judge(figs(100, 2), figs(1), [], POLICY), "errors").passed is True

@@ -259,7 +259,7 @@ def test_the_canary_walkthrough_is_parsed_as_the_reader_reads_it() -> None:
     assert first[0].command == "rm -rf /tmp/canary-demo"
     assert first[-1].command.startswith(".venv/bin/sglang-farm run --config " + CANARY_CONFIG)
     assert change[0].command.startswith("shuf ") and change[0].command.endswith("' &")
-    assert '"max_tokens": 8' in change[0].command  # joined over its backslash
+    assert '"max_tokens": 16' in change[0].command  # joined over its backslash
     assert [len(s.promises) for s in change] == [0, 0, 4]
     assert [len(s.promises) for s in after] == [1, 2, 2, 1]
 

@@ -218,7 +218,7 @@ class RolloutSpec:
     ttft_max_ratio: float = 3.0
     error_floor: float = 0.01
     error_max_ratio: float = 2.0
-    min_errors: int = 3
+    min_errors: int = 2
     confidence: float = 0.98
 
 

@@ -9,19 +9,28 @@ docs/canary.md; in short:
 1. **Liveness first.** Any crash, hang, OOM or failed health check of the canary inside
    the window rolls it back at once, whatever the figures: the change caused it.
 2. **Errors.** The canary's error ratio fails it when it reaches an absolute floor
-   (`error_floor`), exceeds the baseline's by a factor (`error_max_ratio`), and rests on
-   at least `min_errors` errors (one unlucky request is not a regression). Judged even
-   below `min_requests`: a canary that fails most of its few requests is not kept.
+   (`error_floor`), exceeds the baseline's by a factor (`error_max_ratio`), rests on at
+   least `min_errors` errors, and is more than chance: were the canary as good as the
+   baseline, each of the window's errors would fall on it with its share of the
+   requests, so the chance of it holding at least its count (a binomial tail,
+   `error_p_value`) must be below 1 - `confidence`. The baseline's stray errors thus
+   count against the canary's. Judged even below `min_requests`: a canary that fails
+   most of its few requests is not kept.
 3. **Latency.** Inter-token latency quantiles (p50 and p99 by default) as a ratio to the
    baseline's, with a noise margin: the check fails only when even the canary's *lower*
    confidence bound, divided by the baseline's *upper* one, exceeds the limit. The
-   bounds are the quantiles at the ranks q ± z·√(q(1-q)/n), with n the side's request
-   count (tokens of one request are not independent observations), so a quantile the
-   data cannot pin down (the p99 of a baseline of 60 requests) is not judged. TTFT is
+   bounds are the quantiles at the ranks of the order statistics that bound the
+   quantile (exact binomial ranks, `rank_bounds`), with n the side's *effective*
+   sample size, its request count (the tokens of one request share its batch, context
+   and stalls: they are not independent observations), so a quantile the data cannot
+   pin down (the p99 of a baseline of 60 requests) is not judged. A metric is judged
+   once each side's histogram holds `min_observations` observations (Kayenta's 50 data
+   points per metric; an ITL histogram counts tokens), whatever `min_requests` says:
+   a check whose bounds already show a regression rolls the canary back. TTFT is
    weighed less: only its median, against a looser limit, because cache-aware routing
    gives a freshly restarted canary a cold prefix cache and a different request mix.
-4. **Enough data.** Below `min_requests` on either side (and with nothing failed) the
-   verdict is inconclusive; what to do then is the caller's policy
+4. **Enough data to promote.** Below `min_requests` on either side (and with nothing
+   failed) the verdict is inconclusive; what to do then is the caller's policy
    (`[rollout] on_inconclusive`).
 
 How the agent is to use this (the API, also in docs/canary.md):
@@ -45,7 +54,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from statistics import NormalDist
 
 from sglang_farm.canary.figures import Figures, Histogram, quantile
 from sglang_farm.workers.failures import Failure, FailureKind
@@ -94,7 +102,8 @@ def liveness_event(failure: Failure, after_s: float) -> LivenessEvent:
 class CanaryPolicy:
     """The thresholds of a verdict; defaults justified in docs/canary.md."""
 
-    min_requests: int = 50  # per side; Kayenta asks for >= 50 data points per metric
+    min_requests: int = 50  # per side, to promote
+    min_observations: int = 50  # per side and metric, to judge it (Kayenta's 50 data points)
     itl_quantiles: tuple[float, ...] = (0.5, 0.99)
     itl_max_ratio: float = 1.4  # canary's lower bound / baseline's upper bound
     ttft_quantile: float = 0.5
@@ -102,7 +111,7 @@ class CanaryPolicy:
     confidence: float = 0.98  # one-sided, per bound (Kayenta's default confidence)
     error_floor: float = 0.01  # an error ratio below 1 % never fails a canary
     error_max_ratio: float = 2.0  # ... nor one below twice the baseline's
-    min_errors: int = 3  # ... nor fewer than 3 errors
+    min_errors: int = 2  # ... nor fewer than 2 errors (and the binomial test, above)
 
     def __post_init__(self) -> None:
         problems = []
@@ -116,6 +125,8 @@ class CanaryPolicy:
             problems.append(f"confidence must be in [0.5, 1), got {self.confidence}")
         if not 0 <= self.error_floor < 1:
             problems.append(f"error_floor must be in [0, 1), got {self.error_floor}")
+        if self.min_observations < 1:
+            problems.append(f"min_observations must be >= 1, got {self.min_observations}")
         if self.min_errors < 1:
             problems.append(f"min_errors must be >= 1, got {self.min_errors}")
         if problems:
@@ -175,19 +186,55 @@ def _upper_quantile(q: float, h: Histogram) -> float | None:
     return quantile(q, h)
 
 
+def _lower_quantile(rank: float, h: Histogram) -> float | None:
+    """`quantile`, but rank 0 (the smallest observation) is the lower edge of the first
+    bucket that holds an observation, not 0."""
+    if rank > 0:
+        return quantile(rank, h)
+    first = next(i for i, cum in enumerate(h.cumulative) if cum > 0)
+    return h.bounds[first - 1] if first > 0 else 0.0
+
+
+def rank_bounds(q: float, n: int, confidence: float) -> tuple[float | None, float | None]:
+    """The ranks (fractions of a side's observations) of the confidence bounds of its
+    q-quantile with `n` independent observations, distribution-free: the k-th smallest
+    of n lies at or below the q-quantile with probability P(Binomial(n, q) >= k). The
+    lower bound is the largest k for which that chance is at least `confidence`, taken at
+    the bottom of its step, rank (k-1)/n; the upper one the smallest m with
+    P(Binomial(n, q) < m) >= `confidence`, at the top of its step, m/n. None where no
+    such order statistic exists (too few observations: no lower bound but 0, no upper
+    bound at all). Exact where the normal approximation of the rank is not (a p99 of a
+    few dozen requests: docs/canary.md)."""
+    alpha = 1 - confidence
+    log_q, log_p = math.log(q), math.log1p(-q)
+    head = math.lgamma(n + 1)
+    below = 0.0  # P(Binomial(n, q) < i)
+    lower: int | None = None
+    for i in range(n + 1):
+        if below >= confidence:
+            return ((lower - 1) / n if lower else None), i / n
+        if below <= alpha:
+            lower = i
+        below += math.exp(
+            head - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_q + (n - i) * log_p
+        )
+    return ((lower - 1) / n if lower else None), None
+
+
 def quantile_bounds(
-    q: float, h: Histogram, n: float, z: float
+    q: float, h: Histogram, n: float, confidence: float
 ) -> tuple[float | None, float | None, float | None]:
     """(lower bound, estimate, upper bound) of the q-quantile of `h` with `n` independent
-    observations: the quantiles at ranks q ± z·√(q(1-q)/n) (the normal approximation of
-    an order statistic's rank). The upper bound is inf where it falls past the last
-    finite bucket or past rank 1; the lower one 0 before rank 0."""
+    observations (the effective sample: a side's requests): the quantiles at the ranks
+    of `rank_bounds`. The upper bound is inf where it falls past the last finite bucket
+    or where no order statistic bounds it; the lower one 0 where none does, and the
+    lower edge of the smallest observation's bucket where that one does."""
     est = quantile(q, h)
-    if est is None or n <= 0:
+    if est is None or n < 1:
         return None, est, None
-    half = z * math.sqrt(q * (1 - q) / n)
-    lo = quantile(q - half, h) if q - half > 0 else 0.0
-    hi = _upper_quantile(q + half, h)
+    lo_rank, hi_rank = rank_bounds(q, int(n), confidence)
+    lo = _lower_quantile(lo_rank, h) if lo_rank is not None else 0.0
+    hi = _upper_quantile(hi_rank, h) if hi_rank is not None else math.inf
     return lo, est, hi
 
 
@@ -199,23 +246,48 @@ def _latency_check(
     baseline: Histogram | None,
     baseline_n: float,
     limit: float,
-    z: float,
+    confidence: float,
+    min_observations: int,
 ) -> Check:
     name = f"{label.lower()}_{_qname(q)}"
     what = f"{label} {_qname(q)}"
     if canary is None or baseline is None or canary.count <= 0 or baseline.count <= 0:
         return Check(name, None, None, None, None, None, limit, f"no {label} data")
-    c_lo, c, _ = quantile_bounds(q, canary, min(canary_n, canary.count), z)
-    _, b, b_hi = quantile_bounds(q, baseline, min(baseline_n, baseline.count), z)
+    c_lo, c, _ = quantile_bounds(q, canary, min(canary_n, canary.count), confidence)
+    _, b, b_hi = quantile_bounds(q, baseline, min(baseline_n, baseline.count), confidence)
     assert c is not None and b is not None  # both hold observations
     ratio = c / b if b > 0 else None
     text = f"canary {what} {_seconds(c)} = " + (
         f"{ratio:.1f}x the baseline's {_seconds(b)}" if ratio is not None else "(baseline 0)"
     )
+    fewest = min(canary.count, baseline.count)
+    if fewest < min_observations:
+        few = f" (too few to judge: {_count(fewest)} observations, {min_observations:,} needed)"
+        return Check(name, None, c, b, ratio, None, limit, text + few)
     if c_lo is None or b_hi is None or math.isinf(b_hi) or b_hi <= 0:
         return Check(name, None, c, b, ratio, None, limit, text + " (too few to judge)")
     margin = c_lo / b_hi
     return Check(name, margin <= limit, c, b, ratio, margin, limit, text)
+
+
+def error_p_value(
+    errors: float, requests: float, base_errors: float, base_requests: float
+) -> float:
+    """The chance that the canary holds at least `errors` of the window's errors if it were
+    as good as the baseline: each error then falls on the canary with its share of the
+    requests, so the count is binomial (the exact conditional test of two Poisson rates).
+    1.0 where there is nothing to compare (no errors, no baseline requests)."""
+    k, t = round(errors), round(errors + base_errors)
+    if k <= 0 or requests <= 0 or base_requests <= 0:
+        return 1.0
+    f = requests / (requests + base_requests)
+    log_f, log_g = math.log(f), math.log1p(-f)
+    head = math.lgamma(t + 1)
+    tail = sum(
+        math.exp(head - math.lgamma(i + 1) - math.lgamma(t - i + 1) + i * log_f + (t - i) * log_g)
+        for i in range(k, t + 1)
+    )
+    return tail
 
 
 def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> Check:
@@ -227,6 +299,9 @@ def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> 
         f"vs the baseline's {_pct(b)}"
     )
     failed = canary.errors >= p.min_errors and c >= p.error_floor and c > p.error_max_ratio * b
+    if failed and baseline is not None and baseline.requests > 0:
+        chance = error_p_value(canary.errors, canary.requests, baseline.errors, baseline.requests)
+        failed = chance < 1 - p.confidence
     ratio = c / b if b > 0 else None
     if canary.requests <= 0:
         return Check("errors", None, None, b, None, None, allowed, "no canary requests")
@@ -258,7 +333,6 @@ def judge(
         check = Check("liveness", False, None, None, None, None, None, text)
         return verdict(Outcome.ROLLBACK, text, [check])
 
-    z = NormalDist().inv_cdf(policy.confidence)
     checks = [_error_check(canary, baseline, policy)]
     enough = canary.requests >= policy.min_requests and (
         baseline is None or base_n >= policy.min_requests
@@ -268,18 +342,18 @@ def judge(
             checks.append(
                 _latency_check(
                     "ITL", q, canary.itl, canary.requests, baseline.itl, base_n,
-                    policy.itl_max_ratio, z,
+                    policy.itl_max_ratio, policy.confidence, policy.min_observations,
                 )
             )  # fmt: skip
         checks.append(
             _latency_check(
                 "TTFT", policy.ttft_quantile, canary.ttft, canary.requests, baseline.ttft,
-                base_n, policy.ttft_max_ratio, z,
+                base_n, policy.ttft_max_ratio, policy.confidence, policy.min_observations,
             )
         )  # fmt: skip
+    # A failed check stands on its own evidence (its bounds, its binomial test, its
+    # observations per metric); `min_requests` is what promoting needs.
     failed = [c for c in checks if c.passed is False]
-    # Latency needs enough requests on both sides; errors only enough errors (above).
-    failed = [c for c in failed if c.name == "errors" or enough]
     if failed:
         return verdict(Outcome.ROLLBACK, f"{failed[0].text} {tail}", checks)
     if not enough:
