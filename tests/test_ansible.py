@@ -15,7 +15,8 @@
         but not in force (a reload of another file, then the file put back): host-a
         reloads it, host-b changes nothing (changed=0) and never leaves the gateway
     a [gateway] change (which farmctl reload refuses, exit 10) is applied by restarting
-        the agents: the workers keep running and are adopted; nothing left pending
+        the agents: the workers keep running and are adopted; nothing left pending; on
+        host-b, switched from mode "off" to "external", nothing to drain
 
 The real ansible-core, the real package (tests/debbuild.py), a real systemd per host and
 the real smg; the controller runs as root (nsenter). The container tests of this module
@@ -490,8 +491,19 @@ def test_a_rerun_applies_a_pending_config_and_leaves_an_unchanged_host_alone(
 def test_a_gateway_change_restarts_the_agent_and_keeps_the_workers(fleet_logs: Fleet) -> None:
     """Fleet review #1: farmctl reload refuses a [gateway] change (exit 10): the handler
     restarts the agent, which adopts the running workers; before, the play failed at the
-    first host with the new farm.toml on disk and not in force."""
+    first host with the new farm.toml on disk and not in force. A host whose farm in force
+    has no gateway (mode "off" to "external") is not drained."""
     f = fleet_logs
+    # host-b runs without a gateway for now ([gateway] mode = "off", its agent restarted
+    # by hand): the play switches it to "external". Its farm in force has nothing to
+    # drain, whatever the new farm.toml says; before, drain-host was refused (exit 1).
+    b = f.hosts[1]
+    b.sh(
+        """sed -i 's/^mode = "external"/mode = "off"/' /etc/sglang-farm/farm.toml"""
+        " && systemctl restart sglang-farm.service && farmctl wait --timeout 60",
+        timeout=90,
+    )
+    assert _status(b)["gateway"] is None
     agents = {h.name: h.agent_pid() for h in f.hosts}
     workers = {h.name: h.worker_pids() for h in f.hosts}
     r = f.play(f.v2, worker_env=ROLLED, gateway=NEW_GATEWAY)
