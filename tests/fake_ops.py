@@ -122,6 +122,9 @@ class FakeOps:
         self.drain_timeouts: list[float | None] = []
         self.rolling = 0
         self.rollout = "done"
+        # Fleet review #2: the config in force (its file and digest; None: not from a file).
+        self.config_source = "/etc/sglang-farm/farm.toml"
+        self.config_sha256: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- FarmOps ---
@@ -133,7 +136,8 @@ class FakeOps:
             name="test-farm",
             runtime="process",
             workers=tuple(self.workers[i] for i in sorted(self.workers)),
-            config_source="/etc/sglang-farm/farm.toml",
+            config_source=self.config_source,
+            config_sha256=self.config_sha256,
             started_at=time.time() - 7200,
             rollout=self.rollout,
             rolling=self.rolling,

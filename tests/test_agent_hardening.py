@@ -119,6 +119,7 @@ def test_a_reload_that_changes_the_gateway_is_refused_and_says_to_restart(tmp: P
             result = await f.ops.reload()
             assert not result.applied
             assert "restart the agent" in result.problems[0]
+            assert result.restart_needed  # farmctl reload exits 10 (not 1): restart the agent
             assert f.agent.spec.gateway.drain_timeout == 30.0
 
     run_virtual(scenario())

@@ -11,6 +11,12 @@
         environment): 0 failed requests; host by host (one drained while the other
         serves); both hosts end on the new version, their agents restarted by the
         upgrade, their workers by the reload handler, every worker ready and in the gateway
+    run again with the same package and config, after host-a's farm.toml was left on disk
+        but not in force (a reload of another file, then the file put back): host-a
+        reloads it, host-b changes nothing (changed=0) and never leaves the gateway
+    a [gateway] change (which farmctl reload refuses, exit 10) is applied by restarting
+        the agents: the workers keep running and are adopted; nothing left pending; on
+        host-b, switched from mode "off" to "external", nothing to drain
 
 The real ansible-core, the real package (tests/debbuild.py), a real systemd per host and
 the real smg; the controller runs as root (nsenter). The container tests of this module
@@ -171,7 +177,9 @@ class Fleet:
     def all_urls(self) -> set[str]:
         return set().union(*(h.urls() for h in self.hosts))
 
-    def inventory(self, deb: Path, worker_env: dict[str, str]) -> Path:
+    def inventory(
+        self, deb: Path, worker_env: dict[str, str], gateway: dict[str, str] | None = None
+    ) -> Path:
         """A YAML (here JSON) inventory: the group sglang_farm, one entry per container."""
         config = {
             "farm": {
@@ -200,6 +208,7 @@ class Fleet:
                 "url": self.gateway,
                 "admin_key_file": "/etc/sglang-farm/gateway-admin.key",
                 "drain_timeout": "20s",
+                **(gateway or {}),
             },
         }
         hosts = {
@@ -226,18 +235,21 @@ class Fleet:
                 },
             }
         }
-        path = self.tmp / f"inventory-{deb.stem}.yml"
+        path = self.tmp / f"inventory-{deb.stem}-{len(list(self.tmp.glob('inventory-*')))}.yml"
         path.write_text(json.dumps(inv, indent=1))
         return path
 
     def play(
-        self, deb: Path, worker_env: dict[str, str] | None = None
+        self,
+        deb: Path,
+        worker_env: dict[str, str] | None = None,
+        gateway: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
                 str(BIN / "ansible-playbook"),
                 "-i",
-                str(self.inventory(deb, worker_env or {})),
+                str(self.inventory(deb, worker_env or {}, gateway)),
                 str(ANSIBLE_DIR / "rolling.yml"),
             ],
             env=_env(self.tmp),
@@ -405,3 +417,102 @@ def test_rolling_upgrade_under_load_fails_no_request(fleet_logs: Fleet) -> None:
     assert any(not (s & a) and s >= b for s in routed_seen), "host-a never drained alone"
     assert any(not (s & b) and s >= a for s in routed_seen), "host-b never drained alone"
     assert all(s for s in routed_seen), "the gateway was empty at some point"
+
+
+# -- a second look (fleet review) ---------------------------------------------------------
+
+ROLLED = {"SGLANG_SIM_ROLLED": "1"}  # the workers' environment since the rolling upgrade
+NEW_GATEWAY = {"drain_timeout": "21s"}  # a [gateway] change: only an agent restart applies it
+
+
+def _recap(out: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP's counters per host: {"host-a": {"ok": 12, "changed": 1, ...}}."""
+    recap: dict[str, dict[str, int]] = {}
+    for line in out.split("PLAY RECAP", 1)[-1].splitlines()[1:]:
+        host, _, counts = line.partition(" : ")
+        if counts:
+            recap[host.strip()] = {k: int(v) for k, v in (kv.split("=") for kv in counts.split())}
+    return recap
+
+
+def _status(h: Host) -> dict[str, Any]:
+    status: dict[str, Any] = json.loads(h.sh("farmctl --json status"))
+    return status
+
+
+def test_a_rerun_applies_a_pending_config_and_leaves_an_unchanged_host_alone(
+    fleet_logs: Fleet,
+) -> None:
+    """Fleet review #2 and #3. host-a: farm.toml on disk is the inventory's, but the agent
+    runs another (reloaded from an edit, then the file put back, as a refused reload
+    leaves it): the run reloads it. host-b: same package, same config, nothing pending:
+    not drained, changed=0."""
+    f = fleet_logs
+    a, b = f.hosts
+    a.sh(
+        "cp -p /etc/sglang-farm/farm.toml /root/farm.toml.ok"
+        ' && sed -i \'s/SGLANG_SIM_ROLLED = "1"/SGLANG_SIM_ROLLED = "2"/\''
+        " /etc/sglang-farm/farm.toml"
+        " && farmctl reload --timeout 60"
+        " && cp -p /root/farm.toml.ok /etc/sglang-farm/farm.toml",
+        timeout=90,
+    )
+    assert _status(a)["config_pending"] is True
+    assert "SGLANG_SIM_ROLLED=2" in a.sh(f"tr '\\0' '\\n' < /proc/{a.worker_pids()[0]}/environ")
+    b_workers = b.worker_pids()
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                seen.append(f.routed())
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = f.play(f.v2, worker_env=ROLLED)  # as the rolling upgrade left them
+    finally:
+        stop.set()
+        watcher.join(30)
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-3000:]
+    recap = _recap(r.stdout)
+    assert recap["host-b"]["changed"] == 0, recap
+    assert recap["host-a"]["changed"] > 0, recap
+    assert seen and all(s >= b.urls() for s in seen), "host-b left the gateway"
+    assert b.worker_pids() == b_workers
+    st = _status(a)
+    assert st["config_pending"] is False and "held_out_since" not in st
+    assert "SGLANG_SIM_ROLLED=1" in a.sh(f"tr '\\0' '\\n' < /proc/{a.worker_pids()[0]}/environ")
+    assert f.routed() == f.all_urls()
+
+
+def test_a_gateway_change_restarts_the_agent_and_keeps_the_workers(fleet_logs: Fleet) -> None:
+    """Fleet review #1: farmctl reload refuses a [gateway] change (exit 10): the handler
+    restarts the agent, which adopts the running workers; before, the play failed at the
+    first host with the new farm.toml on disk and not in force. A host whose farm in force
+    has no gateway (mode "off" to "external") is not drained."""
+    f = fleet_logs
+    # host-b runs without a gateway for now ([gateway] mode = "off", its agent restarted
+    # by hand): the play switches it to "external". Its farm in force has nothing to
+    # drain, whatever the new farm.toml says; before, drain-host was refused (exit 1).
+    b = f.hosts[1]
+    b.sh(
+        """sed -i 's/^mode = "external"/mode = "off"/' /etc/sglang-farm/farm.toml"""
+        " && systemctl restart sglang-farm.service && farmctl wait --timeout 60",
+        timeout=90,
+    )
+    assert _status(b)["gateway"] is None
+    agents = {h.name: h.agent_pid() for h in f.hosts}
+    workers = {h.name: h.worker_pids() for h in f.hosts}
+    r = f.play(f.v2, worker_env=ROLLED, gateway=NEW_GATEWAY)
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-3000:]
+    for h in f.hosts:
+        assert 'drain_timeout = "21s"' in h.sh("cat /etc/sglang-farm/farm.toml")
+        assert h.agent_pid() not in (0, agents[h.name]), "the agent was not restarted"
+        assert h.worker_pids() == workers[h.name], "the workers did not keep running"
+        st = _status(h)
+        assert st["config_pending"] is False and st["config_sha256"] == st["config_file_sha256"]
+        assert {w["state"] for w in st["workers"]} == {"ready"}
+    assert f.routed() == f.all_urls()

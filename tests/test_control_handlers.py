@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from fake_ops import FakeOps
+from sglang_farm.config.load import text_digest
 from sglang_farm.control.codec import (
     Command,
     ErrorCode,
@@ -74,6 +76,26 @@ async def test_status_and_issued_at_come_from_the_wall_clock(ops: FakeOps) -> No
     r = await h.handle(Request(2, Command.RESTART, StopArgs("all")), Channel())
     assert r == {"workers": [0, 1, 2, 3], "issued_at": 1234.5}
     assert ops.calls == [("restart", (0, 1, 2, 3))]
+
+
+async def test_status_compares_the_config_file_on_disk_with_the_one_in_force(
+    ops: FakeOps, tmp_path: Path
+) -> None:
+    """Fleet review #2: the file is read at each `status`; a refused reload (or an edit
+    not reloaded yet) shows as `config_pending` until a reload or restart applies it."""
+    conf = tmp_path / "farm.toml"
+    conf.write_text("[workers]\ngpus = [0]\n")
+    ops.config_source, ops.config_sha256 = str(conf), text_digest(conf.read_text())
+    h = handlers(ops)
+    st = await h.handle(Request(1, Command.STATUS, NoArgs()), Channel())
+    assert st["config_pending"] is False and st["config_file_sha256"] == ops.config_sha256
+    conf.write_text("[workers]\ngpus = [0, 1]\n")
+    st = await h.handle(Request(2, Command.STATUS, NoArgs()), Channel())
+    assert st["config_pending"] is True
+    assert st["config_file_sha256"] == text_digest(conf.read_text())
+    conf.unlink()
+    st = await h.handle(Request(3, Command.STATUS, NoArgs()), Channel())
+    assert st["config_pending"] is True and st["config_file_sha256"] is None
 
 
 async def test_unknown_worker_is_refused_before_the_agent_is_asked(ops: FakeOps) -> None:

@@ -72,6 +72,9 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "farm",
         "runtime",
         "config_source",
+        "config_sha256",
+        "config_file_sha256",
+        "config_pending",
         "started_at",
         "now",
         "rollout",
@@ -551,3 +554,23 @@ def test_a_reload_held_for_a_rejected_change_says_so_apart_from_its_problems() -
     rr = results.reload_result(ReloadResult(False, problems=(why,), held=why), 1.0)
     assert rr["held"] == why and rr["problems"] == [why] and rr["applied"] is False
     assert "held" not in results.reload_result(ReloadResult(True), 1.0)
+
+
+def test_status_says_whether_the_config_file_on_disk_is_the_one_in_force() -> None:
+    """Fleet review #2: a refused reload leaves a file on disk that is not in force; an
+    orchestrator re-running must see it (`config_pending`) and reload again."""
+    view = replace(_view(), config_sha256="a" * 64)
+    st = results.status_result(view, [], version="9", now=1.0, config_file_sha256="a" * 64)
+    assert (st["config_sha256"], st["config_file_sha256"], st["config_pending"]) == (
+        "a" * 64,
+        "a" * 64,
+        False,
+    )
+    st = results.status_result(view, [], version="9", now=1.0, config_file_sha256="b" * 64)
+    assert st["config_pending"] is True
+    # The file gone or unreadable: not the one in force (a reload says why).
+    st = results.status_result(view, [], version="9", now=1.0, config_file_sha256=None)
+    assert st["config_file_sha256"] is None and st["config_pending"] is True
+    # An agent started without a file (tests, embedders): nothing to compare.
+    st = results.status_result(_view(), [], version="9", now=1.0, config_file_sha256=None)
+    assert st["config_sha256"] is None and st["config_pending"] is False

@@ -361,6 +361,19 @@ def test_reload_applied_and_rejected(agent: Agent) -> None:
     assert "reload rejected: 1 problem in the config; the old config keeps running" in r.stderr
 
 
+def test_a_reload_that_needs_an_agent_restart_exits_10_and_says_so(agent: Agent) -> None:
+    """Fleet review #1: a valid config that only an agent restart applies ([gateway]) is
+    not a config problem: exit 10, which an orchestrator acts on (systemctl restart)."""
+    problem = "farm.toml: [gateway] changed; a reload does not apply it: restart the agent"
+    agent.ops.reload_result = ReloadResult(False, problems=(problem,), restart_needed=True)
+    r = agent.run("reload")
+    assert r.exit_code == 10, r.output
+    assert f"  {problem}" in r.stderr
+    assert "needs an agent restart" in r.stderr and "systemctl restart sglang-farm" in r.stderr
+    r = agent.run("--json", "reload")
+    assert r.exit_code == 10 and json.loads(r.stdout)["restart_needed"] is True
+
+
 def test_logs_tail_and_follow(agent: Agent) -> None:
     assert agent.run("logs", "1", "-n", "2").output == "w1 line 48\nw1 line 49\n"
 

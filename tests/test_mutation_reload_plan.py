@@ -79,11 +79,17 @@ def test_a_changed_gateway_is_refused_with_what_to_do() -> None:
             (
                 "farm.toml: [gateway] changed; a reload does not apply it: restart the agent "
                 "(systemctl restart sglang-farm) to apply [gateway] changes",
-            )
+            ),
+            restart_needed=True,  # farmctl reload exits 10: an orchestrator restarts the agent
         )
     # Refused before anything is staged, even with a new model.
     new = spec('[model]\nsource = "/srv/models/v2"', gateway=GATEWAY)
     assert isinstance(model_change(spec(), new, stage_holds=True), Refused)
+
+
+def test_a_refusal_of_the_config_itself_needs_no_agent_restart() -> None:
+    refused = stage_refused(spec(), StageError(StageFailureKind.NO_SPACE, "full", "free space"))
+    assert not refused.restart_needed
 
 
 def test_the_same_model_keeps_the_copy_in_place() -> None:

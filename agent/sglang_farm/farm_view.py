@@ -116,6 +116,8 @@ class FarmView:
     # Issue 26: since when (wall clock) the host is held out of the gateway (farmctl
     # drain-host); None: it is not.
     held_out_since: float | None = None
+    # Fleet review #2: sha256 of the config text in force (None: not from a file).
+    config_sha256: str | None = None
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
@@ -194,6 +196,7 @@ def build_view(
         runtime=runtime,
         workers=tuple(views),
         config_source=spec.source,
+        config_sha256=spec.config_sha256 or None,
         started_at=started_at,
         rollout=rollout,
         rollout_reason=rollout_reason,

@@ -198,4 +198,6 @@ class Reloader:
 
 def _refused(refused: Refused) -> ReloadResult:
     log.error("reload_rejected", problems=list(refused.problems))
-    return ReloadResult(applied=False, problems=refused.problems)
+    return ReloadResult(
+        applied=False, problems=refused.problems, restart_needed=refused.restart_needed
+    )

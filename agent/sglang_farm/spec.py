@@ -268,6 +268,9 @@ class FarmSpec:
     gateway: GatewaySpec = GatewaySpec()
     model: ModelSpec | None = None  # [model]: staged before the rollout (None: not managed)
     rollout: RolloutSpec = RolloutSpec()
+    # sha256 of the text it was read from (config.load.text_digest); "" when not from
+    # text. `status` compares it with the file on disk (`config_pending`).
+    config_sha256: str = ""
 
     def worker(self, worker_id: int) -> WorkerSpec:
         """The worker with this id; KeyError if there is none."""

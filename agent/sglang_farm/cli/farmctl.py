@@ -43,6 +43,7 @@ class Exit(IntEnum):
     TIMED_OUT = 7  # wait, drain-host: time ran out (something is still under way)
     HALTED = 8  # wait: the rollout is halted, or the model stage failed
     DRAINED = 9  # wait: the host is held out of the gateway (drain-host)
+    RESTART_NEEDED = 10  # reload: valid, but only an agent restart applies it ([gateway])
 
 
 class FarmctlError(click.ClickException):
@@ -76,6 +77,10 @@ class RolledBack(FarmctlError):
 
 class Held(FarmctlError):
     exit_code = Exit.HELD
+
+
+class RestartNeeded(FarmctlError):
+    exit_code = Exit.RESTART_NEEDED
 
 
 class TimedOut(FarmctlError):
@@ -294,7 +299,8 @@ def cli(
 
     Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
     failed, 4 agent unreachable, 5 reload rolled back, 6 reload held, 7 timed
-    out (wait, drain-host), 8 rollout halted (wait), 9 host drained (wait).
+    out (wait, drain-host), 8 rollout halted (wait), 9 host drained (wait), 10
+    reload needs an agent restart.
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
@@ -964,7 +970,9 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     the rollout is not over within --timeout; 3 when a restarted worker ends
     failed; 5 when the canary was rolled back; 6 when the change is held (too
     little traffic to judge, or its canary rejected it before: the agent then
-    does not apply it).
+    does not apply it); 10 when the config is valid but only an agent restart
+    applies it (a [gateway] change): systemctl restart sglang-farm, the workers
+    keep running.
     """
     asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)
@@ -978,6 +986,13 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
         if not ctl.as_json:
             for p in problems:
                 click.echo(f"  {p}", err=True)
+        if res.get("restart_needed"):
+            # Not a problem of the config: an orchestrator branches on exit 10.
+            raise RestartNeeded(
+                "reload not applied: the change needs an agent restart; the old config "
+                "keeps running; apply it with systemctl restart sglang-farm (the workers "
+                "keep running and the new agent adopts them)"
+            )
         n = len(problems)
         raise Failed(
             f"reload rejected: {n} problem{'s' if n != 1 else ''} in the config; "

@@ -7,6 +7,7 @@ section, resolve the workers, then run the cross-checks. `load_spec_file` and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -140,8 +141,15 @@ def check_spec(
         gateway=gateway,
         model=model,
         rollout=rollout,
+        config_sha256=text_digest(text),
     )
     return LoadResult(spec, tuple(problems.sorted_warnings()))
+
+
+def text_digest(text: str) -> str:
+    """The sha256 (hex) of a config's text as read (UTF-8, newlines as Python reads
+    them): what `status` compares to tell the file on disk from the config in force."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def load_spec_file(path: str | os.PathLike[str], *, gpu_count: int | None = None) -> FarmSpec:

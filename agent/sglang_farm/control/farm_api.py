@@ -24,6 +24,9 @@ class ReloadResult:
     # Not applied because its change was rejected by a canary before (docs/canary.md):
     # why, in one line (also in `problems`). farmctl exits "held" (6), not "rejected" (1).
     held: str | None = None
+    # Not applied because only an agent restart applies it (a [gateway] change): farmctl
+    # exits "restart needed" (10), which an orchestrator acts on (docs/fleet.md).
+    restart_needed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

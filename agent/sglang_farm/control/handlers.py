@@ -35,6 +35,7 @@ from typing import Final, Protocol
 
 import structlog
 
+from sglang_farm.config.load import text_digest
 from sglang_farm.control import results
 from sglang_farm.control.codec import (
     Command,
@@ -177,12 +178,17 @@ class Handlers:
     # --- read-only commands ------------------------------------------------------
 
     async def _status(self, req: Request, channel: Channel) -> Result:
+        view = self._ops.view()
+        on_disk = None
+        if view.config_sha256 is not None:  # from a file: is that file still the one in force?
+            on_disk = await asyncio.to_thread(_file_digest, view.config_source)
         return results.status_result(
-            self._ops.view(),
+            view,
             self._ops.gpu_memory(),
             version=self._version,
             now=self._wall_clock(),
             queues=self._ops.queue_depths(),
+            config_file_sha256=on_disk,
         )
 
     async def _settled(self, req: Request, channel: Channel) -> Result:
@@ -464,3 +470,14 @@ def _quarantined(w: WorkerView) -> bool:
     return w.phase is Phase.QUARANTINED or (
         w.quarantine is not None and w.phase in (Phase.STOPPING, Phase.DRAINING)
     )
+
+
+def _file_digest(path: str) -> str | None:
+    """The digest of the config file on disk as the agent would read it (`text_digest`);
+    None when it cannot be read (`status` then says the config is pending: a reload
+    names the problem)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return text_digest(f.read())
+    except (OSError, UnicodeDecodeError):
+        return None

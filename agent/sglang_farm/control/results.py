@@ -226,18 +226,27 @@ def status_result(
     version: str,
     now: float,
     queues: Mapping[int, float] | None = None,
+    config_file_sha256: str | None = None,
 ) -> Result:
     """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
     the gateway (null without one; with several, their sum and `gateways`, each
     one's own), with a [model] its stage (`staging`), once a
     change has been judged its canary analysis (`canary`), and while the host is held
-    out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last)."""
+    out of the gateway (`farmctl drain-host`) since when (`held_out_since`, last).
+    `config_file_sha256`: the digest of the config file on disk now (the caller reads
+    it; None: unreadable), compared with the one in force (`config_pending`)."""
     result: Result = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": version,
         "farm": view.name,
         "runtime": view.runtime,
         "config_source": view.config_source,
+        # Fleet review #2: the config in force, the file on disk now (null: unreadable),
+        # and whether they differ (a refused reload, an edit not reloaded yet).
+        "config_sha256": view.config_sha256,
+        "config_file_sha256": config_file_sha256,
+        "config_pending": view.config_sha256 is not None
+        and config_file_sha256 != view.config_sha256,
         "started_at": view.started_at,
         "now": now,
         "rollout": view.rollout,
@@ -493,6 +502,8 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
         result["issued_at"] = issued_at
     if r.held is not None:
         result["held"] = r.held
+    if r.restart_needed:
+        result["restart_needed"] = True
     return result
 
 

@@ -41,6 +41,9 @@ class Refused:
     where, and what to do."""
 
     problems: tuple[str, ...]
+    # The config is valid but only an agent restart applies it ([gateway]): farmctl
+    # reload exits 10, and an orchestrator restarts the agent (the workers keep running).
+    restart_needed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,8 @@ def model_change(old: FarmSpec, new: FarmSpec, *, stage_holds: bool) -> Refused 
             (
                 f"{new.source}: [gateway] changed; a reload does not apply it: restart the "
                 "agent (systemctl restart sglang-farm) to apply [gateway] changes",
-            )
+            ),
+            restart_needed=True,
         )
     if new.model is not None and (
         new.model != old.model
