@@ -46,6 +46,9 @@ class GatewayStatus:
     # first one's). Empty with one gateway: this status is that
     # gateway's.
     gateways: tuple[GatewayStatus, ...] = ()
+    # The farm's workers this gateway confirmed it routes to; None: not told (a summary
+    # of several, or a hand-made status), each worker's `in_gateway` says.
+    routed: tuple[int, ...] | None = None
 
     @property
     def each(self) -> tuple[GatewayStatus, ...]:

@@ -13,6 +13,11 @@ periodic reconcile, compare what should be with what the gateway lists, so a fai
 call, a gateway restart (which forgets its workers) or a registration smg finished
 late all converge. The gateway being down never stops supervision: calls are retried
 with back-off, the state says so (`up`), and the next reconcile repairs the rest.
+Down means it does not answer (no connection, no answer within the call's bound) or
+cannot be listed; a refusal of one worker's change (an error status, smg's add timeout
+for one slow worker) is that worker's error (`refused`), and the gateway's word on the
+others stands (issue 26 review: a gateway wrongly counted down is left out of every
+drain while it still routes).
 
 Members that are not the farm's ("foreign": registered by someone else): a MANAGED
 gateway is the farm's alone, so each reconcile removes them (logged with their URL:
@@ -80,6 +85,8 @@ class MembershipSync:
         self._reconciler: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.up = False  # until the gateway has answered once
+        # Per worker, why the gateway last refused its change (cleared when one succeeds).
+        self.refused: dict[int, str] = {}
         self._reached = False
         self.errors = 0
         self.last_error: str | None = None
@@ -89,9 +96,19 @@ class MembershipSync:
         return self._gateway.url
 
     def status(self) -> GatewayStatus:
-        members = sum(1 for w in self._states() if self.confirmed.get(w))
+        routed = tuple(sorted(w for w in self._states() if self.confirmed.get(w)))
+        error = self.last_error
+        if self.up and self.refused:
+            wid = max(self.refused)
+            error = f"worker {wid}: {self.refused[wid]}"
         return GatewayStatus(
-            self._gateway.url, self.up, members, self.errors, self.last_error, self.foreign
+            self._gateway.url,
+            self.up,
+            len(routed),
+            self.errors,
+            error,
+            self.foreign,
+            routed=routed,
         )
 
     def start(self) -> None:
@@ -135,7 +152,7 @@ class MembershipSync:
                     await self._gateway.remove(url)
         except GatewayError as exc:
             self._busy.discard(wid)
-            self._failed(wid, str(exc))
+            self._failed(wid, str(exc), down=not_answering(exc))
             # Until the gateway first answers, `gateway_not_reached_yet` said it once
             # (smg not installed retried every 15 s would flood the log: issue 22 item 10).
             (blog.warning if self._reached else blog.debug)(
@@ -150,6 +167,7 @@ class MembershipSync:
             raise
         self._delay.pop(wid, None)
         self._retry_at.pop(wid, None)
+        self.refused.pop(wid, None)
         blog.info("gateway_member" if want else "gateway_removed", url=url)
         # Recorded before the report: the state change it causes calls update() again,
         # which must see the new membership, not start the same call a second time.
@@ -160,15 +178,25 @@ class MembershipSync:
             self._on_member(wid, want)
         self.update()  # the phase may have moved on while the call ran
 
-    def _failed(self, wid: int, error: str) -> None:
+    def _failed(self, wid: int, error: str, *, down: bool) -> None:
         loop = asyncio.get_running_loop()
         delay = min(RETRY_MAX_S, self._delay.get(wid, RETRY_INITIAL_S / 2) * 2)
         self._delay[wid] = delay
         self._retry_at[wid] = loop.time() + delay
-        self._record_error(error)
+        if down:
+            self._record_error(error)
+        else:
+            # The gateway answered: it refused this worker (an HTTP error, smg's add
+            # timeout for one slow worker). Its word on every other worker stands, so it
+            # stays up and keeps guarding their drains; this worker stays unconfirmed.
+            self.refused[wid] = error
+            if self._reached:
+                self.errors += 1
+            self._on_status()
         loop.call_later(delay, self._wake.set)
 
     def _record_error(self, error: str) -> None:
+        """The gateway does not answer (or cannot be listed): it counts as down."""
         first = self.last_error is None
         self.last_error = error
         if not self._reached:
@@ -310,10 +338,18 @@ async def _bounded(gateway: str, seconds: float) -> AsyncIterator[None]:
     except TimeoutError:
         raise GatewayError(
             gateway,
-            GatewayErrorCode.TIMEOUT,
+            GatewayErrorCode.UNREACHABLE,
             f"no answer within {seconds:g} s; the farm counts it as down and goes on with "
             "its other gateways; check that it runs and is not overloaded",
         ) from None
+
+
+def not_answering(exc: GatewayError) -> bool:
+    """Pure: whether a failed add or remove says the gateway itself does not answer (no
+    connection, no answer in time: `UNREACHABLE`, `_bounded`), rather than that it
+    answered and refused that one worker (`REFUSED`, `UNAUTHORIZED`, `PROTOCOL`, or
+    `TIMEOUT`: accepted, not confirmed within the adapter's bound)."""
+    return exc.code is GatewayErrorCode.UNREACHABLE
 
 
 def worker_key(spec: FarmSpec, wid: int) -> str | None:
