@@ -151,7 +151,14 @@ def test_a_down_gateway_holds_no_stop_and_is_refilled_when_it_returns(tmp: Path)
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up  # A answers
             assert view.worker(5).in_gateway  # in every gateway that answers
-            assert settled_result(view)["settled"] is True
+            # The farm's work went on; an orchestrator's `farmctl wait` does not: B lacks it.
+            settled = settled_result(view)
+            assert settled["settled"] is False
+            waiting = settled["waiting"]
+            assert isinstance(waiting, list)
+            assert [(i["kind"], i["message"].split(" (")[0]) for i in waiting] == [
+                ("gateway_down", f"the gateway at {B} is not answering")
+            ]
             # B restarts empty: its own reconcile refills it, A untouched meanwhile.
             b.members.clear()
             removes = [c for c in a.calls if c[0] == "remove"]
