@@ -26,6 +26,7 @@ from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import endpoints_result, settled_result, status_result
 from sglang_farm.errors import ConfigError, GatewayError, GatewayErrorCode
+from sglang_farm.gateway import Member
 from sglang_farm.gateway.membership import combined
 from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.spec import FarmSpec
@@ -290,5 +291,38 @@ def test_a_refused_remove_holds_the_stop_until_that_gateway_removes_it(tmp: Path
             b.fail_remove.clear()
             await asyncio.wait_for(stopping, 60)
             assert f.phase(2) is Phase.STOPPED and u2 not in b.routed()
+
+    run_virtual(scenario())
+
+
+def test_a_list_answered_late_does_not_undo_a_removal_confirmed_meanwhile(tmp: Path) -> None:
+    """B's reconcile lists while worker 3 leaves: the list, asked before the removal and
+    answered after it, still shows 3; that stale word must not put 3 back "in" (and set
+    off a second removal)."""
+    a, b = _two()
+    u3 = "http://127.0.0.1:30003"
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            listing, answered = asyncio.Event(), asyncio.Event()
+            list_now = b.list
+
+            async def late_list() -> list[Member]:
+                listing.set()
+                seen = await list_now()  # what B routes when asked...
+                await asyncio.sleep(4)  # ...answered 4 s later
+                answered.set()
+                return seen
+
+            b.list = late_list  # type: ignore[method-assign]
+            await listing.wait()
+            await f.ops.stop([3])  # out of both, confirmed, while the list is under way
+            assert u3 not in b.routed()
+            await answered.wait()
+            await asyncio.sleep(1)
+            gw = f.agent.view().gateway
+            assert gw is not None and 3 not in (gw.each[1].routed or ())
+            assert b.calls.count(("remove", u3)) == 1, b.calls
 
     run_virtual(scenario())

@@ -72,6 +72,9 @@ class MembershipSync:
         # What this gateway last confirmed per worker: True routed, False not; a worker
         # absent is not known yet (before the first call or reconcile that says).
         self.confirmed: dict[int, bool] = {}
+        # Per worker, how many changes this sync confirmed: a list asked before one and
+        # answered after it is stale for that worker (its word is not taken).
+        self._confirmations: dict[int, int] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
         self._spec = spec
@@ -172,6 +175,7 @@ class MembershipSync:
         # Recorded before the report: the state change it causes calls update() again,
         # which must see the new membership, not start the same call a second time.
         self.confirmed[wid] = want
+        self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
         self._busy.discard(wid)
         self._mark_up()
         if wid in self._states():
@@ -235,10 +239,13 @@ class MembershipSync:
 
         Listed but not wanted (a stale entry after an agent restart, a late registration):
         removed. Confirmed but no longer listed (the gateway restarted): marked out, so
-        `update` adds it again. Other hosts' workers: untouched.
+        `update` adds it again. Other hosts' workers: untouched. A worker whose add or
+        remove was confirmed while the list was under way keeps that confirmation: the
+        list may show the gateway as it was before it.
         """
         spec = self._spec()
         ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
+        asked = dict(self._confirmations)
         try:
             async with _bounded(self._gateway.url, LIST_BOUND_S):
                 members = await self._gateway.list()
@@ -260,6 +267,8 @@ class MembershipSync:
             s = states.get(wid)
             if s is None or wid in self._busy:
                 continue  # a change under way reports what it confirms itself
+            if self._confirmations.get(wid, 0) != asked.get(wid, 0):
+                continue  # confirmed while the list was under way: the list is older
             was, now_in = self.confirmed.get(wid), url in listed
             if was and not now_in:
                 log.warning(
