@@ -6,7 +6,8 @@ its gateways, or route users' requests to a host of their own. So the agent refu
 key file another user could read or replace, as it refuses the Hub token file
 (`staging.hub.read_token`): owned by root or the agent's user, no group or other
 permission bit, a regular file, reached through no other user's link or folder
-(`host.securepath.way_problem`; a FIFO never blocks the read). `sglang-farm
+(`host.securepath.way_problem`, checked before the open; a FIFO never blocks the read),
+and still the file at the path once opened (device and inode compared). `sglang-farm
 check-config` and the doctor warn of the same files before the agent starts
 (`doctor.host_rules.key_file_checks`).
 """
@@ -35,6 +36,15 @@ def read_gateway_key(path: str, what: str) -> str:
     """The one key in `path` ([gateway] `what`), or a `ConfigError` that says what is wrong
     with the file and how to fix it (the key itself never appears in it)."""
     fix = f"chown root: {path} && chmod 0600 {path}"
+    # The way first (another user's link or folder could swap the file at any moment),
+    # then the open, then: is the file opened the one at the path now? A path that
+    # vanished or changed meanwhile is refused, not passed (`way_problem` cannot judge
+    # a path that is gone).
+    way = way_problem(path)
+    if way is not None:
+        raise ConfigError(
+            path, [f"[gateway] {what}: refusing {path}: {way}; a key must be private: {fix}"]
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -47,9 +57,12 @@ def read_gateway_key(path: str, what: str) -> str:
         ) from exc
     try:
         st = os.fstat(fd)
-        problem = key_file_problem(
-            path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()})
-        ) or way_problem(path)
+        problem = key_file_problem(path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()}))
+        if problem is None and not _same_file(path, st):
+            problem = (
+                "it was removed or replaced while the agent read it (another process "
+                "changes it: find out which)"
+            )
         if problem is not None:
             raise ConfigError(
                 path,
@@ -62,3 +75,14 @@ def read_gateway_key(path: str, what: str) -> str:
     if not key or len(data) > 4096 or any(c.isspace() for c in key):
         raise ConfigError(path, [f"[gateway] {what}: {path} must hold one key without blanks"])
     return key
+
+
+def _same_file(path: str, opened: os.stat_result) -> bool:
+    """Whether `path` still leads to the file `opened` (its device and inode). Followed
+    through links: a link on the way is root's or the agent's (`way_problem`), and a
+    root-made link to the key is a sound setup."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
