@@ -8,8 +8,8 @@ key file another user could read or replace, as it refuses the Hub token file
 permission bit, a regular file, reached through no other user's link or folder
 (`host.securepath.way_problem`, checked before the open; a FIFO never blocks the read),
 and still the file at the path once opened (device and inode compared). `sglang-farm
-check-config` and the doctor warn of the same files before the agent starts
-(`doctor.host_rules.key_file_checks`).
+check-config` fails on the same files (`gateway_key_problem`) and the doctor warns of
+them (`doctor.host_rules.key_file_checks`) before the agent starts.
 """
 
 from __future__ import annotations
@@ -86,3 +86,26 @@ def _same_file(path: str, opened: os.stat_result) -> bool:
     except OSError:
         return False
     return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def gateway_key_problem(path: str, what: str) -> str | None:
+    """What the agent would say refusing the key file at `path` ([gateway] `what`) at
+    start, with the fix, or None: for `sglang-farm check-config`, which fails on it (so
+    Ansible's `validate:` keeps the old config). The same rules as `read_gateway_key`,
+    without reading the key."""
+    fix = f"chown root: {path} && chmod 0600 {path}"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return (
+            f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it (one "
+            f"key, mode 0600, owned by root) or remove {what} from the config"
+        )
+    problem = way_problem(path) or key_file_problem(
+        path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()})
+    )
+    if problem is None:
+        return None
+    return (
+        f"[gateway] {what}: refusing {path}: {problem}; the agent refuses it at start; fix: {fix}"
+    )
