@@ -99,10 +99,12 @@ class MembershipSync:
         return self._gateway.url
 
     def status(self) -> GatewayStatus:
-        routed = tuple(sorted(w for w in self._states() if self.confirmed.get(w)))
+        states = self._states()
+        routed = tuple(sorted(w for w in states if self.confirmed.get(w)))
         error = self.last_error
-        if self.up and self.refused:
-            wid = max(self.refused)
+        refused = sorted(w for w in self.refused if w in states)
+        if self.up and refused:
+            wid = refused[-1]
             error = f"worker {wid}: {self.refused[wid]}"
         return GatewayStatus(
             self._gateway.url,
@@ -135,7 +137,10 @@ class MembershipSync:
             want = wants_in_gateway(s)
             # Not known yet counts as out here: a worker that should not be routed is not
             # removed blindly (the reconcile, at start, lists what the gateway holds).
-            if want == self.confirmed.get(wid, False) or wid in self._busy:
+            if want == self.confirmed.get(wid, False):
+                self.refused.pop(wid, None)  # what was refused is no longer wanted
+                continue
+            if wid in self._busy:
                 continue
             if self._retry_at.get(wid, 0.0) > loop.time():
                 continue  # backing off after a failed call; the reconciler comes back
