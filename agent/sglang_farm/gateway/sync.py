@@ -325,7 +325,8 @@ class MembershipSync:
             )
             await self._gateway.remove(url)
         except GatewayError as exc:
-            self._record_error(str(exc))
+            if not_answering(exc):  # a refusal of this one member is not the gateway down
+                self._record_error(str(exc))
             log.warning(
                 "gateway_foreign_remove_failed", gateway=self._gateway.url, url=url, error=str(exc)
             )
