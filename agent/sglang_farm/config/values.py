@@ -282,9 +282,9 @@ def _http_url(v: object) -> str:
         # httpx sends a URL's user:password as Basic auth, which replaces the farm's
         # Bearer admin key, and smg takes only that key: refused (the secret unshown),
         # and the same gateway cannot be named twice by one URL with credentials.
-        scheme, rest = v.split("://", 1)
+        shown = re.sub(r"//[^\s/]*@", "//…@", v)
         raise _ConversionError(
-            f"credentials in a gateway URL ('{scheme}://…@{rest.rsplit('@', 1)[1]}') are "
+            f"credentials in a gateway URL ('{shown}') are "
             "not used by smg, which takes a key: drop the user:password part and put the "
             "gateway's admin key in [gateway] admin_key_file (a root-only file)"
         )
