@@ -291,3 +291,22 @@ def test_the_rollouts_end_names_the_farm_its_front_door_and_what_to_try(tmp: Pat
     assert done["next"] == "farmctl --config test.toml status"
     want = f"{done['farm']}: 8/8 ready · front door {gw.url} · try: {done['next']}"
     assert done["summary"] == want
+
+
+def test_a_refused_removal_of_a_foreign_member_leaves_the_managed_gateway_up(tmp: Path) -> None:
+    """Issue 26 review: the gateway answered (it refused to remove that one member), so
+    it is not down, and it keeps guarding the farm's drains."""
+    rogue = "http://127.0.0.1:31500"
+    gw = FakeGateway(others=[rogue])
+    gw.fail_remove.add(rogue)
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=MANAGED), gateway=gw) as f:
+            await f.until(lambda: f.gateway.routed() >= urls(range(8)), within=60)
+            await f.until(lambda: ("remove", rogue) in f.gateway.calls, within=15)
+            await asyncio.sleep(25)  # two more reconciles, each refused again
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.up
+            assert view.gateway.foreign == (rogue,)
+
+    run_virtual(scenario())

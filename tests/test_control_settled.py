@@ -172,3 +172,38 @@ def test_failures_come_in_the_documented_order() -> None:
     got = [k for k, _ in kinds(r, "failures")]
     assert got == ["rollout_halted", "canary_held", "host_drained", "worker_failed"]
     assert got == sorted(got, key=FAILURE_KINDS.index)
+
+
+# --- several gateways ([gateway] urls): settled means in EVERY one (issue 26 review) -----
+
+A, B = "http://gw-a:8000", "http://gw-b:8000"
+
+
+def _two(a: GatewayStatus, b: GatewayStatus) -> GatewayStatus:
+    """The fleet's summary of two gateways (gateway.fleet.GatewayFleet.status)."""
+    return GatewayStatus(A, a.up or b.up, 2, 0, None, gateways=(a, b))
+
+
+def test_a_gateway_that_does_not_answer_keeps_the_farm_from_settling_and_is_named() -> None:
+    a = GatewayStatus(A, True, 2, 0, routed=(0, 1))
+    b = GatewayStatus(B, False, 2, 3, "cannot reach it", routed=(0, 1))
+    r = settled_result(farm(worker(0), worker(1), gateway=_two(a, b)))
+    assert r["state"] == "waiting" and kinds(r, "waiting") == [("gateway_down", None)]
+    waiting = r["waiting"]
+    assert isinstance(waiting, list)
+    assert waiting[0]["message"] == f"the gateway at {B} is not answering (cannot reach it)"
+    r = settled_result(farm(worker(0), worker(1), gateway=_two(a, replace(b, up=True))))
+    assert r["settled"] is True and r["serving"] == 2
+
+
+def test_a_worker_one_gateway_does_not_route_is_waited_for_by_name() -> None:
+    a = GatewayStatus(A, True, 2, 0, routed=(0, 1))
+    b = GatewayStatus(B, True, 1, 0, routed=(0,))
+    # Its combined word may say "in" for a moment (the fleet's rule runs on each change):
+    # what each gateway confirmed is what counts.
+    r = settled_result(farm(worker(0), worker(1), gateway=_two(a, b)))
+    assert r["state"] == "waiting" and kinds(r, "waiting") == [("gateway_join", 1)]
+    waiting = r["waiting"]
+    assert isinstance(waiting, list)
+    assert waiting[0]["message"] == f"worker 1 is ready; the gateway at {B} does not route it"
+    assert r["serving"] == 1

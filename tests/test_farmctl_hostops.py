@@ -151,3 +151,17 @@ def test_drain_host_without_a_gateway_is_refused_with_what_to_do() -> None:
         r = a.run("drain-host")
     assert r.exit_code == Exit.FAILED, r.output
     assert "this farm has no gateway" in r.output and "farmctl stop all" in r.output
+
+
+def test_wait_with_a_gateway_down_times_out_with_7_naming_it(gw_agent: Agent) -> None:
+    """Issue 26 review: settled is in EVERY gateway ([gateway] urls); one that does not
+    answer keeps an orchestrator waiting, by name."""
+    a = replace(GATEWAY, routed=(0, 1, 2, 3))
+    b = replace(a, url="http://gw-b:8000", up=False, last_error="cannot reach it")
+    gw_agent.ops.gateway = replace(a, gateways=(a, b))
+    r = gw_agent.run("wait", "--timeout", "0.2")
+    assert r.exit_code == Exit.TIMED_OUT, r.output
+    assert (
+        "not settled after 0.2s: waiting for the gateway at http://gw-b:8000 is not answering "
+        "(cannot reach it)" in r.output
+    )

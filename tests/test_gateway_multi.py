@@ -25,7 +25,8 @@ from fake_gateway import FakeGateway
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import endpoints_result, settled_result, status_result
-from sglang_farm.errors import ConfigError
+from sglang_farm.errors import ConfigError, GatewayError, GatewayErrorCode
+from sglang_farm.gateway import Member
 from sglang_farm.gateway.membership import combined
 from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.spec import FarmSpec
@@ -151,7 +152,14 @@ def test_a_down_gateway_holds_no_stop_and_is_refilled_when_it_returns(tmp: Path)
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up  # A answers
             assert view.worker(5).in_gateway  # in every gateway that answers
-            assert settled_result(view)["settled"] is True
+            # The farm's work went on; an orchestrator's `farmctl wait` does not: B lacks it.
+            settled = settled_result(view)
+            assert settled["settled"] is False
+            waiting = settled["waiting"]
+            assert isinstance(waiting, list)
+            assert [(i["kind"], i["message"].split(" (")[0]) for i in waiting] == [
+                ("gateway_down", f"the gateway at {B} is not answering")
+            ]
             # B restarts empty: its own reconcile refills it, A untouched meanwhile.
             b.members.clear()
             removes = [c for c in a.calls if c[0] == "remove"]
@@ -220,5 +228,101 @@ def test_one_gateway_reads_as_before(tmp: Path) -> None:
             gw = f.agent.view().gateway
             assert gw is not None and gw.gateways == () and gw.each == (gw,)
             assert gw.url == "http://127.0.0.1:8000"
+
+    run_virtual(scenario())
+
+
+# --- one worker's refusal is that worker's, not its gateway's (review of issue 26) -----
+
+
+@pytest.mark.parametrize("code", [GatewayErrorCode.REFUSED, GatewayErrorCode.TIMEOUT])
+def test_one_workers_failed_add_leaves_its_gateway_up_and_guarding_every_drain(
+    tmp: Path, code: GatewayErrorCode
+) -> None:
+    """B answers but will not take worker 1 (a 409/500/503, or smg's add timeout for one
+    slow worker): B still routes the others, so a stop of worker 2 waits for B's remove,
+    and worker 1 is not "in" (a wave must not advance on A's word alone)."""
+    a, b = _two()
+    u1, u2 = "http://127.0.0.1:30001", "http://127.0.0.1:30002"
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            add = b.add
+
+            async def refusing(url: str, *, api_key: str | None = None) -> None:
+                if url.rstrip("/") == u1:
+                    raise GatewayError(B, code, f"{code} for worker {u1} (test)")
+                await add(url, api_key=api_key)
+
+            b.add = refusing  # type: ignore[method-assign]
+            await f.ops.restart([1])
+            await f.until(lambda: f.runtime.starts_of(1) == 2 and f.phase(1) is Phase.READY)
+            await f.until(lambda: u1 in a.routed(), within=5)
+            await asyncio.sleep(30)  # B refused it again and again meanwhile
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.each[1].up  # B still answers
+            assert not view.worker(1).in_gateway  # B does not route it: not in
+            assert settled_result(view)["settled"] is False
+            b.delay = 3.0
+            begun = len(f.timeline)
+            await f.ops.stop([2])
+            seen = [e for e in f.timeline[begun:] if e in (f"gateway remove {u2}", "stop 2")]
+            assert seen == [f"gateway remove {u2}"] * 2 + ["stop 2"], seen
+            assert u2 not in b.routed()
+
+    run_virtual(scenario())
+
+
+def test_a_refused_remove_holds_the_stop_until_that_gateway_removes_it(tmp: Path) -> None:
+    a, b = _two()
+    u2 = "http://127.0.0.1:30002"
+
+    async def scenario() -> None:
+        text = farm_toml(tmp, gateway={**TWO, "drain_timeout": "5m"})
+        async with farm(tmp, text=text, gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            b.fail_remove.add(u2)
+            stopping = asyncio.create_task(f.ops.stop([2]))
+            await asyncio.sleep(60)
+            assert f.phase(2) is Phase.DRAINING and u2 in b.routed()
+            gw = f.agent.view().gateway
+            assert gw is not None and gw.each[1].up
+            b.fail_remove.clear()
+            await asyncio.wait_for(stopping, 60)
+            assert f.phase(2) is Phase.STOPPED and u2 not in b.routed()
+
+    run_virtual(scenario())
+
+
+def test_a_list_answered_late_does_not_undo_a_removal_confirmed_meanwhile(tmp: Path) -> None:
+    """B's reconcile lists while worker 3 leaves: the list, asked before the removal and
+    answered after it, still shows 3; that stale word must not put 3 back "in" (and set
+    off a second removal)."""
+    a, b = _two()
+    u3 = "http://127.0.0.1:30003"
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == b.routed() == urls(range(8)))
+            listing, answered = asyncio.Event(), asyncio.Event()
+            list_now = b.list
+
+            async def late_list() -> list[Member]:
+                listing.set()
+                seen = await list_now()  # what B routes when asked...
+                await asyncio.sleep(4)  # ...answered 4 s later
+                answered.set()
+                return seen
+
+            b.list = late_list  # type: ignore[method-assign]
+            await listing.wait()
+            await f.ops.stop([3])  # out of both, confirmed, while the list is under way
+            assert u3 not in b.routed()
+            await answered.wait()
+            await asyncio.sleep(1)
+            gw = f.agent.view().gateway
+            assert gw is not None and 3 not in (gw.each[1].routed or ())
+            assert b.calls.count(("remove", u3)) == 1, b.calls
 
     run_virtual(scenario())

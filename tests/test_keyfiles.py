@@ -44,23 +44,38 @@ def _keys(folder: Path) -> tuple[Path, Path]:
     return admin, api
 
 
-def test_check_config_warns_of_key_files_others_can_read_or_replace(
+def test_check_config_refuses_gateway_key_files_others_can_read_or_replace(
     shared_dir: Path,  # noqa: F811 (the fixture)
 ) -> None:
+    """The agent refuses these at start (`gateway.keyfile`): check-config fails on them
+    (exit 1), so Ansible's `validate:` keeps the old config, and says the fix."""
     admin, api = _keys(shared_dir)
     config = _config(shared_dir, admin, api)
     result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     assert (
-        f"warning: [gateway] admin_key_file {admin} is open to other users (mode 0644)"
-        in result.stderr
+        f"error: [gateway] admin_key_file: refusing {admin}: {admin} is open to other users "
+        f"(mode 0644); the agent refuses it at start; fix: chown root: {admin} && "
+        f"chmod 0600 {admin}" in result.stderr
     )
-    assert f"fix: chown root: {admin} && chmod 0600 {admin}" in result.stderr
     assert (
-        f"warning: [gateway] api_key_file {api} is owned by uid {asuser.NOBODY_UID}, "
-        "not by the agent's user (uid 0)" in result.stderr
+        f"error: [gateway] api_key_file: refusing {api}: {api} is owned by nobody "
+        f"(uid {asuser.NOBODY_UID}), not by root or the agent's user" in result.stderr
     )
+    assert "warning: [gateway]" not in result.stderr  # said once, as the error
+    assert ": OK" not in result.stdout
     assert "k-admin" not in result.output and "k-api" not in result.output
+
+
+def test_check_config_refuses_a_missing_gateway_key_file(tmp_path: Path) -> None:
+    api = tmp_path / "api.key"
+    api.write_text("k\n")
+    api.chmod(0o600)
+    config = _config(tmp_path, tmp_path / "absent.key", api)
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 1, result.output
+    absent = tmp_path / "absent.key"
+    assert f"error: [gateway] admin_key_file: cannot read {absent}" in result.stderr
 
 
 def test_root_only_key_files_get_no_warning(tmp_path: Path) -> None:

@@ -636,6 +636,9 @@ def test_urls_names_every_external_gateway_and_url_stays_for_one() -> None:
         ('mode = "external"\nurls = []\n', "expected a list of base URLs"),
         ('mode = "external"\nurls = ["10.0.0.5:8000"]\n', "expected a base URL"),
         (f'mode = "managed"\nurls = ["{A}"]\n', "urls is for mode = 'external'"),
+        # Issue 26 review: the same gateway twice, once with credentials in its URL.
+        ('mode = "external"\nurls = ["http://u:p@a:8000", "http://a:8000"]\n', "credentials"),
+        ('mode = "external"\nurls = ["http://A:8000", "http://a:8000"]\n', "named twice"),
     ],
 )
 def test_bad_urls_are_refused_with_the_fix(gateway: str, words: str) -> None:
@@ -647,3 +650,16 @@ def test_bad_urls_are_refused_with_the_fix(gateway: str, words: str) -> None:
 def test_external_mode_without_url_or_urls_says_both() -> None:
     (problem,) = _gw_problems('mode = "external"\n')
     assert "gateway.url" in problem and "urls = [...]" in problem
+
+
+@pytest.mark.parametrize("key", ["url", "urls"])
+def test_credentials_in_a_gateway_url_are_refused_for_the_admin_key(key: str) -> None:
+    """httpx would turn them into Basic auth, which replaces the farm's Bearer admin key
+    (smg takes only that): refused, with the way that works."""
+    value = '"http://farm:s3c@ret@10.0.0.5:8000"'  # an '@' in the password too
+    problem, *_ = _gw_problems(  # with url: also 'missing', as for any bad url
+        f'mode = "external"\n{key} = {value if key == "url" else f"[{value}]"}\n'
+    )
+    assert f"gateway.{key}" in problem and "credentials" in problem, problem
+    assert "('http://…@10.0.0.5:8000')" in problem, problem
+    assert "admin_key_file" in problem and "s3c" not in problem and "ret" not in problem, problem

@@ -42,10 +42,13 @@ class GatewayStatus:
     # other hosts; on a managed gateway, removed by that reconcile).
     foreign: tuple[str, ...] = ()
     # Issue 26, several gateways ([gateway] urls): each one's own status; this one then
-    # sums them up (up: any answers, members: in every one that answers; url: the
-    # first one's). Empty with one gateway: this status is that
+    # sums them up (up: any answers; members: the workers counted as in, each one's
+    # `in_gateway`; url: the first one's). Empty with one gateway: this status is that
     # gateway's.
     gateways: tuple[GatewayStatus, ...] = ()
+    # The farm's workers this gateway confirmed it routes to; None: not told (a summary
+    # of several, or a hand-made status), each worker's `in_gateway` says.
+    routed: tuple[int, ...] | None = None
 
     @property
     def each(self) -> tuple[GatewayStatus, ...]:

@@ -85,7 +85,8 @@ def check_config(config_path: str, gpus: int | None) -> None:
     Warnings (e.g. a flag spelt as an older SGLang spells it: this check has no SGLang at
     hand, `sglang-farm doctor` asks the installed one; workers reachable from other hosts
     without an API key; a user or group this host lacks, which the agent under systemd
-    refuses) go to stderr and do not fail.
+    refuses) go to stderr and do not fail. A [gateway] key file the agent refuses at
+    start (another user could read or replace it, or it cannot be read) fails the check.
     """
     from sglang_farm.config import check_spec_file
     from sglang_farm.errors import ConfigError
@@ -109,8 +110,23 @@ def check_config(config_path: str, gpus: int | None) -> None:
         click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
     from sglang_farm.doctor.gather import farm_folder_problems, key_file_facts
     from sglang_farm.doctor.host_rules import key_file_checks
+    from sglang_farm.gateway.keyfile import gateway_key_problem
 
+    # Issue 26 review: the gateway's key files the agent refuses at start fail the check
+    # (the Hub token file, read at stage time, is warned of below).
+    refused = {
+        f"[gateway] {what} ": p
+        for what, path in (
+            ("admin_key_file", spec.gateway.admin_key_file),
+            ("api_key_file", spec.gateway.api_key_file),
+        )
+        if path and (p := gateway_key_problem(path, what)) is not None
+    }
+    for problem in refused.values():
+        click.echo(f"error: {problem}", err=True)
     for check in key_file_checks(spec, key_file_facts(spec), os.geteuid()):
+        if check.message.startswith(tuple(refused)):
+            continue  # said above, as the error it is
         click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)
     for problem in farm_folder_problems(spec):  # the agent refuses these at start
         click.echo(f"warning: the agent would stop: {problem}", err=True)
@@ -118,6 +134,8 @@ def check_config(config_path: str, gpus: int | None) -> None:
 
     for problem in host_account_problems(spec):  # the agent under systemd refuses these
         click.echo(f"warning: under systemd: {problem}", err=True)
+    if refused:
+        sys.exit(1)
     click.echo(
         f"{config_path}: OK, {len(spec.workers)} workers "
         f"(ports {spec.workers[0].port}-{spec.workers[-1].port})"

@@ -278,6 +278,16 @@ def _host(v: object) -> str:
 
 
 def _http_url(v: object) -> str:
+    if isinstance(v, str) and re.fullmatch(r"https?://[^\s/]*@[^\s/]*/?", v):
+        # httpx sends a URL's user:password as Basic auth, which replaces the farm's
+        # Bearer admin key, and smg takes only that key: refused (the secret unshown),
+        # and the same gateway cannot be named twice by one URL with credentials.
+        shown = re.sub(r"//[^\s/]*@", "//…@", v)
+        raise _ConversionError(
+            f"credentials in a gateway URL ('{shown}') are "
+            "not used by smg, which takes a key: drop the user:password part and put the "
+            "gateway's admin key in [gateway] admin_key_file (a root-only file)"
+        )
     if not isinstance(v, str) or not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v):
         raise _ConversionError(f"expected a base URL like 'http://10.0.0.5:8000', got {_show(v)}")
     return v.rstrip("/")

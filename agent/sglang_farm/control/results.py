@@ -572,6 +572,12 @@ def _item(kind: str, message: str, worker: int | None = None) -> Result:
     return {"kind": kind, "worker": worker, "message": message}
 
 
+def _not_routing(gateways: tuple[GatewayStatus, ...], w: WorkerView) -> list[str]:
+    """The URLs of the answering gateways that say they do not route to worker `w` (those
+    that list what they route: several gateways, `GatewayStatus.routed`)."""
+    return [g.url for g in gateways if g.up and g.routed is not None and w.id not in g.routed]
+
+
 def settled_result(view: FarmView) -> Result:
     """`settled` (what `farmctl wait` polls): whether the farm is settled, and if not,
     what it waits for and what holds it.
@@ -637,8 +643,14 @@ def settled_result(view: FarmView) -> Result:
             )
         )
     gw = view.gateway
-    if gw is not None and not gw.up:
-        waiting.append(_item("gateway_down", f"the gateway at {gw.url} is not answering"))
+    # Issue 26: in EVERY gateway ([gateway] urls), each one's own word: a gateway that
+    # does not answer keeps the farm from settling (an orchestrator waits; the farm's own
+    # waves and stops go on without it), one that does not route a worker names it.
+    each = gw.each if gw is not None else ()
+    for g in each:
+        if not g.up:
+            why = f" ({g.last_error})" if g.last_error else ""
+            waiting.append(_item("gateway_down", f"the gateway at {g.url} is not answering{why}"))
     for w in view.workers:
         if w.phase is Phase.QUARANTINED or (
             w.quarantine is not None and w.phase is not Phase.READY
@@ -663,16 +675,21 @@ def settled_result(view: FarmView) -> Result:
             )
         elif w.phase in _UNDER_WAY:
             waiting.append(_item("worker", f"worker {w.id} is {w.phase}", w.id))
-        elif (
-            w.phase is Phase.READY
-            and gw is not None
-            and gw.up
-            and not w.in_gateway
-            and view.held_out_since is None
-        ):
-            waiting.append(
-                _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
-            )
+        elif w.phase is Phase.READY and gw is not None and view.held_out_since is None:
+            missing = _not_routing(each, w)
+            if missing:
+                waiting.append(
+                    _item(
+                        "gateway_join",
+                        f"worker {w.id} is ready; the gateway at {', '.join(missing)} "
+                        "does not route it",
+                        w.id,
+                    )
+                )
+            elif not w.in_gateway and all(g.up for g in each):
+                waiting.append(
+                    _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
+                )
     failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
     should = [w for w in view.workers if w.phase is not Phase.STOPPED]
     state = "failed" if failures else "waiting" if waiting else "settled"
@@ -683,7 +700,9 @@ def settled_result(view: FarmView) -> Result:
         "serving": sum(
             1
             for w in should
-            if w.ready and (gw is None or w.in_gateway) and view.held_out_since is None
+            if w.ready
+            and (gw is None or (w.in_gateway and not _not_routing(each, w)))
+            and view.held_out_since is None
         ),
         "failures": failures,
         "waiting": waiting,

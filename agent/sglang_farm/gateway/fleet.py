@@ -6,9 +6,11 @@ the others: a restarted (empty) gateway is refilled by its own reconcile while t
 others keep routing. What the gateways confirmed is turned into the supervisor's one
 word per worker by the pure rule `gateway.membership.combined` (joining: in every
 gateway that answers; leaving: out of all of them), fed as `GatewayMembership` when it
-changes. A gateway that stops answering is left out of that rule once a call to it
-failed or timed out (each call is bounded by the `Gateway` implementation), so a drain
-never waits on it for longer than that bound; its `gateway_down` line says so.
+changes. A gateway that stops answering is left out of that rule once a call to it got
+no answer or its list failed (each call is bounded: `gateway.sync`), so a drain never
+waits on it for longer than that bound; its `gateway_down` line says so. A gateway that
+answers but refuses one worker stays in the rule (`sync.not_answering`): it may still
+route to every other worker, so their drains wait for it.
 
 With one gateway this is that gateway's sync and the same events, as before.
 """

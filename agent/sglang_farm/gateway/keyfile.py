@@ -6,9 +6,10 @@ its gateways, or route users' requests to a host of their own. So the agent refu
 key file another user could read or replace, as it refuses the Hub token file
 (`staging.hub.read_token`): owned by root or the agent's user, no group or other
 permission bit, a regular file, reached through no other user's link or folder
-(`host.securepath.way_problem`; a FIFO never blocks the read). `sglang-farm
-check-config` and the doctor warn of the same files before the agent starts
-(`doctor.host_rules.key_file_checks`).
+(`host.securepath.way_problem`, checked before the open; a FIFO never blocks the read),
+and still the file at the path once opened (device and inode compared). `sglang-farm
+check-config` fails on the same files (`gateway_key_problem`) and the doctor warns of
+them (`doctor.host_rules.key_file_checks`) before the agent starts.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def read_gateway_key(path: str, what: str) -> str:
     """The one key in `path` ([gateway] `what`), or a `ConfigError` that says what is wrong
     with the file and how to fix it (the key itself never appears in it)."""
     fix = f"chown root: {path} && chmod 0600 {path}"
+    # The way first (another user's link or folder could swap the file at any moment),
+    # then the open, then: is the file opened the one at the path now? A path that
+    # vanished or changed meanwhile is refused, not passed (`way_problem` cannot judge
+    # a path that is gone).
+    way = way_problem(path)
+    if way is not None:
+        raise ConfigError(
+            path, [f"[gateway] {what}: refusing {path}: {way}; a key must be private: {fix}"]
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -47,9 +57,12 @@ def read_gateway_key(path: str, what: str) -> str:
         ) from exc
     try:
         st = os.fstat(fd)
-        problem = key_file_problem(
-            path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()})
-        ) or way_problem(path)
+        problem = key_file_problem(path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()}))
+        if problem is None and not _same_file(path, st):
+            problem = (
+                "it was removed or replaced while the agent read it (another process "
+                "changes it: find out which)"
+            )
         if problem is not None:
             raise ConfigError(
                 path,
@@ -62,3 +75,37 @@ def read_gateway_key(path: str, what: str) -> str:
     if not key or len(data) > 4096 or any(c.isspace() for c in key):
         raise ConfigError(path, [f"[gateway] {what}: {path} must hold one key without blanks"])
     return key
+
+
+def _same_file(path: str, opened: os.stat_result) -> bool:
+    """Whether `path` still leads to the file `opened` (its device and inode). Followed
+    through links: a link on the way is root's or the agent's (`way_problem`), and a
+    root-made link to the key is a sound setup."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def gateway_key_problem(path: str, what: str) -> str | None:
+    """What the agent would say refusing the key file at `path` ([gateway] `what`) at
+    start, with the fix, or None: for `sglang-farm check-config`, which fails on it (so
+    Ansible's `validate:` keeps the old config). The same rules as `read_gateway_key`,
+    without reading the key."""
+    fix = f"chown root: {path} && chmod 0600 {path}"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return (
+            f"[gateway] {what}: cannot read {path}: {exc.strerror or exc}; create it (one "
+            f"key, mode 0600, owned by root) or remove {what} from the config"
+        )
+    problem = way_problem(path) or key_file_problem(
+        path, st.st_uid, st.st_mode, frozenset({0, os.geteuid()})
+    )
+    if problem is None:
+        return None
+    return (
+        f"[gateway] {what}: refusing {path}: {problem}; the agent refuses it at start; fix: {fix}"
+    )

@@ -13,6 +13,11 @@ periodic reconcile, compare what should be with what the gateway lists, so a fai
 call, a gateway restart (which forgets its workers) or a registration smg finished
 late all converge. The gateway being down never stops supervision: calls are retried
 with back-off, the state says so (`up`), and the next reconcile repairs the rest.
+Down means it does not answer (no connection, no answer within the call's bound) or
+cannot be listed; a refusal of one worker's change (an error status, smg's add timeout
+for one slow worker) is that worker's error (`refused`), and the gateway's word on the
+others stands (issue 26 review: a gateway wrongly counted down is left out of every
+drain while it still routes).
 
 Members that are not the farm's ("foreign": registered by someone else): a MANAGED
 gateway is the farm's alone, so each reconcile removes them (logged with their URL:
@@ -67,6 +72,9 @@ class MembershipSync:
         # What this gateway last confirmed per worker: True routed, False not; a worker
         # absent is not known yet (before the first call or reconcile that says).
         self.confirmed: dict[int, bool] = {}
+        # Per worker, how many changes this sync confirmed: a list asked before one and
+        # answered after it is stale for that worker (its word is not taken).
+        self._confirmations: dict[int, int] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
         self._spec = spec
@@ -80,6 +88,8 @@ class MembershipSync:
         self._reconciler: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.up = False  # until the gateway has answered once
+        # Per worker, why the gateway last refused its change (cleared when one succeeds).
+        self.refused: dict[int, str] = {}
         self._reached = False
         self.errors = 0
         self.last_error: str | None = None
@@ -89,9 +99,21 @@ class MembershipSync:
         return self._gateway.url
 
     def status(self) -> GatewayStatus:
-        members = sum(1 for w in self._states() if self.confirmed.get(w))
+        states = self._states()
+        routed = tuple(sorted(w for w in states if self.confirmed.get(w)))
+        error = self.last_error
+        refused = sorted(w for w in self.refused if w in states)
+        if self.up and refused:
+            wid = refused[-1]
+            error = f"worker {wid}: {self.refused[wid]}"
         return GatewayStatus(
-            self._gateway.url, self.up, members, self.errors, self.last_error, self.foreign
+            self._gateway.url,
+            self.up,
+            len(routed),
+            self.errors,
+            error,
+            self.foreign,
+            routed=routed,
         )
 
     def start(self) -> None:
@@ -115,7 +137,10 @@ class MembershipSync:
             want = wants_in_gateway(s)
             # Not known yet counts as out here: a worker that should not be routed is not
             # removed blindly (the reconcile, at start, lists what the gateway holds).
-            if want == self.confirmed.get(wid, False) or wid in self._busy:
+            if want == self.confirmed.get(wid, False):
+                self.refused.pop(wid, None)  # what was refused is no longer wanted
+                continue
+            if wid in self._busy:
                 continue
             if self._retry_at.get(wid, 0.0) > loop.time():
                 continue  # backing off after a failed call; the reconciler comes back
@@ -135,7 +160,7 @@ class MembershipSync:
                     await self._gateway.remove(url)
         except GatewayError as exc:
             self._busy.discard(wid)
-            self._failed(wid, str(exc))
+            self._failed(wid, str(exc), down=not_answering(exc))
             # Until the gateway first answers, `gateway_not_reached_yet` said it once
             # (smg not installed retried every 15 s would flood the log: issue 22 item 10).
             (blog.warning if self._reached else blog.debug)(
@@ -150,25 +175,37 @@ class MembershipSync:
             raise
         self._delay.pop(wid, None)
         self._retry_at.pop(wid, None)
+        self.refused.pop(wid, None)
         blog.info("gateway_member" if want else "gateway_removed", url=url)
         # Recorded before the report: the state change it causes calls update() again,
         # which must see the new membership, not start the same call a second time.
         self.confirmed[wid] = want
+        self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
         self._busy.discard(wid)
         self._mark_up()
         if wid in self._states():
             self._on_member(wid, want)
         self.update()  # the phase may have moved on while the call ran
 
-    def _failed(self, wid: int, error: str) -> None:
+    def _failed(self, wid: int, error: str, *, down: bool) -> None:
         loop = asyncio.get_running_loop()
         delay = min(RETRY_MAX_S, self._delay.get(wid, RETRY_INITIAL_S / 2) * 2)
         self._delay[wid] = delay
         self._retry_at[wid] = loop.time() + delay
-        self._record_error(error)
+        if down:
+            self._record_error(error)
+        else:
+            # The gateway answered: it refused this worker (an HTTP error, smg's add
+            # timeout for one slow worker). Its word on every other worker stands, so it
+            # stays up and keeps guarding their drains; this worker stays unconfirmed.
+            self.refused[wid] = error
+            if self._reached:
+                self.errors += 1
+            self._on_status()
         loop.call_later(delay, self._wake.set)
 
     def _record_error(self, error: str) -> None:
+        """The gateway does not answer (or cannot be listed): it counts as down."""
         first = self.last_error is None
         self.last_error = error
         if not self._reached:
@@ -207,10 +244,13 @@ class MembershipSync:
 
         Listed but not wanted (a stale entry after an agent restart, a late registration):
         removed. Confirmed but no longer listed (the gateway restarted): marked out, so
-        `update` adds it again. Other hosts' workers: untouched.
+        `update` adds it again. Other hosts' workers: untouched. A worker whose add or
+        remove was confirmed while the list was under way keeps that confirmation: the
+        list may show the gateway as it was before it.
         """
         spec = self._spec()
         ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
+        asked = dict(self._confirmations)
         try:
             async with _bounded(self._gateway.url, LIST_BOUND_S):
                 members = await self._gateway.list()
@@ -232,6 +272,8 @@ class MembershipSync:
             s = states.get(wid)
             if s is None or wid in self._busy:
                 continue  # a change under way reports what it confirms itself
+            if self._confirmations.get(wid, 0) != asked.get(wid, 0):
+                continue  # confirmed while the list was under way: the list is older
             was, now_in = self.confirmed.get(wid), url in listed
             if was and not now_in:
                 log.warning(
@@ -283,7 +325,8 @@ class MembershipSync:
             )
             await self._gateway.remove(url)
         except GatewayError as exc:
-            self._record_error(str(exc))
+            if not_answering(exc):  # a refusal of this one member is not the gateway down
+                self._record_error(str(exc))
             log.warning(
                 "gateway_foreign_remove_failed", gateway=self._gateway.url, url=url, error=str(exc)
             )
@@ -310,10 +353,18 @@ async def _bounded(gateway: str, seconds: float) -> AsyncIterator[None]:
     except TimeoutError:
         raise GatewayError(
             gateway,
-            GatewayErrorCode.TIMEOUT,
+            GatewayErrorCode.UNREACHABLE,
             f"no answer within {seconds:g} s; the farm counts it as down and goes on with "
             "its other gateways; check that it runs and is not overloaded",
         ) from None
+
+
+def not_answering(exc: GatewayError) -> bool:
+    """Pure: whether a failed add or remove says the gateway itself does not answer (no
+    connection, no answer in time: `UNREACHABLE`, `_bounded`), rather than that it
+    answered and refused that one worker (`REFUSED`, `UNAUTHORIZED`, `PROTOCOL`, or
+    `TIMEOUT`: accepted, not confirmed within the adapter's bound)."""
+    return exc.code is GatewayErrorCode.UNREACHABLE
 
 
 def worker_key(spec: FarmSpec, wid: int) -> str | None:

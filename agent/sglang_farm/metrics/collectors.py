@@ -271,8 +271,8 @@ def _gateway(gw: GatewayStatus) -> Iterator[Metric]:
     yield up
     members = _g(
         "sglang_farm_gateway_members",
-        "The farm's own workers the gateway routes to, as it last confirmed "
-        "(several gateways: those in every gateway that answers).",
+        "The farm's own workers the gateway routes to, as it last confirmed (several "
+        "gateways: those the farm counts as in, sglang_farm_worker_in_gateway).",
     )
     members.add_metric([], gw.members)
     yield members
