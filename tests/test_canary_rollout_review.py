@@ -373,3 +373,62 @@ def test_a_refused_reload_during_an_analysis_leaves_the_canary_on_the_change(tmp
             assert all(p.command.env_dict.get("HARMLESS") == "1" for p in f.runtime.procs.values())
 
     run_virtual(scenario())
+
+
+# ---- fleet review: a [gateway] change with a worker change, applied by an agent restart --
+
+
+def test_a_gateway_change_with_a_worker_change_is_applied_by_the_agent_restart(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `farmctl reload` refuses a [gateway] change (exit 10: restart the agent). The agent
+    # restarted on a file whose worker change was never accepted starts on the accepted
+    # config and rolls the file's change canary first; it used to take the accepted
+    # config's [gateway] too, so the re-roll was refused again ("[gateway] changed") and
+    # the worker change never rolled, the config pending for good.
+    from agent_harness import GATEWAY, farm_toml
+    from fake_gateway import FakeGateway
+
+    monkeypatch.chdir(tmp)
+    window = {"analysis_window": "60s"}
+    old = farm_toml(tmp, workers=4, rollout=window, gateway=GATEWAY)
+    new = farm_toml(
+        tmp,
+        workers=4,
+        rollout=window,
+        gateway={**GATEWAY, "drain_timeout": "40s"},
+        farm={"state_dir": str(tmp), "env": {"HARMLESS": "1"}},
+    )
+    seen: dict[str, object] = {}
+    conf = tmp / "test.toml"  # the accepted config's text is recorded from the file
+    conf.write_text(old)
+
+    async def scenario() -> None:
+        m1, m2 = Metrics(), Metrics()
+        async with farm(
+            tmp, text=old, loader=lambda: load_spec(new, source="test.toml"), scrape=m1,
+            gateway=FakeGateway(),
+        ) as f:  # fmt: skip
+            await _start(f, m1)
+            assert json.loads((tmp / "canary.json").read_text())["accepted"]["text"] == old
+            conf.write_text(new)
+            r = await f.ops.reload()
+            seen["reload"] = (r.applied, r.restart_needed)
+        async with farm(
+            tmp, text=new, loader=lambda: load_spec(new, source="test.toml"), scrape=m2,
+            gateway=FakeGateway(),
+        ) as f:  # fmt: skip
+            m2.runtime = f.runtime
+            m2.t0 = asyncio.get_running_loop().time()
+            await f.until(lambda: len(f.runtime.starts) >= 4)
+            await asyncio.sleep(400)
+            seen["drain_timeout"] = f.agent.spec.gateway.drain_timeout
+            seen["env"] = [("HARMLESS" in _env_of(f, w)) for w in range(4)]
+            r = await f.ops.reload()
+            seen["reload_after"] = (r.applied, r.restart_needed)
+
+    run_virtual(scenario())
+    assert seen["reload"] == (False, True)  # refused: needs the agent's restart
+    assert seen["drain_timeout"] == 40.0  # the file's [gateway], set up at the agent's start
+    assert seen["env"] == [True] * 4  # the worker change rolled, canary first, and promoted
+    assert seen["reload_after"][1] is False  # nothing left that only a restart applies

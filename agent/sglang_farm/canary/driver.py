@@ -213,6 +213,11 @@ class CanaryDriver:
         if accepted is not None and accepted.worker_ids != spec.worker_ids:
             why = "the accepted config has other workers than the file's"
             accepted = None
+        if accepted is not None:
+            # [gateway] is not a change a canary judges (the workers run the same): it is
+            # set up at the agent's start, and only a start applies it (a reload refuses
+            # it), so the file's is taken; else its worker change could never roll.
+            accepted = replace(accepted, gateway=spec.gateway)
         if accepted is None:
             if rejection is not None:
                 problem = (
