@@ -663,3 +663,19 @@ def test_credentials_in_a_gateway_url_are_refused_for_the_admin_key(key: str) ->
     assert f"gateway.{key}" in problem and "credentials" in problem, problem
     assert "('http://…@10.0.0.5:8000')" in problem, problem
     assert "admin_key_file" in problem and "s3c" not in problem and "ret" not in problem, problem
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://u:s3cret@10.0.0.5:8000/prefix",  # a path: not a base URL either
+        "http://u:s3/cret@10.0.0.5:8000",  # a '/' in the password
+        "http://u:s3cret@",  # no host at all
+    ],
+)
+def test_a_gateway_url_with_credentials_never_echoes_the_password(value: str) -> None:
+    """Whatever else is wrong with the URL, its password never reaches the error (which
+    Ansible's `validate:` output and the logs show)."""
+    problems = _gw_problems(f'mode = "external"\nurl = "{value}"\n')
+    assert problems and all("s3" not in p and "cret" not in p for p in problems), problems
+    assert any("credentials" in p for p in problems), problems

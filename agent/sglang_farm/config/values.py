@@ -278,11 +278,12 @@ def _host(v: object) -> str:
 
 
 def _http_url(v: object) -> str:
-    if isinstance(v, str) and re.fullmatch(r"https?://[^\s/]*@[^\s/]*/?", v):
+    if isinstance(v, str) and re.match(r"https?://", v) and "@" in v:
         # httpx sends a URL's user:password as Basic auth, which replaces the farm's
-        # Bearer admin key, and smg takes only that key: refused (the secret unshown),
+        # Bearer admin key, and smg takes only that key: refused (the secret unshown,
+        # up to the last '@', whatever else is wrong with the URL: a base URL has none),
         # and the same gateway cannot be named twice by one URL with credentials.
-        shown = re.sub(r"//[^\s/]*@", "//…@", v)
+        shown = re.sub(r"//.*@", "//…@", v)
         raise _ConversionError(
             f"credentials in a gateway URL ('{shown}') are "
             "not used by smg, which takes a key: drop the user:password part and put the "
