@@ -9,6 +9,7 @@ import pytest
 
 from farmtoml import sim_farm, toml_text
 from sglang_farm.canary import record
+from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -26,7 +27,6 @@ from sglang_farm.canary.rollout import (
     spec_change,
     starved_of_traffic,
 )
-from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.verdict import CanaryPolicy, LivenessKind, Outcome, Verdict, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
