@@ -687,3 +687,28 @@ def test_a_canary_starved_through_every_extension_is_held(
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())
+
+
+def test_a_starved_canary_that_crashes_inside_its_extension_is_rolled_back_at_once(
+    tmp: Path,
+) -> None:
+    new = _toml(tmp, {"STARVED": "1"})
+    m = Starved()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: "extended 1 of 2" in _evidence(f), within=300)
+            await asyncio.sleep(10)
+            f.runtime.crash(0, 1, ("Traceback (most recent call last):", "RuntimeError: boom"))
+            await f.until(lambda: _state(f) is CanaryState.ROLLED_BACK, within=30)
+            assert "crashed" in _evidence(f), _evidence(f)
+            await f.until(lambda: 0 in f.runtime.procs and f.phase(0) is Phase.READY)
+            assert "STARVED" not in _env(f, 0)
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert len(json.loads((tmp / "canary.json").read_text())["rejected"]) == 1
+
+    run_virtual(scenario())
