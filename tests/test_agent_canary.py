@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent_harness import (
     GATEWAY,
@@ -38,7 +39,7 @@ from virtual_time import run_virtual
 WINDOW = {"analysis_window": "60s"}
 
 
-def _toml(tmp: Path, env: dict[str, str] | None = None, **rollout: str) -> str:
+def _toml(tmp: Path, env: dict[str, str] | None = None, **rollout: object) -> str:
     tables: dict[str, dict[str, object]] = {"rollout": {**WINDOW, **rollout}}
     if env:
         tables["farm"] = {"state_dir": str(tmp), "env": env}
@@ -593,5 +594,121 @@ def test_a_held_model_change_keeps_the_old_copy_until_a_reload_goes_back_to_it(
             assert _model_at(target) == b'{"v": "v1"}'
             await f.until(lambda: _beside(target) == [])
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+class Starved(Metrics):
+    """A worker whose process runs STARVED=1 is sent 0.2 requests a second (12 in a
+    60 s window; the others 10 a second) until `feed()`, then 10 a second as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fed_at: float | None = None
+
+    def feed(self) -> None:
+        self.fed_at = asyncio.get_running_loop().time()
+
+    async def __call__(self, url: str, key: str | None) -> str:
+        assert self.runtime is not None
+        proc = self.runtime.procs.get(int(url.rsplit(":", 1)[1].split("/")[0]) - 30000)
+        if proc is None or proc.command.env_dict.get("STARVED") != "1":
+            return await super().__call__(url, key)
+        self.scrapes.append(url)
+        now = asyncio.get_running_loop().time()
+        n = 0.2 * (now - self.t0) + (0.0 if self.fed_at is None else 10 * (now - self.fed_at))
+        lines = [f"sglang:num_requests_total {n}", "sglang:num_aborted_requests_total 0"]
+        for le, v in zip(("0.01", "0.02", "0.05", "0.1", "+Inf"), (0, *[10 * n] * 4), strict=True):
+            lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}"}} {v}')
+        lines.append(f"sglang:inter_token_latency_seconds_sum {0.01 * n}")
+        return "\n".join(lines) + "\n"
+
+
+def _state(f: Farm) -> CanaryState | None:
+    v = f.agent.view().canary
+    return None if v is None else v.state
+
+
+def _evidence(f: Farm) -> str:
+    v = f.agent.view().canary
+    return "" if v is None else v.evidence
+
+
+def test_a_starved_canary_is_extended_and_promoted_once_its_traffic_comes(tmp: Path) -> None:
+    new = _toml(tmp, {"STARVED": "1"})
+    m = Starved()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: "extended 1 of 2" in _evidence(f), within=300)
+            view = f.agent.view().canary
+            assert view is not None and view.state is CanaryState.ANALYSING
+            assert view.extensions == 1 and view.ends_at is not None
+            assert view.evidence == (
+                "extended 1 of 2: too little traffic to judge: "
+                "12 canary requests in 60 s, 50 needed"
+            ), view.evidence
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]  # still gated
+            m.feed()
+            await f.until(lambda: _state(f) is CanaryState.PROMOTED, within=200)
+            view = f.agent.view().canary
+            assert "over 120 s" in _evidence(f), _evidence(f)
+            await f.until(lambda: all(f.runtime.starts_of(w) == 2 for w in range(4)), within=600)
+
+    with capture_logs() as logged:
+        run_virtual(scenario())
+    extended = [e for e in logged if e["event"] == "canary_analysis_extended"]
+    assert len(extended) == 1, extended
+    assert (extended[0]["worker"], extended[0]["gpu"], extended[0]["extension"]) == (0, 0, 1)
+    assert extended[0]["max_extensions"] == 2
+
+
+@pytest.mark.parametrize(("extensions", "held_after"), [(2, 180), (0, 60)])
+def test_a_canary_starved_through_every_extension_is_held(
+    tmp: Path, extensions: int, held_after: int
+) -> None:
+    new_text = _toml(tmp, {"STARVED": "1"}, max_extensions=extensions)
+    m = Starved()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new_text, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: _state(f) is CanaryState.HELD, within=600)
+            assert _evidence(f).startswith("held: too little traffic to judge: ")
+            assert f"canary requests in {held_after} s, 50 needed" in _evidence(f), _evidence(f)
+            await asyncio.sleep(600)
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_starved_canary_that_crashes_inside_its_extension_is_rolled_back_at_once(
+    tmp: Path,
+) -> None:
+    new = _toml(tmp, {"STARVED": "1"})
+    m = Starved()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: "extended 1 of 2" in _evidence(f), within=300)
+            await asyncio.sleep(10)
+            f.runtime.crash(0, 1, ("Traceback (most recent call last):", "RuntimeError: boom"))
+            await f.until(lambda: _state(f) is CanaryState.ROLLED_BACK, within=30)
+            assert "crashed" in _evidence(f), _evidence(f)
+            await f.until(lambda: 0 in f.runtime.procs and f.phase(0) is Phase.READY)
+            assert "STARVED" not in _env(f, 0)
+            assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+            assert len(json.loads((tmp / "canary.json").read_text())["rejected"]) == 1
 
     run_virtual(scenario())

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from farmtoml import sim_farm, toml_text
 from sglang_farm.canary import record
+from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -17,12 +20,14 @@ from sglang_farm.canary.rollout import (
     StartWindow,
     Stopped,
     Wait,
+    conclude,
     observe,
     policy,
     resolve,
     spec_change,
+    starved_of_traffic,
 )
-from sglang_farm.canary.verdict import CanaryPolicy, LivenessKind, Outcome
+from sglang_farm.canary.verdict import CanaryPolicy, LivenessKind, Outcome, Verdict, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.spec import RolloutSpec
@@ -230,3 +235,112 @@ def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_relea
     actions = sup.tick(10_001.0)
     assert any(a for a in actions if getattr(a, "event", None) == "rolling_restart_wave")
     assert {w for w in (1, 2) if sup.workers[w].phase is not Phase.READY} == {1, 2}
+
+
+# ---- extending a starved window (`[rollout] max_extensions`) ---------------------------------
+
+
+def _verdict(canary_requests: int, *, errors: int = 0, itl: float = 0.02) -> Verdict:
+    """The real verdict on a canary of `canary_requests` against a busy baseline."""
+    from test_canary_verdict import side
+
+    return judge(
+        side(canary_requests, errors=errors, itl=itl, seed=2),
+        side(2800, seed=3),
+        [],
+        CanaryPolicy(),
+    )
+
+
+def _ended(max_extensions: int) -> Analysis:
+    a = replace(A, max_extensions=max_extensions)
+    a, _ = observe(a, _obs(), 120.0, gateway=False)
+    return a
+
+
+def test_a_starved_canary_is_judged_for_another_window_and_promoted_when_it_gets_enough() -> None:
+    a = _ended(2)
+    starved = _verdict(12)
+    assert starved.outcome is Outcome.INCONCLUSIVE and starved_of_traffic(starved.checks)
+    a1 = conclude(a, starved.outcome, starved.checks, "hold")
+    assert isinstance(a1, Analysis)
+    assert a1.extensions == 1 and a1.window_start == 120.0  # figures from the start
+    assert a1.span_s == 120.0 and a1.ends_at == 240.0
+    assert observe(a1, _obs(), 180.0, gateway=False)[1] == Wait()  # the first end is past
+    assert observe(a1, _obs(), 240.0, gateway=False)[1] == EndWindow()
+    enough = _verdict(80)
+    assert conclude(a1, enough.outcome, enough.checks, "hold") is Resolution.PROMOTE
+
+
+def test_a_canary_still_starved_after_max_extensions_follows_on_inconclusive() -> None:
+    starved = _verdict(12)
+    a = _ended(2)
+    for n in (1, 2):
+        nxt = conclude(a, starved.outcome, starved.checks, "hold")
+        assert isinstance(nxt, Analysis) and nxt.extensions == n
+        a = nxt
+    assert a.ends_at == 120.0 + 3 * 60.0  # at most 3 windows
+    assert conclude(a, starved.outcome, starved.checks, "hold") is Resolution.HOLD
+    assert conclude(a, starved.outcome, starved.checks, "rollback") is Resolution.ROLLBACK
+
+
+def test_max_extensions_0_holds_at_the_first_window_as_before() -> None:
+    starved = _verdict(12)
+    a = _ended(0)
+    assert conclude(a, starved.outcome, starved.checks, "hold") is Resolution.HOLD
+    assert conclude(a, starved.outcome, starved.checks, "promote") is Resolution.PROMOTE
+    assert A.max_extensions == 0  # the Analysis's own default: no extension
+
+
+def test_a_failure_inside_an_extension_rolls_back_at_once() -> None:
+    starved = _verdict(12)
+    a1 = conclude(_ended(2), starved.outcome, starved.checks, "hold")
+    assert isinstance(a1, Analysis)
+    crash = Failure(FailureKind.CRASH, "exited with status 1", "")
+    _, step = observe(
+        a1, _obs(Phase.BACKOFF, last_failure=crash, last_failure_at=200.0), 200.0, gateway=False
+    )
+    assert isinstance(step, Fail) and step.event.after_s == 80.0  # from the window's start
+    failing = _verdict(20, errors=16)  # a figure that fails, however few the requests
+    assert failing.outcome is Outcome.ROLLBACK
+    assert conclude(a1, failing.outcome, failing.checks, "hold") is Resolution.ROLLBACK
+
+
+def test_only_too_little_traffic_is_extended() -> None:
+    a = _ended(2)
+    # Inconclusive for another reason (a /metrics that could not be read, no checks): not
+    # starved, so on_inconclusive applies at once.
+    assert not starved_of_traffic(())
+    assert conclude(a, Outcome.INCONCLUSIVE, (), "hold") is Resolution.HOLD
+    thin_base = judge(side_of(400), side_of(30), [], CanaryPolicy())
+    assert thin_base.outcome is Outcome.INCONCLUSIVE
+    assert isinstance(conclude(a, thin_base.outcome, thin_base.checks, "hold"), Analysis)
+    promoted = _verdict(80)
+    assert conclude(a, promoted.outcome, promoted.checks, "rollback") is Resolution.PROMOTE
+
+
+def side_of(requests: int) -> Figures:
+    from test_canary_verdict import side
+
+    return side(requests, seed=requests)
+
+
+def test_max_extensions_config() -> None:
+    assert RolloutSpec().max_extensions == 2
+    r = load_spec(_spec(rollout={"max_extensions": 0}), source="a.toml").rollout
+    assert r.max_extensions == 0
+    with pytest.raises(ConfigError) as err:
+        load_spec(_spec(rollout={"max_extensions": -1}), source="a.toml")
+    assert "rollout.max_extensions" in "\n".join(err.value.problems)
+
+
+def test_an_operators_restart_inside_an_extension_starts_the_analysis_over() -> None:
+    from sglang_farm.workers.supervisor import StopIntent
+
+    starved = _verdict(12)
+    a1 = conclude(_ended(2), starved.outcome, starved.checks, "hold")
+    assert isinstance(a1, Analysis)
+    a2, step = observe(
+        a1, _obs(Phase.DRAINING, stop_intent=StopIntent.RESTART), 200.0, gateway=False
+    )
+    assert step == Wait() and a2.window_start is None and a2.extensions == 0

@@ -528,6 +528,8 @@ def test_status_carries_the_canary_last_and_it_round_trips_through_the_wire() ->
             },
         ],
         "rollbacks_total": 2,
+        "extensions": 0,
+        "max_extensions": 0,
     }
 
 

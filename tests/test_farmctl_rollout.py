@@ -277,3 +277,28 @@ def test_a_change_rejected_before_is_held_at_the_reload_with_exit_6() -> None:
         assert ops(agent).reads == 0  # nothing rolls: nothing to follow
         doc = json.loads(agent.run("reload", "--json").stdout)
         assert doc["applied"] is False and doc["held"] == why
+
+
+def test_reload_keeps_waiting_through_an_extension_and_says_so() -> None:
+    starved = "too little traffic to judge: 12 canary requests in 30 s, 50 needed"
+    extended = replace(
+        verdict(CanaryState.ANALYSING, f"extended 1 of 2: {starved}"),
+        window_s=60.0,
+        ends_at=FUTURE + 60.0,
+        extensions=1,
+        max_extensions=2,
+    )
+    with farm([RESTARTING, ANALYSING, extended, extended, PROMOTED]) as agent:
+        r = agent.run("reload")
+        assert r.exit_code == Exit.OK, r.output
+        lines = r.stdout.splitlines()
+        assert lines[3].startswith("canary 2: analysing, extended 1 of 2, ")
+        assert lines[3].endswith(f" of 60 s left ({starved})"), lines[3]
+        assert lines[4] == "canary 2: promoted: canary within limits over 30 s"
+    now = time.time()
+    cv = replace(extended, started_at=now - 20, ends_at=now + 40)
+    assert farmctl_json(cv)["extensions"] == 1 and farmctl_json(cv)["max_extensions"] == 2
+    st = {"farm": "f", "now": now, "workers": [], "canary": farmctl_json(cv)}
+    assert farmctl.format_status(st).splitlines()[1] == (
+        f"canary 2: analysing, extended 1 of 2, 40 s of 60 s left ({starved})"
+    )

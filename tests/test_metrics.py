@@ -474,6 +474,24 @@ def test_the_canary_verdict_is_a_one_hot_state_set_with_its_change_and_worker() 
     assert _v(st, "sglang_farm_canary_window_seconds") == 30
     # Decided: no window end.
     assert _v(st, "sglang_farm_canary_window_end_timestamp_seconds") is None
+    assert _v(st, "sglang_farm_canary_window_extensions") == 0
+
+
+def test_an_extended_window_is_counted_and_its_length_includes_the_extensions() -> None:
+    st = canary_state()
+    assert st.farm is not None and st.farm.canary is not None
+    cv = dataclasses.replace(
+        st.farm.canary,
+        state=CanaryState.ANALYSING,
+        window_s=60.0,
+        ends_at=1e9,
+        extensions=1,
+        max_extensions=2,
+    )
+    st = dataclasses.replace(st, farm=dataclasses.replace(st.farm, canary=cv))
+    assert _v(st, "sglang_farm_canary_window_extensions") == 1
+    assert _v(st, "sglang_farm_canary_window_seconds") == 60
+    assert _v(st, "sglang_farm_canary_state", state="analysing") == 1
 
 
 def test_the_compared_figures_are_exported_per_check_and_side() -> None:

@@ -79,3 +79,17 @@ def test_the_gpus_compute_capability_is_part_of_the_change() -> None:
     assert hopper != spec_change(spec, {0: (8, 0), 1: (8, 0)})
     assert hopper != spec_change(spec)  # unknown: the flag is left to SGLang
     assert hopper == spec_change(spec, {0: (9, 0), 1: (9, 0)})
+
+
+def test_starved_means_the_traffic_check_failed_not_any_check() -> None:
+    """`starved_of_traffic` reads the traffic check alone: a failed check of another kind
+    (a rollback's) is no reason to extend, nor is a traffic check not failed."""
+    from sglang_farm.canary.rollout import starved_of_traffic
+    from sglang_farm.canary.verdict import Check
+
+    def check(name: str, passed: bool | None) -> Check:
+        return Check(name, passed, 1.0, 1.0, 1.0, 1.0, 1.4, name)
+
+    assert starved_of_traffic([check("errors", True), check("traffic", False)])
+    assert not starved_of_traffic([check("itl_p99", False), check("errors", True)])
+    assert not starved_of_traffic([check("traffic", None)])

@@ -211,6 +211,9 @@ class RolloutSpec:
     # next wave follows as soon as the canary is ready, as before issue 23).
     analysis_window: float = 300.0
     on_inconclusive: str = "hold"  # "hold" | "rollback" | "promote"
+    # A window that ends short of traffic (nothing failed) is judged for another window,
+    # this many times at most, before on_inconclusive applies; 0: at once.
+    max_extensions: int = 2
     eval: str | None = None  # an eval set (JSON Lines) asked of the canary before traffic
     eval_tolerance: float = 0.05
     min_requests: int = 50

@@ -379,7 +379,14 @@ class CanaryDriver:
                     h.apply(h.supervisor.start([canary], h.clock()))
                 s = h.supervisor.workers[canary]
                 window = new.rollout.analysis_window
-                self._analysis = Analysis(change, canary, window, h.clock(), s.last_failure_at)
+                self._analysis = Analysis(
+                    change,
+                    canary,
+                    window,
+                    h.clock(),
+                    s.last_failure_at,
+                    max_extensions=new.rollout.max_extensions,
+                )
                 self._show(CanaryState.ANALYSING, "judged again: the window starts")
             return
         log.info("canary_superseded", change=record.short(change), worker=canary)
@@ -426,6 +433,7 @@ class CanaryDriver:
             h.clock(),
             s.last_failure_at,
             needs_eval=new.rollout.eval is not None and bool(self._eval_items),
+            max_extensions=new.rollout.max_extensions,
         )
         self._show(CanaryState.ANALYSING, "the canary restarts onto the change")
         return len(restart) > 1
@@ -622,12 +630,15 @@ class CanaryDriver:
                 log.warning("canary_scrape_failed", worker=w, error=repr(exc))
         return out
 
-    async def _window(self, a: Analysis) -> None:
+    async def _window(self, a: Analysis, fresh: bool = True) -> None:
+        """Wait out `a`'s window, judging early; `fresh`: scrape the window's start (an
+        extension keeps the first scrape: its figures cover the whole analysis)."""
         h = self._host
         assert h is not None
-        base = self._baseline(a.canary)
-        self._start = await self._samples([a.canary, *base])
-        self._base = base
+        if fresh:
+            base = self._baseline(a.canary)
+            self._start = await self._samples([a.canary, *base])
+            self._base = base
         end = a.ends_at if a.ends_at is not None else h.clock()
         poll = max(EARLY_POLL_MIN_S, a.window_s / EARLY_POLLS)
         while (left := end - h.clock()) > poll:
@@ -676,10 +687,11 @@ class CanaryDriver:
     async def _judge(self, a: Analysis) -> None:
         h = self._host
         assert h is not None
+        extended: Analysis | None = None
         try:
             end = await self._samples([a.canary, *self._base])
             spec = self._candidate or h.spec()
-            verdict_outcome, evidence, checks = self._verdict(a, end, a.window_s, True)
+            verdict_outcome, evidence, checks = self._verdict(a, end, a.span_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
@@ -697,7 +709,12 @@ class CanaryDriver:
                     finally:
                         self._busy = False
                     return
-            res = rollout.resolve(verdict_outcome, spec.rollout.on_inconclusive)
+            res = rollout.conclude(a, verdict_outcome, checks, spec.rollout.on_inconclusive)
+            if isinstance(res, Analysis):
+                extended = res  # judged again at its new end, from the same start
+                self._analysis = res
+                self._extended(res, evidence, checks)
+                return
             self._busy = True
             try:
                 self._resolve(res, evidence, checks)
@@ -706,6 +723,26 @@ class CanaryDriver:
         finally:
             self._judging = False
             self._task = None
+            if extended is not None and self._analysis is extended:
+                self._task = h.spawn(self._window(extended, fresh=False))
+
+    def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
+        """The window ended short of traffic: say so, and judge for another window."""
+        h = self._host
+        assert h is not None
+        spec = h.spec()
+        log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).warning(
+            "canary_analysis_extended",
+            change=record.short(a.change),
+            extension=a.extensions,
+            max_extensions=a.max_extensions,
+            window_s=a.window_s,
+            evidence=evidence,
+        )
+        views = tuple(check_view(c) for c in checks)
+        text = f"extended {a.extensions} of {a.max_extensions}: {evidence}"
+        self._show(CanaryState.ANALYSING, text, views, a)
+        h.refresh()
 
     # ---- acting on a verdict -------------------------------------------------------------
 
@@ -786,13 +823,15 @@ class CanaryDriver:
             change=record.short(a.change),
             canary=a.canary,
             started_at=start + to_wall,
-            window_s=a.window_s,
+            window_s=a.span_s,
             ends_at=a.ends_at + to_wall
             if a.ends_at is not None and state is CanaryState.ANALYSING
             else None,
             evidence=evidence,
             checks=checks,
             rollbacks_total=self._rollbacks,
+            extensions=a.extensions,
+            max_extensions=a.max_extensions,
         )
 
     def view(self) -> RolloutVerdictView | None:

@@ -9,7 +9,10 @@ the canary alone first. With `[rollout] analysis_window` > 0 the rolling restart
                (once in the gateway, when there is one) -> ANALYSING, the caller
                scrapes the window's start
     ANALYSING  the window runs; at its end the caller scrapes again and judges
-               (canary.verdict.judge); `resolve` turns the verdict into what to do
+               (canary.verdict.judge); `conclude` turns the verdict into what to do:
+               a window that ended short of traffic (nothing failed) is extended by
+               another window, up to `[rollout] max_extensions`, and judged again on
+               the figures from the window's start; then `on_inconclusive` applies
 
 A crash, OOM, hang, wedge or failed health check of the canary from the moment its
 restart is issued fails the change at once (`observe` returns `Fail`): the change
@@ -23,13 +26,14 @@ record in the state directory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from sglang_farm.canary import record
 from sglang_farm.canary.verdict import (
     CanaryPolicy,
+    Check,
     LivenessEvent,
     LivenessKind,
     Outcome,
@@ -52,9 +56,11 @@ __all__ = [
     "StartWindow",
     "Stopped",
     "Wait",
+    "conclude",
     "policy",
     "resolve",
     "spec_change",
+    "starved_of_traffic",
 ]
 
 
@@ -117,14 +123,23 @@ class Analysis:
     # `[rollout] eval`: the canary answers the eval set before it takes traffic.
     needs_eval: bool = False
     evaluated: bool = False  # the eval gate passed (or had nothing to compare with)
+    # `[rollout] max_extensions`: windows that end short of traffic are extended this
+    # many times at most; `extensions`: how many so far.
+    max_extensions: int = 0
+    extensions: int = 0
 
     @property
     def analysing(self) -> bool:
         return self.window_start is not None
 
     @property
+    def span_s(self) -> float:
+        """The analysis's length so far: its window and each extension of it."""
+        return self.window_s * (1 + self.extensions)
+
+    @property
     def ends_at(self) -> float | None:
-        return None if self.window_start is None else self.window_start + self.window_s
+        return None if self.window_start is None else self.window_start + self.span_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +207,10 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
         # Restarted on purpose (`farmctl restart`) in its window: not the change's doing.
         # The analysis starts over: a new window once it serves again, and a failure
         # from here on is the change's.
-        return replace(a, window_start=None, failure_mark=c.last_failure_at), Wait()
+        return (
+            replace(a, window_start=None, failure_mark=c.last_failure_at, extensions=0),
+            Wait(),
+        )
     if c.phase is Phase.UNHEALTHY and not c.busy:
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
@@ -226,3 +244,27 @@ def resolve(outcome: Outcome, on_inconclusive: str) -> Resolution:
     if outcome is Outcome.ROLLBACK:
         return Resolution.ROLLBACK
     return Resolution(on_inconclusive)
+
+
+def starved_of_traffic(checks: Sequence[Check]) -> bool:
+    """The verdict was inconclusive for too little traffic (`min_requests` on either side),
+    which its failed "traffic" check says; not for a /metrics that could not be read."""
+    return any(c.name == "traffic" and c.passed is False for c in checks)
+
+
+def conclude(
+    a: Analysis, outcome: Outcome, checks: Sequence[Check], on_inconclusive: str
+) -> Analysis | Resolution:
+    """What the verdict at the end of `a`'s window means: the analysis extended by another
+    window (returned: the next end is `ends_at`, the figures still from `window_start`)
+    when the window ended short of traffic with nothing failed and fewer than
+    `max_extensions` extensions so far, since a freshly restarted canary can be starved
+    by the gateway's routing for a while; otherwise the Resolution (`resolve`)."""
+    extend = (
+        outcome is Outcome.INCONCLUSIVE
+        and starved_of_traffic(checks)
+        and a.extensions < a.max_extensions
+    )
+    if extend:
+        return replace(a, extensions=a.extensions + 1)
+    return resolve(outcome, on_inconclusive)

@@ -47,10 +47,14 @@ class RolloutVerdictView:
     change: str  # record.short() of the hash of what the workers would run
     canary: int  # the worker id
     started_at: float  # wall clock of the window's start (or of the decision when held)
-    window_s: float  # the analysis window, seconds
+    window_s: float  # the analysis window with its extensions so far, seconds
     ends_at: float | None  # wall clock when the window ends; None once decided
     # One line: "rolled back: canary ITL p99 0.052 s = 5.2x the baseline's over 30 s,
     # 412 vs 2,830 requests"; while analysing, what is known so far.
     evidence: str
     checks: tuple[CheckView, ...] = ()
     rollbacks_total: int = 0  # canary rollbacks since the agent started (a counter)
+    # The window ended short of traffic this many times and was extended (of at most
+    # `[rollout] max_extensions`); `window_s` counts the extensions too.
+    extensions: int = 0
+    max_extensions: int = 0

@@ -425,7 +425,8 @@ def _secs(seconds: float) -> str:
 def canary_line(cv: Mapping[str, Any], now: float) -> str:
     """The canary analysis in one line: "canary 3: rolled back: canary ITL p99 0.052 s =
     5.2x the baseline's over 30 s, 412 vs 2,830 requests"; while the window runs,
-    "canary 3: analysing, 12 s of 30 s left" and what is known so far."""
+    "canary 3: analysing, 12 s of 30 s left" and what is known so far ("analysing, extended 1
+    of 2, 40 s of 60 s left" once a window that ended short of traffic was extended)."""
     head = f"canary {cv.get('canary')}"
     state = str(cv.get("state"))
     word = _CANARY_WORDS.get(state, state)
@@ -433,6 +434,12 @@ def canary_line(cv: Mapping[str, Any], now: float) -> str:
     if state == "analysing":
         ends = cv.get("ends_at")
         text = "analysing"
+        extensions = cv.get("extensions")
+        if isinstance(extensions, int) and extensions > 0:
+            # The window ended short of traffic and was extended ([rollout] max_extensions).
+            said = f"extended {extensions} of {cv.get('max_extensions')}"
+            text += f", {said}"
+            evidence = evidence.removeprefix(f"{said}: ")
         if isinstance(ends, int | float):
             window = float(cv.get("window_s") or 0)
             text += f", {_secs(float(ends) - now)} of {_secs(window)} left"
@@ -910,7 +917,8 @@ def _await_verdict(
                     "superseded it (farmctl status)"
                 )
             return None
-        key = (cv.get("state"), cv.get("ends_at") is not None)
+        # A line per phase: the canary restarting, its window, each extension of it, the verdict.
+        key = (cv.get("state"), cv.get("ends_at") is not None, cv.get("extensions"))
         if key not in shown:
             shown.add(key)
             if not ctl.as_json:

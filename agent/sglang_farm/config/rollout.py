@@ -20,6 +20,7 @@ ON_INCONCLUSIVE = ("hold", "rollback", "promote")
 _KEYS = (
     "analysis_window",
     "on_inconclusive",
+    "max_extensions",
     "eval",
     "eval_tolerance",
     "min_requests",
@@ -67,6 +68,7 @@ def _rollout(reader: _Reader, doc: _Table) -> RolloutSpec:
         on_inconclusive=reader.get(
             tbl, path, "on_inconclusive", _choice(*ON_INCONCLUSIVE), d.on_inconclusive
         ),
+        max_extensions=reader.get(tbl, path, "max_extensions", _int(0), d.max_extensions),
         eval=reader.get(tbl, path, "eval", _abs_path, d.eval),
         eval_tolerance=reader.get(tbl, path, "eval_tolerance", _number(0.0, 1.0), d.eval_tolerance),
         min_requests=reader.get(tbl, path, "min_requests", _int(1), d.min_requests),

@@ -210,6 +210,8 @@ def canary_result(c: RolloutVerdictView | None) -> Result | None:
         "evidence": c.evidence,
         "checks": [check_result(k) for k in c.checks],
         "rollbacks_total": c.rollbacks_total,
+        "extensions": c.extensions,
+        "max_extensions": c.max_extensions,
     }
 
 

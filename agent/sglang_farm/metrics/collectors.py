@@ -379,9 +379,19 @@ def _canary(farm: FarmView, cv: RolloutVerdictView) -> Iterator[Metric]:
     )
     info.add_metric([cv.change, str(cv.canary), gpus], 1)
     yield info
-    window = _g("sglang_farm_canary_window_seconds", "The canary's analysis window.")
+    window = _g(
+        "sglang_farm_canary_window_seconds",
+        "The canary's analysis window, with its extensions so far.",
+    )
     window.add_metric([], cv.window_s)
     yield window
+    extended = _g(
+        "sglang_farm_canary_window_extensions",
+        "How many times the window ended short of traffic and was extended (of at most "
+        "[rollout] max_extensions).",
+    )
+    extended.add_metric([], cv.extensions)
+    yield extended
     if cv.ends_at is not None:
         ends = _g(
             "sglang_farm_canary_window_end_timestamp_seconds",
