@@ -178,7 +178,12 @@ class Fleet:
         return set().union(*(h.urls() for h in self.hosts))
 
     def inventory(
-        self, deb: Path, worker_env: dict[str, str], gateway: dict[str, str] | None = None
+        self,
+        deb: Path,
+        worker_env: dict[str, str],
+        gateway: dict[str, str] | None = None,
+        host_gateway: dict[str, dict[str, Any]] | None = None,
+        host_key: dict[str, str] | None = None,
     ) -> Path:
         """A YAML (here JSON) inventory: the group sglang_farm, one entry per container."""
         config = {
@@ -211,13 +216,17 @@ class Fleet:
                 **(gateway or {}),
             },
         }
+        by_host = host_gateway or {}
+        keys = host_key or {}
         hosts = {
             h.name: {
                 "ansible_nsenter_pid": h.c.pid1,
                 "sglang_farm_host_config": {
                     "workers": {"base_port": h.base_port},
                     "metrics": {"listen": f"127.0.0.1:{h.metrics_port}"},
+                    **({"gateway": by_host[h.name]} if h.name in by_host else {}),
                 },
+                **({"sglang_farm_gateway_admin_key": keys[h.name]} if h.name in keys else {}),
             }
             for h in self.hosts
         }
@@ -244,13 +253,19 @@ class Fleet:
         deb: Path,
         worker_env: dict[str, str] | None = None,
         gateway: dict[str, str] | None = None,
+        *,
+        check: bool = False,
+        host_gateway: dict[str, dict[str, Any]] | None = None,
+        host_key: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        inventory = self.inventory(deb, worker_env or {}, gateway, host_gateway, host_key)
         return subprocess.run(
             [
                 str(BIN / "ansible-playbook"),
                 "-i",
-                str(self.inventory(deb, worker_env or {}, gateway)),
+                str(inventory),
                 str(ANSIBLE_DIR / "rolling.yml"),
+                *(["--check"] if check else []),
             ],
             env=_env(self.tmp),
             capture_output=True,
@@ -446,7 +461,10 @@ def test_a_rerun_applies_a_pending_config_and_leaves_an_unchanged_host_alone(
     """Fleet review #2 and #3. host-a: farm.toml on disk is the inventory's, but the agent
     runs another (reloaded from an edit, then the file put back, as a refused reload
     leaves it): the run reloads it. host-b: same package, same config, nothing pending:
-    not drained, changed=0."""
+    not drained, changed=0. Second review: host-b drained by hand stays drained (before,
+    every run undrained it), and the run says so; `ansible-playbook --check` runs
+    through (before, the status command was skipped and its rc undefined) and changes
+    nothing."""
     f = fleet_logs
     a, b = f.hosts
     a.sh(
@@ -460,6 +478,11 @@ def test_a_rerun_applies_a_pending_config_and_leaves_an_unchanged_host_alone(
     assert _status(a)["config_pending"] is True
     assert "SGLANG_SIM_ROLLED=2" in a.sh(f"tr '\\0' '\\n' < /proc/{a.worker_pids()[0]}/environ")
     b_workers = b.worker_pids()
+    b.sh("farmctl drain-host --timeout 30", timeout=60)  # an operator's own drain
+    assert "held_out_since" in _status(b)
+    checked = f.play(f.v2, worker_env=ROLLED, check=True)
+    assert checked.returncode == 0, checked.stdout[-8000:] + checked.stderr[-3000:]
+    assert _status(a)["config_pending"] is True and "held_out_since" not in _status(a)
     seen: list[set[str]] = []
     stop = threading.Event()
 
@@ -480,11 +503,16 @@ def test_a_rerun_applies_a_pending_config_and_leaves_an_unchanged_host_alone(
     recap = _recap(r.stdout)
     assert recap["host-b"]["changed"] == 0, recap
     assert recap["host-a"]["changed"] > 0, recap
-    assert seen and all(s >= b.urls() for s in seen), "host-b left the gateway"
+    assert seen and not any(s & b.urls() for s in seen), "host-b was put back"
+    assert "held_out_since" in _status(b), "the operator's drain was undone"
+    assert "host-b was drained by hand" in r.stdout
     assert b.worker_pids() == b_workers
     st = _status(a)
     assert st["config_pending"] is False and "held_out_since" not in st
     assert "SGLANG_SIM_ROLLED=1" in a.sh(f"tr '\\0' '\\n' < /proc/{a.worker_pids()[0]}/environ")
+    for h in f.hosts:  # the play's own drain marker is gone
+        assert h.sh("ls /var/lib/sglang-farm/ansible-drained 2>/dev/null || true") == ""
+    b.sh("farmctl undrain-host && farmctl wait --timeout 60", timeout=90)
     assert f.routed() == f.all_urls()
 
 
@@ -492,13 +520,17 @@ def test_a_gateway_change_restarts_the_agent_and_keeps_the_workers(fleet_logs: F
     """Fleet review #1: farmctl reload refuses a [gateway] change (exit 10): the handler
     restarts the agent, which adopts the running workers; before, the play failed at the
     first host with the new farm.toml on disk and not in force. A host whose farm in force
-    has no gateway (mode "off" to "external") is not drained."""
+    has no gateway (mode "off" to "external") is not drained. Second review: host-b's
+    package cache is gone (before: "Destination directory does not exist")."""
     f = fleet_logs
     # host-b runs without a gateway for now ([gateway] mode = "off", its agent restarted
     # by hand): the play switches it to "external". Its farm in force has nothing to
     # drain, whatever the new farm.toml says; before, drain-host was refused (exit 1).
     b = f.hosts[1]
+    # Second review: its package cache cleaned (the play's check-mode probe copied the
+    # package into a folder that was not there).
     b.sh(
+        "rm -rf /var/cache/sglang-farm-deploy && "
         """sed -i 's/^mode = "external"/mode = "off"/' /etc/sglang-farm/farm.toml"""
         " && systemctl restart sglang-farm.service && farmctl wait --timeout 60",
         timeout=90,
@@ -516,3 +548,53 @@ def test_a_gateway_change_restarts_the_agent_and_keeps_the_workers(fleet_logs: F
         assert st["config_pending"] is False and st["config_sha256"] == st["config_file_sha256"]
         assert {w["state"] for w in st["workers"]} == {"ready"}
     assert f.routed() == f.all_urls()
+
+
+ROTATED_KEY = "ansible-test-rotated-key-9876543210"
+
+
+def test_a_rotated_key_restarts_a_managed_gateway(fleet_logs: Fleet) -> None:
+    """Second review #1: host-b runs its own managed gateway (the unit
+    sglang-farm-gateway, its admin key read at the unit's start); the play rotates that
+    key. The handler restarts the agent, then the gateway's unit: smg takes the new key
+    and routes to host-b's workers. Before, smg kept the old key, every call of the
+    agent's was refused (401) and farmctl wait failed."""
+    f = fleet_logs
+    b = f.hosts[1]
+    port = free_port_block(2)
+    managed = {
+        "mode": "managed",
+        "listen": f"127.0.0.1:{port}",
+        "metrics_listen": f"127.0.0.1:{port + 1}",
+        "extra_args": ["--shutdown-grace-period-secs", "2"],
+    }
+    lines = "\\n".join(f"{k} = {json.dumps(v)}" for k, v in managed.items())
+    b.sh(  # switched by hand, its key still the fleet's
+        f"""sed -i 's/^mode = "external"/{lines}/' /etc/sglang-farm/farm.toml"""
+        " && systemctl restart sglang-farm.service && farmctl wait --timeout 90",
+        timeout=150,
+    )
+    gw = f"http://127.0.0.1:{port}"
+
+    def members(key: str) -> httpx.Response:
+        return httpx.get(f"{gw}/workers", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+
+    assert members(ADMIN_KEY).status_code == 200
+    r = f.play(
+        f.v2,
+        worker_env=ROLLED,
+        gateway=NEW_GATEWAY,
+        host_gateway={"host-b": managed},
+        host_key={"host-b": ROTATED_KEY},
+    )
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-3000:]
+    assert _recap(r.stdout)["host-a"]["changed"] == 0
+    assert b.sh("cat /etc/sglang-farm/gateway-admin.key").strip() == ROTATED_KEY
+    assert members(ADMIN_KEY).status_code == 401
+    until(
+        lambda: {w["url"] for w in members(ROTATED_KEY).json()["workers"]} == b.urls(),
+        30,
+        "host-b's workers in its own gateway, reached with the rotated key",
+    )
+    st = _status(b)
+    assert st["gateway"]["up"] is True and "held_out_since" not in st
