@@ -8,6 +8,7 @@ import random
 import pytest
 
 from sglang_farm.canary.figures import Figures, Histogram
+from sglang_farm.canary.rollout import starved_of_traffic
 from sglang_farm.canary.verdict import (
     CanaryPolicy,
     LivenessEvent,
@@ -237,7 +238,30 @@ def test_two_errors_in_161_requests_at_a_clean_baseline_roll_back() -> None:
     # The same 2 errors against a baseline with 3 stray ones of its own (0.27 %, a
     # quarter of the canary's ratio): 2 of 5 errors on an eighth of the traffic happens
     # by chance (p = 0.12): a harmless change is not rolled back for them.
+    # Nor promoted on them: 1.2 % is above the floor and 4.6x the baseline's; more traffic
+    # decides (the window is extended: its traffic check failed).
     stray = judge(side(161, errors=2, seed=2), side(1127, errors=3, seed=3), [], POLICY)
-    assert stray.outcome is Outcome.PROMOTE, stray.evidence
+    assert stray.outcome is Outcome.INCONCLUSIVE, stray.evidence
+    assert starved_of_traffic(stray.checks), stray.checks
     three = judge(side(161, errors=3, seed=2), side(1127, errors=4, seed=3), [], POLICY)
-    assert three.outcome is Outcome.PROMOTE, three.evidence  # p = 0.046
+    assert three.outcome is Outcome.INCONCLUSIVE, three.evidence  # p = 0.046
+    assert three.evidence.startswith("too little traffic to judge the canary's errors: ")
+
+
+def test_one_error_in_a_starved_canarys_55_requests_is_not_promoted() -> None:
+    # The rerun matrix's promoted errors 2 %: smg sent the canary 55 requests in 90 s (two
+    # extensions), 1 failed (1.8 %), the baseline none of 16,879. Too few to fail it
+    # (min_errors), but above the 1 % floor: neither a rollback nor a promotion.
+    v = judge(side(55, errors=1, seed=2), side(16879, seed=3), [], POLICY)
+    assert v.outcome is Outcome.INCONCLUSIVE, v.evidence
+    assert v.evidence.startswith(
+        "too little traffic to judge the canary's errors: canary errors 1.8 % (1 of 55)"
+    ), v.evidence
+    assert starved_of_traffic(v.checks)
+    # One error in 300 (0.33 %, under the floor) is nothing to hold a change for.
+    assert judge(side(300, errors=1, seed=2), side(16879, seed=3), [], POLICY).outcome is (
+        Outcome.PROMOTE
+    )
+    # Before the window's end it is still only "under way".
+    early = judge(side(55, errors=1, seed=2), side(16879, seed=3), [], POLICY, complete=False)
+    assert early.outcome is Outcome.INCONCLUSIVE and "under way" in early.evidence

@@ -307,14 +307,15 @@ def test_error_p_value_is_the_binomial_tail_of_the_canarys_share() -> None:
 
 def test_errors_more_than_chance_fail_and_exactly_chance_does_not() -> None:
     lax = CanaryPolicy(min_errors=1, confidence=0.5)
-    # 1 error of 100 vs 0 of 100: p = 0.5, not below 1 - 0.5.
-    assert check(judge(figs(100, 1), figs(100), [], lax), "errors").passed is True
+    # 1 error of 100 vs 0 of 100: p = 0.5, not below 1 - 0.5: undecided (above the floor).
+    assert check(judge(figs(100, 1), figs(100), [], lax), "errors").passed is None
     # 0 of 101: p = 100/201, below 0.5.
     assert check(judge(figs(100, 1), figs(101), [], lax), "errors").passed is False
     # Without baseline requests there is no test: the floors alone judge.
     assert check(judge(figs(100, 2), figs(0), [], POLICY), "errors").passed is False
     assert check(judge(figs(100, 2), None, [], POLICY), "errors").passed is False
-    assert check(judge(figs(100, 1), None, [], POLICY), "errors").passed is True
+    assert check(judge(figs(100, 1), None, [], POLICY), "errors").passed is None  # 1 < 2
+    assert check(judge(figs(101, 1), None, [], POLICY), "errors").passed is True  # < 1 %
 
 
 def test_the_bounds_edges_that_the_first_tests_left_unheld() -> None:
@@ -337,5 +338,5 @@ def test_the_errors_edges_that_the_first_tests_left_unheld() -> None:
     # Exactly twice the baseline's ratio passes even where chance is no explanation.
     assert check(judge(figs(10_000, 200), figs(10_000, 100), [], POLICY), "errors").passed
     # A baseline of 1 request is a baseline: 2 errors of 100 beside it are chance
-    # (the canary has 100/101 of the requests).
-    assert check(judge(figs(100, 2), figs(1), [], POLICY), "errors").passed is True
+    # (the canary has 100/101 of the requests): not failed, undecided.
+    assert check(judge(figs(100, 2), figs(1), [], POLICY), "errors").passed is None

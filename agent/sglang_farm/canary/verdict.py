@@ -298,13 +298,18 @@ def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> 
         f"canary errors {_pct(c)} ({_count(canary.errors)} of {_count(canary.requests)}) "
         f"vs the baseline's {_pct(b)}"
     )
-    failed = canary.errors >= p.min_errors and c >= p.error_floor and c > p.error_max_ratio * b
+    # Above the floor and the baseline's ratio: a regression if the evidence says so
+    # (min_errors, the binomial test); else undecided, never a pass: more traffic decides.
+    suspect = canary.errors > 0 and c >= p.error_floor and c > p.error_max_ratio * b
+    failed = suspect and canary.errors >= p.min_errors
     if failed and baseline is not None and baseline.requests > 0:
         chance = error_p_value(canary.errors, canary.requests, baseline.errors, baseline.requests)
         failed = chance < 1 - p.confidence
     ratio = c / b if b > 0 else None
     if canary.requests <= 0:
         return Check("errors", None, None, b, None, None, allowed, "no canary requests")
+    if suspect and not failed:
+        return Check("errors", None, c, b, ratio, c, allowed, text + " (too few to judge)")
     return Check("errors", not failed, c, b, ratio, c, allowed, text)
 
 
@@ -367,6 +372,13 @@ def judge(
         return verdict(Outcome.INCONCLUSIVE, text, [*checks, _traffic(False, canary, need)])
     if not complete:
         return verdict(Outcome.INCONCLUSIVE, f"analysis under way: nothing failed {tail}", checks)
+    errors = checks[0]
+    if errors.passed is None:
+        # Errors above the floor that the canary's traffic cannot yet tell from chance:
+        # not promoted on them; too little traffic (so the window may be extended).
+        text = f"too little traffic to judge the canary's errors: {errors.text} {tail}"
+        short = Check("traffic", False, canary.requests, None, None, None, None, text)
+        return verdict(Outcome.INCONCLUSIVE, text, [*checks, short])
     judged = [c for c in checks if c.passed]
     summary = "; ".join(c.text for c in judged[:2]) or "nothing to compare"
     return verdict(Outcome.PROMOTE, f"canary within limits ({summary}) {tail}", checks)
