@@ -300,7 +300,7 @@ def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> 
     )
     # Above the floor and the baseline's ratio: a regression if the evidence says so
     # (min_errors, the binomial test); else undecided, never a pass: more traffic decides.
-    suspect = canary.errors > 0 and c >= p.error_floor and c > p.error_max_ratio * b
+    suspect = c >= p.error_floor and c > p.error_max_ratio * b  # so c > 0: an error seen
     failed = suspect and canary.errors >= p.min_errors
     if failed and baseline is not None and baseline.requests > 0:
         chance = error_p_value(canary.errors, canary.requests, baseline.errors, baseline.requests)
