@@ -377,8 +377,8 @@ def judge(
         # Errors above the floor that the canary's traffic cannot yet tell from chance:
         # not promoted on them; too little traffic (so the window may be extended).
         text = f"too little traffic to judge the canary's errors: {errors.text} {tail}"
-        short = Check("traffic", False, canary.requests, None, None, None, None, text)
-        return verdict(Outcome.INCONCLUSIVE, text, [*checks, short])
+        more = Check("traffic", False, canary.requests, None, None, None, None, text)
+        return verdict(Outcome.INCONCLUSIVE, text, [*checks, more])
     judged = [c for c in checks if c.passed]
     summary = "; ".join(c.text for c in judged[:2]) or "nothing to compare"
     return verdict(Outcome.PROMOTE, f"canary within limits ({summary}) {tail}", checks)
