@@ -15,7 +15,9 @@ docs/canary.md; in short:
    requests, so the chance of it holding at least its count (a binomial tail,
    `error_p_value`) must be below 1 - `confidence`. The baseline's stray errors thus
    count against the canary's. Judged even below `min_requests`: a canary that fails
-   most of its few requests is not kept.
+   most of its few requests is not kept. Above the floor and the baseline's ratio but
+   not yet beyond chance, the errors are undecided: never a pass, the verdict at the
+   window's end is "too little traffic" (the window may be extended), not a promotion.
 3. **Latency.** Inter-token latency quantiles (p50 and p99 by default) as a ratio to the
    baseline's, with a noise margin: the check fails only when even the canary's *lower*
    confidence bound, divided by the baseline's *upper* one, exceeds the limit. The
