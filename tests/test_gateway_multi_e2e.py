@@ -16,19 +16,18 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
-import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from farmproc import farm_config, free_port_block, new_marker, tmpdir
 from smgproc import Smg, key_file
+from test_frontdoor import running_farm
 
 pytestmark = [
     pytest.mark.slow,
@@ -111,19 +110,6 @@ def _worker_urls(config: Path) -> set[str]:
     return {f"http://127.0.0.1:{base + i}" for i in range(WORKERS)}
 
 
-@contextlib.contextmanager
-def _farm(config: Path, marker: str) -> Iterator[Farm]:
-    farm = Farm(config, marker)
-    try:
-        yield farm
-    finally:
-        with contextlib.suppress(Exception):
-            farm.stop(timeout=60)
-        for pid in marked_pids(marker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def test_two_farms_in_two_gateways_restart_under_load_and_refill_a_killed_gateway() -> None:
     tmp = tmpdir()
     key = key_file(tmp)
@@ -145,7 +131,7 @@ def test_two_farms_in_two_gateways_restart_under_load_and_refill_a_killed_gatewa
                 )
             )
         every = _worker_urls(configs[0]) | _worker_urls(configs[1])
-        with _farm(configs[0], markers[0]) as a, _farm(configs[1], markers[1]) as b:
+        with running_farm(configs[0], markers[0]) as a, running_farm(configs[1], markers[1]) as b:
             # Two farms starting at once on a busy 2-core machine: a generous bound.
             until(lambda: g1.routed() == g2.routed() == every, 120, "both gateways route to all")
             assert len(every) == 2 * WORKERS
