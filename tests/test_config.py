@@ -19,6 +19,7 @@ from sglang_farm.config import (
 from sglang_farm.errors import ConfigError
 from sglang_farm.sglang import flags as sglang_flags
 from sglang_farm.sglang.argv import build_command
+from sglang_farm.sglang.ready_route import readiness_routes
 from sglang_farm.spec import (
     ControlSpec,
     FarmSection,
@@ -85,7 +86,7 @@ def test_shipped_farm_toml_reproduces_the_seed_host() -> None:
         "mamba_radix_cache_strategy": "extra_buffer",
         "mamba_ssm_dtype": "bfloat16",
         "enable_metrics": True,
-        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics", "/v1/loads"),
+        "uvicorn_access_log_exclude_prefixes": ("/health", "/ready", "/metrics", "/v1/loads"),
     }
     assert spec.oom.enabled and spec.oom.scope == "worker"
     assert [(s.name, s.adjust) for s in spec.oom.steps] == [
@@ -128,7 +129,7 @@ def test_shipped_demo_toml_runs_eight_simulated_workers() -> None:
     assert dict(spec.workers[0].flags) == {
         "model_path": "sim/Qwen3.6-27B",
         "enable_metrics": True,
-        "uvicorn_access_log_exclude_prefixes": ("/health", "/metrics", "/v1/loads"),
+        "uvicorn_access_log_exclude_prefixes": ("/health", "/ready", "/metrics", "/v1/loads"),
     }
     assert (spec.startup.canary, spec.startup.parallel) == (0, 4)
     assert (spec.health.period, spec.health.timeout, spec.health.failure_threshold) == (2, 5, 3)
@@ -142,7 +143,8 @@ def test_shipped_configs_keep_the_polls_out_of_the_workers_access_log(name: str)
     """`farmctl logs 3` was mostly the farm's /health and /metrics and the gateway's /v1/loads."""
     text = (ETC / name).read_text()
     spec = load_spec(text, source=name, gpu_count=8, agent_python=sys.executable)
-    polled = (spec.health.path, "/metrics", "/v1/loads")  # the prober, sglang.stats, smg
+    # the prober (readiness, liveness), sglang.stats, smg
+    polled = (*readiness_routes(spec.health.ready_path, spec.health.path), "/metrics", "/v1/loads")
     for w in spec.workers:
         excluded = w.flags.get("uvicorn_access_log_exclude_prefixes")
         assert isinstance(excluded, tuple), f"worker {w.id}: no access-log exclusions"
