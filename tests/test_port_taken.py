@@ -163,3 +163,21 @@ def test_agent_a_listener_no_process_holds_keeps_the_worker_loading(tmp: Path) -
             await f.until(lambda: f.phase(0) is Phase.READY, within=5)
 
     run_virtual(scenario())
+
+
+def test_port_blocks_for_tests_miss_the_ephemeral_range_and_the_demos_ports() -> None:
+    """The suite's farms take their ports outside the ephemeral range: a busy machine's
+    TIME-WAIT connections (thousands) cannot exhaust them (issue 32 §4.7)."""
+    from farmproc import free_port_block, port_candidates
+
+    eph = range(32768, 61000)
+    for base in port_candidates(16, eph):
+        block = range(base, base + 16)
+        assert not (block.start < eph.stop and eph.start < block.stop), base
+        assert not (block.start < 31100 and block.stop > 8000), base
+    narrow = port_candidates(16, range(1024, 65001))  # an ephemeral range of every port
+    assert narrow == []
+    base = free_port_block(16)
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo, hi = (int(x) for x in f.read().split())
+    assert not (base < hi + 1 and lo < base + 16)
