@@ -75,7 +75,7 @@ def test_a_timeline_moves_forward_only_and_times_each_phase() -> None:
         StartPhase.LAUNCHING: 1.0,
         StartPhase.LOADING_WEIGHTS: 30.0,
         StartPhase.ALLOCATING_KV_CACHE: 9.0,
-        StartPhase.CAPTURING_CUDA_GRAPHS: 20.0,
+        StartPhase.CAPTURING_CUDA_GRAPHS: 21.0,
         StartPhase.STARTING_SERVER: 1.0,
         StartPhase.WARMING_UP: 8.0,
     }
