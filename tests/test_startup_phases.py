@@ -3,8 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import httpx
 import pytest
 
+from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
+from farmtoml import rewritten
 from sglang_farm.sglang.startup import (
     Capacity,
     StartPhase,
@@ -106,3 +113,70 @@ def test_a_phase_is_slow_only_well_above_its_siblings(
     assert (got is not None) is slow
     if got is not None:
         assert got.text() == "loading weights took 95 s, against 41 s for its 3 siblings (median)"
+
+
+def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(tmp: Path) -> None:
+    """Three simulated workers (process runtime); worker 2 loads its weights 20 times slower
+    and settles on 37 running requests where its siblings have 72. The status JSON and
+    `farmctl status`/`why` show each start's phases and capacity, the metrics export them,
+    and one warning names worker 2's slow phase."""
+    marker = new_marker()
+    slow = {"SGLANG_SIM_LOAD_SECONDS": "20", "SGLANG_FARM_TEST_MARKER": marker}
+    cfg = farm_config(
+        tmp,
+        workers=3,
+        parallel=3,
+        marker=marker,
+        sglang={
+            "model_path": "sim/Qwen3.6-27B",
+            "enable_metrics": True,
+            "max_running_requests": 72,
+        },
+    )
+    overrides = {"2": {"env": slow, "sglang": {"max_running_requests": 37}}}
+    cfg.write_text(rewritten(cfg.read_text(), workers={"overrides": overrides}))
+    farm = Farm(cfg, marker)
+    try:
+        # While worker 2 loads: its phase in status, from its log's milestones.
+        farm.wait_for(lambda e: e.get("event") == "worker_ready" and e.get("worker") == 1, 120)
+        starting = json.loads(farm.farmctl("--json", "status").stdout)["workers"][2]["start"]
+        assert starting["in_progress"] is True
+        assert starting["phase"] in ("launching", "loading_weights"), starting
+        text = farm.farmctl("status").stdout
+        assert re.search(r"starting · (launching|loading weights) \d", text), text
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", 180)
+        st = json.loads(farm.farmctl("--json", "status").stdout)
+        address = farm.named("metrics_listening")[0]["address"]
+        metrics = httpx.get(f"http://{address}/metrics", timeout=30).text
+        why = farm.farmctl("why", "2").stdout
+        text = farm.farmctl("status").stdout
+        warnings = farm.named("worker_start_slow")
+    finally:
+        farm.stop()
+    starts = [w["start"] for w in st["workers"]]
+    assert all(s["phase"] == "served" and not s["in_progress"] for s in starts), starts
+    for s in starts:
+        assert list(s["durations"]) == [
+            "launching",
+            "loading_weights",
+            "allocating_kv_cache",
+            "capturing_cuda_graphs",
+            "starting_server",
+            "warming_up",
+        ]
+    assert starts[2]["durations"]["loading_weights"] > 10
+    assert starts[0]["durations"]["loading_weights"] < starts[2]["durations"]["loading_weights"]
+    assert [s["capacity"]["max_running_requests"] for s in starts] == [72, 72, 37]
+    assert all(s["capacity"]["kv_tokens"] > 0 and s["capacity"]["context_len"] > 0 for s in starts)
+    assert [w["worker"] for w in warnings] == [2], warnings
+    assert warnings[0]["phase"] == "loading_weights"
+    assert "loading weights took" in warnings[0]["why"]
+    assert "CAPACITY" in text and " tok · 37 req" in text, text
+    assert "worker 2: SGLang chose 37 running requests at its start, 2 of its siblings 72" in text
+    assert "start (its last): launching" in why and "loading weights" in why, why
+    assert "capacity SGLang chose:" in why and "37 running requests at most" in why, why
+    assert 'sglang_farm_worker_max_running_requests{gpu="2",worker="2"} 37.0' in metrics
+    assert re.search(
+        r'sglang_farm_worker_startup_seconds\{gpu="2",phase="loading_weights",worker="2"\} 1\d',
+        metrics,
+    ), metrics

@@ -453,7 +453,11 @@ class Agent:
                 if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
-                failure = self.worker_logs.line(w, text)
+                failure = self.worker_logs.line(w, text, self.clock())
+                for slow in self.worker_logs.startups.take_slow():  # issue 34 §4
+                    self.log_for(slow.worker).warning(
+                        "worker_start_slow", phase=str(slow.slow.phase), why=slow.slow.text()
+                    )
                 if failure is not None:
                     self.log_for(w).warning(
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
@@ -516,7 +520,7 @@ class Agent:
 
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
-        self.worker_logs.new_process(worker)
+        self.worker_logs.new_process(worker, launched_at=self.clock())
         for ch in ladder_changes(self._spec, worker, self._oom_step(worker)):
             self.log_for(worker).warning(
                 "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
@@ -563,6 +567,7 @@ class Agent:
             self.supervisor.rollout_reason,
             self._staging,
             len(self.supervisor.rolling),  # issue 26: farmctl wait reads it
+            self.worker_logs.startups.version,  # issue 34 §4: a start's phase moved
         )
         if current == self._last_refresh:
             return
@@ -585,6 +590,7 @@ class Agent:
             canary=self._canary.view(),  # issue 23: FarmView.canary
             rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
             held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
+            starts=self.worker_logs.startups.starts(),  # issue 34 §4: each start's phases
         )
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------
