@@ -356,7 +356,7 @@ class Handlers:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         w = self._known(self._ops.view(), req.args.worker, req.id)
         async with self._locked([w.id], req):
-            self._ops.reset_oom(w.id)
+            await self._ops.reset_oom(w.id)
         return results.reset_oom_result(w.id)
 
     async def _release_gpu(self, req: Request, channel: Channel) -> Result:
