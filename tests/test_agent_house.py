@@ -11,6 +11,7 @@ import pytest
 
 from agent_harness import (
     farm,
+    farm_toml,
     tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
 from sglang_farm.errors import FarmError
@@ -77,5 +78,33 @@ def test_an_exception_in_the_core_ends_the_agent_with_an_error(tmp: Path) -> Non
                 assert not f.stop.is_set()  # it ended by itself, not on a stop
         assert "injected: the core's bug" in str(ei.value)
         assert "restart" in str(ei.value)
+
+    run_virtual(scenario())
+
+
+def test_a_crashed_watcher_ends_the_agent_naming_its_worker(tmp: Path) -> None:
+    """4.2: a worker's liveness watcher is as vital as the pump (without it nothing sees
+    that worker hang); its crash ends the agent, and the log line names the worker."""
+    from structlog.testing import capture_logs
+
+    async def scenario() -> None:
+        with capture_logs() as logged, pytest.raises(FarmError) as ei:
+            async with farm(tmp, text=farm_toml(tmp, workers=2)) as f:
+                await f.until(f.all_ready)
+
+                async def probe(url: str, timeout: float) -> object:
+                    raise RuntimeError("injected: a probe's bug")
+
+                f.prober.probe = probe  # type: ignore[method-assign,assignment]
+                run = _run_task()
+                for _ in range(600):  # farm seconds, a give-up bound
+                    if run.done():
+                        break
+                    await asyncio.sleep(1)
+                assert run.done(), "the agent went on after a watcher crashed"
+        assert "liveness watcher failed" in str(ei.value)
+        (said,) = [e for e in logged if e["event"] == "agent_task_crashed"][:1]
+        assert said["worker"] in (0, 1) and said["gpu"] == said["worker"]
+        assert said["log_level"] == "critical" and "probe's bug" in said["error"]
 
     run_virtual(scenario())

@@ -250,7 +250,7 @@ class Agent:
         for wid in added:
             self._changed[wid] = asyncio.Event()
             self._worker_tasks[wid] = self.spawn(
-                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher"
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
             )
 
     @staticmethod
@@ -262,16 +262,21 @@ class Agent:
         """Runtime callback; safe from any thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def spawn(self, coro: Any, *, vital: str | None = None) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Any, *, vital: str | None = None, worker: int | None = None
+    ) -> asyncio.Task[Any]:
         """Run `coro` as the agent's task. `vital` names a task the farm cannot run without
         (the event pump, the ticker, a watcher, the state writer): its failure ends the
-        agent (`_task_done`); any other task's failure is logged and the agent goes on."""
+        agent (`_task_done`); any other task's failure is logged and the agent goes on.
+        `worker`: the worker the task is about, named in that log line."""
         task: asyncio.Task[Any] = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._task_done, vital=vital))
+        task.add_done_callback(functools.partial(self._task_done, vital=vital, worker=worker))
         return task
 
-    def _task_done(self, task: asyncio.Task[Any], *, vital: str | None = None) -> None:
+    def _task_done(
+        self, task: asyncio.Task[Any], *, vital: str | None = None, worker: int | None = None
+    ) -> None:
         self._tasks.discard(task)
         if task.cancelled() or (exc := task.exception()) is None:
             return
@@ -291,7 +296,10 @@ class Agent:
                 f"the agent stopped: its {vital} failed with {exc!r}; {next_step}; "
                 "this is a bug of the farm: report it with the log line agent_task_crashed"
             )
-        log.critical(
+        said = log
+        if worker is not None and worker in self._spec.worker_ids:
+            said = self.log_for(worker)
+        said.critical(
             "agent_task_crashed",
             task=vital,
             error=repr(exc),
@@ -337,7 +345,7 @@ class Agent:
         ticker = self.spawn(self._ticker.run(), vital="ticker")
         for wid in self._spec.worker_ids:
             self._worker_tasks[wid] = self.spawn(
-                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher"
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
             )
         log.info(
             "farm_starting",
