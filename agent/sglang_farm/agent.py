@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import structlog
 from sglang_farm.canary.driver import CanaryDriver  # issue 23
 from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
+from sglang_farm.errors import AgentCrashed
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.fleet import GatewayFleet
 from sglang_farm.gpus.snapshot import FleetSnapshot
@@ -81,6 +83,16 @@ from sglang_farm.workers.supervisor import (
 )
 
 log = structlog.get_logger("sglang_farm.agent")
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    """Return once the first of `aws` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class Agent:
@@ -152,6 +164,9 @@ class Agent:
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
+        # Set when a vital task (see `spawn`) failed: `run` ends, raising AgentCrashed.
+        self._crashed = asyncio.Event()
+        self._crash: AgentCrashed | None = None
         self._started_at = wall()
         self._ticker = Ticker(
             next_deadline=lambda now: self.supervisor.next_deadline(now),
@@ -234,7 +249,9 @@ class Agent:
                 t.cancel()
         for wid in added:
             self._changed[wid] = asyncio.Event()
-            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
+            self._worker_tasks[wid] = self.spawn(
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
+            )
 
     @staticmethod
     def _policy(spec: FarmSpec) -> Policy:
@@ -245,17 +262,52 @@ class Agent:
         """Runtime callback; safe from any thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Any, *, vital: str | None = None, worker: int | None = None
+    ) -> asyncio.Task[Any]:
+        """Run `coro` as the agent's task. `vital` names a task the farm cannot run without
+        (the event pump, the ticker, a watcher, the state writer): its failure ends the
+        agent (`_task_done`); any other task's failure is logged and the agent goes on.
+        `worker`: the worker the task is about, named in that log line."""
         task: asyncio.Task[Any] = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(functools.partial(self._task_done, vital=vital, worker=worker))
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(
+        self, task: asyncio.Task[Any], *, vital: str | None = None, worker: int | None = None
+    ) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        if vital is None:
             log.error("agent_task_failed", error=repr(exc), exc_info=exc)
+            return
+        # Issue 32, 4.2: a pump that died left an agent answering `status` and pinging the
+        # watchdog while nothing supervised the workers. It stops instead, and says so.
+        outlive = self.runtime.workers_outlive_agent
+        next_step = (
+            "systemd restarts the agent (Restart=) and the new agent adopts the running workers"
+            if outlive
+            else "its workers stop with it; start the agent again (a service manager restarts it)"
+        )
+        if self._crash is None:
+            self._crash = AgentCrashed(
+                f"the agent stopped: its {vital} failed with {exc!r}; {next_step}; "
+                "this is a bug of the farm: report it with the log line agent_task_crashed"
+            )
+        said = log
+        if worker is not None and worker in self._spec.worker_ids:
+            said = self.log_for(worker)
+        said.critical(
+            "agent_task_crashed",
+            task=vital,
+            error=repr(exc),
+            what="the agent stops rather than run unsupervised",
+            next_step=next_step,
+            exc_info=exc,
+        )
+        self._crashed.set()
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)
@@ -288,11 +340,13 @@ class Agent:
         secrets_changed = await self.runtime.prepare(self._spec, self.commands())
         if self._sync is not None:
             self._sync.start()
-        self.spawn(self._publisher.write_state())
-        pump = self.spawn(self._pump())
-        ticker = self.spawn(self._ticker.run())
+        self.spawn(self._publisher.write_state(), vital="state writer")
+        pump = self.spawn(self._pump(), vital="event pump")
+        ticker = self.spawn(self._ticker.run(), vital="ticker")
         for wid in self._spec.worker_ids:
-            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
+            self._worker_tasks[wid] = self.spawn(
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
+            )
         log.info(
             "farm_starting",
             farm=self._spec.farm.name,
@@ -317,10 +371,11 @@ class Agent:
             self.spawn(self._stage_then_start(start, drifted))
         if ready is not None:
             ready()
-        await stop.wait()
-        log.info("farm_stopping", runtime=self.runtime.name)
+        await _first(stop.wait(), self._crashed.wait())
+        log.info("farm_stopping", runtime=self.runtime.name, crashed=self._crash is not None)
         self._stages.cancel.set()  # the copy under way stops at once
-        if not self.runtime.workers_outlive_agent:
+        if not self.runtime.workers_outlive_agent and self._crash is None:
+            # After a crash the core is not asked again: the runtime's close kills them.
             await self._stop_all()
         for t in (ticker, *self._worker_tasks.values()):
             t.cancel()
@@ -335,6 +390,8 @@ class Agent:
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
+        if self._crash is not None:
+            raise self._crash
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
