@@ -364,7 +364,18 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
     # worker is given with each add, from the config in force (gateway.sync.worker_key).
     health: dict[str, int | bool] = {"timeout_secs": 20}
-    client = SmgGateway(url, api_key=key, health=health)
+    guard = None
+    if runner is not None and managed is not None:
+        # Issue 30: the admin key goes only to a listener held by the farm's own smg.
+        from sglang_farm.gateway.listener import ListenerGuard
+
+        guard = ListenerGuard(url, managed.host, managed.port, runner.pids)
+    client = SmgGateway(url, api_key=key, health=health, guard=guard)
+    if guard is not None and runner is not None:
+        from sglang_farm.gateway.rotation import KeyRotation
+
+        generated = Path(admin_file) if g.admin_key_file is None else None
+        guard.on_exposed = KeyRotation(url, generated, runner, client.set_key).exposed
     # Issue 26: every gateway of [gateway] urls takes the same admin key.
     more = tuple(SmgGateway(u, api_key=key, health=health) for u in g.external_urls[1:])
     return FrontDoor(client, runner, managed, more)
