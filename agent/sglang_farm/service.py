@@ -111,6 +111,7 @@ def runtime_factory(
         agent_bin = agent_executable()
 
         def units(spec: FarmSpec, commands: Mapping[int, Command]) -> Mapping[PurePosixPath, str]:
+            from sglang_farm.host.ports import unprivileged_port_start
             from sglang_farm.runtime.units import render
 
             return render(
@@ -121,6 +122,8 @@ def runtime_factory(
                 static=False,
                 commands=commands,
                 gateway=gateway,
+                # Issue 30: a port below it gets its worker or smg CAP_NET_BIND_SERVICE.
+                unprivileged_port_start=unprivileged_port_start(),
             )
 
         return lambda emit: SystemdRuntime(

@@ -41,6 +41,8 @@ class CheckId(StrEnum):
     NCCL = "nccl"
     EXPOSURE = "exposure"
     GATEWAY = "gateway"
+    # Issue 30 item 4: whether another local user may bind the farm's ports while free.
+    PORT_PRIVILEGE = "port_privilege"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,10 @@ class Observations:
     # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
     folder_problems: tuple[str, ...] = ()
     gateway: GatewayFacts | None = None  # None: no managed gateway, or not looked at
+    # net.ipv4.ip_unprivileged_port_start and the first port of ip_local_port_range
+    # (`/proc/sys/net/ipv4`); None when not looked at or unreadable.
+    unprivileged_port_start: int | None = None
+    local_port_range_start: int | None = None
 
 
 def gb(n: float) -> str:

@@ -35,6 +35,7 @@ from sglang_farm.doctor.host_rules import (
     key_file_checks,
     model_checks,
     port_checks,
+    port_privilege_checks,
 )
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.sglang.flags import SGLANG_MODULE
@@ -137,6 +138,7 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     gateway = gateway_check(spec, obs.gateway)
     if gateway is not None:
         found.append((None, gateway))
+    found += [(None, c) for c in port_privilege_checks(spec, obs)]
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):
