@@ -51,17 +51,30 @@ class KeyRotation:
 
     def exposed(self, why: str) -> None:
         """The key may have reached another process (`why`): replace it, once at a time."""
+        # A registration carries the worker's own key ([sglang] api_key), which only the
+        # config can change: said, never rotated here.
+        also = (
+            {
+                "worker_key": "a registration (POST /workers) carries the worker's api_key: "
+                "change it in the config and reload"
+            }
+            if "POST /workers" in why
+            else {}
+        )
         if self._file is None:
             log.error(
                 "gateway_admin_key_exposed",
                 gateway=self._url,
                 why=why,
+                **also,
                 hint="the admin key may be known to another local user: write a new key "
                 "into [gateway] admin_key_file, then restart the agent and the gateway "
                 "(systemctl restart sglang-farm sglang-farm-gateway)",
             )
             return
-        log.warning("gateway_admin_key_exposed", gateway=self._url, why=why, action="replacing it")
+        log.warning(
+            "gateway_admin_key_exposed", gateway=self._url, why=why, action="replacing it", **also
+        )
         if self._running is not None and not self._running.done():
             self._again = True
             return

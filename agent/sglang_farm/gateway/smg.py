@@ -67,7 +67,8 @@ class SmgGateway:
     most `add_timeout` seconds for the worker to be listed as ready; `remove` at most
     `remove_timeout` for it to leave the routed set (measured: a few milliseconds);
     both raise `GatewayError` with code TIMEOUT past them. Every single HTTP request is
-    bounded by `request_timeout`.
+    bounded by `request_timeout`. With a `guard` (a managed gateway: `gateway.listener`),
+    no request leaves before the listener is shown to be the gateway's own (issue 30).
 
     Workers are registered with `labels` and smg's per-worker `health` overrides
     (`timeout_secs`, `check_interval_secs`, `failure_threshold`, `success_threshold`,
@@ -268,10 +269,11 @@ class SmgGateway:
     ) -> httpx.Response:
         """One request; transport failures and 401/403 become `GatewayError`s.
 
-        With a `guard` (a managed gateway), a request carrying a key is sent only once the
-        listener is shown to be the gateway's own, and checked again after it."""
+        With a `guard` (a managed gateway), a request is sent only once the listener is
+        shown to be the gateway's own, and checked again after it: every request carries
+        the admin key, and a registration the key of its worker."""
         before = None
-        if self._guard is not None and self._has_key:
+        if self._guard is not None:
             before = await self._guard.verify()
         try:
             try:
