@@ -116,13 +116,17 @@ async def test_a_listener_of_another_user_is_sent_nothing() -> None:
             sent.append(request)
             return httpx.Response(200, json={"workers": []})
 
-        guard = ListenerGuard(url, "127.0.0.1", port, own_pids)
+        exposed: list[str] = []
+        guard = ListenerGuard(url, "127.0.0.1", port, own_pids, on_exposed=exposed.append)
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
             client = SmgGateway(url, api_key="k" * 43, client=http, guard=guard)
             with pytest.raises(GatewayError) as err:
                 await client.list()
             assert not await client.up()
         assert err.value.code is GatewayErrorCode.NOT_OURS
+        # Whoever holds the port may have had the key from an earlier agent: replaced,
+        # once for this squat (not at every refused request).
+        assert len(exposed) == 1 and f"PID {squatter.pid} (user nobody)" in exposed[0]
         assert f"PID {squatter.pid} (user nobody)" in str(err.value)
         assert "k" * 43 not in str(err.value)
         assert sent == []

@@ -2,10 +2,13 @@
 
 With the agent stopped, `nobody` binds the managed gateway's port and plays smg (200 and
 an empty worker list to `GET /workers`). Before the fix the agent's first `GET /workers`
-carried `Authorization: Bearer <admin key>` to it and `farmctl status` said "up". Now the
-listener must be held by the farm's own smg before any key is sent: the squatter gets
-nothing, the gateway is down with the squatter named, and once it leaves the farm's smg
-starts on the port and the workers are routed. Process runtime, real smg, real nobody.
+carried `Authorization: Bearer <admin key>` (the key an earlier run generated into
+`state/gateway-admin.key`) to it, `farmctl status` said "up", and the key was never
+replaced. Now the listener must be held by the farm's own smg before any key is sent:
+the squatter gets nothing, the gateway is down with the squatter named, the key it may
+have had from an earlier agent is replaced, and once it leaves the farm's smg starts on
+the port with the new key (the old one refused) and the workers are routed. Process
+runtime, real smg, real nobody.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
 from test_frontdoor import running_farm, until, worker_urls
 from test_gateway_trust import managed_section, routed
@@ -78,6 +83,8 @@ def test_a_squatter_on_the_managed_gateways_port_gets_no_key_and_no_up(
         assert line == "bound", squatter.stderr.read() if squatter.stderr else line
         marker = new_marker()
         config = farm_config(tmp, workers=2, parallel=2, marker=marker, extra=managed_section(port))
+        # The key an earlier run of the agent generated (and, before the fix, sent).
+        old_key = ensure_admin_key(tmp / "state" / GENERATED_ADMIN_KEY_NAME)
         with running_farm(config, marker) as farm:
             # The farm tries its gateway for a while: at start, and at each retry.
             farm.wait_for(lambda e: e.get("event") == "worker_ready" and e.get("worker") == 1, 90)
@@ -91,6 +98,10 @@ def test_a_squatter_on_the_managed_gateways_port_gets_no_key_and_no_up(
             seen = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
             assert not [s for s in seen if key in s[2]], f"the squatter got the admin key: {seen}"
             assert not [s for s in seen if s[2]], f"the squatter got a key: {seen}"
+            # The key it may have had from an earlier agent is replaced, once.
+            assert key != old_key and len(key) >= 40
+            rotated = farm.named("gateway_admin_key_rotated")
+            assert len(rotated) == 1, rotated
             # The squatter leaves: the farm's own smg starts on the port (its back-off)
             # and the farm routes its workers there, with the key it never gave away.
             squatter.send_signal(signal.SIGKILL)
@@ -99,6 +110,11 @@ def test_a_squatter_on_the_managed_gateways_port_gets_no_key_and_no_up(
             until(lambda: routed(gw, key) == urls, 120, "both workers routed by the farm's smg")
             status = json.loads(farm.farmctl("--json", "status").stdout)["gateway"]
             assert status["up"] is True, status
+            # smg took the new key at its start; the old one is refused.
+            old = httpx.get(
+                f"{gw}/workers", headers={"Authorization": f"Bearer {old_key}"}, timeout=5
+            )
+            assert old.status_code == 401, old.text
     finally:
         if squatter.poll() is None:
             squatter.kill()

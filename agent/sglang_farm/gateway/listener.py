@@ -12,13 +12,20 @@ carries a key to a managed gateway goes through `ListenerGuard`:
   `host.listeners.judge`), the process tree of the child the agent started, or the
   processes of the gateway's systemd unit. Otherwise the request is not sent: a
   `GatewayError` (code NOT_OURS) names the holder, and the gateway counts as down.
-  A socket found ours is remembered by its inode (one socket for as long as it exists),
-  so a fresh table read, without the walk of descriptors, answers the next requests;
+  Whoever holds the port may have been sent the key before (by an agent older than
+  this check, or unseen, below), so the first time a squat is seen the key is
+  replaced too (`on_exposed`). A socket found ours is remembered by its inode (one
+  socket for as long as it exists), so a fresh table read, without the walk of
+  descriptors, answers the next requests;
 - after it (`confirm`): the tables are read again. A listener that was not there before
   means the port changed hands while the request ran (smg gone, a stranger bound it),
   so the key may have reached someone else: `on_exposed` is called, and the agent
   replaces the key (`gateway.adminkey.rotate_admin_key`, then smg's restart: smg reads
   its key only at its start).
+
+What it costs: two table reads per request (measured in docs/security.md: 6 ms a read of
+a 1,062-line /proc/net/tcp on a loaded 2-core machine); the farm sends its gateway one
+request every 10 s at rest, a few a second while it adds or removes workers.
 
 What is left open (docs/security.md): the two reads bracket the request, so a stranger
 who binds the port and leaves again within one request's time (milliseconds), after smg
@@ -58,6 +65,7 @@ class ListenerGuard:
         self._proc = proc
         self._owner = ProcPortOwner(proc)
         self._verified: frozenset[int] = frozenset()
+        self._squatted = False  # another process holds the port (said once per squat)
         self.on_exposed = on_exposed
 
     async def _now(self) -> frozenset[int]:
@@ -74,6 +82,7 @@ class ListenerGuard:
         verdict = await self._owner.check(self._host, self._port, self._pids, fresh=True)
         if verdict.kind is OwnerKind.OURS:
             self._verified = verdict.inodes
+            self._squatted = False
             return verdict.inodes
         self._verified = frozenset()
         if verdict.kind is OwnerKind.NONE:
@@ -84,6 +93,15 @@ class ListenerGuard:
                 "or cannot start: its log says why)",
             )
         pid = f" (`kill {verdict.pid}`)" if verdict.pid is not None else ""
+        if not self._squatted:
+            # This agent sends it nothing, but whoever holds the port may have been sent
+            # the key before: by an agent older than this check, or in the moment the two
+            # reads around a request cannot see (module docstring). Replaced once per squat.
+            self._squatted = True
+            self.on_exposed(
+                f"port {self._port} is held by {verdict.holder()}, not by the farm's gateway: "
+                "an earlier request may have reached it"
+            )
         raise GatewayError(
             self._url,
             GatewayErrorCode.NOT_OURS,
