@@ -95,6 +95,7 @@ def test_a_squatter_on_the_managed_gateways_port_gets_no_key_and_no_up(
             assert f"PID {squatter.pid} (user nobody)" in (status["last_error"] or ""), status
             text = farm.farmctl("status").stdout
             assert "· up" not in text, text
+            assert f"port {port} is held by PID {squatter.pid} (user nobody)" in text, text
             seen = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
             assert not [s for s in seen if key in s[2]], f"the squatter got the admin key: {seen}"
             assert not [s for s in seen if s[2]], f"the squatter got a key: {seen}"
