@@ -50,6 +50,17 @@ async def own_pids() -> frozenset[int]:
     return frozenset({os.getpid()})
 
 
+class Gateway:
+    """The gateway's processes as the guard asks for them: this test's own, until `gone`
+    (another process, the test's, then holds the port: not the gateway's)."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    async def pids(self) -> frozenset[int]:
+        return frozenset({1}) if self.gone else frozenset({os.getpid()})
+
+
 @pytest.fixture
 def sockets() -> Iterator[list[socket.socket]]:
     held: list[socket.socket] = []
@@ -68,18 +79,20 @@ async def test_a_port_that_changes_hands_during_a_request_gets_the_key_replaced(
     old_key = ensure_admin_key(key_file)
     sent: list[str] = []
     swap = [True]
+    gateway = Gateway()
 
     def handler(request: httpx.Request) -> httpx.Response:
         sent.append(request.headers.get("authorization", ""))
         if swap[0]:
-            # While the request runs, the socket the guard verified goes away and
-            # another one takes the port: the key may have reached whoever holds it.
+            # While the request runs, the gateway's socket goes away and another
+            # process's takes the port: the key may have reached whoever holds it.
             swap[0] = False
             sockets.pop().close()
             sockets.append(listening(port))
+            gateway.gone = True
         return httpx.Response(200, json={"workers": []})
 
-    guard = ListenerGuard(url, "127.0.0.1", port, own_pids)
+    guard = ListenerGuard(url, "127.0.0.1", port, gateway.pids)
     runner = Runner()
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
         client = SmgGateway(url, api_key=old_key, client=http, guard=guard)
@@ -92,10 +105,34 @@ async def test_a_port_that_changes_hands_during_a_request_gets_the_key_replaced(
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"
         assert runner.restarts == 1 and rotation.rotations == 1
         # The next request carries the new key; the port did not change: nothing rotated.
+        gateway.gone = False  # (the test's socket plays the restarted gateway's from now)
         assert await client.list() == []
         await rotation.wait()
     assert sent == [f"Bearer {old_key}", f"Bearer {new_key}"]
     assert runner.restarts == 1 and rotation.rotations == 1
+
+
+async def test_the_gateways_own_new_socket_during_a_request_is_no_exposure(
+    sockets: list[socket.socket],
+) -> None:
+    """smg restarted (by itself, or by the agent for a new key) binds a new socket: the
+    port changed hands, but only between the gateway's own processes."""
+    sockets.append(listening())
+    port = sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sockets.pop().close()
+        sockets.append(listening(port))
+        return httpx.Response(200, json={"workers": []})
+
+    exposed: list[str] = []
+    guard = ListenerGuard(url, "127.0.0.1", port, own_pids, on_exposed=exposed.append)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        client = SmgGateway(url, api_key="k" * 43, client=http, guard=guard)
+        assert await client.list() == []
+        assert await client.list() == []
+    assert exposed == []
 
 
 async def test_a_listener_of_another_user_is_sent_nothing() -> None:

@@ -17,9 +17,10 @@ carries a key to a managed gateway goes through `ListenerGuard`:
   replaced too (`on_exposed`). A socket found ours is remembered by its inode (one
   socket for as long as it exists), so a fresh table read, without the walk of
   descriptors, answers the next requests;
-- after it (`confirm`): the tables are read again. A listener that was not there before
-  means the port changed hands while the request ran (smg gone, a stranger bound it),
-  so the key may have reached someone else: `on_exposed` is called, and the agent
+- after it (`confirm`): the tables are read again. A listener that was not there before,
+  and is not the gateway's own (a restarted smg's new socket), means the port changed
+  hands while the request ran (smg gone, a stranger bound it), so the key may have
+  reached someone else: `on_exposed` is called, and the agent
   replaces the key (`gateway.adminkey.rotate_admin_key`, then smg's restart: smg reads
   its key only at its start).
 
@@ -112,9 +113,14 @@ class ListenerGuard:
 
     async def confirm(self, before: frozenset[int], what: str) -> None:
         """After a request sent with the key: were the listeners the same throughout?
-        A new one means the key may have reached another process: `on_exposed`."""
+        A new one that is not the gateway's own (smg restarted by itself or by the agent
+        binds a new socket) means the key may have reached another process: `on_exposed`."""
         now = await self._now()
         if now <= before:
+            return
+        verdict = await self._owner.check(self._host, self._port, self._pids, fresh=True)
+        if verdict.kind is OwnerKind.OURS:
+            self._verified = verdict.inodes
             return
         self._verified = frozenset()
         self.on_exposed(
