@@ -106,6 +106,13 @@ class KeyRotation:
             if not self._again:
                 return
 
+    async def close(self) -> None:
+        """The agent is going away: a rotation under way is cancelled (its key file is
+        whole either way: written beside it and renamed over it)."""
+        if self._running is not None and not self._running.done():
+            self._running.cancel()
+            await asyncio.gather(self._running, return_exceptions=True)
+
     async def wait(self) -> None:
         """Until a rotation under way is done (tests, shutdown)."""
         if self._running is not None:
