@@ -1,7 +1,8 @@
 """I/O: a managed gateway's admin key that may have reached another process is replaced.
 
 `gateway.listener.ListenerGuard` calls `KeyRotation.exposed` when the gateway's port
-changed hands while a request carrying the key ran (issue 30, item 3). The key the agent
+changed hands while a request carrying the key ran, or is first found held by another
+process, which may have been sent the key before (issue 30, item 3). The key the agent
 generated (`<state_dir>/gateway-admin.key`, no `[gateway] admin_key_file`) is then
 replaced at once: a new key in the file (`adminkey.rotate_admin_key`), the farm's
 client sends it from then on, and smg is restarted (the process runtime's child, or
@@ -47,7 +48,7 @@ class KeyRotation:
         self._set_key = set_key
         self._running: asyncio.Task[None] | None = None
         self._again = False
-        self.rotations = 0  # how many times the key was replaced (status, tests)
+        self.rotations = 0  # how many times the key was replaced (tests)
 
     def exposed(self, why: str) -> None:
         """The key may have reached another process (`why`): replace it, once at a time."""
