@@ -22,10 +22,11 @@ import pytest
 from asuser import popen_as_nobody, require
 from sglang_farm.errors import GatewayError, GatewayErrorCode
 from sglang_farm.gateway.adminkey import ensure_admin_key
-from sglang_farm.gateway.listener import ListenerGuard
+from sglang_farm.gateway.listener import ListenerGuard, read_listening
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
 from sglang_farm.gateway.rotation import KeyRotation
 from sglang_farm.gateway.smg import SmgGateway
+from sglang_farm.host.portowner import read_listeners
 from sglang_farm.runtime.gateway_child import ChildGateway
 from test_process_runtime import wait_until
 
@@ -202,3 +203,27 @@ async def test_the_child_gateway_restarts_at_once_for_a_new_key(tmp_path: Path) 
         assert first not in await child.pids()
     finally:
         await child.close()
+
+
+def test_the_listeners_read_are_every_listener_of_the_tables(
+    sockets: list[socket.socket],
+) -> None:
+    """`read_listening` stops each table at its first row of another state (the kernel
+    prints the listening hash first): on this kernel it finds every LISTEN socket the
+    whole tables hold, with many connections after them."""
+    sockets.append(listening())
+    port = sockets[0].getsockname()[1]
+    for _ in range(20):  # connections: rows after the listeners
+        c = socket.create_connection(("127.0.0.1", port))
+        sockets.append(c)
+        sockets.append(sockets[0].accept()[0])
+    # Other processes of this machine open and close listeners meanwhile: compared only
+    # while the whole tables read the same before and after.
+    for _ in range(50):
+        before, prefix, after = set(read_listeners()), set(read_listening()), set(read_listeners())
+        if before == after:
+            assert prefix == before
+            break
+    else:
+        pytest.fail("the machine's listeners never held still for three reads")
+    assert any(x.port == port for x in read_listening())
