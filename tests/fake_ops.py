@@ -119,6 +119,8 @@ class FakeOps:
         # `drain_host` answers is still running when its wait runs out.
         self.held_out_since: float | None = None
         self.drain_left: dict[int, int | None] = {}
+        # Issue 30: the gateways that did not answer and never confirmed workers out.
+        self.drain_unconfirmed: dict[str, tuple[int, ...]] = {}
         self.drain_timeouts: list[float | None] = []
         self.rolling = 0
         self.rollout = "done"
@@ -313,7 +315,9 @@ class FakeOps:
             self.workers[i] = replace(self.workers[i], in_gateway=False)
         ids = tuple(sorted(self.workers))
         drained = tuple(i for i in ids if i not in self.drain_left)
-        return HostDrainResult(ids, drained, dict(self.drain_left), self.step)
+        return HostDrainResult(
+            ids, drained, dict(self.drain_left), self.step, dict(self.drain_unconfirmed)
+        )
 
     async def undrain_host(self) -> tuple[int, ...]:
         await self._issue("undrain-host", ())

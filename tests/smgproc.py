@@ -68,6 +68,12 @@ class Smg:
         self._proc.wait(10)
         self._proc = None
 
+    def freeze(self, sig: int = signal.SIGSTOP) -> None:
+        """SIGSTOP (or `sig`, e.g. SIGCONT) to the gateway and its launcher: a frozen
+        gateway keeps its sockets and its members, and answers nothing."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, sig)
+
     def workers(self) -> list[dict[str, object]]:
         r = httpx.get(
             f"{self.url}/workers", headers={"Authorization": f"Bearer {self.key}"}, timeout=5

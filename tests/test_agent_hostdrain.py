@@ -150,3 +150,23 @@ def test_a_reload_on_a_drained_host_judges_its_canary_only_once_it_is_back_in(
             assert f.gateway.routed() == urls(range(4))
 
     run_virtual(scenario())
+
+
+def test_a_drain_past_a_frozen_gateway_names_it_as_unconfirmed(tmp: Path) -> None:
+    """Issue 30 item 11: of two gateways, one freezes (its calls never answer): the drain
+    goes on without it once its calls time out, but the result names it with every
+    worker it never confirmed out, and the one that answered is not named."""
+    from test_gateway_multi import TWO, A, B
+
+    async def scenario() -> None:
+        a, b = FakeGateway(A), FakeGateway(B)
+        async with farm(tmp, text=farm_toml(tmp, gateway=TWO), gateway=a, more_gateways=[b]) as f:
+            await f.until(lambda: a.routed() == urls(range(8)) and b.routed() == urls(range(8)))
+            b.delay = float("inf")  # frozen: SIGSTOPped smg
+            r = await f.ops.drain_host(60.0)
+            assert not a.routed() and b.routed() == urls(range(8))
+            assert r.left == {}
+            assert r.unconfirmed == {B: tuple(range(8))}
+            assert f.all_ready()
+
+    run_virtual(scenario())

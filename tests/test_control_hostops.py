@@ -92,6 +92,7 @@ async def test_drain_host_result_and_undrain(ops: FakeOps) -> None:
         "left": {"1": 3},
         "drained_all": False,
         "waited_s": ops.step,
+        "unconfirmed": {},
     }
     assert ops.drain_timeouts == [30.0]
     r = await h.handle(Request(2, Command.UNDRAIN_HOST, NoArgs()), Channel())

@@ -146,6 +146,23 @@ def test_drain_host_that_runs_out_of_time_exits_7_naming_what_is_left(gw_agent: 
     assert "the host stays out" in r.output
 
 
+def test_drain_host_with_a_gateway_it_could_not_confirm_exits_11_naming_it(
+    gw_agent: Agent,
+) -> None:
+    """Issue 30 item 11: a frozen gateway (smg SIGSTOPped) counts as down, so the drain
+    goes on without it, but it never confirmed the workers out: not "host drained"."""
+    gw_agent.ops.drain_unconfirmed = {"http://gw-b:8000": (0, 1, 2, 3)}
+    r = gw_agent.run("drain-host")
+    assert r.exit_code == Exit.UNCONFIRMED and int(Exit.UNCONFIRMED) == 11, r.output
+    assert "could not confirm it out of gateway http://gw-b:8000 (workers 0, 1, 2, 3)" in (r.output)
+    assert "host drained" not in r.output and "may still route users" in r.output
+    r = gw_agent.run("drain-host", "--json")
+    assert r.exit_code == Exit.UNCONFIRMED, r.output
+    doc = json.loads(r.output.split("\nfarmctl:")[0])
+    assert doc["unconfirmed"] == {"http://gw-b:8000": [0, 1, 2, 3]}
+    assert doc["drained_all"] is False
+
+
 def test_drain_host_without_a_gateway_is_refused_with_what_to_do() -> None:
     with serving(FakeOps(2)) as a:
         r = a.run("drain-host")

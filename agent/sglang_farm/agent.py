@@ -158,6 +158,7 @@ class Agent:
             base_url=lambda w: self._spec.worker(w).base_url,
             feed=self.feed,
             clock=clock,
+            unconfirmed=lambda ws: {} if self._sync is None else self._sync.unconfirmed_out(ws),
         )
         self._observed = Observations()
         self.worker_logs = WorkerLogs()

@@ -112,6 +112,8 @@ class GatewayErrorCode(enum.StrEnum):
     REFUSED = "refused"  # any other error status for a membership change
     TIMEOUT = "timeout"  # accepted, but not confirmed within the bound
     PROTOCOL = "protocol"  # an answer this adapter cannot read
+    # Issue 30: another process holds the managed gateway's port; nothing is sent there.
+    NOT_OURS = "not_ours"
 
 
 class GatewayError(FarmError):

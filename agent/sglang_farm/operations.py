@@ -187,7 +187,16 @@ class FarmControl:
             tuple(w for w in serving if w not in left),
             left,
             waited,
+            # Issue 30: a gateway that does not answer (frozen) may still route to them.
+            dict(farm.drains.unconfirmed(serving)),
         )
+        if result.unconfirmed:
+            log.warning(
+                "host_drain_unconfirmed",
+                gateways={u: list(ws) for u, ws in result.unconfirmed.items()},
+                why="these gateways do not answer and never confirmed the workers out: "
+                "they may still route users to them",
+            )
         (log.warning if left else log.info)(
             "host_drained" if not left else "host_drain_incomplete",
             workers=list(result.workers),

@@ -28,6 +28,7 @@ from sglang_farm.doctor.checks import DoctorReport
 from sglang_farm.errors import ConfigError
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.managed import ManagedGateway
+from sglang_farm.gateway.rotation import KeyRotation
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.gpus.snapshot import GpuPoller
 from sglang_farm.host.paths import DEFAULT_AGENT_BIN
@@ -111,6 +112,7 @@ def runtime_factory(
         agent_bin = agent_executable()
 
         def units(spec: FarmSpec, commands: Mapping[int, Command]) -> Mapping[PurePosixPath, str]:
+            from sglang_farm.host.ports import unprivileged_port_start
             from sglang_farm.runtime.units import render
 
             return render(
@@ -121,6 +123,8 @@ def runtime_factory(
                 static=False,
                 commands=commands,
                 gateway=gateway,
+                # Issue 30: a port below it gets its worker or smg CAP_NET_BIND_SERVICE.
+                unprivileged_port_start=unprivileged_port_start(),
             )
 
         return lambda emit: SystemdRuntime(
@@ -272,6 +276,8 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         await pollers.close()
         await control.close()
         if front is not None:
+            if front.rotation is not None:
+                await front.rotation.close()
             if front.runner is not None:
                 await front.runner.close()  # after the workers: it routed to them until now
             for client in (front.client, *front.more):
@@ -301,6 +307,8 @@ class FrontDoor:
     managed: ManagedGateway | None = None
     # Issue 26: the other external gateways of `[gateway] urls` (the first is `client`).
     more: tuple[SmgGateway, ...] = ()
+    # Issue 30: managed, what replaces an admin key that may have reached another process.
+    rotation: KeyRotation | None = None
 
 
 def read_key(path: str | None, what: str) -> str | None:
@@ -368,10 +376,21 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
     # worker is given with each add, from the config in force (gateway.sync.worker_key).
     health: dict[str, int | bool] = {"timeout_secs": 20}
-    client = SmgGateway(url, api_key=key, health=health)
+    guard = None
+    rotation = None
+    if runner is not None and managed is not None:
+        # Issue 30: the admin key goes only to a listener held by the farm's own smg.
+        from sglang_farm.gateway.listener import ListenerGuard
+
+        guard = ListenerGuard(url, managed.host, managed.port, runner.pids)
+    client = SmgGateway(url, api_key=key, health=health, guard=guard)
+    if guard is not None and runner is not None:
+        generated = Path(admin_file) if g.admin_key_file is None else None
+        rotation = KeyRotation(url, generated, runner, client.set_key)
+        guard.on_exposed = rotation.exposed
     # Issue 26: every gateway of [gateway] urls takes the same admin key.
     more = tuple(SmgGateway(u, api_key=key, health=health) for u in g.external_urls[1:])
-    return FrontDoor(client, runner, managed, more)
+    return FrontDoor(client, runner, managed, more, rotation)
 
 
 async def _watchdog(interval: float) -> None:

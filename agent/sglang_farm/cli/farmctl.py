@@ -45,6 +45,7 @@ class Exit(IntEnum):
     HALTED = 8  # wait: the rollout is halted, or the model stage failed
     DRAINED = 9  # wait: the host is held out of the gateway (drain-host)
     RESTART_NEEDED = 10  # reload: valid, but only an agent restart applies it ([gateway])
+    UNCONFIRMED = 11  # drain-host: a gateway that does not answer may still route to the host
 
 
 class FarmctlError(click.ClickException):
@@ -86,6 +87,10 @@ class RestartNeeded(FarmctlError):
 
 class TimedOut(FarmctlError):
     exit_code = Exit.TIMED_OUT
+
+
+class Unconfirmed(FarmctlError):
+    exit_code = Exit.UNCONFIRMED
 
 
 class Halted(FarmctlError):
@@ -301,7 +306,8 @@ def cli(
     Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 worker not running or
     failed, 4 agent unreachable, 5 reload rolled back, 6 reload held, 7 timed
     out (wait, drain-host), 8 rollout halted (wait), 9 host drained (wait), 10
-    reload needs an agent restart.
+    reload needs an agent restart, 11 a gateway did not confirm the host out
+    (drain-host).
     """
     if socket_path is None:
         socket_path = _socket_from_config(config_path) if config_path else DEFAULT_SOCKET
@@ -1192,7 +1198,9 @@ def drain_host(ctl: Ctl, timeout: float | None) -> None:
 
     Exits 0 once every serving worker is out of the gateway with no request
     running or queued; 7 when --timeout ran out first (the host stays out of the
-    gateway; the workers named still run requests); 1 without a gateway.
+    gateway; the workers named still run requests); 11 when a gateway that does not
+    answer (frozen, overloaded) never confirmed the workers out: it may still route
+    users to them; 1 without a gateway.
     """
     args = {} if timeout is None else {"timeout": timeout}
     res = ctl.call("drain-host", args, timeout=CHANGE_TIMEOUT + (timeout or 3600.0))
@@ -1200,6 +1208,18 @@ def drain_host(ctl: Ctl, timeout: float | None) -> None:
         ctl.emit_json(res)
     left = {str(w): n for w, n in (res.get("left") or {}).items()}
     waited = float(res.get("waited_s") or 0.0)
+    unconfirmed = {str(u): list(ws) for u, ws in (res.get("unconfirmed") or {}).items()}
+    if unconfirmed:
+        what = "; ".join(
+            f"gateway {u} ({_who([int(w) for w in ws])})" for u, ws in unconfirmed.items()
+        )
+        also = f"; and {len(left)} worker(s) still had requests" if left else ""
+        raise Unconfirmed(
+            f"host held out of the gateway, but could not confirm it out of {what}: that "
+            "gateway does not answer (frozen or overloaded) and may still route users to "
+            f"these workers{also}; check it (is smg stopped? `farmctl status` names its "
+            "error), then run farmctl drain-host again"
+        )
     if left:
         what = ", ".join(
             f"worker {w} ({'unknown' if n is None else n} in flight)" for w, n in left.items()

@@ -8,7 +8,7 @@ fake implementation.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sglang_farm.farm_view import FarmView
@@ -33,12 +33,15 @@ class ReloadResult:
 class HostDrainResult:
     """`drain-host`: the workers held out of the gateway, those whose requests all
     finished, and those still running some when the wait ran out (`left`: worker ->
-    running + queued, None when its figures or the gateway's confirmation are missing)."""
+    running + queued, None when its figures or the gateway's confirmation are missing).
+    `unconfirmed` (issue 30): each gateway that does not answer and never confirmed some
+    of them out (URL -> those workers): it may still route users to them."""
 
     workers: tuple[int, ...]
     drained: tuple[int, ...]
     left: Mapping[int, int | None]
     waited_s: float
+    unconfirmed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -541,8 +541,10 @@ def drain_host_result(r: HostDrainResult) -> Result:
         "workers": list(r.workers),
         "drained": list(r.drained),
         "left": {str(w): n for w, n in r.left.items()},
-        "drained_all": not r.left,
+        "drained_all": not r.left and not r.unconfirmed,
         "waited_s": round(r.waited_s, 3),
+        # Issue 30: gateway URL -> the workers it never confirmed out (it does not answer).
+        "unconfirmed": {u: list(ws) for u, ws in r.unconfirmed.items()},
     }
 
 

@@ -43,6 +43,8 @@ class CheckId(StrEnum):
     EXPOSURE = "exposure"
     GATEWAY = "gateway"
     NUMA = "numa"
+    # Issue 30 item 4: whether another local user may bind the farm's ports while free.
+    PORT_PRIVILEGE = "port_privilege"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,10 @@ class Observations:
     folder_problems: tuple[str, ...] = ()
     gateway: GatewayFacts | None = None  # None: no managed gateway, or not looked at
     numa: NumaFacts | None = None  # None: not looked at
+    # net.ipv4.ip_unprivileged_port_start and the first port of ip_local_port_range
+    # (`/proc/sys/net/ipv4`); None when not looked at or unreadable.
+    unprivileged_port_start: int | None = None
+    local_port_range_start: int | None = None
 
 
 def gb(n: float) -> str:

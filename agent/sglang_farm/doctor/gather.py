@@ -4,8 +4,9 @@ One GPU snapshot; the environment probe (`envprobe.py`, run by the WORKERS'
 interpreter with the worker's environment, once per distinct interpreter/environment/
 GPU architecture); SGLang's own argument parser over every rendered command line (the
 probe's `flags` mode); bind tests of the HTTP and NCCL ports; the model directory; and
-`/dev/shm`. `run_doctor` gathers and evaluates; `preflight_blocking` is what the agent
-calls before starting a worker.
+`/dev/shm`; two sysctls (`proc_sys`: which ports need a privilege to bind). `run_doctor`
+gathers and evaluates; `preflight_blocking` is what the agent calls before starting a
+worker.
 
 The probe runs the workers' interpreter with the workers' environment, so it runs as
 the workers' account ([farm] user/group), never as root: anything that account can
@@ -70,7 +71,7 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller
 from sglang_farm.host.accounts import account_fix
 from sglang_farm.host.numa_facts import NumaFacts
 from sglang_farm.host.numa_probe import read_numa_facts
-from sglang_farm.host.ports import port_problem
+from sglang_farm.host.ports import port_problem, sysctl_int, unprivileged_port_start
 from sglang_farm.runtime.unit_syntax import worker_unit
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import worker_commands
@@ -411,6 +412,7 @@ def gather(
     gateway_python: str | None = None,
     commands: Mapping[int, Command] | None = None,
     numa: Callable[[FarmSpec, FleetSnapshot], NumaFacts] | None = None,
+    proc_sys: str = "/proc/sys",
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report).
@@ -512,6 +514,8 @@ def gather(
         folder_problems=farm_folder_problems(spec),
         gateway=gateway,
         numa=(numa or numa_facts)(spec, fleet),
+        unprivileged_port_start=unprivileged_port_start(proc_sys),
+        local_port_range_start=sysctl_int("net/ipv4/ip_local_port_range", proc_sys),
     )
 
 

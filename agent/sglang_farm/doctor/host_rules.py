@@ -1,7 +1,8 @@
 """Pure: the doctor's host rules: what the host gives a worker beside its GPU.
 
-Ports, the model directory and /dev/shm, who can reach a worker (exposure), the config's
-secrets and key files, and a managed gateway's smg.
+Ports (free now, and who else may bind them: `port_privilege_checks`), the model
+directory and /dev/shm, who can reach a worker (exposure), the config's secrets and key
+files, and a managed gateway's smg.
 """
 
 from __future__ import annotations
@@ -360,3 +361,108 @@ def gateway_check(spec: FarmSpec, facts: GatewayFacts | None) -> Check | None:
         "(the `gateway` extra: `pip install 'sglang-farm[gateway]'`); from the Debian "
         "package: `apt install --reinstall sglang-farm`, which ships it",
     )
+
+
+# Issue 30 item 4: the ports below `net.ipv4.ip_unprivileged_port_start` need root or
+# CAP_NET_BIND_SERVICE to bind (ip(7)); the kernel refuses a value at or above the first
+# port of `ip_local_port_range` (measured: 32768 refused, 32767 taken, with 32768-60999).
+UNPRIVILEGED_SYSCTL = "net.ipv4.ip_unprivileged_port_start"
+SYSCTL_FILE = "/etc/sysctl.d/60-sglang-farm.conf"
+
+
+def farm_ports(spec: FarmSpec) -> list[tuple[str, int]]:
+    """(what, port) for every port another local user could squat to the farm's harm:
+    each worker's HTTP and NCCL port, and a managed gateway's two."""
+    out: list[tuple[str, int]] = []
+    for w in spec.workers:
+        out += [("workers' HTTP", w.port), ("workers' NCCL", w.nccl_port)]
+    g = spec.gateway
+    if g.enabled and g.mode == "managed":
+        out += [("the gateway's", g.listen.port), ("the gateway's /metrics", g.metrics_listen.port)]
+    return out
+
+
+def _spans(ports: list[int]) -> str:
+    """`30000-30007, 30009`: sorted ports, runs of consecutive ones as a span."""
+    runs: list[list[int]] = []
+    for p in sorted(set(ports)):
+        if runs and p == runs[-1][-1] + 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _describe(found: list[tuple[str, int]]) -> str:
+    groups: dict[str, list[int]] = {}
+    for what, port in found:
+        groups.setdefault(what, []).append(port)
+    return "; ".join(
+        f"{what} port{'s' if len(ps) > 1 else ''} {_spans(ps)}" for what, ps in groups.items()
+    )
+
+
+def port_privilege_checks(spec: FarmSpec, obs: Observations) -> list[Check]:
+    """Whether any local user may bind the farm's ports while they are free (a worker's
+    after its crash, until the gateway drops it), from the host's sysctl; empty when it
+    was not read."""
+    start = obs.unprivileged_port_start
+    if start is None:
+        return []
+    ports = farm_ports(spec)
+    open_ = [(what, p) for what, p in ports if p >= start]
+    out: list[Check] = []
+    if not open_:
+        out.append(
+            Check(
+                CheckId.PORT_PRIVILEGE,
+                Status.PASS,
+                f"every farm port is below {UNPRIVILEGED_SYSCTL} ({start}): only root or a "
+                "process with CAP_NET_BIND_SERVICE can bind one (the systemd units give it to "
+                "the workers and the gateway for such ports; under the process runtime a "
+                "worker user other than root has no way to bind them)",
+            )
+        )
+    else:
+        top = max(p for _, p in ports)
+        limit = obs.local_port_range_start
+        if limit is not None and top + 1 >= limit:
+            fix = (
+                f"the kernel refuses {UNPRIVILEGED_SYSCTL} at or above the first port of "
+                f"net.ipv4.ip_local_port_range ({limit}): move the farm's ports below "
+                f"{limit - 1} first, then raise it as docs/security.md says"
+            )
+        else:
+            fix = (
+                f"on a host shared with users you do not trust: `sysctl -w "
+                f"{UNPRIVILEGED_SYSCTL}={top + 1}`, and the same line in {SYSCTL_FILE}; the "
+                "farm's systemd units then give its workers and gateway CAP_NET_BIND_SERVICE "
+                f"for those ports, but every other service that binds a port below {top + 1} "
+                "without root or that capability fails (see `ss -ltnp`), the agent's "
+                "[metrics] listen included; docs/security.md says what is left open"
+            )
+        out.append(
+            Check(
+                CheckId.PORT_PRIVILEGE,
+                Status.WARN,
+                f"{_describe(open_)}: at or above {UNPRIVILEGED_SYSCTL} ({start}), so any "
+                "local user can bind one while it is free. A worker's port is free from its "
+                "crash until the gateway drops it (milliseconds, in which smg sends whoever "
+                "bound it users' prompts with the worker's key); a loading worker's port and "
+                "the gateway's are guarded (never ready; no key sent), but a squatter there "
+                "still keeps them from starting",
+                fix,
+            )
+        )
+    metrics = spec.metrics.listen.port
+    if metrics < start:
+        out.append(
+            Check(
+                CheckId.PORT_PRIVILEGE,
+                Status.WARN,
+                f"[metrics] listen port {metrics} is below {UNPRIVILEGED_SYSCTL} ({start}): "
+                "the agent's systemd unit has no capabilities, so its exporter cannot bind it",
+                f"move [metrics] listen to a port of {start} or above",
+            )
+        )
+    return out

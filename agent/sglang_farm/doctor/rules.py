@@ -35,6 +35,7 @@ from sglang_farm.doctor.host_rules import (
     key_file_checks,
     model_checks,
     port_checks,
+    port_privilege_checks,
 )
 from sglang_farm.doctor.numa_rules import numa_checks
 from sglang_farm.gpus.snapshot import FleetSnapshot
@@ -139,6 +140,7 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     if gateway is not None:
         found.append((None, gateway))
     found += numa_checks(spec, obs.numa, simulated=fleet.simulated)
+    found += [(None, c) for c in port_privilege_checks(spec, obs)]
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):

@@ -18,6 +18,7 @@ anyone else, holding one key. Anything else is refused with what to do, never
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -53,6 +54,36 @@ def ensure_admin_key(path: Path) -> str:
         os.unlink(path)
         raise _refused(path, f"cannot write it: {exc.strerror or exc}") from exc
     os.close(fd)
+    return key
+
+
+def rotate_admin_key(path: Path) -> str:
+    """Replace the generated key in `path` by a new one, and return it (issue 30: a key
+    that may have reached another process). Written to a new file beside it (0600,
+    O_EXCL|O_NOFOLLOW) and renamed over it, so a reader sees the old key or the new one,
+    never half of one. The old file must be one `ensure_admin_key` would reuse.
+
+    Raises ConfigError as `ensure_admin_key` does.
+    """
+    _reuse(path)  # the same trust rules: never replace a file the agent did not make
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise _refused(path, f"cannot create {tmp}: {exc.strerror or exc}") from exc
+    key = secrets.token_urlsafe(_KEY_BYTES)
+    try:
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, (key + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _refused(path, f"cannot write the new key: {exc.strerror or exc}") from exc
     return key
 
 

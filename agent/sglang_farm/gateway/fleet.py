@@ -17,7 +17,7 @@ With one gateway this is that gateway's sync and the same events, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.membership import combined
@@ -81,6 +81,22 @@ class GatewayFleet:
             foreign=tuple(sorted({u for g in each for u in g.foreign})),
             gateways=each,
         )
+
+    def unconfirmed_out(self, serving: Iterable[int]) -> dict[str, tuple[int, ...]]:
+        """Issue 30 item 11: each gateway that does not answer, with the workers it never
+        confirmed out: of `serving`, those it did not confirm out, and any other it last
+        confirmed in. A drain goes on without it (it counts as routing nothing), but a
+        frozen gateway that wakes up routes to them again: `drain-host` names it."""
+        wanted = set(serving)
+        out: dict[str, tuple[int, ...]] = {}
+        for s in self.syncs:
+            if s.up:
+                continue  # it answers: the drain waited for its word
+            ids = wanted | {w for w, routed in s.confirmed.items() if routed}
+            left = tuple(sorted(w for w in ids if s.confirmed.get(w) is not False))
+            if left:
+                out[s.gateway_url] = left
+        return out
 
     def start(self) -> None:
         for s in self.syncs:

@@ -29,7 +29,7 @@ import builtins
 import json
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -39,6 +39,16 @@ from sglang_farm.gateway.port import (
     Member,
     normalize_url,
 )
+
+
+class KeyGuard(Protocol):
+    """Who may be sent the key (`gateway.listener.ListenerGuard`: the managed gateway's
+    own smg only). `verify` raises `GatewayError` where the key must not go."""
+
+    async def verify(self) -> frozenset[int]: ...
+
+    async def confirm(self, before: frozenset[int], what: str) -> None: ...
+
 
 # Statuses of a registered worker that will not become "ready" again on its own before
 # smg's next health check (60 s by default): re-registered when the farm adds it.
@@ -57,7 +67,8 @@ class SmgGateway:
     most `add_timeout` seconds for the worker to be listed as ready; `remove` at most
     `remove_timeout` for it to leave the routed set (measured: a few milliseconds);
     both raise `GatewayError` with code TIMEOUT past them. Every single HTTP request is
-    bounded by `request_timeout`.
+    bounded by `request_timeout`. With a `guard` (a managed gateway: `gateway.listener`),
+    no request leaves before the listener is shown to be the gateway's own (issue 30).
 
     Workers are registered with `labels` and smg's per-worker `health` overrides
     (`timeout_secs`, `check_interval_secs`, `failure_threshold`, `success_threshold`,
@@ -81,10 +92,11 @@ class SmgGateway:
         remove_timeout: float = 10.0,
         poll_interval: float = 0.05,
         drain_settle_s: int = 0,
+        guard: KeyGuard | None = None,
     ) -> None:
         self._url = url.strip().rstrip("/")
-        self._has_key = bool(api_key)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._guard = guard
+        self.set_key(api_key)
         self._labels = dict(labels or {})
         self._health = dict(health or {})
         self._own_client = client is None
@@ -102,6 +114,11 @@ class SmgGateway:
     @property
     def url(self) -> str:
         return self._url
+
+    def set_key(self, api_key: str | None) -> None:
+        """The key sent from now on (a rotated admin key: `gateway.rotation`)."""
+        self._has_key = bool(api_key)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
@@ -250,15 +267,26 @@ class SmgGateway:
     async def _request(
         self, method: str, path: str, body: Mapping[str, Any] | None = None
     ) -> httpx.Response:
-        """One request; transport failures and 401/403 become `GatewayError`s."""
+        """One request; transport failures and 401/403 become `GatewayError`s.
+
+        With a `guard` (a managed gateway), a request is sent only once the listener is
+        shown to be the gateway's own, and checked again after it: every request carries
+        the admin key, and a registration the key of its worker."""
+        before = None
+        if self._guard is not None:
+            before = await self._guard.verify()
         try:
-            r = await self._client.request(
-                method,
-                self._url + path,
-                json=body,
-                headers=self._headers,
-                timeout=self._request_timeout,
-            )
+            try:
+                r = await self._client.request(
+                    method,
+                    self._url + path,
+                    json=body,
+                    headers=self._headers,
+                    timeout=self._request_timeout,
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                before = None  # no connection was made: nothing was sent
+                raise
         except httpx.TimeoutException as exc:
             raise GatewayError(
                 self._url,
@@ -273,6 +301,9 @@ class SmgGateway:
                 f"cannot reach it for {method} {path} ({type(exc).__name__}: {exc}); check "
                 "that the gateway runs and listens at this address",
             ) from exc
+        finally:
+            if self._guard is not None and before is not None:
+                await self._guard.confirm(before, f"{method} {path}")
         if r.status_code in (401, 403):
             if self._has_key:
                 what = "refused the farm's key"

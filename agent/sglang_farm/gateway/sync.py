@@ -363,8 +363,11 @@ def not_answering(exc: GatewayError) -> bool:
     """Pure: whether a failed add or remove says the gateway itself does not answer (no
     connection, no answer in time: `UNREACHABLE`, `_bounded`), rather than that it
     answered and refused that one worker (`REFUSED`, `UNAUTHORIZED`, `PROTOCOL`, or
-    `TIMEOUT`: accepted, not confirmed within the adapter's bound)."""
-    return exc.code is GatewayErrorCode.UNREACHABLE
+    `TIMEOUT`: accepted, not confirmed within the adapter's bound); a managed gateway's
+    port held by another process (`NOT_OURS`) is down too."""
+    # NOT_OURS: another process holds a managed gateway's port (issue 30): no key is sent
+    # there, and the farm's gateway is not running on it.
+    return exc.code in (GatewayErrorCode.UNREACHABLE, GatewayErrorCode.NOT_OURS)
 
 
 def worker_key(spec: FarmSpec, wid: int) -> str | None:

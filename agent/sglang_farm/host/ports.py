@@ -1,4 +1,5 @@
-"""I/O: the one check of whether a TCP port can be bound now (the launch gate and the doctor)."""
+"""I/O: the one check of whether a TCP port can be bound now (the launch gate and the doctor),
+and which ports need a privilege to bind (`unprivileged_port_start`, issue 30)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ class PortState(StrEnum):
     FREE = "free"
     IN_USE = "in_use"
     UNKNOWN = "unknown"  # the agent could not test it (its own trouble: out of fds, ...)
+
+
+def sysctl_int(name: str, proc_sys: str = "/proc/sys") -> int | None:
+    """The first integer of a sysctl (`net/ipv4/ip_unprivileged_port_start`) read from
+    `proc_sys`; None when absent (a kernel before 4.11, not Linux) or unreadable."""
+    try:
+        with open(f"{proc_sys}/{name}") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def unprivileged_port_start(proc_sys: str = "/proc/sys") -> int | None:
+    """`net.ipv4.ip_unprivileged_port_start` (IPv4 and IPv6 alike, per network namespace):
+    binding a port below it needs root or CAP_NET_BIND_SERVICE (ip(7))."""
+    return sysctl_int("net/ipv4/ip_unprivileged_port_start", proc_sys)
 
 
 def port_problem(host: str, port: int) -> str | None:

@@ -136,3 +136,13 @@ class GatewayRunner(Protocol):
     async def close(self) -> None:
         """The agent is going away: a child is stopped, a unit is left running."""
         ...
+
+    async def restart(self) -> None:
+        """Stop the running gateway and start it again (issue 30: a rotated admin key,
+        which smg reads only at its start)."""
+        ...
+
+    async def pids(self) -> frozenset[int]:
+        """The gateway's own live processes (empty when it does not run): only a socket
+        they hold is sent the admin key (`gateway.listener`)."""
+        ...

@@ -36,6 +36,7 @@ from typing import IO
 import structlog
 
 from sglang_farm.errors import RuntimeFailure
+from sglang_farm.host.portowner import tree_pids
 from sglang_farm.runtime.children import ChildRecords, die_with_agent, proc_facts
 
 log = structlog.get_logger("sglang_farm.gateway")
@@ -122,6 +123,7 @@ class ChildGateway:
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._restarting = False
 
     async def start(self) -> None:
         if self._task is None:
@@ -131,6 +133,23 @@ class ChildGateway:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
+    async def pids(self) -> frozenset[int]:
+        """smg's launcher and everything in its session (it is a session leader), or
+        descended from it; empty when it does not run."""
+        pid = self.pid
+        if pid is None:
+            return frozenset()
+        return await asyncio.to_thread(tree_pids, pid)
+
+    async def restart(self) -> None:
+        """Stop the running smg (SIGTERM, as `close`), and start it again at once, without
+        the back-off (a rotated admin key: smg reads it only at its start)."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return  # not running: its next start reads the new key
+        self._restarting = True
+        await self._stop(proc)
+
     async def _supervise(self) -> None:
         delay: float | None = None
         loop = asyncio.get_running_loop()
@@ -139,6 +158,10 @@ class ChildGateway:
             code, why = await self._run_once()
             if self._closing:
                 return
+            if self._restarting:
+                self._restarting = False
+                log.info("gateway_restarted", status=code, why="its admin key was replaced")
+                continue
             delay = restart_delay(delay, loop.time() - started)
             # One line per attempt, and the attempts back off: a gateway that cannot start
             # (smg missing: it exits at once) is said once per step, never a flood.
@@ -188,6 +211,14 @@ class ChildGateway:
         self._closing = True
         proc = self._proc
         if proc is not None and proc.returncode is None:
+            await self._stop(proc)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -198,7 +229,3 @@ class ChildGateway:
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
             log.info("gateway_stopped", status=proc.returncode)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 
 from pystemd.dbusexc import DBusBaseError
+from pystemd.dbuslib import DBus
 from pystemd.systemd1 import Manager
 
 from sglang_farm.errors import RuntimeFailure
-from sglang_farm.runtime.systemd_bus import dbus_error_text
+from sglang_farm.runtime.systemd_bus import dbus_error_text, read_state
+from sglang_farm.runtime.unit_procs import unit_pids
 from sglang_farm.runtime.unit_syntax import GATEWAY_UNIT
 
 
@@ -34,6 +36,36 @@ class UnitGateway:
                 f"cannot start {self.unit}: {dbus_error_text(exc)}; "
                 f"see `systemctl status {self.unit}`"
             ) from exc
+
+    async def restart(self) -> None:
+        """Restart the unit (a rotated admin key: systemd's LoadCredential= reads the
+        file at the unit's start, and smg reads its key only at its start)."""
+        await asyncio.to_thread(self._restart)
+
+    def _restart(self) -> None:
+        try:
+            with Manager() as m:
+                m.Manager.RestartUnit(self.unit.encode(), b"replace")
+        except DBusBaseError as exc:
+            raise RuntimeFailure(
+                f"cannot restart {self.unit}: {dbus_error_text(exc)}; "
+                f"see `systemctl status {self.unit}`"
+            ) from exc
+
+    async def pids(self) -> frozenset[int]:
+        """The processes of the unit's cgroup (empty when it does not run), whose sockets
+        alone may be sent the admin key (`gateway.listener`)."""
+        return await asyncio.to_thread(self._pids)
+
+    def _pids(self) -> frozenset[int]:
+        try:
+            with DBus() as bus:
+                state = read_state(bus, self.unit)
+        except DBusBaseError:
+            return frozenset()
+        if not state.running:
+            return frozenset()
+        return unit_pids(state.main_pid, self.unit)
 
     async def close(self) -> None:
         """Nothing: the unit keeps routing while the agent restarts."""

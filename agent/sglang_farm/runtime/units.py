@@ -124,11 +124,15 @@ def render_worker_dropin(
     config_path: str = DEFAULT_CONFIG_PATH,
     command: Command | None = None,
     python: str | None = None,
+    unprivileged_port_start: int | None = None,
 ) -> str:
     """The text of one worker's `50-farm.conf`, running `command` (`worker_commands`;
     default: the worker's configured flags as they are).
 
     `python` runs the readiness gate (default: `gateway_python(agent_bin)`).
+    `unprivileged_port_start`: the host's `net.ipv4.ip_unprivileged_port_start`; a
+    worker user other than root is given CAP_NET_BIND_SERVICE (and no other capability)
+    when one of its ports is below it (issue 30: ports no other user can bind).
     """
     cmd = command if command is not None else build_command(spec.farm, worker)
     python = python or gateway_python(agent_bin)
@@ -159,6 +163,19 @@ def render_worker_dropin(
             "# are in a file only root can read, which systemd reads at each start.",
             "EnvironmentFile="
             + setting_text(str(env_file_path(spec, worker.id)), "[farm] state_dir"),
+        ]
+    low = sorted(
+        p
+        for p in (worker.port, worker.nccl_port)
+        if unprivileged_port_start is not None and p < unprivileged_port_start
+    )
+    if low and spec.farm.user != "root":
+        lines += [
+            f"# Port {', '.join(map(str, low))} is below this host's"
+            f" net.ipv4.ip_unprivileged_port_start ({unprivileged_port_start}):",
+            "# no other user can bind it, and the worker needs this one capability to.",
+            "CapabilityBoundingSet=CAP_NET_BIND_SERVICE",
+            "AmbientCapabilities=CAP_NET_BIND_SERVICE",
         ]
     if cmd.api_key is not None:
         lines += [
@@ -317,14 +334,55 @@ def gateway_argv(
     return argv, marks
 
 
+def _gateway_low_ports(ports: tuple[int, int], start: int | None) -> list[int]:
+    return sorted(p for p in ports if start is not None and p < start)
+
+
+def _gateway_identity(listen: int, metrics: int, start: int | None) -> list[str]:
+    low = _gateway_low_ports((listen, metrics), start)
+    if not low:
+        return [
+            "# A user of its own, allocated at start and gone at stop; no capabilities at all.",
+            "DynamicUser=yes",
+            "CapabilityBoundingSet=",
+        ]
+    return [
+        "# A user of its own, allocated at start and gone at stop. Port"
+        f" {', '.join(map(str, low))} is below this",
+        f"# host's net.ipv4.ip_unprivileged_port_start ({start}): no other user can bind it,",
+        "# and smg needs this one capability to (issue 30).",
+        "DynamicUser=yes",
+        "CapabilityBoundingSet=CAP_NET_BIND_SERVICE",
+        "AmbientCapabilities=CAP_NET_BIND_SERVICE",
+    ]
+
+
+def _gateway_userns(listen: int, metrics: int, start: int | None) -> list[str]:
+    if _gateway_low_ports((listen, metrics), start):
+        return [
+            "# No user namespace of its own: a capability held there does not count for the",
+            "# host's network namespace, so smg could not bind its privileged port.",
+            "PrivateUsers=no",
+        ]
+    return [
+        "# A user namespace where only root and its own user exist; it may create no",
+        "# namespaces or mounts itself.",
+        "PrivateUsers=yes",
+    ]
+
+
 def render_gateway_unit(
     spec: FarmSpec,
     *,
     python: str,
     config_path: str = DEFAULT_CONFIG_PATH,
     gateway: ManagedGateway | None = None,
+    unprivileged_port_start: int | None = None,
 ) -> str:
     """The text of `sglang-farm-gateway.service`, the managed gateway (smg).
+
+    A port below `unprivileged_port_start` (the host's sysctl) gives smg
+    CAP_NET_BIND_SERVICE and no user namespace of its own (issue 30).
 
     Raises ValueError when the gateway's command line cannot be built or written
     (`gateway.managed` refuses the config, or a path systemd cannot run).
@@ -392,9 +450,7 @@ def render_gateway_unit(
         "# --- Hardening: smg needs no privilege. It listens on TCP (clients, /metrics),",
         "# connects to the workers over TCP, reads its keys from the credentials directory,",
         "# and writes only to stdout (the journal).",
-        "# A user of its own, allocated at start and gone at stop; no capabilities at all.",
-        "DynamicUser=yes",
-        "CapabilityBoundingSet=",
+        *_gateway_identity(g.listen.port, g.metrics_listen.port, unprivileged_port_start),
         "NoNewPrivileges=yes",
         "# Nothing writable: the file system is read-only to it, /tmp its own.",
         "ProtectSystem=strict",
@@ -413,9 +469,7 @@ def render_gateway_unit(
         "# Other processes are invisible in /proc, and only process entries are there.",
         "ProtectProc=invisible",
         "ProcSubset=pid",
-        "# A user namespace where only root and its own user exist; it may create no",
-        "# namespaces or mounts itself.",
-        "PrivateUsers=yes",
+        *_gateway_userns(g.listen.port, g.metrics_listen.port, unprivileged_port_start),
         "RestrictNamespaces=yes",
         "PrivateMounts=yes",
         "RestrictRealtime=yes",
@@ -455,6 +509,7 @@ def render(
     static: bool = True,
     python: str | None = None,
     gateway: ManagedGateway | None = None,
+    unprivileged_port_start: int | None = None,
 ) -> dict[PurePosixPath, str]:
     """Every unit file of the farm, by path relative to a unit directory.
 
@@ -464,7 +519,9 @@ def render(
     and the gateway unit; the package ships the units themselves). `python` is the
     agent's interpreter, which runs the managed gateway and the workers' readiness gate
     (default: `gateway_python(agent_bin)`). `gateway` is the managed gateway the agent
-    built at its start (default: built from `spec.gateway`).
+    built at its start (default: built from `spec.gateway`). `unprivileged_port_start`:
+    the host's `net.ipv4.ip_unprivileged_port_start` (None: not known), below which a
+    worker or smg is given CAP_NET_BIND_SERVICE for its port.
     Reading the shipped units is the only file access, and they are package data.
     Raises ValueError for a gateway or a worker command line systemd cannot run, or a
     value that would break a unit file (a control character, a NaN or negative time).
@@ -479,6 +536,7 @@ def render(
             python=python or gateway_python(agent_bin),
             config_path=config_path,
             gateway=gateway,
+            unprivileged_port_start=unprivileged_port_start,
         )
     if _needs_agent_dropin(spec, agent_bin, config_path):
         path = PurePosixPath("sglang-farm.service.d") / DROPIN_NAME
@@ -492,5 +550,6 @@ def render(
             config_path=config_path,
             command=runs.get(worker.id),
             python=python,
+            unprivileged_port_start=unprivileged_port_start,
         )
     return dict(sorted(files.items()))

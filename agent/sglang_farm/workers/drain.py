@@ -19,7 +19,7 @@ once, but nothing stops: the supervisor holds the host out of the gateway
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 import httpx
@@ -145,7 +145,9 @@ class Drains:
         base_url: Callable[[int], str],
         feed: Callable[[int, Event], None],
         clock: Callable[[], float],
+        unconfirmed: Callable[[Collection[int]], Mapping[str, tuple[int, ...]]] = (lambda _w: {}),
     ) -> None:
+        self._unconfirmed = unconfirmed
         self._state, self._routes_nothing = state, gateway_routes_nothing
         self._in_flight, self._base_url = in_flight, base_url
         self._feed, self._clock = feed, clock
@@ -160,6 +162,11 @@ class Drains:
             base_url=lambda: self._base_url(worker),
             feed=self._feed,
         )
+
+    def unconfirmed(self, workers: Collection[int]) -> Mapping[str, tuple[int, ...]]:
+        """The gateways that do not answer and never confirmed some of `workers` out
+        (`GatewayFleet.unconfirmed_out`): a host drain cannot say they route nothing."""
+        return self._unconfirmed(workers)
 
     async def host_idle(self, workers: Collection[int], timeout: float) -> dict[int, int | None]:
         """Each of `workers` out of the gateway and idle; those left when `timeout` ran out."""
