@@ -56,6 +56,8 @@ class Farm(Protocol):
 
     def startup_pending(self) -> str | None: ...
 
+    async def save_state(self, change: str, undone: str) -> None: ...
+
     def feed(self, worker: int, event: Event) -> None: ...
 
     def apply_actions(self, actions: list[Action]) -> None: ...
@@ -171,6 +173,10 @@ class FarmControl:
         async with farm.changes:
             sup = farm.supervisor
             farm.apply_actions(sup.hold_out(True, farm.clock()))
+            # Issue 30: a hold an agent restart would drop is not "drained".
+            await farm.save_state(
+                "the host is held out of the gateway now", "put it back in the gateway"
+            )
             serving = [
                 w for w, s in sup.workers.items() if s.phase in (Phase.READY, Phase.UNHEALTHY)
             ]
@@ -199,6 +205,9 @@ class FarmControl:
         farm = self._farm
         async with farm.changes:
             farm.apply_actions(farm.supervisor.hold_out(False, farm.clock()))
+            await farm.save_state(  # issue 30
+                "the host is back in the gateway now", "hold it out of the gateway again"
+            )
             return tuple(sorted(farm.supervisor.workers))
 
     async def release_gpu(self, gpu: int) -> list[str]:
