@@ -216,6 +216,13 @@ def test_drain_host_on_a_full_state_dir_fails_with_the_reason_and_status_says_so
                     status_result(view, (), version="t", now=2e9)
                 )
                 assert view.state_save_failures >= 1
+                # A stop the agent restart would undo says so too.
+                try:
+                    await f.ops.stop([3])
+                except FarmError as exc:
+                    assert "worker(s) 3 stopped, but it is not saved" in str(exc)
+                else:
+                    raise AssertionError("stop answered as if it were saved")
                 filler.unlink()
                 await f.ops.undrain_host()
                 assert not [a for a in f.agent.view().state_alerts if a.kind == "not_saved"]

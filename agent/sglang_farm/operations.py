@@ -125,6 +125,8 @@ class FarmControl:
             lambda: farm.supervisor.stopped(ids),
             stop_budget(farm.supervisor.policy, drain=drain) + STOP_SLACK_S,
         )
+        # Issue 30: a stop an agent restart would undo is said so.
+        await farm.save_state(f"worker(s) {_ids(ids)} stopped", "start them again")
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         farm = self._farm
@@ -244,4 +246,12 @@ class FarmControl:
         async with self._farm.changes:
             for wid in held:
                 self._farm.feed(wid, ReleaseRequested())
+            await self._farm.save_state(  # issue 30
+                f"worker(s) {_ids(held)} released from quarantine",
+                "quarantine them again (farmctl release-gpu again releases them)",
+            )
         return []
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids)) or "none"
