@@ -225,6 +225,9 @@ def test_a_drain_and_a_quarantine_survive_a_state_file_cut_in_half(tmp_path: Pat
     assert alert.kept is not None and Path(alert.kept).exists()
     assert "second copy" in alert.then and "state.json.copy" in alert.then
     assert any(e["event"] == "state_unreadable" and e.get("kept") for e in logs)
+    store.save(sup.workers, held_out_since=sup.held_out_since)  # whole in both again
+    assert path.read_bytes() == (tmp_path / "state.json.copy").read_bytes()
+    assert state.load_all(path)[1]["held_out_since"] is not None
 
 
 def test_with_both_copies_damaged_the_host_stays_held_and_the_loss_is_said(

@@ -352,8 +352,9 @@ class StateStore:
                 "restarted; its workers stay out",
                 fix="farmctl undrain-host puts them back",
             )
-        self._persisted = saved
-        self._persisted_host = host
+        # Read from the copy: the first save writes both files whole again.
+        self._persisted = saved if got.source == self.path else {}
+        self._persisted_host = host if got.source == self.path else {}
         if saved:
             log.info("state_restored", path=str(got.source), workers=len(saved))
         return phases
