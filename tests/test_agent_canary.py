@@ -294,6 +294,60 @@ def test_an_agent_restarted_with_a_rejected_change_holds_it_on_the_accepted_conf
     run_virtual(scenario())
 
 
+@pytest.mark.parametrize("damage", ["cut in half", "chmod 664"])
+def test_a_damaged_or_untrusted_record_still_holds_its_rejected_change(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """Issue 30 item 6: canary.json cut in half, or chmod 664, made the agent start all
+    workers on the change its canary had rejected, and overwrite the file at once. The
+    file is kept aside (never overwritten), its second copy read: the change stays held."""
+    import os
+
+    monkeypatch.chdir(tmp)
+    old, bad = _toml(tmp), _toml(tmp, {"SLOW": "1"})
+    (tmp / "test.toml").write_text(old)
+    m1, m2 = Metrics(), Metrics()
+    record = tmp / "canary.json"
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=old, loader=lambda: load_spec(bad, source="test.toml"), scrape=m1
+        ) as f:
+            await _start(f, m1)
+            (tmp / "test.toml").write_text(bad)
+            assert (await f.ops.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=300,
+            )
+        if damage == "cut in half":
+            data = record.read_bytes()
+            record.write_bytes(data[: len(data) // 2])
+        else:
+            os.chmod(record, 0o664)
+        damaged = record.read_bytes()
+        async with farm(
+            tmp, text=bad, loader=lambda: load_spec(bad, source="test.toml"), scrape=m2
+        ) as f:
+            m2.runtime = f.runtime
+            await f.until(f.all_ready)
+            await asyncio.sleep(120)
+            assert all("SLOW" not in c.env_dict for _, c in f.runtime.starts)
+            view = f.agent.view()
+            assert view.canary is not None and view.canary.state is CanaryState.HELD
+            (alert,) = [a for a in view.state_alerts if a.file == str(record)]
+            assert alert.kept is not None and ".refused-" in alert.kept
+            kept = await asyncio.to_thread(Path(alert.kept).read_bytes)
+            assert kept == damaged  # kept whole, never overwritten
+            assert "canary.json.copy" in alert.then
+        # The record written since still holds the rejection.
+        assert len(json.loads(record.read_text())["rejected"]) == 1
+
+    run_virtual(scenario())
+
+
 class FakeGate:
     """The eval gate (evalrun.run_gate's signature): the canary answers `canary_correct`
     of the set right, the baseline all of it."""

@@ -15,7 +15,7 @@ from agent_harness import (
     urls,
 )
 from fake_gateway import FakeGateway
-from sglang_farm.control.results import settled_result
+from sglang_farm.control.results import settled_result, status_result
 from sglang_farm.runtime import Running
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
@@ -170,3 +170,81 @@ def test_a_drain_past_a_frozen_gateway_names_it_as_unconfirmed(tmp: Path) -> Non
             assert f.all_ready()
 
     run_virtual(scenario())
+
+
+def test_a_drain_survives_a_state_file_cut_in_half_across_an_agent_restart(tmp: Path) -> None:
+    """Issue 30 item 9: drain-host, the agent killed, state.json cut in half, start: the
+    hold was dropped (`state_unreadable`) and the gateway routed all 8 again. Its second
+    copy keeps the hold, and status says what was found."""
+    text = farm_toml(tmp, gateway=GATEWAY)
+
+    async def first() -> None:
+        async with farm(tmp, text=text) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            await f.ops.drain_host(None)
+
+    run_virtual(first())
+    path = tmp / "state.json"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    running = {w: Running(w, 5000 + w, True) for w in range(8)}
+    gw = FakeGateway()
+
+    async def second() -> None:
+        async with farm(tmp, text=text, running=running, gateway=gw) as f:
+            await asyncio.sleep(30)  # several reconciles
+            assert f.all_ready() and not gw.routed()
+            view = f.agent.view()
+            assert view.held_out_since is not None
+            (alert,) = [a for a in view.state_alerts if a.file == str(path)]
+            assert alert.kind == "unreadable" and "state.json.copy" in alert.then
+            assert "state_alerts" in status_result(view, (), version="t", now=2e9)
+
+    run_virtual(second())
+
+
+def test_drain_host_on_a_full_state_dir_fails_with_the_reason_and_status_says_so(
+    tmp: Path,
+) -> None:
+    """Issue 30 item 5: on a full state_dir, drain-host answered "host drained" while
+    state.json kept no hold (an agent restart would have put the host back). It now
+    fails naming the file and why; status and the metrics say the state is not saved."""
+    from fulldisk import fill, small_tmpfs
+    from sglang_farm.cli.farmctl import format_status
+    from sglang_farm.errors import FarmError
+
+    with small_tmpfs(tmp / "state") as state_dir:
+        text = farm_toml(state_dir, gateway=GATEWAY)
+
+        async def scenario() -> None:
+            async with farm(state_dir, text=text) as f:
+                await f.until(lambda: f.gateway.routed() == urls(range(8)))
+                filler = fill(state_dir)
+                try:
+                    await f.ops.drain_host(None)
+                except FarmError as exc:  # state.StateNotSaved: farmctl's `failed`, exit 1
+                    message = str(exc)
+                else:
+                    raise AssertionError("drain-host answered as if its hold were saved")
+                assert str(state_dir / "state.json") in message
+                assert "No space left on device" in message and "agent restart" in message
+                view = f.agent.view()
+                assert view.held_out_since is not None  # in force, only not saved
+                (alert,) = [a for a in view.state_alerts if a.kind == "not_saved"]
+                assert alert.file == str(state_dir / "state.json")
+                assert "STATE NOT SAVED" in format_status(
+                    status_result(view, (), version="t", now=2e9)
+                )
+                assert view.state_save_failures >= 1
+                # A stop the agent restart would undo says so too.
+                try:
+                    await f.ops.stop([3])
+                except FarmError as exc:
+                    assert "worker(s) 3 stopped, but it is not saved" in str(exc)
+                else:
+                    raise AssertionError("stop answered as if it were saved")
+                filler.unlink()
+                await f.ops.undrain_host()
+                assert not [a for a in f.agent.view().state_alerts if a.kind == "not_saved"]
+
+        run_virtual(scenario())

@@ -718,7 +718,7 @@ async def test_connections_beyond_the_cap_get_busy_and_others_still_work(
     ops: FakeOps, sockdir: str
 ) -> None:
     path = os.path.join(sockdir, "cap.sock")
-    srv = ControlServer(ops, path, None, version="x", max_clients=2, idle_timeout=5)
+    srv = ControlServer(ops, path, None, version="x", max_clients=2, idle_timeout=5, root_reserve=0)
     await srv.start()
     held = [await Conn.open(path), await Conn.open(path)]
     await asyncio.sleep(0.05)
@@ -892,3 +892,119 @@ def test_1100_idle_connections_under_nofile_1024_leave_a_request_answered(sockdi
         if proc.stdout is not None:
             proc.stdout.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --- issue 30, item 10: a group member's connections and buffered bytes -------------------
+
+# Run as another user: opens argv[2] connections, each sending argv[3] bytes of a line it
+# never finishes, then waits up to 30 s until argv[4] of them are answered (or closed);
+# prints how many were, and their error codes; holds the rest open until stdin closes.
+HOLDER = r"""
+import json, select, socket, sys, time
+path, n, partial, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+socks = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    if partial:
+        head = b'{"id": 1, "cmd": "status", "pad": "'
+        s.sendall(head + b"x" * (partial - len(head)))
+    socks.append(s)
+answers, pending, deadline = {}, set(socks), time.monotonic() + 30
+while len(answers) < want and time.monotonic() < deadline:
+    ready, _, _ = select.select(list(pending), [], [], 0.2)
+    for s in ready:
+        data = s.recv(65536)
+        pending.discard(s)
+        line = data.split(b"\n")[0]
+        answers[s.fileno()] = json.loads(line)["error"] if line else {"code": "eof"}
+print(json.dumps([a.get("code") for a in answers.values()]), flush=True)
+print(json.dumps([a.get("message") for a in answers.values()][:1]), flush=True)
+sys.stdin.read()
+"""
+
+
+async def _hold_as(user: str, path: str, n: int, partial: int, want: int) -> tuple[Any, list[Any]]:
+    pw = pwd.getpwnam(user)
+    proc = await asyncio.create_subprocess_exec(
+        "setpriv",
+        f"--reuid={pw.pw_uid}",
+        f"--regid={pw.pw_gid}",
+        "--init-groups",
+        sys.executable,
+        "-I",
+        "-c",
+        HOLDER,
+        path,
+        str(n),
+        str(partial),
+        str(want),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    codes = await asyncio.wait_for(proc.stdout.readline(), 60)
+    messages = await asyncio.wait_for(proc.stdout.readline(), 5)
+    assert codes, (await proc.communicate())[1].decode()
+    return proc, [json.loads(codes), json.loads(messages)]
+
+
+async def _release(proc: Any) -> None:
+    proc.stdin.close()
+    await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_a_member_holding_every_connection_leaves_root_room(
+    users: dict[str, str], sockdir: str
+) -> None:
+    """A group member's 1,024 held streams made root's `farmctl status` busy. Now one uid
+    holds at most a quarter of the cap, and root has room beyond the cap."""
+    os.chmod(sockdir, 0o755)
+    ops = FakeOps(2)
+    srv = ControlServer(
+        ops, os.path.join(sockdir, "c.sock"), users["group"], version="x", max_clients=8
+    )
+    await srv.start()
+    try:
+        proc, (codes, messages) = await _hold_as(users["member"], srv.path, 8, 0, 6)
+        assert codes == ["busy"] * 6, codes
+        assert "its share of 8" in messages[0]
+        # Root takes what is left of the cap and more: its commands are still answered.
+        held = [await Conn.open(srv.path) for _ in range(6)]
+        reply = await call(srv.path, "status")
+        assert reply["ok"] is True, reply
+        await _release(proc)
+        for c in held:
+            await c.close()
+    finally:
+        await srv.close()
+        await ops.aclose()
+
+
+async def test_unfinished_lines_are_bounded_in_all_and_root_still_served(
+    users: dict[str, str], sockdir: str
+) -> None:
+    """1,100 connections holding 64 KiB of an unfinished line each took the agent from
+    46 MiB to 260-415 MiB. The bytes held in all are bounded: past `BUFFER_BUDGET`, the
+    member's connection is answered `busy` and closed, and root is still served."""
+    budget = 4 << 20  # the bound docs/security.md names (server.BUFFER_BUDGET)
+    os.chmod(sockdir, 0o755)
+    ops = FakeOps(2)
+    srv = ControlServer(ops, os.path.join(sockdir, "c.sock"), users["group"], version="x")
+    await srv.start()
+    n, size = 100, codec.MAX_LINE - 1
+    fits = budget // size
+    try:
+        proc, (codes, messages) = await _hold_as(users["member"], srv.path, n, size, n - fits)
+        assert len(codes) >= n - fits and set(codes) == {"busy"}, codes
+        assert "too many unfinished requests" in messages[0]
+        assert srv.buffered_bytes <= budget
+        reply = await call(srv.path, "status")
+        assert reply["ok"] is True, reply
+        await _release(proc)
+        await asyncio.sleep(0.2)
+        assert srv.buffered_bytes == 0
+    finally:
+        await srv.close()
+        await ops.aclose()

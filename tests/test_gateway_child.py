@@ -242,3 +242,111 @@ async def test_the_farms_own_polls_of_the_gateway_stay_out_of_its_log(tmp_path: 
         await gw.close()
     logged = path.read_text(errors="replace")
     assert '"smg::request"' not in logged and '"smg::response"' not in logged
+
+
+# --- issue 30, item 5: smg's log bounded while it runs -----------------------------------
+
+
+async def _smg_with_log(path: Path) -> tuple[ChildGateway, str]:
+    """The real smg as the agent runs it (process runtime), answering; its URL."""
+    import httpx
+
+    from farmproc import free_port_block
+
+    base = free_port_block(2)
+    spec = ManagedGateway(host="127.0.0.1", port=base, policy="round_robin", metrics_port=base + 1)
+    gw = ChildGateway(launch_argv(spec, sys.executable), path)
+    await gw.start()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 60
+    async with httpx.AsyncClient() as client:
+        while True:
+            assert loop.time() < end, "smg never answered GET /workers"
+            try:
+                if (await client.get(f"{spec.url}/workers", timeout=2)).status_code == 200:
+                    return gw, spec.url
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+
+
+async def _unknown_models(url: str, n: int, size: int = 900_000) -> list[int]:
+    """`n` chat requests naming a `size`-byte model smg does not know (it logs the name
+    in a WARN line); their status codes."""
+    import httpx
+
+    body = {"model": "m" * size, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient() as client:
+        return [
+            (await client.post(f"{url}/v1/chat/completions", json=body, timeout=30)).status_code
+            for _ in range(n)
+        ]
+
+
+def _logged(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("gateway.log*"))
+
+
+async def test_a_client_naming_huge_models_cannot_grow_the_gateway_log(tmp_path: Path) -> None:
+    """900 kB unknown model names gave 90 MB of gateway.log in 10 s: smg echoes the name
+    in a WARN line. Each line now keeps its first 16 KiB and says how much was cut."""
+    path = tmp_path / "gateway.log"
+    gw, url = await _smg_with_log(path)
+    try:
+        codes = await _unknown_models(url, 12)
+        assert codes == [404] * 12
+        await asyncio.sleep(0.5)  # the agent writes what it read
+    finally:
+        await gw.close()
+    assert _logged(tmp_path) < 1 << 20  # 10.8 MB before
+    assert b"more bytes of this line cut]" in path.read_bytes()
+
+
+async def test_smg_keeps_routing_when_its_log_cannot_be_written(tmp_path: Path) -> None:
+    """On a full state_dir smg could not start (`PanicException: failed printing to
+    stdout`) and the front door stayed down. Its output goes through the agent, which
+    drops what it cannot write and says so once."""
+    import httpx
+
+    from fulldisk import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "state") as d, capture_logs() as logs:
+        path = d / "gateway.log"
+        path.touch(mode=0o640)
+        fill(d)
+        gw, url = await _smg_with_log(path)
+        try:
+            assert await _unknown_models(url, 5, size=50_000) == [404] * 5
+            pid = gw.pid
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"{url}/workers", timeout=5)).status_code == 200
+            await asyncio.sleep(0.5)
+            assert gw.pid == pid and pid is not None  # still the same smg
+        finally:
+            await gw.close()
+    said = [e for e in logs if e["event"] == "gateway_log_not_written"]
+    assert len(said) == 1 and "No space left" in said[0]["error"]
+
+
+def test_the_log_is_rotated_so_both_files_stay_under_the_bound(tmp_path: Path) -> None:
+    from sglang_farm.runtime.gateway_child import GatewayLog
+
+    path = tmp_path / "gateway.log"
+    sink = GatewayLog(path, max_bytes=4096, line_max=100)
+    sink.open()
+    try:
+        for i in range(500):
+            sink.write([f"line {i:04d} ".encode() + b"x" * 50 + b"\n"])
+    finally:
+        sink.close()
+    assert _logged(tmp_path) <= 4096
+    assert path.read_bytes().endswith(b"line 0499 " + b"x" * 50 + b"\n")
+    assert (tmp_path / "gateway.log.1").exists()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+
+
+def test_cap_lines_keeps_whole_lines_and_the_start_of_a_long_one() -> None:
+    from sglang_farm.runtime.gateway_child import cap_lines
+
+    lines, pending, cut = cap_lines(b"ab", b"c\nde\nfghijk", 4)
+    assert lines == [b"abc\n", b"de\n"] and pending == b"fghi" and cut == 2

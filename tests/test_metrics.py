@@ -380,6 +380,22 @@ def test_a_drained_host_says_so() -> None:
     assert _v(st, "sglang_farm_host_drained") == 1
 
 
+def test_a_state_file_not_saved_is_counted_and_dated() -> None:
+    """Issue 30 item 5: a full state_dir shows in the metrics, not only in the log."""
+    from sglang_farm.state_alerts import AlertKind, StateAlert
+
+    st = state()
+    assert st.farm is not None
+    assert _v(st, "sglang_farm_state_alerts") == 0
+    assert _v(st, "sglang_farm_state_save_failures_total") == 0
+    alert = StateAlert("/var/lib/sglang-farm/state.json", AlertKind.NOT_SAVED, "full", NOW - 9)
+    farm = dataclasses.replace(st.farm, state_alerts=(alert,), state_save_failures=3)
+    st = dataclasses.replace(st, farm=farm)
+    assert _v(st, "sglang_farm_state_alerts") == 1
+    assert _v(st, "sglang_farm_state_save_failures_total") == 3
+    assert _v(st, "sglang_farm_state_unsaved_since_timestamp_seconds", file=alert.file) == NOW - 9
+
+
 def test_each_scrape_reads_the_state_reference_exactly_once() -> None:
     calls = 0
     st = state()

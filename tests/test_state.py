@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from sglang_farm import state
 from sglang_farm.farm_view import Phase
@@ -74,7 +75,9 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     state.save(path, {0: {"failures": 1}})
     state.save(path, {0: {"failures": 2}})
     assert state.load(path) == {0: {"failures": 2}}
-    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+    # Issue 30: and its second copy, the same bytes.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.copy"]
+    assert (path.parent / "state.json.copy").read_bytes() == path.read_bytes()
 
 
 def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
@@ -169,3 +172,109 @@ def test_a_host_held_out_of_the_gateway_stays_held_out_across_an_agent_restart(
     third = Supervisor([0, 1], policy)
     state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0).restore(third, {})
     assert not third.held_out and not third.workers[0].held_out
+
+
+# --- issue 30, items 5 and 9: state that fails closed --------------------------------------
+
+
+def _store_and_sup(path: Path) -> tuple[state.StateStore, Any]:
+    from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
+    from sglang_farm.workers.supervisor import Policy, Supervisor
+
+    policy = Policy(StartupPolicy(), HealthPolicy(), RestartPolicy())
+    return state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0), Supervisor(
+        [0, 1], policy
+    )
+
+
+def _drained_with_a_quarantine(path: Path) -> None:
+    from sglang_farm.workers.supervisor import GpuQuarantine
+
+    store, sup = _store_and_sup(path)
+    sup.hold_out(True, 0.0)
+    sup.restore(
+        1,
+        WorkerState(
+            1, phase=Phase.QUARANTINED, quarantine=GpuQuarantine(1, "xid 79", "off the bus", 0.0)
+        ),
+    )
+    store.save(sup.workers, held_out_since=sup.held_out_since)
+
+
+def _cut_in_half(path: Path) -> None:
+    text = path.read_bytes()
+    path.write_bytes(text[: len(text) // 2])
+
+
+def test_a_drain_and_a_quarantine_survive_a_state_file_cut_in_half(tmp_path: Path) -> None:
+    """drain-host, kill -9, state.json cut in half, start: the hold was dropped
+    (`state_unreadable`) and the gateway routed all 8 again. The second copy holds it."""
+    from structlog.testing import capture_logs
+
+    path = tmp_path / "state.json"
+    _drained_with_a_quarantine(path)
+    _cut_in_half(path)
+    store, sup = _store_and_sup(path)
+    with capture_logs() as logs:
+        store.restore(sup, {0: (0,), 1: (1,)})
+    assert sup.held_out_since is not None
+    q = sup.workers[1].quarantine
+    assert q is not None and q.gpu == 1 and q.reason == "xid 79"
+    (alert,) = store.alerts()
+    assert alert.kind == "unreadable" and alert.file == str(path)
+    assert alert.kept is not None and Path(alert.kept).exists()
+    assert "second copy" in alert.then and "state.json.copy" in alert.then
+    assert any(e["event"] == "state_unreadable" and e.get("kept") for e in logs)
+    store.save(sup.workers, held_out_since=sup.held_out_since)  # whole in both again
+    assert path.read_bytes() == (tmp_path / "state.json.copy").read_bytes()
+    assert state.load_all(path)[1]["held_out_since"] is not None
+
+
+def test_with_both_copies_damaged_the_host_stays_held_and_the_loss_is_said(
+    tmp_path: Path,
+) -> None:
+    """Fail closed: nothing says whether a drain was in force, so the host stays out of
+    the gateway until an operator says; the quarantine that may be lost is announced."""
+    path = tmp_path / "state.json"
+    _drained_with_a_quarantine(path)
+    _cut_in_half(path)
+    _cut_in_half(tmp_path / "state.json.copy")
+    store, sup = _store_and_sup(path)
+    store.restore(sup, {0: (0,), 1: (1,)})
+    assert sup.held_out_since is not None  # held: the drain may have been in the file
+    assert sup.workers[1].quarantine is None
+    (alert,) = store.alerts()
+    assert "held out of the gateway" in alert.then and "undrain-host" in alert.then
+    assert "quarantine" in alert.then and "dropped" in alert.then
+    assert "its copy" in alert.error
+
+
+def test_a_missing_file_is_still_a_first_start_held_nothing(tmp_path: Path) -> None:
+    store, sup = _store_and_sup(tmp_path / "state.json")
+    store.restore(sup, {0: (0,), 1: (1,)})
+    assert sup.held_out_since is None and store.alerts() == ()
+
+
+def test_a_full_state_dir_is_said_counted_and_cleared_once_a_save_succeeds(
+    tmp_path: Path,
+) -> None:
+    """Issue 30 item 5, on a real full file system (a small tmpfs)."""
+    from fulldisk import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "state") as d:
+        path = d / "state.json"
+        store, sup = _store_and_sup(path)
+        store.restore(sup, {0: (0,), 1: (1,)})
+        store.save(sup.workers)
+        filler = fill(d)
+        sup.hold_out(True, 0.0)
+        store.save(sup.workers, held_out_since=sup.held_out_since)
+        assert store.save_failures == 1
+        (alert,) = store.alerts()
+        assert alert.kind == "not_saved" and "No space left" in alert.error
+        assert "restart would forget" in alert.line()
+        assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]  # no leftovers
+        filler.unlink()
+        store.save(sup.workers, held_out_since=sup.held_out_since)
+        assert store.alerts() == () and store.save_failures == 1
+        assert state.load_all(path)[1]["held_out_since"] is not None

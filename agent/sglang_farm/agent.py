@@ -225,7 +225,7 @@ class Agent:
         self._publisher = Publisher(
             build=self._build_view,
             changed=self._changed,
-            save=lambda: self._store.save_from(self.supervisor),
+            save=self._save_state,
             after=(*on_view, *collaborators.observers),
             log_for=self.log_for,
         )
@@ -649,7 +649,25 @@ class Agent:
             rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
             held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
             starts=self.worker_logs.startups.starts(),  # issue 34 §4: each start's phases
+            state_alerts=(*self._store.alerts(), *self._canary.alerts()),  # issue 30
+            state_save_failures=self._store.save_failures,
         )
+
+    async def _save_state(self) -> None:
+        """The publisher's save; a save that starts or ends a run of failures shows in
+        the view at once (issue 30: `farmctl status` says the state is not saved)."""
+        before = self._store.not_saved is None
+        await self._store.save_from(self.supervisor)
+        if before != (self._store.not_saved is None):
+            self._publisher.view = self._build_view()
+
+    async def save_state(self, change: str, undone: str) -> None:
+        """A command's change saved before it answers (issue 30): raises
+        `state.StateNotSaved` naming the file and why (`StateStore.save_now`)."""
+        try:
+            await self._store.save_now(self.supervisor, change, undone)
+        finally:
+            self._publisher.view = self._build_view()
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------
 

@@ -15,6 +15,7 @@ from sglang_farm.canary.view import RolloutVerdictView
 from sglang_farm.sglang.startup import Capacity, StartPhase, StartTimeline
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
+from sglang_farm.state_alerts import StateAlert
 from sglang_farm.workers.failures import Failure
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import WorkerState
@@ -144,6 +145,10 @@ class FarmView:
     held_out_since: float | None = None
     # Fleet review #2: sha256 of the config text in force (None: not from a file).
     config_sha256: str | None = None
+    # Issue 30: what is wrong with the farm's own state files (not saved, found damaged
+    # or refused at start); empty when nothing is.
+    state_alerts: tuple[StateAlert, ...] = ()
+    state_save_failures: int = 0  # failed writes of state.json since the agent started
 
     def worker(self, worker_id: int) -> WorkerView:
         for w in self.workers:
@@ -172,6 +177,8 @@ def build_view(
     rolling: int = 0,
     held_out_since: float | None = None,
     starts: Mapping[int, StartTimeline] | None = None,
+    state_alerts: Sequence[StateAlert] = (),
+    state_save_failures: int = 0,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
@@ -235,4 +242,6 @@ def build_view(
         canary=canary,
         rolling=rolling,
         held_out_since=held_out_since + mono_to_wall if held_out_since is not None else None,
+        state_alerts=tuple(state_alerts),
+        state_save_failures=state_save_failures,
     )

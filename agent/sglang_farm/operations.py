@@ -56,6 +56,8 @@ class Farm(Protocol):
 
     def startup_pending(self) -> str | None: ...
 
+    async def save_state(self, change: str, undone: str) -> None: ...
+
     def feed(self, worker: int, event: Event) -> None: ...
 
     def apply_actions(self, actions: list[Action]) -> None: ...
@@ -123,6 +125,8 @@ class FarmControl:
             lambda: farm.supervisor.stopped(ids),
             stop_budget(farm.supervisor.policy, drain=drain) + STOP_SLACK_S,
         )
+        # Issue 30: a stop an agent restart would undo is said so.
+        await farm.save_state(f"worker(s) {_ids(ids)} stopped", "start them again")
 
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         farm = self._farm
@@ -175,6 +179,10 @@ class FarmControl:
         async with farm.changes:
             sup = farm.supervisor
             farm.apply_actions(sup.hold_out(True, farm.clock()))
+            # Issue 30: a hold an agent restart would drop is not "drained".
+            await farm.save_state(
+                "the host is held out of the gateway now", "put it back in the gateway"
+            )
             serving = [
                 w for w, s in sup.workers.items() if s.phase in (Phase.READY, Phase.UNHEALTHY)
             ]
@@ -212,6 +220,9 @@ class FarmControl:
         farm = self._farm
         async with farm.changes:
             farm.apply_actions(farm.supervisor.hold_out(False, farm.clock()))
+            await farm.save_state(  # issue 30
+                "the host is back in the gateway now", "hold it out of the gateway again"
+            )
             return tuple(sorted(farm.supervisor.workers))
 
     async def release_gpu(self, gpu: int) -> list[str]:
@@ -248,4 +259,12 @@ class FarmControl:
         async with self._farm.changes:
             for wid in held:
                 self._farm.feed(wid, ReleaseRequested())
+            await self._farm.save_state(  # issue 30
+                f"worker(s) {_ids(held)} released from quarantine",
+                "quarantine them again (farmctl release-gpu again releases them)",
+            )
         return []
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids)) or "none"

@@ -4,9 +4,19 @@ Restart counts, back-off position, failure history and the OOM-ladder step in fo
 live in `<state_dir>/state.json`, and beside the workers the host's own state: held out
 of the gateway (`farmctl drain-host`, issue 26), so that the agent restart of a package
 upgrade does not put a drained host back in the gateway by itself. Converting to and
-from that JSON is pure; `save` writes atomically (temp file + rename) and `load` treats a
-missing or unreadable file as "nothing remembered", logging why, so a broken file never
-stops the farm.
+from that JSON is pure; `save` writes atomically (temp file + rename), twice: the file
+and its second copy (`state.json.copy`, `atomicfile.write_with_copy`).
+
+Fail closed (issue 30, items 5 and 9). A file found damaged at start is kept aside
+(`.corrupt-<time>`) and its copy read instead; only when both are unusable does the
+farm start with nothing remembered, and then its safety holds fail closed or are
+announced: the host is held out of the gateway (a drain may have been lost: `farmctl
+undrain-host` ends the hold), and the quarantines it may have held are said to be
+dropped (NVML quarantines a failing GPU again), in the log and in `farmctl status`
+(`StateStore.alerts`). A save that fails (a full disk) is kept as an alert until a
+save succeeds, counted (`save_failures`), and a command whose change could not be
+saved fails with the reason (`StateStore.save_now`, `StateNotSaved`). A broken file
+never stops the farm.
 """
 
 from __future__ import annotations
@@ -14,16 +24,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from sglang_farm.errors import FarmError
 from sglang_farm.farm_view import Phase
-from sglang_farm.host.atomicfile import write_atomic
+from sglang_farm.host.atomicfile import copy_path, write_with_copy
+from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.supervisor import (
     HELD_PHASES,
@@ -140,7 +151,12 @@ def save(
     if host is not None:
         doc["host"] = dict(host)
     data = json.dumps(doc, indent=1, sort_keys=True)
-    write_atomic(path, data.encode(), 0o600)  # as before: only root reads it
+    write_with_copy(path, data.encode(), 0o600)  # as before: only root reads it
+
+
+class StateNotSaved(FarmError):
+    """A command's change is in force but could not be saved: an agent restart would
+    undo it. The message names the file, why, and what to do."""
 
 
 def _finite(text: str) -> float:
@@ -151,39 +167,61 @@ def _finite(text: str) -> float:
 
 
 def load(path: Path) -> dict[int, dict[str, Any]]:
-    """The remembered workers (`load_all`)."""
-    return load_all(path)[0]
+    """The remembered workers, read only (the doctor's look): `path`, else its copy."""
+    return read_state(path).workers
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What `read_state` found: the workers and host remembered, the file they came
+    from, and why the first choice was not used (`problem`: None when it was)."""
+
+    workers: dict[int, dict[str, Any]]
+    host: dict[str, Any]
+    source: Path | None  # None: nothing usable (or nothing at all) was found
+    problem: str | None = None  # why `path` itself was unusable (absent: None)
+    lost: bool = False  # a file existed and neither it nor its copy could be read
+
+
+def _parse(path: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """Raises FileNotFoundError, or another exception for an unreadable file."""
+    raw = json.loads(path.read_text(), parse_float=_finite)
+    workers = raw["workers"]
+    host = raw.get("host")
+    return (
+        {int(k): v for k, v in workers.items() if isinstance(v, dict)},
+        host if isinstance(host, dict) else {},
+    )
+
+
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError)
+
+
+def read_state(path: Path) -> Loaded:
+    """`path`, else its second copy (damaged or missing first). Moves nothing."""
+    try:
+        workers, host = _parse(path)
+        return Loaded(workers, host, path)
+    except FileNotFoundError:
+        problem: str | None = None
+    except _UNREADABLE as exc:
+        problem = str(exc)[:200] or type(exc).__name__
+    copy = copy_path(path)
+    try:
+        workers, host = _parse(copy)
+        return Loaded(workers, host, copy, problem)
+    except FileNotFoundError:
+        return Loaded({}, {}, None, problem, lost=problem is not None)
+    except _UNREADABLE as exc:
+        if problem is None:
+            problem = "missing"
+        return Loaded({}, {}, None, f"{problem}; its copy: {str(exc)[:200]}", lost=True)
 
 
 def load_all(path: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """The remembered workers and host; ({}, {}) when there is no file. An unreadable file
-    (not JSON, numbers out of range, nesting too deep) is kept aside as
-    `<name>.corrupt-<time>` for a post-mortem, and the farm starts with nothing
-    remembered, saying so. A file without a host part (an older agent's) remembers none."""
-    try:
-        raw = json.loads(path.read_text(), parse_float=_finite)
-        workers = raw["workers"]
-        host = raw.get("host")
-        return (
-            {int(k): v for k, v in workers.items() if isinstance(v, dict)},
-            host if isinstance(host, dict) else {},
-        )
-    except FileNotFoundError:
-        return {}, {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-        try:
-            path.rename(kept)
-        except OSError:
-            kept = path
-        log.warning(
-            "state_unreadable",
-            path=str(path),
-            error=str(exc)[:200],
-            kept=str(kept),
-            hint="starting with no remembered restarts; the unreadable file is kept aside",
-        )
-        return {}, {}
+    """The remembered workers and host; ({}, {}) when there is no file (`read_state`)."""
+    got = read_state(path)
+    return got.workers, got.host
 
 
 def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
@@ -223,11 +261,33 @@ class StateStore:
         self._wall = wall
         self._persisted: dict[int, dict[str, Any]] = {}
         self._persisted_host: dict[str, Any] = {}
+        # Issue 30: why the file was not usable at start (kept until the agent stops),
+        # the latest save's failure (None once a save succeeds), and the failures so far.
+        self.start_alert: StateAlert | None = None
+        self.not_saved: StateAlert | None = None
+        self.save_failures = 0
 
     async def save_from(self, sup: Supervisor) -> None:
         """The supervisor's workers and the host's hold out of the gateway (drain-host):
         read on the event loop, written in a thread."""
         await asyncio.to_thread(self.save, dict(sup.workers), held_out_since=sup.held_out_since)
+
+    async def save_now(self, sup: Supervisor, change: str, undone: str) -> None:
+        """A command's change saved before it answers: raises StateNotSaved naming the
+        file and why when it cannot be (`change`: what is in force now, `undone`: what an
+        agent restart would do then)."""
+        await self.save_from(sup)
+        bad = self.not_saved
+        if bad is not None:
+            raise StateNotSaved(
+                f"{change}, but it is not saved: {self.path}: {bad.error}; an agent restart "
+                f"would {undone}. Free space in {self.path.parent} (or fix its permissions), "
+                "then run the command again"
+            )
+
+    def alerts(self) -> tuple[StateAlert, ...]:
+        """What `farmctl status` says about this file now."""
+        return tuple(a for a in (self.start_alert, self.not_saved) if a is not None)
 
     def restore(
         self, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
@@ -239,8 +299,11 @@ class StateStore:
         says why), with a warning naming the worker and both GPUs. A host held out of the
         gateway (`farmctl drain-host`) stays held out (`Supervisor.hold_out`).
         """
-        saved, host = load_all(self.path)
+        got = read_state(self.path)
+        saved, host = got.workers, got.host
         offset = self._clock() - self._wall()
+        if got.problem is not None:
+            self._keep_aside(got)
         phases: dict[int, Phase | None] = {}
         for wid, d in saved.items():
             if wid not in sup.workers:
@@ -276,7 +339,11 @@ class StateStore:
                     hint="its remembered restarts are dropped; the farm goes on",
                 )
         since = host.get("held_out_since")
-        if isinstance(since, (int, float)) and not isinstance(since, bool):
+        if got.lost:
+            # Fail closed: a drain-host hold may have been in this file. The host stays
+            # out of the gateway until an operator says it may serve.
+            sup.hold_out(True, self._clock())
+        elif isinstance(since, (int, float)) and not isinstance(since, bool):
             sup.hold_out(True, float(since) + offset)
             log.warning(
                 "host_still_held_out",
@@ -285,11 +352,48 @@ class StateStore:
                 "restarted; its workers stay out",
                 fix="farmctl undrain-host puts them back",
             )
-        self._persisted = saved
-        self._persisted_host = host
+        # Read from the copy: the first save writes both files whole again.
+        self._persisted = saved if got.source == self.path else {}
+        self._persisted_host = host if got.source == self.path else {}
         if saved:
-            log.info("state_restored", path=str(self.path), workers=len(saved))
+            log.info("state_restored", path=str(got.source), workers=len(saved))
         return phases
+
+    def _keep_aside(self, got: Loaded) -> None:
+        """The unusable file moved aside for a post-mortem (never read or overwritten
+        again), said in the log and kept for `farmctl status`."""
+        kept: Path | None = self.path.with_name(f"{self.path.name}.corrupt-{int(self._wall())}")
+        assert kept is not None
+        try:
+            self.path.rename(kept)
+        except FileNotFoundError:
+            kept = None  # only its copy was there
+        except OSError:
+            kept = self.path
+        if got.lost:
+            then = (
+                "nothing remembered: the host is held out of the gateway (a drain-host "
+                "may have been lost; farmctl undrain-host once it may serve), and any GPU "
+                "quarantine it held is dropped (the farm quarantines a GPU again when NVML "
+                "finds it failing; sglang-farm doctor checks them)"
+            )
+        else:
+            then = f"read its second copy {got.source} instead"
+        self.start_alert = StateAlert(
+            str(self.path),
+            AlertKind.UNREADABLE,
+            got.problem or "",
+            self._wall(),
+            str(kept) if kept is not None else None,
+            then,
+        )
+        log.warning(
+            "state_unreadable",
+            path=str(self.path),
+            error=got.problem,
+            kept=str(kept) if kept is not None else None,
+            then=then,
+        )
 
     def save(
         self, workers: Mapping[int, WorkerState], *, held_out_since: float | None = None
@@ -300,18 +404,37 @@ class StateStore:
         data = {w: worker_to_dict(s, offset) for w, s in workers.items()}
         host = host_to_dict(held_out_since, offset)
         held_then = self._persisted_host.get("held_out_since") is not None
-        if _compare_key(data) == _compare_key(self._persisted) and held_then == (
-            held_out_since is not None
+        if (
+            self.not_saved is None  # after a failure, the file may hold an older state
+            and _compare_key(data) == _compare_key(self._persisted)
+            and held_then == (held_out_since is not None)
         ):
             return
         try:
             save(self.path, data, host)
-            self._persisted = data
-            self._persisted_host = host
         except OSError as exc:
-            log.error(
+            self.save_failures += 1
+            first = self.not_saved is None
+            why = exc.strerror or str(exc)
+            self.not_saved = StateAlert(
+                str(self.path),
+                AlertKind.NOT_SAVED,
+                why,
+                self.not_saved.since if self.not_saved is not None else self._wall(),
+                then="an agent restart would forget what changed since (a drain-host, a "
+                "stop, a quarantine): free space in the state_dir or fix its permissions",
+            )
+            (log.error if first else log.debug)(
                 "state_save_failed",
                 path=str(self.path),
-                error=str(exc),
-                hint="check state_dir in the config and its permissions",
+                error=why,
+                failures=self.save_failures,
+                hint="an agent restart would forget what changed since; free space in "
+                "state_dir or fix its permissions (said once until a save succeeds)",
             )
+            return
+        self._persisted = data
+        self._persisted_host = host
+        if self.not_saved is not None:
+            log.info("state_saved_again", path=str(self.path), failures=self.save_failures)
+            self.not_saved = None

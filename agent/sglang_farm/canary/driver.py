@@ -55,6 +55,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.metrics.pollers import worker_api_key
 from sglang_farm.spec import FarmSpec
+from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
@@ -164,6 +165,7 @@ class CanaryDriver:
         self._caps = dict(caps or {})
         self._host: Host | None = None
         self._record = store.load(spec.farm.state_dir)
+        self._not_saved: StateAlert | None = None
         self._state_dir = spec.farm.state_dir
         self._accepted: FarmSpec | None = None  # the config the baseline runs
         self._candidate: FarmSpec | None = None  # the change under analysis (or held)
@@ -282,8 +284,20 @@ class CanaryDriver:
     def _save(self) -> None:
         try:
             store.save(self._state_dir, self._record)
+            self._not_saved = None
         except OSError as exc:
             log.error("canary_record_not_saved", error=str(exc), state_dir=self._state_dir)
+            self._not_saved = StateAlert(  # issue 30: farmctl status says so
+                str(Path(self._state_dir) / store.FILE),
+                AlertKind.NOT_SAVED,
+                exc.strerror or str(exc),
+                self._not_saved.since if self._not_saved is not None else time.time(),
+                then="an agent restart would forget the latest accepted or rejected change",
+            )
+
+    def alerts(self) -> tuple[StateAlert, ...]:
+        """What is wrong with canary.json: found refused or damaged, or not saved."""
+        return (*self._record.alerts, *((self._not_saved,) if self._not_saved else ()))
 
     def spec_for(self, worker: int, current: FarmSpec) -> FarmSpec:
         """The config `worker` runs when the agent's `current` one is in force: while a

@@ -531,6 +531,11 @@ def format_status(st: Mapping[str, Any]) -> str:
         + (f" ({st['rollout_reason']})" if st.get("rollout_reason") else "")
         + f" · {st.get('ready', 0)}/{len(workers)} ready"
     )
+    if any(
+        isinstance(a, Mapping) and a.get("kind") == "not_saved"
+        for a in st.get("state_alerts") or ()
+    ):
+        head += " · STATE NOT SAVED"
     held = st.get("held_out_since")
     if isinstance(held, int | float):
         head += f" · host DRAINED (out of the gateway) for {_duration(now - float(held))}"
@@ -582,6 +587,9 @@ def format_status(st: Mapping[str, Any]) -> str:
             "host drained: every worker is held out of the gateway (farmctl drain-host), also "
             "when it restarts, until farmctl undrain-host"
         )
+    for a in st.get("state_alerts") or ():  # issue 30: state not saved, damaged or refused
+        if isinstance(a, Mapping):
+            notes.append(str(a.get("message") or a.get("file")))
     # Issue 26: several gateways ([gateway] urls) are shown one line each.
     each: list[Mapping[str, Any]] = st.get("gateways") or ([gw] if gw is not None else [])
     for g in each:

@@ -306,6 +306,20 @@ def status_result(
     if view.held_out_since is not None:
         # Issue 26: only while farmctl drain-host holds the host out of the gateway.
         result["held_out_since"] = view.held_out_since
+    if view.state_alerts:
+        # Issue 30: only while a state file is not saved, or was damaged or refused.
+        result["state_alerts"] = [
+            {
+                "file": a.file,
+                "kind": str(a.kind),
+                "error": a.error,
+                "since": a.since,
+                "kept": a.kept,
+                "then": a.then,
+                "message": a.line(),
+            }
+            for a in view.state_alerts
+        ]
     return result
 
 

@@ -10,8 +10,13 @@ else is `internal` (the traceback goes to the log, never to the client).
 Robustness: each connection is its own task with an idle timeout and bounded
 writes, lines are capped at `codec.MAX_LINE`, and the number of connections is
 capped below the descriptor limit; nothing a client sends or fails to read can block
-another client. The socket is made only in a folder no other user can write
-(`securepath`): one that could would let that user swap in its own socket.
+another client. Issue 30, item 10: the cap keeps `ROOT_RESERVE` connections for root
+(and the agent's own uid), so a group member holding every slot (1,024 `logs -f`
+streams) never makes root's `farmctl status` busy; one such uid holds at most
+`1/UID_SHARE` of the cap; and the bytes of unfinished lines held in all connections
+together are bounded (`BUFFER_BUDGET`): past it, the non-root connection whose bytes
+would overflow it is answered `busy` and closed. The socket is made only in a folder
+no other user can write (`securepath`): one that could would let that user swap in its own socket.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import os
 import resource
 import socket
 import stat
-from collections.abc import Mapping
-from typing import Final
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Final, SupportsIndex
 
 import structlog
 
@@ -47,10 +53,79 @@ WRITE_TIMEOUT: Final = 10.0
 # listen() queue. asyncio's default (100) makes a burst of non-blocking connects
 # fail with EAGAIN; the kernel caps this at net.core.somaxconn.
 BACKLOG: Final = 1024
+# Connections beyond the cap that only root and the agent's own uid may take.
+ROOT_RESERVE: Final = 16
+# A uid other than root's (a group member) holds at most max_clients // UID_SHARE.
+UID_SHARE: Final = 4
+# The bytes of unfinished request lines held by all non-root connections together. A
+# farmctl request is well under 1 KiB: 4 MiB is 64 lines at `codec.MAX_LINE` at once.
+BUFFER_BUDGET: Final = 4 << 20
+
+
+class _Budget:
+    """The bytes held by every connection's reader; `limit` bounds the non-root ones."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+class _CountedReader(asyncio.StreamReader):
+    """A connection's reader that counts what it holds into the server's `_Budget`.
+
+    A chunk that would take the budget past its limit is dropped and the connection's
+    input ends there (`overflowed`), unless the peer is root's (`privileged`, set once
+    its credentials are known): root may do anything to the agent anyway, and its
+    commands must go through while another user holds the budget.
+    """
+
+    def __init__(self, budget: _Budget, limit: int) -> None:
+        super().__init__(limit=limit)
+        self._budget = budget
+        self.held = 0
+        self.privileged = False
+        self.overflowed = False
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if self.overflowed:
+            return
+        size = len(data) if isinstance(data, bytes | bytearray | memoryview) else 0
+        if not self.privileged and self._budget.used + size > self._budget.limit:
+            self.overflowed = True
+            self.feed_eof()
+            return
+        self.held += size
+        self._budget.used += size
+        super().feed_data(data)
+
+    def _release(self, n: int) -> None:
+        n = min(n, self.held)
+        self.held -= n
+        self._budget.used -= n
+
+    async def line(self) -> bytes:
+        """`readuntil(b"\n")`, its bytes given back to the budget (also a last partial
+        line's, at EOF)."""
+        try:
+            data = await self.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            self._release(len(exc.partial))
+            raise
+        self._release(len(data))
+        return data
+
+    async def take(self, n: int) -> bytes:
+        data = await self.read(n)
+        self._release(len(data))
+        return data
+
+    def close(self) -> None:
+        """The connection is gone: whatever it still holds goes back to the budget."""
+        self._release(self.held)
 
 
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: _CountedReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
 
@@ -76,7 +151,7 @@ class _RequestChannel:
 
     async def hangup(self) -> None:
         # EOF (b"") or any byte: either way the client is done with this stream.
-        await self._conn.reader.read(1)
+        await self._conn.reader.take(1)
 
 
 class ControlServer:
@@ -91,6 +166,8 @@ class ControlServer:
         version: str,
         idle_timeout: float = IDLE_TIMEOUT,
         max_clients: int | None = None,  # None: from the descriptor limit (`_client_cap`)
+        root_reserve: int = ROOT_RESERVE,
+        buffer_budget: int = BUFFER_BUDGET,
     ) -> None:
         self._path = path
         self._group = group
@@ -101,6 +178,10 @@ class ControlServer:
         self._handlers = Handlers(ops, version=version)
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self._root_reserve = root_reserve
+        self._own_uid = os.geteuid()
+        self._by_uid: Counter[int] = Counter()  # connections held, per non-root uid
+        self._budget = _Budget(buffer_budget)
 
     @property
     def path(self) -> str:
@@ -108,8 +189,14 @@ class ControlServer:
 
     @property
     def max_clients(self) -> int:
-        """Connections held at once; past it a newcomer is answered `busy` and closed."""
+        """Connections held at once; past it a newcomer is answered `busy` and closed
+        (root and the agent's own uid: past it and `ROOT_RESERVE` more)."""
         return self._max_clients
+
+    @property
+    def buffered_bytes(self) -> int:
+        """The bytes of unfinished request lines held now, in all connections."""
+        return self._budget.used
 
     @property
     def group_gid(self) -> int | None:
@@ -130,8 +217,13 @@ class ControlServer:
             if gid is not None:
                 os.chown(self._path, -1, gid)
             os.chmod(self._path, mode)
-            self._server = await asyncio.start_unix_server(
-                self._on_client, sock=sock, limit=codec.MAX_LINE, backlog=BACKLOG
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_unix_server(
+                lambda: asyncio.StreamReaderProtocol(
+                    _CountedReader(self._budget, codec.MAX_LINE), self._on_client
+                ),
+                sock=sock,
+                backlog=BACKLOG,
             )
         except BaseException:
             sock.close()
@@ -254,17 +346,24 @@ class ControlServer:
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        assert isinstance(reader, _CountedReader)  # made by start()'s protocol factory
         self._conns.add(task)
         conn = _Conn(reader, writer)
+        counted: int | None = None
         try:
-            if len(self._conns) > self._max_clients:
-                await conn.send(
-                    codec.encode_error(
-                        None, ErrorCode.BUSY, "too many control connections; try again shortly"
-                    )
-                )
+            try:
+                peer = peer_of(writer.get_extra_info("socket"))
+            except OSError:
+                return  # gone before its credentials could be read
+            reader.privileged = peer.uid in (0, self._own_uid)
+            if not reader.privileged:
+                counted = peer.uid
+                self._by_uid[peer.uid] += 1
+            busy = self._busy(peer, reader.privileged)
+            if busy is not None:
+                # Not logged: a line per refused connection would be a flood of its own.
+                await conn.send(codec.encode_error(None, ErrorCode.BUSY, busy))
                 return
-            peer = peer_of(writer.get_extra_info("socket"))
             await self._serve(conn, peer)
         except ClientGone:
             pass
@@ -274,18 +373,51 @@ class ControlServer:
             log.exception("control_connection_error")
         finally:
             self._conns.discard(task)
+            if counted is not None:
+                self._by_uid[counted] -= 1
+                if self._by_uid[counted] <= 0:
+                    del self._by_uid[counted]
+            reader.close()
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
+    def _busy(self, peer: Peer, privileged: bool) -> str | None:
+        """Why this new connection is refused (counted already), or None."""
+        held = len(self._conns)
+        if privileged:
+            if held > self._max_clients + self._root_reserve:
+                return "too many control connections; try again shortly"
+            return None
+        if held > self._max_clients:
+            return "too many control connections; try again shortly"
+        share = max(1, self._max_clients // UID_SHARE)
+        if self._by_uid[peer.uid] > share:
+            return (
+                f"uid {peer.uid} holds {share} control connections already (its share of "
+                f"{self._max_clients}); close some (farmctl logs -f, wait-ready) and retry"
+            )
+        return None
+
     async def _serve(self, conn: _Conn, peer: Peer) -> None:
         while True:
             try:
-                line = await asyncio.wait_for(conn.reader.readuntil(b"\n"), self._idle_timeout)
+                line = await asyncio.wait_for(conn.reader.line(), self._idle_timeout)
             except TimeoutError:
                 log.debug("control_idle_timeout", pid=peer.pid, uid=peer.uid)
                 return
             except asyncio.IncompleteReadError as exc:
+                if conn.reader.overflowed:  # not logged either (a flood of its own)
+                    await conn.send(
+                        codec.encode_error(
+                            None,
+                            ErrorCode.BUSY,
+                            "the control socket holds too many unfinished requests "
+                            f"({self._budget.limit} bytes in all); connection closed, "
+                            "try again shortly",
+                        )
+                    )
+                    return
                 # EOF: a last request without its newline is still served.
                 if exc.partial.strip():
                     await self._handle_line(conn, exc.partial, peer)

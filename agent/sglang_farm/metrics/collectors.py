@@ -44,6 +44,7 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot, attribute_memo
 from sglang_farm.metrics import exposition
 from sglang_farm.staging.failure import StageFailureKind
 from sglang_farm.staging.state import StageState, StagingView
+from sglang_farm.state_alerts import AlertKind
 from sglang_farm.workers.failures import OomKind, RestartReason
 from sglang_farm.workers.load import WorkerStats
 
@@ -242,6 +243,34 @@ def _agent(version: str, st: MetricsState) -> Iterator[Metric]:
         )
         m.add_metric([], 1 if farm.held_out_since is not None else 0)
         yield m
+        yield from _state_files(farm)
+
+
+def _state_files(farm: FarmView) -> Iterator[Metric]:
+    """Issue 30: the farm's own state files (state.json, canary.json)."""
+    c = _c(
+        "sglang_farm_state_save_failures",
+        "Failed writes of state.json (a full or read-only state_dir) since the agent started.",
+        [],
+    )
+    c.add_metric([], farm.state_save_failures)
+    yield c
+    m = _g(
+        "sglang_farm_state_alerts",
+        "Problems with the farm's state files now: not saved, or found damaged or refused at "
+        "the agent's start (farmctl status names each); 0 when there is none.",
+    )
+    m.add_metric([], len(farm.state_alerts))
+    yield m
+    m = _g(
+        "sglang_farm_state_unsaved_since_timestamp_seconds",
+        "Since when (Unix time) a state file's writes fail; only while they do.",
+        ["file"],
+    )
+    for a in farm.state_alerts:
+        if a.kind is AlertKind.NOT_SAVED:
+            m.add_metric([a.file], a.since)
+    yield m
 
 
 def _farm_extras(st: MetricsState) -> Iterator[Metric]:
