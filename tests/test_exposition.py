@@ -272,7 +272,8 @@ def test_a_swap_re_formats_only_the_sections_whose_parts_it_replaced() -> None:
     registry.farm.sections = tuple(counting(s) for s in registry.farm.sections)
     fmt = exposition.choose(PROMETHEUS_ACCEPT)
     fmt.encode(registry)
-    assert len(formatted) == 7  # the first body formats every section
+    assert len(formatted) == len(registry.farm.sections)  # the first body formats every one
+    assert len(formatted) == 8
     want = {
         "worker poll": ["agent", "worker_stats"],
         "gpu poll": ["agent", "gpus", "worker_memory", "quarantines"],
@@ -280,6 +281,7 @@ def test_a_swap_re_formats_only_the_sections_whose_parts_it_replaced() -> None:
             "agent",
             "farm",
             "worker_phases",
+            "worker_starts",
             "worker_stats",
             "worker_memory",
             "quarantines",
