@@ -289,7 +289,7 @@ def test_the_rollouts_end_names_the_farm_its_front_door_and_what_to_try(tmp: Pat
     (done,) = [e for e in logs if e["event"] == "rollout_done"]
     assert (done["ready"], done["workers"], done["front_door"]) == (8, 8, gw.url)
     assert done["next"] == "farmctl --config test.toml status"
-    want = f"{done['farm']}: 8/8 ready · front door {gw.url} · try: {done['next']}"
+    want = f"{done['farm']}: 8/8 ready and routed · front door {gw.url} · try: {done['next']}"
     assert done["summary"] == want
 
 

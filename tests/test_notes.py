@@ -28,9 +28,20 @@ def test_the_rollout_summary_names_the_front_door_and_the_next_command() -> None
         "farm": "lab",
         "front_door": "http://10.0.0.5:8080",
         "next": "farmctl --config /srv/farm.toml status",
-        "summary": "lab: 3/4 ready · front door http://10.0.0.5:8080 · "
+        "summary": "lab: 3/4 ready and routed · front door http://10.0.0.5:8080 · "
         "try: farmctl --config /srv/farm.toml status",
+        "not_routed": [],
     }
+    # Issue 31: with a gateway the count is what users get, or says who is not routed yet.
+    out = rollout_summary(SPEC, "http://10.0.0.5:8080", 4, 4, [2, 3])
+    assert out["not_routed"] == [2, 3]
+    assert str(out["summary"]).startswith(
+        "lab: 4/4 ready, the gateway does not route workers 2, 3 yet · front door"
+    )
+    held = rollout_summary(SPEC, "http://10.0.0.5:8080", 4, 4, [0, 1, 2, 3], held_out=True)
+    assert "4/4 ready, the host held out of the gateway (farmctl undrain-host)" in str(
+        held["summary"]
+    )
 
 
 def test_without_a_gateway_it_points_at_the_endpoints_and_skips_the_default_config() -> None:

@@ -58,7 +58,7 @@ from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
 from sglang_farm.workers.load import WorkerStats
 from sglang_farm.workers.logs import WorkerLogs
-from sglang_farm.workers.notes import note_level, rollout_summary
+from sglang_farm.workers.notes import ROUTED_WAIT_S, note_level, rollout_summary
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
@@ -524,13 +524,42 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
-            front = self._sync.gateway_url if self._sync is not None else None
-            fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
+            if self._sync is not None:  # said once users get it (issue 31)
+                self.spawn(self._say_rollout_done(fields))
+                return
+            fields.update(rollout_summary(self._spec, None, fields["ready"], fields["workers"]))
         wid = fields.pop("worker", None)
         logger = (
             self.log_for(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
         )
         getattr(logger, note_level(event))(event, **fields)
+
+    def _not_routed(self) -> list[int]:
+        """The ready workers the gateway does not route (yet)."""
+        return [w.id for w in self.view().workers if w.ready and not w.in_gateway]
+
+    async def _say_rollout_done(self, fields: dict[str, object]) -> None:
+        """The rollout's end with a gateway: said once the gateway routes every ready
+        worker, or after `ROUTED_WAIT_S` naming those it does not route yet; the counts
+        are the view's then."""
+        await self._publisher.wait_until(
+            lambda: not self._not_routed() or self.view().held_out_since is not None,
+            ROUTED_WAIT_S,
+        )
+        assert self._sync is not None  # only called with a gateway
+        view = self.view()
+        fields.update(ready=view.ready_count, workers=len(view.workers))
+        fields.update(
+            rollout_summary(
+                self._spec,
+                self._sync.gateway_url,
+                fields["ready"],
+                fields["workers"],
+                self._not_routed(),
+                held_out=view.held_out_since is not None,
+            )
+        )
+        getattr(log, note_level("rollout_done"))("rollout_done", **fields)
 
     # ---- command lines -------------------------------------------------------------------
 
