@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -58,7 +61,12 @@ from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
 from sglang_farm.workers.load import WorkerStats
 from sglang_farm.workers.logs import WorkerLogs
-from sglang_farm.workers.notes import ROUTED_WAIT_S, note_level, rollout_summary
+from sglang_farm.workers.notes import (
+    ROUTED_WAIT_S,
+    farmctl_command,
+    note_level,
+    rollout_summary,
+)
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
@@ -81,6 +89,19 @@ from sglang_farm.workers.supervisor import (
 )
 
 log = structlog.get_logger("sglang_farm.agent")
+
+
+def typed_from_here() -> tuple[str, str]:
+    """How the rollout's "try:" command is typed from the agent's working directory:
+    the farmctl beside the agent's interpreter (`.venv/bin/farmctl` in a checkout),
+    unless the one on the PATH is that one (issue 31)."""
+    cwd = os.getcwd()
+    mine = os.path.join(os.path.dirname(sys.executable), "farmctl")
+    if not os.path.exists(mine):
+        return "farmctl", cwd
+    found = shutil.which("farmctl")
+    same = found is not None and os.path.realpath(found) == os.path.realpath(mine)
+    return farmctl_command(mine, mine if same else found, cwd), cwd
 
 
 class Agent:
@@ -524,10 +545,15 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
+            farmctl, cwd = typed_from_here()
             if self._sync is not None:  # said once users get it (issue 31)
-                self.spawn(self._say_rollout_done(fields))
+                self.spawn(self._say_rollout_done(fields, farmctl, cwd))
                 return
-            fields.update(rollout_summary(self._spec, None, fields["ready"], fields["workers"]))
+            fields.update(
+                rollout_summary(
+                    self._spec, None, fields["ready"], fields["workers"], farmctl=farmctl, cwd=cwd
+                )
+            )
         wid = fields.pop("worker", None)
         logger = (
             self.log_for(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
@@ -538,7 +564,7 @@ class Agent:
         """The ready workers the gateway does not route (yet)."""
         return [w.id for w in self.view().workers if w.ready and not w.in_gateway]
 
-    async def _say_rollout_done(self, fields: dict[str, object]) -> None:
+    async def _say_rollout_done(self, fields: dict[str, object], farmctl: str, cwd: str) -> None:
         """The rollout's end with a gateway: said once the gateway routes every ready
         worker, or after `ROUTED_WAIT_S` naming those it does not route yet; the counts
         are the view's then."""
@@ -557,6 +583,8 @@ class Agent:
                 fields["workers"],
                 self._not_routed(),
                 held_out=view.held_out_since is not None,
+                farmctl=farmctl,
+                cwd=cwd,
             )
         )
         getattr(log, note_level("rollout_done"))("rollout_done", **fields)
