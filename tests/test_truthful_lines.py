@@ -111,6 +111,10 @@ def test_the_status_header_says_what_users_get_and_names_who_is_not_ready() -> N
     assert head(_status(failed)).endswith(
         " · 5/8 ready (workers 5, 7 failed; worker 6 starting) and routed"
     )
+    starting = _status({w: ("starting", False) for w in range(64)}, gateway=None)
+    assert head(starting).endswith(
+        " · 0/64 ready (workers 0, 1, 2, 3, 4, 5, 6, 7 and 56 more starting)"
+    )
     no_gateway = _status({0: ("ready", False), 1: ("backoff", False)}, gateway=None)
     assert head(no_gateway).endswith(" · 1/2 ready (worker 1 backoff)")
     drained = _status({w: ("ready", False) for w in range(2)}, held_out_since=900.0)
@@ -154,6 +158,11 @@ def test_wait_names_the_workers_a_gateway_does_not_route_in_one_line() -> None:
     assert r.output.count("does not route") == 2, r.output  # "waiting:" and the timeout
     assert f"waiting: {line}\n" in r.output
     assert f"waiting for {line};" in r.output
+    with serving(FakeOps(4, gateway=GATEWAY)) as a:  # no gateway said: not confirmed in yet
+        for w in (1, 3):
+            a.ops.workers[w] = replace(a.ops.workers[w], in_gateway=False)
+        r = a.run("wait", "--timeout", "0.2")
+    assert "waiting: workers 1, 3 are ready, not yet in the gateway\n" in r.output, r.output
 
 
 def test_check_config_on_the_demo_warns_of_nothing_the_demo_does_not_do() -> None:
@@ -357,3 +366,23 @@ def test_the_preflights_count_names_each_warning() -> None:
     (done,) = [e for e in logs if e["event"] == "preflight_done"]
     assert done["warn"] == len(done["warnings"]) >= 1
     assert any(w.startswith("nvml: the GPUs are simulated") for w in done["warnings"])
+
+
+def test_systemds_status_line_says_when_ready_is_not_yet_routed() -> None:
+    """`systemctl status sglang-farm` showed `8/8 ready` while the gateway routed 7."""
+    from dataclasses import replace
+
+    from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
+    from sglang_farm.service import status_line
+
+    workers = tuple(
+        WorkerView(w, (w,), 30000 + w, f"http://127.0.0.1:{30000 + w}", Phase.READY, 1.0, 100 + w)
+        for w in range(8)
+    )
+    gw = GatewayStatus("http://127.0.0.1:8000", up=True, members=7, errors=0)
+    routed = tuple(replace(w, in_gateway=w.id != 5) for w in workers)
+    view = FarmView("demo", "systemd", routed, "/etc/x.toml", 0.0, "done", gateway=gw)
+    assert status_line(view) == "8/8 ready, 1 not yet routed by the gateway"
+    every = replace(view, workers=tuple(replace(w, in_gateway=True) for w in workers))
+    assert status_line(every) == "8/8 ready"
+    assert status_line(replace(view, gateway=None, workers=workers)) == "8/8 ready"

@@ -172,6 +172,7 @@ class Agent:
         self.worker_logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._summary: asyncio.Task[None] | None = None  # the rollout's end, until routed
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         self._started_at = wall()
         self._ticker = Ticker(
@@ -340,6 +341,8 @@ class Agent:
             ready()
         await stop.wait()
         log.info("farm_stopping", runtime=self.runtime.name)
+        if self._summary is not None:
+            self._summary.cancel()  # a rollout's end not said yet is not said while stopping
         self._stages.cancel.set()  # the copy under way stops at once
         if not self.runtime.workers_outlive_agent:
             await self._stop_all()
@@ -547,7 +550,9 @@ class Agent:
         if event == "rollout_done":
             farmctl, cwd = typed_from_here()
             if self._sync is not None:  # said once users get it (issue 31)
-                self.spawn(self._say_rollout_done(fields, farmctl, cwd))
+                if self._summary is not None:
+                    self._summary.cancel()  # a new rollout's end replaces the one not said
+                self._summary = self.spawn(self._say_rollout_done(fields, farmctl, cwd))
                 return
             fields.update(
                 rollout_summary(

@@ -532,7 +532,7 @@ def _ready_part(st: Mapping[str, Any], workers: Sequence[Mapping[str, Any]], gw:
         text += (
             " ("
             + "; ".join(
-                f"worker{'s' if len(ids) > 1 else ''} {', '.join(ids)} {state}"
+                f"worker{'s' if len(ids) > 1 else ''} {_few(ids)} {state}"
                 for state, ids in by_state.items()
             )
             + ")"
@@ -543,7 +543,13 @@ def _ready_part(st: Mapping[str, Any], workers: Sequence[Mapping[str, Any]], gw:
     if not unrouted:
         return text + " and routed"
     s = "s" if len(unrouted) > 1 else ""
-    return text + f", the gateway does not route worker{s} {', '.join(unrouted)}"
+    return text + f", the gateway does not route worker{s} {_few(unrouted)}"
+
+
+def _few(ids: Sequence[str], most: int = 8) -> str:
+    """Ids for a header line: the first `most`, then how many more (64 workers starting)."""
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(ids[:most]) + more
 
 
 def format_status(st: Mapping[str, Any]) -> str:
@@ -1163,6 +1169,8 @@ def _items(res: Mapping[str, Any], key: str) -> list[str]:
 
 def _not_routed_text(ids: Sequence[int], gateways: Sequence[str]) -> str:
     one = len(ids) == 1
+    if not gateways:  # not confirmed in yet
+        return f"{_who(ids)} {'is' if one else 'are'} ready, not yet in the gateway"
     return (
         f"{_who(ids)} {'is' if one else 'are'} ready; the gateway at {', '.join(gateways)} "
         f"does not route {'it' if one else 'them'}"

@@ -700,9 +700,11 @@ def settled_result(view: FarmView) -> Result:
                 item["not_routed_by"] = missing
                 waiting.append(item)
             elif not w.in_gateway and all(g.up for g in each):
-                waiting.append(
-                    _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
+                item = _item(
+                    "gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id
                 )
+                item["not_routed_by"] = []  # no gateway said so: not yet confirmed in
+                waiting.append(item)
     failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
     should = [w for w in view.workers if w.phase is not Phase.STOPPED]
     state = "failed" if failures else "waiting" if waiting else "settled"
