@@ -14,6 +14,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import structlog
@@ -386,3 +387,34 @@ def test_systemds_status_line_says_when_ready_is_not_yet_routed() -> None:
     every = replace(view, workers=tuple(replace(w, in_gateway=True) for w in workers))
     assert status_line(every) == "8/8 ready"
     assert status_line(replace(view, gateway=None, workers=workers)) == "8/8 ready"
+
+
+def test_the_pollers_give_each_simulated_worker_what_its_own_flags_hold() -> None:
+    """The agent's GPU poll puts each worker's process on its simulated GPU: with the
+    size its command line now (the ladder's step applied) makes it."""
+    from sglang_farm.config import load_spec
+    from sglang_farm.farm_view import build_view
+    from sglang_farm.gpus.simulated import DEFAULT_PROCESS_BYTES, FakeGpuPoller, process_bytes_for
+    from sglang_farm.metrics.pollers import MetricPollers
+
+    demo = (REPO / "etc/sglang-farm/demo.toml").read_text()
+    spec = load_spec(demo, source="demo.toml", agent_python=sys.executable)
+    step = ("python", "-m", "sglang_farm.sim", "--mem-fraction-static", "0.8")
+    argv = {w: ("python", "-m", "sglang_farm.sim") for w in spec.worker_ids} | {3: step}
+    view = build_view(
+        spec,
+        {},
+        runtime="process",
+        rollout="done",
+        rollout_reason=None,
+        started_at=0.0,
+        mono_to_wall=0.0,
+        argv=argv,
+    )
+    gpus = FakeGpuPoller(8)
+    MetricPollers(spec, gpus, view)._assign_fake(
+        gpus, {w: frozenset({1000 + w}) for w in spec.worker_ids}
+    )
+    used = {g.index: g.memory_used_bytes for g in gpus.snapshot().gpus}
+    assert used[3] == process_bytes_for(step) < DEFAULT_PROCESS_BYTES
+    assert {used[w] for w in spec.worker_ids if w != 3} == {DEFAULT_PROCESS_BYTES}
