@@ -118,6 +118,7 @@ async def farm(
     observers: Sequence[Callable[[FarmView], None]] = (),
     scrape: Scrape | None = None,
     gate: Gate | None = None,
+    port_state: Callable[[str, int], PortState] | None = None,
 ) -> AsyncIterator[Farm]:
     """The real Agent over the fakes, running on the test's loop until the block ends.
 
@@ -127,7 +128,8 @@ async def farm(
     long a fake worker loads (the loop's seconds); `observers`: called with every farm view;
     `more_gateways`: the others of `[gateway] urls` (issue 26), beside `gateway`;
     `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text;
-    `gate`: its eval gate (evalrun.run_gate's signature).
+    `gate`: its eval gate (evalrun.run_gate's signature); `port_state`: whether a worker's
+    port is free at launch (default: always free).
     """
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
@@ -146,7 +148,7 @@ async def farm(
 
     collaborators = Collaborators(
         prober=prober,
-        port_state=lambda _h, _p: PortState.FREE,
+        port_state=port_state or (lambda _h, _p: PortState.FREE),
         port_owner=ports,
         gateway=gw if spec.gateway.enabled else None,
         more_gateways=tuple(more_gateways) if spec.gateway.enabled else (),

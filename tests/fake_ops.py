@@ -262,7 +262,7 @@ class FakeOps:
         finally:
             self.follow_queues.remove(q)
 
-    def reset_oom(self, worker_id: int) -> None:
+    async def reset_oom(self, worker_id: int) -> None:
         self.oom_resets.append(worker_id)
         self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0, oom_step_name=None)
 

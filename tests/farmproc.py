@@ -46,20 +46,52 @@ def block_is_free(base: int, n: int) -> bool:
 _GIVEN: list[range] = []
 
 
+# The fixed ports the README's demo uses (8000, 9840, 29000, 30000-30007, 31000-31007): a
+# block handed out here never overlaps them, since a walkthrough may run beside the test.
+_DEMO_PORTS = range(8000, 31100)
+_TOP = 65000
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> range:
+    """The kernel's ephemeral (client) ports: every outgoing connection takes one, and
+    thousands stay in TIME-WAIT on a busy machine."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999  # Linux's default
+    return range(lo, hi + 1)
+
+
+def port_candidates(n: int, ephemeral: range) -> list[int]:
+    """Block bases of n ports that miss the ephemeral range and the demo's ports: above
+    the ephemeral range (Linux's default leaves 61000-65000), else below it."""
+    bases = [b for b in range(ephemeral.stop, _TOP - n, n)]
+    bases += [
+        b
+        for b in range(1024, ephemeral.start - n, n)
+        if not (b < _DEMO_PORTS.stop and _DEMO_PORTS.start < b + n)
+    ]
+    return bases
+
+
 def free_port_block(n: int) -> int:
     """A base port with n consecutive ports free on 127.0.0.1 and not handed out before
-    by this process (best effort, retried)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base: int = s.getsockname()[1]
+    by this process, outside the ephemeral range (`ephemeral_range`: ports taken by the
+    machine's own connections, in TIME-WAIT by the thousand while the suite runs, are never
+    chosen; scanning them is what ran out of blocks on a busy machine). Several pytest-xdist
+    workers start their scans at different places (by PID); the bind test settles the rest."""
+    bases = port_candidates(n, ephemeral_range())
+    if not bases:
+        raise RuntimeError(f"no room for a block of {n} ports outside the ephemeral range")
+    start = (os.getpid() * 7919) % len(bases)
+    for base in bases[start:] + bases[:start]:
         block = range(base, base + n)
-        if base + n >= 65000 or any(b.start < block.stop and block.start < b.stop for b in _GIVEN):
+        if any(b.start < block.stop and block.start < b.stop for b in _GIVEN):
             continue
         if block_is_free(base, n):
             _GIVEN.append(block)
             return base
-    raise RuntimeError("no free port block")
+    raise RuntimeError(f"no free block of {n} ports outside the ephemeral range")
 
 
 def farm_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -81,7 +82,7 @@ async def test_status_and_issued_at_come_from_the_wall_clock(ops: FakeOps) -> No
 async def test_status_compares_the_config_file_on_disk_with_the_one_in_force(
     ops: FakeOps, tmp_path: Path
 ) -> None:
-    """Fleet review #2: the file is read at each `status`; a refused reload (or an edit
+    """Fleet review #2: the file is compared at each `status`; a refused reload (or an edit
     not reloaded yet) shows as `config_pending` until a reload or restart applies it."""
     conf = tmp_path / "farm.toml"
     conf.write_text("[workers]\ngpus = [0]\n")
@@ -470,3 +471,38 @@ async def test_release_by_worker_names_an_unknown_worker_and_is_busy_while_it_ch
         await h.handle(Request(3, Command.RELEASE_GPU, ReleaseWorkerArgs(1)), Channel())
     assert ei.value.error_code is ErrorCode.BUSY
     await stop
+
+
+_opened: list[str] = []
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and args and isinstance(args[0], str):
+        _opened.append(args[0])
+
+
+sys.addaudithook(_audit)  # (audit hooks cannot be removed: it only records)
+
+
+async def test_status_reads_the_config_file_only_when_it_changed(
+    ops: FakeOps, tmp_path: Path
+) -> None:
+    """Issue 32, 4.3: `farmctl reload` polls `status` every second, and each one read and
+    hashed the whole config file. The file is read again only once it changed (its size,
+    inode or change time), and what `status` says stays true."""
+    conf = tmp_path / "farm.toml"
+    conf.write_text("[workers]\ngpus = [0]\n")
+    ops.config_source, ops.config_sha256 = str(conf), text_digest(conf.read_text())
+    h = handlers(ops)
+    _opened.clear()
+    for i in range(5):
+        st = await h.handle(Request(i, Command.STATUS, NoArgs()), Channel())
+        assert st["config_pending"] is False
+    assert _opened.count(str(conf)) == 1, _opened
+    conf.write_text("[workers]\ngpus = [0, 1]\n")
+    edited = text_digest(conf.read_text())
+    _opened.clear()
+    for i in range(5):
+        st = await h.handle(Request(10 + i, Command.STATUS, NoArgs()), Channel())
+        assert st["config_pending"] is True and st["config_file_sha256"] == edited
+    assert _opened.count(str(conf)) == 1, _opened

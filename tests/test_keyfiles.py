@@ -137,3 +137,54 @@ def test_any_group_or_other_bit_on_the_hub_token_file_is_warned_of(
         ]
         is Status.WARN
     )
+
+
+CREDENTIALS = (
+    '[farm]\nenv = { HF_TOKEN = "hf_secret", TOKENIZERS_PARALLELISM = "false" }\n'
+    '[workers]\ngpus = [0, 1]\n[workers.overrides.1]\nsglang = { api_key = "k-secret" }\n'
+    "[sglang]\nmodel_path = '/models/m'\n"
+)
+
+
+def test_check_config_fails_on_credentials_in_a_file_every_user_can_read(
+    shared_dir: Path,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """Issue 30, item 7: check-config only warned of credentials in a world-readable
+    farm.toml, so Ansible's `validate:` passed a 0644 file holding an api_key. It fails,
+    naming the file, the key paths and the fix; nobody really could read that file."""
+    etc = shared_dir / "etc"  # as /etc: root's, open to all
+    etc.mkdir()
+    etc.chmod(0o755)
+    config = etc / "farm.toml"
+    config.write_text(CREDENTIALS)
+    config.chmod(0o644)
+    assert "hf_secret" in asuser.as_nobody(["cat", str(config)]).stdout  # the claim is true
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error: {config} holds credentials (farm.env.HF_TOKEN, "
+        "workers.overrides.1.sglang.api_key) and every local user can read it (mode 0644)"
+    ) in result.stderr
+    assert f"fix: chgrp sglang-farm {config} && chmod 0640 {config}" in result.stderr
+    assert "hf_secret" not in result.output and "k-secret" not in result.output
+    assert "OK" not in result.stdout
+    # Fixed as it says: nobody reads it no more, and the check passes.
+    config.chmod(0o640)
+    assert asuser.as_nobody(["cat", str(config)], check=False).returncode != 0
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0 and "every local user" not in result.stderr, result.output
+    # 0644 in a folder only root may enter (Ansible's `validate:` copy): no one else's.
+    config.chmod(0o644)
+    etc.chmod(0o700)
+    assert asuser.as_nobody(["cat", str(config)], check=False).returncode != 0
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(config)])
+    assert result.exit_code == 0 and "every local user" not in result.stderr, result.output
+
+
+def test_an_env_name_is_a_credential_by_its_words() -> None:
+    from sglang_farm.doctor.host_rules import is_secret_name
+
+    for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWD", "HFTOKEN"):
+        assert is_secret_name(name), name
+    for name in ("TOKENIZERS_PARALLELISM", "SGLANG_SIM_FAIL_AFTER", "NCCL_DEBUG", "KEYRING"):
+        assert not is_secret_name(name), name

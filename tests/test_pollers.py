@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from sglang_farm.config import load_spec
@@ -66,7 +68,7 @@ def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_p
     spec = load_spec(TOML, source="t.toml")
 
     async def scenario() -> None:
-        polling = pollers.MetricPollers(spec, None, view, poll=poll_worker)
+        polling = pollers.MetricPollers(lambda: spec, None, view, poll=poll_worker)
         loop = asyncio.ensure_future(polling._worker_loop())
         await asyncio.sleep(0.05)  # the first poll's turn has come; the others' (0.6 s apart) not
         loop.cancel()
@@ -79,3 +81,108 @@ def test_a_poll_loop_cancelled_while_polls_wait_their_turn_leaves_no_unawaited_p
         gc.collect()
     assert made == [view.workers[0].id]
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_the_pollers_follow_a_reload_workers_intervals_and_keys(tmp_path: Path) -> None:
+    """Issue 32, 4.1: the pollers kept the config they started with. After a reload that
+    removes workers 6 and 7, the simulated GPUs' poll raised KeyError on every poll
+    (swallowed: no snapshot reached the agent's GPU-health rules again); a worker's new
+    API key and the new [metrics] intervals never reached the pollers."""
+    from structlog.testing import capture_logs
+
+    from agent_harness import farm, farm_toml
+    from sglang_farm.gpus.simulated import FakeGpuPoller
+    from sglang_farm.gpus.snapshot import FleetSnapshot
+    from sglang_farm.metrics.pollers import MetricPollers
+    from sglang_farm.spec import FarmSpec
+    from sglang_farm.workers.health import LocalHttp
+
+    def text(workers: int, gpu_interval: str, key: str | None) -> str:
+        return farm_toml(
+            tmp_path,
+            workers=workers,
+            metrics={
+                "gpu_source": "fake",
+                "listen": "127.0.0.1:0",
+                "gpu_poll_interval": gpu_interval,
+                "worker_poll_interval": "0.2s",
+            },
+            health={"period": "0.3s"},
+            startup={"poll_interval": "100ms"},
+            sglang={"api_key": key} if key else {},
+        )
+
+    texts = [text(8, "0.2s", None)]
+    fleets: list[tuple[float, FleetSnapshot]] = []
+    keys: list[tuple[float, int, str | None]] = []
+
+    async def poll(
+        client: LocalHttp,
+        base_url: str,
+        timeout: float,
+        *,
+        worker: int,
+        known_version: str | None,
+        api_key: str | None,
+    ) -> WorkerSample:
+        keys.append((time.monotonic(), worker, api_key))
+        return WorkerSample(worker, time.time(), False, error="not polled: a test")
+
+    def since(t0: float) -> int:
+        return len([t for t, _ in fleets if t > t0])
+
+    async def scenario() -> None:
+        def loader() -> FarmSpec:
+            return load_spec(texts[0], source="test.toml")
+
+        async with farm(tmp_path, text=texts[0], loader=loader, load_s=0.2) as f:
+
+            def on_fleet(fleet: FleetSnapshot) -> None:
+                f.agent.observe_fleet(fleet)
+                fleets.append((time.monotonic(), fleet))
+
+            pollers = MetricPollers(
+                lambda: f.agent.spec,
+                FakeGpuPoller(count=8),
+                f.agent.view(),
+                on_fleet=on_fleet,
+                poll=poll,
+            )
+            pollers_see = f.agent.view  # the harness's observers are fixed: hand views on
+
+            async def until(cond: Callable[[], bool], what: str) -> None:
+                for _ in range(600):  # a give-up bound, far above the 0.2 s intervals
+                    pollers.on_view(pollers_see())
+                    if cond():
+                        return
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"not within 60 s: {what}")
+
+            await pollers.start()
+            try:
+                await f.until(f.all_ready, within=60)
+                # 1. Workers 6 and 7 removed: the GPU snapshots go on.
+                texts[0] = text(6, "0.2s", None)
+                with capture_logs() as logged:
+                    await f.ops.reload()
+                    await until(lambda: sorted(f.phases()) == list(range(6)), "6 workers")
+                    removed = time.monotonic()
+                    await until(lambda: since(removed) >= 10, "10 GPU snapshots after it")
+                failed = [e for e in logged if e.get("event") == "gpu_poll_failed"]
+                assert failed == [], failed[:1]
+                # 2. A new key and a GPU interval of an hour: the key is sent, the
+                # snapshots stop after the one under way.
+                texts[0] = text(6, "1h", "k-new")
+                await f.ops.reload()
+                await until(lambda: f.agent.spec.metrics.gpu_poll_interval == 3600, "in force")
+                applied = time.monotonic()
+                await until(
+                    lambda: (1, "k-new") in {(w, k) for t, w, k in keys if t > applied},
+                    "worker 1 polled with its new key",
+                )
+                await until(f.all_ready, "6 ready")
+                assert since(applied) <= 2, f"{since(applied)} GPU snapshots at a 1 h interval"
+            finally:
+                await pollers.close()
+
+    asyncio.run(scenario())

@@ -163,3 +163,66 @@ def test_agent_a_listener_no_process_holds_keeps_the_worker_loading(tmp: Path) -
             await f.until(lambda: f.phase(0) is Phase.READY, within=5)
 
     run_virtual(scenario())
+
+
+def test_port_blocks_for_tests_miss_the_ephemeral_range_and_the_demos_ports() -> None:
+    """The suite's farms take their ports outside the ephemeral range: a busy machine's
+    TIME-WAIT connections (thousands) cannot exhaust them (issue 32 §4.7)."""
+    from farmproc import free_port_block, port_candidates
+
+    eph = range(32768, 61000)
+    for base in port_candidates(16, eph):
+        block = range(base, base + 16)
+        assert not (block.start < eph.stop and eph.start < block.stop), base
+        assert not (block.start < 31100 and block.stop > 8000), base
+    narrow = port_candidates(16, range(1024, 65001))  # an ephemeral range of every port
+    assert narrow == []
+    base = free_port_block(16)
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo, hi = (int(x) for x in f.read().split())
+    assert not (base < hi + 1 and lo < base + 16)
+
+
+def test_agent_why_names_the_squatter_while_the_launch_waits_for_the_port(tmp: Path) -> None:
+    """Issue 30, item 12: a squatter binds worker 3's port the moment a restart frees it.
+    The launch waits for the port (up to `PORT_FREE_WAIT_S`: SGLang's teardown frees it
+    within seconds); meanwhile `why 3` said `no failure recorded`. It names the holder
+    (`port_taken`) from `PORT_NAMED_AFTER_S` on, while the worker waits unstarted."""
+    from sglang_farm.control.results import why_result
+    from sglang_farm.host.ports import PortState
+    from sglang_farm.workers.launcher import PORT_FREE_WAIT_S
+
+    taken: set[int] = set()  # bound by the squatter (its owner shows once `squat` says)
+
+    def port_state(_host: str, port: int) -> PortState:
+        return PortState.IN_USE if port in taken else PortState.FREE
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), port_state=port_state) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            starts = f.runtime.starts_of(3)
+            await f.ops.restart([3])
+            taken.add(30003)  # the moment the old process lets go of it
+            await f.until(lambda: f.phase(3) is Phase.STARTING, within=60)
+            f.ports.squat(30003)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await f.until(
+                lambda: (
+                    (lf := f.agent.view().worker(3).last_failure) is not None
+                    and lf.kind is FailureKind.PORT_TAKEN
+                ),
+                within=PORT_FREE_WAIT_S / 2,
+            )
+            assert loop.time() - t0 < PORT_FREE_WAIT_S  # named before the launch gave up
+            why = why_result(f.agent.view().worker(3))
+            assert why["state"] == "starting"
+            failure = why["last_failure"]
+            assert isinstance(failure, dict) and failure["kind"] == "port_taken"
+            assert failure["summary"].startswith(f"port 30003 is held by {HOLDER}, not by worker 3")
+            assert f.runtime.starts_of(3) == starts  # never started on the squatted port
+            taken.clear()  # it leaves: the worker starts and serves
+            del f.ports.squatters[30003]
+            await f.until(lambda: f.gateway.routed() == urls(range(8)), within=120)
+
+    run_virtual(scenario())

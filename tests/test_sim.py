@@ -863,7 +863,7 @@ def test_health_queues_waits_behind_a_full_long_batch_while_its_counters_advance
         assert time.monotonic() - t >= 1.4
         assert "Health check failed. Server couldn't get a response from detokenizer" in sim.log
         # The probe left the queue when it gave up; the batch is as it was.
-        wait_until("the probes gone from the queue", lambda: counts() == (2, 1), 2)
+        wait_until("the probes gone from the queue", lambda: counts() == (2, 1), 30)
         # A request finishing is an output: the next look answers 200.
         t = time.monotonic()
         with httpx.Client(base_url=sim.url, timeout=10) as slow:
@@ -888,7 +888,8 @@ def test_wedge_freezes_tokens_and_counters_while_health_and_server_info_answer(
 ) -> None:
     env = {
         **FAST,
-        "SGLANG_SIM_WEDGE_AFTER": "1.0",
+        # Long enough after ready for both streams to be under way on a busy machine.
+        "SGLANG_SIM_WEDGE_AFTER": "6.0",
         "SGLANG_SIM_HEALTH_QUEUES": "1",  # the wedge answers even SGLang's generating /health
         "SGLANG_SIM_TOKEN_SECONDS": "0.02",
     }
@@ -896,14 +897,19 @@ def test_wedge_freezes_tokens_and_counters_while_health_and_server_info_answer(
     sim.wait_ready()
     streams = Streams(sim.url, 2, 1000)  # 20 s each: still running when the engine wedges
     with httpx.Client(base_url=sim.url, timeout=2.0) as client:
-        wait_until("both streams under way", lambda: all(streams.events), 2)
-        time.sleep(1.5)  # past the wedge
+        wait_until("both streams under way before the wedge", lambda: all(streams.events), 5.5)
 
         def now() -> tuple[int, tuple[tuple[str, float], ...], float]:
             stamp = client.get("/v1/loads").json()["loads"][0]["timestamp"]
             return streams.total(), progress(client), stamp
 
-        frozen = now()
+        def still() -> tuple[int, tuple[tuple[str, float], ...], float] | None:
+            first = now()
+            time.sleep(0.5)
+            return first if now() == first else None
+
+        # Past the wedge: nothing moves over half a second (tokens flow every 20 ms before).
+        frozen = wait_until("the engine wedged", still, 60)
         time.sleep(1.0)
         t = time.monotonic()
         assert client.get("/health").status_code == 200

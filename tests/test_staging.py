@@ -113,8 +113,9 @@ def test_first_stage_copies_every_file_verified_and_records_the_manifest(tmp_pat
     recorded = (target / MANIFEST_NAME).read_text()
     assert "model-00001-of-00002.safetensors" in recorded
     # Readable by the workers whatever the agent's umask (the unit runs it with 0077).
-    assert oct((target / "config.json").stat().st_mode & 0o777) == "0o644"
-    assert oct(target.stat().st_mode & 0o777) == "0o755"
+    # The workers' (group) and the agent's, no one else's (issue 30, item 8).
+    assert oct((target / "config.json").stat().st_mode & 0o777) == "0o640"
+    assert oct(target.stat().st_mode & 0o777) == "0o750"
     # Nothing is left beside the copy: no temporary, no old copy (the lock lives in
     # [farm] state_dir, a folder only root can write).
     assert siblings(target) == []
@@ -482,6 +483,19 @@ def test_a_rolled_back_copy_swaps_back_with_the_previous_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old-x", "model"]
 
 
+def test_a_current_copy_staged_open_to_all_is_closed_up_at_the_next_stage(
+    tmp_path: Path,
+) -> None:
+    """A copy staged before issue 30 (item 8) was 0755: unchanged, it is not copied again,
+    but its folder gets the copy's mode, so no one but the workers enters it."""
+    src = make_source(tmp_path / "src", MODEL)
+    target = tmp_path / "shm" / "model"
+    stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
+    target.chmod(0o755)
+    r = stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
+    assert r.current and target.stat().st_mode & 0o777 == 0o750
+
+
 def test_a_stage_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path) -> None:
     # After a reboot /dev/shm/models is gone; the agent runs under UMask=0077, and the
     # workers ([farm] user) must still enter every folder above model_path.
@@ -492,8 +506,10 @@ def test_a_stage_creates_missing_parents_0755_under_a_0077_umask(tmp_path: Path)
         stage_model(spec_for(tmp_path, src, target), cancel=threading.Event(), measure=roomy)
     finally:
         os.umask(old)
-    for d in (tmp_path / "shm", tmp_path / "shm" / "models", target, target / "tokenizer"):
+    for d in (tmp_path / "shm", tmp_path / "shm" / "models"):
         assert d.stat().st_mode & 0o777 == 0o755, d
+    for d in (target, target / "tokenizer"):  # the copy: the workers' group enters it
+        assert d.stat().st_mode & 0o777 == 0o750, d
     # The stage lock's folder is root's alone.
     assert (tmp_path / "state" / "staging").stat().st_mode & 0o777 == 0o700
 

@@ -89,6 +89,8 @@ def test_hub_download_through_the_stand_in_is_staged_verified_by_the_hubs_etags(
     assert files_of(target) == TINY and not r.current
     # The persistent cache holds the snapshot (default: <state_dir>/hub-cache).
     assert (tmp_path / "state" / "hub-cache" / "models--tiny-org--tiny-model").is_dir()
+    # The agent's alone: gated weights reach others only as the copy, to the workers' group.
+    assert (tmp_path / "state" / "hub-cache").stat().st_mode & 0o777 == 0o700
     recorded = manifest_from_json((target / MANIFEST_NAME).read_text())
     assert recorded is not None
     by = recorded.by_path()

@@ -60,19 +60,27 @@ def stage(
     state_dir: Path | None = None,
     before: Callable[[int], None] = lambda _pid: None,
     capless: bool = True,
+    farm_group: str | None = None,
+    groups: str | None = None,
 ) -> bool:
     """Stage as the agent under its unit (uid 0, no capabilities; `capless=False`: root with
     every capability, as `sglang-farm run` from a root shell); True when the copy was
     already current. `before(pid)` runs once the stager's pid is known, before it stages.
-    Raises the stage's StageError."""
+    `farm_group`: the config's [farm] group; `groups`: the agent's supplementary groups
+    (setpriv's --groups, as the unit's SupplementaryGroups=). Raises the stage's StageError."""
     text = spec_text(tmp, source, target)
+    if farm_group is not None:
+        text = text.replace("[farm]\n", f'[farm]\ngroup = "{farm_group}"\n', 1)
     if state_dir is not None:
         default = tmp / "state"
         text = text.replace(f'state_dir = "{default}"', f'state_dir = "{state_dir}"')
     toml = tmp / "farm.toml"
     toml.write_text(text)
+    caps = CAPLESS_ROOT if capless else []
+    if groups is not None:
+        caps = [*(caps or ["setpriv"]), f"--groups={groups}"]
     child = subprocess.Popen(
-        [*(CAPLESS_ROOT if capless else []), sys.executable, "-c", STAGE_CHILD, str(toml)],
+        [*caps, sys.executable, "-c", STAGE_CHILD, str(toml)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -116,17 +124,83 @@ def nobody_files(root: Path, files: dict[str, bytes]) -> None:
 
 
 def assert_ours(target: Path) -> None:
-    """model_path is the agent's copy: its folders root's 0755, its files root's 0644."""
+    """model_path is the agent's copy: its folders root's 0750, its files root's 0640."""
     for dirpath, dirs, files in os.walk(target):
         for name in [".", *dirs, *files]:
             st = os.lstat(Path(dirpath) / name)
             assert st.st_uid == os.geteuid(), (Path(dirpath) / name, st.st_uid)
             mode = stat.S_IMODE(st.st_mode)
-            assert mode == (0o755 if stat.S_ISDIR(st.st_mode) else 0o644), (name, oct(mode))
+            assert mode == (0o750 if stat.S_ISDIR(st.st_mode) else 0o640), (name, oct(mode))
 
 
 def nobody_left(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if os.lstat(p).st_uid == NOBODY_UID)
+
+
+# --- issue 30, item 8: a private model stays private ---------------------------------------
+
+
+def test_a_private_source_staged_into_a_shared_folder_is_read_by_the_workers_group_only(
+    tmp_path: Path,
+    shared_dir: Path,
+) -> None:
+    """A 0600 source in a 0700 folder (gated weights) staged into /dev/shm came out 0644 in
+    a 0755 folder, and nobody read it whole. The copy is the agent's and [farm] group's
+    (0640, folders 0750): a member of that group (the workers) reads it, nobody else can
+    even list it. The agent is in the group as its unit makes it (SupplementaryGroups=);
+    `daemon` (gid 1) plays [farm] group."""
+    private = tmp_path / "gated"
+    src = make_source(private, MODEL)
+    for p in src.rglob("*"):
+        p.chmod(0o700 if p.is_dir() else 0o600)
+    src.chmod(0o700)
+    target = shared_dir / "model"
+    assert not stage(tmp_path, src, target, farm_group="daemon", groups="1")
+    name = "model-00001-of-00002.safetensors"
+    read = "import sys; sys.stdout.write(open(sys.argv[1], 'rb').read().hex())"
+    got = nobody_python(read, str(target / name), check=False)
+    assert got.returncode != 0 and "PermissionError" in got.stderr, got.stdout[:80]
+    assert as_nobody(["ls", str(target)], check=False).returncode != 0
+    for dirpath, dirs, files in os.walk(target):
+        for entry in [".", *dirs, *files]:
+            st = os.lstat(Path(dirpath) / entry)
+            mode = stat.S_IMODE(st.st_mode)
+            assert (st.st_uid, st.st_gid) == (0, 1), (entry, st.st_uid, st.st_gid)
+            assert mode == (0o750 if stat.S_ISDIR(st.st_mode) else 0o640), (entry, oct(mode))
+    worker = subprocess.run(  # nobody's uid with the workers' group: reads it whole
+        [
+            "setpriv",
+            f"--reuid={NOBODY_UID}",
+            "--regid=1",
+            "--groups=1",
+            sys.executable,
+            "-I",
+            "-c",
+            read,
+            str(target / name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert bytes.fromhex(worker.stdout) == MODEL[name]
+
+
+def test_a_stage_for_a_group_the_agent_is_not_in_fails_saying_so(
+    tmp_path: Path,
+    shared_dir: Path,
+) -> None:
+    """Without the group among the agent's (a unit edited by hand), the copy cannot be
+    given to the workers: the stage fails naming the group and the fix, leaving nothing."""
+    src = make_source(tmp_path / "src", MODEL)
+    target = shared_dir / "model"
+    with pytest.raises(StageError) as ei:
+        stage(tmp_path, src, target, farm_group="daemon")
+    assert ei.value.kind is StageFailureKind.IO_ERROR
+    assert "[farm] group 'daemon'" in ei.value.message and "not a member" in ei.value.message
+    assert "SupplementaryGroups=" in ei.value.fix
+    assert not target.exists() and sorted(p.name for p in shared_dir.iterdir()) == []
 
 
 # --- item 1: the temporary folder ---------------------------------------------------------

@@ -450,3 +450,51 @@ def test_adoption_reports_and_stops_strays_and_records_each_workers_argv(
         )
     finally:
         farm.run(["systemctl", "stop", "sglang@1", "sglang@2"], check=False)
+
+
+def test_the_shipped_worker_unit_lets_sglang_bind_to_numa_and_a_narrowing_dropin_is_seen(
+    farm: SystemdContainer,
+) -> None:
+    """The doctor's NUMA check reads each worker unit's effective filter from systemd: the
+    shipped template's deny-list keeps @resources (set_mempolicy, mbind, sched_setaffinity);
+    an operator's drop-in that narrows it to an allow-list without them is reported."""
+    from sglang_farm.host.numa_facts import BINDING_SYSCALLS
+    from sglang_farm.host.numa_probe import read_numa_facts
+
+    def filter_of(unit: str) -> str:
+        show = ["systemctl", "show", "-p", "SystemCallFilter", "--value", unit]
+        return farm.run(show).stdout
+
+    shipped = read_numa_facts({}, [(0, "sglang@0.service")], unit_filter=_container_filter(farm))
+    got = shipped.unit_filters[0].filter
+    assert got is not None and got.deny and "reboot" in got.names, filter_of("sglang@0.service")
+    assert got.refused(BINDING_SYSCALLS) == ()
+    dropin = "/run/systemd/system/sglang@9.service.d/90-narrow.conf"
+    farm.write_file(
+        dropin, "[Service]\nSystemCallFilter=\nSystemCallFilter=@basic-io @network-io\n"
+    )
+    try:
+        farm.run(["systemctl", "daemon-reload"])
+        narrowed = read_numa_facts(
+            {}, [(9, "sglang@9.service")], unit_filter=_container_filter(farm)
+        ).unit_filters[9]
+        assert narrowed.filter is not None, narrowed.error
+        assert narrowed.filter.refused(BINDING_SYSCALLS) == BINDING_SYSCALLS, filter_of(
+            "sglang@9.service"
+        )
+    finally:
+        farm.run(["rm", "-rf", "/run/systemd/system/sglang@9.service.d"])
+        farm.run(["systemctl", "daemon-reload"])
+
+
+def _container_filter(c: SystemdContainer) -> Any:
+    """`numa_probe.systemctl_filter`, run inside the container."""
+    from sglang_farm.host.numa_facts import UnitFilter, parse_systemctl_filter
+
+    def read(unit: str) -> UnitFilter:
+        r = c.run(["systemctl", "show", "-p", "SystemCallFilter", "--value", unit], check=False)
+        if r.returncode != 0:
+            return UnitFilter(error=r.stderr.strip())
+        return UnitFilter(filter=parse_systemctl_filter(r.stdout))
+
+    return read

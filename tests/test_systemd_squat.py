@@ -120,7 +120,7 @@ def test_a_squatter_on_a_loading_units_port_is_named_and_never_ready(
     jobs = farm.unit_jobs([1])[jobs_before:]
     assert "started" not in [kind for _, kind, _ in jobs], jobs
     seen = c.run(["cat", SQUAT_LOG], check=False).stdout.split("\n")
-    assert {line.split()[1] for line in seen if line} <= {"/health"}, seen
+    assert {line.split()[1] for line in seen if line} <= {"/ready", "/health"}, seen
     # The squatter leaves: the unit is started again and is the worker itself.
     c.run(["systemctl", "stop", SQUAT_UNIT])
     farm.wait(

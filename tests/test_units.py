@@ -198,7 +198,8 @@ def test_dropin_carries_header_command_line_environment_user_and_timeouts() -> N
     # The gate: the agent's interpreter, isolated, with the URL and timeouts (no config).
     assert (
         "ExecStartPost=/usr/lib/sglang-farm/venv/bin/python3 -I -m sglang_farm.cli.main"
-        " wait-ready --url http://127.0.0.1:30001/health --timeout 600 --probe-timeout 25"
+        " wait-ready --url http://127.0.0.1:30001/ready --url http://127.0.0.1:30001/health"
+        " --timeout 600 --probe-timeout 25"
         " --interval 0.25 --main-pid $MAINPID %i" in lines
     )
     # The ExecStart= value, continuation lines joined the way systemd joins them,

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import structlog
 from sglang_farm.canary.driver import CanaryDriver  # issue 23
 from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
+from sglang_farm.errors import AgentCrashed
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gateway.fleet import GatewayFleet
 from sglang_farm.gpus.snapshot import FleetSnapshot
@@ -89,6 +91,16 @@ from sglang_farm.workers.supervisor import (
 )
 
 log = structlog.get_logger("sglang_farm.agent")
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    """Return once the first of `aws` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def typed_from_here() -> tuple[str, str]:
@@ -174,6 +186,9 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._summary: asyncio.Task[None] | None = None  # the rollout's end, until routed
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
+        # Set when a vital task (see `spawn`) failed: `run` ends, raising AgentCrashed.
+        self._crashed = asyncio.Event()
+        self._crash: AgentCrashed | None = None
         self._started_at = wall()
         self._ticker = Ticker(
             next_deadline=lambda now: self.supervisor.next_deadline(now),
@@ -256,7 +271,9 @@ class Agent:
                 t.cancel()
         for wid in added:
             self._changed[wid] = asyncio.Event()
-            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
+            self._worker_tasks[wid] = self.spawn(
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
+            )
 
     @staticmethod
     def _policy(spec: FarmSpec) -> Policy:
@@ -267,17 +284,52 @@ class Agent:
         """Runtime callback; safe from any thread."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Any, *, vital: str | None = None, worker: int | None = None
+    ) -> asyncio.Task[Any]:
+        """Run `coro` as the agent's task. `vital` names a task the farm cannot run without
+        (the event pump, the ticker, a watcher, the state writer): its failure ends the
+        agent (`_task_done`); any other task's failure is logged and the agent goes on.
+        `worker`: the worker the task is about, named in that log line."""
         task: asyncio.Task[Any] = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(functools.partial(self._task_done, vital=vital, worker=worker))
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(
+        self, task: asyncio.Task[Any], *, vital: str | None = None, worker: int | None = None
+    ) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        if vital is None:
             log.error("agent_task_failed", error=repr(exc), exc_info=exc)
+            return
+        # Issue 32, 4.2: a pump that died left an agent answering `status` and pinging the
+        # watchdog while nothing supervised the workers. It stops instead, and says so.
+        outlive = self.runtime.workers_outlive_agent
+        next_step = (
+            "systemd restarts the agent (Restart=) and the new agent adopts the running workers"
+            if outlive
+            else "its workers stop with it; start the agent again (a service manager restarts it)"
+        )
+        if self._crash is None:
+            self._crash = AgentCrashed(
+                f"the agent stopped: its {vital} failed with {exc!r}; {next_step}; "
+                "this is a bug of the farm: report it with the log line agent_task_crashed"
+            )
+        said = log
+        if worker is not None and worker in self._spec.worker_ids:
+            said = self.log_for(worker)
+        said.critical(
+            "agent_task_crashed",
+            task=vital,
+            error=repr(exc),
+            what="the agent stops rather than run unsupervised",
+            next_step=next_step,
+            exc_info=exc,
+        )
+        self._crashed.set()
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)
@@ -310,11 +362,13 @@ class Agent:
         secrets_changed = await self.runtime.prepare(self._spec, self.commands())
         if self._sync is not None:
             self._sync.start()
-        self.spawn(self._publisher.write_state())
-        pump = self.spawn(self._pump())
-        ticker = self.spawn(self._ticker.run())
+        self.spawn(self._publisher.write_state(), vital="state writer")
+        pump = self.spawn(self._pump(), vital="event pump")
+        ticker = self.spawn(self._ticker.run(), vital="ticker")
         for wid in self._spec.worker_ids:
-            self._worker_tasks[wid] = self.spawn(self._watcher(wid).run())
+            self._worker_tasks[wid] = self.spawn(
+                self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
+            )
         log.info(
             "farm_starting",
             farm=self._spec.farm.name,
@@ -339,12 +393,13 @@ class Agent:
             self.spawn(self._stage_then_start(start, drifted))
         if ready is not None:
             ready()
-        await stop.wait()
-        log.info("farm_stopping", runtime=self.runtime.name)
+        await _first(stop.wait(), self._crashed.wait())
+        log.info("farm_stopping", runtime=self.runtime.name, crashed=self._crash is not None)
         if self._summary is not None:
             self._summary.cancel()  # a rollout's end not said yet is not said while stopping
         self._stages.cancel.set()  # the copy under way stops at once
-        if not self.runtime.workers_outlive_agent:
+        if not self.runtime.workers_outlive_agent and self._crash is None:
+            # After a crash the core is not asked again: the runtime's close kills them.
             await self._stop_all()
         for t in (ticker, *self._worker_tasks.values()):
             t.cancel()
@@ -359,6 +414,8 @@ class Agent:
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
+        if self._crash is not None:
+            raise self._crash
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
@@ -477,7 +534,11 @@ class Agent:
                 if self.supervisor.workers[w].phase is Phase.STARTING:
                     self.feed(w, Launched(pid))
             case LogLine(worker=w, text=text):
-                failure = self.worker_logs.line(w, text)
+                failure = self.worker_logs.line(w, text, self.clock())
+                for slow in self.worker_logs.startups.take_slow():  # issue 34 §4
+                    self.log_for(slow.worker).warning(
+                        "worker_start_slow", phase=str(slow.slow.phase), why=slow.slow.text()
+                    )
                 if failure is not None:
                     self.log_for(w).warning(
                         "worker_failure_seen", kind=str(failure.kind), summary=failure.summary
@@ -540,7 +601,7 @@ class Agent:
 
     def _before_launch(self, worker: int) -> None:
         """A new process: a fresh log classifier, and the OOM-ladder flags it runs with."""
-        self.worker_logs.new_process(worker)
+        self.worker_logs.new_process(worker, launched_at=self.clock())
         for ch in ladder_changes(self._spec, worker, self._oom_step(worker)):
             self.log_for(worker).warning(
                 "oom_ladder_flag", flag=ch.flag, old=ch.old, new=ch.new, step=ch.step_name
@@ -625,6 +686,7 @@ class Agent:
             self.supervisor.rollout_reason,
             self._staging,
             len(self.supervisor.rolling),  # issue 26: farmctl wait reads it
+            self.worker_logs.startups.version,  # issue 34 §4: a start's phase moved
         )
         if current == self._last_refresh:
             return
@@ -647,6 +709,7 @@ class Agent:
             canary=self._canary.view(),  # issue 23: FarmView.canary
             rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
             held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
+            starts=self.worker_logs.startups.starts(),  # issue 34 §4: each start's phases
         )
 
     # ---- read by the operator's commands (operations.FarmControl) ------------------------

@@ -7,6 +7,7 @@ FarmError
 ├── ProbeError         the doctor's environment probe could not run or gave no result
 ├── ControlSocketError the control socket could not be created
 ├── ClientError        farmctl's client: AgentUnreachable, SocketPermissionDenied, AgentError
+├── AgentCrashed       a task the farm cannot run without failed: the agent stopped
 └── GatewayError       the gateway refused or did not answer (gateway/)
 
 (`control.codec.RequestError` is a ProtocolError that carries the codec's typed error code.)
@@ -52,6 +53,12 @@ class ProbeError(FarmError):
 
 class ControlSocketError(FarmError):
     """The control socket could not be created (path in use by a live agent, not a socket...)."""
+
+
+class AgentCrashed(FarmError):
+    """A task the farm cannot run without (the event pump, the ticker, a worker's watcher,
+    the state writer) raised: the agent stopped rather than go on supervising nothing; the
+    message names the task, the error and what happens next."""
 
 
 class UntrustedFolder(FarmError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.canary.view import RolloutVerdictView
+from sglang_farm.sglang.startup import Capacity, StartPhase, StartTimeline
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.workers.failures import Failure
@@ -73,6 +74,27 @@ class RestartRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class StartView:
+    """A worker's latest start as readers see it (`sglang.startup`), in wall-clock time."""
+
+    phase: StartPhase  # SERVED once the server said it is ready
+    phase_since: float  # wall clock
+    durations: Mapping[str, float]  # seconds of each phase that has ended
+    capacity: Capacity | None = None
+    in_progress: bool = False  # the worker is starting now and this is that start
+
+
+def start_view(t: StartTimeline, mono_to_wall: float, *, starting: bool) -> StartView:
+    return StartView(
+        in_progress=starting and not t.done,
+        phase=t.phase,
+        phase_since=t.phase_since + mono_to_wall,
+        durations=MappingProxyType({str(p): s for p, s in t.durations().items()}),
+        capacity=t.capacity,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerView:
     id: int
     gpus: tuple[int, ...]
@@ -96,6 +118,7 @@ class WorkerView:
     busy: bool = False  # its last failed probe was excused: its counters were advancing
     quarantine: Quarantine | None = None  # set while its GPU is set aside
     quarantines_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    start: StartView | None = None  # its latest start (None: adopted, or never launched)
 
     @property
     def ready(self) -> bool:
@@ -148,6 +171,7 @@ def build_view(
     canary: RolloutVerdictView | None = None,
     rolling: int = 0,
     held_out_since: float | None = None,
+    starts: Mapping[int, StartTimeline] | None = None,
 ) -> FarmView:
     """The farm as readers see it: the supervisor's states in wall-clock time, in config order.
 
@@ -192,6 +216,9 @@ def build_view(
                 if s.quarantine is not None
                 else None,
                 quarantines_by_reason=MappingProxyType(dict(s.quarantines_by_reason)),
+                start=start_view(t, mono_to_wall, starting=s.phase is Phase.STARTING)
+                if (t := (starts or {}).get(ws.id)) is not None
+                else None,
             )
         )
     return FarmView(

@@ -140,10 +140,14 @@ class FarmControl:
     def follow_logs(self, worker_id: int) -> AsyncIterator[str]:
         return self._farm.worker_logs.follow(worker_id)
 
-    def reset_oom(self, worker_id: int) -> None:
-        self._farm.supervisor.reset_oom(worker_id)
-        self._farm.log_for(worker_id).info("oom_ladder_reset")
-        self._farm.refresh()
+    async def reset_oom(self, worker_id: int) -> None:
+        farm = self._farm
+        async with farm.changes:  # a state change, as the module says (issue 32, 4.4)
+            if worker_id not in farm.supervisor.workers:
+                return  # removed by a reload meanwhile
+            farm.supervisor.reset_oom(worker_id)
+            farm.log_for(worker_id).info("oom_ladder_reset")
+            farm.refresh()
 
     def reload_on_signal(self) -> None:
         """SIGHUP: reload, unless the start-up (adoption, the first stage) is still under way:

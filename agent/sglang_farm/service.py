@@ -234,7 +234,11 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     )
     ops = FarmControl(agent, collaborators)  # what farmctl and SIGHUP ask of the agent
     pollers = MetricPollers(
-        spec, poller, agent.view(), on_fleet=agent.observe_fleet, on_stats=agent.observe_stats
+        lambda: agent.spec,  # the config in force, a reload's once it applies
+        poller,
+        agent.view(),
+        on_fleet=agent.observe_fleet,
+        on_stats=agent.observe_stats,
     )
 
     stop = asyncio.Event()

@@ -60,6 +60,9 @@ class HealthPolicy:
     timeout: float = 25.0
     failure_threshold: int = 3
     path: str = "/health"
+    # The route a starting worker's readiness is asked on: "auto" = SGLang's /ready (0.5.20+),
+    # then `path` where the worker answers /ready with 404 (older SGLang); or a route.
+    ready_path: str = "auto"
     # A failed probe of a worker whose token or request counters advanced after the probe
     # was sent, and within this long, is a busy worker (its /health waits behind a long
     # batch), not a hang.

@@ -19,6 +19,7 @@ from typing import IO, Any, NoReturn, TypeVar
 
 import click
 
+from sglang_farm.cli.startview import capacity_cell, capacity_outliers, phase_cell, start_lines
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
 from sglang_farm.errors import (
@@ -560,6 +561,7 @@ def format_status(st: Mapping[str, Any]) -> str:
     workers: list[Mapping[str, Any]] = st.get("workers", [])
     gpus = {int(g["index"]): g for g in st.get("gpus", [])}
     has_queue = any("queue_depth" in w for w in workers)
+    has_capacity = any((w.get("start") or {}).get("capacity") for w in workers)
     gw: Mapping[str, Any] | None = st.get("gateway")
     head = (
         f"farm {st.get('farm')} · {st.get('runtime')} runtime · rollout {st.get('rollout')}"
@@ -577,6 +579,8 @@ def format_status(st: Mapping[str, Any]) -> str:
         cols.append("QUEUE")
     if gpus:
         cols.append("VRAM")
+    if has_capacity:
+        cols.append("CAPACITY")  # what SGLang chose at the worker's start (issue 34 §4)
     rows: list[list[str]] = [cols]
     notes: list[str] = []
     for w in workers:
@@ -584,7 +588,8 @@ def format_status(st: Mapping[str, Any]) -> str:
             str(w["id"]),
             ",".join(str(g) for g in w.get("gpus", [])),
             str(w.get("port", "")),
-            str(w.get("state", "")),
+            str(w.get("state", ""))
+            + (f" · {cell}" if (cell := phase_cell(w.get("start"), now)) else ""),
             *(["in" if w.get("in_gateway") else "out"] if gw is not None else []),
             _duration(now - float(w["since"])) if w.get("since") else "-",
             str(w["pid"]) if w.get("pid") else "-",
@@ -595,6 +600,8 @@ def format_status(st: Mapping[str, Any]) -> str:
             row.append("-" if q is None else str(q))
         if gpus:
             row.append(_vram(w, gpus))
+        if has_capacity:
+            row.append(capacity_cell(w.get("start")))
         rows.append(row)
         q = w.get("quarantine")
         f = w.get("last_failure")
@@ -606,6 +613,7 @@ def format_status(st: Mapping[str, Any]) -> str:
         elif f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
+    notes += capacity_outliers(workers)
     if isinstance(held, int | float):
         notes.append(
             "host drained: every worker is held out of the gateway (farmctl drain-host), also "
@@ -1355,6 +1363,9 @@ def why(ctl: Ctl, worker: int) -> None:
         click.echo(str(r["state_note"]))
     if r.get("next_step"):
         click.echo(f"next step: {r['next_step']}")
+    if r.get("start"):  # issue 34 §4: its latest start, phase by phase, and its capacity
+        for ln in start_lines(r["start"]):
+            click.echo(ln)
     sg = r.get("staging")
     if sg and sg.get("state") == "staging":
         click.echo(staging_line(sg))  # the progress; a failed stage is the note above

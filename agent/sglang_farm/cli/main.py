@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -77,6 +78,52 @@ def _gpu_count(config_path: str, gpus: int | None) -> int | None:
     return gpus if gpus is not None else gpu_count_for_config(config_path)
 
 
+def _readable_by_everyone(path: str) -> int | None:
+    """The file's mode when every local user can read it (read for others, and every
+    folder above it open to others), else None. A file in a private folder (Ansible's
+    `validate:` copy, pytest's tmp_path) is no one else's to read, whatever its mode."""
+    try:
+        real = os.path.realpath(path)
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+        if not mode & stat.S_IROTH:
+            return None
+        folder = os.path.dirname(real)
+        while True:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return None
+            if folder == os.path.dirname(folder):
+                return mode
+            folder = os.path.dirname(folder)
+    except OSError:
+        return None
+
+
+def _credentials_everyone_reads(path: str, group: str) -> str | None:
+    """Issue 30, item 7: a config holding credentials in a file every local user can read
+    fails the check (it only warned, so Ansible's `validate:` let a 0644 farm.toml with an
+    api_key through): the file, the key paths and the fix. None: nothing to say."""
+    import tomllib
+
+    from sglang_farm.doctor.host_rules import credential_paths
+
+    mode = _readable_by_everyone(path)
+    if mode is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            paths = credential_paths(tomllib.load(f))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None  # validated a moment ago; changed since: the next check says
+    if not paths:
+        return None
+    q = shlex.quote(path)
+    return (
+        f"{path} holds credentials ({', '.join(paths)}) and every local user can read it "
+        f"(mode {mode:04o}); fix: chgrp {shlex.quote(group)} {q} && chmod 0640 {q} "
+        f"(root and [control] group {group!r} read it), or chmod 0600 {q}"
+    )
+
+
 @cli.command("check-config")
 @config_option
 @gpus_option
@@ -87,7 +134,9 @@ def check_config(config_path: str, gpus: int | None) -> None:
     hand, `sglang-farm doctor` asks the installed one; workers reachable from other hosts
     without an API key; a user or group this host lacks, which the agent under systemd
     refuses) go to stderr and do not fail. A [gateway] key file the agent refuses at
-    start (another user could read or replace it, or it cannot be read) fails the check.
+    start (another user could read or replace it, or it cannot be read) fails the check,
+    and so do credentials (an api_key, a token in an env table) in a config file every
+    local user can read.
     """
     from sglang_farm.config import check_spec_file
     from sglang_farm.errors import ConfigError
@@ -100,15 +149,9 @@ def check_config(config_path: str, gpus: int | None) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     spec = result.spec
-    from sglang_farm.doctor.host_rules import config_secrets_check
-
-    try:  # the file may hold the workers' secrets: say so when every user can read it
-        mode: int | None = stat.S_IMODE(os.stat(config_path).st_mode)
-    except OSError:
-        mode = None
-    secrets = config_secrets_check(spec, mode)
-    if secrets is not None:
-        click.echo(f"warning: {secrets.message}; fix: {secrets.fix}", err=True)
+    exposed = _credentials_everyone_reads(config_path, spec.control.group)
+    if exposed is not None:
+        click.echo(f"error: {exposed}", err=True)
     from sglang_farm.doctor.gather import farm_folder_problems, key_file_facts
     from sglang_farm.doctor.host_rules import key_file_checks
     from sglang_farm.gateway.keyfile import gateway_key_problem
@@ -135,7 +178,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
 
     for problem in host_account_problems(spec):  # the agent under systemd refuses these
         click.echo(f"warning: under systemd: {problem}", err=True)
-    if refused:
+    if refused or exposed is not None:
         sys.exit(1)
     click.echo(
         f"{config_path}: OK, {len(spec.workers)} workers "

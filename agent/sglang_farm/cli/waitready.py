@@ -21,8 +21,10 @@ from sglang_farm.spec import HealthPolicy, StartupPolicy
 @config_option
 @click.option(
     "--url",
-    default=None,
-    help="The worker's health URL; with it no config is read (what the units pass).",
+    "urls",
+    multiple=True,
+    help="The worker's readiness URL; repeated, the next is asked once one answers 404 "
+    "(/ready, then /health); with it no config is read (what the units pass).",
 )
 @click.option(
     "--timeout",
@@ -51,7 +53,7 @@ from sglang_farm.spec import HealthPolicy, StartupPolicy
 @click.argument("worker", type=int)
 def wait_ready_command(
     config_path: str,
-    url: str | None,
+    urls: tuple[str, ...],
     timeout: float | None,
     probe_timeout: float | None,
     interval: float | None,
@@ -64,14 +66,14 @@ def wait_ready_command(
     come from the config. Exit 0 when ready, 1 when the deadline passed, 2 for a bad
     config, unknown worker or bad usage.
     """
-    if url is not None:
+    if urls:
         if timeout is None:
             raise click.UsageError("--url needs --timeout (the start deadline in seconds)")
         defaults_h, defaults_s = HealthPolicy(), StartupPolicy()
         sys.exit(
             wait_url(
                 worker,
-                url,
+                urls,
                 deadline=timeout,
                 probe_timeout=defaults_h.timeout if probe_timeout is None else probe_timeout,
                 interval=defaults_s.poll_interval if interval is None else interval,

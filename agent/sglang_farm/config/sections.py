@@ -27,6 +27,7 @@ from sglang_farm.config.values import (
     _model_source,
     _module,
     _python,
+    _ready_path,
     _revision,
     _size,
     _socket_path,
@@ -95,7 +96,15 @@ def _health(reader: _Reader, doc: _Table) -> HealthPolicy:
     tbl = reader.table(
         path,
         doc.get("health", {}),
-        ("period", "timeout", "failure_threshold", "path", "busy_window", "stall_window"),
+        (
+            "period",
+            "timeout",
+            "failure_threshold",
+            "path",
+            "ready_path",
+            "busy_window",
+            "stall_window",
+        ),
     )
     # No lower bound on timeout: SGLang's /health may take up to 20 s (hence the 25 s
     # default), but the simulator answers in about 1 s and the demo wants short probes.
@@ -104,6 +113,7 @@ def _health(reader: _Reader, doc: _Table) -> HealthPolicy:
         timeout=reader.get(tbl, path, "timeout", _duration(), d.timeout),
         failure_threshold=reader.get(tbl, path, "failure_threshold", _int(1), d.failure_threshold),
         path=reader.get(tbl, path, "path", _url_path, d.path),
+        ready_path=reader.get(tbl, path, "ready_path", _ready_path, d.ready_path),
         busy_window=reader.get(tbl, path, "busy_window", _duration(allow_zero=True), d.busy_window),
         stall_window=reader.get(tbl, path, "stall_window", _duration(), d.stall_window),
     )

@@ -263,6 +263,15 @@ def _url_path(v: object) -> str:
     return v
 
 
+def _ready_path(v: object) -> str:
+    """`[health] ready_path`: "auto" (sglang/ready_route) or a URL path."""
+    if v == "auto":
+        return "auto"
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise _ConversionError(f"expected \"auto\" or a URL path starting with '/', got {_show(v)}")
+    return v
+
+
 # A DNS name or IPv4 address (never starting with '-': it is an argv item), or an IPv6
 # address with or without its brackets.
 _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")

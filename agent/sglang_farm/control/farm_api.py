@@ -103,7 +103,7 @@ class FarmOps(Protocol):
         """New output lines of the worker as they come."""
         ...
 
-    def reset_oom(self, worker_id: int) -> None:
+    async def reset_oom(self, worker_id: int) -> None:
         """Return the worker to step 0 of the OOM ladder (takes effect at its next start)."""
         ...
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Final, Protocol
@@ -97,6 +98,7 @@ class Handlers:
         self._worker_locks: dict[int, asyncio.Lock] = {}
         self._reload_lock = asyncio.Lock()
         self._host_lock = asyncio.Lock()  # drain-host / undrain-host: one at a time
+        self._config_file = _FileDigest()  # `status`: the config file on disk, hashed on change
         self.table: Mapping[Command, Handler] = {
             Command.STATUS: self._status,
             Command.VERSION: self._version_cmd,
@@ -181,7 +183,7 @@ class Handlers:
         view = self._ops.view()
         on_disk = None
         if view.config_sha256 is not None:  # from a file: is that file still the one in force?
-            on_disk = await asyncio.to_thread(_file_digest, view.config_source)
+            on_disk = await self._config_file.digest(view.config_source)
         return results.status_result(
             view,
             self._ops.gpu_memory(),
@@ -356,7 +358,7 @@ class Handlers:
         assert isinstance(req.args, WorkerArgs)  # the codec pairs each command with its args
         w = self._known(self._ops.view(), req.args.worker, req.id)
         async with self._locked([w.id], req):
-            self._ops.reset_oom(w.id)
+            await self._ops.reset_oom(w.id)
         return results.reset_oom_result(w.id)
 
     async def _release_gpu(self, req: Request, channel: Channel) -> Result:
@@ -470,6 +472,34 @@ def _quarantined(w: WorkerView) -> bool:
     return w.phase is Phase.QUARANTINED or (
         w.quarantine is not None and w.phase in (Phase.STOPPING, Phase.DRAINING)
     )
+
+
+# What tells a changed file apart without reading it: a rename over it (an editor, Ansible)
+# gives another inode, a write in place another size or change time.
+_FileKey = tuple[int, int, int, int, int]
+
+
+class _FileDigest:
+    """The config file's digest, read and hashed again only when its stat changed
+    (issue 32, 4.3: `farmctl reload` polls `status` every second, and each one read and
+    hashed the whole file); a stat per `status` tells."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._key: _FileKey | None = None
+        self._digest: str | None = None
+
+    async def digest(self, path: str) -> str | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._path = self._key = self._digest = None
+            return None  # unreadable: `status` says pending, a reload names the problem
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if path != self._path or key != self._key:
+            self._digest = await asyncio.to_thread(_file_digest, path)
+            self._path, self._key = path, key
+        return self._digest
 
 
 def _file_digest(path: str) -> str | None:

@@ -21,6 +21,7 @@ from sglang_farm.farm_view import (
     GatewayStatus,
     Phase,
     Quarantine,
+    StartView,
     WorkerView,
 )
 from sglang_farm.gpus import xid
@@ -54,6 +55,28 @@ def worker_result(w: WorkerView) -> Result:
         "last_drain_seconds": w.last_drain_seconds,
         "quarantine": quarantine_result(w.quarantine),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
+        "start": start_result(w.start),
+    }
+
+
+def start_result(s: StartView | None) -> Result | None:
+    """A worker's latest start (issue 34 §4): the phase it is in (`served` once over) since
+    when, each ended phase's seconds, and the capacity SGLang chose; None when not seen."""
+    if s is None:
+        return None
+    cap = s.capacity
+    return {
+        "phase": str(s.phase),
+        "phase_since": s.phase_since,
+        "in_progress": s.in_progress,
+        "durations": dict(s.durations),
+        "capacity": None
+        if cap is None
+        else {
+            "kv_tokens": cap.kv_tokens,
+            "max_running_requests": cap.max_running_requests,
+            "context_len": cap.context_len,
+        },
     }
 
 
@@ -376,6 +399,7 @@ def why_result(
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q, w) if q is not None else None,
+        "start": start_result(w.start),  # issue 34 §4
     }
     if staging_note(w, staging):
         # The stage that holds this worker (a failed one: its error and fix).

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.host.numa_facts import NumaFacts
 
 GIB = 1024**3
 
@@ -41,6 +42,7 @@ class CheckId(StrEnum):
     NCCL = "nccl"
     EXPOSURE = "exposure"
     GATEWAY = "gateway"
+    NUMA = "numa"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,7 @@ class Observations:
     # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
     folder_problems: tuple[str, ...] = ()
     gateway: GatewayFacts | None = None  # None: no managed gateway, or not looked at
+    numa: NumaFacts | None = None  # None: not looked at
 
 
 def gb(n: float) -> str:

@@ -66,9 +66,12 @@ from sglang_farm.doctor.gpu_rules import worker_cc
 from sglang_farm.doctor.host_rules import key_files
 from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
-from sglang_farm.gpus.snapshot import GpuPoller
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller
 from sglang_farm.host.accounts import account_fix
+from sglang_farm.host.numa_facts import NumaFacts
+from sglang_farm.host.numa_probe import read_numa_facts
 from sglang_farm.host.ports import port_problem
+from sglang_farm.runtime.unit_syntax import worker_unit
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import worker_commands
 from sglang_farm.sglang.flags import SGLANG_MODULE
@@ -407,13 +410,15 @@ def gather(
     shm_path: str = "/dev/shm",
     gateway_python: str | None = None,
     commands: Mapping[int, Command] | None = None,
+    numa: Callable[[FarmSpec, FleetSnapshot], NumaFacts] | None = None,
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report).
     `gateway_python`: the interpreter of a managed gateway (default: this one, which is
     the agent's, as `gateway.managed.launch_argv` is given). `commands`: what each
     worker runs (`worker_commands`: the agent's, at each worker's OOM-ladder step);
-    default: each at step 0, for the GPUs NVML sees now."""
+    default: each at step 0, for the GPUs NVML sees now. `numa`: reads the NUMA facts
+    (default `numa_facts`, this host's sysfs and systemd)."""
     account_error: str | None = None
     runner = run_probe
     if runner is None:
@@ -506,7 +511,22 @@ def gather(
         agent_uid=os.geteuid(),
         folder_problems=farm_folder_problems(spec),
         gateway=gateway,
+        numa=(numa or numa_facts)(spec, fleet),
     )
+
+
+def numa_facts(spec: FarmSpec, fleet: FleetSnapshot, sysfs: Path = Path("/sys")) -> NumaFacts:
+    """This host's NUMA facts for the farm's GPUs; the worker units' system-call filters
+    only where the workers are systemd units (systemd runs here)."""
+    bus_ids = {
+        g: (s.pci_bus_id if (s := fleet.gpu(g)) else None) for w in spec.workers for g in w.gpus
+    }
+    units = (
+        [(w.id, worker_unit(w.id)) for w in spec.workers]
+        if os.path.isdir("/run/systemd/system")
+        else []
+    )
+    return read_numa_facts(bus_ids, units, sysfs=sysfs)
 
 
 def run_doctor(

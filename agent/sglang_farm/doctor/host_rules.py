@@ -205,14 +205,45 @@ def exposure_check(w: WorkerSpec) -> Check:
 
 
 # Words in an environment variable's name that mark its value as a credential
-# (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, a PASSWORD...).
+# (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, a PASSWORD...), as whole words of the
+# name: TOKENIZERS_PARALLELISM holds no token. A word ending in one counts too (HFTOKEN).
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable's name says its value is a credential."""
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)
+    words = [w.removesuffix("S") for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+    return any(w.endswith(_SECRET_WORDS) for w in words)
+
+
+def _is_api_key(flag: str) -> bool:
+    return flag.replace("-", "_") == "api_key"
+
+
+def credential_paths(doc: Mapping[str, object]) -> list[str]:
+    """Where a config document (the TOML as parsed) holds a credential, as key paths
+    (`sglang.api_key`, `farm.env.HF_TOKEN`, `workers.overrides.3.env.WANDB_API_KEY`):
+    an SGLang `api_key` and every `env` value whose name says it is one
+    (`is_secret_name`). For check-config's refusal of a file every user can read."""
+
+    def table(v: object) -> Mapping[str, object]:
+        return v if isinstance(v, Mapping) else {}
+
+    found: list[str] = []
+
+    def look(prefix: str, t: Mapping[str, object], sglang_key: str) -> None:
+        found.extend(
+            f"{prefix}{sglang_key}.{k}" for k in table(t.get(sglang_key)) if _is_api_key(k)
+        )
+        found.extend(f"{prefix}env.{n}" for n in table(t.get("env")) if is_secret_name(n))
+
+    found.extend(f"sglang.{k}" for k in table(doc.get("sglang")) if _is_api_key(k))
+    found.extend(
+        f"farm.env.{n}" for n in table(table(doc.get("farm")).get("env")) if is_secret_name(n)
+    )
+    for wid, o in table(table(doc.get("workers")).get("overrides")).items():
+        look(f"workers.overrides.{wid}.", table(o), "sglang")
+    return found
 
 
 def config_secrets_check(spec: FarmSpec, mode: int | None) -> Check | None:

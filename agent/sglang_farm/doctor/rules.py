@@ -36,6 +36,7 @@ from sglang_farm.doctor.host_rules import (
     model_checks,
     port_checks,
 )
+from sglang_farm.doctor.numa_rules import numa_checks
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.sglang.flags import SGLANG_MODULE
 from sglang_farm.spec import FarmSpec, WorkerSpec
@@ -137,6 +138,7 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     gateway = gateway_check(spec, obs.gateway)
     if gateway is not None:
         found.append((None, gateway))
+    found += numa_checks(spec, obs.numa, simulated=fleet.simulated)
     envs: list[Mapping[str, Any]] = []
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):

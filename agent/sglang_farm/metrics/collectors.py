@@ -144,6 +144,7 @@ def sections(version: str) -> tuple[Section, ...]:
         Section("farm", lambda st: (st.farm,), _farm_extras),
         Section("gpus", lambda st: (st.fleet,), _gpus_of),
         Section("worker_phases", lambda st: (st.farm,), _worker_phases),
+        Section("worker_starts", lambda st: (st.farm,), _worker_starts),
         Section("worker_stats", lambda st: (st.farm, st.workers), _worker_stats),
         Section("worker_memory", lambda st: (st.farm, st.fleet, st.worker_pids), _worker_memory),
         Section("quarantines", lambda st: (st.farm, st.fleet), _quarantines),
@@ -628,6 +629,60 @@ def _worker_phases(st: MetricsState) -> Iterator[Metric]:
     yield from (state, since, restarts, ooms, step, busy, load, drain)
     if gateway:
         yield in_gateway
+
+
+def _worker_starts(st: MetricsState) -> Iterator[Metric]:
+    """Each worker's latest start, phase by phase, and the capacity SGLang chose (issue 34
+    §4): from its log's milestones (`sglang.startup`)."""
+    if st.farm is None:
+        return
+    wl = _WORKER_LABELS
+    phases = _g(
+        "sglang_farm_worker_startup_seconds",
+        "Seconds each phase of the worker's latest start took (the phases that ended), from "
+        "SGLang's log milestones.",
+        [*wl, "phase"],
+    )
+    starting = _g(
+        "sglang_farm_worker_startup_phase",
+        "The phase the worker's start is in now (a state set; absent once served).",
+        [*wl, "phase"],
+    )
+    since = _g(
+        "sglang_farm_worker_startup_phase_since_timestamp_seconds",
+        "When the phase the worker's start is in now began (Unix time; absent once served).",
+        wl,
+    )
+    kv = _g(
+        "sglang_farm_worker_kv_cache_tokens",
+        "The KV cache's size in tokens SGLang chose at the worker's start (max_total_num_tokens).",
+        wl,
+    )
+    running = _g(
+        "sglang_farm_worker_max_running_requests",
+        "The running-request limit SGLang settled on at the worker's start.",
+        wl,
+    )
+    context = _g(
+        "sglang_farm_worker_context_length",
+        "The context length SGLang serves the worker's model with.",
+        wl,
+    )
+    for w in st.farm.workers:
+        s = w.start
+        if s is None:
+            continue
+        lv = [str(w.id), gpu_label(w.gpus)]
+        for phase, seconds in s.durations.items():
+            phases.add_metric([*lv, phase], seconds)
+        if s.in_progress:
+            starting.add_metric([*lv, str(s.phase)], 1)
+            since.add_metric(lv, s.phase_since)
+        if s.capacity is not None:
+            kv.add_metric(lv, s.capacity.kv_tokens)
+            running.add_metric(lv, s.capacity.max_running_requests)
+            context.add_metric(lv, s.capacity.context_len)
+    yield from (phases, starting, since, kv, running, context)
 
 
 def _worker_stats(st: MetricsState) -> Iterator[Metric]:

@@ -78,7 +78,7 @@ class MetricPollers:
 
     def __init__(
         self,
-        spec: FarmSpec,
+        config: Callable[[], FarmSpec],
         poller: GpuPoller | None,
         view: FarmView,
         *,
@@ -86,9 +86,12 @@ class MetricPollers:
         on_stats: Callable[[Mapping[int, WorkerStats]], None] | None = None,
         poll: PollWorker = poll_worker,
     ) -> None:
-        """`view`: the farm as it stands now; `on_view` keeps it current. `on_fleet` gets
-        every GPU snapshot (the agent's GPU-health rules). `poll` polls one worker."""
-        self.spec = spec
+        """`config`: the config in force (the agent's `spec`), read at every poll: a
+        reload's workers, `[metrics]` intervals and API keys apply from the next poll on
+        (issue 32, 4.1: the pollers kept the config they started with). `view`: the farm as
+        it stands now; `on_view` keeps it current. `on_fleet` gets every GPU snapshot (the
+        agent's GPU-health rules). `poll` polls one worker."""
+        self._config = config
         self.poller = poller
         self._poll = poll
         self._on_fleet = on_fleet
@@ -109,7 +112,8 @@ class MetricPollers:
         self._state = replace(self._state, snapshot_at=time.time(), **changes)
 
     async def start(self) -> None:
-        self.exporter = Exporter(self.registry, self.state, self.spec.metrics.listen)
+        # The listener is bound once: a reload's [metrics] listen applies at the next start.
+        self.exporter = Exporter(self.registry, self.state, self._config().metrics.listen)
         if self.poller is not None:
             self._tasks.append(asyncio.create_task(self._gpu_loop(self.poller)))
         self._tasks.append(asyncio.create_task(self._worker_loop()))
@@ -145,8 +149,8 @@ class MetricPollers:
     # ---- GPU loop ------------------------------------------------------------------
 
     async def _gpu_loop(self, poller: GpuPoller) -> None:
-        interval = self.spec.metrics.gpu_poll_interval
         while True:
+            interval = self._config().metrics.gpu_poll_interval
             t0 = time.monotonic()
             try:
                 pids = await asyncio.to_thread(self._worker_pids)
@@ -175,14 +179,14 @@ class MetricPollers:
     def _assign_fake(self, poller: FakeGpuPoller, pids: dict[int, frozenset[int]]) -> None:
         by_gpu: dict[int, set[int]] = {}
         sizes: dict[int, int] = {}
-        for w in self.spec.workers:
+        for w in self._view.workers:  # the same farm `pids` was read from
             tree = pids.get(w.id, frozenset())
             # The simulated memory sits on one child (the scheduler), as SGLang's does.
-            children = sorted(tree - {self._view.worker(w.id).pid})
+            children = sorted(tree - {w.pid})
             holder = children[:1] or sorted(tree)[:1]
             by_gpu.setdefault(w.gpus[0], set()).update(holder)
             # Issue 31: as much as its --mem-fraction-static (the OOM ladder's) makes it.
-            sizes.update(dict.fromkeys(holder, process_bytes_for(self._view.worker(w.id).argv)))
+            sizes.update(dict.fromkeys(holder, process_bytes_for(w.argv)))
         for gpu in range(len(by_gpu) and max(by_gpu) + 1):
             with contextlib.suppress(Exception):
                 poller.assign(gpu, by_gpu.get(gpu, set()), sizes)
@@ -190,10 +194,11 @@ class MetricPollers:
     # ---- worker loop ---------------------------------------------------------------
 
     async def _worker_loop(self) -> None:
-        interval = self.spec.metrics.worker_poll_interval
-        timeout = self.spec.metrics.worker_poll_timeout
         client = LocalHttp()  # plain HTTP to local workers: a tenth of httpx's CPU per GET
         while True:
+            spec = self._config()
+            interval = spec.metrics.worker_poll_interval
+            timeout = spec.metrics.worker_poll_timeout
             t0 = time.monotonic()
             view = self._view
             serving = [w for w in view.workers if w.phase in _SERVING]
@@ -213,7 +218,7 @@ class MetricPollers:
                             known_version=self._stats[w.id].sglang_version
                             if w.id in self._stats
                             else None,
-                            api_key=worker_api_key(self.spec, w.id),
+                            api_key=worker_api_key(spec, w.id),
                         ),
                     )
                     for k, w in enumerate(serving)

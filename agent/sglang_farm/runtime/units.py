@@ -39,6 +39,7 @@ from sglang_farm.runtime.unit_syntax import (
 )
 from sglang_farm.sglang.argv import API_KEY_CREDENTIAL as WORKER_KEY_CREDENTIAL
 from sglang_farm.sglang.argv import Command, build_command
+from sglang_farm.sglang.ready_route import readiness_routes
 from sglang_farm.spec import FarmSpec, WorkerSpec
 
 DROPIN_NAME = "50-farm.conf"
@@ -92,17 +93,20 @@ def _number(value: float, setting: str) -> str:
 def gate_argv(spec: FarmSpec, worker: WorkerSpec, python: str) -> list[str]:
     """The readiness gate's argv, up to `--main-pid` (which systemd fills in).
 
-    `python -I -m sglang_farm.cli.main wait-ready --url URL --timeout S --probe-timeout S
-    --interval S`: the URL and timeouts as the agent's loaded config has them.
+    `python -I -m sglang_farm.cli.main wait-ready --url URL [--url URL] --timeout S
+    --probe-timeout S --interval S`: the readiness routes (`sglang/ready_route`, in order)
+    and timeouts as the agent's loaded config has them.
     """
+    urls: list[str] = []
+    for route in readiness_routes(spec.health.ready_path, spec.health.path):
+        urls += ["--url", worker.base_url + route]
     return [
         python,
         "-I",
         "-m",
         "sglang_farm.cli.main",
         "wait-ready",
-        "--url",
-        worker.base_url + spec.health.path,
+        *urls,
         "--timeout",
         _number(spec.startup.load_timeout, "[startup] load_timeout"),
         "--probe-timeout",

@@ -6,7 +6,9 @@ returns only once the worker's `/health` answers 200 makes systemd's own view te
 truth: `systemctl is-active sglang@3` says `activating` while the model loads and
 `active` once the worker can serve, and `systemctl start sglang@3` returns then.
 
-The gate polls `[health] path` with the `[health] timeout` per request (SGLang's
+The gate polls the worker's readiness route (`/ready` where SGLang has it, then `[health]
+path` once `/ready` answers 404: `sglang/ready_route`; the drop-ins pass both `--url`s in
+that order) with the `[health] timeout` per request (SGLang's
 /health can take up to 20 s server-side), every `[startup] poll_interval`, until
 the deadline (`[startup] load_timeout`, the same value the unit's TimeoutStartSec=
 holds). Connection refused is normal meanwhile: SGLang binds its port only after the
@@ -39,6 +41,7 @@ import structlog
 from sglang_farm.host import procfs
 from sglang_farm.host.listeners import OwnerKind, connect_host
 from sglang_farm.host.portowner import ProcPortOwner, tree_pids
+from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.health import probe
 
@@ -58,9 +61,14 @@ def pid_alive(pid: int) -> bool:
 
 
 async def _wait(
-    url: str, timeout: float, interval: float, budget: float, main_pid: int | None = None
+    urls: tuple[str, ...],
+    timeout: float,
+    interval: float,
+    budget: float,
+    main_pid: int | None = None,
 ) -> tuple[bool, str]:
-    """Poll `url` until 200 or `budget` seconds pass; returns (ready, last detail).
+    """Poll `urls[0]` until 200 or `budget` seconds pass, moving to the next URL when one
+    answers 404 (a SGLang without that route); returns (ready, last detail).
 
     With `main_pid`, give up as soon as that process is gone: on systemd 252 a unit whose
     main process dies during ExecStartPost= stays `activating` until the gate returns, so a
@@ -70,6 +78,7 @@ async def _wait(
     loop = asyncio.get_running_loop()
     end = loop.time() + budget
     last = "not probed"
+    at = 0
     # trust_env=False: an HTTP(S)_PROXY in the unit's environment must not catch loopback.
     async with httpx.AsyncClient(trust_env=False) as client:
         while True:
@@ -78,7 +87,13 @@ async def _wait(
                 return False, last
             if main_pid is not None and not pid_alive(main_pid):
                 return False, f"main process {main_pid} exited"
+            url = urls[at]
             result = await probe(client, url, min(timeout, left))
+            moved = next_route(urls, at, result.status)
+            if moved != at:
+                log.info("wait_ready_route", url=urls[moved], why=f"{url} answered 404")
+                at = moved
+                continue
             if result.ok and main_pid is None:
                 return True, result.detail
             if result.ok and main_pid is not None:
@@ -114,22 +129,24 @@ async def _own_listener(url: str, main_pid: int) -> str | None:
 
 def wait_url(
     worker_id: int,
-    url: str,
+    urls: tuple[str, ...],
     *,
     deadline: float,
     probe_timeout: float,
     interval: float,
     main_pid: int | None = None,
 ) -> int:
-    """Block until `url` answers 200, at most `deadline` seconds; returns a `WaitExit` value.
+    """Block until the first of `urls` that the worker serves answers 200, at most
+    `deadline` seconds; returns a `WaitExit` value.
 
     What the rendered drop-ins run: the URL and every timeout come from the unit's own
     command line, so the gate never reads farm.toml (a half-edited file must not change
     what a restart probes).
     """
     t0 = time.monotonic()
+    url = " then ".join(urls)
     log.info("wait_ready_start", worker=worker_id, url=url, deadline_s=deadline)
-    ready, detail = asyncio.run(_wait(url, probe_timeout, interval, deadline, main_pid))
+    ready, detail = asyncio.run(_wait(urls, probe_timeout, interval, deadline, main_pid))
     after = round(time.monotonic() - t0, 3)
     if ready:
         log.info("wait_ready_ok", worker=worker_id, url=url, after_s=after)
@@ -152,7 +169,9 @@ def wait_ready(spec: FarmSpec, worker_id: int, deadline: float, main_pid: int | 
         return WaitExit.USAGE
     return wait_url(
         worker_id,
-        worker.base_url + spec.health.path,
+        tuple(
+            worker.base_url + r for r in readiness_routes(spec.health.ready_path, spec.health.path)
+        ),
         deadline=deadline,
         probe_timeout=spec.health.timeout,
         interval=spec.startup.poll_interval,

@@ -49,6 +49,9 @@ class SimSettings:
     wedge_after: float | None = None
     health_queues: bool = False
     ignore_sigterm: bool = False
+    # The SGLang version the simulator answers as: before 0.5.20 (the seed's 0.5.12) there
+    # is no /ready route (404).
+    version: str = "0.5.23"
     gpu_mem_gib: float | None = None
     error_rate: float = 0.0  # the fraction of generation requests answered 500
     wrong_rate: float = 0.0  # the fraction of arithmetic questions answered wrong
@@ -97,6 +100,29 @@ _YES = frozenset({"1", "true", "yes"})
 _NO = frozenset({"", "0", "false", "no"})
 
 
+READY_ROUTE_SINCE = (0, 5, 20)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """`0.5.12` -> (0, 5, 12)."""
+    return tuple(int(p) for p in version.split("."))
+
+
+def has_ready_route(settings: SimSettings) -> bool:
+    """True when the simulated SGLang serves /ready (0.5.20 and newer)."""
+    return version_tuple(settings.version) >= READY_ROUTE_SINCE
+
+
+def _version(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    parts = raw.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise SettingsError(f"{name}={raw!r} is not a version; give one as 0.5.12")
+    return raw
+
+
 def _switch(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name, "").strip()
     if raw.lower() in _YES:
@@ -142,6 +168,7 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         wedge_after=_float(env, "SGLANG_SIM_WEDGE_AFTER", None),
         health_queues=_switch(env, "SGLANG_SIM_HEALTH_QUEUES"),
         ignore_sigterm=_switch(env, "SGLANG_SIM_IGNORE_SIGTERM"),
+        version=_version(env, "SGLANG_SIM_VERSION", d.version),
         gpu_mem_gib=_float(env, "SGLANG_SIM_GPU_MEM_GIB", None),
         error_rate=_fraction(env, "SGLANG_SIM_ERROR_RATE"),
         wrong_rate=_fraction(env, "SGLANG_SIM_WRONG_RATE"),

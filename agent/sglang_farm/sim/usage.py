@@ -129,6 +129,12 @@ CONTROLS: tuple[Control, ...] = (
         "1, true or yes: ignore SIGTERM (tests a supervisor's SIGKILL deadline)",
     ),
     Control(
+        "SGLANG_SIM_VERSION",
+        "version",
+        "X.Y.Z: the SGLang version answered as (/server_info's version); before 0.5.20 "
+        "(e.g. 0.5.12, the seed host's) /ready does not exist (404)",
+    ),
+    Control(
         "SGLANG_SIM_GPU_MEM_GIB",
         None,
         "N: each scheduler really holds N GiB on its CUDA device (needs torch with CUDA; "

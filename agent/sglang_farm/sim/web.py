@@ -49,7 +49,7 @@ from sglang_farm.sim.exposition import (
 )
 from sglang_farm.sim.log import SimLog
 from sglang_farm.sim.options import ServerOptions
-from sglang_farm.sim.settings import SimSettings
+from sglang_farm.sim.settings import SimSettings, has_ready_route
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -302,6 +302,9 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             )
 
         def ready(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
+            if not has_ready_route(state.settings):
+                self._json(404, {"detail": "Not Found"})  # FastAPI's answer: no such route
+                return
             up = state.status is Status.UP and not state.exiting.is_set()
             self._send(200 if up else 503)
 
@@ -375,7 +378,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                             },
                         }
                     ],
-                    "version": SGLANG_VERSION,
+                    "version": state.settings.version,
                     "frontend": "python",
                     "simulated": True,
                 }
@@ -427,7 +430,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 return
             body = loads_body(
                 datetime.now(UTC).isoformat(),
-                SGLANG_VERSION,
+                state.settings.version,
                 state.ctx,
                 sched,
                 include,

@@ -43,7 +43,7 @@ from pathlib import Path
 import structlog
 
 from sglang_farm.host.atomicfile import fsync_dir
-from sglang_farm.staging.dirs import DIR_MODE, own_dir_fd, subdir_fd, trusted_dir
+from sglang_farm.staging.dirs import give_group, own_dir_fd, subdir_fd, trusted_dir
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.lock import stage_lock
 from sglang_farm.staging.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_from_json
@@ -57,8 +57,11 @@ log = structlog.get_logger("sglang_farm.staging")
 
 CHUNK = 8 << 20  # bytes per read: large enough for the page cache's read-ahead
 # The workers run as [farm] user, the agent as root under UMask=0077: the copy's modes are
-# set explicitly, whatever the umask, so that the workers can read it.
-FILE_MODE = 0o644
+# set explicitly, whatever the umask. Issue 30, item 8: the copy was 0644/0755, so a private
+# model (a 0600 source, gated weights) was anyone's to read in /dev/shm. It is the agent's
+# and [farm] group's (`group`): the workers read it, other users cannot even enter it.
+FILE_MODE = 0o640
+COPY_DIR_MODE = 0o750  # model_path and every folder of the copy
 REPORT_EVERY_S = 0.25  # progress reports at most this often (they rebuild the farm view)
 # Files copied at once: hashing is the bottleneck of one stream (0.72 GiB/s against 1.1-1.4
 # for `cp -r`, 16 GiB into a tmpfs on the H200 host: docs/staging.md); hashlib, read and
@@ -159,7 +162,7 @@ def _recorded(target: Path) -> Manifest | None:
             return None
 
 
-def _make_temp(target: Path) -> tuple[Path, int]:
+def _make_temp(target: Path, gid: int | None) -> tuple[Path, int]:
     """A new temporary sibling of `target` (same filesystem, for the rename), made by the
     agent itself under an unpredictable name (mkdtemp: mkdir fails on anything already
     there), checked to be its own folder; with a descriptor for every write into it."""
@@ -174,20 +177,32 @@ def _make_temp(target: Path) -> tuple[Path, int]:
             f"the temporary folder {tmp} was replaced as soon as it was made",
             f"find who writes in {target.parent}, then `farmctl start all`",
         )
-    os.fchmod(fd, DIR_MODE)  # the copy's own mode, once it is model_path
+    try:
+        give_group(fd, gid, tmp)
+        os.fchmod(fd, COPY_DIR_MODE)  # the copy's own mode, once it is model_path
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp)  # empty: nothing was written yet
+        raise
     return tmp, fd
 
 
-def _create(dir_fd: int, name: str) -> int:
+def _create(dir_fd: int, name: str, gid: int | None) -> int:
     """A new file `name` in the agent's folder `dir_fd`: never an existing one, never
-    through a link; FILE_MODE whatever the umask."""
+    through a link; FILE_MODE whatever the umask, of group `gid` (None: the agent's)."""
     fd = os.open(
         name,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
         FILE_MODE,
         dir_fd=dir_fd,
     )
-    os.fchmod(fd, FILE_MODE)
+    try:
+        give_group(fd, gid, Path(name))
+        os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -207,9 +222,11 @@ class _Copy:
         report: Report,
         cancel: threading.Event,
         clock: Callable[[], float],
+        gid: int | None = None,
     ) -> None:
         self.tree = tree
         self.tmp_fd = tmp_fd
+        self.gid = gid
         self.total = total
         self.done = 0
         self.report = report
@@ -249,11 +266,11 @@ class _Copy:
         git = hashlib.sha1(b"blob %d\0" % entry.size) if entry.git_sha1 else None
         dirs, name = _split(entry.path)
         n = 0
-        dir_fd = subdir_fd(self.tmp_fd, dirs)
+        dir_fd = subdir_fd(self.tmp_fd, dirs, COPY_DIR_MODE, self.gid)
         try:
             with (
                 os.fdopen(self.tree.open(entry.path), "rb") as fin,
-                os.fdopen(_create(dir_fd, name), "wb") as fout,
+                os.fdopen(_create(dir_fd, name, self.gid), "wb") as fout,
             ):
                 while chunk := fin.read(CHUNK):
                     if self.abort.is_set():
@@ -314,25 +331,36 @@ class _Copy:
             )
 
 
-def _keep(target_fd: int, tmp_fd: int, rel: str) -> None:
+def _keep(target_fd: int, tmp_fd: int, rel: str, gid: int | None) -> None:
     """Hard-link an unchanged file of the current copy (the agent's own) into the new one;
-    copied where the filesystem has no hard links."""
+    copied where the filesystem has no hard links. A link made before issue 30 (0644)
+    gets the copy's mode and group too."""
     dirs, name = _split(rel)
-    dir_fd = subdir_fd(tmp_fd, dirs)
+    dir_fd = subdir_fd(tmp_fd, dirs, COPY_DIR_MODE, gid)
     try:
         try:
             os.link(rel, name, src_dir_fd=target_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             src = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=target_fd)
-            with os.fdopen(src, "rb") as fin, os.fdopen(_create(dir_fd, name), "wb") as fout:
+            with (
+                os.fdopen(src, "rb") as fin,
+                os.fdopen(_create(dir_fd, name, gid), "wb") as fout,
+            ):
                 shutil.copyfileobj(fin, fout, CHUNK)
+        else:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                give_group(fd, gid, Path(rel))
+                os.fchmod(fd, FILE_MODE)
+            finally:
+                os.close(fd)
     finally:
         os.close(dir_fd)
 
 
-def _write_manifest(tmp_fd: int, manifest: Manifest) -> None:
+def _write_manifest(tmp_fd: int, manifest: Manifest, gid: int | None) -> None:
     """The manifest, a new file of the agent's (never through whatever is planted)."""
-    with os.fdopen(_create(tmp_fd, MANIFEST_NAME), "wb") as f:
+    with os.fdopen(_create(tmp_fd, MANIFEST_NAME, gid), "wb") as f:
         f.write(manifest.to_json().encode())
         f.flush()
         os.fsync(f.fileno())
@@ -408,6 +436,23 @@ def _rename_new(a: Path, b: Path) -> bool:
 INSTALL_TRIES = 3  # another user re-creating model_path each time: give up, saying so
 
 
+def _close_up(target: Path, gid: int | None) -> None:
+    """A current copy at model_path (the agent's own folder) gets the copy's folder mode
+    and group: nobody but the agent and the workers enters it, whatever is inside."""
+    fd = own_dir_fd(target)
+    try:
+        give_group(fd, gid, target)
+        os.fchmod(fd, COPY_DIR_MODE)
+    except OSError as exc:
+        raise StageError(
+            StageFailureKind.IO_ERROR,
+            f"cannot make {target} private to the workers: {exc.strerror or exc}",
+            "fix the cause (permissions, the disk), then `farmctl start all`",
+        ) from exc
+    finally:
+        os.close(fd)
+
+
 def stage_copy(
     source: Path | SourceTree,
     manifest: Manifest,
@@ -421,9 +466,12 @@ def stage_copy(
     keep_old: bool = False,
     on_wait: Callable[[str], None] = lambda _holder: None,
     clock: Callable[[], float] = time.monotonic,
+    group: int | None = None,
 ) -> StageResult:
     """Make `target` hold exactly `manifest`'s files from `source` (a folder, or its
-    SourceTree). `lock_dir`: the stage locks' folder (lock.lock_dir_of). Raises StageError."""
+    SourceTree). `lock_dir`: the stage locks' folder (lock.lock_dir_of). `group`: the gid
+    the copy is given (the workers' [farm] group; None: the agent's own, when the
+    workers run as the agent). Raises StageError."""
     tree = source if isinstance(source, SourceTree) else SourceTree.at(source)
     t0 = clock()
     trusted_dir(target.parent, "the folder of [sglang] model_path")
@@ -445,6 +493,7 @@ def stage_copy(
         recorded = _recorded(target) if is_copy else None
         plan = plan_stage(manifest, recorded, present)
         if plan.current:
+            _close_up(target, group)  # a copy staged before issue 30 was 0755
             return StageResult(
                 target, 0, 0, manifest.total_bytes, True, None, clock() - t0, manifest.origin
             )
@@ -463,23 +512,23 @@ def stage_copy(
             raise StageError(StageFailureKind.NO_SPACE, msg, fix)
         tmp: Path | None = None
         tmp_fd = -1
-        copy = _Copy(tree, tmp_fd, plan.copy_bytes, report, cancel, clock)
+        copy = _Copy(tree, tmp_fd, plan.copy_bytes, report, cancel, clock, group)
         old: Path | None = None
         exchanged = False
         try:
-            tmp, tmp_fd = _make_temp(target)
+            tmp, tmp_fd = _make_temp(target, group)
             copy.tmp_fd = tmp_fd
             if plan.keep:
                 target_fd = own_dir_fd(target)
                 try:
                     for f in plan.keep:
-                        _keep(target_fd, tmp_fd, f.path)
+                        _keep(target_fd, tmp_fd, f.path, group)
                 finally:
                     os.close(target_fd)
             copy.tell(force=True)
             copy.copy_all(list(plan.copy), manifest.origin)
             copy.tell(force=True)
-            _write_manifest(tmp_fd, manifest)
+            _write_manifest(tmp_fd, manifest, group)
             os.fsync(tmp_fd)
             for _ in range(INSTALL_TRIES):
                 now = _lstat(target)

@@ -17,6 +17,7 @@ staging creates gets its mode explicitly (DIR_MODE where the workers must enter 
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import stat
 from pathlib import Path
@@ -137,9 +138,34 @@ def own_dir_fd(path: Path) -> int:
     return fd
 
 
-def subdir_fd(root_fd: int, parts: tuple[str, ...]) -> int:
-    """The folder `parts` below `root_fd` (one of the agent's own), made DIR_MODE where
-    missing; no component is followed through a link. The caller closes the result."""
+def give_group(fd: int, gid: int | None, path: Path) -> None:
+    """Give the agent's file `fd` (at `path`, for the message) group `gid`; None: leave it
+    the agent's. The owner may hand a file to a group it is in, no capability needed (the
+    agent's unit lists [farm] group in SupplementaryGroups=). Raises StageError."""
+    if gid is None:
+        return
+    try:
+        os.fchown(fd, -1, gid)
+    except PermissionError as exc:
+        try:
+            name = grp.getgrgid(gid).gr_name
+        except KeyError:
+            name = str(gid)
+        raise StageError(
+            StageFailureKind.IO_ERROR,
+            f"cannot give {path} to [farm] group {name!r} (the workers read the copy "
+            "through it): the agent is not a member of that group",
+            f"add {name} to the agent's groups (sglang-farm.service's SupplementaryGroups=) "
+            "or set [farm] group to one the agent is in, then `farmctl start all`",
+        ) from exc
+
+
+def subdir_fd(
+    root_fd: int, parts: tuple[str, ...], mode: int = DIR_MODE, gid: int | None = None
+) -> int:
+    """The folder `parts` below `root_fd` (one of the agent's own), made `mode` (of group
+    `gid`: `give_group`) where missing; no component is followed through a link. The
+    caller closes the result."""
     fd = os.dup(root_fd)
     try:
         for name in parts:
@@ -153,7 +179,8 @@ def subdir_fd(root_fd: int, parts: tuple[str, ...]) -> int:
             os.close(fd)
             fd = nfd
             if made:
-                os.fchmod(fd, DIR_MODE)
+                give_group(fd, gid, Path(name))
+                os.fchmod(fd, mode)
         return fd
     except BaseException:
         os.close(fd)

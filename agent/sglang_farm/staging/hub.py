@@ -124,8 +124,11 @@ def download(
     cancel = cancel or threading.Event()
     if cancel.is_set():
         raise _cancelled(where)
-    # Another user who can write the cache could plant a snapshot of its own files.
-    trusted_dir(cache_dir, "[model] cache_dir")
+    # Another user who can write the cache could plant a snapshot of its own files. A new
+    # cache is the agent's alone (0700): it holds gated weights, which only the copy at
+    # model_path hands on, to the workers' group (issue 30, item 8; the library writes
+    # under the agent's umask, 0022 from a root shell).
+    trusted_dir(cache_dir, "[model] cache_dir", mode=0o700)
     try:
         folder = snapshot_download(
             repo_id,

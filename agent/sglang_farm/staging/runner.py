@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import grp
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,20 @@ from sglang_farm.staging.state import StageResult, model_target
 
 def hub_cache_dir(spec: FarmSpec, model: ModelSpec) -> Path:
     return Path(model.cache_dir or f"{spec.farm.state_dir}/hub-cache")
+
+
+def copy_group(spec: FarmSpec, *, euid: int | None = None) -> int | None:
+    """The gid the staged copy is given (0640/0750: the agent and the workers read it,
+    nobody else): [farm] group when the agent runs as root (the workers run as
+    [farm] user and group); None, the agent's own group, when it does not (the workers
+    then run as the agent itself) or when this host lacks the group (the agent starts
+    no worker as a group that does not exist: it says so at the launch)."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None
+    try:
+        return grp.getgrnam(spec.farm.group).gr_gid
+    except KeyError:
+        return None
 
 
 def stage_model(
@@ -83,6 +99,7 @@ def stage_model(
         measure=measure,
         keep_old=keep_old,
         clock=clock,
+        group=copy_group(spec),
     )
     if model.warm_page_cache and not measure(target).is_tmpfs:
         from sglang_farm.staging.warm import warm

@@ -1,9 +1,10 @@
 """I/O: probes of a worker's HTTP API.
 
-Readiness and liveness both use SGLang's `/health` (200 only once warm-up is done and
-the scheduler answers a 1-token generation; 503 while starting, shutting down, or when
-the scheduler stopped answering). `/model_info` is never used: it answers as soon as
-HTTP listens, before warm-up (docs/reference/sglang.md §7).
+Liveness uses SGLang's `/health` (200 only once warm-up is done and the scheduler answers
+a 1-token generation; 503 while starting, shutting down, or when the scheduler stopped
+answering); readiness asks `/ready` first where SGLang has it (`sglang/ready_route`).
+`/model_info` is never used: it answers as soon as HTTP listens, before warm-up
+(docs/reference/sglang.md §7).
 
 `LocalHttp` is the agent's own client for these GETs: plain HTTP/1.1 over asyncio streams,
 one connection per GET. httpx cost 3-4 ms of CPU per GET on a 2-core machine, which with
@@ -40,6 +41,7 @@ class ProbeResult:
     # The agent's own trouble (out of fds, ...): says nothing about the worker. Callers
     # treat the beat as unknown, never as the worker's failure.
     local_error: bool = False
+    status: int | None = None  # the HTTP status, when the worker answered one
 
 
 def _local_oserror(exc: BaseException) -> OSError | None:
@@ -174,7 +176,7 @@ async def _local_probe(client: LocalHttp, url: str, timeout: float) -> ProbeResu
     detail = str(answer.status)
     if answer.truncated:
         detail += f" (body over {HEALTH_BODY_LIMIT // 1024} KiB, not read)"
-    return ProbeResult(answer.status == 200, detail)
+    return ProbeResult(answer.status == 200, detail, status=answer.status)
 
 
 async def probe(client: httpx.AsyncClient | LocalHttp, url: str, timeout: float) -> ProbeResult:
@@ -213,7 +215,7 @@ async def probe(client: httpx.AsyncClient | LocalHttp, url: str, timeout: float)
     detail = str(resp.status_code)
     if read > HEALTH_BODY_LIMIT:
         detail += f" (body over {HEALTH_BODY_LIMIT // 1024} KiB, not read)"
-    return ProbeResult(resp.status_code == 200, detail)
+    return ProbeResult(resp.status_code == 200, detail, status=resp.status_code)
 
 
 class Prober(Protocol):

@@ -23,10 +23,13 @@ from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.failures import Failure, FailureKind, port_taken
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import Event, ProcessExited, WorkerState
+from sglang_farm.workers.supervisor import Event, FailureSeen, ProcessExited, WorkerState
 
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
 PORT_POLL_S = 0.2  # the kernel offers no event for "a port became free"
+# A port still held this long into the wait is named (`port_taken`, in `why`) while the
+# launch goes on waiting: a squatter is shown at once, a slow teardown is not blamed.
+PORT_NAMED_AFTER_S = 5.0
 
 Preflight = Callable[[FarmSpec, int], list[Failure]]
 
@@ -81,6 +84,26 @@ class Launcher:
             f"or give worker {worker} another port in the config",
         )
 
+    async def _name_holder(self, worker: int, host: str, port: int, begun: float) -> bool:
+        """Issue 30, item 12: while the launch waits for a held port, `why` said "no failure
+        recorded". Past PORT_NAMED_AFTER_S the holder is recorded as the worker's failure
+        (`port_taken`, the worker still unstarted); True once named."""
+        if self._clock() - begun < PORT_NAMED_AFTER_S:
+            return False
+        failure = await self._busy(worker, host, port)
+        if failure.kind is not FailureKind.PORT_TAKEN:
+            return False  # no holder found (yet): nothing to name
+        self._log_for(worker).warning(
+            "worker_port_held",
+            port=port,
+            summary=failure.summary,
+            waiting_s=round(PORT_FREE_WAIT_S - (self._clock() - begun), 1),
+        )
+        s = self._state(worker)
+        if s is not None and s.phase is Phase.STARTING:
+            self._feed(worker, FailureSeen(failure))
+        return True
+
     async def launch(self, worker: int) -> None:
         first = self._state(worker)
         launched = first.launched_at if first is not None else None
@@ -102,7 +125,9 @@ class Launcher:
                 blog.error("worker_preflight_failed", problems=[f.summary for f in blocking])
                 abandon(blocking[0])
                 return
-            deadline = self._clock() + PORT_FREE_WAIT_S
+            begun = self._clock()
+            deadline = begun + PORT_FREE_WAIT_S
+            named = False
             state = self._port_state(w.host, w.port)
             while state is not PortState.FREE and self._clock() < deadline:
                 await asyncio.sleep(PORT_POLL_S)
@@ -110,6 +135,8 @@ class Launcher:
                     abandon(None)
                     return
                 state = self._port_state(w.host, w.port)
+                if state is PortState.IN_USE and not named:
+                    named = await self._name_holder(worker, w.host, w.port, begun)
             if state is PortState.UNKNOWN:
                 # The agent could not test the port (its own trouble, e.g. out of fds): not
                 # the worker's failure. Launch; SGLang itself reports a port in use.

@@ -1,7 +1,8 @@
 """I/O: when each worker's health is probed, and what a probe's answer (or silence) means.
 
-Readiness while loading: once the worker's process is launched, `/health` is polled
-every `startup.poll_interval` until it answers 200, the runtime agrees
+Readiness while loading: once the worker's process is launched, its readiness route
+(`/ready` where SGLang has it, else `/health`: `sglang/ready_route`) is polled every
+`startup.poll_interval` until it answers 200, the runtime agrees
 (`Runtime.confirm_ready`) and the socket listening on the worker's port is held by the
 worker's own processes (`portowner`); then `HealthPassed`. Any local user can bind the
 port while SGLang loads (it binds only after loading): a listener of another process or
@@ -31,6 +32,7 @@ import structlog
 from sglang_farm.host.listeners import OwnerKind, Ownership, connect_host
 from sglang_farm.host.portowner import PortOwner
 from sglang_farm.runtime import Runtime
+from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.health import Prober, ProbeResult
 from sglang_farm.workers.phase import Phase
@@ -70,6 +72,9 @@ class LivenessWatcher:
         self._pending: asyncio.Task[ProbeResult] | None = None
         self._counted = False
         self._sent_at = 0.0
+        # Which of the readiness routes this launch is asked on (a 404 moves it on).
+        self._route_launch: float | None = None
+        self._route_at = 0
 
     async def run(self) -> None:
         try:
@@ -108,7 +113,24 @@ class LivenessWatcher:
             # that port now is not this worker.
             await self._wait_change(self.worker, spec.startup.poll_interval)
             return
-        res = await self._prober.probe(self._url(), spec.health.timeout)
+        routes = readiness_routes(spec.health.ready_path, spec.health.path)
+        if self._route_launch != s.launched_at:
+            self._route_launch, self._route_at = s.launched_at, 0
+        at = min(self._route_at, len(routes) - 1)
+        w = spec.worker(self.worker)
+        res = await self._prober.probe(w.base_url + routes[at], spec.health.timeout)
+        moved = next_route(routes, at, res.status)
+        if moved != at and self._same_process(s.launched_at, (Phase.STARTING,)):
+            self._route_at = moved
+            log.info(
+                "worker_ready_route",
+                worker=self.worker,
+                gpus=list(w.gpus),
+                route=routes[moved],
+                why=f"{routes[at]} answered 404: this SGLang has no {routes[at]} route "
+                f"(SGLang before 0.5.20); readiness is asked on {routes[moved]}",
+            )
+            return  # ask the next route now
         if res.ok and self._same_process(s.launched_at, (Phase.STARTING,)):
             # Whatever answered must be the worker itself, not a process that bound its
             # port first (SGLang binds only after loading). Asked before the runtime's

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 
 from sglang_farm.sglang.classify import LogClassifier
 from sglang_farm.workers.failures import Failure
+from sglang_farm.workers.startup_book import StartupBook
 
 FOLLOW_BUFFER = 10000  # lines a follower may fall behind before it loses some
 
@@ -23,17 +24,28 @@ class WorkerLogs:
     def __init__(self) -> None:
         self._classifiers: dict[int, LogClassifier] = {}
         self._followers: dict[int, set[asyncio.Queue[str]]] = {}
+        self.startups = StartupBook()  # each worker's latest start, phase by phase
 
-    def new_process(self, worker: int, *, serving: bool = False) -> None:
+    def new_process(
+        self, worker: int, *, serving: bool = False, launched_at: float | None = None
+    ) -> None:
         """The worker's process is new (launched, or adopted: `serving` when it passed its
-        readiness gate before, so its OOMs are serving-time ones)."""
+        readiness gate before, so its OOMs are serving-time ones). `launched_at` (the
+        agent's clock): a launch, whose start is followed phase by phase from its lines."""
         self._classifiers[worker] = LogClassifier(serving=serving)
+        if launched_at is not None:
+            self.startups.launched(worker, launched_at)
+        else:
+            self.startups.forget(worker)  # adopted: its start was not seen
 
-    def line(self, worker: int, text: str) -> Failure | None:
-        """One line of its log: to every follower; the failure it completes, if any."""
+    def line(self, worker: int, text: str, at: float | None = None) -> Failure | None:
+        """One line of its log: to every follower, to its start's timeline (`at`: when it
+        arrived, the agent's clock); the failure it completes, if any."""
         for q in self._followers.get(worker, ()):
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(text)
+        if at is not None:
+            self.startups.line(worker, text, at)
         return self._classifier(worker).feed(text)
 
     def exited(self, worker: int, status: int | None, result: str | None) -> Failure | None:
