@@ -311,9 +311,11 @@ def test_a_persons_log_is_plain_lines_off_a_terminal_too() -> None:
         ("info", "worker_launched", {"worker": 3, "gpu": 3, "pid": 4242}),
         ("info", "rollout_done", {"ready": 8, "workers": 8, "farm": "demo", "summary": summary}),
         ("warning", "health_failed", {"worker": 5, "gpu": 5, "why": "timed out"}),
+        ("warning", "worker_failed", {"worker": 5, "gpu": 5, "summary": "killed by signal 9"}),
     )
-    assert len(lines) == 3, lines
-    launched, done, warned = lines
+    assert len(lines) == 4, lines
+    launched, done, warned, failed = lines
+    assert failed.endswith("  WARNING  worker_failed  worker 5 (GPU 5)  killed by signal 9")
     assert launched.endswith("  worker_launched  worker 3 (GPU 3)  pid=4242")
     assert done[8:] == f"  {summary}"  # after the time: the sentence, unescaped, alone
     assert '  WARNING  health_failed  worker 5 (GPU 5)  why="timed out"' in warned

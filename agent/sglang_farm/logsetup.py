@@ -7,7 +7,8 @@ what `./scripts/demo` asks for whether or not its output is a terminal): one sho
 plain line per event (`human_line`), the same under nohup or in a file as on a
 terminal: the time, the level only when it is a warning or an error, the event, its
 worker and GPU, then its fields as `key=value`; an event that carries a `summary` (the
-rollout's end) prints that sentence instead of its name and the fields it sums up. What only the
+rollout's end) prints that sentence instead of the fields it sums up (and, at info,
+instead of its name: a warning keeps its name). What only the
 journal needs is left out of it (`JOURNAL_ONLY`: each phase change, which the lines
 around it already say, and each launch's whole command line, which `farmctl status
 --json`, `ps` and the JSON log show).
@@ -46,8 +47,8 @@ def human_line(event: Mapping[str, Any]) -> str:
     parts = [clock] if clock else []
     if level not in ("info", "debug"):
         parts.append(level.upper())
-    if not event.get("summary"):  # a summary is a sentence of its own (the rollout's end)
-        parts.append(str(event.get("event")))
+    if not event.get("summary") or level not in ("info", "debug"):
+        parts.append(str(event.get("event")))  # an info summary is a sentence of its own
     if event.get("worker") is not None:
         gpu = event.get("gpu")
         parts.append(f"worker {event['worker']}" + (f" (GPU {gpu})" if gpu is not None else ""))
