@@ -80,6 +80,7 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "rollout",
         "rollout_reason",
         "ready",
+        "ready_workers",
         "workers",
         "gpus",
         "gateway",

@@ -490,7 +490,8 @@ def test_status_shows_the_gateway_line_and_who_is_in_it(gw_agent: Agent) -> None
     r = gw_agent.run("status")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "farm test-farm · process runtime · rollout done · 3/4 ready"
+    head = "farm test-farm · process runtime · rollout done · 3/4 ready (worker 1 stopped)"
+    assert lines[0] == head + " and routed"
     assert lines[1] == "gateway http://127.0.0.1:8000 · up · routes to 3 of 4 workers"
     assert lines[3].split()[:6] == ["WORKER", "GPU", "PORT", "STATE", "GATEWAY", "FOR"]
     assert lines[4].split()[:5] == ["0", "0", "30000", "ready", "in"]
@@ -652,7 +653,10 @@ def test_status_shows_quarantined_and_a_note_per_quarantined_worker(agent: Agent
     r = agent.run("status")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "farm test-farm · process runtime · rollout done · 2/4 ready"
+    assert (
+        lines[0]
+        == "farm test-farm · process runtime · rollout done · 2/4 ready (workers 2, 3 quarantined)"
+    )
     assert lines[5].split()[:6] == ["2", "2", "30002", "quarantined", "0s", "-"]
     assert lines[-2:] == [
         "worker 2: GPU 2 quarantined (xid 79): farmctl why 2",

@@ -11,12 +11,14 @@ third block, which undoes it. It runs the demo's real ports and paths, as the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -156,14 +158,109 @@ class Farm:
                 raise AssertionError(f"Ctrl-C did not stop the farm:\n{log}") from e
 
 
+# The paths the walkthroughs write, as the reader's commands name them (issue 32, 4.6).
+DEMO_PATHS = ("/tmp/sglang-farm-demo/state", "/tmp/oom-demo.toml")
+CANARY_PATHS = ("/tmp/canary-demo", "/tmp/canary-demo.toml")
+
+
+@contextlib.contextmanager
+def kept(paths: tuple[str, ...]) -> Iterator[None]:
+    """Whatever is at `paths` before the walkthrough is there after it, as it was: moved
+    aside next to itself (never into the run's TMPDIR, which the run removes) and put
+    back; what the walkthrough made there is removed (issue 32, 4.6: the suite deleted
+    a reader's own /tmp/oom-demo.toml, /tmp/canary-demo.toml and /tmp/canary-demo/)."""
+    aside: dict[str, str] = {}
+    try:
+        for p in paths:
+            if os.path.lexists(p):
+                aside[p] = tempfile.mkdtemp(
+                    prefix=Path(p).name + ".kept-by-test.", dir=Path(p).parent
+                )
+                os.rename(p, os.path.join(aside[p], "kept"))
+        yield
+    finally:
+        for p in paths:
+            subprocess.run(["rm", "-rf", "--", p], check=True)
+            if p in aside:
+                os.rename(os.path.join(aside[p], "kept"), p)
+                os.rmdir(aside[p])
+
+
 @pytest.fixture
 def clean_demo_paths() -> Iterator[None]:
     for base, n in DEMO_PORTS:
         for port in range(base, base + n):
             problem = port_problem("127.0.0.1", port)  # the farm's own test (TIME_WAIT is fine)
             assert problem is None, f"{problem}: is a demo running? Stop it first"
-    yield
-    subprocess.run(["rm", "-rf", "/tmp/sglang-farm-demo/state", "/tmp/oom-demo.toml"])
+    with kept(DEMO_PATHS):
+        yield
+
+
+# ---- what the agent says while the reader follows (issue 31) -------------------------------
+
+# A line `--log-format console` writes at warning or above: "HH:MM:SS  LEVEL  event  worker N".
+HUMAN_ALARM = re.compile(r"^\d\d:\d\d:\d\d  (WARNING|ERROR|CRITICAL)  (\S+)(?:  worker (\d+))?")
+
+
+def alarms(log: str) -> list[dict[str, object]]:
+    """The agent's warning- and error-level lines in `log` (JSON lines, or a person's
+    lines as ./scripts/demo writes them), each as {level, event, worker, line}."""
+    out: list[dict[str, object]] = []
+    for line in log.splitlines():
+        if line.startswith("{"):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and e.get("level") in ("warning", "error", "critical"):
+                out.append(
+                    {
+                        "level": e["level"],
+                        "event": e.get("event"),
+                        "worker": e.get("worker"),
+                        "line": line,
+                    }
+                )
+        elif m := HUMAN_ALARM.match(line):
+            worker = int(m[3]) if m[3] else None
+            out.append({"level": m[1].lower(), "event": m[2], "worker": worker, "line": line})
+    return out
+
+
+def assert_no_alarm_but(log: Path, caused: Callable[[dict[str, object]], bool], what: str) -> None:
+    """No warning or error in the agent's output but those the walkthrough causes."""
+    stray = [a["line"] for a in alarms(log.read_text()) if not caused(a)]
+    assert not stray, f"{what}: warning- or error-level lines nobody caused:\n" + "\n".join(
+        map(str, stray)
+    )
+
+
+def about(*workers: int) -> Callable[[dict[str, object]], bool]:
+    return lambda a: a["worker"] in workers
+
+
+SCREEN_LINES, SCREEN_COLUMNS = 40, 160
+
+
+def assert_start_fits_a_screen(log: Path) -> None:
+    """The demo's output up to the line that says `8/8 ready` fits on one screen (issue 31:
+    ~75 JSON lines, each launch its whole command line)."""
+    lines = log.read_text().splitlines()
+    ready = next((i for i, ln in enumerate(lines) if "8/8 ready" in ln), None)
+    assert ready is not None, "\n".join(lines)
+    screen = lines[: ready + 1]
+    assert len(screen) <= SCREEN_LINES, f"{len(screen)} lines up to 8/8 ready:\n" + "\n".join(
+        screen
+    )
+    wide = [ln for ln in screen if len(ln) > SCREEN_COLUMNS]
+    assert not wide, f"lines over {SCREEN_COLUMNS} characters:\n" + "\n".join(wide)
+
+
+def wait_for_log(log: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout}s:\n{log.read_text()}"
+        time.sleep(0.5)
 
 
 def ready_and_restarted(w: dict[str, object]) -> bool:
@@ -189,6 +286,7 @@ def test_the_oom_walkthrough_does_what_the_readme_says(
         assert "1 (oom 1)" in row
     finally:
         copy.stop()
+    assert_no_alarm_but(copy.log, about(3), "the OOM copy (its worker 3 runs out of memory)")
 
     demo = Farm("./scripts/demo", tmp_path / "demo.log")
     try:
@@ -206,6 +304,14 @@ def test_the_oom_walkthrough_does_what_the_readme_says(
         assert "--mem-fraction-static" not in args_of(w3["pid"])
     finally:
         demo.stop()
+    # The step in force is said (worker 3's flag, lowered); and the copy shares the demo's
+    # state folder, so the plain demo's own file is a change the copy never accepted
+    # (`canary_change_pending`: rolled canary first). Nothing else is alarming.
+    assert_no_alarm_but(
+        demo.log,
+        lambda a: about(3)(a) or a["event"] == "canary_change_pending",
+        "the plain demo after the OOM walkthrough",
+    )
 
 
 def test_the_quickstart_parses_as_the_reader_reads_it() -> None:
@@ -242,8 +348,12 @@ def test_the_quickstart_does_what_the_readme_says(clean_demo_paths: None, tmp_pa
             if step.command.startswith("kill -9"):
                 # "...and watch it come back"
                 wait_for_worker(config, 5, "back", came_back_from(victim))
+        wait_for_log(demo.log, "8/8 ready")  # said once the gateway routes all eight
     finally:
         demo.stop()
+    assert_start_fits_a_screen(demo.log)
+    # The kill -9 of worker 5 is the one thing the reader did that warns.
+    assert_no_alarm_but(demo.log, about(5), "the Quickstart")
 
 
 # ---- "Make a bad change and watch it rolled back" (issue 23) ---------------------------------
@@ -280,8 +390,8 @@ def sh_all(command: str, timeout: float = 30) -> str:
 
 @pytest.fixture
 def clean_canary_demo(clean_demo_paths: None) -> Iterator[None]:
-    yield
-    subprocess.run(["rm", "-rf", "/tmp/canary-demo", CANARY_CONFIG])
+    with kept(CANARY_PATHS):
+        yield
 
 
 def test_the_canary_walkthrough_does_what_the_readme_says(
@@ -327,3 +437,61 @@ def test_the_canary_walkthrough_does_what_the_readme_says(
             os.killpg(traffic.pid, signal.SIGKILL)  # "or `kill %1`"
             traffic.wait(10)
         copy.stop()
+    # The bad change is judged on the canary (worker 0) and rolled back: that warns.
+    assert_no_alarm_but(copy.log, canary_caused, "the canary walkthrough")
+
+
+def canary_caused(a: dict[str, object]) -> bool:
+    return a["worker"] == 0 or str(a["event"]).startswith(("canary", "reload"))
+
+
+# ---- issue 32, 4.6: the walkthroughs leave what was there -----------------------------------
+
+
+def written_paths(lines: list[str]) -> set[str]:
+    """The /tmp paths the README's commands write: `rm -rf X`, `cp A X`, `>> X`, `sed -i … X`."""
+    out: set[str] = set()
+    for step in steps(lines):
+        if step.command.split()[0] not in ("rm", "cp", "sed", "printf"):
+            continue  # reads, or runs a farm (which writes only under its state_dir)
+        words = shlex.split(step.command.replace(">>", " >> "))
+        if words[:2] == ["rm", "-rf"]:
+            out.update(words[2:])
+        elif words[0] in ("cp", "sed") or ">>" in words:
+            out.add(words[words.index(">>") + 1] if ">>" in words else words[-1])
+    return {p.rstrip("/") for p in out if p.startswith("/tmp/")}
+
+
+def test_the_walkthroughs_keep_every_path_they_write() -> None:
+    readme = (REPO / "README.md").read_text()
+    written = set()
+    for section in (SECTION, CANARY_SECTION):
+        for block in section_blocks(readme, section):
+            written |= written_paths(block)
+    assert written == {
+        "/tmp/sglang-farm-demo/state",
+        "/tmp/oom-demo.toml",
+        "/tmp/canary-demo",
+        "/tmp/canary-demo.toml",
+    }
+    kept_paths = (*DEMO_PATHS, *CANARY_PATHS)
+    assert all(any(p == k or p.startswith(k + "/") for k in kept_paths) for p in written)
+
+
+def test_what_was_at_a_walkthroughs_paths_is_there_after_it(tmp_path: Path) -> None:
+    """Issue 32, 4.6: a reader's own /tmp/oom-demo.toml, /tmp/canary-demo.toml and
+    /tmp/canary-demo/, made before the suite ran, were gone after it."""
+    mine, folder, absent = tmp_path / "oom-demo.toml", tmp_path / "canary-demo", tmp_path / "new"
+    mine.write_text("# the reader's own\n")
+    (folder / "state").mkdir(parents=True)
+    (folder / "state" / "canary.json").write_text("{}")
+    with kept((str(mine), str(folder), str(absent))):
+        assert not mine.exists() and not folder.exists()  # the walkthrough starts clean
+        mine.write_text("# the walkthrough's copy\n")
+        folder.mkdir()
+        (folder / "control.sock").write_text("")
+        absent.write_text("made by the walkthrough")
+    assert mine.read_text() == "# the reader's own\n"
+    assert sorted(p.name for p in folder.rglob("*")) == ["canary.json", "state"]
+    assert not absent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["canary-demo", "oom-demo.toml"]

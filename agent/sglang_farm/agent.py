@@ -24,6 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import shutil
+import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -60,7 +63,12 @@ from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
 from sglang_farm.workers.load import WorkerStats
 from sglang_farm.workers.logs import WorkerLogs
-from sglang_farm.workers.notes import note_level, rollout_summary
+from sglang_farm.workers.notes import (
+    ROUTED_WAIT_S,
+    farmctl_command,
+    note_level,
+    rollout_summary,
+)
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
@@ -93,6 +101,19 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def typed_from_here() -> tuple[str, str]:
+    """How the rollout's "try:" command is typed from the agent's working directory:
+    the farmctl beside the agent's interpreter (`.venv/bin/farmctl` in a checkout),
+    unless the one on the PATH is that one (issue 31)."""
+    cwd = os.getcwd()
+    mine = os.path.join(os.path.dirname(sys.executable), "farmctl")
+    if not os.path.exists(mine):
+        return "farmctl", cwd
+    found = shutil.which("farmctl")
+    same = found is not None and os.path.realpath(found) == os.path.realpath(mine)
+    return farmctl_command(mine, mine if same else found, cwd), cwd
 
 
 class Agent:
@@ -164,6 +185,7 @@ class Agent:
         self.worker_logs = WorkerLogs()
         self._changed: dict[int, asyncio.Event] = {w: asyncio.Event() for w in spec.worker_ids}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._summary: asyncio.Task[None] | None = None  # the rollout's end, until routed
         self._worker_tasks: dict[int, asyncio.Task[None]] = {}
         # Set when a vital task (see `spawn`) failed: `run` ends, raising AgentCrashed.
         self._crashed = asyncio.Event()
@@ -374,6 +396,8 @@ class Agent:
             ready()
         await _first(stop.wait(), self._crashed.wait())
         log.info("farm_stopping", runtime=self.runtime.name, crashed=self._crash is not None)
+        if self._summary is not None:
+            self._summary.cancel()  # a rollout's end not said yet is not said while stopping
         self._stages.cancel.set()  # the copy under way stops at once
         if not self.runtime.workers_outlive_agent and self._crash is None:
             # After a crash the core is not asked again: the runtime's close kills them.
@@ -586,13 +610,51 @@ class Agent:
 
     def _log_note(self, event: str, fields: dict[str, object]) -> None:
         if event == "rollout_done":
-            front = self._sync.gateway_url if self._sync is not None else None
-            fields.update(rollout_summary(self._spec, front, fields["ready"], fields["workers"]))
+            farmctl, cwd = typed_from_here()
+            if self._sync is not None:  # said once users get it (issue 31)
+                if self._summary is not None:
+                    self._summary.cancel()  # a new rollout's end replaces the one not said
+                self._summary = self.spawn(self._say_rollout_done(fields, farmctl, cwd))
+                return
+            fields.update(
+                rollout_summary(
+                    self._spec, None, fields["ready"], fields["workers"], farmctl=farmctl, cwd=cwd
+                )
+            )
         wid = fields.pop("worker", None)
         logger = (
             self.log_for(wid) if isinstance(wid, int) and wid in self.supervisor.workers else log
         )
         getattr(logger, note_level(event))(event, **fields)
+
+    def _not_routed(self) -> list[int]:
+        """The ready workers the gateway does not route (yet)."""
+        return [w.id for w in self.view().workers if w.ready and not w.in_gateway]
+
+    async def _say_rollout_done(self, fields: dict[str, object], farmctl: str, cwd: str) -> None:
+        """The rollout's end with a gateway: said once the gateway routes every ready
+        worker, or after `ROUTED_WAIT_S` naming those it does not route yet; the counts
+        are the view's then."""
+        await self._publisher.wait_until(
+            lambda: not self._not_routed() or self.view().held_out_since is not None,
+            ROUTED_WAIT_S,
+        )
+        assert self._sync is not None  # only called with a gateway
+        view = self.view()
+        fields.update(ready=view.ready_count, workers=len(view.workers))
+        fields.update(
+            rollout_summary(
+                self._spec,
+                self._sync.gateway_url,
+                fields["ready"],
+                fields["workers"],
+                self._not_routed(),
+                held_out=view.held_out_since is not None,
+                farmctl=farmctl,
+                cwd=cwd,
+            )
+        )
+        getattr(log, note_level("rollout_done"))("rollout_done", **fields)
 
     # ---- command lines -------------------------------------------------------------------
 

@@ -147,6 +147,10 @@ def status_line(view: FarmView) -> str:
     text = f"{ready}/{len(view.workers)} ready"
     if failed:
         text += f", {failed} failed"
+    unrouted = [w.id for w in view.workers if w.ready and not w.in_gateway]
+    if view.gateway is not None and unrouted and view.held_out_since is None:
+        # Issue 31: ready is not yet what users get.
+        text += f", {len(unrouted)} not yet routed by the gateway"
     if view.rollout == "halted" and view.rollout_reason:
         text += f"; rollout halted: {view.rollout_reason}"
     return text
@@ -466,7 +470,12 @@ class DoctorReportCache:
         self._report = report
         self.compute_caps.clear()
         self.compute_caps.update(caps)
-        log.info("preflight_done", **{str(k): v for k, v in report.counts().items()})
+        log.info(
+            "preflight_done",
+            **{str(k): v for k, v in report.counts().items()},
+            # Issue 31: each warning named where it is counted ("warn": 1 said not which).
+            warnings=report.warnings(),
+        )
         self._say_failed(report)
         self._say_gateway(report)
 

@@ -121,10 +121,17 @@ def _version() -> str:
     return __version__
 
 
-def start_hint(config: str | None) -> str:
+def start_hint(config: str | None, *, default_socket: bool = False) -> str:
     """How to start the agent that `--config` names: the systemd service runs only the
     packaged /etc/sglang-farm/farm.toml; any other file is a farm run by hand (the demo's
     own script for the shipped demo)."""
+    if config is None and default_socket:
+        # Issue 31: a farm run by hand (a checkout's demo) is not at the default socket.
+        return (
+            "is sglang-farm running? (systemctl status sglang-farm); a farm run by hand "
+            "is reached through its config: farmctl --config FILE (the demo's: "
+            "farmctl --config etc/sglang-farm/demo.toml status)"
+        )
     if config is None or os.path.abspath(config) == DEFAULT_CONFIG_PATH:
         return "is sglang-farm running? (systemctl status sglang-farm)"
     import shlex  # only when --config is given
@@ -135,8 +142,8 @@ def start_hint(config: str | None) -> str:
     return f"is its farm running? start it with: {run}"
 
 
-def _unreachable(exc: AgentUnreachable, config: str | None) -> FarmctlError:
-    return Unreachable(f"{exc}; {start_hint(config)}")
+def _unreachable(exc: AgentUnreachable, config: str | None, socket: str) -> FarmctlError:
+    return Unreachable(f"{exc}; {start_hint(config, default_socket=socket == DEFAULT_SOCKET)}")
 
 
 def _denied(exc: SocketPermissionDenied) -> FarmctlError:
@@ -209,7 +216,7 @@ class Ctl:
         try:
             yield
         except AgentUnreachable as exc:
-            raise _unreachable(exc, self.config) from None
+            raise _unreachable(exc, self.config, self.socket) from None
         except SocketPermissionDenied as exc:
             raise _denied(exc) from None
         except UntrustedSocket as exc:  # its message says what and what to do
@@ -516,6 +523,42 @@ def canary_why_lines(cv: Mapping[str, Any], now: float) -> list[str]:
     return out
 
 
+def _ready_part(st: Mapping[str, Any], workers: Sequence[Mapping[str, Any]], gw: bool) -> str:
+    """The header's count (issue 31): `N/M ready`, naming the workers that are not, by
+    their state (`(worker 5 failed)`); with a gateway what users get: `and routed`, or
+    which ready workers it does not route (`, the gateway does not route worker 5`)."""
+    text = f"{st.get('ready', 0)}/{len(workers)} ready"
+    ready = st.get("ready_workers")
+    if not isinstance(ready, list):
+        return text  # an older agent: the count alone
+    by_state: dict[str, list[str]] = {}
+    for w in workers:
+        if w["id"] not in ready:
+            by_state.setdefault(str(w.get("state")), []).append(str(w["id"]))
+    if by_state:
+        text += (
+            " ("
+            + "; ".join(
+                f"worker{'s' if len(ids) > 1 else ''} {_few(ids)} {state}"
+                for state, ids in by_state.items()
+            )
+            + ")"
+        )
+    if not gw or not ready or st.get("held_out_since") is not None:
+        return text  # a drained host says so next
+    unrouted = [str(w["id"]) for w in workers if w["id"] in ready and not w.get("in_gateway")]
+    if not unrouted:
+        return text + " and routed"
+    s = "s" if len(unrouted) > 1 else ""
+    return text + f", the gateway does not route worker{s} {_few(unrouted)}"
+
+
+def _few(ids: Sequence[str], most: int = 8) -> str:
+    """Ids for a header line: the first `most`, then how many more (64 workers starting)."""
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(ids[:most]) + more
+
+
 def format_status(st: Mapping[str, Any]) -> str:
     """The `farmctl status` text: a header line, the gateway's line when there is one,
     a table, and one line per quarantined GPU or failure (and for a gateway that does
@@ -529,7 +572,7 @@ def format_status(st: Mapping[str, Any]) -> str:
     head = (
         f"farm {st.get('farm')} · {st.get('runtime')} runtime · rollout {st.get('rollout')}"
         + (f" ({st['rollout_reason']})" if st.get("rollout_reason") else "")
-        + f" · {st.get('ready', 0)}/{len(workers)} ready"
+        + f" · {_ready_part(st, workers, gw is not None)}"
     )
     if any(
         isinstance(a, Mapping) and a.get("kind") == "not_saved"
@@ -1127,7 +1170,33 @@ SETTLED_POLL_S = 0.5
 
 
 def _items(res: Mapping[str, Any], key: str) -> list[str]:
-    return [str(i.get("message")) for i in res.get(key) or () if isinstance(i, dict)]
+    """The messages of `res[key]`; the workers the same gateways do not route yet
+    (`not_routed_by`) said once, in one message naming them all (issue 31: eight
+    `worker N is ready; the gateway ... does not route it` in one line)."""
+    said: list[str | tuple[str, ...]] = []  # a message, or the gateways of a group
+    joining: dict[tuple[str, ...], list[int]] = {}
+    for i in res.get(key) or ():
+        if not isinstance(i, dict):
+            continue
+        by, wid = i.get("not_routed_by"), i.get("worker")
+        if not isinstance(by, list) or not isinstance(wid, int):
+            said.append(str(i.get("message")))
+            continue
+        gws = tuple(str(g) for g in by)
+        if gws not in joining:
+            said.append(gws)
+        joining.setdefault(gws, []).append(wid)
+    return [m if isinstance(m, str) else _not_routed_text(joining[m], m) for m in said]
+
+
+def _not_routed_text(ids: Sequence[int], gateways: Sequence[str]) -> str:
+    one = len(ids) == 1
+    if not gateways:  # not confirmed in yet
+        return f"{_who(ids)} {'is' if one else 'are'} ready, not yet in the gateway"
+    return (
+        f"{_who(ids)} {'is' if one else 'are'} ready; the gateway at {', '.join(gateways)} "
+        f"does not route {'it' if one else 'them'}"
+    )
 
 
 @cli.command()
@@ -1366,8 +1435,9 @@ def why(ctl: Ctl, worker: int) -> None:
 def endpoints(ctl: Ctl, gateway_only: bool) -> None:
     """Print the base URL of every ready worker, one per line.
 
-    The gateway is not a worker and is not listed (farmctl status shows it);
-    --gateway prints its URL alone:
+    None while the host is held out of the gateway (farmctl drain-host): said on
+    stderr, until farmctl undrain-host. The gateway is not a worker and is not listed
+    (farmctl status shows it); --gateway prints its URL alone:
 
     \b
         curl "$(farmctl endpoints --gateway)/v1/models"
@@ -1376,6 +1446,12 @@ def endpoints(ctl: Ctl, gateway_only: bool) -> None:
         return
     if not gateway_only:
         click.echo("".join(f"{e['base_url']}\n" for e in r.get("endpoints", [])), nl=False)
+        if r.get("held_out_since") is not None:
+            click.echo(
+                "farmctl: the host is drained (farmctl drain-host): no worker listed until "
+                "farmctl undrain-host",
+                err=True,
+            )
         return
     if not r.get("gateway"):
         raise Failed(

@@ -46,7 +46,8 @@ def cli() -> None:
     type=click.Choice(["auto", "json", "console"]),
     default="auto",
     show_default=True,
-    help="auto: console on a terminal, JSON otherwise (journald).",
+    help="console: a short plain line per event, for a person (./scripts/demo asks for it); "
+    "json: every field, for the journal and scripts; auto: console on a terminal, else JSON.",
 )
 def run(config_path: str, runtime: str, log_level: str, log_format: str) -> None:
     """Start the farm and supervise it until SIGTERM or Ctrl-C (SIGHUP reloads the config)."""

@@ -277,6 +277,9 @@ def status_result(
         "rollout": view.rollout,
         "rollout_reason": view.rollout_reason,
         "ready": view.ready_count,
+        # Issue 31: which, so that the header names the others (and, with a gateway, the
+        # ready ones it does not route: each worker's `in_gateway`).
+        "ready_workers": [w.id for w in view.workers if w.ready],
         # A queue depth only for a worker that serves now: the pollers' last figure for a
         # worker that stopped since is stale.
         "workers": [
@@ -423,11 +426,18 @@ def why_result(
 def endpoints_result(view: FarmView) -> Result:
     """`endpoints`: the base URL of every ready worker (what a router balances over),
     and the gateway's URL (the one URL for users; null without a gateway; with several,
-    the first, and `gateways` lists them all)."""
+    the first, and `gateways` lists them all). While the host is held out of the gateway
+    (farmctl drain-host) no worker is listed, and `held_out_since` says since when (issue
+    31: a router fed this list sent users to a host drained for its reboot)."""
+    held = view.held_out_since is not None
     result: Result = {
-        "endpoints": [{"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready],
+        "endpoints": [
+            {"worker": w.id, "base_url": w.base_url} for w in view.workers if w.ready and not held
+        ],
         "gateway": view.gateway.url if view.gateway is not None else None,
     }
+    if held:
+        result["held_out_since"] = view.held_out_since
     if view.gateway is not None and view.gateway.gateways:
         result["gateways"] = [g.url for g in view.gateway.gateways]
     return result
@@ -720,18 +730,21 @@ def settled_result(view: FarmView) -> Result:
         elif w.phase is Phase.READY and gw is not None and view.held_out_since is None:
             missing = _not_routing(each, w)
             if missing:
-                waiting.append(
-                    _item(
-                        "gateway_join",
-                        f"worker {w.id} is ready; the gateway at {', '.join(missing)} "
-                        "does not route it",
-                        w.id,
-                    )
+                item = _item(
+                    "gateway_join",
+                    f"worker {w.id} is ready; the gateway at {', '.join(missing)} "
+                    "does not route it",
+                    w.id,
                 )
+                # Issue 31: the fact, so that farmctl says one line for all such workers.
+                item["not_routed_by"] = missing
+                waiting.append(item)
             elif not w.in_gateway and all(g.up for g in each):
-                waiting.append(
-                    _item("gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id)
+                item = _item(
+                    "gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id
                 )
+                item["not_routed_by"] = []  # no gateway said so: not yet confirmed in
+                waiting.append(item)
     failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
     should = [w for w in view.workers if w.phase is not Phase.STOPPED]
     state = "failed" if failures else "waiting" if waiting else "settled"

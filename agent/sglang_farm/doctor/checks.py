@@ -93,6 +93,15 @@ class DoctorReport:
     def counts(self) -> dict[str, int]:
         return {str(s): sum(1 for c in self.checks if c.status is s) for s in Status}
 
+    def warnings(self) -> list[str]:
+        """Each warning as a person reads it: "check: message" (and its workers, when
+        not every one), for the line that counts them."""
+        return [
+            f"{c.id}: {c.message}" + (f" (workers {_ids(c.workers)})" if c.workers else "")
+            for c in self.checks
+            if c.status is Status.WARN
+        ]
+
     def to_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
@@ -180,3 +189,7 @@ class KeyFileFacts:
     uid: int | None = None
     mode: int | None = None
     error: str | None = None
+
+
+def _ids(workers: tuple[int, ...]) -> str:
+    return ", ".join(str(w) for w in workers)

@@ -209,9 +209,14 @@ class MembershipSync:
         first = self.last_error is None
         self.last_error = error
         if not self._reached:
-            # Not up yet (a managed gateway starts with the agent): not an error, said once.
+            # Not up yet: not an error, said once. A managed gateway starts with the agent,
+            # and its runner warns when it exits or cannot start (`gateway_exited`): its
+            # first unanswered call is the normal start, said only at debug (issue 31).
             if first:
-                log.info("gateway_not_reached_yet", gateway=self._gateway.url, error=error)
+                managed = self._spec().gateway.mode == "managed"
+                (log.debug if managed else log.info)(
+                    "gateway_not_reached_yet", gateway=self._gateway.url, error=error
+                )
             self._on_status()
             return
         self.errors += 1

@@ -12,9 +12,10 @@ worker's process tree so per-worker VRAM shows in the demo), `set_process_memory
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
@@ -24,6 +25,31 @@ H200_MEMORY_TOTAL_BYTES = 143_771 * 1024 * 1024
 H200_MEMORY_RESERVED_BYTES = 644_939_776
 # What one SGLang worker holds with --mem-fraction-static 0.88 plus CUDA context and graphs.
 DEFAULT_PROCESS_BYTES = 126 * 1024**3
+DEFAULT_MEM_FRACTION_STATIC = 0.88
+# The part of it outside the static pool (CUDA context, graphs, activations).
+_OUTSIDE_POOL_BYTES = DEFAULT_PROCESS_BYTES - int(
+    DEFAULT_MEM_FRACTION_STATIC * H200_MEMORY_TOTAL_BYTES
+)
+
+
+def process_bytes_for(argv: Sequence[str], total_bytes: int = H200_MEMORY_TOTAL_BYTES) -> int:
+    """What a simulated worker holds on its GPU, following its `--mem-fraction-static`
+    (SGLang's static pool is that fraction of the GPU's total memory): the OOM ladder's
+    lower fraction shows in the VRAM column (issue 31). The simulator's figure, not
+    SGLang's: without the flag, 0.88 of an H200."""
+    fraction = DEFAULT_MEM_FRACTION_STATIC
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--mem-fraction-static" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--mem-fraction-static="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            with contextlib.suppress(ValueError):  # SGLang would refuse it: default stands
+                fraction = float(value)
+    fraction = min(max(fraction, 0.0), 1.0)
+    return min(total_bytes, int(fraction * total_bytes) + _OUTSIDE_POOL_BYTES)
+
 
 _IDLE_POWER_W = 75.0
 _BUSY_POWER_W = 520.0
@@ -57,16 +83,19 @@ class FakeGpuPoller:
 
     # -- hooks --
 
-    def assign(self, gpu: int, pids: Iterable[int]) -> None:
+    def assign(self, gpu: int, pids: Iterable[int], sizes: Mapping[int, int] | None = None) -> None:
         """Make exactly `pids` the compute processes of `gpu`, each holding the default size.
 
-        Pids already on the GPU keep the size they have (see `set_process_memory`).
-        An empty iterable clears the GPU.
+        Pids already on the GPU keep the size they have (see `set_process_memory`),
+        unless `sizes` gives theirs. An empty iterable clears the GPU.
         """
         self._check(gpu)
+        sizes = sizes or {}
         with self._lock:
             old = self._procs[gpu]
-            self._procs[gpu] = {pid: old.get(pid, self._process_bytes) for pid in pids}
+            self._procs[gpu] = {
+                pid: sizes.get(pid) or old.get(pid, self._process_bytes) for pid in pids
+            }
 
     def set_process_memory(self, gpu: int, pid: int, used_bytes: int) -> None:
         """Put `pid` on `gpu` holding `used_bytes` (0 removes it)."""

@@ -23,7 +23,7 @@ import structlog
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.gpus.nvml import choose_gpu_poller, read_ppid_map
-from sglang_farm.gpus.simulated import FakeGpuPoller
+from sglang_farm.gpus.simulated import FakeGpuPoller, process_bytes_for
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_tree
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exporter import Exporter
@@ -178,15 +178,18 @@ class MetricPollers:
 
     def _assign_fake(self, poller: FakeGpuPoller, pids: dict[int, frozenset[int]]) -> None:
         by_gpu: dict[int, set[int]] = {}
+        sizes: dict[int, int] = {}
         for w in self._view.workers:  # the same farm `pids` was read from
             tree = pids.get(w.id, frozenset())
             # The simulated memory sits on one child (the scheduler), as SGLang's does.
             children = sorted(tree - {w.pid})
             holder = children[:1] or sorted(tree)[:1]
             by_gpu.setdefault(w.gpus[0], set()).update(holder)
+            # Issue 31: as much as its --mem-fraction-static (the OOM ladder's) makes it.
+            sizes.update(dict.fromkeys(holder, process_bytes_for(w.argv)))
         for gpu in range(len(by_gpu) and max(by_gpu) + 1):
             with contextlib.suppress(Exception):
-                poller.assign(gpu, by_gpu.get(gpu, set()))
+                poller.assign(gpu, by_gpu.get(gpu, set()), sizes)
 
     # ---- worker loop ---------------------------------------------------------------
 
