@@ -5,6 +5,7 @@ other front door; and a fake front door for the answers the simulator does not g
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -14,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -192,7 +194,7 @@ class BatchService:
             self.kill()
 
 
-def jsonl(rows: list[Mapping[str, Any]]) -> bytes:
+def jsonl(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
@@ -224,15 +226,19 @@ def fake_front_door(
     answer: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]],
 ) -> Iterator[str]:
     """A front door on a free port (Starlette on uvicorn, in a thread) answering every POST
-    with `answer(body)` -> (status, JSON); yields its base URL."""
+    with `answer(body)` -> (status, JSON), called in a thread of its own (it may block);
+    yields its base URL."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    pool = ThreadPoolExecutor(max_workers=256)  # answers may block (a test holding them)
+
     async def route(request: Request) -> JSONResponse:
-        status, doc = answer(await request.json())
+        body = await request.json()
+        status, doc = await asyncio.get_running_loop().run_in_executor(pool, answer, body)
         return JSONResponse(doc, status_code=status)
 
     app = Starlette(
@@ -252,3 +258,4 @@ def fake_front_door(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -14,12 +14,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 import structlog
 
 from sglang_farm.batch import capacity, lifecycle
-from sglang_farm.batch.farmstatus import FarmStatus
 from sglang_farm.batch.lifecycle import BatchStatus
 from sglang_farm.batch.metrics import BatchMetrics
 from sglang_farm.batch.requeststate import RequestState, after_attempt
@@ -27,6 +27,12 @@ from sglang_farm.batch.retry import Outcome, Reason, classify_status, overloaded
 from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, StoreError, StoreFull
 
 log = structlog.get_logger("sglang_farm.batch.runner")
+
+
+class StatusSource(Protocol):
+    """The agent's status (`farmstatus.FarmStatus`), None while it cannot be read."""
+
+    async def read(self) -> Mapping[str, object] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ class Runner:
         settings: RunnerSettings,
         metrics: BatchMetrics,
         *,
-        farm: FarmStatus | None,
+        farm: StatusSource | None,
         validate: Callable[[BatchRow], Awaitable[None]],
         clock: Callable[[], float] = time.time,
     ) -> None:
