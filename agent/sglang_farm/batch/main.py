@@ -15,6 +15,7 @@ import fcntl
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -157,35 +158,28 @@ async def serve(spec: FarmSpec) -> int:
     metrics = BatchMetrics()
     settings = settings_for(spec, owner)
 
-    def load_batch(batch: BatchRow) -> None:
-        path = files / f"{batch.input_file_id}.jsonl"
-        now = asyncio_time()
-        try:
-            with path.open("rb") as f:
-                problems = store.load(
-                    batch.id,
-                    (
-                        got
-                        for n, raw in enumerate(f, start=1)
-                        if (got := check_line(n, raw, batch.endpoint)) is not None
-                    ),
-                    now=now,
-                )
-        except FileNotFoundError:
-            from sglang_farm.batch.validate import Problem
+    elsewhere: set[str] = set()
 
+    def load_batch(batch: BatchRow) -> None:
+        """Validate a batch whose input file this service received (with a shared store,
+        another host's batch is that host's to validate; its requests are everyone's)."""
+        path = files / f"{batch.input_file_id}.jsonl"
+        try:
+            f = path.open("rb")
+        except FileNotFoundError:
+            if batch.id not in elsewhere:
+                elsewhere.add(batch.id)
+                log.info("batch_validation_elsewhere", batch=batch.id, file=batch.input_file_id)
+            return
+        with f:
             problems = store.load(
                 batch.id,
-                iter(
-                    [
-                        [
-                            Problem(
-                                None, "input_file_id", "the input file's bytes are not on this host"
-                            )
-                        ]
-                    ]
+                (
+                    got
+                    for n, raw in enumerate(f, start=1)
+                    if (got := check_line(n, raw, batch.endpoint)) is not None
                 ),
-                now=now,
+                now=time.time(),
             )
         log.info("batch_validated", batch=batch.id, problems=len(problems))
 
@@ -222,12 +216,6 @@ async def serve(spec: FarmSpec) -> int:
         await asyncio.gather(task, return_exceptions=True)
         store.close()
     return 0
-
-
-def asyncio_time() -> float:
-    import time
-
-    return time.time()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

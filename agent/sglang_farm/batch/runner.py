@@ -28,6 +28,8 @@ from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, S
 
 log = structlog.get_logger("sglang_farm.batch.runner")
 
+DOOR_DOWN_S = 2.0
+
 
 class StatusSource(Protocol):
     """The agent's status (`farmstatus.FarmStatus`), None while it cannot be read."""
@@ -75,6 +77,9 @@ class Runner:
         self._validate = validate
         self._clock = clock
         self._doors = itertools.cycle(settings.frontdoors)
+        # A front door that refused a connection is passed over for a while (a worker that
+        # died, without a gateway; a gateway restarting) while another one answers.
+        self._door_down_until: dict[str, float] = {}
         self._in_flight: set[asyncio.Task[None]] = set()
         self._outcomes: list[Attempt] = []
         self._throttle = capacity.Throttle()
@@ -248,8 +253,16 @@ class Runner:
             rate = (done - first[1]) / elapsed
             self._m.eta.labels(batch=b.id).set(p.unfinished / rate)
 
+    def _door(self) -> str:
+        now = self._clock()
+        for _ in range(len(self._s.frontdoors)):
+            door = next(self._doors)
+            if self._door_down_until.get(door, 0.0) <= now:
+                return door
+        return next(self._doors)  # every one is down: try them in turn all the same
+
     async def _send(self, client: httpx.AsyncClient, c: Claimed) -> None:
-        door = next(self._doors)
+        door = self._door()
         headers = {"Content-Type": "application/json", **self._s.headers}
         reason: Reason | None = None
         result: Result | None = None
@@ -290,6 +303,7 @@ class Runner:
             outcome, reason = Outcome.RETRY, Reason.TIMEOUT
         except httpx.TransportError:
             outcome, reason = Outcome.RETRY, Reason.CONNECTION
+            self._door_down_until[door] = self._clock() + DOOR_DOWN_S
         nxt = after_attempt(
             outcome,
             c.attempts,
