@@ -225,6 +225,10 @@ class RolloutSpec:
     confidence: float = 0.98
 
 
+# smg's request priority header (read by its priority scheduler): `[batch] priority`.
+PRIORITY_HEADER = "x-smg-priority"
+
+
 @dataclass(frozen=True, slots=True)
 class BatchSpec:
     """`[batch]`: the batch service, `sglang-farm-batch` (docs/batch.md): OpenAI's Files and
@@ -245,7 +249,11 @@ class BatchSpec:
     # The key the runner sends to the front door (a tenant key mapped to smg's bulk
     # class, docs/batch.md); None: the gateway's api_key_file's key, if readable.
     gateway_key_file: str | None = None
-    # More headers on every request the runner sends (e.g. a priority header).
+    # smg's priority class for the batch's requests (its `x-smg-priority` header, honoured
+    # with `--priority-scheduler-enabled`): "bulk" lets users' requests go first. "none":
+    # no header.
+    priority: str = "bulk"
+    # More headers on every request the runner sends.
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 

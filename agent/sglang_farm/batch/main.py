@@ -35,7 +35,7 @@ from sglang_farm.batch.validate import check_line
 from sglang_farm.config import load_spec_file
 from sglang_farm.errors import ConfigError
 from sglang_farm.host.paths import DEFAULT_CONFIG_PATH
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import PRIORITY_HEADER, FarmSpec
 
 log = structlog.get_logger("sglang_farm.batch")
 
@@ -116,6 +116,8 @@ def settings_for(spec: FarmSpec, owner: str) -> RunnerSettings:
         if isinstance(v := w.flags.get("max_running_requests"), int)
     }
     headers = dict(b.headers)
+    if b.priority != "none":
+        headers[PRIORITY_HEADER] = b.priority
     key_file = b.gateway_key_file or g.api_key_file
     if key_file is not None:
         try:

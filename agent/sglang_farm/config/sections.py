@@ -39,6 +39,7 @@ from sglang_farm.gateway.managed import OWNED_FLAGS as GATEWAY_OWNED_FLAGS
 from sglang_farm.gateway.managed import POLICIES as GATEWAY_POLICIES
 from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.spec import (
+    PRIORITY_HEADER,
     BatchSpec,
     ControlSpec,
     FarmSection,
@@ -338,6 +339,10 @@ def _batch_headers(reader: _Reader, tbl: _Table, path: tuple[str, ...]) -> dict[
                 (*hpath, name),
                 "set by the batch service itself (the key comes from gateway_key_file); remove it",
             )
+        elif name.lower() == PRIORITY_HEADER:
+            reader.problems.add(
+                (*hpath, name), "set from [batch] priority; set that instead (or 'none')"
+            )
         elif not isinstance(value, str):
             reader.problems.add((*hpath, name), f"expected a string, got {_show(value)}")
         else:
@@ -362,6 +367,7 @@ def _batch(reader: _Reader, doc: _Table) -> BatchSpec:
             "retry_backoff_s",
             "request_timeout_s",
             "gateway_key_file",
+            "priority",
             "headers",
         ),
     )
@@ -380,6 +386,13 @@ def _batch(reader: _Reader, doc: _Table) -> BatchSpec:
             tbl, path, "request_timeout_s", _duration(), d.request_timeout_s
         ),
         gateway_key_file=reader.get(tbl, path, "gateway_key_file", _key_file, d.gateway_key_file),
+        priority=reader.get(
+            tbl,
+            path,
+            "priority",
+            _choice("bulk", "default", "interactive", "system", "none"),
+            d.priority,
+        ),
         headers=MappingProxyType(_batch_headers(reader, tbl, path)),
     )
     if b.enabled and b.api_key_file is None:
