@@ -198,14 +198,16 @@ def jsonl(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-def chat_lines(n: int, *, prefix: str = "req", max_tokens: int = 4) -> list[dict[str, Any]]:
+def chat_lines(
+    n: int, *, prefix: str = "req", max_tokens: int = 4, model: str = "sim/model"
+) -> list[dict[str, Any]]:
     return [
         {
             "custom_id": f"{prefix}-{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": {
-                "model": "sim/model",
+                "model": model,
                 "messages": [{"role": "user", "content": f"question {i}"}],
                 "max_tokens": max_tokens,
             },

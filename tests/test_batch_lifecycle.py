@@ -25,6 +25,7 @@ from sglang_farm.batch.retry import (
     backoff,
     classify_status,
     overloaded,
+    uncounted,
 )
 
 S = BatchStatus
@@ -93,6 +94,8 @@ def test_completion_windows() -> None:
         (404, Outcome.FAIL, None),
         (413, Outcome.FAIL, None),
         (422, Outcome.FAIL, None),
+        (401, Outcome.RETRY, Reason.UNAUTHORIZED),  # the service's own key: not the request
+        (403, Outcome.RETRY, Reason.UNAUTHORIZED),
         (408, Outcome.RETRY, Reason.TIMEOUT),
         (429, Outcome.RETRY, Reason.RATE_LIMITED),
         (500, Outcome.RETRY, Reason.SERVER_ERROR),
@@ -105,6 +108,12 @@ def test_the_engine_s_answer_is_classified(
     status: int, outcome: Outcome, reason: Reason | None
 ) -> None:
     assert classify_status(status) == (outcome, reason)
+
+
+def test_only_a_refused_key_leaves_the_attempts_uncounted() -> None:
+    assert uncounted(Reason.UNAUTHORIZED)
+    assert not any(uncounted(r) for r in Reason if r is not Reason.UNAUTHORIZED)
+    assert not uncounted(None)
 
 
 def test_only_429_and_503_say_the_farm_is_full() -> None:

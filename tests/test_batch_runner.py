@@ -354,3 +354,31 @@ async def test_a_full_store_pauses_the_batch_and_it_resumes_losing_nothing(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert sorted(out_ids(store, "output")) == sorted(f"req-{i}" for i in range(300))
+
+
+async def test_a_refused_key_pauses_the_batch_and_uses_no_attempt(
+    tmp_path: Path, door: tuple[Door, str]
+) -> None:
+    d, url = door
+    refusing = threading.Event()
+    refusing.set()
+    d.rule = lambda cid, n: (401, {"error": "Unauthorized"}) if refusing.is_set() else None
+    store = SqliteStore(str(tmp_path / "b.db"))
+    batch_of(store, rows_named(20))
+    runner, metrics = runner_for(store, url, max_attempts=2)
+    task = asyncio.create_task(runner.run())
+    try:
+        await until(lambda: runner.paused is not None)
+        reason = runner.paused
+        assert reason is not None and "refuses the batch service's key (401)" in reason
+        assert "gateway_key_file" in reason
+        await until(lambda: sum(d.seen.values()) >= 30)  # tried again, more than max_attempts
+        assert store.batch("batch_t").failed == 0
+        refusing.clear()  # the key is accepted again
+        await until(finished(store))
+        assert runner.paused is None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sorted(out_ids(store, "output")) == sorted(f"req-{i}" for i in range(20))
+    assert sample(metrics, "sglang_farm_batch_retries_total", reason="unauthorized") > 0

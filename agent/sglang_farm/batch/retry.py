@@ -5,7 +5,9 @@ restart in a wave, a gateway with nowhere to route) shows as a connection error,
 timeout, a 5xx, 429 or 408: retried, with bounded attempts. What the engine said about the
 request itself (a prompt over the context length, a bad body: 400, 404, 413, 422 and the
 other 4xx) would get the same answer again: that request's line in the error file, the
-batch goes on. 429 and 503 also tell `capacity` the farm is full (`overloaded`).
+batch goes on. 429 and 503 also tell `capacity` the farm is full (`overloaded`). 401 and
+403 say the front door refuses the service's own key (`[batch] gateway_key_file`): no
+request's fault, so the runner pauses and counts no attempt (`uncounted`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ class Reason(StrEnum):
     UNAVAILABLE = "unavailable"  # 503: draining, nothing routable, overloaded
     RATE_LIMITED = "rate_limited"  # 429
     BAD_ANSWER = "bad_answer"  # a 2xx whose body is not JSON: cut short
+    UNAUTHORIZED = "unauthorized"  # 401, 403: the front door refuses the service's key
 
 
-_RETRY_STATUS = {408: Reason.TIMEOUT, 429: Reason.RATE_LIMITED, 503: Reason.UNAVAILABLE}
+_RETRY_STATUS = {
+    401: Reason.UNAUTHORIZED,
+    403: Reason.UNAUTHORIZED,
+    408: Reason.TIMEOUT,
+    429: Reason.RATE_LIMITED,
+    503: Reason.UNAVAILABLE,
+}
 
 
 def classify_status(status: int) -> tuple[Outcome, Reason | None]:
@@ -44,6 +53,12 @@ def classify_status(status: int) -> tuple[Outcome, Reason | None]:
     if status >= 500:
         return Outcome.RETRY, Reason.SERVER_ERROR
     return Outcome.FAIL, None
+
+
+def uncounted(reason: Reason | None) -> bool:
+    """An outcome that says nothing about the request (the service's key was refused):
+    no attempt is counted, and the runner pauses."""
+    return reason is Reason.UNAUTHORIZED
 
 
 def overloaded(status: int) -> bool:

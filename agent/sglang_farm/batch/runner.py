@@ -22,13 +22,14 @@ import structlog
 from sglang_farm.batch import capacity, lifecycle
 from sglang_farm.batch.lifecycle import BatchStatus
 from sglang_farm.batch.metrics import BatchMetrics
-from sglang_farm.batch.requeststate import RequestState, after_attempt
-from sglang_farm.batch.retry import Outcome, Reason, classify_status, overloaded
+from sglang_farm.batch.requeststate import Next, RequestState, after_attempt
+from sglang_farm.batch.retry import Outcome, Reason, classify_status, overloaded, uncounted
 from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, StoreError, StoreFull
 
 log = structlog.get_logger("sglang_farm.batch.runner")
 
 DOOR_DOWN_S = 2.0
+UNAUTHORIZED_WAIT_S = 1.0
 
 
 class StatusSource(Protocol):
@@ -88,6 +89,7 @@ class Runner:
         self.paused: str | None = None
         self._paused_reason: str | None = None  # kept while claims are tried again
         self._paused_at = 0.0
+        self._pause_kind: str | None = None
         self._wake = asyncio.Event()
         self._rates: dict[str, tuple[float, int]] = {}
 
@@ -160,17 +162,26 @@ class Runner:
             self._in_flight.add(t)
             t.add_done_callback(self._in_flight.discard)
 
-    def _pause(self, reason: str) -> None:
-        if self.paused is None and self._paused_reason != reason:
+    def _pause(self, reason: str, *, kind: str = "store") -> None:
+        """Send nothing new: the store cannot write ("store": until a write succeeds) or
+        the front door refuses the key ("door": until an answer comes). Claims are tried
+        again after a second; one that meets the same trouble pauses again (one log)."""
+        if self._paused_reason != reason:
             log.error("batch_paused", reason=reason)
         self.paused = self._paused_reason = reason
+        self._pause_kind = kind
         self._paused_at = self._clock()
+
+    def _unpause(self, kind: str) -> None:
+        if self._paused_reason is not None and self._pause_kind == kind:
+            log.info("batch_unpaused", after=self._paused_reason)
+            self.paused = self._paused_reason = self._pause_kind = None
 
     async def _flush(self) -> None:
         """Record the outcomes gathered since the last pass, in one transaction."""
         if not self._outcomes:
-            if self.paused is not None:
-                await self._probe_space()
+            if self.paused is not None and self._clock() - self._paused_at >= 1.0:
+                self.paused = None  # try again; the reason is kept until it is gone
             return
         batch, self._outcomes = self._outcomes, []
         try:
@@ -183,9 +194,7 @@ class Runner:
             self._outcomes = batch + self._outcomes
             log.warning("batch_store_error", what="record", error=str(exc))
             return
-        if self._paused_reason is not None:
-            log.info("batch_unpaused", after=self._paused_reason)
-            self.paused = self._paused_reason = None
+        self._unpause("store")
         now = self._clock()
         for a in batch:
             if a.state == RequestState.COMPLETED and a.result is not None:
@@ -193,13 +202,6 @@ class Runner:
                 self._m.tokens.labels(kind="completion").inc(a.result.completion_tokens)
             if a.state != RequestState.PENDING:
                 self._m.last_progress.labels(batch=a.claim.batch_id).set(now)
-
-    async def _probe_space(self) -> None:
-        """Paused with nothing to write (a claim could not be recorded): after a second,
-        claims are tried again; the next one that fails pauses again."""
-        now = self._clock()
-        if now - self._paused_at >= 1.0:
-            self.paused = None
 
     async def _advance(self) -> None:
         try:
@@ -266,6 +268,7 @@ class Runner:
         headers = {"Content-Type": "application/json", **self._s.headers}
         reason: Reason | None = None
         result: Result | None = None
+        status = 0
         try:
             r = await client.post(door + c.url, content=c.body.encode(), headers=headers)
             status = r.status_code
@@ -304,12 +307,23 @@ class Runner:
         except httpx.TransportError:
             outcome, reason = Outcome.RETRY, Reason.CONNECTION
             self._door_down_until[door] = self._clock() + DOOR_DOWN_S
-        nxt = after_attempt(
-            outcome,
-            c.attempts,
-            max_attempts=self._s.max_attempts,
-            backoff_s=self._s.retry_backoff_s,
-        )
+        if uncounted(reason):
+            nxt = Next(RequestState.PENDING, c.attempts, UNAUTHORIZED_WAIT_S)
+            self._pause(
+                f"the front door {door} refuses the batch service's key ({status}); check "
+                "[batch] gateway_key_file (or [gateway] api_key_file); the batch resumes by "
+                "itself once it is accepted",
+                kind="door",
+            )
+        else:
+            nxt = after_attempt(
+                outcome,
+                c.attempts,
+                max_attempts=self._s.max_attempts,
+                backoff_s=self._s.retry_backoff_s,
+            )
+        if outcome is not Outcome.RETRY:
+            self._unpause("door")  # answered: the key is accepted
         if reason is not None and nxt.state is RequestState.PENDING:
             self._m.retries.labels(reason=str(reason)).inc()
         if nxt.gave_up:
