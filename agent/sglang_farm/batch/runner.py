@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,18 @@ from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, S
 log = structlog.get_logger("sglang_farm.batch.runner")
 
 DOOR_DOWN_S = 2.0
+POOLS = 16
+POOL_SIZE = 64
+
+
+class _Pools:
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self._cycle = itertools.cycle(clients)
+
+    def next(self) -> httpx.AsyncClient:
+        return next(self._cycle)
+
+
 UNAUTHORIZED_WAIT_S = 1.0
 
 
@@ -52,6 +65,7 @@ class RunnerSettings:
     config_slots: int = capacity.DEFAULT_MAX_RUNNING
     headers: Mapping[str, str] = field(default_factory=dict)
     poll_s: float = 0.2
+    gather_s: float = 0.02
     status_every_s: float = 2.0
     gateway: bool = True
 
@@ -108,11 +122,21 @@ class Runner:
         released = await asyncio.to_thread(self._store.release_owner, self._s.owner)
         if released:
             log.info("batch_resumed", requests_sent_again=released, owner=self._s.owner)
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self._s.request_timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1000),
-        )
+        # Several small pools, not one large one: httpcore's pool walks every connection
+        # of its pool on each request's start and end (its cost grows with the pool's
+        # square); a request takes the next pool in turn.
+        tls = ssl.create_default_context()  # one CA bundle read, not one per pool
+        clients = [
+            httpx.AsyncClient(
+                verify=tls,
+                timeout=httpx.Timeout(self._s.request_timeout_s, connect=10.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=POOL_SIZE),
+            )
+            for _ in range(POOLS)
+        ]
+        client = _Pools(clients)
         next_status = 0.0
+        next_advance = 0.0  # batches' lifecycle: once a poll, not on every answer
         try:
             while True:
                 now = self._clock()
@@ -121,7 +145,9 @@ class Runner:
                     await self._refresh_capacity()
                 await self._flush()
                 if self.paused is None:
-                    await self._advance()
+                    if now >= next_advance:
+                        next_advance = now + self._s.poll_s
+                        await self._advance()
                     await self._fill(client)
                 self._m.in_flight.set(len(self._in_flight))
                 self._m.target.set(self.target)
@@ -129,11 +155,15 @@ class Runner:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._s.poll_s)
+                # Group commit: the answers of the next moment are recorded with this one
+                # in one transaction (one fsync), and their slots refilled in one claim.
+                await asyncio.sleep(self._s.gather_s)
         finally:
             for t in list(self._in_flight):
                 t.cancel()
             await asyncio.gather(*self._in_flight, return_exceptions=True)
-            await client.aclose()
+            for c in clients:
+                await c.aclose()
 
     async def _refresh_capacity(self) -> None:
         assert self._farm is not None
@@ -143,7 +173,7 @@ class Runner:
         workers, gateway, held = capacity.workers_from_status(status, self._s.max_running)
         self._slots = capacity.slots(workers, gateway=gateway and self._s.gateway, held_out=held)
 
-    async def _fill(self, client: httpx.AsyncClient) -> None:
+    async def _fill(self, client: _Pools) -> None:
         want = self.target - len(self._in_flight)
         if want <= 0:
             return
@@ -158,7 +188,7 @@ class Runner:
             log.warning("batch_store_error", what="claim", error=str(exc))
             return
         for c in claimed:
-            t = asyncio.create_task(self._send(client, c))
+            t = asyncio.create_task(self._send(client.next(), c))
             self._in_flight.add(t)
             t.add_done_callback(self._in_flight.discard)
 
