@@ -12,10 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 import pytest
 
 from batchsvc import API_KEY, BatchService, Sims, chat_lines, jsonl, write_config
+from sglang_farm.batch.api import RESERVE, BatchApi
+from sglang_farm.batch.metrics import BatchMetrics
+from sglang_farm.batch.sqlite import SqliteStore
 
 pytestmark = pytest.mark.slow
 
@@ -268,3 +272,43 @@ def test_a_batch_past_its_completion_window_expires_with_its_results(
     err = lines_of(c, done.error_file_id)
     assert {e["error"]["code"] for e in err} == {"batch_expired"}  # type: ignore[index]
     assert len(lines_of(c, done.output_file_id)) + len(err) == 60
+
+
+def in_process(
+    tmp: Path, *, free: int = 1 << 40, paused: str | None = None
+) -> tuple[openai.AsyncOpenAI, SqliteStore]:
+    """The API (`BatchApi`) in this process on a real SQLite store, through OpenAI's async
+    client over httpx's ASGI transport; `free`: the bytes the store's disk has free."""
+    store = SqliteStore(str(tmp / "b.db"))
+    files = tmp / "files"
+    files.mkdir(mode=0o700)
+    api = BatchApi(
+        store, str(files), API_KEY, BatchMetrics(), paused=lambda: paused, free_bytes=lambda _: free
+    )
+    # openai's own HTTP client (httpx2, its fork of httpx), over its ASGI transport
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=api.app), base_url="http://batch")
+    return openai.AsyncOpenAI(base_url="http://batch/v1", api_key=API_KEY, http_client=http), store
+
+
+async def test_a_file_larger_than_the_stores_free_space_is_refused(tmp_path: Path) -> None:
+    client, store = in_process(tmp_path, free=RESERVE + 100_000)
+    data = jsonl(chat_lines(400))  # ~70 kB: about 3x that needed
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.files.create(file=("big.jsonl", data), purpose="batch")
+    assert info.value.status_code == 507
+    assert "free space there or split the file" in str(info.value)
+    assert store.files() == []
+    assert list((tmp_path / "files").iterdir()) == []  # nothing half-kept
+    small = await client.files.create(file=("s.jsonl", jsonl(chat_lines(2))), purpose="batch")
+    assert small.bytes == len(jsonl(chat_lines(2)))
+
+
+async def test_a_paused_batch_says_why(tmp_path: Path) -> None:
+    client, _ = in_process(tmp_path, paused="the store's disk is full; free space there")
+    f = await client.files.create(file=("s.jsonl", jsonl(chat_lines(2))), purpose="batch")
+    b = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    got = await client.batches.retrieve(b.id)
+    assert got.model_extra is not None
+    assert got.model_extra["paused"] == "the store's disk is full; free space there"
