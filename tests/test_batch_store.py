@@ -69,9 +69,9 @@ def store(opener: Opener) -> Store:
 NOW = 1_000_000.0
 
 
-def lines(n: int, prefix: str = "r") -> list[Request]:
+def lines(n: int, prefix: str = "r", *, first: int = 1) -> list[Request]:
     return [
-        Request(i + 1, f"{prefix}{i}", "POST", "/v1/chat/completions", json.dumps({"n": i}))
+        Request(first + i, f"{prefix}{i}", "POST", "/v1/chat/completions", json.dumps({"n": i}))
         for i in range(n)
     ]
 
@@ -356,3 +356,47 @@ def test_problems_are_openai_error_objects() -> None:
         "param": "url",
         "line": 3,
     }
+
+
+def test_a_load_cut_short_leaves_nothing_claimable_and_the_next_load_starts_clean(
+    store: Store,
+) -> None:
+    new_batch(store)
+
+    def dies_midway() -> Iterator[Request]:
+        yield from lines(2500)
+        raise KeyboardInterrupt  # the process killed while validating
+
+    with pytest.raises(KeyboardInterrupt):
+        store.load("batch_a", dies_midway(), now=NOW)
+    b = store.batch("batch_a")
+    assert b.status is BatchStatus.VALIDATING and b.total == 0
+    assert store.claim("a", 10, now=NOW, lease_s=60) == []  # its rows count for nothing
+    assert store.load("batch_a", lines(3000), now=NOW) == []
+    b = store.batch("batch_a")
+    assert (b.status, b.total) == (BatchStatus.IN_PROGRESS, 3000)
+    assert len(store.claim("a", 5000, now=NOW, lease_s=60)) == 3000
+
+
+def test_a_batch_cancelled_while_it_loads_keeps_no_request(opener: Opener) -> None:
+    store, other = opener(), opener()
+    new_batch(store)
+
+    def cancelled_midway() -> Iterator[Request]:
+        yield from lines(1500)
+        assert other.set_status("batch_a", BatchStatus.VALIDATING, BatchStatus.CANCELLING, now=NOW)
+        yield from lines(10, prefix="late", first=1501)
+
+    assert store.load("batch_a", cancelled_midway(), now=NOW) == []
+    b = store.batch("batch_a")
+    assert (b.status, b.total) == (BatchStatus.CANCELLING, 0)
+    assert store.set_status("batch_a", BatchStatus.CANCELLING, BatchStatus.CANCELLED, now=NOW)
+    b = store.batch("batch_a")
+    assert (b.completed, b.failed) == (0, 0)
+    assert list(store.result_lines("batch_a", "error")) == []
+
+
+def test_a_load_of_a_batch_not_validating_does_nothing(store: Store) -> None:
+    loaded(store, 3)
+    assert store.load("batch_a", lines(5), now=NOW) == []
+    assert store.batch("batch_a").total == 3

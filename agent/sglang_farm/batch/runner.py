@@ -249,6 +249,8 @@ class Runner:
                     self._in_flight.add(t)  # cancelled with the rest at stop
                     t.add_done_callback(self._in_flight.discard)
                 continue
+            if b.id in self._validating:
+                continue  # cancelled while its validation runs here: that ends first
             new = lifecycle.step(b.status, b.progress, now=now, expires_at=b.expires_at)
             if new is None:
                 continue

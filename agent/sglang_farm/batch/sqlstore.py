@@ -301,86 +301,85 @@ class SqlStore:
     def load(
         self, batch_id: str, requests: Iterable[Request | list[Problem]], *, now: float
     ) -> Sequence[Problem]:
+        """In chunks of `CHUNK` lines, each its own transaction (a long file does not hold
+        the store's write lock for its whole length): the rows of a validating batch are
+        claimed by no one, so they count only once the last transaction moves the batch to
+        in_progress. A load cut short (a crash) leaves rows that the next load removes
+        first; a refused one removes its rows with the move to failed."""
         problems: list[Problem] = []
         more = 0
         total = 0
-        try:
-            with self._tx() as cur:
-                chunk: list[Request] = []
+        with self._tx() as cur:
+            row = self._x(cur, "SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None or row[0] != BatchStatus.VALIDATING:
+                return []
+            self._x(cur, "DELETE FROM requests WHERE batch_id = ?", (batch_id,))
 
-                def flush() -> None:
-                    nonlocal more
-                    if not chunk:
-                        return
-                    cur.executemany(
-                        self._q(
-                            "INSERT INTO requests (batch_id, line, custom_id, url, body, state) "
-                            "VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT DO NOTHING"
-                        ),
-                        [(batch_id, r.line, r.custom_id, r.url, r.body) for r in chunk],
-                    )
-                    if cur.rowcount != len(chunk):
-                        marks = ", ".join("?" for _ in chunk)
-                        firsts = dict(
-                            self._x(
-                                cur,
-                                f"SELECT custom_id, line FROM requests WHERE batch_id = ? "
-                                f"AND custom_id IN ({marks})",
-                                [batch_id, *(r.custom_id for r in chunk)],
-                            ).fetchall()
-                        )
-                        for r in chunk:
-                            first = int(firsts[r.custom_id])
-                            if first != r.line:
-                                if len(problems) < MAX_PROBLEMS:
-                                    problems.append(duplicate_problem(r.line, r.custom_id, first))
-                                else:
-                                    more += 1
-                    chunk.clear()
+        def note(p: Problem) -> None:
+            nonlocal more
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(p)
+            else:
+                more += 1
 
-                for item in requests:
-                    if isinstance(item, list):
-                        for p in item:
-                            if len(problems) < MAX_PROBLEMS:
-                                problems.append(p)
-                            else:
-                                more += 1
-                        continue
-                    total += 1
-                    chunk.append(item)
-                    if len(chunk) >= CHUNK:
-                        flush()
-                flush()
-                if not problems and total == 0:
-                    problems.append(empty_problem())
-                if problems:
-                    raise _Refused
-                n = self._x(
-                    cur,
-                    "UPDATE batches SET status = ?, total = ? WHERE id = ? AND status = ?",
-                    (str(BatchStatus.IN_PROGRESS), total, batch_id, str(BatchStatus.VALIDATING)),
-                ).rowcount
-                if n != 1:
-                    raise _Refused
-                self._stamp(cur, batch_id, STAMP[BatchStatus.IN_PROGRESS], now)
-        except _Refused:
-            pass
-        if problems:
-            if more:
-                problems.append(Problem(None, None, f"and {more} more problems not listed"))
+        def flush(chunk: list[Request]) -> None:
             with self._tx() as cur:
-                n = self._x(
-                    cur,
-                    "UPDATE batches SET status = ?, errors = ? WHERE id = ? AND status = ?",
-                    (
-                        str(BatchStatus.FAILED),
-                        json.dumps([p.to_dict() for p in problems]),
-                        batch_id,
-                        str(BatchStatus.VALIDATING),
+                cur.executemany(
+                    self._q(
+                        "INSERT INTO requests (batch_id, line, custom_id, url, body, state) "
+                        "VALUES (?, ?, ?, ?, ?, 'pending') ON CONFLICT DO NOTHING"
                     ),
-                ).rowcount
-                if n == 1:
-                    self._stamp(cur, batch_id, STAMP[BatchStatus.FAILED], now)
+                    [(batch_id, r.line, r.custom_id, r.url, r.body) for r in chunk],
+                )
+                if cur.rowcount == len(chunk):
+                    return
+                marks = ", ".join("?" for _ in chunk)
+                firsts = dict(
+                    self._x(
+                        cur,
+                        f"SELECT custom_id, line FROM requests WHERE batch_id = ? "
+                        f"AND custom_id IN ({marks})",
+                        [batch_id, *(r.custom_id for r in chunk)],
+                    ).fetchall()
+                )
+            for r in chunk:
+                first = int(firsts[r.custom_id])
+                if first != r.line:
+                    note(duplicate_problem(r.line, r.custom_id, first))
+
+        chunk: list[Request] = []
+        for item in requests:
+            if isinstance(item, list):
+                for p in item:
+                    note(p)
+                continue
+            total += 1
+            chunk.append(item)
+            if len(chunk) >= CHUNK:
+                flush(chunk)
+                chunk = []
+        if chunk:
+            flush(chunk)
+        if not problems and total == 0:
+            problems.append(empty_problem())
+        if more:
+            problems.append(Problem(None, None, f"and {more} more problems not listed"))
+        with self._tx() as cur:
+            new = BatchStatus.FAILED if problems else BatchStatus.IN_PROGRESS
+            field, value = (
+                ("errors", json.dumps([p.to_dict() for p in problems]))
+                if problems
+                else ("total", total)
+            )
+            moved = self._x(
+                cur,
+                f"UPDATE batches SET status = ?, {field} = ? WHERE id = ? AND status = ?",
+                (str(new), value, batch_id, str(BatchStatus.VALIDATING)),
+            ).rowcount
+            if moved == 1:
+                self._stamp(cur, batch_id, STAMP[new], now)
+            if problems or moved != 1:  # refused, or cancelled meanwhile: no request kept
+                self._x(cur, "DELETE FROM requests WHERE batch_id = ?", (batch_id,))
         return problems
 
     def set_status(self, batch_id: str, old: BatchStatus, new: BatchStatus, *, now: float) -> bool:
