@@ -382,3 +382,35 @@ async def test_a_refused_key_pauses_the_batch_and_uses_no_attempt(
         await asyncio.gather(task, return_exceptions=True)
     assert sorted(out_ids(store, "output")) == sorted(f"req-{i}" for i in range(20))
     assert sample(metrics, "sglang_farm_batch_retries_total", reason="unauthorized") > 0
+
+
+class Flaky(Script):
+    """The agent answers, then is gone (killed, restarting): `read` gives None."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.up = True
+
+    async def read(self) -> Mapping[str, object] | None:
+        return self.status if self.up else None
+
+
+async def test_with_the_agent_gone_the_last_known_slots_stand(
+    tmp_path: Path, door: tuple[Door, str]
+) -> None:
+    _, url = door
+    farm = Flaky(3)
+    store = SqliteStore(str(tmp_path / "b.db"))
+    batch_of(store, rows_named(40))
+    runner, _ = runner_for(store, url, farm=farm, workers=8, max_running=2)
+    task = asyncio.create_task(runner.run())
+    try:
+        await until(lambda: runner.target == 6)  # 3 ready workers x 2, not the config's 16
+        farm.status["workers"][0]["state"] = "stopped"
+        farm.up = False  # the agent is killed: its last answer stands, not the config's
+        await asyncio.sleep(0.3)
+        assert runner.target == 6
+        await until(finished(store))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
