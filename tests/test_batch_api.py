@@ -312,3 +312,33 @@ async def test_a_paused_batch_says_why(tmp_path: Path) -> None:
     got = await client.batches.retrieve(b.id)
     assert got.model_extra is not None
     assert got.model_extra["paused"] == "the store's disk is full; free space there"
+
+
+def test_another_local_user_reads_none_of_the_services_files(sims: Sims) -> None:
+    """As nobody (setpriv), in a folder everyone may traverse: the service's own modes are
+    all that stands between another user and the prompts."""
+    import shutil
+    import tempfile
+
+    import asuser
+
+    asuser.require()
+    root = Path(tempfile.mkdtemp(prefix="sf-batch-"))
+    try:
+        root.chmod(0o755)
+        cfg = write_config(root, workers=2, base_port=sims.base)
+        with BatchService(cfg) as s:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key=API_KEY, max_retries=0)
+            f = c.files.create(file=("secret.jsonl", jsonl(chat_lines(1))), purpose="batch")
+            state = root / "batch-state"
+            for path in (state / "batch.db", state / "files" / f"{f.id}.jsonl"):
+                r = asuser.nobody_python(
+                    "import sys; open(sys.argv[1], 'rb').read()", str(path), check=False
+                )
+                assert r.returncode != 0 and "PermissionError" in r.stderr, (path, r.stderr)
+            r = asuser.nobody_python(
+                "import os, sys; os.listdir(sys.argv[1])", str(state / "files"), check=False
+            )
+            assert "PermissionError" in r.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
