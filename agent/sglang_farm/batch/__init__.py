@@ -1,5 +1,6 @@
-"""The batch service, `sglang-farm-batch` (issue 33, docs/batch.md): OpenAI's Files and
-Batches API in front of the farm, each request's state in a store, results exactly once.
+"""Pure (a map, no code): the batch service, `sglang-farm-batch` (issue 33, docs/batch.md):
+OpenAI's Files and Batches API in front of the farm, each request's state in a store,
+results exactly once.
 
 Its own process (`main`), never imported by the agent. The modules, pure first:
 
