@@ -1,0 +1,93 @@
+"""The batch service through a real smg (SGLang's gateway, 1.13, from .venv) with its priority
+scheduler on: every request goes in at the `bulk` class (the runner's `x-smg-priority`
+header, counted by smg's own `smg_scheduler_admit_total{class}`), and a worker killed
+mid-run behind the gateway costs no result."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from batchsvc import API_KEY, BatchService, Sims, chat_lines, jsonl, wait_until, write_config
+from farmproc import free_port_block
+from smgproc import Smg, key_file
+
+pytestmark = pytest.mark.slow
+
+
+def scheduler_samples(metrics_url: str) -> dict[str, float]:
+    text = httpx.get(metrics_url, timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("smg_scheduler_admit_total", "smg_scheduler_unknown_priority")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Smg, Sims, str]]:
+    with Sims(2, env={"SGLANG_SIM_TOKEN_SECONDS": "0.01"}) as sims:
+        port = free_port_block(2)
+        with Smg(tmp_path, key_file(tmp_path), port, extra=["--priority-scheduler-enabled"]) as smg:
+            for i in range(2):
+                r = httpx.post(
+                    f"{smg.url}/workers",
+                    json={"url": sims.url(i)},
+                    headers={"Authorization": f"Bearer {smg.key}"},
+                    timeout=30,
+                )
+                assert r.status_code == 202, r.text
+            wait_until(lambda: len(smg.routed()) == 2, 60, "both workers routed")
+            yield smg, sims, f"http://127.0.0.1:{port + 1}/metrics"
+
+
+def test_a_batch_through_smg_goes_in_at_the_bulk_class_and_survives_a_dead_worker(
+    tmp_path: Path, gateway: tuple[Smg, Sims, str]
+) -> None:
+    smg, sims, metrics_url = gateway
+    n = 200
+    before = scheduler_samples(metrics_url)
+    cfg = write_config(
+        tmp_path,
+        workers=2,
+        base_port=sims.base,
+        max_running=8,
+        gateway={"mode": "external", "url": smg.url},
+    )
+    with BatchService(cfg) as svc:
+        c = openai.OpenAI(base_url=svc.url + "/v1", api_key=API_KEY, max_retries=0)
+        f = c.files.create(file=("p.jsonl", jsonl(chat_lines(n, max_tokens=8))), purpose="batch")
+        b = c.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        def completed() -> int:
+            rc = c.batches.retrieve(b.id).request_counts
+            return rc.completed if rc is not None else 0
+
+        wait_until(lambda: completed() >= 40, 120, "40 done")
+        sims.kill(1)  # its requests in flight are cut; smg routes the rest to worker 0
+        deadline = time.monotonic() + 180
+        while (done := c.batches.retrieve(b.id)).status != "completed":
+            assert time.monotonic() < deadline, done
+            time.sleep(0.1)
+        assert done.output_file_id is not None
+        out = [
+            json.loads(x)["custom_id"]
+            for x in c.files.content(done.output_file_id).text.splitlines()
+        ]
+        assert sorted(out) == sorted(f"req-{i}" for i in range(n))
+    after = scheduler_samples(metrics_url)
+    bulk = 'smg_scheduler_admit_total{class="bulk",outcome="admitted"}'
+    assert after.get(bulk, 0) - before.get(bulk, 0) >= n
+    # nothing the batch sent was read as another class, nor as an unknown priority
+    default = 'smg_scheduler_admit_total{class="default",outcome="admitted"}'
+    assert after.get(default, 0) == before.get(default, 0)
+    assert not any(k.startswith("smg_scheduler_unknown_priority") for k in after)
