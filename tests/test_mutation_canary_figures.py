@@ -133,7 +133,8 @@ def _responding(answered: float | None, errors: float | None) -> figures.WorkerS
 def test_the_workers_counter_needs_both_figures_at_both_ends_and_errors_stay_within() -> None:
     f = figures.window(_responding(10, 1), _responding(30, 4), 30.0)
     assert (f.source, f.requests, f.errors) == (figures.ErrorSource.WORKERS, 20.0, 3.0)
-    for a, b in (((None, None), (30, 4)), ((10, 1), (None, None)), ((10, None), (30, 4))):
+    one_missing = (((None, 1), (30, 4)), ((10, None), (30, 4)), ((10, 1), (None, 4)))
+    for a, b in (((None, None), (30, 4)), ((10, 1), (None, None)), *one_missing):
         f = figures.window(_responding(*a), _responding(*b), 30.0)
         assert f.source is figures.ErrorSource.NONE
     f = figures.window(_responding(10, 1), _responding(30, None), 30.0)
