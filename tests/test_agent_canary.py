@@ -46,9 +46,13 @@ def _toml(tmp: Path, env: dict[str, str] | None = None, **rollout: object) -> st
     return farm_toml(tmp, workers=4, **tables)
 
 
+ANSWERED_200 = 'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="200"}'
+
+
 class Metrics:
     """Each worker's /metrics: 10 requests a second of 10 tokens each since the test began;
-    tokens take 10-20 ms, or 50-100 ms on a worker whose process runs SLOW=1."""
+    tokens take 10-20 ms, or 50-100 ms on a worker whose process runs SLOW=1; every one
+    answered 200 (`sglang:http_responses_total`)."""
 
     def __init__(self) -> None:
         self.runtime: FakeRuntime | None = None
@@ -66,6 +70,7 @@ class Metrics:
         slow = proc.command.env_dict.get("SLOW") == "1"
         buckets = (0, 0, 0, 10 * n, 10 * n) if slow else (0, 10 * n, 10 * n, 10 * n, 10 * n)
         lines = [f"sglang:num_requests_total {n}", "sglang:num_aborted_requests_total 0"]
+        lines.append(f"{ANSWERED_200} {n}")  # SGLang 0.5.20+: the error source (issue 30)
         for le, v in zip(("0.01", "0.02", "0.05", "0.1", "+Inf"), buckets, strict=True):
             lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}"}} {v}')
         lines.append(f"sglang:inter_token_latency_seconds_sum {0.01 * n}")
@@ -426,6 +431,9 @@ def test_the_eval_gate_runs_before_the_canary_joins_the_gateway(
                 )
                 view = f.agent.view().canary
                 assert view is not None and view.evidence.startswith("rolled back: eval: ")
+                # The gate's own line, once: not "eval: eval: ..." (issue 30 #12).
+                line = eval_verdict(canary_correct, 40, 40, 0.05).evidence_line
+                assert view.evidence == f"rolled back: {line}", view.evidence
                 assert [c.name for c in view.checks] == ["eval"]
                 await f.until(lambda: f.runtime.starts_of(0) == 3 and f.phase(0) is Phase.READY)
                 assert "CHANGED" not in _env(f, 0)
@@ -672,6 +680,7 @@ class Starved(Metrics):
         now = asyncio.get_running_loop().time()
         n = 0.2 * (now - self.t0) + (0.0 if self.fed_at is None else 10 * (now - self.fed_at))
         lines = [f"sglang:num_requests_total {n}", "sglang:num_aborted_requests_total 0"]
+        lines.append(f"{ANSWERED_200} {n}")  # SGLang 0.5.20+: the error source (issue 30)
         for le, v in zip(("0.01", "0.02", "0.05", "0.1", "+Inf"), (0, *[10 * n] * 4), strict=True):
             lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}"}} {v}')
         lines.append(f"sglang:inter_token_latency_seconds_sum {0.01 * n}")

@@ -4,7 +4,8 @@ from their /metrics and smg's per-worker outcomes judge that one and not the oth
 
 Checks the facts the verdict rests on against the real gateway: smg labels its
 outcomes with the worker's URL and counts a worker's 500 as a `failure` outcome of that
-worker, and SGLang's (the simulator's) own counters do not see the 500s.
+worker; SGLang's (the simulator's) finished requests do not see the 500s, its HTTP
+response counter (0.5.20+) does, and the two error sources agree.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def test_the_gateway_outcomes_of_an_erring_canary_roll_it_back(tmp_path: Path) -
     assert bad.requests >= 150
     # SGLang's own count of finished requests misses the 500s; the gateway's does not.
     assert after[1].requests - before[1].requests <= bad.requests - bad.errors
+    # The worker's own response counter (SGLang 0.5.20+) and smg's outcomes agree on the
+    # 500s: each source alone judges the canary the same (issue 30 #1).
+    assert bad.source is figures.ErrorSource.WORKERS
+    via_gateway = bad.on(figures.ErrorSource.GATEWAY)
+    assert via_gateway is not None and via_gateway.errors == bad.errors, (bad, via_gateway)
     v = judge(bad, good, [], CanaryPolicy())
     assert v.outcome is Outcome.ROLLBACK, v.evidence
     assert v.evidence.startswith("canary errors ")

@@ -126,6 +126,8 @@ def test_a_reload_naming_nobodys_eval_file_is_refused_naming_the_owner(
             await f.until(lambda: all(f.phase(w) is Phase.READY for w in (0, 1)))
             result = await f.ops.reload()
             assert not result.applied
+            # A config problem (farmctl exit 1), not a change held (exit 6; issue 30 #12).
+            assert result.held is None
             (problem,) = result.problems
             assert problem.startswith(f"test.toml: rollout.eval: refusing the eval set {path}:")
             assert "owned by nobody (uid 65534)" in problem
@@ -177,3 +179,34 @@ def test_a_reload_naming_a_fifo_is_refused_without_blocking_the_agent(
         f"that no other user can write (chown root:root {fifo} && chmod 0644 {fifo}), in a "
         "folder only root can write, or remove [rollout] eval"
     ]
+
+
+def test_a_reload_naming_an_unusable_eval_set_is_refused_as_a_config_problem_not_held(
+    tmp: Path,
+    shared_dir: Path,  # noqa: F811
+) -> None:
+    """Issue 30 #12: an eval set that cannot be used is a problem of the config (farmctl
+    reload exits 1, as for any config problem), not a change held by its canary (exit 6:
+    too little traffic, or rejected before). Each problem is one line naming the file."""
+    folder = shared_dir / "etc"
+    folder.mkdir(mode=0o755)
+    path = folder / "eval.jsonl"
+    path.write_text(SET + '{"prompt": "What is 1 + 1?", "answr": 2}\n')
+    os.chmod(path, 0o644)
+    rollout = {"analysis_window": "60s"}
+    old = farm_toml(tmp, workers=2, rollout=rollout)
+    new = farm_toml(tmp, workers=2, rollout={**rollout, "eval": str(path)})
+
+    async def scenario() -> None:
+        async with farm(tmp, text=old, loader=lambda: load_spec(new, source="test.toml")) as f:
+            await f.until(lambda: all(f.phase(w) is Phase.READY for w in (0, 1)))
+            result = await f.ops.reload()
+            assert not result.applied
+            assert result.held is None
+            assert result.problems == (
+                f"{path}: line 2: unknown key(s) 'answr'; accepted: prompt, answer, id",
+                f"{path}: line 2: missing key(s) answer; add them",
+            )
+            assert [f.runtime.starts_of(w) for w in (0, 1)] == [1, 1]
+
+    run_virtual(scenario())

@@ -112,21 +112,125 @@ def _gateway(ok: float, failed: float) -> promtext.Scrape:
     )
 
 
-def test_a_window_takes_requests_and_errors_from_the_gateway_and_aborts_from_sglang() -> None:
+def test_a_window_counts_requests_and_errors_from_the_gateway_alone_never_an_abort() -> None:
+    """Issue 30 #1: an abort (a client that hung up) is not the change's error, and the
+    gateway's outcomes are not mixed with SGLang's aborts in one ratio."""
     a = figures.worker_sample(_sglang(100, 1, (10, 20, 20)), _gateway(200, 2), "http://w:1")
     b = figures.worker_sample(_sglang(150, 4, (30, 60, 61)), _gateway(290, 12), "http://w:1")
     f = figures.window(a, b, 30.0)
-    assert (f.requests, f.errors) == (100.0, 13.0)  # 90 ok + 10 failed; 10 failed + 3 aborted
-    assert f.error_ratio == pytest.approx(0.13)
+    assert (f.requests, f.errors) == (100.0, 10.0)  # 90 ok + 10 failed; the 3 aborts: none
+    assert f.source is figures.ErrorSource.GATEWAY
+    assert f.error_ratio == pytest.approx(0.1)
     assert f.itl is not None and f.itl.cumulative == (20.0, 40.0, 41.0)
     assert f.ttft is None
-    # Without a gateway: SGLang's finished requests (both label sets) plus aborted ones.
+    # Without a gateway or SGLang's response counter: its finished requests (both label
+    # sets), and no error source at all (errors not judged), aborts or not.
     g = figures.window(
         figures.worker_sample(_sglang(100, 1, (10, 20, 20)), None, "http://w:1"),
         figures.worker_sample(_sglang(150, 4, (30, 60, 61)), None, "http://w:1"),
         30.0,
     )
-    assert (g.requests, g.errors) == (103.0, 3.0)
+    assert (g.requests, g.errors, g.source) == (100.0, 0.0, figures.ErrorSource.NONE)
+
+
+def _responses(codes: dict[tuple[str, str], float], *, requests: bool = True) -> str:
+    lines = [
+        f'sglang:http_responses_total{{endpoint="{e}",method="POST",status_code="{c}"}} {v}'
+        for (e, c), v in codes.items()
+    ]
+    if requests:
+        lines.append('sglang:http_requests_total{endpoint="/metrics",method="GET"} 3')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_workers_own_http_responses_count_2xx_and_5xx_on_the_serving_routes() -> None:
+    """SGLang >= 0.5.20's `sglang:http_responses_total`: a 2xx or 5xx answer on a serving
+    route is a request, a 5xx an error; a 4xx (bad request, no key, a client that hung
+    up on a non-streamed request) is neither; probes and scrapes are not traffic."""
+    body = _responses(
+        {
+            ("/v1/chat/completions", "200"): 40,
+            ("/generate", "200"): 10,
+            ("/v1/completions", "500"): 4,
+            ("/v1/chat/completions", "503"): 1,
+            ("/v1/chat/completions", "400"): 7,
+            ("/v1/chat/completions", "401"): 900,
+            ("/health", "503"): 30,
+            ("/metrics", "200"): 12,
+        }
+    )
+    assert figures.http_responses(promtext.parse(body)) == (55.0, 5.0)
+    # A worker with the counters but no response yet (only its first scrape arrived).
+    assert figures.http_responses(promtext.parse(_responses({}))) == (0.0, 0.0)
+    # SGLang before 0.5.20: neither family.
+    assert figures.http_responses(promtext.parse("sglang:num_requests_total 5\n")) == (None, None)
+    only_responses = _responses({("/generate", "200"): 2}, requests=False)
+    assert figures.http_responses(promtext.parse(only_responses)) == (2.0, 0.0)
+
+
+def test_the_workers_own_counter_is_preferred_to_the_gateways_and_aborts_count_for_nothing() -> (
+    None
+):
+    """1,000 aborted streams straight to a worker's port (issue 30 #1): each one had its
+    200 sent, so it is an answer, never an error; the worker's counter is judged, not the
+    gateway's."""
+
+    def sample(ok: float, failed: float, aborted: float) -> figures.WorkerSample:
+        body = _responses({("/v1/chat/completions", "200"): ok, ("/generate", "500"): failed})
+        body += f"sglang:num_aborted_requests_total {aborted}\nsglang:num_requests_total {ok}\n"
+        return figures.worker_sample(promtext.parse(body), _gateway(ok, failed), "http://w:1")
+
+    f = figures.window(sample(10, 0, 0), sample(1_110, 0, 1_000), 30.0)
+    assert (f.source, f.requests, f.errors) == (figures.ErrorSource.WORKERS, 1_100.0, 0.0)
+    assert [c.source for c in f.counts] == list(figures.ErrorSource)
+    gw = f.on(figures.ErrorSource.GATEWAY)
+    assert gw is not None and (gw.requests, gw.errors) == (1_100.0, 0.0)
+    f = figures.window(sample(10, 0, 0), sample(100, 10, 50), 30.0)
+    assert (f.requests, f.errors) == (100.0, 10.0)
+
+
+def test_a_side_and_a_comparison_use_only_a_source_every_worker_has() -> None:
+    """Never one source's ratio against another's: a baseline worker without the
+    response counter (SGLang 0.5.12) puts its whole side, and then the comparison, on
+    the gateway's outcomes; with no source in common, errors are not judged."""
+    new = figures.Figures(
+        30.0, 100.0, 10.0, None, None, figures.ErrorSource.WORKERS,
+        (
+            figures.Counts(figures.ErrorSource.WORKERS, 100.0, 10.0),
+            figures.Counts(figures.ErrorSource.GATEWAY, 90.0, 9.0),
+            figures.Counts(figures.ErrorSource.NONE, 95.0, 0.0),
+        ),
+    )  # fmt: skip
+    old = figures.Figures(
+        30.0, 80.0, 0.0, None, None, figures.ErrorSource.GATEWAY,
+        (
+            figures.Counts(figures.ErrorSource.GATEWAY, 80.0, 0.0),
+            figures.Counts(figures.ErrorSource.NONE, 70.0, 0.0),
+        ),
+    )  # fmt: skip
+    side = new.plus(old)
+    assert (side.source, side.requests, side.errors) == (figures.ErrorSource.GATEWAY, 170.0, 9.0)
+    assert [c.source for c in side.counts] == [
+        figures.ErrorSource.GATEWAY,
+        figures.ErrorSource.NONE,
+    ]
+    canary, baseline = figures.common(new, old)
+    assert (canary.source, canary.requests, canary.errors) == (
+        figures.ErrorSource.GATEWAY,
+        90.0,
+        9.0,
+    )
+    assert (baseline.source, baseline.requests) == (figures.ErrorSource.GATEWAY, 80.0)
+    canary, baseline = figures.common(new, new)
+    assert (canary.source, baseline.source) == (figures.ErrorSource.WORKERS,) * 2
+    bare = figures.Figures(30.0, 60.0, 0.0, None, None, figures.ErrorSource.NONE)
+    canary, baseline = figures.common(new, bare)
+    assert (canary.source, canary.requests, canary.errors) == (figures.ErrorSource.NONE, 95.0, 0.0)
+    assert (baseline.source, baseline.requests) == (figures.ErrorSource.NONE, 60.0)
+    assert (
+        new.on(figures.ErrorSource.GATEWAY) is not None
+        and bare.on(figures.ErrorSource.GATEWAY) is None
+    )
 
 
 def test_outcomes_the_gateway_does_not_show_yet_count_zero() -> None:
@@ -145,7 +249,7 @@ def test_a_worker_restarted_inside_the_window_counts_from_zero() -> None:
     b = figures.worker_sample(_sglang(20, 1, (5, 8, 8)), _gateway(950, 6), "http://w:1")
     f = figures.window(a, b, 30.0)
     assert f.itl is not None and f.itl.cumulative == (5.0, 8.0, 8.0)
-    assert (f.requests, f.errors) == (51.0, 2.0)
+    assert (f.requests, f.errors) == (51.0, 1.0)  # the gateway's 50 ok + 1 failed
 
 
 def test_the_baseline_is_its_workers_added_up() -> None:

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from sglang_farm.canary import figures
 from sglang_farm.canary.figures import Figures, Histogram
 from sglang_farm.canary.rollout import starved_of_traffic
 from sglang_farm.canary.verdict import (
@@ -265,3 +266,98 @@ def test_one_error_in_a_starved_canarys_55_requests_is_not_promoted() -> None:
     # Before the window's end it is still only "under way".
     early = judge(side(55, errors=1, seed=2), side(16879, seed=3), [], POLICY, complete=False)
     assert early.outcome is Outcome.INCONCLUSIVE and "under way" in early.evidence
+
+
+# -- issue 30 #1 and #2: one error source, aborts count for nothing -------------------------
+
+
+def _worker(
+    base: Figures,
+    *,
+    ok: float,
+    failed: float = 0.0,
+    aborted: float = 0.0,
+    gateway: bool = True,
+) -> tuple[figures.WorkerSample, figures.WorkerSample]:
+    """A worker's two samples over a window: `ok` + `failed` answered through the gateway
+    (or, without one, by SGLang alone), `aborted` streams hung up on by their client;
+    the latency histograms are `base`'s."""
+    start = figures.WorkerSample(
+        None, None, 0.0, 0.0, 0.0 if gateway else None, 0.0 if gateway else None
+    )
+    end = figures.WorkerSample(
+        base.itl,
+        base.ttft,
+        ok,
+        aborted,
+        ok if gateway else None,
+        failed if gateway else None,
+    )
+    return start, end
+
+
+def test_aborted_streams_on_the_canary_do_not_veto_a_harmless_change() -> None:
+    """The audit's veto (issue 30 #1): `nobody` aborted streams straight to the canary's
+    port and a harmless change was `rolled back: canary errors 33.3 % (12 of 36)`. Scaled
+    to a canary with enough requests to promote: 120 answered, 60 aborted on top."""
+    c0, c1 = _worker(side(120, seed=2), ok=120, aborted=60)
+    b0, b1 = _worker(side(2800, seed=3), ok=2800)
+    v = judge(figures.window(c0, c1, 30.0), figures.window(b0, b1, 30.0), [], POLICY)
+    assert v.outcome is Outcome.PROMOTE, v.evidence
+    assert "vs 2,800 requests" in v.evidence
+
+
+def test_aborted_streams_on_the_baseline_do_not_promote_a_bad_change() -> None:
+    """The audit's promotion: 7,674 aborts on the baseline's workers made its "errors"
+    59.3 %, and a canary failing 10 of 153 requests (6.5 %) was promoted to all 8."""
+    c0, c1 = _worker(side(153, seed=2), ok=143, failed=10)
+    b0, b1 = _worker(side(12_940, seed=3), ok=12_940, aborted=7_674)
+    v = judge(figures.window(c0, c1, 30.0), figures.window(b0, b1, 30.0), [], POLICY)
+    assert v.outcome is Outcome.ROLLBACK, v.evidence
+    assert v.evidence.startswith("canary errors 6.5 % (10 of 153) vs the baseline's 0.0 %")
+
+
+def test_with_no_error_source_a_change_is_not_promoted_and_the_verdict_says_so() -> None:
+    """Issue 30 #2: behind external gateways with workers that count no HTTP responses,
+    nothing counts a 500; a 20 %-error change was `promoted: canary errors 0.0 %`. With no
+    error source the errors are not judged, and the change is held (inconclusive, not for
+    too little traffic: a longer window would see no more)."""
+    c0, c1 = _worker(side(157, seed=2), ok=157, gateway=False)
+    b0, b1 = _worker(side(1100, seed=3), ok=1100, gateway=False)
+    canary, baseline = figures.window(c0, c1, 30.0), figures.window(b0, b1, 30.0)
+    v = judge(canary, baseline, [], POLICY)
+    assert v.outcome is Outcome.INCONCLUSIVE, v.evidence
+    assert v.evidence.startswith("not promoted: the canary's errors are not judged: no error")
+    assert v.evidence.endswith("over 30 s, 157 vs 1,100 requests")
+    errors = next(c for c in v.checks if c.name == "errors")
+    assert errors.passed is None and errors.canary is None
+    assert not starved_of_traffic(v.checks)
+    # Without a baseline either, the same; and a slow canary is still rolled back.
+    assert judge(canary, None, [], POLICY).outcome is Outcome.INCONCLUSIVE
+    s0, s1 = _worker(side(157, itl=0.1, seed=2), ok=157, gateway=False)
+    slow = judge(figures.window(s0, s1, 30.0), baseline, [], POLICY)
+    assert slow.outcome is Outcome.ROLLBACK and slow.evidence.startswith("canary ITL p50")
+    early = judge(canary, baseline, [], POLICY, complete=False)
+    assert early.outcome is Outcome.INCONCLUSIVE
+
+
+def test_the_canary_is_judged_on_the_source_the_baseline_shares() -> None:
+    """A canary on SGLang 0.5.23 (its own response counter) against a baseline still on
+    0.5.12 (none): both judged on the gateway's outcomes, never 5xx of one against the
+    other's outcomes."""
+    own = figures.Counts(figures.ErrorSource.WORKERS, 200.0, 0.0)
+    outcomes = figures.Counts(figures.ErrorSource.GATEWAY, 200.0, 20.0)
+    base = side(200, seed=2)
+    canary = Figures(
+        30.0, 200.0, 0.0, base.itl, base.ttft, figures.ErrorSource.WORKERS, (own, outcomes)
+    )
+    v = judge(canary, side(2800, seed=3), [], POLICY)
+    assert v.outcome is Outcome.PROMOTE  # hand-built sides: both on their own source
+    old = side(2800, seed=3)
+    old = Figures(
+        30.0, 2800.0, 0.0, old.itl, old.ttft, figures.ErrorSource.GATEWAY,
+        (figures.Counts(figures.ErrorSource.GATEWAY, 2800.0, 0.0),),
+    )  # fmt: skip
+    v = judge(canary, old, [], POLICY)
+    assert v.outcome is Outcome.ROLLBACK, v.evidence
+    assert v.evidence.startswith("canary errors 10.0 % (20 of 200)")

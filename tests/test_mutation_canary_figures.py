@@ -109,20 +109,50 @@ def _sample(
 def test_a_window_without_gateway_figures_at_its_start_counts_sglangs() -> None:
     h = Histogram((0.1,), (4.0, 5.0), 0.3)
     f = figures.window(_sample(10, 1, None, None, None), _sample(30, 2, 100, 7, h), 30.0)
-    assert (f.requests, f.errors) == (21.0, 1.0)  # 20 finished + 1 aborted, from SGLang
+    # SGLang's 20 finished requests; no error source (an abort is none).
+    assert (f.requests, f.errors, f.source) == (20.0, 0.0, figures.ErrorSource.NONE)
     assert f.itl == h  # the histogram appeared inside the window: all of it is new
     rebucketed = Histogram((0.2,), (1.0, 1.0))
     f = figures.window(_sample(0, 0, None, None, h), _sample(0, 0, None, None, rebucketed), 1.0)
     assert f.itl == rebucketed
 
 
-def test_errors_are_at_most_the_requests_unless_there_are_none() -> None:
+def test_aborts_are_never_errors_whatever_the_source() -> None:
     # The gateway answered 2 (both failed) while SGLang aborted 5: 2 of 2 failed.
     f = figures.window(_sample(0, 0, 0, 0, None), _sample(0, 5, 0, 2, None), 30.0)
     assert (f.requests, f.errors) == (2.0, 2.0)
-    # No request answered through the gateway: the aborted ones are the errors.
+    # No request answered through the gateway: 3 aborts are no error.
     f = figures.window(_sample(0, 0, 0, 0, None), _sample(0, 3, 0, 0, None), 30.0)
-    assert (f.requests, f.errors) == (0.0, 3.0)
+    assert (f.requests, f.errors) == (0.0, 0.0)
+
+
+def _responding(answered: float | None, errors: float | None) -> figures.WorkerSample:
+    return figures.WorkerSample(None, None, 0.0, 0.0, None, None, answered, errors)
+
+
+def test_the_workers_counter_needs_both_figures_at_both_ends_and_errors_stay_within() -> None:
+    f = figures.window(_responding(10, 1), _responding(30, 4), 30.0)
+    assert (f.source, f.requests, f.errors) == (figures.ErrorSource.WORKERS, 20.0, 3.0)
+    one_missing = (((None, 1), (30, 4)), ((10, None), (30, 4)), ((10, 1), (None, 4)))
+    for a, b in (((None, None), (30, 4)), ((10, 1), (None, None)), *one_missing):
+        f = figures.window(_responding(*a), _responding(*b), 30.0)
+        assert f.source is figures.ErrorSource.NONE
+    f = figures.window(_responding(10, 1), _responding(30, None), 30.0)
+    assert f.source is figures.ErrorSource.NONE
+    f = figures.window(_responding(10, None), _responding(30, 4), 30.0)
+    assert f.source is figures.ErrorSource.NONE
+    # A restart between the scrapes: the later counts whole, errors never above answers.
+    f = figures.window(_responding(100, 1), _responding(5, 9), 30.0)
+    assert (f.requests, f.errors) == (5.0, 5.0)
+
+
+def test_a_side_without_a_source_in_common_counts_its_requests_with_no_errors() -> None:
+    a = Figures(30.0, 5.0, 1.0, None, None, figures.ErrorSource.WORKERS)
+    b = Figures(30.0, 7.0, 2.0, None, None, figures.ErrorSource.GATEWAY)
+    both = a.plus(b)
+    assert (both.source, both.requests, both.errors) == (figures.ErrorSource.NONE, 12.0, 0.0)
+    same = a.plus(a)
+    assert (same.source, same.requests, same.errors) == (figures.ErrorSource.WORKERS, 10.0, 2.0)
 
 
 def test_error_ratio_with_no_request_and_with_one() -> None:

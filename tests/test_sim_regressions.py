@@ -199,3 +199,66 @@ def test_wrong_rate_answers_the_seeded_questions_wrong_on_every_run(sims: StartS
     wrong = [q for q, text in zip(questions, runs[0], strict=True) if int(text) != q.a + q.b]
     assert wrong == [q for q in questions if regress.answer(q, 11, 0.5) != str(q.a + q.b)]
     assert 0 < len(wrong) < len(questions)
+
+
+def _responses(client: httpx.Client) -> dict[tuple[str, str, str], float]:
+    """sglang:http_responses_total by (endpoint, status_code, method), read with
+    prometheus_client's own parser (the format as Prometheus reads it)."""
+    fams = text_string_to_metric_families(client.get("/metrics").text)
+    return {
+        (s.labels["endpoint"], s.labels["status_code"], s.labels["method"]): s.value
+        for f in fams
+        for s in f.samples
+        if s.name == "sglang:http_responses_total"
+    }
+
+
+def test_http_responses_count_each_answer_by_route_and_status_an_aborted_stream_a_200(
+    sims: StartSim,
+) -> None:
+    """SGLang 0.5.20+'s `sglang:http_responses_total{endpoint,status_code,method}` (issue
+    30 #1): the 500s of SGLANG_SIM_ERROR_RATE counted under their route, a bad body as
+    400, and a stream whose client hung up after its first event as the 200 it was sent
+    (and as an abort); with SGLANG_SIM_NO_HTTP_METRICS, as SGLang 0.5.12: no such family."""
+    env = {**FAST, "SGLANG_SIM_ERROR_RATE": "0.3", "SGLANG_SIM_SEED": "7"}
+    sim = sims("--enable-metrics", env={**env, "SGLANG_SIM_TOKEN_SECONDS": "0.05"})
+    sim.wait_ready()
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        before = _responses(client)
+        codes = [
+            client.post("/generate", json={"text": "hi", "max_tokens": 1}).status_code
+            for _ in range(20)
+        ]
+        assert client.post("/generate", content=b"{nope").status_code == 400
+        aborted_before = metric_values(client)["sglang:num_aborted_requests_total"]
+        hung_up = 0
+        while hung_up < 3:  # streams answered 200 (the 500s are no stream), then dropped
+            body = {"text": "hi", "max_tokens": 50, "stream": True}
+            with client.stream("POST", "/generate", json=body) as r:
+                if r.status_code == 200:
+                    next(r.iter_bytes())
+                    hung_up += 1
+                codes.append(r.status_code)
+        after = _responses(client)
+        deadline = 200
+        while metric_values(client)["sglang:num_aborted_requests_total"] < aborted_before + 3:
+            deadline -= 1
+            assert deadline > 0, "the dropped streams were never counted as aborted"
+            httpx.get(sim.url + "/ready", timeout=10)
+
+    def grew(code: str) -> float:
+        key = ("/generate", code, "POST")
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("500") == codes.count(500) > 0
+    assert grew("200") == codes.count(200) > 3
+    assert grew("400") == 1
+    assert ("/metrics", "200", "GET") in after  # every route, the scrapes too
+
+    old = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_NO_HTTP_METRICS": "1"})
+    old.wait_ready()
+    with httpx.Client(base_url=old.url, timeout=10) as client:
+        client.post("/generate", json={"text": "hi", "max_tokens": 1})
+        names = set(metric_values(client))
+    assert "sglang:num_requests_total" in names
+    assert not any(n.startswith("sglang:http_re") for n in names)

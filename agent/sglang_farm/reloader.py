@@ -122,6 +122,8 @@ class Reloader:
         if (rejected := self._canary.held(new)) is not None:
             log.error("reload_rejected", problems=[rejected])
             return ReloadResult(applied=False, problems=(rejected,), held=rejected)
+        if problems := self._canary.eval_problems(new):  # a config problem: not "held"
+            return _refused(Refused(problems))
         # Refused before anything is superseded: a refused reload leaves an analysis alone.
         base = self._canary.superseded_by(new) or farm.spec
         serving = self._stages.view

@@ -6,9 +6,10 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   ConfigError when the change was rejected and no accepted config can run instead);
   `attach(Host)` once the agent is built;
 - at a reload: `loaded` (the file's text as it was loaded, for the record), `held`
-  (refused: rejected before, or an unusable eval set), `superseded_by` and `supersede`
-  (a reload during an analysis), `rejected` again after the reload's last await (a
-  verdict meanwhile), then `begin`, which says whether the rolling restart is gated;
+  (refused: rejected before), `eval_problems` (refused: an unusable eval set),
+  `superseded_by` and `supersede` (a reload during an analysis), `rejected` again after
+  the reload's last await (a verdict meanwhile), then `begin`, which says whether the
+  rolling restart is gated;
 - on every state change, `observe`; for each launch, `spec_for` (the baseline keeps the
   accepted config); for the gateway's membership, `gateway_states` (a canary waiting for
   its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
@@ -326,27 +327,30 @@ class CanaryDriver:
     # ---- a reload ----------------------------------------------------------------------------
 
     def held(self, new: FarmSpec) -> str | None:
-        """Why a reload to `new` is refused (its change was rejected, or its eval set
-        cannot be used), or None."""
-        if (rejected := self.rejected(new)) is not None:
-            return rejected
+        """Why a reload to `new` is held (its change was rejected by a canary before), or
+        None. An unusable eval set is not "held" but a config problem (`eval_problems`)."""
+        return self.rejected(new)
+
+    def eval_problems(self, new: FarmSpec) -> tuple[str, ...]:
+        """Why `new`'s eval set cannot be used (a reload refused like any config problem:
+        farmctl exit 1), or (); loads the set for the canary's gate."""
         if new.rollout.analysis_window <= 0:
-            return None
+            return ()
         self._eval_items = ()
         if new.rollout.eval is not None:
             try:
                 text = evalfile.read(new.rollout.eval)  # root's trust rule (review B8)
                 self._eval_items = evalset.load(text, source=new.rollout.eval)
             except evalfile.EvalFileRefused as exc:
-                return f"{new.source}: rollout.eval: {exc}"
+                return (f"{new.source}: rollout.eval: {exc}",)
             except (OSError, UnicodeDecodeError) as exc:
                 return (
                     f"{new.source}: rollout.eval: cannot read {new.rollout.eval}: {exc}; fix "
-                    "the path or remove the key"
+                    "the path or remove the key",
                 )
             except evalset.EvalSetError as exc:
-                return "; ".join(exc.problems)
-        return None
+                return tuple(f"{new.rollout.eval}: {p}" for p in exc.problems)
+        return ()
 
     def rejected(self, new: FarmSpec) -> str | None:
         """Why `new` must not run: its change was rejected by a canary (whatever its
@@ -553,7 +557,7 @@ class CanaryDriver:
                     baseline_worker=base[0],
                 )
                 v = gate.verdict
-                passed, evidence = v.passed, f"eval: {v.evidence_line}"
+                passed, evidence = v.passed, v.evidence_line  # "eval: ...", said once
                 checks = (
                     Check(
                         "eval",

@@ -12,11 +12,17 @@ Where each figure comes from (docs/canary.md, "the figures"):
 - latency: SGLang's `sglang:inter_token_latency_seconds` (ITL, one observation per
   output token) and `sglang:time_to_first_token_seconds` (TTFT, one per request)
   histograms, summed over their label sets (`is_streaming`, ...);
-- requests: the gateway's per-worker outcomes (`smg_worker_cb_outcomes_total{worker=URL,
-  outcome="success"|"failure"}`) when there is a gateway, else SGLang's
-  `sglang:num_requests_total` plus its aborted requests;
-- errors: the gateway's `failure` outcomes for the worker (SGLang has no 5xx counter)
-  plus SGLang's `sglang:num_aborted_requests_total`.
+- requests and errors, both from **one** source (`ErrorSource`), never mixed in one
+  ratio: the worker's own `sglang:http_responses_total{endpoint,status_code,method}`
+  (SGLang >= 0.5.20) on the serving routes, its 2xx and 5xx answers the requests and
+  the 5xx the errors; else the gateway's per-worker outcomes
+  (`smg_worker_cb_outcomes_total{worker=URL, outcome="success"|"failure"}`); else no
+  error source at all: SGLang's finished requests (`sglang:num_requests_total`), errors
+  not judged. A side's source is the best one all its workers have (`Figures.plus`); the
+  canary and the baseline are compared on the best source both have (`common`).
+- An abort (`sglang:num_aborted_requests_total`: a client that hung up) is never an
+  error, and a 4xx answer is neither a request nor an error: both are the client's doing,
+  and any local user can send them straight to a worker's port.
 
 Quantiles are estimated from buckets exactly as PromQL's `histogram_quantile` does
 (linear interpolation inside the bucket holding the rank; 0 as the lower edge of the
@@ -29,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sglang_farm.canary.promtext import Labels, Scrape
 
@@ -37,6 +44,35 @@ TTFT = "sglang:time_to_first_token_seconds"
 REQUESTS = "sglang:num_requests_total"
 ABORTED = "sglang:num_aborted_requests_total"
 GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"
+HTTP_RESPONSES = "sglang:http_responses_total"
+HTTP_REQUESTS = "sglang:http_requests_total"
+# The routes that serve users' requests (SGLang's `endpoint` label): the agent's own
+# probes and scrapes (/health, /metrics, /server_info ...) are no traffic of the change's.
+SERVING_ENDPOINTS = frozenset(
+    {
+        "/generate",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/rerank",
+        "/v1/score",
+        "/v1/classify",
+        "/classify",
+        "/encode",
+    }
+)
+
+
+class ErrorSource(StrEnum):
+    """Where a side's requests and errors were counted, best first."""
+
+    WORKERS = "workers"  # each worker's own sglang:http_responses_total
+    GATEWAY = "gateway"  # the gateway's per-worker outcomes
+    NONE = "none"  # no error source: SGLang's finished requests, errors not judged
+
+
+_RANK = {ErrorSource.WORKERS: 0, ErrorSource.GATEWAY: 1, ErrorSource.NONE: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +204,13 @@ class WorkerSample:
     itl: Histogram | None
     ttft: Histogram | None
     requests: float  # SGLang's finished requests
-    aborted: float
+    aborted: float  # kept for the record; never counted as an error
     gateway_ok: float | None  # None: no gateway figures for this worker
     gateway_failed: float | None
+    # The worker's own HTTP responses on the serving routes (`http_responses`); None: the
+    # worker has no such counter (SGLang before 0.5.20).
+    answered: float | None = None  # 2xx and 5xx
+    server_errors: float | None = None  # 5xx
 
 
 def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> WorkerSample:
@@ -184,6 +224,7 @@ def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> Wo
     if gateway is not None:
         ok = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="success") or 0.0
         failed = gateway.total(GATEWAY_OUTCOMES, worker=worker_url, outcome="failure") or 0.0
+    answered, server_errors = http_responses(sglang)
     return WorkerSample(
         itl=histogram_of(sglang, ITL),
         ttft=histogram_of(sglang, TTFT),
@@ -191,32 +232,119 @@ def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> Wo
         aborted=sglang.total(ABORTED) or 0.0,
         gateway_ok=ok,
         gateway_failed=failed,
+        answered=answered,
+        server_errors=server_errors,
     )
+
+
+def http_responses(sglang: Scrape) -> tuple[float | None, float | None]:
+    """(answered, server errors) from SGLang's `sglang:http_responses_total` on the serving
+    routes: answered counts the 2xx and 5xx answers, server errors the 5xx. A 4xx is the
+    client's (a bad or unauthorised request; a non-streamed request whose client hung up)
+    and counts for neither; an aborted stream had its 200 sent and is an answer. (None,
+    None) when the worker has no such counter: neither family shows in its scrape (SGLang
+    before 0.5.20). `sglang:http_requests_total` counts a request as it arrives, so a
+    worker with the counters shows it at its first scrape, before any response."""
+    series = list(sglang.series(HTTP_RESPONSES))
+    if not series and next(sglang.series(HTTP_REQUESTS), None) is None:
+        return None, None
+    answered = server_errors = 0.0
+    for labels, value in series:
+        have = dict(labels)
+        if have.get("endpoint") not in SERVING_ENDPOINTS:
+            continue
+        code = have.get("status_code", "")
+        if code.startswith("5"):
+            server_errors += value
+            answered += value
+        elif code.startswith("2"):
+            answered += value
+    return answered, server_errors
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """A side's requests and errors over a window as one source counted them."""
+
+    source: ErrorSource
+    requests: float
+    errors: float
 
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """What one side (the canary, or the baseline's workers together) did in a window."""
+    """What one side (the canary, or the baseline's workers together) did in a window.
+
+    `requests` and `errors` are the best source's (`source`); `counts` holds every
+    source the side's workers all had, best first (empty: only `source`'s), so that two
+    sides can be compared on one they share (`common`)."""
 
     seconds: float
-    requests: float  # answered, well or badly
-    errors: float  # answered with an error, or aborted
+    requests: float  # answered, well or with a server error
+    errors: float  # answered with a server error (never an abort, never a 4xx)
     itl: Histogram | None
     ttft: Histogram | None
+    source: ErrorSource = ErrorSource.WORKERS
+    counts: tuple[Counts, ...] = ()
 
     @property
     def error_ratio(self) -> float:
         return self.errors / self.requests if self.requests > 0 else 0.0
 
+    def all_counts(self) -> tuple[Counts, ...]:
+        """Every source's counts, best first (at least this side's own)."""
+        return self.counts or (Counts(self.source, self.requests, self.errors),)
+
+    def on(self, source: ErrorSource) -> Figures | None:
+        """These figures with requests and errors as `source` counted them; None when this
+        side has no such count."""
+        for c in self.all_counts():
+            if c.source is source:
+                return Figures(
+                    self.seconds, c.requests, c.errors, self.itl, self.ttft, source, self.counts
+                )
+        return None
+
     def plus(self, other: Figures) -> Figures:
-        """Two workers' figures over the same window, as one side."""
+        """Two workers' figures over the same window, as one side: counted by the sources
+        both have (a worker without a counter takes it from the whole side)."""
+        theirs = {c.source: c for c in other.all_counts()}
+        counts = tuple(
+            Counts(
+                c.source, c.requests + theirs[c.source].requests, c.errors + theirs[c.source].errors
+            )
+            for c in self.all_counts()
+            if c.source in theirs
+        ) or (Counts(ErrorSource.NONE, self.requests + other.requests, 0.0),)
+        best = min(counts, key=lambda c: _RANK[c.source])
         return Figures(
             seconds=max(self.seconds, other.seconds),
-            requests=self.requests + other.requests,
-            errors=self.errors + other.errors,
+            requests=best.requests,
+            errors=best.errors,
             itl=_plus(self.itl, other.itl),
             ttft=_plus(self.ttft, other.ttft),
+            source=best.source,
+            counts=counts,
         )
+
+
+def common(canary: Figures, baseline: Figures) -> tuple[Figures, Figures]:
+    """Both sides counted by the best source they share (never a ratio of one source
+    against another's); ErrorSource.NONE (errors not judged) when they share none."""
+    mine = {c.source for c in canary.all_counts()}
+    shared = sorted(
+        (c.source for c in baseline.all_counts() if c.source in mine), key=_RANK.__getitem__
+    )
+    if shared:
+        a, b = canary.on(shared[0]), baseline.on(shared[0])
+        assert a is not None and b is not None  # both have it
+        return a, b
+    return (
+        Figures(canary.seconds, canary.requests, 0.0, canary.itl, canary.ttft, ErrorSource.NONE),
+        Figures(
+            baseline.seconds, baseline.requests, 0.0, baseline.itl, baseline.ttft, ErrorSource.NONE
+        ),
+    )
 
 
 def _plus(a: Histogram | None, b: Histogram | None) -> Histogram | None:
@@ -238,10 +366,19 @@ def _since(later: Histogram | None, earlier: Histogram | None) -> Histogram | No
 def window(earlier: WorkerSample, later: WorkerSample, seconds: float) -> Figures:
     """A worker's figures between two samples `seconds` apart (resets handled).
 
-    Requests and errors come from the gateway when both samples have its figures
-    (plus SGLang's aborted requests as errors); otherwise from SGLang's own counters.
-    """
-    aborted = counter_since(later.aborted, earlier.aborted)
+    Requests and errors are counted by every source both samples have, each on its own
+    (`Figures.counts`, best first): the worker's HTTP responses, the gateway's outcomes,
+    and always SGLang's finished requests (no errors). An abort counts for none."""
+    counts: list[Counts] = []
+    if (
+        later.answered is not None
+        and later.server_errors is not None
+        and earlier.answered is not None
+        and earlier.server_errors is not None
+    ):
+        answered = counter_since(later.answered, earlier.answered)
+        failed = counter_since(later.server_errors, earlier.server_errors)
+        counts.append(Counts(ErrorSource.WORKERS, answered, min(failed, answered)))
     if (
         later.gateway_ok is not None
         and later.gateway_failed is not None
@@ -250,16 +387,17 @@ def window(earlier: WorkerSample, later: WorkerSample, seconds: float) -> Figure
     ):
         ok = counter_since(later.gateway_ok, earlier.gateway_ok)
         failed = counter_since(later.gateway_failed, earlier.gateway_failed)
-        requests, errors = ok + failed, failed + aborted
-    else:
-        requests = counter_since(later.requests, earlier.requests) + aborted
-        errors = aborted
+        counts.append(Counts(ErrorSource.GATEWAY, ok + failed, failed))
+    counts.append(Counts(ErrorSource.NONE, counter_since(later.requests, earlier.requests), 0.0))
+    best = counts[0]
     return Figures(
         seconds=seconds,
-        requests=requests,
-        errors=min(errors, requests) if requests else errors,
+        requests=best.requests,
+        errors=best.errors,
         itl=_since(later.itl, earlier.itl),
         ttft=_since(later.ttft, earlier.ttft),
+        source=best.source,
+        counts=tuple(counts),
     )
 
 

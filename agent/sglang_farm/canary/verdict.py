@@ -18,6 +18,10 @@ docs/canary.md; in short:
    most of its few requests is not kept. Above the floor and the baseline's ratio but
    not yet beyond chance, the errors are undecided: never a pass, the verdict at the
    window's end is "too little traffic" (the window may be extended), not a promotion.
+   Both sides are counted by one source they share (`figures.common`: the workers' own
+   HTTP responses, else the gateway's outcomes); an abort is never an error. With no
+   error source the errors are not judged, and the verdict is never a promotion
+   (inconclusive, saying so: a longer window would see no more).
 3. **Latency.** Inter-token latency quantiles (p50 and p99 by default) as a ratio to the
    baseline's, with a noise margin: the check fails only when even the canary's *lower*
    confidence bound, divided by the baseline's *upper* one, exceeds the limit. The
@@ -57,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sglang_farm.canary.figures import Figures, Histogram, quantile
+from sglang_farm.canary.figures import ErrorSource, Figures, Histogram, common, quantile
 from sglang_farm.workers.failures import Failure, FailureKind
 
 
@@ -292,7 +296,16 @@ def error_p_value(
     return tail
 
 
+NO_ERROR_SOURCE = (
+    "the canary's errors are not judged: no error source (the workers count no HTTP "
+    "responses, sglang:http_responses_total, which needs SGLang 0.5.20 or later, and no "
+    "gateway reports outcomes for them)"
+)
+
+
 def _error_check(canary: Figures, baseline: Figures | None, p: CanaryPolicy) -> Check:
+    if canary.source is ErrorSource.NONE:
+        return Check("errors", None, None, None, None, None, None, NO_ERROR_SOURCE)
     c = canary.error_ratio
     b = baseline.error_ratio if baseline is not None else 0.0
     allowed = max(p.error_floor, p.error_max_ratio * b)
@@ -327,6 +340,8 @@ def judge(
     so latency cannot be compared). `complete`: the window is over; before that, only a
     ROLLBACK is final and anything else comes back INCONCLUSIVE."""
     seconds = canary.seconds
+    if baseline is not None:
+        canary, baseline = common(canary, baseline)  # one source for both sides' errors
     base_n = baseline.requests if baseline is not None else 0.0
     tail = f"over {_seconds(seconds)}, {_count(canary.requests)} vs {_count(base_n)} requests"
 
@@ -375,6 +390,11 @@ def judge(
     if not complete:
         return verdict(Outcome.INCONCLUSIVE, f"analysis under way: nothing failed {tail}", checks)
     errors = checks[0]
+    if canary.source is ErrorSource.NONE:
+        # No error source: a change is never promoted on errors nobody counted (held, by
+        # `on_inconclusive`'s default); not "too little traffic": more would not help.
+        text = f"not promoted: {NO_ERROR_SOURCE} {tail}"
+        return verdict(Outcome.INCONCLUSIVE, text, checks)
     if errors.passed is None:
         # Errors above the floor that the canary's traffic cannot yet tell from chance:
         # not promoted on them; too little traffic (so the window may be extended).

@@ -1042,10 +1042,10 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
     Exits 1 (and the old config keeps running) when the new one has problems or
     the rollout is not over within --timeout; 3 when a restarted worker ends
     failed; 5 when the canary was rolled back; 6 when the change is held (too
-    little traffic to judge, or its canary rejected it before: the agent then
-    does not apply it); 10 when the config is valid but only an agent restart
-    applies it (a [gateway] change): systemctl restart sglang-farm, the workers
-    keep running.
+    little traffic to judge, no source of the canary's errors, or its canary
+    rejected it before: the agent then does not apply it); 10 when the config is
+    valid but only an agent restart applies it (a [gateway] change): systemctl
+    restart sglang-farm, the workers keep running.
     """
     asked_at = time.time()
     res = ctl.call("reload", timeout=CHANGE_TIMEOUT)

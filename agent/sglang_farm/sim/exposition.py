@@ -87,8 +87,44 @@ def _histogram(name: str, help_text: str, labels: Labels, h: HistogramSnapshot) 
     return _family(name, "histogram", help_text, samples)
 
 
-def render_metrics(ctx: MetricContext, sched: SchedulerStats, tok: TokenizerStats) -> str:
-    """The `/metrics` body (Prometheus text format 0.0.4)."""
+@dataclass(frozen=True, slots=True)
+class HttpStats:
+    """SGLang 0.5.20+'s HTTP counters (`observability/http_request_metrics.py`): requests
+    by (endpoint, method) counted as they arrive, responses by (endpoint, status_code,
+    method) counted when their status is sent. A stream's status, 200, is sent with its
+    first byte: a client that hangs up later leaves it a 200 (and an abort)."""
+
+    requests: Mapping[tuple[str, str], int]
+    responses: Mapping[tuple[str, str, str], int]
+
+
+def _http(stats: HttpStats) -> list[str]:
+    req = [
+        f"sglang:http_requests_total{_labels([('endpoint', e), ('method', m)])} {_num(n)}"
+        for (e, m), n in sorted(stats.requests.items())
+    ]
+    resp = [
+        "sglang:http_responses_total"
+        f"{_labels([('endpoint', e), ('method', m), ('status_code', c)])} {_num(n)}"
+        for (e, c, m), n in sorted(stats.responses.items())
+    ]
+    lines = _family("sglang:http_requests_total", "counter", "Number of HTTP requests.", req)
+    return lines + _family(
+        "sglang:http_responses_total",
+        "counter",
+        "Number of HTTP responses by status code.",
+        resp,
+    )
+
+
+def render_metrics(
+    ctx: MetricContext,
+    sched: SchedulerStats,
+    tok: TokenizerStats,
+    http: HttpStats | None = None,
+) -> str:
+    """The `/metrics` body (Prometheus text format 0.0.4); `http` None: no HTTP counters
+    (SGLang before 0.5.20)."""
     s = ctx.scheduler_labels()
     t = ctx.tokenizer_labels()
     ts = [*t, ("is_streaming", "false")]
@@ -171,6 +207,8 @@ def render_metrics(ctx: MetricContext, sched: SchedulerStats, tok: TokenizerStat
         ts,
         tok.e2e,
     )
+    if http is not None:
+        lines += _http(http)
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,9 @@ class SimSettings:
     error_rate: float = 0.0  # the fraction of generation requests answered 500
     wrong_rate: float = 0.0  # the fraction of arithmetic questions answered wrong
     seed: int = 0  # fixes which requests err and which questions are answered wrong
+    # SGLang before 0.5.20 (the seed host's 0.5.12): no sglang:http_requests_total and
+    # sglang:http_responses_total on /metrics.
+    no_http_metrics: bool = False
 
 
 def _float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -173,4 +176,5 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         error_rate=_fraction(env, "SGLANG_SIM_ERROR_RATE"),
         wrong_rate=_fraction(env, "SGLANG_SIM_WRONG_RATE"),
         seed=_seed(env, "SGLANG_SIM_SEED"),
+        no_http_metrics=_switch(env, "SGLANG_SIM_NO_HTTP_METRICS"),
     )

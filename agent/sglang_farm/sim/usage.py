@@ -107,8 +107,16 @@ CONTROLS: tuple[Control, ...] = (
         "SGLANG_SIM_ERROR_RATE",
         "error_rate",
         "F in 0..1: that fraction of generation requests (/generate, /v1/chat/completions, "
-        "/v1/completions) is answered HTTP 500 at once, with SGLang's error body; like "
-        "SGLang, no /metrics counter counts them (the gateway's per-worker outcomes do)",
+        "/v1/completions) is answered HTTP 500 at once, with SGLang's error body; counted "
+        'as SGLang 0.5.20+ counts them, in sglang:http_responses_total{status_code="500"} '
+        "only (and in the gateway's per-worker outcomes)",
+    ),
+    Control(
+        "SGLANG_SIM_NO_HTTP_METRICS",
+        None,
+        "1, true or yes: /metrics has no sglang:http_requests_total and "
+        "sglang:http_responses_total, as SGLang before 0.5.20 (e.g. 0.5.12)",
+        unset="unset: both counters, as SGLang 0.5.20+",
     ),
     Control(
         "SGLANG_SIM_WRONG_RATE",

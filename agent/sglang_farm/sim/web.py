@@ -14,9 +14,10 @@ The generation routes run each request through the engine (queue, then one token
 `token_seconds`) and, with `"stream": true`, write server-sent events as the tokens come
 (bodies and events in `replies.py`). After SIGTERM they keep admitting, as SGLang's do.
 The regressions of `regress.py` apply to those routes: SGLANG_SIM_ERROR_RATE answers a
-fraction of them 500 before they reach the engine (counted in no /metrics family, as
-SGLang has no 5xx counter), and a prompt asking "What is A + B?" is answered with the
-sum (wrong at SGLANG_SIM_WRONG_RATE).
+fraction of them 500 before they reach the engine (counted, as SGLang 0.5.20+ counts
+every answer, only in `sglang:http_responses_total{endpoint,status_code,method}`; off
+with SGLANG_SIM_NO_HTTP_METRICS, as before 0.5.20), and a prompt asking "What is A + B?"
+is answered with the sum (wrong at SGLANG_SIM_WRONG_RATE).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from urllib.parse import parse_qs
 from sglang_farm.sim import regress, replies
 from sglang_farm.sim.engine import Completion, Engine, Generation, QueueFull
 from sglang_farm.sim.exposition import (
+    HttpStats,
     MetricContext,
     load_snapshot,
     loads_body,
@@ -83,6 +85,28 @@ class ServerState:
     busy_cond: threading.Condition = field(default_factory=threading.Condition)
     busy: int = 0  # generation requests whose response is not written yet
     arrived: int = 0  # generation requests so far: numbers them for SGLANG_SIM_ERROR_RATE
+    # SGLang 0.5.20+'s sglang:http_requests_total / http_responses_total (exposition.HttpStats).
+    http_lock: threading.Lock = field(default_factory=threading.Lock)
+    http_requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    http_responses: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def count_request(self, endpoint: str, method: str) -> None:
+        with self.http_lock:
+            key = (endpoint, method)
+            self.http_requests[key] = self.http_requests.get(key, 0) + 1
+
+    def count_response(self, endpoint: str, status: int, method: str) -> None:
+        with self.http_lock:
+            key = (endpoint, str(status), method)
+            self.http_responses[key] = self.http_responses.get(key, 0) + 1
+
+    def http_stats(self) -> HttpStats | None:
+        """The HTTP counters now; None as SGLang before 0.5.20 (SGLANG_SIM_NO_HTTP_METRICS,
+        or SGLANG_SIM_VERSION older than 0.5.20: both came in that release)."""
+        if self.settings.no_http_metrics or not has_ready_route(self.settings):
+            return None
+        with self.http_lock:
+            return HttpStats(dict(self.http_requests), dict(self.http_responses))
 
     def generation_in_flight(self) -> int:
         with self.busy_cond:
@@ -194,7 +218,16 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 
         # -- plumbing --------------------------------------------------------------------
 
+        # The route being answered (SGLang's `endpoint` label), None for an unknown path.
+        _endpoint: str | None = None
+
+        def _counted(self, status: int) -> None:
+            """The response's status as SGLang's middleware counts it, once it is sent."""
+            if self._endpoint is not None:
+                state.count_response(self._endpoint, status, self.command)
+
         def _send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+            self._counted(status)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
@@ -239,6 +272,13 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 
         def _route(self, method: str) -> None:
             path, _, query = self.path.partition("?")
+            self._endpoint = None
+            if (method, path) in _ROUTES:
+                self._endpoint = path
+            elif method == "GET" and path.startswith("/v1/models/"):
+                self._endpoint = "/v1/models/{model:path}"
+            if self._endpoint is not None:
+                state.count_request(self._endpoint, method)
             body: dict[str, Any] = {}
             try:
                 if method == "POST":
@@ -445,7 +485,10 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"detail": "Not Found"})
                 return
             text = render_metrics(
-                state.ctx, state.engine.scheduler_stats(), state.engine.tokenizer_stats()
+                state.ctx,
+                state.engine.scheduler_stats(),
+                state.engine.tokenizer_stats(),
+                state.http_stats(),
             )
             self._send(200, text.encode(), _METRICS_TYPE)
 
@@ -487,6 +530,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
 
         def _start_stream(self) -> None:
             """200 with `text/event-stream`, chunked, as Starlette's StreamingResponse sends."""
+            self._counted(200)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
