@@ -158,6 +158,8 @@ class Observations:
     # Why the agent would refuse its state or socket folder (`securepath.folder_problem`).
     folder_problems: tuple[str, ...] = ()
     gateway: GatewayFacts | None = None  # None: no managed gateway, or not looked at
+    # (host, port) -> the worker whose own running processes hold it (not a conflict).
+    own_ports: Mapping[tuple[str, int], int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def gb(n: float) -> str:

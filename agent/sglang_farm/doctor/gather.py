@@ -68,7 +68,9 @@ from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
 from sglang_farm.gpus.snapshot import GpuPoller
 from sglang_farm.host.accounts import account_fix
-from sglang_farm.host.ports import port_problem
+from sglang_farm.host.portowner import held_by
+from sglang_farm.host.ports import AGENT_TROUBLE, port_problem
+from sglang_farm.runtime.running import running_worker_pids
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import worker_commands
 from sglang_farm.sglang.flags import SGLANG_MODULE
@@ -407,13 +409,16 @@ def gather(
     shm_path: str = "/dev/shm",
     gateway_python: str | None = None,
     commands: Mapping[int, Command] | None = None,
+    worker_pids: Callable[[FarmSpec], Mapping[int, frozenset[int]]] | None = None,
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report).
     `gateway_python`: the interpreter of a managed gateway (default: this one, which is
     the agent's, as `gateway.managed.launch_argv` is given). `commands`: what each
     worker runs (`worker_commands`: the agent's, at each worker's OOM-ladder step);
-    default: each at step 0, for the GPUs NVML sees now."""
+    default: each at step 0, for the GPUs NVML sees now. `worker_pids`: the processes of
+    each worker that runs now (default `runtime.running.running_worker_pids`): a busy
+    port its own worker holds (`portowner.held_by`) passes, anyone else's fails."""
     account_error: str | None = None
     runner = run_probe
     if runner is None:
@@ -472,10 +477,19 @@ def gather(
                         True, None, results[i] if i < len(results) else None
                     )
     ports: dict[tuple[str, int], str | None] = {}
+    own_ports: dict[tuple[str, int], int] = {}
+    running: Mapping[int, frozenset[int]] | None = None
     for w in spec.workers:
         for host, port in live_port_keys(w):
-            if (host, port) not in ports:
-                ports[(host, port)] = port_check(host, port)
+            if (host, port) in ports:
+                continue
+            ports[(host, port)] = problem = port_check(host, port)
+            if problem is None or problem.startswith(AGENT_TROUBLE):
+                continue
+            if running is None:  # asked once, and only when a port is busy
+                running = (worker_pids or running_worker_pids)(spec)
+            if held_by(host, port, running.get(w.id, frozenset())):
+                own_ports[(host, port)] = w.id
     models: dict[str, PathFacts] = {}
     for w in spec.workers:
         mp = w.flags.get("model_path")
@@ -506,6 +520,7 @@ def gather(
         agent_uid=os.geteuid(),
         folder_problems=farm_folder_problems(spec),
         gateway=gateway,
+        own_ports=MappingProxyType(own_ports),
     )
 
 
@@ -517,6 +532,7 @@ def run_doctor(
     port_check: Callable[[str, int], str | None] = port_problem,
     gateway_python: str | None = None,
     commands: Mapping[int, Command] | None = None,
+    worker_pids: Callable[[FarmSpec], Mapping[int, frozenset[int]]] | None = None,
 ) -> DoctorReport:
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
@@ -530,6 +546,7 @@ def run_doctor(
             port_check=port_check,
             gateway_python=gateway_python,
             commands=commands,
+            worker_pids=worker_pids,
         ),
     )
     quarantined = quarantine_checks(spec)
