@@ -93,6 +93,8 @@ def test_a_passing_canary_holds_the_next_waves_for_the_window_then_promotes(tmp:
             await _start(f, m)
             result = await f.ops.reload()
             assert result.applied and result.restarted == (0, 1, 2, 3)
+            # Issue 31 item 2: only the canary is restarted now; the rest wait on it.
+            assert result.gated_on == 0
             await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
             await asyncio.sleep(30)  # inside the window: the other workers wait
             view = f.agent.view().canary
@@ -121,7 +123,8 @@ def test_a_slow_canary_is_rolled_back_alone_and_its_change_is_not_retried(tmp: P
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.ops.reload()).applied
+            result = await f.ops.reload()
+            assert result.applied and result.gated_on == 0
             await f.until(
                 lambda: (
                     (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK

@@ -87,6 +87,11 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
             out = farm.farmctl("reload", timeout=120)
             assert out.returncode == 5, out.stdout + out.stderr
             assert "rolled back" in out.stdout and "ITL" in out.stdout, out.stdout
+            # Issue 31 item 2: it said "restarted workers 0, 1, 2" of the canary's restart.
+            assert out.stdout.splitlines()[0] == (
+                "config applied: restarting canary worker 0 onto the change; workers 1, 2 "
+                "follow in waves if its analysis passes (otherwise they keep the old config)"
+            ), out.stdout
             farm.wait_for(lambda e: e.get("event") == "canary_analysis_started", after=n)
             back = farm.wait_for(
                 lambda e: (

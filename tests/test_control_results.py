@@ -545,6 +545,12 @@ def test_why_carries_the_canary_only_for_the_canary_worker() -> None:
     assert "canary" not in results.why_result(v.worker(0), canary=v.canary)
 
 
+def test_reload_result_names_the_canary_the_other_restarts_wait_on() -> None:
+    rr = results.reload_result(ReloadResult(True, restarted=(0, 1, 2), gated_on=0))
+    assert rr["restarted"] == [0, 1, 2] and rr["gated_on"] == 0
+    assert "gated_on" not in results.reload_result(ReloadResult(True, restarted=(0, 1)))
+
+
 def test_reload_result_carries_when_the_agent_took_it() -> None:
     rr = results.reload_result(ReloadResult(True, restarted=(1,)), 123.5)
     assert list(rr) == ["applied", "problems", "restarted", "added", "removed", "issued_at"]

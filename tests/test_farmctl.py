@@ -348,12 +348,12 @@ def test_reload_applied_and_rejected(agent: Agent) -> None:
     # No canary analysis: the restarted worker is followed as `restart` follows it.
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "config applied: restarted worker 1"
+    assert lines[0] == "config applied: restarting worker 1"
     assert all(ln.startswith("worker 1: ") for ln in lines[1:-2])  # its phases, as seen
     assert lines[-2].startswith("worker 1: ready after ")
     assert lines[-1] == "rollout done"
     r = agent.run("reload", "--no-wait")
-    assert r.exit_code == 0 and r.output == "config applied: restarted worker 1\n"
+    assert r.exit_code == 0 and r.output == "config applied: restarting worker 1\n"
     agent.ops.reload_result = ReloadResult(False, problems=("workers[2].gpu: expected an int",))
     r = agent.run("reload")
     assert r.exit_code == 1

@@ -953,6 +953,29 @@ def _refused_by_canary(cv: Mapping[str, Any]) -> None:
         )
 
 
+def _reload_summary(res: Mapping[str, Any]) -> str:
+    """What the applied reload did and will do: the restarts are under way when the agent
+    answers, and with a canary analysis only the canary's (the rest wait on its verdict)."""
+    restarted = [int(i) for i in res.get("restarted") or ()]
+    gate = res.get("gated_on")
+    parts: list[str] = []
+    if isinstance(gate, int) and gate in restarted:
+        rest = [i for i in restarted if i != gate]
+        parts.append(f"restarting canary worker {gate} onto the change")
+        if rest:
+            one = len(rest) == 1
+            parts.append(
+                f"{_who(rest)} follow{'s' if one else ''} in waves if its analysis passes "
+                f"(otherwise {'it keeps' if one else 'they keep'} the old config)"
+            )
+    elif restarted:
+        parts.append(f"restarting {_who(restarted)}")
+    for key in ("added", "removed"):
+        if res.get(key):
+            parts.append(f"{key} {_who([int(i) for i in res[key]])}")
+    return "; ".join(parts) if parts else "no worker changed"
+
+
 @cli.command()
 @click.option(
     "--no-wait", is_flag=True, help="Return once the config is applied, before the verdict."
@@ -1007,16 +1030,7 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
             "the old config keeps running; fix them and run farmctl reload again"
         )
     if not ctl.as_json:
-        parts = [
-            f"{label} {_who(res[key])}"
-            for key, label in (
-                ("restarted", "restarted"),
-                ("added", "added"),
-                ("removed", "removed"),
-            )
-            if res.get(key)
-        ]
-        click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+        click.echo("config applied: " + _reload_summary(res))
     if no_wait:
         return
     deadline = time.monotonic() + timeout

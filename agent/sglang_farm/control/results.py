@@ -492,7 +492,9 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     `issued_at` (when given: the agent's wall clock before it read the config) lets
     `farmctl reload` tell the canary analysis of this reload from an earlier one (its
     `started_at` is later); `held` (only when set): the config was not applied because
-    its change was rejected by a canary before, and why."""
+    its change was rejected by a canary before, and why; `gated_on` (only when set): the
+    canary restarted alone now, the other `restarted` workers following only if its
+    analysis passes."""
     result: Result = {
         "applied": r.applied,
         "problems": list(r.problems),
@@ -506,6 +508,8 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
         result["held"] = r.held
     if r.restart_needed:
         result["restart_needed"] = True
+    if r.gated_on is not None:
+        result["gated_on"] = r.gated_on
     return result
 
 
