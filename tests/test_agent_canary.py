@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from agent_harness import (
     GATEWAY,
+    OOM_LINE,
     Farm,
     farm,
     farm_toml,
@@ -185,6 +186,52 @@ def test_a_canary_that_crashes_in_the_window_is_rolled_back_at_once(tmp: Path) -
             assert "CRASHY" not in _env(f, 0)
             assert f.agent.view().worker(0).oom_step == 0
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_canary_oom_in_the_window_is_named_in_the_verdict_and_in_why(tmp: Path) -> None:
+    """Issue 31 item 3: a CUDA OOM in the canary's log while it served gave `canary
+    crashed 6 s into the window: the canary left serving (stopping)`, and its `why` said
+    `no failure recorded` once the rollback had restarted it. The classifier's failure
+    (kind and summary) is the verdict's evidence and the canary's last failure."""
+    new = _toml(tmp, {"CRASHY": "1"}, analysis_window="10m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None
+                    and v.state is CanaryState.ANALYSING
+                    and v.ends_at is not None
+                )
+            )
+            await asyncio.sleep(6)
+            f.runtime.log(0, OOM_LINE)  # SGLang survives it; the farm stops the worker
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=60,
+            )
+            view = f.agent.view().canary
+            assert view is not None
+            assert view.evidence.startswith("rolled back: canary oom "), view.evidence
+            assert "into the window: CUDA out of memory" in view.evidence, view.evidence
+            assert "left serving" not in view.evidence
+            await f.until(lambda: 0 in f.runtime.procs and f.phase(0) is Phase.READY)
+            assert "CRASHY" not in _env(f, 0)  # back on the old config
+            w = f.agent.view().worker(0)
+            assert w.last_failure is not None, "the canary's OOM was forgotten"
+            assert w.last_failure.kind.startswith("cuda_oom_")
+            # The verdict names what `why` shows: the classifier's summary and kind.
+            assert view.evidence.endswith(f"{w.last_failure.summary} [{w.last_failure.kind}]")
+            assert [f.runtime.starts_of(x) for x in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())
 

@@ -747,3 +747,28 @@ def test_a_rolling_restart_while_held_out_does_not_wait_for_the_gateway() -> Non
     actions = sup.handle(0, HealthPassed(), 8.0)
     assert Drain(1) in actions  # the next wave at once, not after the wave budget
     assert phase(sup, 1) is Phase.DRAINING
+
+
+def test_a_restart_asked_while_the_farm_stops_a_worker_for_a_failure_keeps_the_failure() -> None:
+    """Issue 31 item 3: a canary's OOM while serving (the farm stopping it), then its
+    rollback's restart: the exit went to PENDING and the OOM was forgotten (`why`: no
+    failure recorded). It stays the worker's last failure, dated when it was seen."""
+    from sglang_farm.workers.supervisor import FailureSeen
+
+    serving_oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
+    s = WorkerState(0, Phase.READY, since=0.0, pid=7, launched_at=0.0, ever_ready=True)
+    s = step(s, FailureSeen(serving_oom), 10.0, policy()).state
+    assert s.phase is Phase.STOPPING and s.pending_failure == serving_oom
+    s = step(s, RestartRequested(RestartReason.CONFIG), 12.0, policy()).state
+    done = step(s, ProcessExited(-15), 14.0, policy()).state
+    assert done.phase is Phase.PENDING
+    assert done.last_failure == serving_oom and done.last_failure_at == 10.0
+    assert done.pending_failure is None
+    # A plain restart (no failure under way) keeps the earlier failure and its time.
+    before = WorkerState(
+        0, Phase.READY, since=0.0, pid=7, ever_ready=True, last_failure=OOM, last_failure_at=3.0
+    )
+    s = step(before, RestartRequested(RestartReason.MANUAL), 20.0, policy()).state
+    done = step(s, ProcessExited(-15), 21.0, policy()).state
+    assert done.phase is Phase.PENDING
+    assert done.last_failure == OOM and done.last_failure_at == 3.0

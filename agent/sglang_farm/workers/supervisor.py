@@ -835,9 +835,21 @@ def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -
                 (Note("worker_stopped"),),
             )
         if intent is StopIntent.RESTART:
-            # STOPPING -> PENDING: restart; start again at once.
+            # STOPPING -> PENDING: restart; start again at once. A failure the farm was
+            # stopping it for when the restart was asked (a canary's OOM, then its
+            # rollback) stays its last failure: `why` names it (issue 31).
+            failed = s.pending_failure
             return Decision(
-                s.enter(Phase.PENDING, now, pid=None, stop_intent=None, health_failures=0)
+                s.enter(
+                    Phase.PENDING,
+                    now,
+                    pid=None,
+                    stop_intent=None,
+                    health_failures=0,
+                    pending_failure=None,
+                    last_failure=failed or s.last_failure,
+                    last_failure_at=s.last_failure_at if failed is None else s.since,
+                )
             )
         return _after_failure(s, s.pending_failure or _crash(status), now, policy)
     if s.phase in _RUNNING:
