@@ -772,3 +772,56 @@ def test_a_restart_asked_while_the_farm_stops_a_worker_for_a_failure_keeps_the_f
     done = step(s, ProcessExited(-15), 21.0, policy()).state
     assert done.phase is Phase.PENDING
     assert done.last_failure == OOM and done.last_failure_at == 3.0
+
+
+def test_a_failure_is_past_once_the_worker_served_or_the_operator_reset_it() -> None:
+    """Issue 31 item 4: `why` said "gave up after 6 failures" of a worker that had served
+    since. The last failure stays (when, what), marked past: served since, or reset."""
+    from sglang_farm.workers.supervisor import FailurePast
+
+    p = policy()
+    failed = WorkerState(
+        3, Phase.FAILED, since=5.0, failures=4, last_failure=OOM, last_failure_at=5.0
+    )
+    # An operator's start or restart of the failed worker, or reset-oom: reset.
+    assert step(failed, StartRequested(), 9.0, p).state.failure_past is FailurePast.RESET
+    assert step(failed, StartRequested(fresh=False), 9.0, p).state.failure_past is None
+    again = step(failed, RestartRequested(RestartReason.MANUAL), 9.0, p).state
+    assert again.failure_past is FailurePast.RESET
+    sup = Supervisor([3], p)
+    sup.restore(3, failed)
+    sup.reset_oom(3)
+    assert sup.workers[3].failure_past is FailurePast.RESET
+    # Ready again: served since (which stays over a later reset).
+    starting = WorkerState(
+        3,
+        Phase.STARTING,
+        since=10.0,
+        pid=5,
+        launched_at=10.0,
+        last_failure=OOM,
+        last_failure_at=5.0,
+        failure_past=FailurePast.RESET,
+    )
+    ready = step(starting, HealthPassed(), 20.0, p).state
+    assert ready.phase is Phase.READY and ready.failure_past is FailurePast.SERVED
+    assert ready.last_failure == OOM and ready.last_failure_at == 5.0
+    sup.restore(3, ready)
+    sup.reset_oom(3)
+    served = sup.workers[3]
+    assert served.failure_past is FailurePast.SERVED
+    stopped = step(
+        step(ready, StopRequested(drain=False), 30.0, p).state, ProcessExited(0), 31.0, p
+    ).state
+    assert stopped.phase is Phase.STOPPED and stopped.failure_past is FailurePast.SERVED
+    # Without a failure there is no past to mark.
+    fresh = WorkerState(3, Phase.STARTING, since=0.0, pid=5, launched_at=0.0)
+    assert step(fresh, HealthPassed(), 1.0, p).state.failure_past is None
+    assert step(WorkerState(3, Phase.FAILED), StartRequested(), 1.0, p).state.failure_past is None
+    # A new failure is the present one: while running, and at the exit.
+    crashed = step(ready, ProcessExited(1), 40.0, p).state
+    assert crashed.last_failure_at == 40.0 and crashed.failure_past is None
+    from sglang_farm.workers.supervisor import FailureSeen
+
+    seen = step(ready, FailureSeen(BAD_FLAG), 41.0, p).state
+    assert seen.last_failure == BAD_FLAG and seen.failure_past is None

@@ -560,7 +560,11 @@ def format_status(st: Mapping[str, Any]) -> str:
                 f"worker {w['id']}: GPU {q.get('gpu')} quarantined ({q.get('reason')}): "
                 f"farmctl why {w['id']}"
             )
-        elif f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
+        elif (
+            f
+            and not w.get("failure_past")  # issue 31: served or reset since: not its news
+            and w.get("state") in ("failed", "backoff", "starting", "unhealthy")
+        ):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
     if isinstance(held, int | float):
@@ -1278,6 +1282,13 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
         pass  # Ctrl-C is how a follow ends
 
 
+# `why`'s words for a last failure that is the worker's past (`failure_past`).
+_FAILURE_PAST = {
+    "served": "worker {worker} has served since",
+    "reset": "the operator has reset worker {worker} since",
+}
+
+
 @cli.command()
 @click.argument("worker", type=WORKER)
 @pass_ctl
@@ -1312,16 +1323,21 @@ def why(ctl: Ctl, worker: int) -> None:
         if not r.get("quarantine") and not sg:  # said above: the GPU's or the stage's failure
             click.echo("no failure recorded")
         return
-    when = ""
+    when = []
     if r.get("last_failure_at"):
-        when = f" ({_duration(time.time() - float(r['last_failure_at']))} ago)"
-    click.echo(f"last failure{when}: {f.get('summary')} [{f.get('kind')}]")
+        when.append(f"{_duration(time.time() - float(r['last_failure_at']))} ago")
+    # Issue 31: a failure the worker has served since (or the operator reset) is its past.
+    past = _FAILURE_PAST.get(str(r.get("failure_past")))
+    if past is not None:
+        when.append(past.format(worker=worker))
+    when_text = f" ({'; '.join(when)})" if when else ""
+    click.echo(f"last failure{when_text}: {f.get('summary')} [{f.get('kind')}]")
     for ln in f.get("lines", []):
         click.echo(f"  | {ln}")
     if r.get("last_action"):
-        click.echo(f"what the farm did: {r['last_action']}")
+        click.echo(f"what the farm did{' then' if past else ''}: {r['last_action']}")
     if r.get("advice"):
-        click.echo(f"what to do: {r['advice']}")
+        click.echo(f"what to do{' if it happens again' if past else ''}: {r['advice']}")
     if r.get("oom_step"):
         name = f" ({r['oom_step_name']})" if r.get("oom_step_name") else ""
         click.echo(f"OOM ladder step: {r['oom_step']}{name}; farmctl reset-oom {worker} undoes it")

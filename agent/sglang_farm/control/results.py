@@ -54,6 +54,7 @@ def worker_result(w: WorkerView) -> Result:
         "last_drain_seconds": w.last_drain_seconds,
         "quarantine": quarantine_result(w.quarantine),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
+        "failure_past": w.failure_past,  # issue 31: "served" / "reset" since the failure
     }
 
 
@@ -350,11 +351,12 @@ def why_result(
     *,
     held_out: bool = False,
 ) -> Result:
-    """`why`: the worker's last failure with its advice, what the agent did about it,
-    what its state means now (`state_note`: quarantined, draining, or ready but out of the
-    gateway), for a quarantined GPU the quarantine and the operator's `next_step`, and
-    for the canary of the latest change its verdict with the evidence and the checks
-    (`canary`, last; only on that worker)."""
+    """`why`: the worker's last failure with its advice, what the agent did about it
+    (`failure_past`: set when that failure is its past: "served" since, or "reset" by
+    the operator since), what its state means now (`state_note`: quarantined, draining,
+    or ready but out of the gateway), for a quarantined GPU the quarantine and the
+    operator's `next_step`, and for the canary of the latest change its verdict with the
+    evidence and the checks (`canary`, last; only on that worker)."""
     f = w.last_failure
     q = w.quarantine
     result: Result = {
@@ -373,6 +375,7 @@ def why_result(
         "quarantine": quarantine_result(q),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q, w) if q is not None else None,
+        "failure_past": w.failure_past,
     }
     if staging_note(w, staging):
         # The stage that holds this worker (a failed one: its error and fix).
