@@ -825,3 +825,16 @@ def test_a_failure_is_past_once_the_worker_served_or_the_operator_reset_it() -> 
 
     seen = step(ready, FailureSeen(BAD_FLAG), 41.0, p).state
     assert seen.last_failure == BAD_FLAG and seen.failure_past is None
+    # Not a reset: a start of a stopped worker, a restart of one backing off; a restart
+    # through a stop keeps the word, one asked while the farm stops it for a failure not.
+    stopped_failed = replace(failed, phase=Phase.STOPPED)
+    assert step(stopped_failed, StartRequested(), 50.0, p).state.failure_past is None
+    backoff = replace(failed, phase=Phase.BACKOFF)
+    restart = RestartRequested(RestartReason.MANUAL)
+    assert step(backoff, restart, 50.0, p).state.failure_past is None
+    through = step(step(ready, restart, 50.0, p).state, ProcessExited(-15), 51.0, p).state
+    assert through.phase is Phase.PENDING and through.failure_past is FailurePast.SERVED
+    failing = step(ready, FailureSeen(replace(OOM, kind=FailureKind.CUDA_OOM_SERVING)), 52.0, p)
+    assert failing.state.phase is Phase.STOPPING
+    gone = step(step(failing.state, restart, 53.0, p).state, ProcessExited(-15), 54.0, p).state
+    assert gone.last_failure_at == 52.0 and gone.failure_past is None
