@@ -762,3 +762,30 @@ def test_a_starved_canary_that_crashes_inside_its_extension_is_rolled_back_at_on
             assert len(json.loads((tmp / "canary.json").read_text())["rejected"]) == 1
 
     run_virtual(scenario())
+
+
+def test_the_canarys_failure_is_the_one_it_is_being_stopped_for_else_its_last() -> None:
+    """The failure the analysis reads (issue 31 item 3): the pending one while the farm
+    stops the canary for it (whatever stop was asked since), never a leftover one."""
+    from sglang_farm.canary.driver import _failure
+    from sglang_farm.workers.failures import Failure, FailureKind
+    from sglang_farm.workers.supervisor import StopIntent, WorkerState
+
+    oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
+    old = Failure(FailureKind.CRASH, "exited with status 1", "")
+    s = WorkerState(
+        0,
+        Phase.STOPPING,
+        since=9.0,
+        stop_intent=StopIntent.FAILURE,
+        pending_failure=oom,
+        last_failure=old,
+        last_failure_at=2.0,
+    )
+    assert _failure(s) == (oom, 9.0)
+    from dataclasses import replace
+
+    assert _failure(replace(s, stop_intent=StopIntent.RESTART)) == (oom, 9.0)
+    for later in (Phase.STARTING, Phase.READY, Phase.STOPPED):
+        assert _failure(replace(s, phase=later, stop_intent=None)) == (old, 2.0)
+    assert _failure(replace(s, pending_failure=None)) == (old, 2.0)

@@ -1512,3 +1512,45 @@ def test_a_worker_units_cgroup_names_its_worker_and_a_users_own_unit_does_not() 
     assert unit_worker("0::/user.slice/user-1000.slice/user@1000.service/sglang@3.service") is None
     assert unit_worker("0::/system.slice/sglang-farm.service") is None
     assert unit_worker("0::/system.slice/other@3.service") is None
+
+
+def test_held_by_judges_every_listener_a_bind_would_collide_with() -> None:
+    """The doctor's own-worker rule (`portowner.held_by`): for the NCCL port's wildcard
+    bind, every listener on the port counts, each on its own address; no pids, nothing."""
+    import os
+
+    from sglang_farm.host.portowner import held_by
+
+    me = frozenset({os.getpid()})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert held_by("127.0.0.1", port, me)
+        assert held_by("0.0.0.0", port, me)  # a wildcard bind collides with it too
+        assert not held_by("127.0.0.1", port, frozenset())
+        other = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
+        try:
+            assert not held_by("127.0.0.1", port, frozenset({other.pid}))
+            assert not held_by("0.0.0.0", port, frozenset({other.pid}))
+        finally:
+            other.kill()
+            other.wait()
+        # Another address's listener on the port is no collision for a specific bind,
+        # and one for the wildcard's.
+        assert not held_by("127.0.0.2", port, me)
+        code = (
+            "import socket, sys, time\n"
+            "s = socket.socket()\n"
+            "s.bind(('127.0.0.2', int(sys.argv[1])))\n"
+            "s.listen()\n"
+            "print('bound', flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        beside = _listening([sys.executable, "-I", "-c", code, str(port)])
+        try:
+            assert held_by("127.0.0.1", port, me)
+            assert not held_by("0.0.0.0", port, me)
+        finally:
+            _stop(beside)
+    assert not held_by("127.0.0.1", port, me)  # closed: nothing listens

@@ -122,9 +122,11 @@ def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]])
 
 def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
     """The canary's latest failure and when: the one the farm is stopping it for (a CUDA
-    OOM its log showed while it served: recorded only once the process is gone), else
-    its last one. Issue 31: the first was missed, the verdict said "left serving"."""
-    if s.stop_intent is StopIntent.FAILURE and s.pending_failure is not None:
+    OOM its log showed while it served: recorded only once the process is gone; also
+    when a restart was asked meanwhile), else its last one. Issue 31: the first was
+    missed, the verdict said "left serving". A pending failure outside STOPPING is an
+    earlier stop's leftover, never news."""
+    if s.phase is Phase.STOPPING and s.pending_failure is not None:
         return s.pending_failure, s.since  # since: when the farm began stopping it for it
     return s.last_failure, s.last_failure_at
 
