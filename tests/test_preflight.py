@@ -1554,3 +1554,44 @@ def test_held_by_judges_every_listener_a_bind_would_collide_with() -> None:
         finally:
             _stop(beside)
     assert not held_by("127.0.0.1", port, me)  # closed: nothing listens
+
+
+def test_the_running_workers_are_found_by_their_unit_cgroup_or_their_record(
+    tmp_path: Path,
+) -> None:
+    """Which processes are each running worker's, without an agent to ask: a system
+    unit's cgroup (a fake /proc here), or the process runtime's records of an agent that
+    still runs (this test plays the agent) with the child's tree."""
+    from sglang_farm.host import procfs
+    from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
+    from sglang_farm.runtime.running import running_worker_pids, systemd_worker_pids
+
+    proc = tmp_path / "proc"
+    for pid, line in (
+        (41, "0::/system.slice/sglang@1.service"),
+        (42, "0::/system.slice/sglang@1.service/payload"),
+        (43, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/sglang@2.service"),
+        (44, "0::/system.slice/sshd.service"),
+    ):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(line + "\n")
+    assert systemd_worker_pids(str(proc)) == {1: {41, 42}}
+
+    state = tmp_path / "state"
+    text = SEED_TOML.read_text().replace(
+        'state_dir = "/var/lib/sglang-farm"', f'state_dir = "{state}"'
+    )
+    spec = load_spec(text, source="farm.toml", gpu_count=8)
+    assert spec.farm.state_dir == str(state)
+    child = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
+    try:
+        st = procfs.read_stat(child.pid)
+        assert st is not None
+        ChildRecords(state / RECORDS_SUBDIR).record("worker 3", child.pid, st.start)
+        found = running_worker_pids(spec)
+        assert child.pid in found[3] and 3 in found
+        assert all(w in spec.worker_ids for w in found)
+    finally:
+        child.kill()
+        child.wait()
+    assert 3 not in running_worker_pids(spec)  # gone: no longer a running worker
