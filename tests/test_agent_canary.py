@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from agent_harness import (
     GATEWAY,
+    OOM_LINE,
     Farm,
     farm,
     farm_toml,
@@ -98,6 +99,8 @@ def test_a_passing_canary_holds_the_next_waves_for_the_window_then_promotes(tmp:
             await _start(f, m)
             result = await f.ops.reload()
             assert result.applied and result.restarted == (0, 1, 2, 3)
+            # Issue 31 item 2: only the canary is restarted now; the rest wait on it.
+            assert result.gated_on == 0
             await f.until(lambda: f.runtime.starts_of(0) == 2 and f.phase(0) is Phase.READY)
             await asyncio.sleep(30)  # inside the window: the other workers wait
             view = f.agent.view().canary
@@ -126,7 +129,8 @@ def test_a_slow_canary_is_rolled_back_alone_and_its_change_is_not_retried(tmp: P
             tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
         ) as f:
             await _start(f, m)
-            assert (await f.ops.reload()).applied
+            result = await f.ops.reload()
+            assert result.applied and result.gated_on == 0
             await f.until(
                 lambda: (
                     (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
@@ -187,6 +191,52 @@ def test_a_canary_that_crashes_in_the_window_is_rolled_back_at_once(tmp: Path) -
             assert "CRASHY" not in _env(f, 0)
             assert f.agent.view().worker(0).oom_step == 0
             assert [f.runtime.starts_of(w) for w in (1, 2, 3)] == [1, 1, 1]
+
+    run_virtual(scenario())
+
+
+def test_a_canary_oom_in_the_window_is_named_in_the_verdict_and_in_why(tmp: Path) -> None:
+    """Issue 31 item 3: a CUDA OOM in the canary's log while it served gave `canary
+    crashed 6 s into the window: the canary left serving (stopping)`, and its `why` said
+    `no failure recorded` once the rollback had restarted it. The classifier's failure
+    (kind and summary) is the verdict's evidence and the canary's last failure."""
+    new = _toml(tmp, {"CRASHY": "1"}, analysis_window="10m")
+    m = Metrics()
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None
+                    and v.state is CanaryState.ANALYSING
+                    and v.ends_at is not None
+                )
+            )
+            await asyncio.sleep(6)
+            f.runtime.log(0, OOM_LINE)  # SGLang survives it; the farm stops the worker
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=60,
+            )
+            view = f.agent.view().canary
+            assert view is not None
+            assert view.evidence.startswith("rolled back: canary oom "), view.evidence
+            assert "into the window: CUDA out of memory" in view.evidence, view.evidence
+            assert "left serving" not in view.evidence
+            await f.until(lambda: 0 in f.runtime.procs and f.phase(0) is Phase.READY)
+            assert "CRASHY" not in _env(f, 0)  # back on the old config
+            w = f.agent.view().worker(0)
+            assert w.last_failure is not None, "the canary's OOM was forgotten"
+            assert w.last_failure.kind.startswith("cuda_oom_")
+            # The verdict names what `why` shows: the classifier's summary and kind.
+            assert view.evidence.endswith(f"{w.last_failure.summary} [{w.last_failure.kind}]")
+            assert [f.runtime.starts_of(x) for x in (1, 2, 3)] == [1, 1, 1]
 
     run_virtual(scenario())
 
@@ -775,3 +825,30 @@ def test_a_starved_canary_that_crashes_inside_its_extension_is_rolled_back_at_on
             assert len(json.loads((tmp / "canary.json").read_text())["rejected"]) == 1
 
     run_virtual(scenario())
+
+
+def test_the_canarys_failure_is_the_one_it_is_being_stopped_for_else_its_last() -> None:
+    """The failure the analysis reads (issue 31 item 3): the pending one while the farm
+    stops the canary for it (whatever stop was asked since), never a leftover one."""
+    from sglang_farm.canary.driver import _failure
+    from sglang_farm.workers.failures import Failure, FailureKind
+    from sglang_farm.workers.supervisor import StopIntent, WorkerState
+
+    oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
+    old = Failure(FailureKind.CRASH, "exited with status 1", "")
+    s = WorkerState(
+        0,
+        Phase.STOPPING,
+        since=9.0,
+        stop_intent=StopIntent.FAILURE,
+        pending_failure=oom,
+        last_failure=old,
+        last_failure_at=2.0,
+    )
+    assert _failure(s) == (oom, 9.0)
+    from dataclasses import replace
+
+    assert _failure(replace(s, stop_intent=StopIntent.RESTART)) == (oom, 9.0)
+    for later in (Phase.STARTING, Phase.READY, Phase.STOPPED):
+        assert _failure(replace(s, phase=later, stop_intent=None)) == (old, 2.0)
+    assert _failure(replace(s, pending_failure=None)) == (old, 2.0)

@@ -87,6 +87,11 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
             out = farm.farmctl("reload", timeout=120)
             assert out.returncode == 5, out.stdout + out.stderr
             assert "rolled back" in out.stdout and "ITL" in out.stdout, out.stdout
+            # Issue 31 item 2: it said "restarted workers 0, 1, 2" of the canary's restart.
+            assert out.stdout.splitlines()[0] == (
+                "config applied: restarting canary worker 0 onto the change; workers 1, 2 "
+                "follow in waves if its analysis passes (otherwise they keep the old config)"
+            ), out.stdout
             farm.wait_for(lambda e: e.get("event") == "canary_analysis_started", after=n)
             back = farm.wait_for(
                 lambda e: (
@@ -162,5 +167,51 @@ def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
         assert sorted(e["worker"] for e in launching) == [0, 1, 2]
         assert launching[0]["worker"] == 0
         assert all("--max-running-requests" in e["argv"] for e in launching)
+    finally:
+        assert farm.stop() == 0
+
+
+def test_a_canary_that_dies_of_a_cuda_oom_is_rolled_back_naming_the_oom(tmp: Path) -> None:
+    """Issue 31 item 3: `SGLANG_SIM_FAIL_AFTER` (a CUDA OOM in the simulator's log, then
+    its exit) gave `canary crashed 6 s into the window: the canary left serving
+    (stopping)`, and `farmctl why 0` ended with `no failure recorded`."""
+    marker = new_marker()
+    env = {
+        "SGLANG_SIM_LOAD_SECONDS": "0.5",
+        "SGLANG_SIM_HEALTH_DELAY": "0.05",
+        "SGLANG_SIM_WARMUP_SECONDS": "0.1",
+        "SGLANG_FARM_TEST_MARKER": marker,
+    }
+    cfg = farm_config(
+        tmp,
+        workers=2,
+        parallel=1,
+        load_seconds=0.5,
+        marker=marker,
+        rollout={"analysis_window": "60s", "min_requests": 20},
+        health={"period": "1s", "timeout": "5s", "failure_threshold": 5},
+    )
+    farm = Farm(cfg, marker)
+    try:
+        farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
+        good = cfg.read_text()
+        cfg.write_text(rewritten(good, farm={"env": {**env, "SGLANG_SIM_FAIL_AFTER": "2"}}))
+        n = len(farm.snapshot())
+        out = farm.farmctl("reload", timeout=120)
+        assert out.returncode == 5, out.stdout + out.stderr
+        verdict = [ln for ln in out.stdout.splitlines() if ln.startswith("canary 0: rolled back")]
+        assert verdict, out.stdout
+        assert " into the window: CUDA out of memory" in verdict[0], verdict[0]
+        assert "[cuda_oom_" in verdict[0] and "left serving" not in verdict[0], verdict[0]
+        back = farm.wait_for(lambda e: e.get("event") == "canary_rolled_back", after=n)
+        farm.wait_for(
+            lambda e: e.get("event") == "worker_ready" and e.get("worker") == 0,
+            after=farm.snapshot().index(back),
+            timeout=30,
+        )
+        why = farm.farmctl("why", "0")
+        assert why.returncode == 0, why.stdout + why.stderr
+        assert "no failure recorded" not in why.stdout, why.stdout
+        assert "CUDA out of memory" in why.stdout and "[cuda_oom_" in why.stdout, why.stdout
     finally:
         assert farm.stop() == 0

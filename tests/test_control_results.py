@@ -108,6 +108,7 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "quarantine",
         "quarantines_by_reason",
         "start",
+        "failure_past",
     ]
 
 
@@ -276,6 +277,7 @@ def test_why_of_a_draining_worker_out_of_the_gateway_says_it_waits_for_its_reque
         "quarantines_by_reason",
         "next_step",
         "start",
+        "failure_past",
     ]
 
 
@@ -546,6 +548,12 @@ def test_why_carries_the_canary_only_for_the_canary_worker() -> None:
     assert isinstance(why1["canary"], dict)
     assert why1["canary"]["state"] == "analysing" and why1["canary"]["ends_at"] == 430.0
     assert "canary" not in results.why_result(v.worker(0), canary=v.canary)
+
+
+def test_reload_result_names_the_canary_the_other_restarts_wait_on() -> None:
+    rr = results.reload_result(ReloadResult(True, restarted=(0, 1, 2), gated_on=0))
+    assert rr["restarted"] == [0, 1, 2] and rr["gated_on"] == 0
+    assert "gated_on" not in results.reload_result(ReloadResult(True, restarted=(0, 1)))
 
 
 def test_reload_result_carries_when_the_agent_took_it() -> None:

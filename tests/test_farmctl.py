@@ -343,17 +343,53 @@ def test_why_shows_failure_lines_action_and_advice(agent: Agent) -> None:
     assert agent.run("why", "0").output == "worker 0: ready\nno failure recorded\n"
 
 
+def test_why_says_a_failure_the_worker_has_served_since_is_its_past(agent: Agent) -> None:
+    """Issue 31 item 4: after reset-oom, restart and a stop, `why 3` still said `gave up
+    after 6 failures in a row` as if it ailed the worker now."""
+    from fake_ops import OOM_FAILURE
+
+    gave_up = "gave up after 6 failures in a row (5 restarts allowed: restart.max_failures)"
+    w = agent.ops.workers[3]
+    agent.ops.workers[3] = replace(
+        w,
+        phase=Phase.STOPPED,
+        last_failure=OOM_FAILURE,
+        last_failure_at=time.time() - 600,
+        last_action=gave_up,
+        failure_past="served",
+    )
+    lines = agent.run("why", "3").output.splitlines()
+    assert lines[0] == "worker 3: stopped"
+    assert lines[1].startswith("last failure (10m0"), lines[1]  # 10m00s, or a second more
+    assert lines[1].endswith(
+        f"s ago; worker 3 has served since): {OOM_FAILURE.summary} [{OOM_FAILURE.kind}]"
+    )
+    assert f"what the farm did then: {gave_up}" in lines
+    assert f"what to do if it happens again: {OOM_FAILURE.advice}" in lines
+    assert not [ln for ln in lines if ln.startswith(("what the farm did:", "what to do:"))]
+    agent.ops.workers[3] = replace(agent.ops.workers[3], failure_past="reset")
+    out = agent.run("why", "3").output
+    assert "s ago; the operator has reset worker 3 since): CUDA out of memory" in out
+    raw = json.loads(agent.run("why", "3", "--json").output)
+    assert raw["failure_past"] == "reset"
+    # Starting again after the reset: status no longer calls that failure its news.
+    agent.ops.workers[3] = replace(agent.ops.workers[3], phase=Phase.STARTING)
+    assert OOM_FAILURE.summary not in agent.run("status").output
+    agent.ops.workers[3] = replace(agent.ops.workers[3], failure_past=None)
+    assert f"worker 3: {OOM_FAILURE.summary}" in agent.run("status").output
+
+
 def test_reload_applied_and_rejected(agent: Agent) -> None:
     r = agent.run("reload")
     # No canary analysis: the restarted worker is followed as `restart` follows it.
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "config applied: restarted worker 1"
+    assert lines[0] == "config applied: restarting worker 1"
     assert all(ln.startswith("worker 1: ") for ln in lines[1:-2])  # its phases, as seen
     assert lines[-2].startswith("worker 1: ready after ")
     assert lines[-1] == "rollout done"
     r = agent.run("reload", "--no-wait")
-    assert r.exit_code == 0 and r.output == "config applied: restarted worker 1\n"
+    assert r.exit_code == 0 and r.output == "config applied: restarting worker 1\n"
     agent.ops.reload_result = ReloadResult(False, problems=("workers[2].gpu: expected an int",))
     r = agent.run("reload")
     assert r.exit_code == 1

@@ -59,13 +59,14 @@ def verdict(
 class RolloutOps(FakeOps):
     """A farm whose canary analysis, at each read of the view (each `status`), is the next
     step of `script`, the last one kept; `reads` counts them. Its reloads restart workers
-    1-3 (FakeOps rolls them at once; the agent would hold the waves for the verdict)."""
+    1-3, the canary 2 first and the others gated on its verdict (FakeOps rolls them at
+    once; the agent holds the waves for the verdict)."""
 
     def __init__(self, script: Sequence[RolloutVerdictView | None]) -> None:
         super().__init__(4)
         self.script = list(script)
         self.reads = 0
-        self.reload_result = ReloadResult(applied=True, restarted=(1, 2, 3))
+        self.reload_result = ReloadResult(applied=True, restarted=(1, 2, 3), gated_on=2)
 
     def view(self) -> FarmView:
         canary = self.script[min(self.reads, len(self.script) - 1)]
@@ -92,7 +93,11 @@ def ops(agent: Agent) -> RolloutOps:
 RESTARTING = verdict(CanaryState.ANALYSING, "the canary restarts onto the change", window=False)
 ANALYSING = verdict(CanaryState.ANALYSING, "analysis under way: nothing failed over 12 s")
 PROMOTED = verdict(CanaryState.PROMOTED, "promoted: canary within limits over 30 s")
-APPLIED = "config applied: restarted workers 1, 2, 3"
+# Issue 31 item 2: it said "restarted workers 1, 2, 3" when only the canary was.
+APPLIED = (
+    "config applied: restarting canary worker 2 onto the change; workers 1, 3 follow "
+    "in waves if its analysis passes (otherwise they keep the old config)"
+)
 
 
 def test_reload_waits_for_a_rollback_and_exits_5_with_the_evidence() -> None:
@@ -187,6 +192,16 @@ def test_a_reload_that_changes_no_worker_returns_at_once() -> None:
         ops(agent).reload_result = ReloadResult(applied=True)
         r = agent.run("reload")
         assert r.exit_code == 0 and r.stdout == "config applied: no worker changed\n"
+
+
+def test_a_reload_without_a_canary_gate_says_it_restarts_every_changed_worker() -> None:
+    """No analysis (window 0, or the change leaves the canary alone): every changed
+    worker is being restarted in waves, none waits on a verdict."""
+    with farm([None]) as agent:
+        ops(agent).reload_result = ReloadResult(applied=True, restarted=(1, 3), added=(4,))
+        r = agent.run("reload", "--no-wait")
+        assert r.exit_code == 0, r.output
+        assert r.stdout == "config applied: restarting workers 1, 3; added worker 4\n"
 
 
 def test_an_analysis_superseded_by_another_reload_exits_1() -> None:

@@ -661,6 +661,89 @@ def test_a_busy_port_fails_and_preflight_blocking_rechecks_it_live(tmp_path: Pat
     assert preflight_blocking(spec, 1, report) == []
 
 
+LISTENER = (
+    "import socket, sys, time\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1])))\n"
+    "s.listen()\n"
+    "print('bound', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def _listening(argv: list[str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line == "bound", proc.stderr.read() if proc.stderr else line
+    return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.communicate()
+
+
+def test_a_port_its_own_running_worker_holds_passes_and_anyone_elses_fails(
+    tmp_path: Path,
+) -> None:
+    """Issue 31 item 1: with the farm running, each worker's own port was reported as a
+    conflict (`cannot bind: Address already in use`, 8 failed, NOT OK). The port held by
+    the worker that owns it passes; held by another worker's process or another user's,
+    it still fails."""
+    from asuser import SETPRIV, require
+
+    require()
+    env = make_fixed_env(tmp_path / "env")
+    spec = seed_spec(tmp_path, env=fixed_farm_env(env))
+    w1 = spec.worker(1)
+    runner = fake_runner(env, tmp_path)
+    worker = _listening([sys.executable, "-I", "-c", LISTENER, str(w1.port)])
+    try:
+        pids = frozenset({worker.pid})
+
+        def http(report: DoctorReport) -> Check:
+            (c,) = [c for c in _by_id(report, CheckId.PORT_HTTP) if 1 in c.workers]
+            return c
+
+        own = run_doctor(spec, Sm120Poller(), run_probe=runner, worker_pids=lambda _s: {1: pids})
+        assert http(own).status is Status.PASS
+        assert http(own).message == f"HTTP port {w1.port} is worker 1's own (it runs)"
+        assert not [c for c in own.checks if c.id is CheckId.PORT_HTTP and c.status is Status.FAIL]
+        # Worker 2's process on worker 1's port, or no worker running: a conflict.
+        running: list[Mapping[int, frozenset[int]]] = [{2: pids}, {}]
+        for found in running:
+
+            def seen(
+                _s: FarmSpec, found: Mapping[int, frozenset[int]] = found
+            ) -> Mapping[int, frozenset[int]]:
+                return found
+
+            other = run_doctor(spec, Sm120Poller(), run_probe=runner, worker_pids=seen)
+            assert http(other).status is Status.FAIL
+            assert "cannot bind" in http(other).message
+    finally:
+        _stop(worker)
+    # Another user's listener, while worker 1's own processes run (not on the port).
+    squatter = _listening([*SETPRIV, sys.executable, "-I", "-c", LISTENER, str(w1.port)])
+    bystander = subprocess.Popen(
+        [sys.executable, "-I", "-c", "import time; time.sleep(120)"], text=True
+    )
+    try:
+        report = run_doctor(
+            spec,
+            Sm120Poller(),
+            run_probe=runner,
+            worker_pids=lambda _s: {1: frozenset({bystander.pid})},
+        )
+        (c,) = [c for c in _by_id(report, CheckId.PORT_HTTP) if 1 in c.workers]
+        assert c.status is Status.FAIL and f"port {w1.port}" in c.message
+        assert "base_port" in c.fix
+    finally:
+        _stop(squatter)
+        _stop(bystander)
+
+
 def test_model_path_missing_or_a_repo_id(tmp_path: Path) -> None:
     env = make_fake_env(tmp_path / "env", flashinfer=True)
     # Without [model]: nothing stages the path, so a missing tmpfs path is the doctor's to
@@ -1416,3 +1499,99 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     (port,) = [e for e in failed if str(held) in e["message"]]
     assert port["log_level"] == "error" and port["workers"] == [1]
     assert port["check"] and port["fix"]
+
+
+def test_a_worker_units_cgroup_names_its_worker_and_a_users_own_unit_does_not() -> None:
+    """Which processes are a running worker's, for the doctor's port check: a system
+    unit's cgroup only (only root places processes under system.slice)."""
+    from sglang_farm.runtime.running import unit_worker
+
+    assert unit_worker("0::/system.slice/sglang@3.service") == 3
+    assert unit_worker("0::/system.slice/sglang@3.service/payload") == 3
+    assert unit_worker("1:name=systemd:/system.slice/sglang@12.service") == 12
+    assert unit_worker("0::/user.slice/user-1000.slice/user@1000.service/sglang@3.service") is None
+    assert unit_worker("0::/system.slice/sglang-farm.service") is None
+    assert unit_worker("0::/system.slice/other@3.service") is None
+
+
+def test_held_by_judges_every_listener_a_bind_would_collide_with() -> None:
+    """The doctor's own-worker rule (`portowner.held_by`): for the NCCL port's wildcard
+    bind, every listener on the port counts, each on its own address; no pids, nothing."""
+    import os
+
+    from sglang_farm.host.portowner import held_by
+
+    me = frozenset({os.getpid()})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert held_by("127.0.0.1", port, me)
+        assert held_by("0.0.0.0", port, me)  # a wildcard bind collides with it too
+        assert not held_by("127.0.0.1", port, frozenset())
+        other = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
+        try:
+            assert not held_by("127.0.0.1", port, frozenset({other.pid}))
+            assert not held_by("0.0.0.0", port, frozenset({other.pid}))
+        finally:
+            other.kill()
+            other.wait()
+        # Another address's listener on the port is no collision for a specific bind,
+        # and one for the wildcard's.
+        assert not held_by("127.0.0.2", port, me)
+        code = (
+            "import socket, sys, time\n"
+            "s = socket.socket()\n"
+            "s.bind(('127.0.0.2', int(sys.argv[1])))\n"
+            "s.listen()\n"
+            "print('bound', flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        beside = _listening([sys.executable, "-I", "-c", code, str(port)])
+        try:
+            assert held_by("127.0.0.1", port, me)
+            assert not held_by("0.0.0.0", port, me)
+        finally:
+            _stop(beside)
+    assert not held_by("127.0.0.1", port, me)  # closed: nothing listens
+
+
+def test_the_running_workers_are_found_by_their_unit_cgroup_or_their_record(
+    tmp_path: Path,
+) -> None:
+    """Which processes are each running worker's, without an agent to ask: a system
+    unit's cgroup (a fake /proc here), or the process runtime's records of an agent that
+    still runs (this test plays the agent) with the child's tree."""
+    from sglang_farm.host import procfs
+    from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
+    from sglang_farm.runtime.running import running_worker_pids, systemd_worker_pids
+
+    proc = tmp_path / "proc"
+    for pid, line in (
+        (41, "0::/system.slice/sglang@1.service"),
+        (42, "0::/system.slice/sglang@1.service/payload"),
+        (43, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/sglang@2.service"),
+        (44, "0::/system.slice/sshd.service"),
+    ):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(line + "\n")
+    assert systemd_worker_pids(str(proc)) == {1: {41, 42}}
+
+    state = tmp_path / "state"
+    text = SEED_TOML.read_text().replace(
+        'state_dir = "/var/lib/sglang-farm"', f'state_dir = "{state}"'
+    )
+    spec = load_spec(text, source="farm.toml", gpu_count=8)
+    assert spec.farm.state_dir == str(state)
+    child = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
+    try:
+        st = procfs.read_stat(child.pid)
+        assert st is not None
+        ChildRecords(state / RECORDS_SUBDIR).record("worker 3", child.pid, st.start)
+        found = running_worker_pids(spec)
+        assert child.pid in found[3] and 3 in found
+        assert all(w in spec.worker_ids for w in found)
+    finally:
+        child.kill()
+        child.wait()
+    assert 3 not in running_worker_pids(spec)  # gone: no longer a running worker

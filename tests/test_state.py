@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sglang_farm import state
 from sglang_farm.farm_view import Phase
 from sglang_farm.workers.failures import Failure, FailureKind
-from sglang_farm.workers.supervisor import WorkerState
+from sglang_farm.workers.supervisor import FailurePast, WorkerState
 
 
 def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:
@@ -38,6 +39,29 @@ def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:
     assert restored.last_failure == failure
     assert restored.last_load_seconds == 41.5
     assert restored.phase is Phase.STOPPED  # the phase is observed anew, never remembered
+
+
+def test_a_failure_the_worker_has_served_since_stays_its_past_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 31 item 4: the word that the last failure is past is remembered; an unknown
+    word (a later version's) shows the failure as current, never breaks the restore."""
+    failure = Failure(FailureKind.CRASH, "exited with status 1", "see the log")
+    s = WorkerState(3, last_failure=failure, last_failure_at=10.0, failure_past=FailurePast.SERVED)
+    d = state.worker_to_dict(s, 1000.0)
+    assert d["failure_past"] == "served"
+    assert state.worker_to_dict(WorkerState(3), 0.0)["failure_past"] is None
+    path = tmp_path / "state.json"
+    state.save(path, {3: d})
+    assert state.restore_worker(WorkerState(3), state.load(path)[3], 0.0).failure_past is (
+        FailurePast.SERVED
+    )
+    for odd in ("forgotten", 7, None):
+        got = state.restore_worker(WorkerState(3), {**d, "failure_past": odd}, 0.0)
+        assert got.failure_past is None and got.last_failure == failure
+    # Its change alone is worth a write.
+    before = {3: state.worker_to_dict(replace(s, failure_past=None), 1000.0)}
+    assert state._compare_key(before) != state._compare_key({3: d})
 
 
 def test_missing_or_broken_file_means_nothing_remembered(tmp_path: Path) -> None:

@@ -747,3 +747,94 @@ def test_a_rolling_restart_while_held_out_does_not_wait_for_the_gateway() -> Non
     actions = sup.handle(0, HealthPassed(), 8.0)
     assert Drain(1) in actions  # the next wave at once, not after the wave budget
     assert phase(sup, 1) is Phase.DRAINING
+
+
+def test_a_restart_asked_while_the_farm_stops_a_worker_for_a_failure_keeps_the_failure() -> None:
+    """Issue 31 item 3: a canary's OOM while serving (the farm stopping it), then its
+    rollback's restart: the exit went to PENDING and the OOM was forgotten (`why`: no
+    failure recorded). It stays the worker's last failure, dated when it was seen."""
+    from sglang_farm.workers.supervisor import FailureSeen
+
+    serving_oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
+    s = WorkerState(0, Phase.READY, since=0.0, pid=7, launched_at=0.0, ever_ready=True)
+    s = step(s, FailureSeen(serving_oom), 10.0, policy()).state
+    assert s.phase is Phase.STOPPING and s.pending_failure == serving_oom
+    s = step(s, RestartRequested(RestartReason.CONFIG), 12.0, policy()).state
+    done = step(s, ProcessExited(-15), 14.0, policy()).state
+    assert done.phase is Phase.PENDING
+    assert done.last_failure == serving_oom and done.last_failure_at == 10.0
+    assert done.pending_failure is None
+    # A plain restart (no failure under way) keeps the earlier failure and its time.
+    before = WorkerState(
+        0, Phase.READY, since=0.0, pid=7, ever_ready=True, last_failure=OOM, last_failure_at=3.0
+    )
+    s = step(before, RestartRequested(RestartReason.MANUAL), 20.0, policy()).state
+    done = step(s, ProcessExited(-15), 21.0, policy()).state
+    assert done.phase is Phase.PENDING
+    assert done.last_failure == OOM and done.last_failure_at == 3.0
+
+
+def test_a_failure_is_past_once_the_worker_served_or_the_operator_reset_it() -> None:
+    """Issue 31 item 4: `why` said "gave up after 6 failures" of a worker that had served
+    since. The last failure stays (when, what), marked past: served since, or reset."""
+    from sglang_farm.workers.supervisor import FailurePast
+
+    p = policy()
+    failed = WorkerState(
+        3, Phase.FAILED, since=5.0, failures=4, last_failure=OOM, last_failure_at=5.0
+    )
+    # An operator's start or restart of the failed worker, or reset-oom: reset.
+    assert step(failed, StartRequested(), 9.0, p).state.failure_past is FailurePast.RESET
+    assert step(failed, StartRequested(fresh=False), 9.0, p).state.failure_past is None
+    again = step(failed, RestartRequested(RestartReason.MANUAL), 9.0, p).state
+    assert again.failure_past is FailurePast.RESET
+    sup = Supervisor([3], p)
+    sup.restore(3, failed)
+    sup.reset_oom(3)
+    assert sup.workers[3].failure_past is FailurePast.RESET
+    # Ready again: served since (which stays over a later reset).
+    starting = WorkerState(
+        3,
+        Phase.STARTING,
+        since=10.0,
+        pid=5,
+        launched_at=10.0,
+        last_failure=OOM,
+        last_failure_at=5.0,
+        failure_past=FailurePast.RESET,
+    )
+    ready = step(starting, HealthPassed(), 20.0, p).state
+    assert ready.phase is Phase.READY and ready.failure_past is FailurePast.SERVED
+    assert ready.last_failure == OOM and ready.last_failure_at == 5.0
+    sup.restore(3, ready)
+    sup.reset_oom(3)
+    served = sup.workers[3]
+    assert served.failure_past is FailurePast.SERVED
+    stopped = step(
+        step(ready, StopRequested(drain=False), 30.0, p).state, ProcessExited(0), 31.0, p
+    ).state
+    assert stopped.phase is Phase.STOPPED and stopped.failure_past is FailurePast.SERVED
+    # Without a failure there is no past to mark.
+    fresh = WorkerState(3, Phase.STARTING, since=0.0, pid=5, launched_at=0.0)
+    assert step(fresh, HealthPassed(), 1.0, p).state.failure_past is None
+    assert step(WorkerState(3, Phase.FAILED), StartRequested(), 1.0, p).state.failure_past is None
+    # A new failure is the present one: while running, and at the exit.
+    crashed = step(ready, ProcessExited(1), 40.0, p).state
+    assert crashed.last_failure_at == 40.0 and crashed.failure_past is None
+    from sglang_farm.workers.supervisor import FailureSeen
+
+    seen = step(ready, FailureSeen(BAD_FLAG), 41.0, p).state
+    assert seen.last_failure == BAD_FLAG and seen.failure_past is None
+    # Not a reset: a start of a stopped worker, a restart of one backing off; a restart
+    # through a stop keeps the word, one asked while the farm stops it for a failure not.
+    stopped_failed = replace(failed, phase=Phase.STOPPED)
+    assert step(stopped_failed, StartRequested(), 50.0, p).state.failure_past is None
+    backoff = replace(failed, phase=Phase.BACKOFF)
+    restart = RestartRequested(RestartReason.MANUAL)
+    assert step(backoff, restart, 50.0, p).state.failure_past is None
+    through = step(step(ready, restart, 50.0, p).state, ProcessExited(-15), 51.0, p).state
+    assert through.phase is Phase.PENDING and through.failure_past is FailurePast.SERVED
+    failing = step(ready, FailureSeen(replace(OOM, kind=FailureKind.CUDA_OOM_SERVING)), 52.0, p)
+    assert failing.state.phase is Phase.STOPPING
+    gone = step(step(failing.state, restart, 53.0, p).state, ProcessExited(-15), 54.0, p).state
+    assert gone.last_failure_at == 52.0 and gone.failure_past is None

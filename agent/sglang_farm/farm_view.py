@@ -110,6 +110,9 @@ class WorkerView:
     last_failure: Failure | None = None
     last_failure_at: float | None = None
     last_action: str | None = None  # what the farm did about the last failure
+    # Why the last failure is the worker's past ("served": it has served since, "reset":
+    # the operator reset it since); None: it is the present one (issue 31).
+    failure_past: str | None = None
     oom_step: int = 0  # 0 = the configured flags; n = ladder step n in force
     oom_step_name: str | None = None
     last_load_seconds: float | None = None
@@ -205,6 +208,7 @@ def build_view(
                 last_failure=s.last_failure,
                 last_failure_at=s.last_failure_at + mono_to_wall if s.last_failure_at else None,
                 last_action=s.last_action,
+                failure_past=str(s.failure_past) if s.failure_past is not None else None,
                 oom_step=step,
                 oom_step_name=spec.oom.steps[step - 1].name
                 if 0 < step <= len(spec.oom.steps)

@@ -194,7 +194,11 @@ class Reloader:
             farm.after_swap(staged)
         farm.republish()  # the spec changed (ports, names): rebuild the view
         return ReloadResult(
-            applied=True, restarted=effects.restart, added=plan.added, removed=plan.removed
+            applied=True,
+            restarted=effects.restart,
+            added=plan.added,
+            removed=plan.removed,
+            gated_on=new.startup.canary if gated else None,
         )
 
 

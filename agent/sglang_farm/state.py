@@ -38,6 +38,7 @@ from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.supervisor import (
     HELD_PHASES,
+    FailurePast,
     GpuQuarantine,
     Supervisor,
     WorkerState,
@@ -70,6 +71,7 @@ def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
         "last_failure": s.last_failure.to_dict() if s.last_failure else None,
         "last_failure_at": s.last_failure_at + mono_to_wall if s.last_failure_at else None,
         "last_action": s.last_action,
+        "failure_past": str(s.failure_past) if s.failure_past is not None else None,
         "last_load_seconds": s.last_load_seconds,
         # Which process this farm launched last, and when (wall clock): a restarted agent
         # tells by it whether an adopted worker started after a model copy's install.
@@ -92,6 +94,13 @@ def _failure(d: Any) -> Failure | None:
         str(d.get("advice", "")),
         tuple(str(x) for x in d.get("lines", ())),
     )
+
+
+def _past(v: Any) -> FailurePast | None:
+    try:
+        return FailurePast(v) if isinstance(v, str) else None
+    except ValueError:
+        return None  # a word of a later version: the failure is shown as current
 
 
 def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> WorkerState:
@@ -131,6 +140,7 @@ def restore_worker(s: WorkerState, d: dict[str, Any], wall_to_mono: float) -> Wo
         last_failure=_failure(d.get("last_failure")),
         last_failure_at=float(at) + wall_to_mono if isinstance(at, (int, float)) else None,
         last_action=d.get("last_action") if isinstance(d.get("last_action"), str) else None,
+        failure_past=_past(d.get("failure_past")),
         last_load_seconds=d.get("last_load_seconds")
         if isinstance(d.get("last_load_seconds"), (int, float))
         else None,
@@ -237,6 +247,7 @@ def _compare_key(d: Mapping[int, Mapping[str, Any]]) -> object:
             v.get("restarts_by_reason"),
             v.get("oom_events"),
             v.get("last_action"),
+            v.get("failure_past"),
             v.get("last_load_seconds"),
             v.get("phase"),
             (v.get("quarantine") or {}).get("reason"),

@@ -621,7 +621,11 @@ def format_status(st: Mapping[str, Any]) -> str:
                 f"worker {w['id']}: GPU {q.get('gpu')} quarantined ({q.get('reason')}): "
                 f"farmctl why {w['id']}"
             )
-        elif f and w.get("state") in ("failed", "backoff", "starting", "unhealthy"):
+        elif (
+            f
+            and not w.get("failure_past")  # issue 31: served or reset since: not its news
+            and w.get("state") in ("failed", "backoff", "starting", "unhealthy")
+        ):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
     notes += capacity_outliers(workers)
@@ -1018,6 +1022,29 @@ def _refused_by_canary(cv: Mapping[str, Any]) -> None:
         )
 
 
+def _reload_summary(res: Mapping[str, Any]) -> str:
+    """What the applied reload did and will do: the restarts are under way when the agent
+    answers, and with a canary analysis only the canary's (the rest wait on its verdict)."""
+    restarted = [int(i) for i in res.get("restarted") or ()]
+    gate = res.get("gated_on")
+    parts: list[str] = []
+    if isinstance(gate, int) and gate in restarted:
+        rest = [i for i in restarted if i != gate]
+        parts.append(f"restarting canary worker {gate} onto the change")
+        if rest:
+            one = len(rest) == 1
+            parts.append(
+                f"{_who(rest)} follow{'s' if one else ''} in waves if its analysis passes "
+                f"(otherwise {'it keeps' if one else 'they keep'} the old config)"
+            )
+    elif restarted:
+        parts.append(f"restarting {_who(restarted)}")
+    for key in ("added", "removed"):
+        if res.get(key):
+            parts.append(f"{key} {_who([int(i) for i in res[key]])}")
+    return "; ".join(parts) if parts else "no worker changed"
+
+
 @cli.command()
 @click.option(
     "--no-wait", is_flag=True, help="Return once the config is applied, before the verdict."
@@ -1072,16 +1099,7 @@ def reload(ctl: Ctl, no_wait: bool, timeout: float) -> None:
             "the old config keeps running; fix them and run farmctl reload again"
         )
     if not ctl.as_json:
-        parts = [
-            f"{label} {_who(res[key])}"
-            for key, label in (
-                ("restarted", "restarted"),
-                ("added", "added"),
-                ("removed", "removed"),
-            )
-            if res.get(key)
-        ]
-        click.echo("config applied: " + ("; ".join(parts) if parts else "no worker changed"))
+        click.echo("config applied: " + _reload_summary(res))
     if no_wait:
         return
     deadline = time.monotonic() + timeout
@@ -1369,6 +1387,13 @@ def logs(ctl: Ctl, worker: int, lines: int, follow: bool) -> None:
         pass  # Ctrl-C is how a follow ends
 
 
+# `why`'s words for a last failure that is the worker's past (`failure_past`).
+_FAILURE_PAST = {
+    "served": "worker {worker} has served since",
+    "reset": "the operator has reset worker {worker} since",
+}
+
+
 @cli.command()
 @click.argument("worker", type=WORKER)
 @pass_ctl
@@ -1406,16 +1431,21 @@ def why(ctl: Ctl, worker: int) -> None:
         if not r.get("quarantine") and not sg:  # said above: the GPU's or the stage's failure
             click.echo("no failure recorded")
         return
-    when = ""
+    when = []
     if r.get("last_failure_at"):
-        when = f" ({_duration(time.time() - float(r['last_failure_at']))} ago)"
-    click.echo(f"last failure{when}: {f.get('summary')} [{f.get('kind')}]")
+        when.append(f"{_duration(time.time() - float(r['last_failure_at']))} ago")
+    # Issue 31: a failure the worker has served since (or the operator reset) is its past.
+    past = _FAILURE_PAST.get(str(r.get("failure_past")))
+    if past is not None:
+        when.append(past.format(worker=worker))
+    when_text = f" ({'; '.join(when)})" if when else ""
+    click.echo(f"last failure{when_text}: {f.get('summary')} [{f.get('kind')}]")
     for ln in f.get("lines", []):
         click.echo(f"  | {ln}")
     if r.get("last_action"):
-        click.echo(f"what the farm did: {r['last_action']}")
+        click.echo(f"what the farm did{' then' if past else ''}: {r['last_action']}")
     if r.get("advice"):
-        click.echo(f"what to do: {r['advice']}")
+        click.echo(f"what to do{' if it happens again' if past else ''}: {r['advice']}")
     if r.get("oom_step"):
         name = f" ({r['oom_step_name']})" if r.get("oom_step_name") else ""
         click.echo(f"OOM ladder step: {r['oom_step']}{name}; farmctl reset-oom {worker} undoes it")

@@ -27,6 +27,9 @@ class ReloadResult:
     # Not applied because only an agent restart applies it (a [gateway] change): farmctl
     # exits "restart needed" (10), which an orchestrator acts on (docs/fleet.md).
     restart_needed: bool = False
+    # The canary whose analysis the other restarts wait on (docs/canary.md): only it is
+    # restarted now; the rest of `restarted` follow if it passes, never if it fails.
+    gated_on: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

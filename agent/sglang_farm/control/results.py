@@ -56,6 +56,7 @@ def worker_result(w: WorkerView) -> Result:
         "quarantine": quarantine_result(w.quarantine),
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "start": start_result(w.start),
+        "failure_past": w.failure_past,  # issue 31: "served" / "reset" since the failure
     }
 
 
@@ -390,11 +391,12 @@ def why_result(
     *,
     held_out: bool = False,
 ) -> Result:
-    """`why`: the worker's last failure with its advice, what the agent did about it,
-    what its state means now (`state_note`: quarantined, draining, or ready but out of the
-    gateway), for a quarantined GPU the quarantine and the operator's `next_step`, and
-    for the canary of the latest change its verdict with the evidence and the checks
-    (`canary`, last; only on that worker)."""
+    """`why`: the worker's last failure with its advice, what the agent did about it
+    (`failure_past`: set when that failure is its past: "served" since, or "reset" by
+    the operator since), what its state means now (`state_note`: quarantined, draining,
+    or ready but out of the gateway), for a quarantined GPU the quarantine and the
+    operator's `next_step`, and for the canary of the latest change its verdict with the
+    evidence and the checks (`canary`, last; only on that worker)."""
     f = w.last_failure
     q = w.quarantine
     result: Result = {
@@ -414,6 +416,7 @@ def why_result(
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "next_step": quarantine_next_step(q, w) if q is not None else None,
         "start": start_result(w.start),  # issue 34 §4
+        "failure_past": w.failure_past,
     }
     if staging_note(w, staging):
         # The stage that holds this worker (a failed one: its error and fix).
@@ -540,7 +543,9 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
     `issued_at` (when given: the agent's wall clock before it read the config) lets
     `farmctl reload` tell the canary analysis of this reload from an earlier one (its
     `started_at` is later); `held` (only when set): the config was not applied because
-    its change was rejected by a canary before, and why."""
+    its change was rejected by a canary before, and why; `gated_on` (only when set): the
+    canary restarted alone now, the other `restarted` workers following only if its
+    analysis passes."""
     result: Result = {
         "applied": r.applied,
         "problems": list(r.problems),
@@ -554,6 +559,8 @@ def reload_result(r: ReloadResult, issued_at: float | None = None) -> Result:
         result["held"] = r.held
     if r.restart_needed:
         result["restart_needed"] = True
+    if r.gated_on is not None:
+        result["gated_on"] = r.gated_on
     return result
 
 

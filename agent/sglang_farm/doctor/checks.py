@@ -176,6 +176,8 @@ class Observations:
     # (`/proc/sys/net/ipv4`); None when not looked at or unreadable.
     unprivileged_port_start: int | None = None
     local_port_range_start: int | None = None
+    # (host, port) -> the worker whose own running processes hold it (not a conflict).
+    own_ports: Mapping[tuple[str, int], int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def gb(n: float) -> str:

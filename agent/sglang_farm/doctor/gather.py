@@ -71,7 +71,9 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller
 from sglang_farm.host.accounts import account_fix
 from sglang_farm.host.numa_facts import NumaFacts
 from sglang_farm.host.numa_probe import read_numa_facts
-from sglang_farm.host.ports import port_problem, sysctl_int, unprivileged_port_start
+from sglang_farm.host.portowner import held_by
+from sglang_farm.host.ports import AGENT_TROUBLE, port_problem, sysctl_int, unprivileged_port_start
+from sglang_farm.runtime.running import running_worker_pids
 from sglang_farm.runtime.unit_syntax import worker_unit
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import worker_commands
@@ -413,6 +415,7 @@ def gather(
     commands: Mapping[int, Command] | None = None,
     numa: Callable[[FarmSpec, FleetSnapshot], NumaFacts] | None = None,
     proc_sys: str = "/proc/sys",
+    worker_pids: Callable[[FarmSpec], Mapping[int, frozenset[int]]] | None = None,
 ) -> Observations:
     """All the I/O of the doctor. Probes run once per (interpreter, environment, GPU
     architecture), in parallel; never raises for what it finds (that is the report).
@@ -420,7 +423,9 @@ def gather(
     the agent's, as `gateway.managed.launch_argv` is given). `commands`: what each
     worker runs (`worker_commands`: the agent's, at each worker's OOM-ladder step);
     default: each at step 0, for the GPUs NVML sees now. `numa`: reads the NUMA facts
-    (default `numa_facts`, this host's sysfs and systemd)."""
+    (default `numa_facts`, this host's sysfs and systemd). `worker_pids`: the processes of
+    each worker that runs now (default `runtime.running.running_worker_pids`): a busy
+    port its own worker holds (`portowner.held_by`) passes, anyone else's fails."""
     account_error: str | None = None
     runner = run_probe
     if runner is None:
@@ -479,10 +484,19 @@ def gather(
                         True, None, results[i] if i < len(results) else None
                     )
     ports: dict[tuple[str, int], str | None] = {}
+    own_ports: dict[tuple[str, int], int] = {}
+    running: Mapping[int, frozenset[int]] | None = None
     for w in spec.workers:
         for host, port in live_port_keys(w):
-            if (host, port) not in ports:
-                ports[(host, port)] = port_check(host, port)
+            if (host, port) in ports:
+                continue
+            ports[(host, port)] = problem = port_check(host, port)
+            if problem is None or problem.startswith(AGENT_TROUBLE):
+                continue
+            if running is None:  # asked once, and only when a port is busy
+                running = (worker_pids or running_worker_pids)(spec)
+            if held_by(host, port, running.get(w.id, frozenset())):
+                own_ports[(host, port)] = w.id
     models: dict[str, PathFacts] = {}
     for w in spec.workers:
         mp = w.flags.get("model_path")
@@ -516,6 +530,7 @@ def gather(
         numa=(numa or numa_facts)(spec, fleet),
         unprivileged_port_start=unprivileged_port_start(proc_sys),
         local_port_range_start=sysctl_int("net/ipv4/ip_local_port_range", proc_sys),
+        own_ports=MappingProxyType(own_ports),
     )
 
 
@@ -541,6 +556,7 @@ def run_doctor(
     port_check: Callable[[str, int], str | None] = port_problem,
     gateway_python: str | None = None,
     commands: Mapping[int, Command] | None = None,
+    worker_pids: Callable[[FarmSpec], Mapping[int, frozenset[int]]] | None = None,
 ) -> DoctorReport:
     """Gather and evaluate: the whole doctor. Blocks (subprocesses); run it in a thread
     from async code. `run_probe` defaults to `make_probe_runner()` (systemd-like env) as
@@ -554,6 +570,7 @@ def run_doctor(
             port_check=port_check,
             gateway_python=gateway_python,
             commands=commands,
+            worker_pids=worker_pids,
         ),
     )
     quarantined = quarantine_checks(spec)

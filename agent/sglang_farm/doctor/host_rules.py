@@ -39,15 +39,19 @@ def port_checks(obs: Observations, w: WorkerSpec) -> list[Check]:
         busy = obs.ports.get((host, port))
         if busy is None:
             out.append(Check(cid, Status.PASS, f"{what} port free"))
+        elif obs.own_ports.get((host, port)) == w.id:
+            out.append(
+                Check(cid, Status.PASS, f"{what} port {port} is worker {w.id}'s own (it runs)")
+            )
         else:
             out.append(
                 Check(
                     cid,
                     Status.FAIL,
                     f"{what} port {port} on {host}: {busy}",
-                    f"stop what listens there (`ss -ltnp 'sport = :{port}'`; if the "
-                    f"farm is running, its own worker holds it) or change "
-                    f"workers.{key}",
+                    f"stop what listens there (`ss -ltnp 'sport = :{port}'`) or change "
+                    f"workers.{key} (the port of a worker of this farm that runs is no "
+                    "conflict: run the doctor as the agent's user if it is one)",
                 )
             )
     return out

@@ -133,6 +133,46 @@ def tree_pids(leader: int, proc: str = "/proc") -> frozenset[int]:
     return frozenset(out)
 
 
+def held_by(host: str, port: int, pids: frozenset[int], proc: str = "/proc") -> bool:
+    """Whether every socket listening where a bind of `host:port` collides is held by
+    `pids` (a worker's own processes), by the readiness rule (`listeners.judge`): the
+    doctor's port check, where a port its own running worker holds is no conflict.
+
+    A wildcard `host` (the NCCL port's `0.0.0.0`) collides with every listener on the
+    port, each judged on its own address. False when nothing is seen listening (the bind
+    failed on something else) or `pids` is empty. Blocking: reads /proc.
+    """
+    if not pids:
+        return False
+    wildcard = host in ("0.0.0.0", "::", "")
+    there = [
+        lst
+        for lst in read_listeners(proc)
+        if lst.port == port and (wildcard or reaches(lst, host, port))
+    ]
+    if not there:
+        return False
+    inodes = {lst.inode for lst in there}
+    mine = frozenset(holders_of(inodes, pids, proc))
+    rest = inodes - mine
+    others = holders_of(rest, None, proc) if rest else {}
+    uids = frozenset(
+        u for u in (_process_uid(p, proc, default=None) for p in pids) if u is not None
+    )
+    return all(
+        judge(
+            [lst],
+            str(lst.address) if wildcard else host,
+            port,
+            ours=mine,
+            holders=others,
+            our_uids=uids,
+        ).kind
+        is OwnerKind.OURS
+        for lst in there
+    )
+
+
 def user_name(uid: int | None) -> str | None:
     if uid is None:
         return None

@@ -250,6 +250,36 @@ class ChildRecords:
             return None  # unreadable (a torn write cannot happen: rename): ignored
         return rec if len(raw) <= _MAX_RECORD_BYTES and rec.pid > 1 else None
 
+    def running(self) -> list[ChildRecord]:
+        """The recorded children that still run (the same process) under the agent that
+        started them (alive): a running farm's own. Read only; an untrusted or absent
+        folder, or a record not of the agent's own user, gives nothing. Never raises."""
+        try:
+            fd = self._open_folder(create=False)
+        except (OSError, UntrustedFolder):
+            return []
+        out: list[ChildRecord] = []
+        try:
+            boot = boot_id()
+            for name in sorted(os.listdir(fd)):
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                try:
+                    rec = self._read(fd, name)
+                except (OSError, UntrustedFolder):
+                    continue
+                if (
+                    rec is not None
+                    and is_same(rec, proc_facts(rec.pid), boot)
+                    and agent_alive(rec, proc_facts(rec.agent_pid), boot)
+                ):
+                    out.append(rec)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        return out
+
     def stop_leftovers(self) -> list[ChildRecord]:
         """SIGKILL (with its process group) every recorded child that outlived its agent and
         is still the same process; wait for each group to be gone (its ports free). The

@@ -124,6 +124,23 @@ class StopIntent(StrEnum):
     QUARANTINE = "quarantine"  # its GPU is failing: stay stopped until the GPU is released
 
 
+class FailurePast(StrEnum):
+    """Why a worker's last failure is its past, not what ails it now (issue 31: `why`
+    repeated a crash loop's "gave up" after the worker had served again)."""
+
+    SERVED = "served"  # it has served (been ready) since
+    RESET = "reset"  # the operator reset it since: reset-oom, a start or restart while failed
+
+
+def _reset(s: WorkerState) -> FailurePast | None:
+    """The failure's word after an operator's reset: served since says more, and stays."""
+    return (
+        FailurePast.RESET
+        if s.last_failure is not None and s.failure_past is None
+        else s.failure_past
+    )
+
+
 # ---- events -----------------------------------------------------------------------------
 
 
@@ -363,6 +380,7 @@ class WorkerState:
     ever_ready: bool = False
     last_failure: Failure | None = None
     last_failure_at: float | None = None
+    failure_past: FailurePast | None = None  # None: the last failure is the present one
     last_action: str | None = None
     restarts: tuple[tuple[float, str], ...] = ()
     restarts_by_reason: Mapping[str, int] = field(default_factory=dict)
@@ -439,6 +457,7 @@ def _after_failure(s: WorkerState, failure: Failure, now: float, policy: Policy)
         health_failures=0,
         last_failure=failure,
         last_failure_at=now,
+        failure_past=None,
         pending_failure=None,
         stop_intent=None,
         oom_events=_bump(s.oom_events, str(oom)) if oom is not None else s.oom_events,
@@ -637,6 +656,9 @@ def _on_start(s: WorkerState, event: StartRequested, now: float) -> Decision:
                 failures=0 if event.fresh else s.failures,
                 retry_at=None,
                 next_reason=s.next_reason if s.phase is Phase.FAILED else None,
+                failure_past=_reset(s)
+                if event.fresh and s.phase is Phase.FAILED
+                else s.failure_past,
             )
         )
     if s.phase is Phase.BACKOFF:
@@ -696,6 +718,7 @@ def _on_restart(s: WorkerState, event: RestartRequested, now: float, policy: Pol
             retry_at=None,
             failures=0 if s.phase is Phase.FAILED else s.failures,
             next_reason=reason,
+            failure_past=_reset(s) if s.phase is Phase.FAILED else s.failure_past,
         )
     )
 
@@ -718,6 +741,7 @@ def _on_health_passed(s: WorkerState, now: float) -> Decision:
             health_failures=0,
             last_load_seconds=load,
             halt_on_failure=False,
+            failure_past=FailurePast.SERVED if s.last_failure is not None else None,
         )
         return Decision(s, (Note("worker_ready", {"load_s": round(load or 0.0, 3)}),))
     if s.phase is Phase.UNHEALTHY:
@@ -802,7 +826,9 @@ def _on_failure_seen(s: WorkerState, event: FailureSeen, now: float) -> Decision
         # (with the next OOM-ladder step, decided when the exit is handled).
         return _terminate_for(s, failure, now)
     return Decision(
-        replace(s, last_failure=failure, last_failure_at=now) if s.phase in _RUNNING else s
+        replace(s, last_failure=failure, last_failure_at=now, failure_past=None)
+        if s.phase in _RUNNING
+        else s
     )
 
 
@@ -835,9 +861,22 @@ def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -
                 (Note("worker_stopped"),),
             )
         if intent is StopIntent.RESTART:
-            # STOPPING -> PENDING: restart; start again at once.
+            # STOPPING -> PENDING: restart; start again at once. A failure the farm was
+            # stopping it for when the restart was asked (a canary's OOM, then its
+            # rollback) stays its last failure: `why` names it (issue 31).
+            failed = s.pending_failure
             return Decision(
-                s.enter(Phase.PENDING, now, pid=None, stop_intent=None, health_failures=0)
+                s.enter(
+                    Phase.PENDING,
+                    now,
+                    pid=None,
+                    stop_intent=None,
+                    health_failures=0,
+                    pending_failure=None,
+                    last_failure=failed or s.last_failure,
+                    last_failure_at=s.last_failure_at if failed is None else s.since,
+                    failure_past=s.failure_past if failed is None else None,
+                )
             )
         return _after_failure(s, s.pending_failure or _crash(status), now, policy)
     if s.phase in _RUNNING:
@@ -1202,7 +1241,8 @@ class Supervisor:
         return any(s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.workers.values())
 
     def reset_oom(self, worker_id: int) -> None:
-        self.workers[worker_id] = replace(self.workers[worker_id], oom_step=0)
+        s = self.workers[worker_id]
+        self.workers[worker_id] = replace(s, oom_step=0, failure_past=_reset(s))
 
     def restore(self, worker_id: int, state: WorkerState) -> None:
         """Put back a worker's remembered state (restarts, back-off, OOM step) at agent start."""
