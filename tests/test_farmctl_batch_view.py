@@ -70,6 +70,21 @@ def test_rates_are_unknown_with_one_sample_no_time_or_no_tokens() -> None:
     assert view.rates([Sample(0.0, 10, 5, 0, 100), Sample(1.0, 10, 4, 0, 90)]) == Rates(0.0, 0.0)
 
 
+def test_add_sample_keeps_two_windows_and_starts_over_when_a_count_goes_back() -> None:
+    kept = view.add_sample([], Sample(0.0, 10, 0, 0, 0))
+    for t in (10.0, 30.0, 50.0):
+        kept = view.add_sample(kept, Sample(t, 10, int(t // 10), 0, int(t)))
+    assert [s.t for s in kept] == [0.0, 10.0, 30.0, 50.0]
+    kept = view.add_sample(kept, Sample(65.0, 10, 6, 0, 65))
+    assert [s.t for s in kept] == [10.0, 30.0, 50.0, 65.0]  # 0.0 is over 60 s old
+    # The service restarted: its token counter is back near 0. The rate starts over.
+    restarted = view.add_sample(kept, Sample(70.0, 10, 6, 0, 3))
+    assert restarted == [Sample(70.0, 10, 6, 0, 3)]
+    assert view.add_sample(kept, Sample(70.0, 10, 5, 0, 90)) == [Sample(70.0, 10, 5, 0, 90)]
+    # No tokens known on either side: only the done count is compared.
+    assert len(view.add_sample([Sample(0.0, 9, 1, 0)], Sample(1.0, 9, 1, 0))) == 2
+
+
 def test_eta_is_the_services_own_else_what_is_left_at_the_rate() -> None:
     last = Sample(10.0, 1_000, 500, 100)
     assert view.eta_seconds(last, Rates(4.0, None)) == pytest.approx(100.0)

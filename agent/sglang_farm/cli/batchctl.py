@@ -36,6 +36,7 @@ DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"  # host.paths.DEFAULT_CONFIG_PATH
 POLL_S = 1.0  # `batch wait`: how often the batch is read
 PLAIN_EVERY_S = 30.0  # `batch wait` without a terminal: a line at least this often
 VALIDATION_WAIT_S = 60.0  # `batch submit`: how long it waits for validation to end
+SERVICE_GRACE_S = 120.0  # `batch wait`: a service that stopped answering, waited for this long
 
 
 class BatchExit(IntEnum):
@@ -323,6 +324,8 @@ class BatchCtx:
     @property
     def client(self) -> BatchClient:
         if self._client is None:
+            if not self.svc.enabled:
+                raise Unreachable(f"the batch service is off: {start_hint(self.svc)}")
             self._client = BatchClient(self.svc, read_key(self.svc))
         return self._client
 
@@ -569,8 +572,7 @@ def _wait(
                 break
             want_tokens = view.tokens(obj) is None
             eta_svc, tok = _service_figures(b, bid, want_tokens)
-            samples.append(view.sample(obj, now, tok))
-            samples = [s for s in samples if now - s.t <= 2 * view.RATE_WINDOW_S]
+            samples = view.add_sample(samples, view.sample(obj, now, tok))
             r = view.rates(samples)
             eta = view.eta_seconds(samples[-1], r, eta_svc)
             if tty:
@@ -594,7 +596,7 @@ def _wait(
                     f"{samples[-1].total:,} done); it keeps running: farmctl batch wait {bid}"
                 )
             time.sleep(POLL_S)
-            obj = b.client.batch(bid)
+            obj = _batch_riding_out_restarts(b, bid, tty)
     except KeyboardInterrupt:
         if drawn:
             click.echo("")
@@ -610,6 +612,30 @@ def _wait(
             click.echo(end)
         sys.exit(BatchExit.OK)
     raise NotCompleted(end)
+
+
+def _batch_riding_out_restarts(b: BatchCtx, bid: str, tty: bool) -> dict[str, Any]:
+    """The batch, read again; while the service does not answer (it is restarting: a crash,
+    `kill -9`, an upgrade) it is asked again every second for up to `SERVICE_GRACE_S`."""
+    deadline: float | None = None
+    while True:
+        try:
+            return b.client.batch(bid)
+        except Unreachable:
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + SERVICE_GRACE_S
+                said = (
+                    f"the batch service at {b.svc.url} does not answer; waiting up to "
+                    f"{SERVICE_GRACE_S:g} s for it to come back (batch {bid} resumes from "
+                    "its store)"
+                )
+                click.echo(("\r" + said + "\x1b[K") if tty else said, nl=not tty)
+            elif now >= deadline:
+                if tty:
+                    click.echo("")
+                raise
+            time.sleep(POLL_S)
 
 
 def _columns() -> int:

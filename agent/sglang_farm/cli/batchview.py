@@ -97,6 +97,20 @@ def rates(samples: Sequence[Sample], window: float = RATE_WINDOW_S) -> Rates:
     return Rates(req, tok)
 
 
+def add_sample(
+    samples: Sequence[Sample], new: Sample, keep: float = 2 * RATE_WINDOW_S
+) -> list[Sample]:
+    """`samples` with `new` last, less those older than `keep` seconds; a count that went
+    back (the service restarted: its token counter starts from 0 again) starts over."""
+    kept = [s for s in samples if new.t - s.t <= keep]
+    if kept and (
+        new.done < kept[-1].done
+        or (new.tokens is not None and kept[-1].tokens is not None and new.tokens < kept[-1].tokens)
+    ):
+        kept = []
+    return [*kept, new]
+
+
 def eta_seconds(last: Sample, r: Rates, service_eta: float | None = None) -> float | None:
     """Seconds to the end: the service's own estimate when it gives one, else what is
     left at the measured rate; 0 when nothing is left; None when it cannot be told."""
