@@ -564,6 +564,8 @@ def _wait(
     last_plain: tuple[float, int, str] | None = None
     obj = first if first is not None else b.client.batch(bid)
     drawn = False
+    if tty and str(obj.get("status")) not in view.TERMINAL:
+        click.echo(f"batch {bid} (Ctrl-C stops watching; the batch keeps running):")
     try:
         while True:
             now = time.monotonic()
@@ -574,9 +576,10 @@ def _wait(
             eta_svc, tok = _service_figures(b, bid, want_tokens)
             samples = view.add_sample(samples, view.sample(obj, now, tok))
             r = view.rates(samples)
-            eta = view.eta_seconds(samples[-1], r, eta_svc)
+            # Cancelling: nothing more is sent, so no time to the end to tell.
+            eta = view.eta_seconds(samples[-1], r, eta_svc) if st != "cancelling" else None
             if tty:
-                line = view.progress_line(bid, st, samples[-1], r, eta, columns=_columns() - 1)
+                line = view.progress_line(st, samples[-1], r, eta, columns=_columns() - 1)
                 click.echo("\r" + line + "\x1b[K", nl=False)
                 drawn = True
             else:
@@ -620,7 +623,7 @@ def _batch_riding_out_restarts(b: BatchCtx, bid: str, tty: bool) -> dict[str, An
     deadline: float | None = None
     while True:
         try:
-            return b.client.batch(bid)
+            obj = b.client.batch(bid)
         except Unreachable:
             now = time.monotonic()
             if deadline is None:
@@ -636,6 +639,11 @@ def _batch_riding_out_restarts(b: BatchCtx, bid: str, tty: bool) -> dict[str, An
                     click.echo("")
                 raise
             time.sleep(POLL_S)
+            continue
+        if deadline is not None:
+            back = f"the batch service answers again; batch {bid} is {obj.get('status')}"
+            click.echo(("\r" + back + "\x1b[K\n") if tty else back, nl=not tty)
+        return obj
 
 
 def _columns() -> int:

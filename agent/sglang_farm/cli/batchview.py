@@ -162,19 +162,25 @@ def _figures(last: Sample, r: Rates, eta: float | None) -> list[str]:
     return figures
 
 
-def progress_line(
-    batch_id: str, status: str, last: Sample, r: Rates, eta: float | None, *, columns: int
-) -> str:
-    """The terminal's one line, redrawn in place: `ID STATUS [####----] 4,210/10,000 done,
-    3 failed, 812 tokens/s, ETA 2m10s`, the bar as wide as `columns` leaves room for
-    (between BAR_MIN and BAR_MAX), never wider than `columns` when it can be helped."""
-    text = ", ".join(_figures(last, r, eta))
-    head = f"{batch_id} {status} "
+def progress_line(status: str, last: Sample, r: Rates, eta: float | None, *, columns: int) -> str:
+    """The terminal's one line, redrawn in place under `farmctl batch wait`'s heading (which
+    names the batch): `in_progress [####----] 4,210/10,000 · 3 failed · 812 tok/s · ETA
+    2m10s`, the bar as wide as `columns` leaves room for (BAR_MIN to BAR_MAX cells); without
+    room for it, the figures alone, cut to `columns`."""
+    rate = (
+        _rate(r.tokens_per_s, "tok")
+        if last.tokens is not None
+        else _rate(r.requests_per_s, "req")
+    )
+    text = " · ".join(
+        [f"{last.done:,}/{last.total:,}", f"{last.failed:,} failed", rate, f"ETA {duration(eta)}"]
+    )
+    head = f"{status} "
     room = columns - len(head) - len(text) - 3  # the brackets and a space
     width = min(BAR_MAX, room)
     if width < BAR_MIN:
         line = f"{head}{text}"
-        return line if len(line) <= columns or columns <= 0 else line[: max(columns - 1, 1)]
+        return line if len(line) <= columns or columns <= 0 else line[: max(columns, 1)]
     return f"{head}{bar(last.done, last.total, width)} {text}"
 
 
