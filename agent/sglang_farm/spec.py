@@ -226,6 +226,30 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """`[batch]`: the batch service, `sglang-farm-batch` (docs/batch.md): OpenAI's Files and
+    Batches API over the farm's front door, each request's state in a store."""
+
+    enabled: bool = False
+    listen: Endpoint = Endpoint("127.0.0.1", 8300)
+    # The key clients must send (Authorization: Bearer); required when enabled.
+    api_key_file: str | None = None
+    # "sqlite" (<state_dir>/batch.db) or a postgresql:// URL (a queue several hosts share).
+    store: str = "sqlite"
+    state_dir: str = "/var/lib/sglang-farm-batch"
+    # None ("auto"): follow what the farm can serve now; an int: at most that many in flight.
+    concurrency: int | None = None
+    max_attempts: int = 5
+    retry_backoff_s: float = 1.0
+    request_timeout_s: float = 600.0
+    # The key the runner sends to the front door (a tenant key mapped to smg's bulk
+    # class, docs/batch.md); None: the gateway's api_key_file's key, if readable.
+    gateway_key_file: str | None = None
+    # More headers on every request the runner sends (e.g. a priority header).
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class ControlSpec:
     """`[control]`: the local control socket."""
 
@@ -271,6 +295,7 @@ class FarmSpec:
     gateway: GatewaySpec = GatewaySpec()
     model: ModelSpec | None = None  # [model]: staged before the rollout (None: not managed)
     rollout: RolloutSpec = RolloutSpec()
+    batch: BatchSpec = BatchSpec()  # [batch]: the batch service (its own process)
     # sha256 of the text it was read from (config.load.text_digest); "" when not from
     # text. `status` compares it with the file on disk (`config_pending`).
     config_sha256: str = ""

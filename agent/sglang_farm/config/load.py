@@ -22,6 +22,7 @@ from sglang_farm.config.problems import _Problems, _show
 from sglang_farm.config.reader import _Reader
 from sglang_farm.config.rollout import _rollout
 from sglang_farm.config.sections import (
+    _batch,
     _control,
     _farm,
     _gateway,
@@ -49,6 +50,7 @@ _SECTIONS = (
     "sglang",
     "model",
     "rollout",
+    "batch",
 )
 
 
@@ -113,6 +115,7 @@ def check_spec(
     gateway = _gateway(reader, doc)
     model = _model(reader, doc)
     rollout = _rollout(reader, doc)
+    batch = _batch(reader, doc)
     raw_flags = doc.get("sglang", {})
     base_flags: dict[str, FlagValue] = {}
     if isinstance(raw_flags, dict):
@@ -141,6 +144,7 @@ def check_spec(
         gateway=gateway,
         model=model,
         rollout=rollout,
+        batch=batch,
         config_sha256=text_digest(text),
     )
     return LoadResult(spec, tuple(problems.sorted_warnings()))

@@ -1,13 +1,15 @@
 """Pure: the sections that map onto one spec class each (the first pass: shape and types).
 
-`[farm]`, `[startup]`, `[health]`, `[restart]`, `[metrics]`, `[control]`, `[gateway]`
-and `[model]`; `[oom]` and `[workers]` have modules of their own.
+`[farm]`, `[startup]`, `[health]`, `[restart]`, `[metrics]`, `[control]`, `[gateway]`,
+`[model]` and `[batch]`; `[oom]` and `[workers]` have modules of their own.
 """
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 
+from sglang_farm.config.problems import _ConversionError, _show
 from sglang_farm.config.reader import _Reader, _Table
 from sglang_farm.config.values import (
     AGENT_PYTHON,
@@ -37,6 +39,7 @@ from sglang_farm.gateway.managed import OWNED_FLAGS as GATEWAY_OWNED_FLAGS
 from sglang_farm.gateway.managed import POLICIES as GATEWAY_POLICIES
 from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.spec import (
+    BatchSpec,
     ControlSpec,
     FarmSection,
     GatewaySpec,
@@ -290,3 +293,99 @@ def _model(reader: _Reader, doc: _Table) -> ModelSpec | None:
                     "local directory: remove it",
                 )
     return m
+
+
+# An HTTP header name (RFC 9110's token).
+_HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _batch_store(v: object) -> str:
+    if v == "sqlite" or (
+        isinstance(v, str) and re.fullmatch(r"postgres(?:ql)?://\S+", v) is not None
+    ):
+        return str(v)
+    raise _ConversionError(
+        f"expected 'sqlite' (the embedded store, <state_dir>/batch.db) or a PostgreSQL URL "
+        f"like 'postgresql://batch@db.example/batch' (a queue several hosts share), got {_show(v)}"
+    )
+
+
+def _batch_concurrency(v: object) -> int | None:
+    if v == "auto":
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return v
+    raise _ConversionError(
+        f"expected 'auto' (follow what the farm can serve now) or an integer >= 1 "
+        f"(at most that many requests in flight), got {_show(v)}"
+    )
+
+
+def _batch_headers(reader: _Reader, tbl: _Table, path: tuple[str, ...]) -> dict[str, str]:
+    raw = tbl.get("headers", {})
+    hpath = (*path, "headers")
+    if not isinstance(raw, dict):
+        reader.problems.add(hpath, f'expected a table of Header-Name = "value", got {_show(raw)}')
+        return {}
+    out: dict[str, str] = {}
+    for name, value in raw.items():
+        if not _HEADER_RE.fullmatch(name):
+            reader.problems.add(
+                (*hpath, name), "expected an HTTP header name (letters, digits, '-')"
+            )
+        elif name.lower() in ("authorization", "content-length", "content-type", "host"):
+            reader.problems.add(
+                (*hpath, name),
+                "set by the batch service itself (the key comes from gateway_key_file); remove it",
+            )
+        elif not isinstance(value, str):
+            reader.problems.add((*hpath, name), f"expected a string, got {_show(value)}")
+        else:
+            out[name] = value
+    return out
+
+
+def _batch(reader: _Reader, doc: _Table) -> BatchSpec:
+    path = ("batch",)
+    d = BatchSpec()
+    tbl = reader.table(
+        path,
+        doc.get("batch", {}),
+        (
+            "enabled",
+            "listen",
+            "api_key_file",
+            "store",
+            "state_dir",
+            "concurrency",
+            "max_attempts",
+            "retry_backoff_s",
+            "request_timeout_s",
+            "gateway_key_file",
+            "headers",
+        ),
+    )
+    b = BatchSpec(
+        enabled=reader.get(tbl, path, "enabled", _bool, d.enabled),
+        listen=reader.get(tbl, path, "listen", _listen, d.listen),
+        api_key_file=reader.get(tbl, path, "api_key_file", _key_file, d.api_key_file),
+        store=reader.get(tbl, path, "store", _batch_store, d.store),
+        state_dir=reader.get(tbl, path, "state_dir", _abs_path, d.state_dir),
+        concurrency=reader.get(tbl, path, "concurrency", _batch_concurrency, d.concurrency),
+        max_attempts=reader.get(tbl, path, "max_attempts", _int(1, 1000), d.max_attempts),
+        retry_backoff_s=reader.get(
+            tbl, path, "retry_backoff_s", _duration(allow_zero=True), d.retry_backoff_s
+        ),
+        request_timeout_s=reader.get(
+            tbl, path, "request_timeout_s", _duration(), d.request_timeout_s
+        ),
+        gateway_key_file=reader.get(tbl, path, "gateway_key_file", _key_file, d.gateway_key_file),
+        headers=MappingProxyType(_batch_headers(reader, tbl, path)),
+    )
+    if b.enabled and b.api_key_file is None:
+        reader.problems.add(
+            (*path, "api_key_file"),
+            "missing: enabled = true needs api_key_file, a file only the batch service reads "
+            "holding the key its clients send (Authorization: Bearer <key>)",
+        )
+    return b
