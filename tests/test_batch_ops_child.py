@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 
 from sglang_farm.runtime.batch_child import RECORD, ChildBatch, batch_argv, ensure_key
 from sglang_farm.runtime.children import ChildRecords, record_file
+from sglang_farm.spec import FarmSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -163,3 +164,54 @@ async def test_a_planted_log_link_is_refused_with_the_services_name(tmp_path: Pa
     loud = next(e for e in logs if e["event"] == "batch_service_not_started")
     assert loud["error"].startswith(f"batch service log {tmp_path / 'batch.log'} is a symbolic")
     assert not (tmp_path / "elsewhere").exists()
+
+
+# -- the agent's choice: service.build_batch --------------------------------------------------
+
+
+def _demo_spec(tmp_path: Path, **batch: object) -> FarmSpec:
+    from farmtoml import rewritten
+    from sglang_farm.config import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    text = rewritten(
+        (root / "etc/sglang-farm/demo.toml").read_text(),
+        farm={"state_dir": str(tmp_path / "state")},
+        batch={"api_key_file": str(tmp_path / "keys" / "batch.key"), **batch},
+    )
+    return load_spec(text, source=str(tmp_path / "demo.toml"), agent_python=sys.executable)
+
+
+def test_the_demo_runs_the_batch_service_in_the_process_runtime_only(tmp_path: Path) -> None:
+    from sglang_farm.service import build_batch
+
+    spec = _demo_spec(tmp_path)
+    assert build_batch(spec, "systemd", "/etc/demo.toml") is None  # its own unit there
+    assert not (tmp_path / "keys").exists()
+    with capture_logs() as logs:
+        child = build_batch(spec, "process", "/etc/demo.toml")
+    assert isinstance(child, ChildBatch)
+    key = tmp_path / "keys" / "batch.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert [e["event"] for e in logs] == ["batch_key_created"]
+    # The next start keeps the key it made.
+    made = key.read_text()
+    with capture_logs() as logs:
+        assert build_batch(spec, "process", "/etc/demo.toml") is not None
+    assert key.read_text() == made and logs == []
+    off = _demo_spec(tmp_path, enabled=False)
+    assert build_batch(off, "process", "/etc/demo.toml") is None
+
+
+def test_a_key_that_cannot_be_made_is_said_and_the_farm_runs_without_the_service(
+    tmp_path: Path,
+) -> None:
+    from sglang_farm.service import build_batch
+
+    (tmp_path / "keys").write_text("a file where the key's folder should be\n")
+    spec = _demo_spec(tmp_path)
+    with capture_logs() as logs:
+        assert build_batch(spec, "process", "/etc/demo.toml") is None
+    (said,) = [e for e in logs if e["event"] == "batch_not_started"]
+    assert said["log_level"] == "error" and said["file"] == str(tmp_path / "keys" / "batch.key")
+    assert "api_key_file" in said["fix"]

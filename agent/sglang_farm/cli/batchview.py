@@ -168,9 +168,7 @@ def progress_line(status: str, last: Sample, r: Rates, eta: float | None, *, col
     2m10s`, the bar as wide as `columns` leaves room for (BAR_MIN to BAR_MAX cells); without
     room for it, the figures alone, cut to `columns`."""
     rate = (
-        _rate(r.tokens_per_s, "tok")
-        if last.tokens is not None
-        else _rate(r.requests_per_s, "req")
+        _rate(r.tokens_per_s, "tok") if last.tokens is not None else _rate(r.requests_per_s, "req")
     )
     text = " · ".join(
         [f"{last.done:,}/{last.total:,}", f"{last.failed:,} failed", rate, f"ETA {duration(eta)}"]
