@@ -183,3 +183,40 @@ def test_batch_is_listed_in_farmctls_help() -> None:
     assert r.exit_code == 0
     for command in ("submit", "list", "status", "wait", "cancel", "results"):
         assert command in r.output
+
+
+def test_a_service_killed_mid_answer_is_exit_11_which_a_wait_rides_out(tmp_path: Path) -> None:
+    # A listener that reads the request and closes the connection unanswered: what
+    # `kill -9` of the batch service does to a call in flight (the README's walkthrough).
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+
+    threading.Thread(target=serve, daemon=True).start()
+    key = tmp_path / "batch.key"
+    key.write_text("k\n")
+    cfg = config(tmp_path, f'enabled = true\nlisten = "127.0.0.1:{port}"\napi_key_file = "{key}"\n')
+    try:
+        r = farmctl("--config", str(cfg), "batch", "status", "batch_x")
+    finally:
+        stop.set()
+        listener.close()
+    assert r.returncode == BatchExit.UNREACHABLE, r.stderr
+    assert r.stderr.startswith(
+        f"farmctl: batch batch_x: the batch service at http://127.0.0.1:{port} closed the "
+        "connection ("
+    ), r.stderr
+    assert "it stopped or restarted" in r.stderr and "Traceback" not in r.stderr

@@ -233,6 +233,12 @@ class BatchClient:
                 f"{what}: the batch service at {self.svc.url} did not answer in time; "
                 "it may be overloaded: journalctl -u sglang-farm-batch"
             ) from None
+        except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:
+            # It closed the connection mid-answer: it stopped, or was killed, meanwhile.
+            raise Unreachable(
+                f"{what}: the batch service at {self.svc.url} closed the connection ({exc}): "
+                f"it stopped or restarted; {start_hint(self.svc)}"
+            ) from None
         except httpx.HTTPError as exc:
             raise Failed(f"{what}: {exc}") from None
 
