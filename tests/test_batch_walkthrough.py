@@ -139,11 +139,11 @@ class Walk:
         return json.loads(r.stdout) if r.returncode == 0 else None
 
 
-def check(out: str, promises: tuple[str, ...], command: str) -> None:
+def check(walk: Walk, out: str, promises: tuple[str, ...], command: str) -> None:
+    """Each promise, with the test's own size and paths, is in `out`."""
     for promise in promises:
-        assert promise_pattern(reduced(promise)).search(out), (
-            f"{command!r} did not print `{reduced(promise)}`:\n{out}"
-        )
+        want = walk.text(promise)
+        assert promise_pattern(want).search(out), f"{command!r} did not print `{want}`:\n{out}"
 
 
 def batch_service_pid(config: Path) -> int | None:
@@ -205,7 +205,7 @@ def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Pat
     walk.run(first[0].command)  # the example
     assert len((tmp / "prompts.jsonl").read_text().splitlines()) == COUNT
     out = walk.run(first[1].command)  # submit
-    check(out, first[1].promises, first[1].command)
+    check(walk, out, first[1].promises, first[1].command)
     batch_id = out.split()[0]
     assert batch_id.startswith("batch_")
     wait_cmd = walk.text(first[2].command.replace(BATCH_ID, batch_id))
@@ -242,13 +242,13 @@ def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Pat
         "batch batch_... completed: 10,000 of 10,000 requests succeeded",
     ):
         assert f"`{promise}`" in prose.replace("\n", " "), promise
-        check(waited, (promise,), first[2].command)
+        check(walk, waited, (promise,), first[2].command)
     # The killed service came back: the agent started it again, a new process.
     assert batch_service_pid(config) not in (None, service)
     assert len(farm.named("batch_service_started")) >= 2
     for s in last:
         out = walk.run(s.command.replace(BATCH_ID, batch_id))
-        check(out, s.promises, s.command)
+        check(walk, out, s.promises, s.command)
     results = [json.loads(ln) for ln in (tmp / "results.jsonl").read_text().splitlines()]
     assert sorted(r["custom_id"] for r in results) == sorted(
         json.loads(ln)["custom_id"] for ln in (tmp / "prompts.jsonl").read_text().splitlines()
