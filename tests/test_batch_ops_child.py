@@ -76,6 +76,14 @@ def test_a_planted_link_is_not_written_through(tmp_path: Path) -> None:
 STAND_IN = "import os, sys, time; print('up', os.getpid(), flush=True); time.sleep(600)"
 
 
+def _text(path: Path) -> str:
+    """A file's text, "" while it is not there (a record between forget and record)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 async def _wait_for(pred: object, what: str, timeout: float = 60.0) -> None:
     assert callable(pred)
     deadline = asyncio.get_running_loop().time() + timeout
@@ -101,13 +109,14 @@ async def test_the_child_is_recorded_restarted_after_kill_9_and_stopped(tmp_path
         first = child.pid
         assert first is not None
         record = tmp_path / "children" / record_file(RECORD)
-        await _wait_for(record.exists, "recorded")
-        assert str(first) in record.read_text()
+        await _wait_for(lambda: str(first) in _text(record), "recorded")
+        await _wait_for(lambda: f"up {first}" in _text(log_path), "its output in the log")
         os.kill(first, signal.SIGKILL)
         await _wait_for(lambda: child.pid not in (None, first), "restarted")
         second = child.pid
         assert second is not None
-        await _wait_for(lambda: str(second) in record.read_text(), "the new pid recorded")
+        await _wait_for(lambda: str(second) in _text(record), "the new pid recorded")
+        await _wait_for(lambda: f"up {second}" in _text(log_path), "its output in the log")
         await child.close()
     assert waits == [1.0]
     events = [e["event"] for e in logs]
