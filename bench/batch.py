@@ -29,6 +29,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -251,20 +252,54 @@ def throughput(n: int, token_s: float) -> dict[str, Any]:
             if time.monotonic() > end:
                 raise RuntimeError("the batch service never answered")
             time.sleep(0.5)
-        load0 = load_avg()
-        batch, _ = run_batch(api, path, n)
-        conc = max(1, round(batch.concurrency))
-        plain = run_plain(ff.gateway_url, path, conc)
-        load1 = load_avg()
+        svc = service_pid(ff.config)
+        runs: list[dict[str, Any]] = []
+        conc = 0
+        # Batch, plain, batch: a machine whose load moves shows as two batch figures apart.
+        for what in ("batch", "plain", "batch"):
+            load = load_avg()
+            if what == "batch":
+                cpu0 = proc_cpu_s(svc)
+                run, _ = run_batch(api, path, n)
+                cpu = proc_cpu_s(svc) - cpu0
+                conc = conc or max(1, round(run.concurrency))
+            else:
+                own0 = resource.getrusage(resource.RUSAGE_SELF)
+                run = run_plain(ff.gateway_url, path, conc)
+                own1 = resource.getrusage(resource.RUSAGE_SELF)
+                cpu = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
+            runs.append(
+                {
+                    **asdict(run),
+                    "rps": run.requests_per_s,
+                    "tps": run.tokens_per_s,
+                    "client_cpu_s": cpu,  # the batch service's, or the plain client's
+                    "load_avg_before": load,
+                }
+            )
+            print(json.dumps(runs[-1]), flush=True)
+    plain_rps = runs[1]["rps"]
     return {
         "requests": n,
         "token_s": token_s,
-        "batch": {**asdict(batch), "rps": batch.requests_per_s, "tps": batch.tokens_per_s},
-        "plain": {**asdict(plain), "rps": plain.requests_per_s, "tps": plain.tokens_per_s},
-        "ratio_rps": batch.requests_per_s / plain.requests_per_s,
-        "ratio_tps": batch.tokens_per_s / plain.tokens_per_s,
-        "load_avg": [load0, load1],
+        "runs": runs,
+        "ratio_rps": [r["rps"] / plain_rps for r in (runs[0], runs[2])],
+        "ratio_tps": [r["tps"] / runs[1]["tps"] for r in (runs[0], runs[2])],
     }
+
+
+def service_pid(config: Path) -> int:
+    """The batch service the agent runs on `config` (its child: `-m sglang_farm.batch`)."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                    if b"sglang_farm.batch" in argv and os.fsencode(str(config)) in argv:
+                        return int(entry)
+        time.sleep(0.5)
+    raise RuntimeError(f"no batch service runs on {config}")
 
 
 # --- a do-nothing server and the service alone -----------------------------------------
