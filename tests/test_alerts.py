@@ -51,11 +51,26 @@ def _exported_names() -> set[str]:
     # The fixture behind a gateway after a canary rollback exports every family: the
     # farm's own, the gateway's and the canary analysis's.
     text = generate_latest(build_registry(lambda: canary_state())).decode()
+    text += _batch_service_text()
     names: set[str] = set()
     for fam in text_string_to_metric_families(text):
         names.add(fam.name)
         names.update(s.name for s in fam.samples)
     return names
+
+
+def _batch_service_text() -> str:
+    """The batch service's own /metrics (issue 33), a batch running and a retry counted:
+    the per-batch and per-reason series exist only once there is one."""
+    from sglang_farm.batch.metrics import BatchMetrics
+
+    m = BatchMetrics()
+    for state in ("pending", "in_flight", "completed", "failed"):
+        m.requests.labels(batch="batch_a", state=state).set(1)
+    m.retries.labels(reason="connection").inc()
+    m.eta.labels(batch="batch_a").set(60)
+    m.last_progress.labels(batch="batch_a").set(1.0)
+    return generate_latest(m.registry).decode()
 
 
 def test_alert_rules_parse() -> None:
@@ -111,6 +126,13 @@ def test_dashboard_panels_have_unique_ids_and_cover_the_issue_views() -> None:
         "sglang_farm_worker_last_drain_duration_seconds",
         "sglang_farm_gpu_quarantined",
         "sglang_farm_worker_quarantines_total",
+        # The batch service's row (issue 33).
+        "sglang_farm_batch_requests",
+        "sglang_farm_batch_tokens_total",
+        "sglang_farm_batch_in_flight",
+        "sglang_farm_batch_concurrency_target",
+        "sglang_farm_batch_retries_total",
+        "sglang_farm_batch_eta_seconds",
     ):
         assert needed in text, needed
 

@@ -161,6 +161,7 @@ def test_render_is_deterministic_and_lists_static_units_and_one_dropin_per_worke
     assert set(first) == {
         PurePosixPath("sglang-farm.service"),
         PurePosixPath("sglang-farm.target"),
+        PurePosixPath("sglang-farm-batch.service"),
         PurePosixPath("sglang@.service"),
         PurePosixPath("sglang@0.service.d/50-farm.conf"),
         PurePosixPath("sglang@1.service.d/50-farm.conf"),

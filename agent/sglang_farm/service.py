@@ -34,6 +34,7 @@ from sglang_farm.gpus.snapshot import GpuPoller
 from sglang_farm.host.paths import DEFAULT_AGENT_BIN
 from sglang_farm.operations import FarmControl
 from sglang_farm.runtime import Emit, GatewayRunner, Runtime
+from sglang_farm.runtime.batch_child import ChildBatch
 from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
@@ -220,6 +221,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         return pollers.queue_depths() if pollers is not None else {}
 
     front = build_gateway(spec, kind)
+    batch = build_batch(spec, kind, config_path)  # [batch], process runtime: the agent's child
     collaborators = Collaborators(
         gateway=front.client if front is not None else None,
         more_gateways=front.more if front is not None else (),
@@ -271,12 +273,16 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
             if front is not None and front.runner is not None:
                 agent.spawn(front.runner.start())
                 log.info("gateway_managed", url=front.client.url)
+            if batch is not None:
+                agent.spawn(batch.start())
 
         await agent.run(stop, ready=on_ready)
     finally:
         notify("STOPPING=1")
         for t in extra:
             t.cancel()
+        if batch is not None:
+            await batch.close()  # what it has in flight is sent again at its next start
         await pollers.close()
         await control.close()
         if front is not None:
@@ -395,6 +401,37 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     # Issue 26: every gateway of [gateway] urls takes the same admin key.
     more = tuple(SmgGateway(u, api_key=key, health=health) for u in g.external_urls[1:])
     return FrontDoor(client, runner, managed, more, rotation)
+
+
+def build_batch(spec: FarmSpec, kind: str, config_path: str) -> ChildBatch | None:
+    """The batch service ([batch] enabled) as the agent's child in the process runtime, its
+    key file made at the first start (runtime/batch_child); None otherwise: under systemd it
+    is a unit of its own (sglang-farm-batch.service), which the farm's target starts. A key
+    file that cannot be made is logged with the fix, and the farm runs without the service."""
+    if kind != "process" or not spec.batch.enabled or spec.batch.api_key_file is None:
+        return None
+    from sglang_farm.runtime.batch_child import LOG_NAME, batch_argv, ensure_key
+    from sglang_farm.runtime.children import RECORDS_SUBDIR, ChildRecords
+
+    key = spec.batch.api_key_file
+    try:
+        if ensure_key(Path(key)):
+            log.info("batch_key_created", file=key, hint="farmctl batch reads it; clients send it")
+    except OSError as exc:
+        log.error(
+            "batch_not_started",
+            file=key,
+            error=exc.strerror or str(exc),
+            fix="make [batch] api_key_file a path the agent can create (its folder must exist "
+            "or be creatable), or write the key there yourself",
+        )
+        return None
+    state = Path(spec.farm.state_dir)
+    return ChildBatch(
+        batch_argv(config_path),
+        state / LOG_NAME,
+        records=ChildRecords(state / RECORDS_SUBDIR),
+    )
 
 
 async def _watchdog(interval: float) -> None:

@@ -19,6 +19,7 @@ from typing import IO, Any, NoReturn, TypeVar
 
 import click
 
+from sglang_farm.cli.batchctl import batch
 from sglang_farm.cli.startview import capacity_cell, capacity_outliers, phase_cell, start_lines
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
@@ -1522,6 +1523,9 @@ def completion(ctx: click.Context, shell: str) -> None:
     assert cls is not None  # the Choice above only names shells click knows
     root = ctx.find_root().command
     click.echo(cls(root, {}, "farmctl", "_FARMCTL_COMPLETE").source())
+
+
+cli.add_command(batch)  # farmctl batch ...: the batch service (cli/batchctl.py, issue 33)
 
 
 def main() -> NoReturn:

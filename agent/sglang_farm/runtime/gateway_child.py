@@ -75,9 +75,10 @@ def restart_delay(previous: float | None, ran_s: float) -> float:
     return min(RESTART_MAX_S, previous * 2)
 
 
-def open_log(path: Path) -> IO[bytes]:
+def open_log(path: Path, what: str = "gateway log") -> IO[bytes]:
     """`path` for appending: created 0640, never through a symlink, and only if it is a
-    plain file of this process's user. Raises RuntimeFailure naming the file and the fix."""
+    plain file of this process's user. Raises RuntimeFailure naming the file (`what`: the
+    gateway's log, or the batch service's, runtime/batch_child) and the fix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(
@@ -88,16 +89,16 @@ def open_log(path: Path) -> IO[bytes]:
     except OSError as exc:
         if os.path.islink(path):
             raise RuntimeFailure(
-                f"gateway log {path} is a symbolic link; the agent never writes through one "
+                f"{what} {path} is a symbolic link; the agent never writes through one "
                 f"(it could point at any file): remove it (`rm {path}`), and keep [farm] "
                 "state_dir in a folder only root may write"
             ) from exc
-        raise RuntimeFailure(f"cannot open the gateway log {path}: {exc.strerror}") from exc
+        raise RuntimeFailure(f"cannot open the {what} {path}: {exc.strerror}") from exc
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
         os.close(fd)
         raise RuntimeFailure(
-            f"gateway log {path} is not a plain file of the agent's own (owner uid "
+            f"{what} {path} is not a plain file of the agent's own (owner uid "
             f"{st.st_uid}, {st.st_nlink} links): the agent writes only its own file there: "
             f"remove it (`rm {path}`), and keep [farm] state_dir in a folder only root may write"
         )

@@ -43,7 +43,13 @@ from sglang_farm.sglang.ready_route import readiness_routes
 from sglang_farm.spec import FarmSpec, WorkerSpec
 
 DROPIN_NAME = "50-farm.conf"
-STATIC_UNITS = ("sglang@.service", "sglang-farm.service", "sglang-farm.target")
+# The batch service's unit (issue 33) is static too: it reads [batch] itself.
+STATIC_UNITS = (
+    "sglang@.service",
+    "sglang-farm.service",
+    "sglang-farm.target",
+    "sglang-farm-batch.service",
+)
 # Whole units the renderer writes (not drop-ins): `write_units` removes a stale one
 # that carries our header, e.g. the gateway's after [gateway] was switched off.
 GENERATED_UNITS = (GATEWAY_UNIT,)
@@ -515,7 +521,7 @@ def render(
 
     `commands` is what the workers it names run (`worker_commands`: the OOM ladder's
     step applied); any other worker runs its configured flags as they are.
-    `static=False` leaves out the three shipped units (the agent installs only drop-ins
+    `static=False` leaves out the shipped units (the agent installs only drop-ins
     and the gateway unit; the package ships the units themselves). `python` is the
     agent's interpreter, which runs the managed gateway and the workers' readiness gate
     (default: `gateway_python(agent_bin)`). `gateway` is the managed gateway the agent
