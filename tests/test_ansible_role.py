@@ -133,3 +133,31 @@ def test_the_roles_task_writes_a_keyed_farm_toml_private_and_validated(
         timeout=60,
     )
     assert check.returncode == 1 and "every local user can read it" in check.stderr
+
+
+def _tasks_by_module(tasks: list[dict[str, Any]], module: str) -> list[dict[str, Any]]:
+    """Every task of `module` in a task list, the tasks of its blocks included."""
+    found: list[dict[str, Any]] = []
+    for t in tasks:
+        found += _tasks_by_module(t.get("block", []), module)
+        if module in t:
+            found.append(t)
+    return found
+
+
+def test_the_drain_plan_asks_about_farm_toml_with_main_ymls_very_arguments() -> None:
+    """drain.yml asks, in check mode, whether main.yml's farm.toml task would change. With
+    other arguments (before: root:root 0644, main.yml's old ones) it said "changed" on
+    every run: an unchanged host reported changed=1 and was drained (test_ansible.py's
+    rerun test)."""
+    main = _farm_toml_task()
+    drain = yaml.safe_load((ROLE / "tasks" / "drain.yml").read_text())
+    (plan,) = [
+        t
+        for t in _tasks_by_module(drain, "ansible.builtin.template")
+        if t["ansible.builtin.template"]["dest"] == "/etc/sglang-farm/farm.toml"
+    ]
+    assert plan["check_mode"] is True
+    assert plan["diff"] is False  # --diff never prints farm.toml, in the plan neither
+    want = {k: v for k, v in main["ansible.builtin.template"].items() if k != "validate"}
+    assert plan["ansible.builtin.template"] == want
