@@ -167,7 +167,7 @@ def test_bad_changes_are_rolled_back_and_a_harmless_one_rolls_with_no_failed_req
         front = f"http://127.0.0.1:{port}"
         with load(front) as failures:
             rolled_back(farm, good, {"SGLANG_SIM_TOKEN_SECONDS": "0.05"}, "ITL")
-            rolled_back(farm, good, {"SGLANG_SIM_FAIL_AFTER": "10"}, "canary crash")
+            rolled_back(farm, good, {"SGLANG_SIM_FAIL_AFTER": "10"}, "canary oom")
             # A harmless change: promoted from the canary, then every wave, none failing.
             before = len(failures)
             n = len(farm.snapshot())

@@ -361,7 +361,7 @@ def test_status_carries_each_workers_quarantine_and_its_count_by_reason() -> Non
 def test_why_of_a_quarantined_worker_gives_the_reason_and_the_next_step() -> None:
     why = results.why_result(_quarantined())
     json.dumps(why)
-    assert list(why)[-5:-1] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
+    assert list(why)[-6:-2] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
     assert why["state"] == "quarantined"
     assert why["quarantine"] == results.quarantine_result(XID_79)
     assert why["state_note"] == (

@@ -14,6 +14,8 @@ from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.host.numa_facts import NumaFacts
 
 GIB = 1024**3
+# How much of a warning the preflight's one line carries (the doctor prints it whole).
+WARNING_CHARS = 30
 
 
 class Status(StrEnum):
@@ -94,13 +96,14 @@ class DoctorReport:
         return {str(s): sum(1 for c in self.checks if c.status is s) for s in Status}
 
     def warnings(self) -> list[str]:
-        """Each warning as a person reads it: "check: message" (and its workers, when
-        not every one), for the line that counts them."""
-        return [
-            f"{c.id}: {c.message}" + (f" (workers {_ids(c.workers)})" if c.workers else "")
-            for c in self.checks
-            if c.status is Status.WARN
-        ]
+        """Each warning named for the line that counts them: "check: the start of its
+        message…" (`sglang-farm doctor` gives the whole), so the line stays one screen wide."""
+        out = []
+        for c in self.checks:
+            if c.status is Status.WARN:
+                text = f"{c.id}: {c.message}"
+                out.append(text if len(text) <= WARNING_CHARS else text[:WARNING_CHARS] + "…")
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {
