@@ -23,6 +23,7 @@ from sglang_farm.farm_view import (
     WorkerView,
 )
 from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.workers.load import RecentAnswers
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:
@@ -105,6 +106,8 @@ class FakeOps:
         self.reload_result = ReloadResult(applied=True, restarted=(1,))
         self.roll_on_reload = True  # an applied reload restarts its `restarted` workers
         self.queues: dict[int, float] = {}
+        self.answers: dict[int, RecentAnswers] = {}  # issue 34 §2
+        self.gpu_nodes: dict[int, int] = {}  # issue 34 §5
         self.gpus: list[GpuMemory] = [
             GpuMemory(i, used_bytes=60 * 2**30, total_bytes=80 * 2**30) for i in range(n)
         ]
@@ -157,6 +160,12 @@ class FakeOps:
 
     def queue_depths(self) -> dict[int, float]:
         return dict(self.queues)
+
+    def recent_answers(self) -> dict[int, RecentAnswers]:
+        return dict(self.answers)
+
+    def gpu_numa_nodes(self) -> dict[int, int]:
+        return dict(self.gpu_nodes)
 
     async def _issue(self, name: str, ids: Sequence[int]) -> None:
         self.calls.append((name, tuple(ids)))

@@ -173,6 +173,10 @@ def stats() -> dict[int, WorkerStats]:
             sglang_version="0.5.23",
             source="metrics",
             poll_duration_s=0.004,
+            # Issue 34 §2: SGLang 0.5.23's own counter; 6 answers and 3 of them 5xx lately.
+            answered=1200,
+            server_errors=12,
+            answers=((NOW - 62, 1194, 9), (NOW - 32, 1197, 11), (NOW - 2, 1200, 12)),
         ),
         # A FAILED worker's last stats must not be exported as if it served.
         2: WorkerStats(worker=2, taken_at=NOW - 200, up=True, running=9, queued=9),

@@ -126,6 +126,9 @@ def test_dashboard_panels_have_unique_ids_and_cover_the_issue_views() -> None:
         "sglang_farm_worker_last_drain_duration_seconds",
         "sglang_farm_gpu_quarantined",
         "sglang_farm_worker_quarantines_total",
+        # Each worker's 5xx from SGLang's own counter (issue 34 §2).
+        "sglang_farm_worker_http_server_errors_total",
+        "sglang_farm_worker_http_responses_total",
         # The batch service's row (issue 33).
         "sglang_farm_batch_requests",
         "sglang_farm_batch_tokens_total",

@@ -29,6 +29,9 @@ PER_WORKER = (
     "sglang_farm_worker_gpu_memory_bytes",
     "sglang_farm_worker_last_load_duration_seconds",
     "sglang_farm_worker_oom_ladder_step",
+    # Issue 34 §2: SGLang 0.5.23's (the simulator's default) own HTTP counters, per worker.
+    "sglang_farm_worker_http_responses_total",
+    "sglang_farm_worker_http_server_errors_total",
 )
 PER_GPU = (
     "sglang_farm_gpu_memory_used_bytes",

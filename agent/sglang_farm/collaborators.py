@@ -22,15 +22,19 @@ from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.drain import InFlight
 from sglang_farm.workers.health import Prober
 from sglang_farm.workers.launcher import Preflight
+from sglang_farm.workers.load import RecentAnswers
 
 
 @dataclass(frozen=True, slots=True)
 class StatsReaders:
-    """Read the pollers' latest figures that the control socket shows (each call returns
-    at once: it reads the last snapshot, never polls)."""
+    """Read the pollers' latest figures that the control socket shows, and the GPUs' NUMA
+    nodes the doctor read (each call returns at once: it reads the last snapshot or
+    report, never polls)."""
 
     gpu_memory: Callable[[], Sequence[GpuMemory]] = lambda: ()
     queue_depths: Callable[[], Mapping[int, float]] = dict
+    recent_answers: Callable[[], Mapping[int, RecentAnswers]] = dict
+    gpu_numa_nodes: Callable[[], Mapping[int, int]] = dict
 
 
 @dataclass(frozen=True, slots=True)

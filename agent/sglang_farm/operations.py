@@ -24,6 +24,7 @@ from sglang_farm.runtime import Runtime
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.load import RecentAnswers
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
@@ -93,6 +94,12 @@ class FarmControl:
 
     def queue_depths(self) -> Mapping[int, float]:
         return self._collaborators.stats.queue_depths()
+
+    def recent_answers(self) -> Mapping[int, RecentAnswers]:
+        return self._collaborators.stats.recent_answers()
+
+    def gpu_numa_nodes(self) -> Mapping[int, int]:
+        return self._collaborators.stats.gpu_numa_nodes()
 
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""

@@ -39,6 +39,7 @@ from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interv
 from sglang_farm.sglang.argv import Command
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.workers.load import RecentAnswers
 
 log = structlog.get_logger("sglang_farm.service")
 
@@ -220,6 +221,9 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
     def queue_depths() -> Mapping[int, float]:
         return pollers.queue_depths() if pollers is not None else {}
 
+    def recent_answers() -> Mapping[int, RecentAnswers]:
+        return pollers.recent_answers() if pollers is not None else {}
+
     front = build_gateway(spec, kind)
     batch = build_batch(spec, kind, config_path)  # [batch], process runtime: the agent's child
     collaborators = Collaborators(
@@ -229,7 +233,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         refresh_preflight=doctor.refresh,
         compute_caps=doctor.compute_caps,
         observers=(on_status, to_pollers),
-        stats=StatsReaders(gpu_memory, queue_depths),
+        stats=StatsReaders(gpu_memory, queue_depths, recent_answers, doctor.gpu_numa_nodes),
         check_gpu=(lambda gpu: check_gpu(poller, gpu)) if poller is not None else None,
     )
     agent = Agent(
@@ -484,6 +488,12 @@ class DoctorReportCache:
     def report(self) -> DoctorReport | None:
         """The last report: None before the first refresh, or after the doctor crashed."""
         return self._report
+
+    def gpu_numa_nodes(self) -> Mapping[int, int]:
+        """Each GPU's NUMA node as the last report read it (issue 34 §5: `farmctl status`
+        and `why` show each worker's); empty on a host of one node or before a report."""
+        numa = self._report.numa if self._report is not None else None
+        return numa.gpu_node_map() if numa is not None else {}
 
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor

@@ -38,30 +38,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sglang_farm.canary.promtext import Labels, Scrape
+from sglang_farm.sglang.responses import http_responses as http_responses  # shared
 
 ITL = "sglang:inter_token_latency_seconds"
 TTFT = "sglang:time_to_first_token_seconds"
 REQUESTS = "sglang:num_requests_total"
 ABORTED = "sglang:num_aborted_requests_total"
 GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"
-HTTP_RESPONSES = "sglang:http_responses_total"
-HTTP_REQUESTS = "sglang:http_requests_total"
-# The routes that serve users' requests (SGLang's `endpoint` label): the agent's own
-# probes and scrapes (/health, /metrics, /server_info ...) are no traffic of the change's.
-SERVING_ENDPOINTS = frozenset(
-    {
-        "/generate",
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/rerank",
-        "/v1/score",
-        "/v1/classify",
-        "/classify",
-        "/encode",
-    }
-)
 
 
 class ErrorSource(StrEnum):
@@ -235,31 +218,6 @@ def worker_sample(sglang: Scrape, gateway: Scrape | None, worker_url: str) -> Wo
         answered=answered,
         server_errors=server_errors,
     )
-
-
-def http_responses(sglang: Scrape) -> tuple[float | None, float | None]:
-    """(answered, server errors) from SGLang's `sglang:http_responses_total` on the serving
-    routes: answered counts the 2xx and 5xx answers, server errors the 5xx. A 4xx is the
-    client's (a bad or unauthorised request; a non-streamed request whose client hung up)
-    and counts for neither; an aborted stream had its 200 sent and is an answer. (None,
-    None) when the worker has no such counter: neither family shows in its scrape (SGLang
-    before 0.5.20). `sglang:http_requests_total` counts a request as it arrives, so a
-    worker with the counters shows it at its first scrape, before any response."""
-    series = list(sglang.series(HTTP_RESPONSES))
-    if not series and next(sglang.series(HTTP_REQUESTS), None) is None:
-        return None, None
-    answered = server_errors = 0.0
-    for labels, value in series:
-        have = dict(labels)
-        if have.get("endpoint") not in SERVING_ENDPOINTS:
-            continue
-        code = have.get("status_code", "")
-        if code.startswith("5"):
-            server_errors += value
-            answered += value
-        elif code.startswith("2"):
-            answered += value
-    return answered, server_errors
 
 
 @dataclass(frozen=True, slots=True)

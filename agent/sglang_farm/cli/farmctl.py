@@ -20,6 +20,7 @@ from typing import IO, Any, NoReturn, TypeVar
 import click
 
 from sglang_farm.cli.batchctl import batch
+from sglang_farm.cli.readings import errors_cell, errors_line, numa_line
 from sglang_farm.cli.startview import capacity_cell, capacity_outliers, phase_cell, start_lines
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
@@ -569,6 +570,8 @@ def format_status(st: Mapping[str, Any]) -> str:
     gpus = {int(g["index"]): g for g in st.get("gpus", [])}
     has_queue = any("queue_depth" in w for w in workers)
     has_capacity = any((w.get("start") or {}).get("capacity") for w in workers)
+    has_5xx = any("recent_5xx" in w for w in workers)  # issue 34 §2: SGLang >= 0.5.20
+    has_node = any("numa_nodes" in w for w in workers)  # issue 34 §5: several nodes
     gw: Mapping[str, Any] | None = st.get("gateway")
     head = (
         f"farm {st.get('farm')} · {st.get('runtime')} runtime · rollout {st.get('rollout')}"
@@ -583,12 +586,14 @@ def format_status(st: Mapping[str, Any]) -> str:
     held = st.get("held_out_since")
     if isinstance(held, int | float):
         head += f" · host DRAINED (out of the gateway) for {_duration(now - float(held))}"
-    cols = ["WORKER", "GPU", "PORT", "STATE"]
+    cols = ["WORKER", "GPU", *(["NODE"] if has_node else []), "PORT", "STATE"]
     if gw is not None:
         cols.append("GATEWAY")  # in: the gateway confirmed it routes to the worker
     cols += ["FOR", "PID", "RESTARTS"]
     if has_queue:
         cols.append("QUEUE")
+    if has_5xx:
+        cols.append("5XX")  # the 5xx share of its answers over its recent polls
     if gpus:
         cols.append("VRAM")
     if has_capacity:
@@ -599,6 +604,7 @@ def format_status(st: Mapping[str, Any]) -> str:
         row = [
             str(w["id"]),
             ",".join(str(g) for g in w.get("gpus", [])),
+            *([",".join(str(n) for n in w.get("numa_nodes") or []) or "-"] if has_node else []),
             str(w.get("port", "")),
             str(w.get("state", ""))
             + (f" · {cell}" if (cell := phase_cell(w.get("start"), now)) else ""),
@@ -610,6 +616,8 @@ def format_status(st: Mapping[str, Any]) -> str:
         if has_queue:
             q = w.get("queue_depth")
             row.append("-" if q is None else str(q))
+        if has_5xx:
+            row.append(errors_cell(w.get("recent_5xx")))
         if gpus:
             row.append(_vram(w, gpus))
         if has_capacity:
@@ -1420,6 +1428,10 @@ def why(ctl: Ctl, worker: int) -> None:
     if r.get("start"):  # issue 34 §4: its latest start, phase by phase, and its capacity
         for ln in start_lines(r["start"]):
             click.echo(ln)
+    if r.get("recent_5xx"):  # issue 34 §2: from SGLang's own counter
+        click.echo(errors_line(r["recent_5xx"]))
+    if r.get("numa_nodes") and r.get("gpus"):  # issue 34 §5: a host of several nodes
+        click.echo(numa_line(r["gpus"], r["numa_nodes"]))
     sg = r.get("staging")
     if sg and sg.get("state") == "staging":
         click.echo(staging_line(sg))  # the progress; a failed stage is the note above

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sglang_farm.farm_view import FarmView
+from sglang_farm.workers.load import RecentAnswers
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,16 @@ class FarmOps(Protocol):
 
     def queue_depths(self) -> Mapping[int, float]:
         """Latest queued requests per serving worker, from its own metrics (never blocks)."""
+        ...
+
+    def recent_answers(self) -> Mapping[int, RecentAnswers]:
+        """Each serving worker's answers and 5xx over its recent polls, from SGLang's own
+        counter; a worker whose SGLang has none is absent (never blocks)."""
+        ...
+
+    def gpu_numa_nodes(self) -> Mapping[int, int]:
+        """GPU index -> its PCI device's NUMA node, as the doctor last read it; empty on a
+        host of one node, with simulated GPUs, or when not known (never blocks)."""
         ...
 
     async def start(self, worker_ids: Sequence[int]) -> None:

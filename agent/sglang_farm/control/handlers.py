@@ -191,6 +191,8 @@ class Handlers:
             now=self._wall_clock(),
             queues=self._ops.queue_depths(),
             config_file_sha256=on_disk,
+            answers=self._ops.recent_answers(),
+            gpu_nodes=self._ops.gpu_numa_nodes(),
         )
 
     async def _settled(self, req: Request, channel: Channel) -> Result:
@@ -212,6 +214,8 @@ class Handlers:
             view.staging,
             view.canary,
             held_out=view.held_out_since is not None,
+            answers=self._ops.recent_answers().get(req.args.worker),
+            gpu_nodes=self._ops.gpu_numa_nodes(),
         )
 
     async def _logs(self, req: Request, channel: Channel) -> Result:

@@ -26,6 +26,7 @@ from sglang_farm.farm_view import (
 )
 from sglang_farm.gpus import xid
 from sglang_farm.staging.state import StageState, StagingView
+from sglang_farm.workers.load import RecentAnswers
 
 Result = dict[str, object]
 
@@ -245,6 +246,35 @@ def _with_queue(result: Result, queued: float | None) -> Result:
     return result
 
 
+def answers_result(r: RecentAnswers) -> Result:
+    """A worker's recent answers from SGLang's own counter (issue 34 §2): over `seconds`
+    (its oldest poll of the window to its newest), the 2xx and 5xx answers on its serving
+    routes, the 5xx of them, and their ratio (null when it answered nothing)."""
+    return {
+        "seconds": r.seconds,
+        "answered": r.answered,
+        "server_errors": r.server_errors,
+        "ratio": r.ratio,
+    }
+
+
+def worker_numa_nodes(w: WorkerView, gpu_nodes: Mapping[int, int]) -> list[int] | None:
+    """The NUMA node of each of the worker's GPUs, in its GPU order (issue 34 §5); None
+    when one of them is not known (`gpu_nodes` is empty on a host of one node)."""
+    nodes = [gpu_nodes.get(g) for g in w.gpus]
+    return [n for n in nodes if n is not None] if nodes and None not in nodes else None
+
+
+def _with_readings(
+    result: Result, answers: RecentAnswers | None, numa_nodes: list[int] | None
+) -> Result:
+    if answers is not None:
+        result["recent_5xx"] = answers_result(answers)
+    if numa_nodes is not None:
+        result["numa_nodes"] = numa_nodes
+    return result
+
+
 def status_result(
     view: FarmView,
     gpus: Sequence[GpuMemory],
@@ -253,8 +283,12 @@ def status_result(
     now: float,
     queues: Mapping[int, float] | None = None,
     config_file_sha256: str | None = None,
+    answers: Mapping[int, RecentAnswers] | None = None,
+    gpu_nodes: Mapping[int, int] | None = None,
 ) -> Result:
-    """`status`: the farm, every worker (with `queue_depth` where known), VRAM per GPU,
+    """`status`: the farm, every worker (with `queue_depth` where known; `recent_5xx`,
+    its answers and 5xx over its recent polls, where its SGLang counts them; `numa_nodes`,
+    its GPUs' NUMA nodes, on a host of several nodes where known), VRAM per GPU,
     the gateway (null without one; with several, their sum and `gateways`, each
     one's own), with a [model] its stage (`staging`), once a
     change has been judged its canary analysis (`canary`), and while the host is held
@@ -284,8 +318,13 @@ def status_result(
         # A queue depth only for a worker that serves now: the pollers' last figure for a
         # worker that stopped since is stale.
         "workers": [
-            _with_queue(
-                worker_result(w), (queues or {}).get(w.id) if w.phase in _QUEUE_PHASES else None
+            _with_readings(
+                _with_queue(
+                    worker_result(w),
+                    (queues or {}).get(w.id) if w.phase in _QUEUE_PHASES else None,
+                ),
+                (answers or {}).get(w.id) if w.phase in _QUEUE_PHASES else None,
+                worker_numa_nodes(w, gpu_nodes or {}),
             )
             for w in view.workers
         ],
@@ -390,13 +429,16 @@ def why_result(
     canary: RolloutVerdictView | None = None,
     *,
     held_out: bool = False,
+    answers: RecentAnswers | None = None,
+    gpu_nodes: Mapping[int, int] | None = None,
 ) -> Result:
     """`why`: the worker's last failure with its advice, what the agent did about it
     (`failure_past`: set when that failure is its past: "served" since, or "reset" by
     the operator since), what its state means now (`state_note`: quarantined, draining,
     or ready but out of the gateway), for a quarantined GPU the quarantine and the
     operator's `next_step`, and for the canary of the latest change its verdict with the
-    evidence and the checks (`canary`, last; only on that worker)."""
+    evidence and the checks (`canary`; only on that worker), and, as `status` has them,
+    `gpus`, and `recent_5xx` and `numa_nodes` (each only where known)."""
     f = w.last_failure
     q = w.quarantine
     result: Result = {
@@ -423,7 +465,11 @@ def why_result(
         result["staging"] = staging_result(staging)
     if canary is not None and canary.canary == w.id:
         result["canary"] = canary_result(canary)
-    return result
+    result["gpus"] = list(w.gpus)  # what `numa_nodes` is in the order of
+    serving = w.phase in _QUEUE_PHASES
+    return _with_readings(
+        result, answers if serving else None, worker_numa_nodes(w, gpu_nodes or {})
+    )
 
 
 def endpoints_result(view: FarmView) -> Result:

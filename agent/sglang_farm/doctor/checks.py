@@ -82,6 +82,9 @@ class DoctorReport:
     attention: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
     # The raw probe results, one per probed environment (for --json and bug reports).
     environments: tuple[Mapping[str, Any], ...] = ()
+    # The host's NUMA facts the NUMA check judged (each GPU's node for `farmctl status`);
+    # None when not looked at, or the GPUs are simulated (their PCI ids are made up).
+    numa: NumaFacts | None = None
 
     @property
     def ok(self) -> bool:

@@ -145,7 +145,8 @@ def evaluate(spec: FarmSpec, obs: Observations) -> DoctorReport:
     for outcome in obs.env.values():
         if outcome.result is not None and all(outcome.result is not e for e in envs):
             envs.append(outcome.result)
-    return DoctorReport(_merge(found), MappingProxyType(attention), tuple(envs))
+    numa = None if fleet.simulated else obs.numa  # a simulated GPU's PCI id is made up
+    return DoctorReport(_merge(found), MappingProxyType(attention), tuple(envs), numa)
 
 
 def blocking_checks(

@@ -59,6 +59,13 @@ class NumaFacts:
     # worker id -> its unit's filter; empty when not under systemd (no filter applies).
     unit_filters: Mapping[int, UnitFilter] = field(default_factory=lambda: MappingProxyType({}))
 
+    def gpu_node_map(self) -> dict[int, int]:
+        """GPU index -> its node, for the GPUs whose node is known; empty on a host of one
+        node (or of unknown nodes), where there is no node to tell apart."""
+        if len(self.nodes) <= 1:
+            return {}
+        return {g: n for g, n in self.gpu_nodes.items() if n is not None}
+
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
     """The kernel's list format (`0`, `0-1`, `0,2-3`) -> the numbers, sorted.

@@ -751,6 +751,25 @@ def _worker_stats(st: MetricsState) -> Iterator[Metric]:
     poll_dur = _g(
         "sglang_farm_worker_stats_poll_duration_seconds", "How long the latest stats poll took.", wl
     )
+    # Issue 34 §2: from SGLang's own sglang:http_responses_total (>= 0.5.20), absent without.
+    answered = _c(
+        "sglang_farm_worker_http_responses",
+        "The worker's 2xx and 5xx answers on its serving routes since it started, as its "
+        "SGLang counts them (sglang:http_responses_total).",
+        wl,
+    )
+    errors = _c(
+        "sglang_farm_worker_http_server_errors",
+        "The worker's 5xx answers on its serving routes since it started, as its SGLang "
+        "counts them.",
+        wl,
+    )
+    ratio = _g(
+        "sglang_farm_worker_http_5xx_ratio",
+        "The 5xx share of the worker's answers over its polls of the last 5 minutes "
+        "(absent with no answer then).",
+        wl,
+    )
     for w in st.farm.workers:
         lv = [str(w.id), gpu_label(w.gpus)]
         stats = st.workers.get(w.id)
@@ -775,7 +794,14 @@ def _worker_stats(st: MetricsState) -> Iterator[Metric]:
         ):
             if v is not None:
                 fam.add_metric(lv, v)
+        if stats.answered is not None and stats.server_errors is not None:
+            answered.add_metric(lv, stats.answered)
+            errors.add_metric(lv, stats.server_errors)
+        recent = stats.recent
+        if recent is not None and recent.ratio is not None:
+            ratio.add_metric(lv, recent.ratio)
     yield from (info, up, queued, running, kv, tput, hit, stale, polled, poll_dur)
+    yield from (answered, errors, ratio)
 
 
 def _worker_memory(st: MetricsState) -> Iterator[Metric]:

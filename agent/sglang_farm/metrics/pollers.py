@@ -30,7 +30,7 @@ from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.health import LocalHttp
-from sglang_farm.workers.load import WorkerSample, WorkerStats, WorkerStatsTracker
+from sglang_farm.workers.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 
 log = structlog.get_logger("sglang_farm.metrics.pollers")
 
@@ -145,6 +145,11 @@ class MetricPollers:
 
     def queue_depths(self) -> dict[int, float]:
         return {w: s.queued for w, s in self._state.workers.items() if s.queued is not None}
+
+    def recent_answers(self) -> dict[int, RecentAnswers]:
+        """Each serving worker's answers and 5xx of the last polls (issue 34 §2), where its
+        SGLang counts them."""
+        return {w: r for w, s in self._state.workers.items() if (r := s.recent) is not None}
 
     # ---- GPU loop ------------------------------------------------------------------
 

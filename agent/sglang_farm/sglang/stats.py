@@ -18,6 +18,8 @@ from dataclasses import replace
 
 import httpx
 
+from sglang_farm.canary import promtext
+from sglang_farm.sglang.responses import HTTP_REQUESTS, HTTP_RESPONSES, http_responses
 from sglang_farm.workers.health import HttpFailure, LocalHttp
 from sglang_farm.workers.load import WorkerSample
 
@@ -53,11 +55,15 @@ def _mean(xs: list[float]) -> float | None:
 # ~150 lines) is skipped unparsed. prometheus_client's parser on the dozen lines left
 # still cost 0.8 ms a poll; these lines are plain `name{labels} value`, read here directly.
 _WANTED = frozenset({*PROGRESS_SAMPLES, "sglang:cache_hit_rate"})
+# SGLang's HTTP counters (>= 0.5.20): their lines are kept whole and read as the canary
+# reads them (`sglang.responses`), a few dozen lines at most.
+_HTTP = frozenset({HTTP_RESPONSES, HTTP_REQUESTS})
 _MODEL_LABEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
 
 
-def _samples(text: str) -> Iterator[tuple[str, str, float]]:
-    """(name, labels text, value) of every wanted sample line. ValueError on a bad value."""
+def _samples(text: str, http: list[str]) -> Iterator[tuple[str, str, float]]:
+    """(name, labels text, value) of every wanted sample line; the HTTP counters' lines
+    are appended to `http` as they are. ValueError on a bad value."""
     for line in text.splitlines():
         if not line.startswith("sglang:"):
             continue  # comments, other exporters' names, blank lines
@@ -71,7 +77,9 @@ def _samples(text: str) -> Iterator[tuple[str, str, float]]:
             name, labels, rest = line[:space], "", line[space:]
         else:
             raise ValueError(f"a sample line without a value: {line[:80]!r}")
-        if name in _WANTED:
+        if name in _HTTP:
+            http.append(line)
+        elif name in _WANTED:
             fields = rest.split()
             if not fields:
                 raise ValueError(f"a sample line without a value: {line[:80]!r}")
@@ -84,13 +92,17 @@ def parse_metrics_text(worker: int, taken_at: float, text: str) -> WorkerSample:
     maxes: dict[str, float] = {}
     hit_rates: list[float] = []
     model: str | None = None
-    for name, labels, value in _samples(text):
+    http: list[str] = []
+    for name, labels, value in _samples(text, http):
         if model is None and (m := _MODEL_LABEL.search(labels)):
             model = m.group(1).replace('\\"', '"').replace("\\\\", "\\")
         sums[name] = sums.get(name, 0.0) + value
         maxes[name] = max(maxes.get(name, value), value)
         if name == "sglang:cache_hit_rate":
             hit_rates.append(value)
+    answered, server_errors = http_responses(
+        promtext.parse("\n".join(http), source="/metrics, HTTP counter line")
+    )
     return WorkerSample(
         worker=worker,
         taken_at=taken_at,
@@ -103,6 +115,8 @@ def parse_metrics_text(worker: int, taken_at: float, text: str) -> WorkerSample:
         cache_hit_rate=_mean(hit_rates),
         model_name=model,
         progress=tuple((n, sums[n]) for n in PROGRESS_SAMPLES if n in sums),
+        answered=answered,
+        server_errors=server_errors,
     )
 
 

@@ -9,11 +9,22 @@ each sample's *progress fingerprint* (scheduler-side values and counters, or the
 LoadSnapshot timestamps) with the previous one: unchanged for longer than
 `window_s` while requests are running means stale. A worker that does not
 answer is `up=False` and stale.
+
+A worker whose SGLang counts its HTTP answers (`sglang:http_responses_total`, SGLang
+>= 0.5.20, `sglang.responses`) also has its recent 5xx ratio: the tracker keeps its
+cumulative answers and 5xx of the polls of the last `RECENT_WINDOW_S` (`answers`), and
+`recent_answers` takes their increase (a reset, the worker restarted, counted as
+Prometheus' `increase()` counts it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+
+# How far back `farmctl status`'s 5xx ratio looks: Prometheus' usual rate window.
+RECENT_WINDOW_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +45,44 @@ class WorkerSample:
     sglang_version: str | None = None
     progress: tuple[tuple[str, float], ...] = ()
     error: str | None = None
+    # SGLang's own answers on the serving routes since the worker started (2xx and 5xx),
+    # and the 5xx of them; None: its SGLang has no such counter (before 0.5.20).
+    answered: float | None = None
+    server_errors: float | None = None
+
+
+# (taken_at, answered, server errors) of one poll: cumulative, as SGLang counts them.
+AnswerPoint = tuple[float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class RecentAnswers:
+    """A worker's answers and 5xx between its oldest and newest poll of the window."""
+
+    seconds: float  # from the oldest poll to the newest
+    answered: float  # 2xx and 5xx
+    server_errors: float  # 5xx
+
+    @property
+    def ratio(self) -> float | None:
+        """The 5xx share of the answers; None when there was none."""
+        return self.server_errors / self.answered if self.answered > 0 else None
+
+
+def _increase(later: float, earlier: float) -> float:
+    """A counter's increase: the difference, or `later` when it went down (a reset)."""
+    return later if later < earlier else later - earlier
+
+
+def recent_answers(points: Sequence[AnswerPoint]) -> RecentAnswers | None:
+    """What the polls `points` (oldest first) saw answered; None with fewer than two."""
+    if len(points) < 2:
+        return None
+    answered = errors = 0.0
+    for (_, a0, e0), (_, a1, e1) in pairwise(points):
+        answered += _increase(a1, a0)
+        errors += _increase(e1, e0)
+    return RecentAnswers(points[-1][0] - points[0][0], answered, min(errors, answered))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +106,15 @@ class WorkerStats:
     poll_duration_s: float = 0.0
     progress: tuple[tuple[str, float], ...] = ()
     changed_at: float | None = None  # wall clock when `progress` last changed
+    answered: float | None = None  # SGLang's answers on the serving routes (cumulative)
+    server_errors: float | None = None  # ... and the 5xx of them; None: no such counter
+    # The polls of the last `RECENT_WINDOW_S` that had the counter, oldest first.
+    answers: tuple[AnswerPoint, ...] = ()
+
+    @property
+    def recent(self) -> RecentAnswers | None:
+        """The answers and 5xx of the window; None: no counter, or one poll of it yet."""
+        return recent_answers(self.answers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +128,15 @@ class WorkerStatsTracker:
     """
 
     window_s: float = 30.0
+    answers_window_s: float = RECENT_WINDOW_S
+
+    def _answers(self, prev: WorkerStats | None, new: WorkerSample) -> tuple[AnswerPoint, ...]:
+        """The window's polls with `new` added; none when `new` has no counter."""
+        if new.answered is None or new.server_errors is None:
+            return ()
+        points = (*(prev.answers if prev else ()), (new.taken_at, new.answered, new.server_errors))
+        since = new.taken_at - self.answers_window_s
+        return tuple(p for p in points if p[0] >= since)
 
     def update(self, prev: WorkerStats | None, new: WorkerSample, now: float) -> WorkerStats:
         model = new.model_name or (prev.model_name if prev else None)
@@ -88,6 +155,8 @@ class WorkerStatsTracker:
                 # Keep the last fingerprint: values frozen across an outage still count as frozen.
                 progress=prev.progress if prev else (),
                 changed_at=prev.changed_at if prev else None,
+                # Kept: the window's polls stay what they were (`recent` says when).
+                answers=prev.answers if prev else (),
             )
         if prev is not None and prev.changed_at is not None and prev.progress == new.progress:
             changed_at = prev.changed_at
@@ -118,4 +187,7 @@ class WorkerStatsTracker:
             poll_duration_s=new.duration_s,
             progress=new.progress,
             changed_at=changed_at,
+            answered=new.answered,
+            server_errors=new.server_errors,
+            answers=self._answers(prev, new),
         )
