@@ -492,8 +492,7 @@ class DoctorReportCache:
     def gpu_numa_nodes(self) -> Mapping[int, int]:
         """Each GPU's NUMA node as the last report read it (issue 34 §5: `farmctl status`
         and `why` show each worker's); empty on a host of one node or before a report."""
-        numa = self._report.numa if self._report is not None else None
-        return numa.gpu_node_map() if numa is not None else {}
+        return self._report.gpu_numa_nodes() if self._report is not None else {}
 
     async def refresh(self, spec: FarmSpec) -> None:
         from sglang_farm.doctor import run_doctor

@@ -98,6 +98,11 @@ class DoctorReport:
     def counts(self) -> dict[str, int]:
         return {str(s): sum(1 for c in self.checks if c.status is s) for s in Status}
 
+    def gpu_numa_nodes(self) -> dict[int, int]:
+        """GPU index -> its NUMA node, where known, on a host of several nodes (issue 34
+        §5: `farmctl status` and `why` show each worker's); else empty."""
+        return self.numa.gpu_node_map() if self.numa is not None else {}
+
     def warnings(self) -> list[str]:
         """Each warning named for the line that counts them: "check: the start of its
         message…" (`sglang-farm doctor` gives the whole), so the line stays one screen wide."""
