@@ -171,6 +171,10 @@ def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(tmp: Path
     assert [w["worker"] for w in warnings] == [2], warnings
     assert warnings[0]["phase"] == "loading_weights"
     assert "loading weights took" in warnings[0]["why"]
+    # ... and said where the operator looks, not in the log alone.
+    assert [[x["phase"] for x in s["slow"]] for s in starts] == [[], [], ["loading_weights"]]
+    assert "worker 2: slow start: loading weights took" in text, text
+    assert "slow: loading weights took" in why, why
     assert "CAPACITY" in text and " tok · 37 req" in text, text
     assert "worker 2: SGLang chose 37 running requests at its start, 2 of its siblings 72" in text
     assert "start (its last): launching" in why and "loading weights" in why, why
@@ -180,3 +184,45 @@ def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(tmp: Path
         r'sglang_farm_worker_startup_seconds\{gpu="2",phase="loading_weights",worker="2"\} 1\d',
         metrics,
     ), metrics
+
+
+def test_a_slow_phase_is_kept_with_its_start_and_shown_by_status_and_why() -> None:
+    """The slow-phase line is not the agent's log alone (issue 34 §4, Done-when): the start
+    in the status JSON carries it, `farmctl status` has a note line and `why` says it; a
+    new launch of the worker starts with none."""
+    from sglang_farm.cli.farmctl import format_status
+    from sglang_farm.cli.startview import start_lines
+    from sglang_farm.control.results import start_result
+    from sglang_farm.farm_view import start_view
+    from sglang_farm.workers.startup_book import StartupBook
+
+    book = StartupBook()
+    for w in range(3):
+        book.launched(w, 0.0)
+        book.line(w, LINES[1], 1.0)  # loading weights from 1 s ...
+        book.line(w, LINES[2], 60.0 if w == 2 else 6.0)  # ... to 6 s; worker 2's to 60 s
+    assert [s.worker for s in book.take_slow()] == [2]  # the log's line, as before
+    slow = book.slow_phases()
+    assert list(slow) == [2] and slow[2][0].phase is StartPhase.LOADING_WEIGHTS
+    view = start_view(book.starts()[2], 1000.0, starting=True, slow=slow[2])
+    result = start_result(view)
+    assert result is not None
+    (entry,) = result["slow"]  # type: ignore[misc]
+    assert entry == {
+        "phase": "loading_weights",
+        "seconds": 59.0,
+        "siblings_median": 5.0,
+        "siblings": 2,
+        "text": "loading weights took 59 s, against 5 s for its 2 siblings (median)",
+    }
+    w = {"id": 2, "gpus": [2], "port": 30002, "state": "starting", "since": 1.0, "start": result}
+    text = format_status(
+        {"farm": "f", "runtime": "process", "rollout": "rolling", "now": 1070.0, "workers": [w]}
+    )
+    assert (
+        "worker 2: slow start: loading weights took 59 s, against 5 s for its 2 siblings "
+        "(median)" in text
+    )
+    assert any("slow: loading weights took 59 s" in ln for ln in start_lines(result))
+    book.launched(2, 100.0)
+    assert 2 not in book.slow_phases()

@@ -711,6 +711,7 @@ class Agent:
             rolling=len(self.supervisor.rolling),  # issue 26: farmctl wait
             held_out_since=self.supervisor.held_out_since,  # issue 26: drain-host
             starts=self.worker_logs.startups.starts(),  # issue 34 §4: each start's phases
+            slow_starts=self.worker_logs.startups.slow_phases(),  # ... and the slow ones
             state_alerts=(*self._store.alerts(), *self._canary.alerts()),  # issue 30
             state_save_failures=self._store.save_failures,
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.canary.view import RolloutVerdictView
-from sglang_farm.sglang.startup import Capacity, StartPhase, StartTimeline
+from sglang_farm.sglang.startup import Capacity, SlowPhase, StartPhase, StartTimeline
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.state_alerts import StateAlert
@@ -83,15 +83,19 @@ class StartView:
     durations: Mapping[str, float]  # seconds of each phase that has ended
     capacity: Capacity | None = None
     in_progress: bool = False  # the worker is starting now and this is that start
+    slow: tuple[SlowPhase, ...] = ()  # its phases well slower than its siblings'
 
 
-def start_view(t: StartTimeline, mono_to_wall: float, *, starting: bool) -> StartView:
+def start_view(
+    t: StartTimeline, mono_to_wall: float, *, starting: bool, slow: Sequence[SlowPhase] = ()
+) -> StartView:
     return StartView(
         in_progress=starting and not t.done,
         phase=t.phase,
         phase_since=t.phase_since + mono_to_wall,
         durations=MappingProxyType({str(p): s for p, s in t.durations().items()}),
         capacity=t.capacity,
+        slow=tuple(slow),
     )
 
 
@@ -180,6 +184,7 @@ def build_view(
     rolling: int = 0,
     held_out_since: float | None = None,
     starts: Mapping[int, StartTimeline] | None = None,
+    slow_starts: Mapping[int, Sequence[SlowPhase]] | None = None,
     state_alerts: Sequence[StateAlert] = (),
     state_save_failures: int = 0,
 ) -> FarmView:
@@ -227,7 +232,12 @@ def build_view(
                 if s.quarantine is not None
                 else None,
                 quarantines_by_reason=MappingProxyType(dict(s.quarantines_by_reason)),
-                start=start_view(t, mono_to_wall, starting=s.phase is Phase.STARTING)
+                start=start_view(
+                    t,
+                    mono_to_wall,
+                    starting=s.phase is Phase.STARTING,
+                    slow=(slow_starts or {}).get(ws.id, ()),
+                )
                 if (t := (starts or {}).get(ws.id)) is not None
                 else None,
             )

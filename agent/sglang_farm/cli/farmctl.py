@@ -21,7 +21,13 @@ import click
 
 from sglang_farm.cli.batchctl import batch
 from sglang_farm.cli.readings import errors_cell, errors_line, numa_line
-from sglang_farm.cli.startview import capacity_cell, capacity_outliers, phase_cell, start_lines
+from sglang_farm.cli.startview import (
+    capacity_cell,
+    capacity_outliers,
+    phase_cell,
+    slow_start_notes,
+    start_lines,
+)
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
 from sglang_farm.control.wire import Reply
 from sglang_farm.errors import (
@@ -638,6 +644,7 @@ def format_status(st: Mapping[str, Any]) -> str:
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
     notes += capacity_outliers(workers)
+    notes += slow_start_notes(workers)  # issue 34 §4: the worker_start_slow line's
     if isinstance(held, int | float):
         notes.append(
             "host drained: every worker is held out of the gateway (farmctl drain-host), also "

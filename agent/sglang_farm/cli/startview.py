@@ -1,7 +1,8 @@
 """Pure: a worker's start as `farmctl status` and `why` show it (issue 34 §4), from the
 status JSON's `start` (`control.results.start_result`): the phase a starting worker is in
-and for how long, each phase's seconds, and the capacity SGLang chose, with the workers
-whose capacity differs from most of their siblings'."""
+and for how long, each phase's seconds, the capacity SGLang chose, with the workers
+whose capacity differs from most of their siblings', and the phases well slower than the
+siblings' (`slow`)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def start_lines(start: Mapping[str, Any]) -> list[str]:
     out = [f"start ({now}): {steps or 'no phase ended yet'}"]
     if start.get("in_progress"):
         out[0] += f"; now {_words(start.get('phase'))}"
+    for slow in start.get("slow") or ():
+        if isinstance(slow, Mapping):
+            out.append(f"slow: {slow.get('text')}")
     cap = start.get("capacity")
     if isinstance(cap, Mapping):
         out.append(
@@ -51,6 +55,16 @@ def start_lines(start: Mapping[str, Any]) -> list[str]:
             f"context {cap.get('context_len')}"
         )
     return out
+
+
+def slow_start_notes(workers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per slow phase of each worker's latest start."""
+    return [
+        f"worker {w['id']}: slow start: {slow.get('text')}"
+        for w in workers
+        for slow in (w.get("start") or {}).get("slow") or ()
+        if isinstance(slow, Mapping)
+    ]
 
 
 def capacity_outliers(workers: Sequence[Mapping[str, Any]]) -> list[str]:

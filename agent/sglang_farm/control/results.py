@@ -63,7 +63,8 @@ def worker_result(w: WorkerView) -> Result:
 
 def start_result(s: StartView | None) -> Result | None:
     """A worker's latest start (issue 34 §4): the phase it is in (`served` once over) since
-    when, each ended phase's seconds, and the capacity SGLang chose; None when not seen."""
+    when, each ended phase's seconds, the capacity SGLang chose, and the phases well slower
+    than its siblings' (`slow`, the `worker_start_slow` log line's); None when not seen."""
     if s is None:
         return None
     cap = s.capacity
@@ -79,6 +80,16 @@ def start_result(s: StartView | None) -> Result | None:
             "max_running_requests": cap.max_running_requests,
             "context_len": cap.context_len,
         },
+        "slow": [
+            {
+                "phase": str(p.phase),
+                "seconds": p.seconds,
+                "siblings_median": p.siblings_median,
+                "siblings": p.siblings,
+                "text": p.text(),
+            }
+            for p in s.slow
+        ],
     }
 
 

@@ -21,16 +21,22 @@ class SlowStart:
 
 
 class StartupBook:
+    """Each worker's latest start, and the phases of it found slow (kept with the start, so
+    that `farmctl status` and `why` say them too, not the agent's log alone)."""
+
     def __init__(self) -> None:
         self._starts: dict[int, StartTimeline] = {}
         self._slow: list[SlowStart] = []
+        self._slow_of: dict[int, tuple[SlowPhase, ...]] = {}  # the latest start's
         self.version = 0  # moves whenever a start moves: the view is rebuilt then
 
     def launched(self, worker: int, at: float) -> None:
         self._starts[worker] = StartTimeline.launched(at)
+        self._slow_of.pop(worker, None)
         self.version += 1
 
     def forget(self, worker: int) -> None:
+        self._slow_of.pop(worker, None)
         if self._starts.pop(worker, None) is not None:
             self.version += 1
 
@@ -54,6 +60,7 @@ class StartupBook:
             slow = slow_phase(ended, seconds, siblings)
             if slow is not None:
                 self._slow.append(SlowStart(worker, slow))
+                self._slow_of[worker] = (*self._slow_of.get(worker, ()), slow)
 
     def take_slow(self) -> list[SlowStart]:
         """The slow phases found since the last call (the agent logs each once)."""
@@ -62,3 +69,7 @@ class StartupBook:
 
     def starts(self) -> dict[int, StartTimeline]:
         return dict(self._starts)
+
+    def slow_phases(self) -> dict[int, tuple[SlowPhase, ...]]:
+        """The slow phases of each worker's latest start (workers with none left out)."""
+        return dict(self._slow_of)
