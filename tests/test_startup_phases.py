@@ -226,3 +226,21 @@ def test_a_slow_phase_is_kept_with_its_start_and_shown_by_status_and_why() -> No
     assert any("slow: loading weights took 59 s" in ln for ln in start_lines(result))
     book.launched(2, 100.0)
     assert 2 not in book.slow_phases()
+
+
+def test_why_says_how_long_a_starting_worker_has_been_in_its_phase() -> None:
+    """Issue 34 §4: the phase and how long it has lasted, in `why` as in `status`."""
+    from sglang_farm.cli.startview import start_lines
+
+    start = {
+        "phase": "capturing_cuda_graphs",
+        "phase_since": 1000.0,
+        "in_progress": True,
+        "durations": {"launching": 1.0, "loading_weights": 40.0},
+        "capacity": None,
+        "slow": [],
+    }
+    assert start_lines(start, now=1042.0)[0] == (
+        "start (in progress): launching 1.0 s, loading weights 40 s; now capturing cuda graphs "
+        "for 42 s"
+    )

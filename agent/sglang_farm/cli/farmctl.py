@@ -1433,7 +1433,7 @@ def why(ctl: Ctl, worker: int) -> None:
     if r.get("next_step"):
         click.echo(f"next step: {r['next_step']}")
     if r.get("start"):  # issue 34 §4: its latest start, phase by phase, and its capacity
-        for ln in start_lines(r["start"]):
+        for ln in start_lines(r["start"], time.time()):
             click.echo(ln)
     if r.get("recent_5xx"):  # issue 34 §2: from SGLang's own counter
         click.echo(errors_line(r["recent_5xx"]))

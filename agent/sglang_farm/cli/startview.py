@@ -36,14 +36,18 @@ def capacity_cell(start: Mapping[str, Any] | None) -> str:
     return f"{cap.get('kv_tokens')} tok · {cap.get('max_running_requests')} req"
 
 
-def start_lines(start: Mapping[str, Any]) -> list[str]:
-    """`why`'s lines on the worker's latest start."""
+def start_lines(start: Mapping[str, Any], now: float | None = None) -> list[str]:
+    """`why`'s lines on the worker's latest start; with `now`, how long a start in progress
+    has been in its phase."""
     durations = start.get("durations") or {}
     steps = ", ".join(f"{_words(p)} {_secs(float(s))}" for p, s in durations.items())
-    now = "in progress" if start.get("in_progress") else "its last"
-    out = [f"start ({now}): {steps or 'no phase ended yet'}"]
+    which = "in progress" if start.get("in_progress") else "its last"
+    out = [f"start ({which}): {steps or 'no phase ended yet'}"]
     if start.get("in_progress"):
         out[0] += f"; now {_words(start.get('phase'))}"
+        since = start.get("phase_since")
+        if now is not None and isinstance(since, int | float):
+            out[0] += f" for {_secs(max(now - float(since), 0.0))}"
     for slow in start.get("slow") or ():
         if isinstance(slow, Mapping):
             out.append(f"slow: {slow.get('text')}")
