@@ -45,14 +45,18 @@ PER_GPU = (
 @pytest.fixture(scope="module")
 def farm() -> Iterator[tuple[Farm, str]]:
     tmp, marker = tmpdir(), new_marker()
-    # Worker 3 dies of a CUDA OOM 3 s after it is ready (SGLang's text, printed by the simulator).
+    # Worker 3 dies of a CUDA OOM 3 s after it is ready (SGLang's text, printed by the simulator);
+    # worker 1 answers 500 to a share of its generations (issue 34 §2: its own counter says so).
     cfg = farm_config(
         tmp,
         workers=WORKERS,
         parallel=2,
         load_seconds=0.5,
         marker=marker,
-        worker_env={3: {"SGLANG_SIM_FAIL_AFTER": "3"}},
+        worker_env={
+            1: {"SGLANG_SIM_ERROR_RATE": "0.5", "SGLANG_SIM_SEED": "2"},
+            3: {"SGLANG_SIM_FAIL_AFTER": "3"},
+        },
     )
     f = Farm(cfg, marker)
     try:
@@ -141,7 +145,7 @@ def test_a_cuda_oom_while_serving_counts_as_an_oom_event_and_restart(
 def test_prometheus_scrapes_the_farm_and_discovers_its_workers(
     farm: tuple[Farm, str], tmp_path: Path
 ) -> None:
-    _, target = farm
+    f, target = farm
     config = json.dumps(
         {
             "global": {"scrape_interval": "1s"},
@@ -187,6 +191,30 @@ def test_prometheus_scrapes_the_farm_and_discovers_its_workers(
                 return {"0", "1", "2"} <= {r["metric"].get("worker") for r in rows}, rows
 
             _wait_for("SGLang's own series, discovered through /sd, with worker labels", discovered)
+
+            # Issue 34 §2: worker 1's 500s, as its SGLang counted them, reach Prometheus
+            # through the farm's counters; the dashboard's 5xx share is computed from them.
+            st = json.loads(f.farmctl("--json", "status").stdout)
+            url = next(w["base_url"] for w in st["workers"] if w["id"] == 1)
+            with httpx.Client(base_url=url, timeout=10) as worker:
+                codes = [
+                    worker.post("/generate", json={"text": "hi", "max_tokens": 1}).status_code
+                    for _ in range(20)
+                ]
+            assert 0 < codes.count(500) < len(codes), codes
+
+            def counted() -> tuple[bool, Any]:
+                errors = _query(client, 'sglang_farm_worker_http_server_errors_total{worker="1"}')
+                share = _query(
+                    client,
+                    'rate(sglang_farm_worker_http_server_errors_total{worker="1"}[1m]) / '
+                    'rate(sglang_farm_worker_http_responses_total{worker="1"}[1m])',
+                )
+                got = [float(r["value"][1]) for r in errors]
+                return got == [codes.count(500)] and bool(share), (got, share)
+
+            _, share = _wait_for("worker 1's 500s in Prometheus", counted)
+            assert 0 < float(share[0]["value"][1]) <= 1, share
     finally:
         proc.terminate()
         proc.wait(10)

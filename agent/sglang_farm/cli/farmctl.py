@@ -683,6 +683,11 @@ def format_status(st: Mapping[str, Any]) -> str:
 def status(ctl: Ctl) -> None:
     """Show every worker: GPU, port, state, time in state, PID, restarts, VRAM.
 
+    Also, where known: a starting worker's phase and how long it has been in it,
+    the queue, the 5xx share of its recent answers (SGLang 0.5.20 or later), the
+    capacity SGLang chose at its start, and on a host of several NUMA nodes each
+    worker's node (NODE).
+
     With a gateway: its URL, whether it answers, how many workers it routes to,
     and a GATEWAY column (in/out) per worker. Once a change has been judged on a
     canary, one line with its verdict and evidence (farmctl why N says more). A
