@@ -55,7 +55,7 @@ def _mean(xs: list[float]) -> float | None:
 # still cost 0.8 ms a poll; these lines are plain `name{labels} value`, read here directly.
 _WANTED = frozenset({*PROGRESS_SAMPLES, "sglang:cache_hit_rate"})
 # SGLang's HTTP counters (>= 0.5.20): read as the canary reads them (`sglang.responses`),
-# their labels taken here as the model label is (the canary's parser took 30 us a line).
+# their labels taken here as the model label is (the canary's general parser costs more).
 _HTTP = frozenset({HTTP_RESPONSES, HTTP_REQUESTS})
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _MODEL_LABEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
