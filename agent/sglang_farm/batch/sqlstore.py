@@ -456,14 +456,24 @@ class SqlStore:
                 if want <= 0:
                     break
                 token = secrets.token_hex(8)
+                # One state at a time, each read along the (batch_id, state, line) index:
+                # a condition over both states walked the batch from its first line,
+                # past every finished request (O(done) a claim, O(n^2) a batch).
                 rows = self._x(
                     cur,
                     "SELECT line, custom_id, url, body, attempts, state FROM requests "
-                    "WHERE batch_id = ? AND ((state = 'pending' AND next_at <= ?) OR "
-                    "(state = 'in_flight' AND lease_until < ?)) ORDER BY line LIMIT ?"
-                    + self.skip_locked,
-                    (batch_id, now, now, want),
+                    "WHERE batch_id = ? AND state = 'in_flight' AND lease_until < ? "
+                    "ORDER BY line LIMIT ?" + self.skip_locked,
+                    (batch_id, now, want),
                 ).fetchall()
+                if len(rows) < want:
+                    rows += self._x(
+                        cur,
+                        "SELECT line, custom_id, url, body, attempts, state FROM requests "
+                        "WHERE batch_id = ? AND state = 'pending' AND next_at <= ? "
+                        "ORDER BY line LIMIT ?" + self.skip_locked,
+                        (batch_id, now, want - len(rows)),
+                    ).fetchall()
                 if not rows:
                     continue
                 cur.executemany(
