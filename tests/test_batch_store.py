@@ -437,3 +437,19 @@ def test_a_claims_work_does_not_grow_with_the_requests_already_done(tmp_path: Pa
     assert store.batch("batch_a").completed == 20_000
     late = _vm_steps(store, lambda: claim_and_record(10))  # the 20,000 before it done
     assert late <= 3 * first + 10, (first, late)
+
+
+def test_an_exchange_records_the_answers_and_claims_again_in_one_step(store: Store) -> None:
+    loaded(store, 10)
+    first = store.claim("a", 4, now=NOW, lease_s=60)
+    taken_over = store.claim("b", 1, now=NOW + 61, lease_s=60)  # a's line 1, lease passed
+    assert [c.line for c in taken_over] == [1]
+    done, again = store.exchange([ok(c) for c in first], "a", 3, now=NOW + 62, lease_s=60)
+    assert done == [False, True, True, True]  # line 1 is b's now
+    assert [c.line for c in again] == [5, 6, 7]
+    b = store.batch("batch_a")
+    assert (b.completed, b.in_flight) == (3, 4)
+    assert store.exchange([], "a", 0, now=NOW + 63, lease_s=60) == ([], [])
+    done, rest = store.exchange([ok(c) for c in again], "a", 100, now=NOW + 64, lease_s=60)
+    assert done == [True] * 3 and [c.line for c in rest] == [8, 9, 10]
+    assert store.batch("batch_a").completed == 6
