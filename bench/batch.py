@@ -371,6 +371,9 @@ url = "http://127.0.0.1:{noop_port}"
 
 [sglang]
 model_path = "{MODEL}"
+# The runner's slots without an agent to ask: the config's (one worker's
+# max_running_requests); without it, 32 (capacity.DEFAULT_MAX_RUNNING) capped `concurrency`.
+max_running_requests = {concurrency}
 
 [batch]
 enabled = true

@@ -414,3 +414,23 @@ async def test_with_the_agent_gone_the_last_known_slots_stand(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_an_answer_is_read_for_its_usage_and_id_and_kept_as_it_came() -> None:
+    from sglang_farm.batch.retry import Outcome, Reason
+    from sglang_farm.batch.runner import read_answer
+
+    body = b'{"id":"chatcmpl-1","usage":{"prompt_tokens":7,"completion_tokens":2},"x":"\xc3\xa9"}'
+    outcome, reason, r = read_answer(200, body, None)
+    assert (outcome, reason) == (Outcome.SUCCESS, None) and r is not None
+    assert (r.status_code, r.request_id, r.body) == (200, "chatcmpl-1", body.decode())
+    assert (r.prompt_tokens, r.completion_tokens) == (7, 2)
+    assert read_answer(200, body, "rid-9")[2].request_id == "rid-9"  # type: ignore[union-attr]
+    # cut short, or not text at all: tried again
+    assert read_answer(200, body[:20], None)[:2] == (Outcome.RETRY, Reason.BAD_ANSWER)
+    assert read_answer(200, b'{"a":"\xff"}', None)[:2] == (Outcome.RETRY, Reason.BAD_ANSWER)
+    outcome, _, r = read_answer(400, b'{"error":{"message":"too long"}}', "rid")
+    assert outcome is Outcome.FAIL and r is not None
+    assert (r.error_code, r.error_message, r.request_id) == ("http_400", "too long", "rid")
+    assert read_answer(422, b"\xff", None)[2].error_message == "\ufffd"  # type: ignore[union-attr]
+    assert read_answer(503, b"draining", None) == (Outcome.RETRY, Reason.UNAVAILABLE, None)

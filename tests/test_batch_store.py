@@ -400,3 +400,56 @@ def test_a_load_of_a_batch_not_validating_does_nothing(store: Store) -> None:
     loaded(store, 3)
     assert store.load("batch_a", lines(5), now=NOW) == []
     assert store.batch("batch_a").total == 3
+
+
+def _vm_steps(store: SqliteStore, fn: Callable[[], object]) -> int:
+    """SQLite's virtual-machine steps (in hundreds) that `fn` costs: the work a query
+    does, counted, not timed."""
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    store._conn.set_progress_handler(tick, 100)
+    try:
+        fn()
+    finally:
+        store._conn.set_progress_handler(None, 0)
+    return steps[0]
+
+
+def test_a_claims_work_does_not_grow_with_the_requests_already_done(tmp_path: Path) -> None:
+    """A claim reads the pending requests it takes, not every finished one before them:
+    one that walked the batch from its first line cost O(done) each, O(n^2) a batch
+    (20,000 requests: the last claims hundreds of times dearer than the first)."""
+    store = SqliteStore(str(tmp_path / "batch.db"))
+    loaded(store, 20_010)
+
+    def claim_and_record(n: int) -> None:
+        cs = store.claim("a", n, now=NOW, lease_s=60)
+        assert len(cs) == n
+        assert store.record([ok(c) for c in cs], now=NOW) == [True] * n
+
+    first = _vm_steps(store, lambda: claim_and_record(10))
+    for n in [1000] * 19 + [990]:
+        claim_and_record(n)
+    assert store.batch("batch_a").completed == 20_000
+    late = _vm_steps(store, lambda: claim_and_record(10))  # the 20,000 before it done
+    assert late <= 3 * first + 10, (first, late)
+
+
+def test_an_exchange_records_the_answers_and_claims_again_in_one_step(store: Store) -> None:
+    loaded(store, 10)
+    first = store.claim("a", 4, now=NOW, lease_s=60)
+    taken_over = store.claim("b", 1, now=NOW + 61, lease_s=60)  # a's line 1, lease passed
+    assert [c.line for c in taken_over] == [1]
+    done, again = store.exchange([ok(c) for c in first], "a", 3, now=NOW + 62, lease_s=60)
+    assert done == [False, True, True, True]  # line 1 is b's now
+    assert [c.line for c in again] == [5, 6, 7]
+    b = store.batch("batch_a")
+    assert (b.completed, b.in_flight) == (3, 4)
+    assert store.exchange([], "a", 0, now=NOW + 63, lease_s=60) == ([], [])
+    done, rest = store.exchange([ok(c) for c in again], "a", 100, now=NOW + 64, lease_s=60)
+    assert done == [True] * 3 and [c.line for c in rest] == [8, 9, 10]
+    assert store.batch("batch_a").completed == 6

@@ -1,8 +1,13 @@
 """I/O: the runner. It claims requests from the store, sends each through the farm's
 front door (the managed gateway, every gateway of `[gateway] urls`, or without a gateway
-the workers themselves, in turn), and records every attempt's outcome in the store in
-group commits. It keeps `capacity.target` requests in flight, moves live batches along
-their lifecycle, and pauses, losing nothing, while the store's disk is full.
+the workers themselves, in turn), and records every attempt's outcome in the store. It
+keeps `capacity.target` requests in flight, moves live batches along their lifecycle, and
+pauses, losing nothing, while the store's disk is full.
+
+One step at a time, as soon as an answer comes: the outcomes gathered since the last step
+are recorded and the slots they freed claimed again in one store transaction (a group
+commit: one fsync for every answer that came while the last one ran). A result counts once
+that commit returns.
 """
 
 from __future__ import annotations
@@ -30,16 +35,33 @@ from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, S
 log = structlog.get_logger("sglang_farm.batch.runner")
 
 DOOR_DOWN_S = 2.0
-POOLS = 16
-POOL_SIZE = 64
 
 
-class _Pools:
-    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
-        self._cycle = itertools.cycle(clients)
+class _Clients:
+    """An HTTP client for each request in flight, lent and given back (the last given
+    back first: its connection is the warmest). httpcore's pool walks every connection it
+    holds on each request's start and end, so one client of 256 connections costs CPU in
+    proportion to them; a client that holds one connection (one per front door) costs the
+    same whatever the concurrency (docs/benchmarks.md, "Batch jobs")."""
 
-    def next(self) -> httpx.AsyncClient:
-        return next(self._cycle)
+    def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
+        self._make = make
+        self._free: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+
+    def take(self) -> httpx.AsyncClient:
+        if self._free:
+            return self._free.pop()
+        c = self._make()
+        self._all.append(c)
+        return c
+
+    def give(self, c: httpx.AsyncClient) -> None:
+        self._free.append(c)
+
+    async def aclose(self) -> None:
+        for c in self._all:
+            await c.aclose()
 
 
 UNAUTHORIZED_WAIT_S = 1.0
@@ -65,7 +87,9 @@ class RunnerSettings:
     config_slots: int = capacity.DEFAULT_MAX_RUNNING
     headers: Mapping[str, str] = field(default_factory=dict)
     poll_s: float = 0.2
-    gather_s: float = 0.02
+    # A step waits this long after the answer that woke it, for the answers of the next
+    # moment to share its commit (0: each step takes what came while the last one ran).
+    gather_s: float = 0.0
     status_every_s: float = 2.0
     gateway: bool = True
 
@@ -95,7 +119,8 @@ class Runner:
         # A front door that refused a connection is passed over for a while (a worker that
         # died, without a gateway; a gateway restarting) while another one answers.
         self._door_down_until: dict[str, float] = {}
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # sends and validations, cancelled at stop
+        self._sending = 0  # requests claimed whose outcome is not yet in `_outcomes`
         self._outcomes: list[Attempt] = []
         self._throttle = capacity.Throttle()
         self._slots = settings.config_slots
@@ -122,19 +147,15 @@ class Runner:
         released = await asyncio.to_thread(self._store.release_owner, self._s.owner)
         if released:
             log.info("batch_resumed", requests_sent_again=released, owner=self._s.owner)
-        # Several small pools, not one large one: httpcore's pool walks every connection
-        # of its pool on each request's start and end (its cost grows with the pool's
-        # square); a request takes the next pool in turn.
-        tls = ssl.create_default_context()  # one CA bundle read, not one per pool
-        clients = [
-            httpx.AsyncClient(
-                verify=tls,
-                timeout=httpx.Timeout(self._s.request_timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=POOL_SIZE),
-            )
-            for _ in range(POOLS)
-        ]
-        client = _Pools(clients)
+        tls = ssl.create_default_context()  # one CA bundle read, not one per client
+        timeout = httpx.Timeout(self._s.request_timeout_s, connect=10.0)
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=len(self._s.frontdoors)
+        )
+        headers = {"Content-Type": "application/json", **self._s.headers}
+        clients = _Clients(
+            lambda: httpx.AsyncClient(verify=tls, timeout=timeout, limits=limits, headers=headers)
+        )
         next_status = 0.0
         next_advance = 0.0  # batches' lifecycle: once a poll, not on every answer
         try:
@@ -143,27 +164,23 @@ class Runner:
                 if self._farm is not None and now >= next_status:
                     next_status = now + self._s.status_every_s
                     await self._refresh_capacity()
-                await self._flush()
-                if self.paused is None:
-                    if now >= next_advance:
-                        next_advance = now + self._s.poll_s
-                        await self._advance()
-                    await self._fill(client)
-                self._m.in_flight.set(len(self._in_flight))
+                if self.paused is None and now >= next_advance:
+                    next_advance = now + self._s.poll_s
+                    await self._advance()
+                self._wake.clear()  # an answer from here on wakes the next step
+                await self._step(clients)
+                self._m.in_flight.set(self._sending)
                 self._m.target.set(self.target)
                 self._m.paused.set(1 if self.paused else 0)
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._s.poll_s)
-                # Group commit: the answers of the next moment are recorded with this one
-                # in one transaction (one fsync), and their slots refilled in one claim.
-                await asyncio.sleep(self._s.gather_s)
+                if self._s.gather_s > 0:
+                    await asyncio.sleep(self._s.gather_s)
         finally:
-            for t in list(self._in_flight):
+            for t in list(self._tasks):
                 t.cancel()
-            await asyncio.gather(*self._in_flight, return_exceptions=True)
-            for c in clients:
-                await c.aclose()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await clients.aclose()
 
     async def _refresh_capacity(self) -> None:
         assert self._farm is not None
@@ -172,25 +189,6 @@ class Runner:
             return  # the agent is away: its workers keep serving; the last figure stands
         workers, gateway, held = capacity.workers_from_status(status, self._s.max_running)
         self._slots = capacity.slots(workers, gateway=gateway and self._s.gateway, held_out=held)
-
-    async def _fill(self, client: _Pools) -> None:
-        want = self.target - len(self._in_flight)
-        if want <= 0:
-            return
-        try:
-            claimed = await asyncio.to_thread(
-                self._store.claim, self._s.owner, want, now=self._clock(), lease_s=self._s.lease_s
-            )
-        except StoreFull as exc:
-            self._pause(str(exc))
-            return
-        except StoreError as exc:
-            log.warning("batch_store_error", what="claim", error=str(exc))
-            return
-        for c in claimed:
-            t = asyncio.create_task(self._send(client.next(), c))
-            self._in_flight.add(t)
-            t.add_done_callback(self._in_flight.discard)
 
     def _pause(self, reason: str, *, kind: str = "store") -> None:
         """Send nothing new: the store cannot write ("store": until a write succeeds) or
@@ -207,31 +205,54 @@ class Runner:
             log.info("batch_unpaused", after=self._paused_reason)
             self.paused = self._paused_reason = self._pause_kind = None
 
-    async def _flush(self) -> None:
-        """Record the outcomes gathered since the last pass, in one transaction."""
-        if not self._outcomes:
-            if self.paused is not None and self._clock() - self._paused_at >= 1.0:
-                self.paused = None  # try again; the reason is kept until it is gone
+    async def _step(self, clients: _Clients) -> None:
+        """Record the outcomes gathered since the last step and claim what the slots
+        want, in one transaction; send what was claimed."""
+        if self.paused is not None and self._clock() - self._paused_at >= 1.0:
+            self.paused = None  # claims are tried again; the reason is kept until it is gone
+        want = max(0, self.target - self._sending) if self.paused is None else 0
+        if not self._outcomes and want == 0:
             return
         batch, self._outcomes = self._outcomes, []
+        now = self._clock()
         try:
-            await asyncio.to_thread(self._store.record, batch, now=self._clock())
+            _, claimed = await asyncio.to_thread(
+                self._store.exchange, batch, self._s.owner, want, now=now, lease_s=self._s.lease_s
+            )
         except StoreFull as exc:
             self._outcomes = batch + self._outcomes  # kept: written when space is back
             self._pause(str(exc))
             return
         except StoreError as exc:
             self._outcomes = batch + self._outcomes
-            log.warning("batch_store_error", what="record", error=str(exc))
+            log.warning("batch_store_error", what="record" if batch else "claim", error=str(exc))
             return
-        self._unpause("store")
-        now = self._clock()
+        if batch:
+            self._unpause("store")
+            self._count(batch)
+        for c in claimed:
+            self._sending += 1
+            t = asyncio.create_task(self._send(clients, c))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    def _count(self, batch: Sequence[Attempt]) -> None:
+        """The metrics of the outcomes just recorded: added up, then one update each."""
+        prompt = completion = 0
+        progressed: set[str] = set()
         for a in batch:
             if a.state == RequestState.COMPLETED and a.result is not None:
-                self._m.tokens.labels(kind="prompt").inc(a.result.prompt_tokens)
-                self._m.tokens.labels(kind="completion").inc(a.result.completion_tokens)
+                prompt += a.result.prompt_tokens
+                completion += a.result.completion_tokens
             if a.state != RequestState.PENDING:
-                self._m.last_progress.labels(batch=a.claim.batch_id).set(now)
+                progressed.add(a.claim.batch_id)
+        if prompt:
+            self._m.tokens.labels(kind="prompt").inc(prompt)
+        if completion:
+            self._m.tokens.labels(kind="completion").inc(completion)
+        now = self._clock()
+        for batch_id in progressed:
+            self._m.last_progress.labels(batch=batch_id).set(now)
 
     async def _advance(self) -> None:
         try:
@@ -246,8 +267,8 @@ class Runner:
                 if b.id not in self._validating:
                     self._validating.add(b.id)
                     t = asyncio.create_task(self._validate_one(b))
-                    self._in_flight.add(t)  # cancelled with the rest at stop
-                    t.add_done_callback(self._in_flight.discard)
+                    self._tasks.add(t)  # cancelled with the rest at stop
+                    t.add_done_callback(self._tasks.discard)
                 continue
             if b.id in self._validating:
                 continue  # cancelled while its validation runs here: that ends first
@@ -295,41 +316,26 @@ class Runner:
                 return door
         return next(self._doors)  # every one is down: try them in turn all the same
 
-    async def _send(self, client: httpx.AsyncClient, c: Claimed) -> None:
+    async def _send(self, clients: _Clients, c: Claimed) -> None:
+        client = clients.take()
+        try:
+            attempt = await self._attempt(client, c)
+        finally:
+            clients.give(client)
+            self._sending -= 1
+        self._outcomes.append(attempt)  # with the count above: no await between them
+        self._wake.set()
+
+    async def _attempt(self, client: httpx.AsyncClient, c: Claimed) -> Attempt:
+        """One attempt at a claimed request, and what it comes to."""
         door = self._door()
-        headers = {"Content-Type": "application/json", **self._s.headers}
         reason: Reason | None = None
         result: Result | None = None
         status = 0
         try:
-            r = await client.post(door + c.url, content=c.body.encode(), headers=headers)
+            r = await client.post(door + c.url, content=c.body.encode())
             status = r.status_code
-            outcome, reason = classify_status(status)
-            text = r.text
-            if outcome is Outcome.SUCCESS:
-                try:
-                    doc = json.loads(text)
-                except ValueError:
-                    outcome, reason = Outcome.RETRY, Reason.BAD_ANSWER
-                else:
-                    usage = doc.get("usage") if isinstance(doc, dict) else None
-                    usage = usage if isinstance(usage, dict) else {}
-                    result = Result(
-                        status,
-                        r.headers.get("x-request-id")
-                        or (doc.get("id") if isinstance(doc, dict) else None),
-                        text,
-                        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                        completion_tokens=int(usage.get("completion_tokens") or 0),
-                    )
-            elif outcome is Outcome.FAIL:
-                result = Result(
-                    status,
-                    r.headers.get("x-request-id"),
-                    text,
-                    error_code=f"http_{status}",
-                    error_message=_message(text) or f"the engine answered {status}",
-                )
+            outcome, reason, result = read_answer(status, r.content, r.headers.get("x-request-id"))
             if overloaded(status):
                 self._throttle = self._throttle.overload(self._clock())
             else:
@@ -367,17 +373,49 @@ class Runner:
                 error_message=f"no answer after {nxt.attempts} attempts (last: {reason}); "
                 "raise [batch] max_attempts or check the farm",
             )
-        self._outcomes.append(
-            Attempt(
-                c,
-                str(nxt.state),
-                nxt.attempts,
-                result,
-                str(reason) if reason is not None else None,
-                self._clock() + nxt.delay_s,
-            )
+        return Attempt(
+            c,
+            str(nxt.state),
+            nxt.attempts,
+            result,
+            str(reason) if reason is not None else None,
+            self._clock() + nxt.delay_s,
         )
-        self._wake.set()
+
+
+def read_answer(
+    status: int, content: bytes, request_id: str | None
+) -> tuple[Outcome, Reason | None, Result | None]:
+    """Pure: an HTTP answer -> its outcome, why it is retried, and the result to record
+    (the body kept as it came, as text; only its usage and id are read from it)."""
+    outcome, reason = classify_status(status)
+    if outcome is Outcome.RETRY:
+        return outcome, reason, None
+    if outcome is Outcome.FAIL:
+        text = content.decode("utf-8", "replace")
+        message = _message(text) or f"the engine answered {status}"
+        return outcome, None, Result(status, request_id, text, f"http_{status}", message)
+    try:
+        text = content.decode("utf-8")
+        doc = json.loads(text)
+    except ValueError:  # not UTF-8 or not JSON: cut short
+        return Outcome.RETRY, Reason.BAD_ANSWER, None
+    if not isinstance(doc, dict):
+        return outcome, None, Result(status, request_id, text)
+    usage = doc.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    rid = request_id or doc.get("id")
+    return (
+        outcome,
+        None,
+        Result(
+            status,
+            rid if isinstance(rid, str) else None,
+            text,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+        ),
+    )
 
 
 def _message(text: str) -> str | None:

@@ -443,50 +443,89 @@ class SqlStore:
     def claim(self, owner: str, n: int, *, now: float, lease_s: float) -> list[Claimed]:
         if n <= 0:
             return []
-        out: list[Claimed] = []
-        fresh_by: dict[str, int] = {}
+        deltas: dict[str, list[int]] = {}
         with self._tx() as cur:
-            live = self._x(
+            out = self._claim(cur, owner, n, now, lease_s, deltas)
+            self._count(cur, deltas)
+        return out
+
+    def exchange(
+        self, outcomes: Sequence[Attempt], owner: str, n: int, *, now: float, lease_s: float
+    ) -> tuple[list[bool], list[Claimed]]:
+        deltas: dict[str, list[int]] = {}
+        with self._tx() as cur:
+            done = self._record(cur, outcomes, now, deltas)
+            claimed = self._claim(cur, owner, n, now, lease_s, deltas) if n > 0 else []
+            self._count(cur, deltas)
+        return done, claimed
+
+    def _claim(
+        self,
+        cur: Any,
+        owner: str,
+        n: int,
+        now: float,
+        lease_s: float,
+        deltas: dict[str, list[int]],
+    ) -> list[Claimed]:
+        out: list[Claimed] = []
+        live = self._x(
+            cur,
+            "SELECT id FROM batches WHERE status = ? ORDER BY created_at, id",
+            (str(BatchStatus.IN_PROGRESS),),
+        ).fetchall()
+        for (batch_id,) in live:
+            want = n - len(out)
+            if want <= 0:
+                break
+            token = secrets.token_hex(8)
+            # One state at a time, each read along the (batch_id, state, line) index: a
+            # condition over both states walked the batch from its first line, past every
+            # finished request (O(done) a claim, O(n^2) a batch).
+            rows = self._x(
                 cur,
-                "SELECT id FROM batches WHERE status = ? ORDER BY created_at, id",
-                (str(BatchStatus.IN_PROGRESS),),
+                "SELECT line, custom_id, url, body, attempts, state FROM requests "
+                "WHERE batch_id = ? AND state = 'in_flight' AND lease_until < ? "
+                "ORDER BY line LIMIT ?" + self.skip_locked,
+                (batch_id, now, want),
             ).fetchall()
-            for (batch_id,) in live:
-                want = n - len(out)
-                if want <= 0:
-                    break
-                token = secrets.token_hex(8)
-                rows = self._x(
+            if len(rows) < want:
+                rows += self._x(
                     cur,
                     "SELECT line, custom_id, url, body, attempts, state FROM requests "
-                    "WHERE batch_id = ? AND ((state = 'pending' AND next_at <= ?) OR "
-                    "(state = 'in_flight' AND lease_until < ?)) ORDER BY line LIMIT ?"
-                    + self.skip_locked,
-                    (batch_id, now, now, want),
+                    "WHERE batch_id = ? AND state = 'pending' AND next_at <= ? "
+                    "ORDER BY line LIMIT ?" + self.skip_locked,
+                    (batch_id, now, want - len(rows)),
                 ).fetchall()
-                if not rows:
-                    continue
-                cur.executemany(
-                    self._q(
-                        "UPDATE requests SET state = 'in_flight', owner = ?, token = ?, "
-                        "lease_until = ? WHERE batch_id = ? AND line = ?"
-                    ),
-                    [(owner, token, now + lease_s, batch_id, r[0]) for r in rows],
-                )
-                fresh_by[batch_id] = sum(1 for r in rows if r[5] == "pending")
-                out.extend(
-                    Claimed(batch_id, int(r[0]), r[1], r[2], r[3], int(r[4]), token) for r in rows
-                )
-            # Counters last, in id order: a row lock held while waiting for another's
-            # request rows would deadlock two hosts.
-            for batch_id, fresh in sorted(fresh_by.items()):
-                if fresh:
-                    self._x(
-                        cur,
-                        "UPDATE batches SET in_flight = in_flight + ? WHERE id = ?",
-                        (fresh, batch_id),
-                    )
+            if not rows:
+                continue
+            cur.executemany(
+                self._q(
+                    "UPDATE requests SET state = 'in_flight', owner = ?, token = ?, "
+                    "lease_until = ? WHERE batch_id = ? AND line = ?"
+                ),
+                [(owner, token, now + lease_s, batch_id, r[0]) for r in rows],
+            )
+            acc = deltas.setdefault(batch_id, [0, 0, 0, 0, 0])
+            acc[0] += sum(1 for r in rows if r[5] == "pending")
+            out.extend(
+                Claimed(batch_id, int(r[0]), r[1], r[2], r[3], int(r[4]), token) for r in rows
+            )
         return out
+
+    def _count(self, cur: Any, deltas: dict[str, list[int]]) -> None:
+        """The batches' counters, last and in id order: a batch row locked while waiting
+        for another host's request rows (or its other batch rows) would deadlock two
+        hosts."""
+        for batch_id, (f, c, x, p, k) in sorted(deltas.items()):
+            if f or c or x or p or k:
+                self._x(
+                    cur,
+                    "UPDATE batches SET in_flight = in_flight + ?, completed = completed + ?, "
+                    "failed = failed + ?, prompt_tokens = prompt_tokens + ?, "
+                    "completion_tokens = completion_tokens + ? WHERE id = ?",
+                    (f, c, x, p, k, batch_id),
+                )
 
     def release_owner(self, owner: str) -> int:
         with self._tx() as cur:
@@ -509,77 +548,84 @@ class SqlStore:
         return sum(int(k) for _, k in rows)
 
     def record(self, outcomes: Sequence[Attempt], *, now: float) -> list[bool]:
-        done: list[bool] = []
-        deltas: dict[str, list[int]] = {}  # in_flight, completed, failed, prompt, completion
+        deltas: dict[str, list[int]] = {}
         with self._tx() as cur:
-            for a in outcomes:
-                c = a.claim
-                r = a.result
-                if a.state == "pending":
-                    n = self._x(
-                        cur,
-                        "UPDATE requests SET state = 'pending', token = NULL, lease_until = NULL, "
-                        "attempts = ?, next_at = ?, last_reason = ? WHERE batch_id = ? AND "
-                        "line = ? AND state = 'in_flight' AND token = ?",
-                        (a.attempts, a.retry_at, a.reason, c.batch_id, c.line, c.token),
-                    ).rowcount
-                    delta = (-1, 0, 0, 0, 0)
-                else:
-                    assert r is not None
-                    n = self._x(
-                        cur,
-                        "UPDATE requests SET state = ?, token = NULL, lease_until = NULL, "
-                        "attempts = ?, status_code = ?, request_id = ?, response = ?, "
-                        "error_code = ?, error_message = ?, last_reason = ?, prompt_tokens = ?, "
-                        "completion_tokens = ?, finished_at = ? WHERE batch_id = ? AND line = ? "
-                        "AND state = 'in_flight' AND token = ?",
-                        (
-                            a.state,
-                            a.attempts,
-                            r.status_code,
-                            r.request_id,
-                            r.body,
-                            r.error_code,
-                            r.error_message,
-                            a.reason,
-                            r.prompt_tokens,
-                            r.completion_tokens,
-                            now,
-                            c.batch_id,
-                            c.line,
-                            c.token,
-                        ),
-                    ).rowcount
-                    ok_ = a.state == "completed"
-                    delta = (-1, int(ok_), int(not ok_), r.prompt_tokens, r.completion_tokens)
-                ok = n == 1
-                done.append(ok)
-                if ok:
-                    acc = deltas.setdefault(c.batch_id, [0, 0, 0, 0, 0])
-                    for i, d in enumerate(delta):
-                        acc[i] += d
-                    self._x(
-                        cur,
-                        "INSERT INTO attempts (batch_id, line, attempt, at, owner, outcome, "
-                        "reason, status_code) VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
-                        (
-                            c.batch_id,
-                            c.line,
-                            a.attempts,
-                            now,
-                            a.state,
-                            a.reason,
-                            r.status_code if r is not None else None,
-                        ),
-                    )
-            for batch_id, (f, c_, x, p, k) in sorted(deltas.items()):
-                self._x(
+            done = self._record(cur, outcomes, now, deltas)
+            self._count(cur, deltas)
+        return done
+
+    def _record(
+        self, cur: Any, outcomes: Sequence[Attempt], now: float, deltas: dict[str, list[int]]
+    ) -> list[bool]:
+        """Each outcome where its claim still holds the request; `deltas` gains the
+        batches' counts (in_flight, completed, failed, prompt, completion tokens)."""
+        done: list[bool] = []
+        tried: list[tuple[object, ...]] = []
+        for a in outcomes:
+            c = a.claim
+            r = a.result
+            if a.state == "pending":
+                n = self._x(
                     cur,
-                    "UPDATE batches SET in_flight = in_flight + ?, completed = completed + ?, "
-                    "failed = failed + ?, prompt_tokens = prompt_tokens + ?, "
-                    "completion_tokens = completion_tokens + ? WHERE id = ?",
-                    (f, c_, x, p, k, batch_id),
+                    "UPDATE requests SET state = 'pending', token = NULL, lease_until = NULL, "
+                    "attempts = ?, next_at = ?, last_reason = ? WHERE batch_id = ? AND "
+                    "line = ? AND state = 'in_flight' AND token = ?",
+                    (a.attempts, a.retry_at, a.reason, c.batch_id, c.line, c.token),
+                ).rowcount
+                delta = (-1, 0, 0, 0, 0)
+            else:
+                assert r is not None
+                n = self._x(
+                    cur,
+                    "UPDATE requests SET state = ?, token = NULL, lease_until = NULL, "
+                    "attempts = ?, status_code = ?, request_id = ?, response = ?, "
+                    "error_code = ?, error_message = ?, last_reason = ?, prompt_tokens = ?, "
+                    "completion_tokens = ?, finished_at = ? WHERE batch_id = ? AND line = ? "
+                    "AND state = 'in_flight' AND token = ?",
+                    (
+                        a.state,
+                        a.attempts,
+                        r.status_code,
+                        r.request_id,
+                        r.body,
+                        r.error_code,
+                        r.error_message,
+                        a.reason,
+                        r.prompt_tokens,
+                        r.completion_tokens,
+                        now,
+                        c.batch_id,
+                        c.line,
+                        c.token,
+                    ),
+                ).rowcount
+                ok_ = a.state == "completed"
+                delta = (-1, int(ok_), int(not ok_), r.prompt_tokens, r.completion_tokens)
+            ok = n == 1
+            done.append(ok)
+            if ok:
+                acc = deltas.setdefault(c.batch_id, [0, 0, 0, 0, 0])
+                for i, d in enumerate(delta):
+                    acc[i] += d
+                tried.append(
+                    (
+                        c.batch_id,
+                        c.line,
+                        a.attempts,
+                        now,
+                        a.state,
+                        a.reason,
+                        r.status_code if r is not None else None,
+                    )
                 )
+        if tried:
+            cur.executemany(
+                self._q(
+                    "INSERT INTO attempts (batch_id, line, attempt, at, owner, outcome, "
+                    "reason, status_code) VALUES (?, ?, ?, ?, NULL, ?, ?, ?)"
+                ),
+                tried,
+            )
         return done
 
     def attempts_of(self, batch_id: str, custom_id: str) -> list[tuple[int, str, str | None]]:

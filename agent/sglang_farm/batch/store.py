@@ -150,6 +150,14 @@ class Store(Protocol):
         took it over after the lease, the batch was cancelled or expired)."""
         ...
 
+    def exchange(
+        self, outcomes: Sequence[Attempt], owner: str, n: int, *, now: float, lease_s: float
+    ) -> tuple[list[bool], list[Claimed]]:
+        """`record(outcomes)` and `claim(owner, n)` in one transaction (one commit, one
+        fsync): the runner gives back the slots its answers freed and takes as many
+        requests again in one step. All or nothing: on an error neither happened."""
+        ...
+
     def result_lines(self, batch_id: str, kind: str) -> Iterator[bytes]:
         """The output ("output": completed) or error ("error": failed) file's lines."""
         ...
