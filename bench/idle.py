@@ -8,8 +8,9 @@ traffic). With `--baseline` (a commit, unpacked read-only with `git archive`, or
 each size both farms are started, both reach `rollout_done`, and then both agents' CPU
 time (utime + stime of `/proc/PID/stat`, all threads) is read over the SAME window, so
 the two figures share the machine's load. The shared machine's wall load says nothing of
-the agent's cost; its load average and the number of processes on the host (every
-`/proc` walk reads each of them) are recorded with each window. `--apart` runs the two
+the agent's cost; its load average, the number of processes on the host (every
+`/proc` walk reads each of them) and of sockets in its TCP table (what a reading of
+`/proc/net/tcp` prints) are recorded with each window. `--apart` runs the two
 farms of a size one after the other instead (less memory: two 64-worker farms are about
 260 simulator processes).
 """
@@ -38,9 +39,15 @@ def host_processes() -> int:
     return sum(1 for e in os.listdir("/proc") if e.isdigit())
 
 
+def tcp_rows() -> int:
+    """Sockets in the host's IPv4 table (TIME-WAIT included): what a reading of it prints."""
+    with open("/proc/net/tcp", "rb") as fh:
+        return sum(1 for _ in fh) - 1
+
+
 def window(pids: dict[str, int], seconds: float) -> dict[str, Any]:
     """Each pid's CPU (% of one core) over one shared window, with the machine's state."""
-    load0, procs0 = os.getloadavg(), host_processes()
+    load0, procs0, rows0 = os.getloadavg(), host_processes(), tcp_rows()
     c0 = {k: footprint.cpu_seconds(p) for k, p in pids.items()}
     t0 = time.monotonic()
     time.sleep(seconds)
@@ -52,6 +59,7 @@ def window(pids: dict[str, int], seconds: float) -> dict[str, Any]:
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
         "host_processes": [procs0, host_processes()],
+        "tcp_table_rows": [rows0, tcp_rows()],
     }
 
 
@@ -60,7 +68,7 @@ def tree(pythonpath: str | None) -> Iterator[None]:
     """Children started meanwhile (agent, simulators) import `pythonpath` first (None: as is)."""
     before = os.environ.get("PYTHONPATH")
     if pythonpath is not None:
-        os.environ["PYTHONPATH"] = pythonpath
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, before) if p)
     try:
         yield
     finally:
