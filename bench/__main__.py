@@ -12,6 +12,8 @@ systemd, in the throwaway container), `--only frontdoor` or `python -m bench fro
 `python -m bench canary-matrix` (issue 23's matrix of changes on a live farm of simulators:
 `--window 30s`, `--repeat 3`, `--reduced`; bench/canary_matrix.py), `--out PATH`.
 `python -m bench mutants`: mutation testing of the pure core (bench/mutants.py).
+`python -m bench idle --baseline COMMIT`: the agent's idle CPU at 8 and 64 workers, old
+and new side by side (bench/idle.py).
 `python -m bench gateway-mesh`: several gateways, independent or an smg mesh (issue 26:
 bench/gateway_mesh.py).
 """
@@ -443,6 +445,10 @@ if __name__ == "__main__":
         from bench import mutants
 
         raise SystemExit(mutants.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["idle"]:  # issue 32, 4.8: idle CPU at 8 and 64 workers, old and new
+        from bench import idle
+
+        raise SystemExit(idle.main(sys.argv[2:]))
     if sys.argv[1:2] == ["gateway-mesh"]:  # issue 26: every gateway, or a mesh
         from bench import gateway_mesh
 

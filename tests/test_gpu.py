@@ -20,6 +20,7 @@ from sglang_farm.gpus.snapshot import (
     GpuSnapshot,
     attribute_memory,
     process_tree,
+    process_trees,
 )
 
 GiB = 1024**3
@@ -376,6 +377,15 @@ def test_process_tree_collects_all_descendants_only() -> None:
     ppid = {100: 1, 101: 100, 102: 101, 103: 100, 200: 1, 201: 200}
     assert process_tree(100, ppid) == {100, 101, 102, 103}
     assert process_tree(999, ppid) == {999}
+
+
+def test_process_trees_of_every_worker_from_one_map_are_each_ones_tree() -> None:
+    """Issue 32, 4.8: one index of the host's processes for all workers."""
+    ppid = {100: 1, 101: 100, 102: 101, 103: 100, 200: 1, 201: 200, 300: 300}
+    roots = {0: 100, 1: 200, 2: 999, 3: 300, 4: 101}
+    assert process_trees(roots, ppid) == {w: process_tree(p, ppid) for w, p in roots.items()}
+    assert process_trees(roots, ppid)[0] == {100, 101, 102, 103}
+    assert process_trees({}, ppid) == {}
 
 
 def test_attribute_memory_sums_the_process_tree_across_gpus() -> None:

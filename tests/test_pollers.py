@@ -186,3 +186,65 @@ def test_the_pollers_follow_a_reload_workers_intervals_and_keys(tmp_path: Path) 
                 await pollers.close()
 
     asyncio.run(scenario())
+
+
+def test_one_walk_of_proc_per_gpu_poll_serves_every_workers_tree() -> None:
+    """Issue 32, 4.8: the GPU poll of 8 workers reads every process's parent once and
+    finds all eight trees in it (a counting reader), and the simulated memory lands on
+    each worker's child, as it did with a walk per worker."""
+    import dataclasses
+
+    from metrics_fixtures import farm
+    from sglang_farm.gpus.simulated import FakeGpuPoller
+    from sglang_farm.gpus.snapshot import FleetSnapshot
+    from sglang_farm.metrics.pollers import MetricPollers
+
+    spec = load_spec(
+        TOML.replace("gpus = [0, 1]", "gpus = [0, 1, 2, 3, 4, 5, 6, 7]").replace(
+            'gpu_source = "none"', 'gpu_source = "fake"\ngpu_poll_interval = "50ms"'
+        ),
+        source="t.toml",
+    )
+    template = farm().workers[0]
+    view = dataclasses.replace(
+        farm(),
+        workers=tuple(
+            dataclasses.replace(template, id=w, gpus=(w,), pid=1000 + 10 * w) for w in range(8)
+        ),
+    )
+    # Each worker: its main process, a child (the scheduler) and a grandchild; then the
+    # rest of the host.
+    ppids = {1: 0, 2: 1, 999: 1}
+    for w in range(8):
+        main = 1000 + 10 * w
+        ppids |= {main: 999, main + 1: main, main + 2: main + 1}
+    reads: list[int] = []
+    fleets: list[FleetSnapshot] = []
+
+    def read_ppids() -> dict[int, int]:
+        reads.append(len(fleets))
+        return ppids
+
+    async def scenario() -> MetricPollers:
+        polling = MetricPollers(
+            lambda: spec, None, view, on_fleet=fleets.append, read_ppids=read_ppids
+        )
+        loop = asyncio.ensure_future(polling._gpu_loop(FakeGpuPoller(count=8)))
+        try:
+            for _ in range(600):  # a give-up bound, far above 50 ms polls
+                if len(fleets) >= 3:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        return polling
+
+    polling = asyncio.run(scenario())
+    assert len(fleets) >= 3
+    assert reads[: len(fleets)] == list(range(len(fleets)))  # one read per poll, before it
+    trees = polling.state().worker_pids
+    assert dict(trees) == {w: frozenset(1000 + 10 * w + k for k in range(3)) for w in range(8)}
+    held = {g.index: {p.pid for p in g.processes} for g in fleets[-1].gpus}
+    assert held == {w: {1000 + 10 * w + 1} for w in range(8)}

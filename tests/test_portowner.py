@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import socket
 import subprocess
@@ -179,3 +180,44 @@ def test_a_fresh_check_sees_a_squatter_the_cached_reading_predates() -> None:
             assert (fresh.kind, fresh.pid, fresh.user) == want
         finally:
             squat.kill()
+
+
+def test_the_beats_of_eight_workers_share_one_reading_of_the_listeners() -> None:
+    """Issue 32, 4.8: one reading of the kernel's listeners per beat for every worker
+    (`TABLE_TTL_S`), never one per worker; a readiness check (`fresh`) reads anew."""
+    from sglang_farm.host.listeners import Listener
+    from sglang_farm.host.portowner import TABLE_TTL_S
+
+    now = [0.0]
+    reads: list[float] = []
+    mine = frozenset({os.getpid()})
+    lo = ipaddress.IPv4Address("127.0.0.1")
+    table = [Listener(lo, 30000 + w, os.geteuid(), 9000 + w) for w in range(8)]
+
+    def read(proc: str) -> list[Listener]:
+        reads.append(now[0])
+        return table
+
+    owner = ProcPortOwner(clock=lambda: now[0], read=read)
+
+    async def ours() -> frozenset[int]:
+        return mine
+
+    async def beat(fresh: bool = False) -> list[Ownership]:
+        return [await owner.check("127.0.0.1", 30000 + w, ours, fresh=fresh) for w in range(8)]
+
+    async def scenario() -> None:
+        # The first beat traces each socket (held by no process, owned by this test's
+        # user: the worker's own), and the eight checks are answered from one reading.
+        assert {v.kind for v in await beat()} == {OwnerKind.OURS}
+        assert reads == [0.0]
+        now[0] = TABLE_TTL_S / 2
+        await beat()
+        assert reads == [0.0]
+        now[0] = TABLE_TTL_S
+        await beat()
+        assert reads == [0.0, TABLE_TTL_S]
+        await beat(fresh=True)  # readiness: every check reads anew
+        assert len(reads) == 2 + 8
+
+    asyncio.run(scenario())

@@ -37,3 +37,22 @@ def test_this_process_and_a_child_as_the_kernel_says() -> None:
         finally:
             child.kill()
     assert procfs.read_stat(child.pid) is None  # reaped: gone
+
+
+def test_a_process_whose_name_is_not_utf8_is_read_and_walked() -> None:
+    """Any user may name a process with any bytes (prctl PR_SET_NAME): a name that is
+    not UTF-8 raised UnicodeDecodeError out of the walk of every process, so the GPU
+    poll's memory attribution and a worker's process tree failed while it ran."""
+    code = (
+        "import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(15, b'\\xff\\xfesquat', 0, 0, 0)\n"
+        "print('named', flush=True); time.sleep(30)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == b"named"
+            st = procfs.read_stat(child.pid)
+            assert st is not None and st.ppid == os.getpid()
+            assert child.pid in {s.pid for s in procfs.all_stats()}
+        finally:
+            child.kill()

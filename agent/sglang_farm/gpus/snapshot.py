@@ -99,9 +99,26 @@ def process_tree(root_pid: int, ppid_map: Mapping[int, int]) -> frozenset[int]:
     SGLang's scheduler (a spawned child) holds the GPU memory, not the main
     process, so a worker's memory is the memory of its whole tree.
     """
+    return _descendants(root_pid, _children(ppid_map))
+
+
+def process_trees(
+    roots: Mapping[int, int], ppid_map: Mapping[int, int]
+) -> dict[int, frozenset[int]]:
+    """Each key's `process_tree` of its root pid, from one index of the map: one pass
+    over every process of the host for all workers, not one per worker (issue 32, 4.8)."""
+    children = _children(ppid_map)
+    return {key: _descendants(pid, children) for key, pid in roots.items()}
+
+
+def _children(ppid_map: Mapping[int, int]) -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for pid, ppid in ppid_map.items():
         children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def _descendants(root_pid: int, children: Mapping[int, list[int]]) -> frozenset[int]:
     seen = {root_pid}
     todo = [root_pid]
     while todo:

@@ -41,13 +41,27 @@ def parse_stat(pid: int, text: str) -> ProcStat | None:
         return None
 
 
+_STAT_MAX = 4096  # the line is a few hundred bytes; the command name at most 64
+
+
 def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
-    """Process `pid`'s fields; None when there is no such process (or it just exited)."""
+    """Process `pid`'s fields; None when there is no such process (or it just exited).
+
+    One `open`, `read` and `close` of the raw bytes: half the CPU of a text file object,
+    which counts where every process of the host is read for each walk (issue 32, 4.8).
+    A command name that is not UTF-8 is replaced, never raised on.
+    """
     try:
-        with open(f"{proc}/{pid}/stat") as f:
-            return parse_stat(pid, f.read())
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, _STAT_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_stat(pid, raw.decode("utf-8", "replace"))
 
 
 def pids(proc: str = "/proc") -> list[int]:

@@ -24,7 +24,7 @@ from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.gpus.nvml import choose_gpu_poller, read_ppid_map
 from sglang_farm.gpus.simulated import FakeGpuPoller, process_bytes_for
-from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_tree
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_trees
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.sglang.stats import poll_worker
@@ -85,15 +85,18 @@ class MetricPollers:
         on_fleet: Callable[[FleetSnapshot], None] | None = None,
         on_stats: Callable[[Mapping[int, WorkerStats]], None] | None = None,
         poll: PollWorker = poll_worker,
+        read_ppids: Callable[[], Mapping[int, int]] = read_ppid_map,
     ) -> None:
         """`config`: the config in force (the agent's `spec`), read at every poll: a
         reload's workers, `[metrics]` intervals and API keys apply from the next poll on
         (issue 32, 4.1: the pollers kept the config they started with). `view`: the farm as
         it stands now; `on_view` keeps it current. `on_fleet` gets every GPU snapshot (the
-        agent's GPU-health rules). `poll` polls one worker."""
+        agent's GPU-health rules). `poll` polls one worker. `read_ppids`: every process's
+        parent, read from /proc once per GPU poll for all workers (a test counts it)."""
         self._config = config
         self.poller = poller
         self._poll = poll
+        self._read_ppids = read_ppids
         self._on_fleet = on_fleet
         self._on_stats = on_stats
         self._view = view
@@ -173,13 +176,13 @@ class MetricPollers:
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
     def _worker_pids(self) -> dict[int, frozenset[int]]:
-        """Each worker's process tree (main pid and descendants), read from /proc."""
+        """Each worker's process tree (main pid and descendants), from one read of /proc
+        and one index of it for all workers."""
         view = self._view
         roots = {w.id: w.pid for w in view.workers if w.pid}
         if not roots:
             return {}
-        ppids = read_ppid_map()
-        return {wid: process_tree(pid, ppids) for wid, pid in roots.items()}
+        return process_trees(roots, self._read_ppids())
 
     def _assign_fake(self, poller: FakeGpuPoller, pids: dict[int, frozenset[int]]) -> None:
         by_gpu: dict[int, set[int]] = {}
