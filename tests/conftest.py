@@ -14,8 +14,10 @@ still running and for how long.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -156,3 +158,12 @@ def pytest_runtest_logstart(nodeid: str) -> None:
 def pytest_runtest_logfinish(nodeid: str) -> None:
     if _still is not None:
         _still.finish(nodeid)
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    """Sockets a test opens (listeners it holds), closed after it."""
+    held: list[socket.socket] = []
+    yield held
+    for s in held:
+        s.close()

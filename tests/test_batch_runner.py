@@ -434,3 +434,32 @@ def test_an_answer_is_read_for_its_usage_and_id_and_kept_as_it_came() -> None:
     assert (r.error_code, r.error_message, r.request_id) == ("http_400", "too long", "rid")
     assert read_answer(422, b"\xff", None)[2].error_message == "\ufffd"  # type: ignore[union-attr]
     assert read_answer(503, b"draining", None) == (Outcome.RETRY, Reason.UNAVAILABLE, None)
+
+
+class TakenOver(SqliteStore):
+    """A store where, once, every request the runner holds is taken from it (its lease
+    passed and another runner claimed it) just before its answers are recorded."""
+
+    taken = False
+
+    def exchange(self, outcomes: Any, owner: str, n: int, *, now: float, lease_s: float) -> Any:
+        if outcomes and not self.taken:
+            self.taken = True
+            assert self.release_owner(owner) > 0
+        return super().exchange(outcomes, owner, n, now=now, lease_s=lease_s)
+
+
+async def test_the_tokens_count_only_answers_whose_claim_still_held(
+    tmp_path: Path, door: tuple[Door, str]
+) -> None:
+    """An answer recorded too late (its request was taken over) is not a result: its tokens
+    are not the batch's, and the request's answer that is recorded counts once."""
+    _, url = door
+    store = TakenOver(str(tmp_path / "b.db"))
+    batch_of(store, rows_named(20))
+    runner, metrics = runner_for(store, url)
+    await run_until(runner, finished(store))
+    assert store.taken
+    assert sorted(out_ids(store, "output")) == sorted(f"req-{i}" for i in range(20))
+    assert sample(metrics, "sglang_farm_batch_tokens_total", kind="prompt") == 20 * 7
+    assert sample(metrics, "sglang_farm_batch_tokens_total", kind="completion") == 20 * 2

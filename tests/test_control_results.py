@@ -278,6 +278,7 @@ def test_why_of_a_draining_worker_out_of_the_gateway_says_it_waits_for_its_reque
         "next_step",
         "start",
         "failure_past",
+        "gpus",  # issue 34 §5: what `numa_nodes` is in the order of
     ]
 
 
@@ -361,7 +362,7 @@ def test_status_carries_each_workers_quarantine_and_its_count_by_reason() -> Non
 def test_why_of_a_quarantined_worker_gives_the_reason_and_the_next_step() -> None:
     why = results.why_result(_quarantined())
     json.dumps(why)
-    assert list(why)[-6:-2] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
+    assert list(why)[-7:-3] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
     assert why["state"] == "quarantined"
     assert why["quarantine"] == results.quarantine_result(XID_79)
     assert why["state_note"] == (

@@ -13,7 +13,6 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -60,14 +59,6 @@ class Gateway:
 
     async def pids(self) -> frozenset[int]:
         return frozenset({1}) if self.gone else frozenset({os.getpid()})
-
-
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    held: list[socket.socket] = []
-    yield held
-    for s in held:
-        s.close()
 
 
 async def test_a_port_that_changes_hands_during_a_request_gets_the_key_replaced(

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from sglang_farm.config import load_spec
-from sglang_farm.doctor.checks import Check, CheckId, Observations, Status
+from numa_fakes import BUS, report
+from numa_fakes import facts as _facts
+from numa_fakes import fleet as _fleet
+from numa_fakes import spec as _spec
+from sglang_farm.doctor.checks import Check, CheckId, Status
 from sglang_farm.doctor.gather import numa_facts
 from sglang_farm.doctor.numa_rules import numa_checks
-from sglang_farm.doctor.rules import evaluate
-from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.host.numa_facts import (
     NumaFacts,
     SyscallFilter,
-    UnitFilter,
     parse_cpulist,
     parse_numa_node,
     parse_systemctl_filter,
@@ -26,7 +26,6 @@ from sglang_farm.host.numa_facts import (
 from sglang_farm.host.numa_probe import read_numa_facts
 from sglang_farm.spec import FarmSpec
 
-BUS = {g: f"00000000:{0x18 + g * 0x10:02X}:00.0" for g in range(8)}
 # What systemd prints for the shipped sglang@.service (a deny-list without @resources), cut
 # short: the names around the binding's calls.
 SHIPPED_FILTER = "~acct adjtimex bpf clock_settime init_module mount reboot swapon umount2"
@@ -35,59 +34,8 @@ SHIPPED_FILTER = "~acct adjtimex bpf clock_settime init_module mount reboot swap
 NARROW_FILTER = "accept4 bind close connect read write openat mmap munmap futex"
 
 
-def _spec(env: str = "", numa_node: str = "") -> FarmSpec:
-    text = "[workers]\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\n"
-    if env:
-        text += f"[farm.env]\n{env}\n"
-    text += f"[sglang]\nmodel_path = '/m'\n{numa_node}\n"
-    return load_spec(text, source="farm.toml", gpu_count=8)
-
-
-def _fleet(simulated: bool = False) -> FleetSnapshot:
-    gpus = tuple(GpuSnapshot(index=g, pci_bus_id=BUS[g]) for g in range(8))
-    return FleetSnapshot(taken_at=0.0, duration_s=0.0, nvml_up=True, gpus=gpus, simulated=simulated)
-
-
-def _sysfs(root: Path, *, online: str = "0-1", nodes: dict[int, str] | None = None) -> Path:
-    (root / "devices/system/node").mkdir(parents=True)
-    (root / "devices/system/node/online").write_text(online + "\n")
-    for g in range(8):
-        dev = root / "bus/pci/devices" / sysfs_pci_name(BUS[g])
-        dev.mkdir(parents=True)
-        node = (nodes or {}).get(g, "0" if g < 4 else "1")
-        (dev / "numa_node").write_text(node + "\n")
-    return root
-
-
-def _facts(
-    root: Path,
-    *,
-    filt: str | None = None,
-    libnuma: bool = True,
-    numactl: bool = True,
-    **sysfs: object,
-) -> NumaFacts:
-    units = [(w, f"sglang@{w}.service") for w in range(8)] if filt is not None else []
-    return read_numa_facts(
-        BUS,
-        units,
-        sysfs=_sysfs(root, **sysfs),  # type: ignore[arg-type]
-        unit_filter=lambda _unit: UnitFilter(filter=parse_systemctl_filter(filt or "")),
-        libnuma=lambda: libnuma,
-        which=lambda name: f"/usr/bin/{name}" if numactl else None,
-    )
-
-
 def _rows(spec: FarmSpec, facts: NumaFacts, simulated: bool = False) -> list[Check]:
-    obs = Observations(
-        fleet=_fleet(simulated),
-        env={},
-        flags={},
-        ports={},
-        models={},
-        numa=facts,
-    )
-    return [c for c in evaluate(spec, obs).checks if c.id is CheckId.NUMA]
+    return [c for c in report(spec, facts, simulated).checks if c.id is CheckId.NUMA]
 
 
 def test_kernel_lists_and_bus_ids_parse_as_sysfs_writes_them() -> None:

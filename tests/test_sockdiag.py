@@ -9,7 +9,6 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -74,14 +73,6 @@ def test_a_refused_dump_raises_its_errno_and_a_short_message_is_skipped() -> Non
     assert sockdiag.parse_reply(short + _done()) == ([], True)
     # A length past the buffer ends the parse: nothing after it can be trusted.
     assert sockdiag.parse_reply(struct.pack("=IHHII", 999, 20, 2, 1, 0)) == ([], True)
-
-
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    held: list[socket.socket] = []
-    yield held
-    for s in held:
-        s.close()
 
 
 def test_the_kernels_listen_dump_is_every_listener_of_the_tables(

@@ -9,23 +9,13 @@ import json
 from pathlib import Path
 
 from fake_ops import FakeOps
+from numa_fakes import facts, report, spec
 from sglang_farm.cli.readings import numa_line
-from sglang_farm.doctor.checks import Observations
-from sglang_farm.doctor.rules import evaluate
 from test_farmctl import serving
-from test_numa import _facts, _fleet, _spec
 
 
 def _report_nodes(tmp_path: Path, *, simulated: bool = False, **sysfs: object) -> dict[int, int]:
-    obs = Observations(
-        fleet=_fleet(simulated),
-        env={},
-        flags={},
-        ports={},
-        models={},
-        numa=_facts(tmp_path, **sysfs),
-    )
-    return evaluate(_spec(), obs).gpu_numa_nodes()
+    return report(spec(), facts(tmp_path, **sysfs), simulated).gpu_numa_nodes()
 
 
 def test_the_doctors_report_keeps_each_gpus_node_on_a_two_socket_host(tmp_path: Path) -> None:

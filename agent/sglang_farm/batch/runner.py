@@ -216,7 +216,7 @@ class Runner:
         batch, self._outcomes = self._outcomes, []
         now = self._clock()
         try:
-            _, claimed = await asyncio.to_thread(
+            recorded, claimed = await asyncio.to_thread(
                 self._store.exchange, batch, self._s.owner, want, now=now, lease_s=self._s.lease_s
             )
         except StoreFull as exc:
@@ -229,7 +229,9 @@ class Runner:
             return
         if batch:
             self._unpause("store")
-            self._count(batch)
+            # Only what was recorded: an answer whose request was taken over meanwhile
+            # (its lease passed, another runner claimed it) is no result of the batch.
+            self._count([a for a, ok in zip(batch, recorded, strict=True) if ok])
         for c in claimed:
             self._sending += 1
             t = asyncio.create_task(self._send(clients, c))

@@ -272,8 +272,8 @@ def answers_result(r: RecentAnswers) -> Result:
 def worker_numa_nodes(w: WorkerView, gpu_nodes: Mapping[int, int]) -> list[int] | None:
     """The NUMA node of each of the worker's GPUs, in its GPU order (issue 34 §5); None
     when one of them is not known (`gpu_nodes` is empty on a host of one node)."""
-    nodes = [gpu_nodes.get(g) for g in w.gpus]
-    return [n for n in nodes if n is not None] if nodes and None not in nodes else None
+    nodes = [gpu_nodes[g] for g in w.gpus if g in gpu_nodes]
+    return nodes if w.gpus and len(nodes) == len(w.gpus) else None
 
 
 def _with_readings(

@@ -114,7 +114,7 @@ def parse_metrics_text(worker: int, taken_at: float, text: str) -> WorkerSample:
     http = _HttpSeries()
     for name, labels, value in _samples(text, http):
         if model is None and (m := _MODEL_LABEL.search(labels)):
-            model = m.group(1).replace('\\"', '"').replace("\\\\", "\\")
+            model = _unescape(m.group(1))
         sums[name] = sums.get(name, 0.0) + value
         maxes[name] = max(maxes.get(name, value), value)
         if name == "sglang:cache_hit_rate":
