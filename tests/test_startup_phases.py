@@ -207,7 +207,9 @@ def test_a_slow_phase_is_kept_with_its_start_and_shown_by_status_and_why() -> No
     view = start_view(book.starts()[2], 1000.0, starting=True, slow=slow[2])
     result = start_result(view)
     assert result is not None
-    (entry,) = result["slow"]  # type: ignore[misc]
+    slow_rows = result["slow"]
+    assert isinstance(slow_rows, list)
+    (entry,) = slow_rows
     assert entry == {
         "phase": "loading_weights",
         "seconds": 59.0,
@@ -215,9 +217,9 @@ def test_a_slow_phase_is_kept_with_its_start_and_shown_by_status_and_why() -> No
         "siblings": 2,
         "text": "loading weights took 59 s, against 5 s for its 2 siblings (median)",
     }
-    w = {"id": 2, "gpus": [2], "port": 30002, "state": "starting", "since": 1.0, "start": result}
+    row = {"id": 2, "gpus": [2], "port": 30002, "state": "starting", "since": 1.0, "start": result}
     text = format_status(
-        {"farm": "f", "runtime": "process", "rollout": "rolling", "now": 1070.0, "workers": [w]}
+        {"farm": "f", "runtime": "process", "rollout": "rolling", "now": 1070.0, "workers": [row]}
     )
     assert (
         "worker 2: slow start: loading weights took 59 s, against 5 s for its 2 siblings "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fake_ops import FakeOps
 from numa_fakes import facts, report, spec
@@ -14,7 +15,7 @@ from sglang_farm.cli.readings import numa_line
 from test_farmctl import serving
 
 
-def _report_nodes(tmp_path: Path, *, simulated: bool = False, **sysfs: object) -> dict[int, int]:
+def _report_nodes(tmp_path: Path, *, simulated: bool = False, **sysfs: Any) -> dict[int, int]:
     return report(spec(), facts(tmp_path, **sysfs), simulated).gpu_numa_nodes()
 
 
