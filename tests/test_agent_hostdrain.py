@@ -172,6 +172,29 @@ def test_a_drain_past_a_frozen_gateway_names_it_as_unconfirmed(tmp: Path) -> Non
     run_virtual(scenario())
 
 
+def test_a_worker_the_gateway_holds_but_does_not_route_is_not_confirmed_out(tmp: Path) -> None:
+    """CI's flake of `test_hostdrain_frozen` (stop 36): smg's health check failed worker 1
+    for a moment, the farm's list saw it held but not routed, and a drain past the frozen
+    gateway then named only worker 0, as though a gateway that still holds worker 1 (and
+    routes to it again once its health check passes) had confirmed it out. Out of a gateway
+    is not held by it: only a confirmed remove, or a list without it, says so."""
+    from sglang_farm.gateway.port import Member
+
+    async def scenario() -> None:
+        gw = FakeGateway()
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: gw.routed() == urls(range(8)))
+            (u1,) = urls([1])
+            gw.members[u1] = Member(url=u1, id="fake-unhealthy", status="unhealthy")
+            gw.fail_add.add(u1)  # smg's add waits for routed: not confirmed while unhealthy
+            await asyncio.sleep(25)  # a reconcile lists it held, not routed
+            gw.delay = float("inf")  # then frozen: SIGSTOPped smg
+            r = await f.ops.drain_host(60.0)
+            assert r.unconfirmed == {gw.url: tuple(range(8))}
+
+    run_virtual(scenario())
+
+
 def test_a_drain_survives_a_state_file_cut_in_half_across_an_agent_restart(tmp: Path) -> None:
     """Issue 30 item 9: drain-host, the agent killed, state.json cut in half, start: the
     hold was dropped (`state_unreadable`) and the gateway routed all 8 again. Its second

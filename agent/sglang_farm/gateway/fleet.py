@@ -85,15 +85,17 @@ class GatewayFleet:
     def unconfirmed_out(self, serving: Iterable[int]) -> dict[str, tuple[int, ...]]:
         """Issue 30 item 11: each gateway that does not answer, with the workers it never
         confirmed out: of `serving`, those it did not confirm out, and any other it last
-        confirmed in. A drain goes on without it (it counts as routing nothing), but a
+        held. A drain goes on without it (it counts as routing nothing), but a
         frozen gateway that wakes up routes to them again: `drain-host` names it."""
         wanted = set(serving)
         out: dict[str, tuple[int, ...]] = {}
         for s in self.syncs:
             if s.up:
                 continue  # it answers: the drain waited for its word
-            ids = wanted | {w for w, routed in s.confirmed.items() if routed}
-            left = tuple(sorted(w for w in ids if s.confirmed.get(w) is not False))
+            # Out means no longer held (a confirmed remove, a list without it): a worker
+            # held but not routed is routed again once the gateway's health check passes.
+            ids = wanted | {w for w, held in s.held.items() if held}
+            left = tuple(sorted(w for w in ids if s.held.get(w) is not False))
             if left:
                 out[s.gateway_url] = left
         return out

@@ -72,6 +72,10 @@ class MembershipSync:
         # What this gateway last confirmed per worker: True routed, False not; a worker
         # absent is not known yet (before the first call or reconcile that says).
         self.confirmed: dict[int, bool] = {}
+        # Whether this gateway last held the worker at all (a member, routed or not): one
+        # it holds but does not route (smg's health check failed it for a moment) is
+        # routed again once its check passes, so it is not out of the gateway for a drain.
+        self.held: dict[int, bool] = {}
         # Per worker, how many changes this sync confirmed: a list asked before one and
         # answered after it is stale for that worker (its word is not taken).
         self._confirmations: dict[int, int] = {}
@@ -180,6 +184,7 @@ class MembershipSync:
         # Recorded before the report: the state change it causes calls update() again,
         # which must see the new membership, not start the same call a second time.
         self.confirmed[wid] = want
+        self.held[wid] = want
         self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
         self._busy.discard(wid)
         self._mark_up()
@@ -289,6 +294,7 @@ class MembershipSync:
                     url=url,
                 )
             self.confirmed[wid] = now_in
+            self.held[wid] = url in known
             if url in known and not wants_in_gateway(s):
                 self._busy.add(wid)
                 task = asyncio.create_task(self._change(wid, False))
