@@ -888,16 +888,17 @@ def test_wedge_freezes_tokens_and_counters_while_health_and_server_info_answer(
 ) -> None:
     env = {
         **FAST,
-        # Long enough after ready for both streams to be under way on a busy machine.
-        "SGLANG_SIM_WEDGE_AFTER": "6.0",
+        # Long after ready: both streams are under way (well under a second on a quiet
+        # machine) long before it, on a busy one too.
+        "SGLANG_SIM_WEDGE_AFTER": "20.0",
         "SGLANG_SIM_HEALTH_QUEUES": "1",  # the wedge answers even SGLang's generating /health
         "SGLANG_SIM_TOKEN_SECONDS": "0.02",
     }
     sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
     sim.wait_ready()
-    streams = Streams(sim.url, 2, 1000)  # 20 s each: still running when the engine wedges
+    streams = Streams(sim.url, 2, 3000)  # 60 s each: still running when the engine wedges
     with httpx.Client(base_url=sim.url, timeout=2.0) as client:
-        wait_until("both streams under way before the wedge", lambda: all(streams.events), 5.5)
+        wait_until("both streams under way before the wedge", lambda: all(streams.events), 19)
 
         def now() -> tuple[int, tuple[tuple[str, float], ...], float]:
             stamp = client.get("/v1/loads").json()["loads"][0]["timestamp"]
@@ -920,7 +921,7 @@ def test_wedge_freezes_tokens_and_counters_while_health_and_server_info_answer(
         values = metric_values(client)
         assert values["sglang:num_running_reqs"] == 2
         assert values["sglang:num_requests_total"] == 1  # the warmup; neither stream finished
-        assert 0 < streams.total() < 2 * 1000
+        assert 0 < streams.total() < 2 * 3000
         with pytest.raises(httpx.ReadTimeout):  # a new request is never admitted either
             client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
         assert now() == frozen
