@@ -19,8 +19,8 @@ from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
 from sglang_farm.canary import figures, promtext
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.cli.readings import errors_cell, errors_line
+from sglang_farm.sglang.health import LocalHttp
 from sglang_farm.sglang.stats import parse_metrics_text, poll_worker
-from sglang_farm.workers.health import LocalHttp
 from sglang_farm.workers.load import (
     RecentAnswers,
     WorkerSample,

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from sglang_farm.sglang.health import LocalHttp
 from sglang_farm.sglang.stats import BODY_LIMIT, parse_metrics_text, poll_worker
-from sglang_farm.workers.health import LocalHttp
 from sglang_farm.workers.load import WorkerSample, WorkerStats, WorkerStatsTracker
 from test_health import Sent, endless_body_server
 

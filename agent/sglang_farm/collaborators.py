@@ -16,11 +16,11 @@ from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.host.portowner import PortOwner
 from sglang_farm.host.ports import PortState, port_state
+from sglang_farm.sglang.health import Prober
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.installed import process_started
 from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.drain import InFlight
-from sglang_farm.workers.health import Prober
 from sglang_farm.workers.launcher import Preflight
 from sglang_farm.workers.load import RecentAnswers
 
