@@ -19,7 +19,7 @@ from sglang_farm.farm_view import (
     RestartRecord,
     WorkerView,
 )
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 
 
 def _view() -> FarmView:

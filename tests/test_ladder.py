@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.spec import FlagValue, OomAdjust, OomStep
-from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.ladder import (
     STEP_DOWN_KINDS,
     FlagChange,

@@ -47,6 +47,7 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
+from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.health import HttpProber
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
@@ -57,7 +58,6 @@ from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
 from sglang_farm.workers.drain import Drains, HttpInFlight
-from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.ladder import next_step
 from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.canary.view import RolloutVerdictView
+from sglang_farm.sglang.failures import Failure
 from sglang_farm.sglang.startup import Capacity, SlowPhase, StartPhase, StartTimeline
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.state_alerts import StateAlert
-from sglang_farm.workers.failures import Failure
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import WorkerState
 

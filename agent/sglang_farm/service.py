@@ -37,8 +37,8 @@ from sglang_farm.runtime import Emit, GatewayRunner, Runtime
 from sglang_farm.runtime.batch_child import ChildBatch
 from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.load import RecentAnswers
 
 log = structlog.get_logger("sglang_farm.service")

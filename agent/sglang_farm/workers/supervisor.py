@@ -39,8 +39,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from sglang_farm.sglang.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.workers.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.workers.phase import Phase
 
 RESTART_HISTORY = 20  # restart records kept per worker (status shows them; totals are separate)
