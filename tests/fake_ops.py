@@ -23,7 +23,7 @@ from sglang_farm.farm_view import (
     WorkerView,
 )
 from sglang_farm.sglang.failures import Failure, FailureKind
-from sglang_farm.workers.load import RecentAnswers
+from sglang_farm.sglang.load import RecentAnswers
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from sglang_farm.gpus.health import xid_detail
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.supervisor import GpuFailing, ProgressSeen, Wedged
 

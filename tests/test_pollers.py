@@ -12,7 +12,7 @@ from typing import Any
 
 from sglang_farm.config import load_spec
 from sglang_farm.metrics.pollers import worker_api_key
-from sglang_farm.workers.load import WorkerSample
+from sglang_farm.sglang.load import WorkerSample
 
 TOML = f"""
 [farm]

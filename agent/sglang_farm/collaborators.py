@@ -17,12 +17,12 @@ from sglang_farm.gateway.port import Gateway
 from sglang_farm.host.portowner import PortOwner
 from sglang_farm.host.ports import PortState, port_state
 from sglang_farm.sglang.health import Prober
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.installed import process_started
 from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.drain import InFlight
 from sglang_farm.workers.launcher import Preflight
-from sglang_farm.workers.load import RecentAnswers
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from sglang_farm.gpus.health import not_quarantined, quarantined_on
 from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.failures import RestartReason
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.drain import Drains
-from sglang_farm.workers.load import RecentAnswers
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (

@@ -38,8 +38,8 @@ from sglang_farm.runtime.batch_child import ChildBatch
 from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.failures import Failure, FailureKind
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.load import RecentAnswers
 
 log = structlog.get_logger("sglang_farm.service")
 

@@ -25,8 +25,8 @@ from sglang_farm.farm_view import (
     WorkerView,
 )
 from sglang_farm.gpus import xid
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.staging.state import StageState, StagingView
-from sglang_farm.workers.load import RecentAnswers
 
 Result = dict[str, object]
 

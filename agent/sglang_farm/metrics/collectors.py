@@ -43,10 +43,10 @@ from sglang_farm.farm_view import FarmView, GatewayStatus, Phase
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot, attribute_memory
 from sglang_farm.metrics import exposition
 from sglang_farm.sglang.failures import OomKind, RestartReason
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.staging.failure import StageFailureKind
 from sglang_farm.staging.state import StageState, StagingView
 from sglang_farm.state_alerts import AlertKind
-from sglang_farm.workers.load import WorkerStats
 
 ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
 # A stop while staging is no failure of the stage: not counted.

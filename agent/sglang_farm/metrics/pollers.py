@@ -28,9 +28,9 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_trees
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.sglang.health import LocalHttp
+from sglang_farm.sglang.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 
 log = structlog.get_logger("sglang_farm.metrics.pollers")
 

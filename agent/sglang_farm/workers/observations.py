@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 
 from sglang_farm.gpus.health import busiest_utilization, fleet_events
 from sglang_farm.gpus.snapshot import FleetSnapshot
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.workers.progress import progress_events
 from sglang_farm.workers.supervisor import Event
 
