@@ -88,7 +88,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "ladder": (
-        "sglang_farm.workers.ladder",
+        "sglang_farm.sglang.ladder",
         ("tests/test_ladder.py", "tests/test_mutation_ladder.py"),
     ),
     "xid": ("sglang_farm.gpus.xid", ("tests/test_xid.py",)),

@@ -49,6 +49,7 @@ from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.health import HttpProber
+from sglang_farm.sglang.ladder import next_step
 from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
@@ -59,7 +60,6 @@ from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
 from sglang_farm.workers.drain import Drains, HttpInFlight
-from sglang_farm.workers.ladder import next_step
 from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
 from sglang_farm.workers.logs import WorkerLogs
