@@ -93,7 +93,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "xid": ("sglang_farm.gpus.xid", ("tests/test_xid.py",)),
     "gpu_health": (
-        "sglang_farm.gpus.health",
+        "sglang_farm.workers.gpu_health",
         ("tests/test_mutation_gpu_health.py", "tests/test_gpu_health_events.py"),
     ),
     "sglang_flags": (

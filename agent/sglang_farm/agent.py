@@ -15,7 +15,7 @@ to the `StateStore`.
 Nothing here decides: which workers stay held on adoption, the waves of a rolling
 restart, the OOM step spreading to the farm, a failing GPU, a busy or wedged worker,
 how long a stop may take and a reload's effects are the core's decisions (`workers/`,
-`gpus/health`, `staging/`, `canary/`). Nothing here asks which runtime it drives
+`workers/gpu_health`, `staging/`, `canary/`). Nothing here asks which runtime it drives
 either: what differs is a method of the `Runtime` protocol.
 """
 

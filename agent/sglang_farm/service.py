@@ -304,7 +304,7 @@ RELEASE_SLACK_BYTES = 1 << 30  # used memory beyond the driver's reserve that st
 
 async def check_gpu(poller: GpuPoller, gpu: int) -> list[str]:
     """A fresh NVML read of `gpu`: what keeps it from being released (empty: clear)."""
-    from sglang_farm.gpus.health import release_problems
+    from sglang_farm.workers.gpu_health import release_problems
 
     fleet = await asyncio.to_thread(poller.snapshot)
     return release_problems(fleet, gpu, slack_bytes=RELEASE_SLACK_BYTES)

@@ -221,7 +221,7 @@ class GpuFailing:
 
 @dataclass(frozen=True, slots=True)
 class RemapsPending:
-    """NVML reports row remaps pending on the worker's GPU (`gpus.health.fleet_events`): a
+    """NVML reports row remaps pending on the worker's GPU (`workers.gpu_health.fleet_events`): a
     worker about to (re)start there is set aside until the GPU is reset."""
 
     gpu: int
