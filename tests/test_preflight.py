@@ -572,7 +572,7 @@ def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
 ) -> None:
     # check-config has no SGLang at hand: it never refuses a flag that some SGLang
     # accepts (the doctor's parser decides), and names both versions for an old one.
-    from sglang_farm.host import accounts
+    from sglang_farm.doctor import accounts
 
     # The seed's `sglang` accounts, which this machine may lack, are not this test's subject.
     monkeypatch.setattr(accounts, "host_account_problems", lambda spec: [])

@@ -173,7 +173,7 @@ def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec
     for warning in result.warnings:
         log.warning("config_warning", config=path, warning=warning)
     if runtime_kind == "systemd":
-        from sglang_farm.host.accounts import host_account_problems
+        from sglang_farm.doctor.accounts import host_account_problems
 
         problems = host_account_problems(result.spec)
         if problems:  # each names its file, as the config's own problems do
