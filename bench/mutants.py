@@ -132,6 +132,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "staging.state": ("sglang_farm.staging.state", ("tests/test_staging_state.py",)),
     "staging.stale": ("sglang_farm.staging.stale", ("tests/test_staging_stale.py",)),
+    "workers.loading": ("sglang_farm.workers.loading", ("tests/test_staging_stale.py",)),
     # Issue 26: several gateways' combined word, against its pure tests and the agent over
     # two in-memory gateways (virtual time).
     "gateway.membership": (

@@ -55,13 +55,14 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.runner import thread_stager
-from sglang_farm.staging.stale import loading, old_copy_removal
+from sglang_farm.staging.stale import old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
 from sglang_farm.workers.drain import Drains, HttpInFlight
 from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
+from sglang_farm.workers.loading import loading
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.notes import (
     ROUTED_WAIT_S,
