@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.membership import combined
 from sglang_farm.gateway.port import Gateway
+from sglang_farm.gateway.status import GatewayStatus
 from sglang_farm.gateway.sync import MembershipSync
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway

@@ -40,8 +40,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import structlog
 
 from sglang_farm.errors import GatewayError, GatewayErrorCode
-from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
+from sglang_farm.gateway.status import GatewayStatus
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.supervisor import WorkerState, wants_in_gateway
 
