@@ -2,7 +2,7 @@
 
 Inputs: the runtime's events (a start; a log line and an exit, read by `workers/logs`),
 the liveness probes (`workers/liveness`), the pollers' NVML and worker snapshots
-(`workers/observations`), the gateway (`gateway/sync`, `workers/drain`), the clock (the
+(`workers/observations`), the gateway (`workers/gateway_sync`, `workers/drain`), the clock (the
 ticker), the operator's commands (`operations.FarmControl`) and a reload (`reloader`),
 each through the narrow surface those modules name. Each becomes an event for the
 supervisor (`Supervisor.handle`); the actions it returns are carried out here (a launch

@@ -41,7 +41,7 @@ class StatsReaders:
 class Collaborators:
     """What the agent is wired to, given at construction (nothing is set afterwards).
 
-    `gateway`: membership follows readiness there (`gateway.sync`); planned stops drain.
+    `gateway`: membership follows readiness there (`workers.gateway_sync`); planned stops drain.
     `more_gateways`: the others with `[gateway] urls` (`gateways` lists them all).
     `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
     start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").

@@ -388,7 +388,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
         )
     # SGLang's /health can take up to 20 s on a busy worker (docs/reference/sglang.md):
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
-    # worker is given with each add, from the config in force (gateway.sync.worker_key).
+    # worker is given with each add, from the config in force (workers.gateway_sync.worker_key).
     health: dict[str, int | bool] = {"timeout_secs": 20}
     guard = None
     rotation = None
