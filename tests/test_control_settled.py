@@ -180,7 +180,7 @@ A, B = "http://gw-a:8000", "http://gw-b:8000"
 
 
 def _two(a: GatewayStatus, b: GatewayStatus) -> GatewayStatus:
-    """The fleet's summary of two gateways (gateway.fleet.GatewayFleet.status)."""
+    """The fleet's summary of two gateways (workers.gateway_fleet.GatewayFleet.status)."""
     return GatewayStatus(A, a.up or b.up, 2, 0, None, gateways=(a, b))
 
 

@@ -39,7 +39,6 @@ from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.errors import AgentCrashed
 from sglang_farm.farm_view import FarmView, build_view
-from sglang_farm.gateway.fleet import GatewayFleet
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
@@ -60,6 +59,7 @@ from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
 from sglang_farm.workers.drain import Drains, HttpInFlight
+from sglang_farm.workers.gateway_fleet import GatewayFleet
 from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
 from sglang_farm.workers.loading import loading

@@ -1,6 +1,6 @@
 """Pure: what the farm knows of its gateways (`GatewayStatus`), for status, metrics and logs.
 
-`workers.gateway_sync` keeps one gateway's status as it reconciles, `gateway.fleet`
+`workers.gateway_sync` keeps one gateway's status as it reconciles, `workers.gateway_fleet`
 sums several up; `farm_view.FarmView.gateway` carries it to the readers.
 """
 
