@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_farm.config import load_spec
-from sglang_farm.metrics.pollers import worker_api_key
+from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.load import WorkerSample
 
 TOML = f"""
