@@ -1,8 +1,10 @@
-"""Pure: what the agent is wired to, given at construction (`Agent(collaborators=...)`).
+"""I/O: what the agent is wired to, given at construction (`Agent(collaborators=...)`).
 
-Value types only: the collaborators themselves (prober, gateway, the doctor's checks, the
-stager...) are built by the entry point (`service`) or by a test; the defaults name the
-production ones.
+Value types over the seams of the agent's I/O (the prober, the gateway, the doctor's
+checks, the stager, the canary's scrape and gate...): the collaborators themselves are
+built by the entry point (`service`) or by a test. Nothing here runs I/O, but the seams
+are the I/O modules' own types and the defaults are the production readers of the host
+(`ports.port_state`, `installed.process_started`), so the module is on the I/O side.
 """
 
 from __future__ import annotations
