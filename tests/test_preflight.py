@@ -1458,8 +1458,8 @@ def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
     naming the fix, not one per refresh."""
     import asyncio
 
+    from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
     verdict = DoctorReportCache(FakeGpuPoller(), gateway_python="/nonexistent/python3")
@@ -1483,8 +1483,8 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import socket
 
     from farmproc import free_port_block
+    from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway(base_port=free_port_block(8))
     held = spec.worker(1).port
