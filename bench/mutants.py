@@ -88,12 +88,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "ladder": (
-        "sglang_farm.workers.ladder",
+        "sglang_farm.sglang.ladder",
         ("tests/test_ladder.py", "tests/test_mutation_ladder.py"),
     ),
     "xid": ("sglang_farm.gpus.xid", ("tests/test_xid.py",)),
     "gpu_health": (
-        "sglang_farm.gpus.health",
+        "sglang_farm.workers.gpu_health",
         ("tests/test_mutation_gpu_health.py", "tests/test_gpu_health_events.py"),
     ),
     "sglang_flags": (
@@ -132,6 +132,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "staging.state": ("sglang_farm.staging.state", ("tests/test_staging_state.py",)),
     "staging.stale": ("sglang_farm.staging.stale", ("tests/test_staging_stale.py",)),
+    "workers.loading": ("sglang_farm.workers.loading", ("tests/test_staging_stale.py",)),
     # Issue 26: several gateways' combined word, against its pure tests and the agent over
     # two in-memory gateways (virtual time).
     "gateway.membership": (

@@ -27,7 +27,7 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import exposition
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 
 
 def state(n: int) -> MetricsState:

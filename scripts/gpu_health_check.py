@@ -4,9 +4,9 @@
     python3 scripts/gpu_health_check.py > docs/gpu-runs/<date>-<gpu>-gpu-health.json
 
 Records, per GPU: whether XID critical-error events can be registered (the quarantine's
-trigger; they cannot be provoked here), the health fields `gpus.health` reads (remapped
+trigger; they cannot be provoked here), the health fields `workers.gpu_health` reads (remapped
 rows pending, the healthy flag), persistence mode, utilization, and what `release-gpu`'s
-check (`gpus.health.release_problems`) says about the idle GPU.
+check (`workers.gpu_health.release_problems`) says about the idle GPU.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))
 
 import pynvml as nvml
 
-from sglang_farm.gpus.health import gpu_faults, release_problems
 from sglang_farm.gpus.nvml import NvmlPoller
+from sglang_farm.workers.gpu_health import gpu_faults, release_problems
 
 
 def field(fn: object, *args: object) -> object:

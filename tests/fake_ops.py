@@ -22,8 +22,8 @@ from sglang_farm.farm_view import (
     RestartRecord,
     WorkerView,
 )
-from sglang_farm.workers.failures import Failure, FailureKind
-from sglang_farm.workers.load import RecentAnswers
+from sglang_farm.sglang.failures import Failure, FailureKind
+from sglang_farm.sglang.load import RecentAnswers
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:

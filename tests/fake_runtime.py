@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from sglang_farm.host.listeners import OwnerKind, Ownership
 from sglang_farm.runtime import Emit, Exited, LogLine, Running, Started
 from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.health import ProbeResult
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.health import ProbeResult
 
 
 @dataclass

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 
 GiB = 1024**3
 NOW = 1_700_000_000.0

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
+from sglang_farm.doctor.accounts import missing_accounts
 from sglang_farm.errors import ConfigError
-from sglang_farm.host.accounts import missing_accounts
 from sglang_farm.service import load_config
 
 # The scenarios through the CLI and `load_config` read this host's own databases: they

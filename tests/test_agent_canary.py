@@ -831,7 +831,7 @@ def test_the_canarys_failure_is_the_one_it_is_being_stopped_for_else_its_last() 
     """The failure the analysis reads (issue 31 item 3): the pending one while the farm
     stops the canary for it (whatever stop was asked since), never a leftover one."""
     from sglang_farm.canary.driver import _failure
-    from sglang_farm.workers.failures import Failure, FailureKind
+    from sglang_farm.sglang.failures import Failure, FailureKind
     from sglang_farm.workers.supervisor import StopIntent, WorkerState
 
     oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")

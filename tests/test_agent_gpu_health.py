@@ -20,7 +20,7 @@ from agent_harness import (
 from sglang_farm.config import load_spec
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.runtime import Running
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 

@@ -14,8 +14,8 @@ from agent_harness import (
 )
 from sglang_farm.config import load_spec
 from sglang_farm.runtime import Running
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 

@@ -15,7 +15,8 @@ from agent_harness import (
     urls,
 )
 from fake_gateway import FakeGateway
-from sglang_farm.control.results import settled_result, status_result
+from sglang_farm.control.results import status_result
+from sglang_farm.control.settled import settled_result
 from sglang_farm.runtime import Running
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual

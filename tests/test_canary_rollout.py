@@ -30,8 +30,8 @@ from sglang_farm.canary.rollout import (
 from sglang_farm.canary.verdict import CanaryPolicy, LivenessKind, Outcome, Verdict, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.spec import RolloutSpec
-from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.phase import Phase
 
 A = Analysis("sha256:" + "0" * 64, canary=0, window_s=60.0, issued_at=100.0, failure_mark=None)
@@ -198,8 +198,8 @@ def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_relea
     however long it takes (no wave timeout), until the driver clears the gate."""
     from dataclasses import replace
 
+    from sglang_farm.sglang.failures import RestartReason
     from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-    from sglang_farm.workers.failures import RestartReason
     from sglang_farm.workers.supervisor import (
         HealthPassed,
         Launch,

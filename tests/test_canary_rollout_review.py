@@ -64,7 +64,7 @@ def test_an_operator_restart_of_the_canary_rearms_the_window_not_a_crash() -> No
 def test_a_canary_restarted_for_its_own_failure_is_failed_not_rearmed() -> None:
     """An OOM of the canary while serving, then the ladder's restart (scope "all"): the
     restart is the farm's reaction to the change's failure, not an operator's."""
-    from sglang_farm.workers.failures import Failure, FailureKind
+    from sglang_farm.sglang.failures import Failure, FailureKind
 
     oom = Failure(FailureKind.CUDA_OOM_SERVING, "CUDA out of memory while serving", "")
     obs = CanaryObs(

@@ -19,8 +19,8 @@ from sglang_farm.canary.verdict import (
     liveness_event,
     quantile_bounds,
 )
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.sim.engine import ITL_BUCKETS, TTFT_BUCKETS
-from sglang_farm.workers.failures import Failure, FailureKind
 
 POLICY = CanaryPolicy()
 

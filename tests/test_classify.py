@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sglang_farm.sglang.classify import READY_TEXT, LogClassifier, classify_lines, strip_prefixes
-from sglang_farm.workers.failures import FailureKind
+from sglang_farm.sglang.failures import FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

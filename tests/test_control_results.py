@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
-from sglang_farm.control import codec, results
+from sglang_farm.control import codec, prose, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
 from sglang_farm.farm_view import (
     FarmView,
@@ -19,7 +19,7 @@ from sglang_farm.farm_view import (
     RestartRecord,
     WorkerView,
 )
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 
 
 def _view() -> FarmView:
@@ -168,7 +168,7 @@ def test_phase_payload_and_command_results() -> None:
     ("ids", "text"), [([], "none"), ([3], "3"), ([0, 1, 2, 3, 5], "0-3, 5"), ([7, 1, 2], "1-2, 7")]
 )
 def test_describe_ids(ids: list[int], text: str) -> None:
-    assert results.describe_ids(ids) == text
+    assert prose.describe_ids(ids) == text
 
 
 def test_status_result_carries_queue_depth_only_where_it_is_known() -> None:
@@ -440,18 +440,18 @@ def test_the_way_out_of_a_quarantine_is_by_worker_once_its_gpu_is_not_the_worker
     """Issue 22 item 7: a reload moved worker 5 off GPU 5 (its quarantine's): `release-gpu 5`
     cannot reach it, so `why` and a refused start name the release by worker."""
     moved = replace(_quarantined(), gpus=(6,))
-    assert results.release_command(_quarantined()) == "farmctl release-gpu 5"
-    assert results.release_command(moved) == "farmctl release-gpu --worker 5"
+    assert prose.release_command(_quarantined()) == "farmctl release-gpu 5"
+    assert prose.release_command(moved) == "farmctl release-gpu --worker 5"
     step = results.why_result(moved)["next_step"]
     assert isinstance(step, str) and "then `farmctl release-gpu --worker 5`, which" in step
-    assert results.quarantined_refusal(moved, "start") == (
+    assert prose.quarantined_refusal(moved, "start") == (
         "worker 5 is quarantined: GPU 5 is set aside (xid 79), and start leaves it stopped; "
         "deal with the GPU (farmctl why 5 says how), then release it with farmctl "
         "release-gpu --worker 5, which re-checks the GPU through NVML and starts the worker"
     )
     no_record = replace(_quarantined(), quarantine=None)
-    assert "its GPU is set aside" in results.quarantined_refusal(no_record, "restart")
-    assert results.release_command(no_record) == "farmctl release-gpu --worker 5"
+    assert "its GPU is set aside" in prose.quarantined_refusal(no_record, "restart")
+    assert prose.release_command(no_record) == "farmctl release-gpu --worker 5"
 
 
 def test_release_by_worker_result_adds_the_worker_and_the_gpus_checked() -> None:

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
-from sglang_farm.control.results import FAILURE_KINDS, settled_result
+from sglang_farm.control.settled import FAILURE_KINDS, settled_result
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.staging.state import StageState, StagingView
-from sglang_farm.workers.failures import Failure, FailureKind
 
 GW = GatewayStatus("http://gw:8000", True, 2, 0)
 
@@ -180,7 +180,7 @@ A, B = "http://gw-a:8000", "http://gw-b:8000"
 
 
 def _two(a: GatewayStatus, b: GatewayStatus) -> GatewayStatus:
-    """The fleet's summary of two gateways (gateway.fleet.GatewayFleet.status)."""
+    """The fleet's summary of two gateways (workers.gateway_fleet.GatewayFleet.status)."""
     return GatewayStatus(A, a.up or b.up, 2, 0, None, gateways=(a, b))
 
 

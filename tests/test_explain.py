@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from sglang_farm.cli.explain import explain
 from sglang_farm.sglang.explain import explain_lines, format_text
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

@@ -32,8 +32,8 @@ from sglang_farm.farm_view import Phase
 from sglang_farm.metrics import exposition
 from sglang_farm.metrics.collectors import MetricsState, Section, build_registry
 from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.staging.state import StageState, StagingView
-from sglang_farm.workers.load import WorkerStats
 
 ALLOW_UTF8_TEXT = "text/plain;version=1.0.0;escaping=allow-utf-8"
 ALLOW_UTF8_OM = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8"

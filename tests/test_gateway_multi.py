@@ -24,7 +24,8 @@ from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_gateway import FakeGateway
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec
-from sglang_farm.control.results import endpoints_result, settled_result, status_result
+from sglang_farm.control.results import endpoints_result, status_result
+from sglang_farm.control.settled import settled_result
 from sglang_farm.errors import ConfigError, GatewayError, GatewayErrorCode
 from sglang_farm.gateway import Member
 from sglang_farm.gateway.membership import combined

@@ -1,4 +1,4 @@
-"""gpus.health's report of a new NVML snapshot to the workers (issue 24 §1): which worker
+"""workers.gpu_health's report of a new NVML snapshot to the workers (issue 24 §1): which worker
 hears of which fault, and a GPU's busiest utilization. Whether a report sets a worker
 aside is the supervisor's (tests/test_supervisor.py)."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpus.health import (
+from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
+from sglang_farm.workers.gpu_health import (
     busiest_utilization,
     fleet_events,
     not_quarantined,
     quarantined_on,
     xid_detail,
 )
-from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import GpuFailing, GpuQuarantine, RemapsPending, WorkerState
 

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from sglang_farm.workers.health import HEALTH_BODY_LIMIT, LocalHttp, probe
+from sglang_farm.sglang.health import HEALTH_BODY_LIMIT, LocalHttp, probe
 
 
 @contextmanager
@@ -137,7 +137,7 @@ async def test_a_refused_connection_is_the_workers_and_not_local() -> None:
 _EXHAUST = r"""
 import asyncio, json, os, resource, sys
 import httpx
-from sglang_farm.workers.health import probe
+from sglang_farm.sglang.health import probe
 
 async def main() -> None:
     async with httpx.AsyncClient() as warm:  # imports what a probe needs while fds are left
@@ -313,9 +313,7 @@ async def test_local_http_answers_a_garbled_head_as_the_workers_failure() -> Non
     assert "malformed" in r.detail
 
 
-_EXHAUST_LOCAL = _EXHAUST.replace(
-    "import httpx", "from sglang_farm.workers.health import LocalHttp"
-)
+_EXHAUST_LOCAL = _EXHAUST.replace("import httpx", "from sglang_farm.sglang.health import LocalHttp")
 _EXHAUST_LOCAL = _EXHAUST_LOCAL.replace(
     "async with httpx.AsyncClient() as warm:", "if warm := LocalHttp():"
 ).replace("async with httpx.AsyncClient() as client:", "if client := LocalHttp():")

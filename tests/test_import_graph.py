@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -219,3 +220,210 @@ def test_a_longer_cycle_is_found_and_a_chain_is_not() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     assert cycles({"a": {"a"}}) == [["a"]]
+
+
+# --- the folders' ladder, and pure above no I/O (issue 32 §3) -----------------------------
+
+ARCHITECTURE = ROOT.parent.parent / "docs" / "ARCHITECTURE.md"
+LADDER_START, LADDER_END = "<!-- ladder -->", "<!-- /ladder -->"
+
+
+def folder_of(module: str) -> str:
+    """The folder a module stands in: `sglang_farm.workers.supervisor` -> `workers`; a
+    top-level module is a folder of its own (`sglang_farm.spec` -> `spec`), the package's
+    own `__init__` is `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def ladder_rungs(text: str) -> list[list[str]]:
+    """The folders' rungs written between the ladder markers, lowest first.
+
+    Each rung is a numbered line, `3. `sglang`, `gpus`: what it holds`: the folders are
+    the backticked names before the first colon; the lines must count 1, 2, 3... Raises
+    ValueError on missing markers, a gap in the count or a rung without a folder.
+    """
+    start, end = text.find(LADDER_START), text.find(LADDER_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {LADDER_START} ... {LADDER_END} block")
+    rungs: list[list[str]] = []
+    for line in text[start + len(LADDER_START) : end].splitlines():
+        numbered = re.match(r"\s*(\d+)\.\s+(.*)", line)
+        if numbered is None:
+            continue
+        if int(numbered[1]) != len(rungs) + 1:
+            raise ValueError(f"rung {numbered[1]} follows rung {len(rungs)}: {line!r}")
+        names = re.findall(r"`([^`]+)`", numbered[2].split(":", 1)[0])
+        if not names:
+            raise ValueError(f"rung {numbered[1]} names no folder: {line!r}")
+        rungs.append(names)
+    return rungs
+
+
+def folder_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import (every folder a key)."""
+    folders: dict[str, set[str]] = {folder_of(m): set() for m in graph}
+    for module, imported in graph.items():
+        for other in imported:
+            if folder_of(other) != folder_of(module):
+                folders[folder_of(module)].add(folder_of(other))
+    return folders
+
+
+def rung_violations(graph: Mapping[str, Iterable[str]], rungs: list[list[str]]) -> list[str]:
+    """Each import of a module from a folder on a higher rung than its own, as
+    `a.b (rung 2) -> c.d (rung 5)`; a folder on no rung is left to the coverage test."""
+    rung = {folder: n for n, names in enumerate(rungs, 1) for folder in names}
+    found = []
+    for module in sorted(graph):
+        for other in sorted(graph[module]):
+            low, high = rung.get(folder_of(module)), rung.get(folder_of(other))
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} (rung {low}) -> {other} (rung {high})")
+    return found
+
+
+def module_kind(docstring: str | None) -> str | None:
+    """`pure` for a module whose docstring's first word is `Pure:`, `io` for `I/O:` (or a
+    bare `I/O`, as in "I/O shell over a pure judge"), None for anything else (a package's
+    map of its modules)."""
+    words = (docstring or "").split(maxsplit=1)
+    first = words[0] if words else ""
+    return "pure" if first == "Pure:" else "io" if first in ("I/O:", "I/O") else None
+
+
+@functools.cache
+def module_kinds(root: Path = ROOT) -> dict[str, str | None]:
+    """Module -> its kind (`module_kind`), for every module under `root`."""
+    return {
+        module_name(f, root): module_kind(ast.get_docstring(ast.parse(f.read_text(), str(f))))
+        for f in sorted(root.rglob("*.py"))
+    }
+
+
+def pure_imports_of_io(
+    graph: Mapping[str, Iterable[str]], kinds: Mapping[str, str | None]
+) -> list[str]:
+    """Each import of an I/O module by a pure one, as `pure -> io`."""
+    return [
+        f"{module} -> {other}"
+        for module in sorted(graph)
+        if kinds.get(module) == "pure"
+        for other in sorted(graph[module])
+        if kinds.get(other) == "io"
+    ]
+
+
+def test_every_folder_stands_on_exactly_one_rung() -> None:
+    rungs = ladder_rungs(ARCHITECTURE.read_text())
+    placed = [folder for names in rungs for folder in names]
+    twice = sorted({f for f in placed if placed.count(f) > 1})
+    assert not twice, f"folders on more than one rung of docs/ARCHITECTURE.md: {twice}"
+    folders = set(folder_graph(import_graph()))
+    assert sorted(folders - set(placed)) == [], "folders on no rung: add them to the ladder"
+    assert sorted(set(placed) - folders) == [], "rungs name folders the package lacks"
+
+
+def test_no_module_imports_a_folder_on_a_higher_rung() -> None:
+    found = rung_violations(import_graph(), ladder_rungs(ARCHITECTURE.read_text()))
+    assert not found, (
+        "imports up the ladder of docs/ARCHITECTURE.md (move the module to the folder it "
+        "belongs to, or what both need one rung down):\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_folders_import_each_other_in_no_circle() -> None:
+    folders = folder_graph(import_graph())
+    pairs = sorted(f"{a} <-> {b}" for a in folders for b in folders[a] if a < b and a in folders[b])
+    assert not pairs, "folders that import each other:\n  " + "\n  ".join(pairs)
+    found = cycles(folders)
+    walks = "\n".join("  " + " -> ".join(cycle_path(c, folders)) for c in found)
+    assert not found, "folders importing each other around a circle:\n" + walks
+
+
+def test_a_pure_module_imports_no_io_module() -> None:
+    found = pure_imports_of_io(import_graph(), module_kinds())
+    assert not found, (
+        "modules whose docstring says Pure: importing one that says I/O: (move what the "
+        "pure one needs into a pure module, or say what it is):\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_kinds_are_read_for_most_modules() -> None:
+    kinds = module_kinds()
+    assert kinds["sglang_farm.workers.supervisor"] == "pure"
+    assert kinds["sglang_farm.runtime.systemd"] == "io"
+    assert sum(k is not None for k in kinds.values()) > 150
+
+
+# --- the ladder's reader, on hand-built input ---------------------------------------------
+
+LADDER_DOC = f"""
+# Modules
+1. `a`: not a rung, outside the markers
+{LADDER_START}
+The folders, lowest first:
+
+1. `errors`, `host`: the machine
+2. `spec`: the farm's shape, over `host`
+{LADDER_END}
+"""
+
+
+def test_the_rungs_are_read_between_the_markers() -> None:
+    assert ladder_rungs(LADDER_DOC) == [["errors", "host"], ["spec"]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1. `a`",
+        f"{LADDER_START}\n1. `a`\n3. `b`\n{LADDER_END}",
+        f"{LADDER_START}\n1. `a`\n2. nothing named\n{LADDER_END}",
+    ],
+)
+def test_a_ladder_without_markers_a_gap_or_an_empty_rung_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        ladder_rungs(text)
+
+
+def test_an_import_up_the_ladder_is_named_and_one_down_is_not() -> None:
+    graph = {
+        "sglang_farm.top": {"sglang_farm.low.a"},
+        "sglang_farm.low.a": set(),
+        "sglang_farm.low.b": {"sglang_farm.top", "sglang_farm.low.a"},
+    }
+    rungs = [["low"], ["top"]]
+    assert rung_violations(graph, rungs) == [
+        "sglang_farm.low.b (rung 1) -> sglang_farm.top (rung 2)"
+    ]
+    assert folder_graph(graph) == {"top": {"low"}, "low": {"top"}}
+    assert cycles(folder_graph(graph)) == [["low", "top"]]
+
+
+def test_folders_of_modules() -> None:
+    assert folder_of("sglang_farm.workers.supervisor") == "workers"
+    assert folder_of("sglang_farm.spec") == "spec"
+    assert folder_of("sglang_farm") == "__init__"
+
+
+@pytest.mark.parametrize(
+    ("docstring", "kind"),
+    [
+        ("Pure: the OOM ladder.", "pure"),
+        ("I/O: probes of a worker's HTTP API.", "io"),
+        ("I/O shell over a pure judge: ...", "io"),
+        ("Pure (a map, no code): the batch service", None),
+        ("workers: the pure core", None),
+        (None, None),
+        ("", None),
+    ],
+)
+def test_a_module_kind_is_its_docstring_first_word(docstring: str | None, kind: str | None) -> None:
+    assert module_kind(docstring) == kind
+
+
+def test_a_pure_module_importing_an_io_one_is_named() -> None:
+    graph = {"p": {"q", "r"}, "q": set(), "r": set(), "s": {"q"}}
+    kinds = {"p": "pure", "q": "io", "r": "pure", "s": "io"}
+    assert pure_imports_of_io(graph, kinds) == ["p -> q"]

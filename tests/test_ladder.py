@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_farm.spec import FlagValue, OomAdjust, OomStep
-from sglang_farm.workers.failures import Failure, FailureKind
-from sglang_farm.workers.ladder import (
+from sglang_farm.sglang.failures import Failure, FailureKind
+from sglang_farm.sglang.ladder import (
     STEP_DOWN_KINDS,
     FlagChange,
     apply_ladder,
     describe_step,
     next_step,
 )
+from sglang_farm.spec import FlagValue, OomAdjust, OomStep
 
 BASE: dict[str, FlagValue] = {
     "mem_fraction_static": 0.88,

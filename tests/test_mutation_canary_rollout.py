@@ -19,7 +19,7 @@ from sglang_farm.canary.rollout import (
 )
 from sglang_farm.canary.verdict import LivenessKind
 from sglang_farm.config import load_spec
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.workers.phase import Phase
 
 A = Analysis("sha256:" + "0" * 64, canary=0, window_s=60.0, issued_at=100.0, failure_mark=None)

@@ -5,8 +5,8 @@ whole logs (`classify_lines`)."""
 from __future__ import annotations
 
 from sglang_farm.sglang.classify import LogClassifier, classify_lines
-from sglang_farm.workers.failures import Failure
-from sglang_farm.workers.failures import FailureKind as K
+from sglang_farm.sglang.failures import Failure
+from sglang_farm.sglang.failures import FailureKind as K
 
 TB = "Traceback (most recent call last):"
 FRAME = '  File "/opt/sglang/srt/managers/scheduler.py", line 10, in run'

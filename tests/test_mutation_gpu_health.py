@@ -1,13 +1,13 @@
-"""gpus.health's rules, called directly (issue 27: nothing did, so a broken comparison
+"""workers.gpu_health's rules, called directly (issue 27: nothing did, so a broken comparison
 went unnoticed): which GPUs a pair of snapshots sets aside, and what blocks a release."""
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpus.health import GpuFault, gpu_faults, pending_remaps, release_problems
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.gpus.xid import quarantines
+from sglang_farm.workers.gpu_health import GpuFault, gpu_faults, pending_remaps, release_problems
 
 GiB = 2**30
 

@@ -3,8 +3,8 @@ shown, a float's upper bound, the last step described, a zero factor, the sign o
 
 from __future__ import annotations
 
+from sglang_farm.sglang.ladder import FlagChange, apply_ladder, describe_step
 from sglang_farm.spec import OomAdjust, OomStep
-from sglang_farm.workers.ladder import FlagChange, apply_ladder, describe_step
 
 
 def test_a_list_value_reads_as_a_list() -> None:

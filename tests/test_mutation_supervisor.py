@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from sglang_farm.sglang.failures import Failure, FailureKind, RestartReason
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.workers.failures import Failure, FailureKind, RestartReason
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
     RESTART_HISTORY,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from sglang_farm.gpus.health import xid_detail
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
+from sglang_farm.workers.gpu_health import xid_detail
 from sglang_farm.workers.observations import Observations
 from sglang_farm.workers.supervisor import GpuFailing, ProgressSeen, Wedged
 

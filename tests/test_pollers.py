@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_farm.config import load_spec
-from sglang_farm.metrics.pollers import worker_api_key
-from sglang_farm.workers.load import WorkerSample
+from sglang_farm.sglang.argv import worker_api_key
+from sglang_farm.sglang.load import WorkerSample
 
 TOML = f"""
 [farm]
@@ -94,8 +94,8 @@ def test_the_pollers_follow_a_reload_workers_intervals_and_keys(tmp_path: Path) 
     from sglang_farm.gpus.simulated import FakeGpuPoller
     from sglang_farm.gpus.snapshot import FleetSnapshot
     from sglang_farm.metrics.pollers import MetricPollers
+    from sglang_farm.sglang.health import LocalHttp
     from sglang_farm.spec import FarmSpec
-    from sglang_farm.workers.health import LocalHttp
 
     def text(workers: int, gpu_interval: str, key: str | None) -> str:
         return farm_toml(

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent_harness import GATEWAY, farm, farm_toml, tmp_fixture, urls  # noqa: F401 (fixture)
+from sglang_farm.sglang.failures import FailureKind
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.workers.failures import FailureKind
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
     HealthPassed,

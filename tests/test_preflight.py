@@ -572,7 +572,7 @@ def test_check_config_accepts_either_spelling_and_warns_about_the_old_one(
 ) -> None:
     # check-config has no SGLang at hand: it never refuses a flag that some SGLang
     # accepts (the doctor's parser decides), and names both versions for an old one.
-    from sglang_farm.host import accounts
+    from sglang_farm.doctor import accounts
 
     # The seed's `sglang` accounts, which this machine may lack, are not this test's subject.
     monkeypatch.setattr(accounts, "host_account_problems", lambda spec: [])
@@ -1458,8 +1458,8 @@ def test_the_agent_says_once_that_its_managed_gateway_cannot_run() -> None:
     naming the fix, not one per refresh."""
     import asyncio
 
+    from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway()
     verdict = DoctorReportCache(FakeGpuPoller(), gateway_python="/nonexistent/python3")
@@ -1483,8 +1483,8 @@ def test_the_agents_preflight_names_each_failed_check_where_it_counts_them() -> 
     import socket
 
     from farmproc import free_port_block
+    from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from sglang_farm.service import DoctorReportCache
 
     spec = _demo_with_gateway(base_port=free_port_block(8))
     held = spec.worker(1).port

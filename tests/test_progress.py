@@ -4,7 +4,7 @@ is the supervisor's (tests/test_supervisor.py)."""
 
 from __future__ import annotations
 
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.workers.progress import IDLE_GPU_RATIO, assess_progress, progress_events
 from sglang_farm.workers.supervisor import ProgressSeen, Wedged
 

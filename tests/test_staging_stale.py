@@ -16,11 +16,11 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.stale import (
     REMOVAL_SLACK_S,
     RemoveOldCopy,
-    loading,
     old_copy_removal,
     on_old_copy,
 )
 from sglang_farm.staging.state import StageResult
+from sglang_farm.workers.loading import loading
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import WorkerState
 

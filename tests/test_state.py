@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_farm import state
 from sglang_farm.farm_view import Phase
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.workers.supervisor import FailurePast, WorkerState
 
 

@@ -4,8 +4,8 @@ never issued); the decision stays in the supervisor, the canary driver only call
 
 from __future__ import annotations
 
+from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.workers.failures import RestartReason
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
     Action,

@@ -359,8 +359,8 @@ def test_a_managed_gateway_starting_is_no_alarm_at_info(tmp: Path) -> None:
 def test_the_preflights_count_names_each_warning() -> None:
     """`"warn": 1` in the agent's preflight line said not which: it names each warning."""
     from farmproc import free_port_block
+    from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from sglang_farm.service import DoctorReportCache
     from test_preflight import _demo_with_gateway
 
     verdict = DoctorReportCache(FakeGpuPoller(count=8))

@@ -19,14 +19,14 @@ from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
 from sglang_farm.canary import figures, promtext
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.cli.readings import errors_cell, errors_line
-from sglang_farm.sglang.stats import parse_metrics_text, poll_worker
-from sglang_farm.workers.health import LocalHttp
-from sglang_farm.workers.load import (
+from sglang_farm.sglang.health import LocalHttp
+from sglang_farm.sglang.load import (
     RecentAnswers,
     WorkerSample,
     WorkerStatsTracker,
     recent_answers,
 )
+from sglang_farm.sglang.stats import parse_metrics_text, poll_worker
 from test_sim import StartSim, sims  # noqa: F401
 
 GIVE_UP_S = 120.0  # a simulator starts in about 1 s here; far above, on a busy machine

@@ -148,7 +148,7 @@ def test_the_agents_doctor_judges_each_worker_at_its_ladder_step() -> None:
     worker will run (worker 1 at step 1: 0.83), not the config's (0.88)."""
     import asyncio
 
-    from sglang_farm.service import DoctorReportCache
+    from sglang_farm.doctor.cache import DoctorReportCache
 
     spec = _spec()
     cache = DoctorReportCache(_Cc120(), oom_steps=lambda: {1: 1})

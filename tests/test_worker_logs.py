@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sglang_farm.workers.failures import FailureKind
+from sglang_farm.sglang.failures import FailureKind
 from sglang_farm.workers.logs import WorkerLogs
 
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"

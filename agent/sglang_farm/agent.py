@@ -2,7 +2,7 @@
 
 Inputs: the runtime's events (a start; a log line and an exit, read by `workers/logs`),
 the liveness probes (`workers/liveness`), the pollers' NVML and worker snapshots
-(`workers/observations`), the gateway (`gateway/sync`, `workers/drain`), the clock (the
+(`workers/observations`), the gateway (`workers/gateway_sync`, `workers/drain`), the clock (the
 ticker), the operator's commands (`operations.FarmControl`) and a reload (`reloader`),
 each through the narrow surface those modules name. Each becomes an event for the
 supervisor (`Supervisor.handle`); the actions it returns are carried out here (a launch
@@ -15,7 +15,7 @@ to the `StateStore`.
 Nothing here decides: which workers stay held on adoption, the waves of a rolling
 restart, the OOM step spreading to the farm, a failing GPU, a busy or wedged worker,
 how long a stop may take and a reload's effects are the core's decisions (`workers/`,
-`gpus/health`, `staging/`, `canary/`). Nothing here asks which runtime it drives
+`workers/gpu_health`, `staging/`, `canary/`). Nothing here asks which runtime it drives
 either: what differs is a method of the `Runtime` protocol.
 """
 
@@ -39,7 +39,6 @@ from sglang_farm.canary.driver import Host as CanaryHost  # issue 23
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.errors import AgentCrashed
 from sglang_farm.farm_view import FarmView, build_view
-from sglang_farm.gateway.fleet import GatewayFleet
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
@@ -47,21 +46,23 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Emit, Exited, LogLine, Runtime, RuntimeEvent, Started
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
+from sglang_farm.sglang.failures import RestartReason
+from sglang_farm.sglang.health import HttpProber
+from sglang_farm.sglang.ladder import next_step
+from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.runner import thread_stager
-from sglang_farm.staging.stale import loading, old_copy_removal
+from sglang_farm.staging.stale import old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
 from sglang_farm.workers.drain import Drains, HttpInFlight
-from sglang_farm.workers.failures import RestartReason
-from sglang_farm.workers.health import HttpProber
-from sglang_farm.workers.ladder import next_step
+from sglang_farm.workers.gateway_fleet import GatewayFleet
 from sglang_farm.workers.launcher import Launcher
 from sglang_farm.workers.liveness import LivenessWatcher
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.workers.loading import loading
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.notes import (
     ROUTED_WAIT_S,

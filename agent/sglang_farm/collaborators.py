@@ -1,8 +1,10 @@
-"""Pure: what the agent is wired to, given at construction (`Agent(collaborators=...)`).
+"""I/O: what the agent is wired to, given at construction (`Agent(collaborators=...)`).
 
-Value types only: the collaborators themselves (prober, gateway, the doctor's checks, the
-stager...) are built by the entry point (`service`) or by a test; the defaults name the
-production ones.
+Value types over the seams of the agent's I/O (the prober, the gateway, the doctor's
+checks, the stager, the canary's scrape and gate...): the collaborators themselves are
+built by the entry point (`service`) or by a test. Nothing here runs I/O, but the seams
+are the I/O modules' own types and the defaults are the production readers of the host
+(`ports.port_state`, `installed.process_started`), so the module is on the I/O side.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.port import Gateway
 from sglang_farm.host.portowner import PortOwner
 from sglang_farm.host.ports import PortState, port_state
+from sglang_farm.sglang.health import Prober
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.installed import process_started
 from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.drain import InFlight
-from sglang_farm.workers.health import Prober
 from sglang_farm.workers.launcher import Preflight
-from sglang_farm.workers.load import RecentAnswers
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class StatsReaders:
 class Collaborators:
     """What the agent is wired to, given at construction (nothing is set afterwards).
 
-    `gateway`: membership follows readiness there (`gateway.sync`); planned stops drain.
+    `gateway`: membership follows readiness there (`workers.gateway_sync`); planned stops drain.
     `more_gateways`: the others with `[gateway] urls` (`gateways` lists them all).
     `preflight(spec, worker)`: the doctor's blocking failures for a worker (empty: may
     start). `compute_caps`: compute capability per GPU index (attention_backend = "auto").

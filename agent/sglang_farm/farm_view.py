@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.canary.view import RolloutVerdictView
+
+# Re-exported: readers take the farm's view shapes from here.
+from sglang_farm.gateway.status import GatewayStatus as GatewayStatus
+from sglang_farm.sglang.failures import Failure
 from sglang_farm.sglang.startup import Capacity, SlowPhase, StartPhase, StartTimeline
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.state_alerts import StateAlert
-from sglang_farm.workers.failures import Failure
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import WorkerState
 
@@ -29,33 +32,6 @@ __all__ = [
     "WorkerView",
     "build_view",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayStatus:
-    """What the farm knows of its gateway, for status, metrics and logs."""
-
-    url: str
-    up: bool
-    members: int  # the farm's own workers the gateway routes to (as last confirmed)
-    errors: int  # failed calls and reconciles since the agent started
-    last_error: str | None = None
-    # Members the farm did not register, as of the last reconcile (an external gateway's
-    # other hosts; on a managed gateway, removed by that reconcile).
-    foreign: tuple[str, ...] = ()
-    # Issue 26, several gateways ([gateway] urls): each one's own status; this one then
-    # sums them up (up: any answers; members: the workers counted as in, each one's
-    # `in_gateway`; url: the first one's). Empty with one gateway: this status is that
-    # gateway's.
-    gateways: tuple[GatewayStatus, ...] = ()
-    # The farm's workers this gateway confirmed it routes to; None: not told (a summary
-    # of several, or a hand-made status), each worker's `in_gateway` says.
-    routed: tuple[int, ...] | None = None
-
-    @property
-    def each(self) -> tuple[GatewayStatus, ...]:
-        """Every gateway's own status (one gateway: this one)."""
-        return self.gateways or (self,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,13 +18,13 @@ import structlog
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
 from sglang_farm.farm_view import FarmView
-from sglang_farm.gpus.health import not_quarantined, quarantined_on
 from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
+from sglang_farm.sglang.failures import RestartReason
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.drain import Drains
-from sglang_farm.workers.failures import RestartReason
-from sglang_farm.workers.load import RecentAnswers
+from sglang_farm.workers.gpu_health import not_quarantined, quarantined_on
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (

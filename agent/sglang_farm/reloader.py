@@ -22,12 +22,12 @@ from sglang_farm.canary.driver import CanaryDriver  # issue 23
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.errors import ConfigError
 from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
-from sglang_farm.staging.stale import loading
 from sglang_farm.staging.state import StageResult
-from sglang_farm.workers.failures import RestartReason
+from sglang_farm.workers.loading import loading
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.reload_plan import (
     ModelChange,

@@ -24,7 +24,7 @@ from sglang_farm.agent import Agent
 from sglang_farm.collaborators import Collaborators, StatsReaders
 from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.doctor.checks import DoctorReport
+from sglang_farm.doctor.cache import DoctorReportCache
 from sglang_farm.errors import ConfigError
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.managed import ManagedGateway
@@ -37,9 +37,8 @@ from sglang_farm.runtime import Emit, GatewayRunner, Runtime
 from sglang_farm.runtime.batch_child import ChildBatch
 from sglang_farm.runtime.notify import keep_start_alive, notify, watchdog_interval
 from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.load import RecentAnswers
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.failures import Failure, FailureKind
-from sglang_farm.workers.load import RecentAnswers
 
 log = structlog.get_logger("sglang_farm.service")
 
@@ -173,7 +172,7 @@ def load_config(path: str, gpu_count: int | None, runtime_kind: str) -> FarmSpec
     for warning in result.warnings:
         log.warning("config_warning", config=path, warning=warning)
     if runtime_kind == "systemd":
-        from sglang_farm.host.accounts import host_account_problems
+        from sglang_farm.doctor.accounts import host_account_problems
 
         problems = host_account_problems(result.spec)
         if problems:  # each names its file, as the config's own problems do
@@ -304,7 +303,7 @@ RELEASE_SLACK_BYTES = 1 << 30  # used memory beyond the driver's reserve that st
 
 async def check_gpu(poller: GpuPoller, gpu: int) -> list[str]:
     """A fresh NVML read of `gpu`: what keeps it from being released (empty: clear)."""
-    from sglang_farm.gpus.health import release_problems
+    from sglang_farm.workers.gpu_health import release_problems
 
     fleet = await asyncio.to_thread(poller.snapshot)
     return release_problems(fleet, gpu, slack_bytes=RELEASE_SLACK_BYTES)
@@ -325,16 +324,6 @@ class FrontDoor:
     rotation: KeyRotation | None = None
 
 
-def read_key(path: str | None, what: str) -> str | None:
-    """A key from a root-only file named in [gateway] (`gateway.keyfile`: refused when
-    another user could read or replace it); None when the config names none."""
-    if path is None:
-        return None
-    from sglang_farm.gateway.keyfile import read_gateway_key
-
-    return read_gateway_key(path, what)
-
-
 def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     """The gateway client (and, managed, its runner) for `[gateway]`; None when off."""
     g = spec.gateway
@@ -346,18 +335,9 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     runner: GatewayRunner | None = None
     managed: ManagedGateway | None = None
     if g.mode == "managed":
-        # A managed gateway always has an admin key, or smg leaves its worker API open to
-        # every local user: the configured file, else one generated in the state
-        # directory at first start (root-only; gateway.adminkey). The launcher and,
-        # under systemd, the unit's LoadCredential= read that same file.
-        from sglang_farm.gateway.adminkey import ensure_admin_key
-        from sglang_farm.gateway.managed import admin_key_path
+        from sglang_farm.gateway.keys import managed_admin_key
 
-        admin_file = admin_key_path(g.admin_key_file, spec.farm.state_dir)
-        if g.admin_key_file is None:
-            key: str | None = ensure_admin_key(Path(admin_file))
-        else:
-            key = read_key(g.admin_key_file, "admin_key_file")
+        admin_file, key = managed_admin_key(g, spec.farm.state_dir)
         managed = from_spec(g)
         url = managed.url
         if kind == "systemd":
@@ -381,14 +361,12 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     else:
         assert g.external_urls  # config: external needs url or urls
         url = g.external_urls[0]
-        # The farm's own calls use the control-plane key, else the shared one (smg
-        # accepts it on /workers when no control-plane key is set).
-        key = read_key(g.admin_key_file, "admin_key_file") or read_key(
-            g.api_key_file, "api_key_file"
-        )
+        from sglang_farm.gateway.keys import external_key
+
+        key = external_key(g)
     # SGLang's /health can take up to 20 s on a busy worker (docs/reference/sglang.md):
     # smg's own 5 s probe timeout would drop busy workers. The key smg presents to each
-    # worker is given with each add, from the config in force (gateway.sync.worker_key).
+    # worker is given with each add, from the config in force (workers.gateway_sync.worker_key).
     health: dict[str, int | bool] = {"timeout_secs": 20}
     guard = None
     rotation = None
@@ -455,111 +433,3 @@ def agent_executable() -> str:
     if sibling.is_file() and os.access(sibling, os.X_OK):
         return str(sibling)
     return shutil.which("sglang-farm") or DEFAULT_AGENT_BIN
-
-
-class DoctorReportCache:
-    """The doctor's last report and the GPUs' compute capabilities, kept for the agent: a
-    worker with a blocking failure is not started, and its failure (with the fix) becomes
-    the worker's last failure, so `farmctl why N` says exactly what to repair
-    (`sglang-farm doctor` prints the same).
-
-    Gathered at start, and again at each reload and operator's start (`refresh`): a fixed
-    model path or a new flag is judged anew, never by the start's report. What is judged
-    is what each worker runs (`worker_commands`, at the step `oom_steps` says).
-    """
-
-    def __init__(
-        self,
-        poller: GpuPoller | None,
-        *,
-        gateway_python: str | None = None,
-        oom_steps: Callable[[], Mapping[int, int]] = dict,
-    ) -> None:
-        from sglang_farm.gpus.simulated import FakeGpuPoller
-
-        self._source: GpuPoller = poller or FakeGpuPoller(count=0)
-        self._gateway_python = gateway_python  # None: the agent's own (tests: one without smg)
-        self._oom_steps = oom_steps
-        self._said_gateway: str | None = None
-        self._report: DoctorReport | None = None
-        self.compute_caps: dict[int, tuple[int, int]] = {}
-
-    @property
-    def report(self) -> DoctorReport | None:
-        """The last report: None before the first refresh, or after the doctor crashed."""
-        return self._report
-
-    def gpu_numa_nodes(self) -> Mapping[int, int]:
-        """Each GPU's NUMA node as the last report read it (issue 34 §5: `farmctl status`
-        and `why` show each worker's); empty on a host of one node or before a report."""
-        return self._report.gpu_numa_nodes() if self._report is not None else {}
-
-    async def refresh(self, spec: FarmSpec) -> None:
-        from sglang_farm.doctor import run_doctor
-        from sglang_farm.sglang.commands import at_ladder_steps, worker_commands
-
-        try:
-            fleet = await asyncio.to_thread(self._source.snapshot)
-            caps = {g.index: g.compute_capability for g in fleet.gpus if g.compute_capability}
-            steps = self._oom_steps()
-            report = await asyncio.to_thread(
-                run_doctor,
-                at_ladder_steps(spec, steps),  # the flags the rules judge: as they will run
-                self._source,
-                gateway_python=self._gateway_python,
-                commands=worker_commands(spec, steps, caps),
-            )
-        except Exception as exc:  # a doctor bug must not keep a valid farm from starting
-            log.error("preflight_crashed", error=repr(exc))
-            self._report = None
-            return
-        self._report = report
-        self.compute_caps.clear()
-        self.compute_caps.update(caps)
-        log.info(
-            "preflight_done",
-            **{str(k): v for k, v in report.counts().items()},
-            # Issue 31: each warning named where it is counted ("warn": 1 said not which).
-            warnings=report.warnings(),
-        )
-        self._say_failed(report)
-        self._say_gateway(report)
-
-    @staticmethod
-    def _say_failed(report: DoctorReport) -> None:
-        """Each failed check by name, where the counts are said: the log is where an
-        operator looks first (the gateway's own is said once by `_say_gateway`)."""
-        from sglang_farm.doctor.checks import CheckId, Status
-
-        for c in report.checks:
-            if c.status is Status.FAIL and c.id is not CheckId.GATEWAY:
-                log.error(
-                    "preflight_failed",
-                    check=str(c.id),
-                    workers=list(c.workers),
-                    message=c.message,
-                    fix=c.fix,
-                )
-
-    def _say_gateway(self, report: DoctorReport) -> None:
-        """A managed gateway that cannot run (smg missing) is said once, with the fix; the
-        gateway's runner keeps trying with back-off (runtime/gateway_child)."""
-        from sglang_farm.doctor.checks import CheckId, Status
-
-        failed = next(
-            (c for c in report.checks if c.id is CheckId.GATEWAY and c.status is Status.FAIL), None
-        )
-        if failed is not None and failed.message != self._said_gateway:
-            log.error("gateway_unavailable", problem=failed.message, fix=failed.fix)
-        self._said_gateway = failed.message if failed is not None else None
-
-    def blocking(self, spec: FarmSpec, worker: int) -> list[Failure]:
-        from sglang_farm.doctor import preflight_blocking
-
-        if self._report is None or worker not in spec.worker_ids:
-            return []
-        checks = preflight_blocking(spec, worker, self._report, port_check=lambda _h, _p: None)
-        return [
-            Failure(FailureKind.PREFLIGHT, f"preflight {c.id}: {c.message}", c.fix, ())
-            for c in checks
-        ]

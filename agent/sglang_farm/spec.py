@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sglang_farm.host.paths import DEFAULT_SOCKET, DEFAULT_STATE_DIR
-from sglang_farm.sglang.flags import SGLANG_MODULE
+
+# The module a worker runs (`python -m sglang.launch_server`): `[farm] module`'s default,
+# and what `sglang.flags` knows the command line of.
+SGLANG_MODULE = "sglang.launch_server"
 
 # A flag value as written in `[sglang]`: `true` is a bare flag, `false` omits it,
 # a list becomes several argv items (argparse nargs="+").

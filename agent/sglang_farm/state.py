@@ -34,8 +34,8 @@ import structlog
 from sglang_farm.errors import FarmError
 from sglang_farm.farm_view import Phase
 from sglang_farm.host.atomicfile import copy_path, write_with_copy
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.state_alerts import AlertKind, StateAlert
-from sglang_farm.workers.failures import Failure, FailureKind
 from sglang_farm.workers.supervisor import (
     HELD_PHASES,
     FailurePast,

@@ -54,10 +54,10 @@ from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
-from sglang_farm.metrics.pollers import worker_api_key
+from sglang_farm.sglang.argv import worker_api_key
+from sglang_farm.sglang.failures import Failure, RestartReason
 from sglang_farm.spec import FarmSpec
 from sglang_farm.state_alerts import AlertKind, StateAlert
-from sglang_farm.workers.failures import Failure, RestartReason
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import (
     Action,

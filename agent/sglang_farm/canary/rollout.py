@@ -40,8 +40,8 @@ from sglang_farm.canary.verdict import (
     liveness_event,
 )
 from sglang_farm.sglang.commands import worker_commands
+from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, RolloutSpec
-from sglang_farm.workers.failures import Failure
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import StopIntent
 

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sglang_farm.canary.figures import ErrorSource, Figures, Histogram, common, quantile
-from sglang_farm.workers.failures import Failure, FailureKind
+from sglang_farm.sglang.failures import Failure, FailureKind
 
 
 class Outcome(StrEnum):

@@ -174,7 +174,7 @@ def check_config(config_path: str, gpus: int | None) -> None:
         click.echo(f"warning: {check.message}; fix: {check.fix}", err=True)
     for problem in farm_folder_problems(spec):  # the agent refuses these at start
         click.echo(f"warning: the agent would stop: {problem}", err=True)
-    from sglang_farm.host.accounts import host_account_problems
+    from sglang_farm.doctor.accounts import host_account_problems
 
     for problem in host_account_problems(spec):  # the agent under systemd refuses these
         click.echo(f"warning: under systemd: {problem}", err=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sglang_farm.farm_view import FarmView
-from sglang_farm.workers.load import RecentAnswers
+from sglang_farm.sglang.load import RecentAnswers
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from typing import Final, Protocol
 import structlog
 
 from sglang_farm.config.load import text_digest
-from sglang_farm.control import results
+from sglang_farm.control import prose, results, settled
 from sglang_farm.control.codec import (
     Command,
     DrainHostArgs,
@@ -144,7 +144,7 @@ class Handlers:
             ids = [w.id for w in view.workers]
             raise RequestError(
                 ErrorCode.UNKNOWN_WORKER,
-                f"no worker {worker}; workers are {results.describe_ids(ids)}",
+                f"no worker {worker}; workers are {prose.describe_ids(ids)}",
                 rid,
             ) from None
 
@@ -164,7 +164,7 @@ class Handlers:
         if busy:
             raise RequestError(
                 ErrorCode.BUSY,
-                f"worker {results.describe_ids(busy)} is busy with another state change; "
+                f"worker {prose.describe_ids(busy)} is busy with another state change; "
                 "wait for it to finish (farmctl status) and try again",
                 req.id,
             )
@@ -196,8 +196,8 @@ class Handlers:
         )
 
     async def _settled(self, req: Request, channel: Channel) -> Result:
-        """Whether the farm is settled (`results.settled_result`); farmctl wait polls it."""
-        return results.settled_result(self._ops.view())
+        """Whether the farm is settled (`settled.settled_result`); farmctl wait polls it."""
+        return settled.settled_result(self._ops.view())
 
     async def _version_cmd(self, req: Request, channel: Channel) -> Result:
         return results.version_result(self._version)
@@ -353,7 +353,7 @@ class Handlers:
         if held and req.args.worker != "all":
             raise RequestError(
                 ErrorCode.FAILED,
-                results.quarantined_refusal(view.worker(held[0]), str(req.cmd)),
+                prose.quarantined_refusal(view.worker(held[0]), str(req.cmd)),
                 req.id,
             )
         return [i for i in ids if i not in held], held
@@ -388,7 +388,7 @@ class Handlers:
             raise RequestError(
                 ErrorCode.BAD_REQUEST,
                 f"no worker of this farm uses GPU {gpu}; its workers use GPU "
-                f"{results.describe_ids(used)} (farmctl status lists them){hint}",
+                f"{prose.describe_ids(used)} (farmctl status lists them){hint}",
                 req.id,
             )
         held = [w.id for w in view.workers if w.quarantine is not None and w.quarantine.gpu == gpu]

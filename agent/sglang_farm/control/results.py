@@ -5,7 +5,8 @@ Each function turns what the agent reports (`FarmView`, `WorkerView`,
 `result` (or, for `phase_payload`, in a stream message). Key names and their
 order are part of protocol version 1: docs/control-protocol.md lists them, and
 removing or renaming one bumps `codec.PROTOCOL_VERSION`; a new key goes after
-the existing ones and keeps the version. No I/O, no clock: times are passed in.
+the existing ones and keeps the version. No I/O, no clock: times are passed in. The
+sentences they carry are `control.prose`'s; the rule of a settled farm is `control.settled`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
+from sglang_farm.canary.view import CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
+from sglang_farm.control.prose import quarantine_next_step, staging_note, state_note
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -24,9 +26,8 @@ from sglang_farm.farm_view import (
     StartView,
     WorkerView,
 )
-from sglang_farm.gpus import xid
-from sglang_farm.staging.state import StageState, StagingView
-from sglang_farm.workers.load import RecentAnswers
+from sglang_farm.sglang.load import RecentAnswers
+from sglang_farm.staging.state import StagingView
 
 Result = dict[str, object]
 
@@ -100,61 +101,6 @@ def quarantine_result(q: Quarantine | None) -> Result | None:
     return {"gpu": q.gpu, "reason": q.reason, "detail": q.detail, "since": q.since}
 
 
-def _xid_code(reason: str) -> int | None:
-    """The XID code of a quarantine reason such as "xid 79"; None for NVML's reasons."""
-    kind, _, code = reason.partition(" ")
-    return int(code) if kind == "xid" and code.isdigit() else None
-
-
-def release_command(w: WorkerView) -> str:
-    """The farmctl command that ends `w`'s quarantine: by GPU when the quarantine names a
-    GPU the worker uses, else by worker (a reload moved the worker to another GPU; the
-    GPUs checked are then the ones it will run on)."""
-    q = w.quarantine
-    if q is not None and q.gpu in w.gpus:
-        return f"farmctl release-gpu {q.gpu}"
-    return f"farmctl release-gpu --worker {w.id}"
-
-
-def quarantined_refusal(w: WorkerView, cmd: str) -> str:
-    """`start`/`restart` of a quarantined worker, refused: what holds it and the way out."""
-    q = w.quarantine
-    what = f"GPU {q.gpu} is set aside ({q.reason})" if q is not None else "its GPU is set aside"
-    return (
-        f"worker {w.id} is quarantined: {what}, and {cmd} leaves it stopped; deal with the "
-        f"GPU (farmctl why {w.id} says how), then release it with {release_command(w)}, "
-        "which re-checks the GPU through NVML and starts the worker"
-    )
-
-
-def quarantine_next_step(q: Quarantine, worker: WorkerView | None = None) -> str:
-    """What the operator does to bring a quarantined GPU back, for `why`.
-
-    A reboot-class XID (NVIDIA's catalog: a GPU reset does not recover it, xid.py) asks
-    for a reboot; everything else (a reset-class XID, a GPU lost or unhealthy, row remaps
-    pending, which a reset applies) for a GPU reset, or a reboot where the reset fails.
-    The release is `release_command` (by GPU, or by worker once a reload moved it).
-    """
-    g = q.gpu
-    release = release_command(worker) if worker is not None else f"farmctl release-gpu {g}"
-    then = (
-        f"then `{release}`, which re-checks the GPU through NVML (healthy, no "
-        "row remaps pending, memory free, no compute process) before it starts the worker "
-        "again"
-    )
-    code = _xid_code(q.reason)
-    if code is not None and xid.classify(code).xid_class is xid.XidClass.REBOOT:
-        return (
-            f"reboot the node (NVIDIA's catalog says a GPU reset does not recover XID {code}; "
-            f"if it comes back after the reboot, contact your support organization), {then}"
-        )
-    return (
-        f"reset the GPU with `nvidia-smi -r -i {g}` when no process holds it (or reboot), "
-        f"{then}; `nvidia-smi --query-compute-apps=pid --format=csv -i {g}` lists the "
-        "processes that hold it"
-    )
-
-
 def gateway_result(g: GatewayStatus | None) -> Result | None:
     """The farm's gateway as `status` reports it; None when the farm has none."""
     if g is None:
@@ -192,23 +138,6 @@ def staging_result(s: StagingView | None) -> Result | None:
         "last_copied_bytes": s.last_copied_bytes,
         "last_duration_s": s.last_duration_s,
     }
-
-
-def staging_note(w: WorkerView, s: StagingView | None) -> str | None:
-    """Why a stopped worker has not started: the rollout waits on (or was stopped by) the
-    model stage. None when the stage is not what holds it."""
-    if s is None or w.phase is not Phase.STOPPED or not s.blocks_rollout:
-        return None
-    if s.state is StageState.FAILED:
-        return (
-            f"not started: the model could not be staged into {s.target}: {s.error}. "
-            f"What to do: {s.fix}. No worker starts until a stage succeeds "
-            "(`farmctl start all` or a reload stages again)"
-        )
-    return (
-        f"waiting for the model to be staged into {s.target} (from {s.source}); the "
-        "rollout begins once it is in place"
-    )
 
 
 def _finite(x: float | None) -> float | None:
@@ -379,58 +308,6 @@ def status_result(
 
 def version_result(version: str) -> Result:
     return {"protocol_version": PROTOCOL_VERSION, "agent_version": version}
-
-
-def state_note(
-    w: WorkerView, gateway: GatewayStatus | None, *, held_out: bool = False
-) -> str | None:
-    """What the worker's state means now, where the state name alone does not say; else None.
-
-    Built only from the view: a quarantined worker's `quarantine` is what set its GPU
-    aside (also while the stop it caused is under way), a draining worker's `since` is
-    when its drain began, and `in_gateway` is what the gateway last confirmed.
-    """
-    q = w.quarantine
-    if q is not None:
-        detail = q.detail.rstrip(". ")
-        what = f"GPU {q.gpu} is quarantined ({q.reason})" + (f": {detail}" if detail else "")
-        if w.phase is Phase.QUARANTINED:
-            done = "The farm stopped the worker"
-        else:  # decided, the stop under way
-            done = f"The farm is stopping the worker (now {w.phase})"
-        return (
-            f"{what}. {done} and does not start it again (farmctl start and restart leave it "
-            f"stopped) until the GPU is released; the farm's other GPUs are not affected"
-        )
-    if w.phase is Phase.DRAINING:
-        # As drain.watch_drain goes: out of the gateway (or the gateway down, routing
-        # nothing) first, then the worker's own running + queued count.
-        if not w.in_gateway:
-            where = "it is out of the gateway; the farm waits"
-        elif gateway is not None and not gateway.up:
-            where = "the gateway is not answering (it routes nothing); the farm waits"
-        else:
-            where = "the farm is taking it out of the gateway (not confirmed yet), then waits"
-        return (
-            f"draining before a planned stop: {where} for its running and queued requests "
-            "to finish, at most the drain budget ([gateway] drain_timeout), then stops it "
-            "(and starts it again if this is a restart)"
-        )
-    if w.phase is Phase.READY and gateway is not None and held_out:
-        # Issue 26: farmctl drain-host.
-        return (
-            "ready, and held out of the gateway with every worker of this host (farmctl "
-            "drain-host): it serves no user until farmctl undrain-host"
-        )
-    if w.phase is Phase.READY and gateway is not None and not w.in_gateway:
-        if not gateway.up:
-            return (
-                f"ready, but not in the gateway: the gateway at {gateway.url} is not answering"
-                + (f" ({gateway.last_error})" if gateway.last_error else "")
-                + "; the farm retries and adds it when the gateway is back"
-            )
-        return "ready, but not in the gateway yet: the farm is adding it"
-    return None
 
 
 def why_result(
@@ -639,190 +516,3 @@ def drain_host_result(r: HostDrainResult) -> Result:
 def undrain_host_result(ids: Sequence[int]) -> Result:
     """`undrain-host`: the workers let back into the gateway (as each is ready)."""
     return {"workers": list(ids)}
-
-
-def describe_ids(ids: Sequence[int]) -> str:
-    """`[0,1,2,3,5]` → "0-3, 5": for messages such as "no worker 9; workers are 0-7"."""
-    if not ids:
-        return "none"
-    s = sorted(ids)
-    parts: list[str] = []
-    start = prev = s[0]
-    for i in [*s[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(parts)
-
-
-# ---- settled (farmctl wait, issue 26) ----------------------------------------------------
-
-# What holds a farm that will not settle by itself, in the order `farmctl wait` names
-# them (its exit code is the first one's: docs/control-protocol.md).
-FAILURE_KINDS = (
-    "stage_failed",
-    "rollout_halted",
-    "canary_rolled_back",
-    "canary_held",
-    "host_drained",
-    "worker_failed",
-    "worker_quarantined",
-)
-# Phases a worker passes through on its way to serving (or out of it): the farm is busy.
-_UNDER_WAY = frozenset(
-    {
-        Phase.PENDING,
-        Phase.STARTING,
-        Phase.BACKOFF,
-        Phase.UNHEALTHY,
-        Phase.DRAINING,
-        Phase.STOPPING,
-    }
-)
-
-
-def _item(kind: str, message: str, worker: int | None = None) -> Result:
-    return {"kind": kind, "worker": worker, "message": message}
-
-
-def _not_routing(gateways: tuple[GatewayStatus, ...], w: WorkerView) -> list[str]:
-    """The URLs of the answering gateways that say they do not route to worker `w` (those
-    that list what they route: several gateways, `GatewayStatus.routed`)."""
-    return [g.url for g in gateways if g.up and g.routed is not None and w.id not in g.routed]
-
-
-def settled_result(view: FarmView) -> Result:
-    """`settled` (what `farmctl wait` polls): whether the farm is settled, and if not,
-    what it waits for and what holds it.
-
-    Settled: every worker that should serve is ready, and with a gateway the gateway
-    routes to it; no model stage, rollout, canary analysis, rolling restart, drain or stop
-    is under way. A worker "should serve" unless an operator stopped it (STOPPED); a
-    quarantined worker should (its GPU is set aside: the host is not whole), and so does a
-    failed one. `failures` are what will not change by itself (a failed or quarantined
-    worker, a halted rollout, a failed stage, a canary rolled back or held, the host held
-    out of the gateway by drain-host), in `FAILURE_KINDS` order; `waiting` what is still
-    under way. `state`: "failed" when there is a failure, else "waiting" or "settled".
-    """
-    failures: list[Result] = []
-    waiting: list[Result] = []
-    sg = view.staging
-    if sg is not None and sg.blocks_rollout:
-        if sg.state is StageState.FAILED:
-            failures.append(
-                _item(
-                    "stage_failed",
-                    f"the model could not be staged into {sg.target}: {sg.error}; what to "
-                    f"do: {sg.fix}; then farmctl start all",
-                )
-            )
-        else:
-            waiting.append(_item("staging", f"the model is being staged into {sg.target}"))
-    if view.rollout == "halted":
-        failures.append(
-            _item(
-                "rollout_halted",
-                f"the rollout is halted ({view.rollout_reason or 'the canary failed'}); "
-                "fix the cause (farmctl why on the canary) and farmctl start all",
-            )
-        )
-    elif view.rollout != "done" and not failures:
-        what = "has not begun" if view.rollout == "idle" else f"is under way ({view.rollout})"
-        waiting.append(_item("rollout", f"the rollout {what}"))
-    cv = view.canary
-    if cv is not None and cv.state is not CanaryState.PROMOTED:
-        where = f"change {cv.change} on canary worker {cv.canary}"
-        if cv.state is CanaryState.ANALYSING:
-            waiting.append(_item("canary_analysing", f"{where} is being analysed", cv.canary))
-        else:
-            kind = "canary_rolled_back" if cv.state is CanaryState.ROLLED_BACK else "canary_held"
-            failures.append(
-                _item(
-                    kind,
-                    f"{where} was {str(cv.state).replace('_', ' ')}: {cv.evidence}; "
-                    f"farmctl why {cv.canary}; the next reload of a changed config is judged "
-                    "again",
-                    cv.canary,
-                )
-            )
-    if view.rolling:
-        waiting.append(_item("rolling_restart", "a rolling restart is under way"))
-    if view.held_out_since is not None:
-        failures.append(
-            _item(
-                "host_drained",
-                "the host is held out of the gateway (farmctl drain-host); its workers "
-                "serve no user until farmctl undrain-host",
-            )
-        )
-    gw = view.gateway
-    # Issue 26: in EVERY gateway ([gateway] urls), each one's own word: a gateway that
-    # does not answer keeps the farm from settling (an orchestrator waits; the farm's own
-    # waves and stops go on without it), one that does not route a worker names it.
-    each = gw.each if gw is not None else ()
-    for g in each:
-        if not g.up:
-            why = f" ({g.last_error})" if g.last_error else ""
-            waiting.append(_item("gateway_down", f"the gateway at {g.url} is not answering{why}"))
-    for w in view.workers:
-        if w.phase is Phase.QUARANTINED or (
-            w.quarantine is not None and w.phase is not Phase.READY
-        ):
-            q = w.quarantine
-            what = f"GPU {q.gpu} is quarantined ({q.reason})" if q is not None else "quarantined"
-            failures.append(
-                _item(
-                    "worker_quarantined",
-                    f"worker {w.id}: {what}; farmctl why {w.id}, then {release_command(w)}",
-                    w.id,
-                )
-            )
-        elif w.phase is Phase.FAILED:
-            why = w.last_failure.summary if w.last_failure else "gave up"
-            failures.append(
-                _item(
-                    "worker_failed",
-                    f"worker {w.id} failed: {why}; farmctl why {w.id}, then farmctl start {w.id}",
-                    w.id,
-                )
-            )
-        elif w.phase in _UNDER_WAY:
-            waiting.append(_item("worker", f"worker {w.id} is {w.phase}", w.id))
-        elif w.phase is Phase.READY and gw is not None and view.held_out_since is None:
-            missing = _not_routing(each, w)
-            if missing:
-                item = _item(
-                    "gateway_join",
-                    f"worker {w.id} is ready; the gateway at {', '.join(missing)} "
-                    "does not route it",
-                    w.id,
-                )
-                # Issue 31: the fact, so that farmctl says one line for all such workers.
-                item["not_routed_by"] = missing
-                waiting.append(item)
-            elif not w.in_gateway and all(g.up for g in each):
-                item = _item(
-                    "gateway_join", f"worker {w.id} is ready, not yet in the gateway", w.id
-                )
-                item["not_routed_by"] = []  # no gateway said so: not yet confirmed in
-                waiting.append(item)
-    failures.sort(key=lambda f: FAILURE_KINDS.index(str(f["kind"])))
-    should = [w for w in view.workers if w.phase is not Phase.STOPPED]
-    state = "failed" if failures else "waiting" if waiting else "settled"
-    return {
-        "settled": state == "settled",
-        "state": state,
-        "should_serve": len(should),
-        "serving": sum(
-            1
-            for w in should
-            if w.ready
-            and (gw is None or (w.in_gateway and not _not_routing(each, w)))
-            and view.held_out_since is None
-        ),
-        "failures": failures,
-        "waiting": waiting,
-    }

@@ -1,4 +1,4 @@
-"""Pure: `sglang-farm doctor`, the checks before any GPU time is spent (I/O lives in `gather`).
+"""doctor: `sglang-farm doctor`, the checks before any GPU time is spent (a map, pure and I/O).
 
 - `rules` (pure): what was observed -> a `DoctorReport` of checks, each with a fix.
 - `gather` (I/O): the observations: a GPU snapshot, the environment probe, SGLang's own
@@ -6,6 +6,8 @@
 - `envprobe.py`: the environment probe, a standalone script run by the workers'
   interpreter (never imported).
 - `report` (pure): the table for people (`DoctorReport.to_dict` is the JSON).
+- `accounts` (I/O lookups over a pure core): the config's accounts this host lacks, which
+  the agent refuses under systemd and `check-config` warns of.
 
 The click command is `cli/doctor.py`. This module only re-exports the names other
 modules use.

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from sglang_farm.doctor.accounts import account_fix
 from sglang_farm.doctor.checks import (
     Check,
     CheckId,
@@ -68,7 +69,6 @@ from sglang_farm.doctor.host_rules import key_files
 from sglang_farm.doctor.rules import blocking_checks, evaluate, live_port_keys
 from sglang_farm.errors import ProbeError
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller
-from sglang_farm.host.accounts import account_fix
 from sglang_farm.host.numa_facts import NumaFacts
 from sglang_farm.host.numa_probe import read_numa_facts
 from sglang_farm.host.portowner import held_by

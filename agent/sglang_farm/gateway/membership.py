@@ -2,10 +2,10 @@
 
 With `[gateway] urls`, every ready worker is a member of every gateway, and a planned
 stop drains it out of all of them first. Each gateway confirms on its own
-(`gateway.sync.MembershipSync.confirmed`); the supervisor keeps one word per worker,
+(`workers.gateway_sync.MembershipSync.confirmed`); the supervisor keeps one word per worker,
 `in_gateway`, that gates two things: a rolling wave waits until its workers are back in
 (`Supervisor._settled`; `farmctl wait` asks more: every gateway answering and routing
-to it, `control.results.settled_result`), and a drain waits until the worker is out
+to it, `control.settled.settled_result`), and a drain waits until the worker is out
 (`workers.drain`). So the word leans the safe way for what is wanted:
 
 - joining (the worker should be routed): in once *every* gateway that answers

@@ -1,7 +1,7 @@
 """Pure: what one read of the GPUs gives, and a worker's GPU memory from it.
 
 The value types the NVML poller (`gpus.nvml`, I/O) returns and the pure cores take
-(`gpus.health`, `doctor`, `metrics`): an immutable `FleetSnapshot` of `GpuSnapshot`s,
+(`workers.gpu_health`, `doctor`, `metrics`): an immutable `FleetSnapshot` of `GpuSnapshot`s,
 the `GpuPoller` seam (`gpus.nvml.NvmlPoller`, `gpus.simulated.FakeGpuPoller`), and the sums over a
 snapshot: `attribute_memory` (a worker's GPU memory = the NVML per-process memory of its
 process tree) and `process_tree`. Nothing here imports pynvml or reads /proc.

@@ -27,23 +27,16 @@ from sglang_farm.gpus.simulated import FakeGpuPoller, process_bytes_for
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_trees
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exporter import Exporter
+from sglang_farm.sglang.argv import worker_api_key
+from sglang_farm.sglang.health import LocalHttp
+from sglang_farm.sglang.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.health import LocalHttp
-from sglang_farm.workers.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 
 log = structlog.get_logger("sglang_farm.metrics.pollers")
 
 # Serving, or finishing its requests before a planned stop (the drain shows them fall).
 _SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
-
-
-def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
-    """The worker's SGLang `--api-key`, which its `/v1/loads` requires (None: none set)."""
-    if worker not in spec.worker_ids:
-        return None
-    key = spec.worker(worker).flags.get("api_key")
-    return key if isinstance(key, str) and key else None
 
 
 class PollWorker(Protocol):

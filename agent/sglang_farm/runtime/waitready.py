@@ -41,9 +41,9 @@ import structlog
 from sglang_farm.host import procfs
 from sglang_farm.host.listeners import OwnerKind, connect_host
 from sglang_farm.host.portowner import ProcPortOwner, tree_pids
+from sglang_farm.sglang.health import probe
 from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.health import probe
 
 log = structlog.get_logger("sglang_farm.runtime.waitready")
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sglang_farm.sglang.flags import farm_argv, flag_name
-from sglang_farm.spec import FarmSection, FlagValue, WorkerSpec
+from sglang_farm.spec import FarmSection, FarmSpec, FlagValue, WorkerSpec
 
 # The environment variable the process runtime hands the key over in (docs/units.md).
 API_KEY_ENV = "SGLANG_FARM_API_KEY"
@@ -114,3 +114,11 @@ def build_command(
         api_key=api_key,
         public_env=frozenset(env) - frozenset(worker.env),
     )
+
+
+def worker_api_key(spec: FarmSpec, worker: int) -> str | None:
+    """The worker's SGLang `--api-key`, which its `/v1/loads` requires (None: none set)."""
+    if worker not in spec.worker_ids:
+        return None
+    key = spec.worker(worker).flags.get("api_key")
+    return key if isinstance(key, str) and key else None

@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.sglang.flags import SGLANG_MODULE, flag_key, log_advice
-from sglang_farm.workers.failures import Failure, FailureKind
 
 READY_TEXT = "The server is fired up and ready to roll!"
 

@@ -19,8 +19,8 @@ from types import MappingProxyType
 
 from sglang_farm.sglang.argv import Command, build_command
 from sglang_farm.sglang.flags import ATTENTION_BACKEND_KEYS
+from sglang_farm.sglang.ladder import FlagChange, apply_ladder
 from sglang_farm.spec import FarmSpec, FlagValue
-from sglang_farm.workers.ladder import FlagChange, apply_ladder
 
 AUTO = "auto"
 # Compute capability per GPU index, as NVML reports it (unknown GPUs are absent).

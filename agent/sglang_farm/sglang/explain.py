@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from sglang_farm.sglang.classify import classify_lines
-from sglang_farm.workers.failures import Failure
+from sglang_farm.sglang.failures import Failure
 
 
 def explain_lines(lines: Iterable[str]) -> list[Failure]:

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-SGLANG_MODULE = "sglang.launch_server"
+# Defined with the config's default (`[farm] module`), which sits below this folder.
+from sglang_farm.spec import SGLANG_MODULE as SGLANG_MODULE
 
 Version = tuple[int, ...]
 

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import httpx
 
+from sglang_farm.sglang.health import HttpFailure, LocalHttp
+from sglang_farm.sglang.load import WorkerSample
 from sglang_farm.sglang.responses import HTTP_REQUESTS, HTTP_RESPONSES, http_responses
-from sglang_farm.workers.health import HttpFailure, LocalHttp
-from sglang_farm.workers.load import WorkerSample
 
 # Most bytes read of one answer (/metrics, /v1/loads). SGLang's /metrics is tens of KiB
 # per DP rank; a worker answering more (or an endless body) gets a failed sample, not

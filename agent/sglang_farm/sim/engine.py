@@ -18,12 +18,13 @@ or for a running slot, however fast the tokens flow.
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+
+from sglang_farm.sim.snapshots import HistogramSnapshot, SchedulerStats, TokenizerStats
 
 # SGLang's default buckets (observability/metrics_collector.py), docs/reference/sglang.md §9.
 E2E_BUCKETS = (
@@ -117,62 +118,6 @@ QUEUE_BUCKETS = (
     3000.0,
 )
 THROUGHPUT_WINDOW_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
-    """Upper bounds (without +Inf), per-bucket counts (last one is +Inf), sum and count."""
-
-    bounds: tuple[float, ...]
-    counts: tuple[int, ...]
-    total: float
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    @classmethod
-    def empty(cls, bounds: Sequence[float]) -> HistogramSnapshot:
-        return cls(tuple(bounds), (0,) * (len(bounds) + 1), 0.0)
-
-    def observe(self, value: float) -> HistogramSnapshot:
-        i = bisect.bisect_left(self.bounds, value)
-        counts = list(self.counts)
-        counts[i] += 1
-        return HistogramSnapshot(self.bounds, tuple(counts), self.total + value)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    """What the scheduler last published: the LoadSnapshot core and the scheduler gauges."""
-
-    timestamp: float
-    num_running_reqs: int
-    num_waiting_reqs: int
-    num_waiting_uncached_tokens: int
-    num_used_tokens: int
-    max_total_num_tokens: int
-    max_running_requests: int
-    token_usage: float
-    gen_throughput: float
-    cache_hit_rate: float
-    utilization: float
-    queue_time: HistogramSnapshot
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizerStats:
-    """Tokenizer-side counters and histograms (updated as requests finish)."""
-
-    prompt_tokens: int
-    generation_tokens: int
-    num_requests: int
-    num_aborted: int
-    e2e: HistogramSnapshot
-    ttft: HistogramSnapshot
-    # One observation per token after a request's first, as SGLang counts its
-    # `sglang:inter_token_latency_seconds` (each output's interval spread over its tokens).
-    itl: HistogramSnapshot
 
 
 @dataclass(frozen=True, slots=True)

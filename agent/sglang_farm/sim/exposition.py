@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_farm.sim.engine import HistogramSnapshot, SchedulerStats, TokenizerStats
+from sglang_farm.sim.snapshots import HistogramSnapshot, SchedulerStats, TokenizerStats
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 

@@ -6,7 +6,8 @@ one on it: they roll to the new copy, and the previous copy, renamed aside by th
 copier, goes once they have (`RemoveOldCopy`). A stage that found the copy already in
 place can still leave workers behind: an agent restarted mid-reload adopts workers with
 an unchanged command line that started before the copy was installed. The facts (when
-the copy was installed, when each process started) are read by `staging.driver`.
+the copy was installed, when each process started) are read by `staging.driver`; which
+workers loaded the previous copy at all is the workers' phases (`workers.loading`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,7 @@ from pathlib import Path
 
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StageResult
-from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import WorkerState
 
-# The phases of a worker whose process loaded (or is loading) a copy of the model.
-LOADS_MODEL = frozenset(
-    {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
-)
 # /proc's start is in clock ticks, and the wall clock may have been stepped since: a
 # process that started this soon after the copy's install counts as started before it
 # (one restart too many is harmless, one too few is not).
@@ -41,11 +36,6 @@ class RemoveOldCopy:
     path: Path
     wait_s: float
     target: Path  # model_path, where `path` goes back should the change be rolled back
-
-
-def loading(workers: Mapping[int, WorkerState]) -> list[int]:
-    """The workers a new copy of the model concerns: they loaded (or load) the previous."""
-    return sorted(w for w, s in workers.items() if s.phase in LOADS_MODEL)
 
 
 def on_old_copy(

@@ -20,8 +20,8 @@ from sglang_farm.host.portowner import PortOwner
 from sglang_farm.host.ports import PortState
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.argv import Command
+from sglang_farm.sglang.failures import Failure, FailureKind, port_taken
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.failures import Failure, FailureKind, port_taken
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import Event, FailureSeen, ProcessExited, WorkerState
 

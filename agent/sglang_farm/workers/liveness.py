@@ -32,9 +32,9 @@ import structlog
 from sglang_farm.host.listeners import OwnerKind, Ownership, connect_host
 from sglang_farm.host.portowner import PortOwner
 from sglang_farm.runtime import Runtime
+from sglang_farm.sglang.health import Prober, ProbeResult
 from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
-from sglang_farm.workers.health import Prober, ProbeResult
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
 

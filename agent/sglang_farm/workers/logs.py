@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 
 from sglang_farm.sglang.classify import LogClassifier
-from sglang_farm.workers.failures import Failure
+from sglang_farm.sglang.failures import Failure
 from sglang_farm.workers.startup_book import StartupBook
 
 FOLLOW_BUFFER = 10000  # lines a follower may fall behind before it loses some

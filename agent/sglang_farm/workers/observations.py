@@ -1,7 +1,7 @@
 """Pure: the pollers' snapshots as supervisor events, with the memory a next look needs.
 
 The NVML poller's fleet snapshot is compared with the previous one (a new XID counts
-once: `gpus.health.fleet_events`); a worker's counters with their previous change
+once: `workers.gpu_health.fleet_events`); a worker's counters with their previous change
 (`progress.progress_events`), its GPUs' utilization taken from the latest fleet. The
 pollers only report: what each event means for the worker is the supervisor's call.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from sglang_farm.gpus.health import busiest_utilization, fleet_events
 from sglang_farm.gpus.snapshot import FleetSnapshot
-from sglang_farm.workers.load import WorkerStats
+from sglang_farm.sglang.load import WorkerStats
+from sglang_farm.workers.gpu_health import busiest_utilization, fleet_events
 from sglang_farm.workers.progress import progress_events
 from sglang_farm.workers.supervisor import Event
 

@@ -39,8 +39,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from sglang_farm.sglang.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
-from sglang_farm.workers.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.workers.phase import Phase
 
 RESTART_HISTORY = 20  # restart records kept per worker (status shows them; totals are separate)
@@ -221,7 +221,7 @@ class GpuFailing:
 
 @dataclass(frozen=True, slots=True)
 class RemapsPending:
-    """NVML reports row remaps pending on the worker's GPU (`gpus.health.fleet_events`): a
+    """NVML reports row remaps pending on the worker's GPU (`workers.gpu_health.fleet_events`): a
     worker about to (re)start there is set aside until the GPU is reset."""
 
     gpu: int

@@ -20,8 +20,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.spec import FlagValue, OomAdjust, OomStep
-from sglang_farm.workers.failures import Failure, FailureKind
 
 # The failures the ladder answers; see the module docstring for the exclusion.
 STEP_DOWN_KINDS: frozenset[FailureKind] = frozenset(

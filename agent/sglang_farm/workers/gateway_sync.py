@@ -2,7 +2,7 @@
 
 The decision is the pure core's (`supervisor.wants_in_gateway`: a worker is routed to
 only while READY). This module carries it out against one gateway and reports what
-that gateway confirmed (`confirmed`, and `on_member` on each change); `gateway.fleet`
+that gateway confirmed (`confirmed`, and `on_member` on each change); `workers.gateway_fleet`
 runs one of these per gateway and turns their confirmations into the supervisor's
 `GatewayMembership` events (`gateway.membership.combined`: in every gateway that
 answers, out of all of them), so the supervisor knows when a draining worker is really
@@ -40,8 +40,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import structlog
 
 from sglang_farm.errors import GatewayError, GatewayErrorCode
-from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
+from sglang_farm.gateway.status import GatewayStatus
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.supervisor import WorkerState, wants_in_gateway
 

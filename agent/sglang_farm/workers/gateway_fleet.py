@@ -1,13 +1,13 @@
 """I/O: the farm's membership in all of its gateways (issue 26: `[gateway] urls`).
 
-One `gateway.sync.MembershipSync` per gateway, each with its own tasks, retries,
+One `workers.gateway_sync.MembershipSync` per gateway, each with its own tasks, retries,
 back-off and periodic reconcile, so a gateway that is down or slow delays nothing on
 the others: a restarted (empty) gateway is refilled by its own reconcile while the
 others keep routing. What the gateways confirmed is turned into the supervisor's one
 word per worker by the pure rule `gateway.membership.combined` (joining: in every
 gateway that answers; leaving: out of all of them), fed as `GatewayMembership` when it
 changes. A gateway that stops answering is left out of that rule once a call to it got
-no answer or its list failed (each call is bounded: `gateway.sync`), so a drain never
+no answer or its list failed (each call is bounded: `workers.gateway_sync`), so a drain never
 waits on it for longer than that bound; its `gateway_down` line says so. A gateway that
 answers but refuses one worker stays in the rule (`sync.not_answering`): it may still
 route to every other worker, so their drains wait for it.
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from sglang_farm.farm_view import GatewayStatus
 from sglang_farm.gateway.membership import combined
 from sglang_farm.gateway.port import Gateway
-from sglang_farm.gateway.sync import MembershipSync
+from sglang_farm.gateway.status import GatewayStatus
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.gateway_sync import MembershipSync
 from sglang_farm.workers.supervisor import Event, GatewayMembership, WorkerState, wants_in_gateway
 
 SETTLE_PASSES = 8  # a bound, never reached: each feed makes the word what it compares to

@@ -1,0 +1,23 @@
+"""Pure: the workers whose process loaded (or is loading) a copy of the model.
+
+They are the ones a new copy concerns: a reload keeps the previous copy while any of them
+runs, and `staging.stale` says which of them are on a copy other than the one now at
+model_path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.supervisor import WorkerState
+
+# The phases of a worker whose process loaded (or is loading) a copy of the model.
+LOADS_MODEL = frozenset(
+    {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
+)
+
+
+def loading(workers: Mapping[int, WorkerState]) -> list[int]:
+    """The workers a new copy of the model concerns: they loaded (or load) the previous."""
+    return sorted(w for w, s in workers.items() if s.phase in LOADS_MODEL)
