@@ -15,6 +15,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.stale import (
     REMOVAL_SLACK_S,
+    STARTED_SLACK_S,
     RemoveOldCopy,
     old_copy_removal,
     on_old_copy,
@@ -126,3 +127,11 @@ def test_a_worker_this_farm_launched_after_the_install_is_not_stale_however_soon
     assert on_old_copy(
         result(current=True), {0: INSTALLED + 0.1}, INSTALLED, {0: INSTALLED - 2}
     ) == [0]
+    # A launch at the install's very second is on the copy in place ("at or after": the
+    # mutant on_old_copy.stale/GtE->Gt@0#2 called it stale).
+    assert on_old_copy(result(current=True), {0: INSTALLED + 0.1}, INSTALLED, {0: INSTALLED}) == []
+    # The slack's edge is still within it: the recorded launch settles it (the mutant
+    # on_old_copy.stale/Lt->LtE@0#1 counted a process started exactly the slack before the
+    # install as clearly before the swap).
+    edge = INSTALLED - STARTED_SLACK_S
+    assert on_old_copy(result(current=True), {0: edge}, INSTALLED, {0: INSTALLED + 0.05}) == []
