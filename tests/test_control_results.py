@@ -234,6 +234,7 @@ def test_status_carries_the_gateway_and_each_workers_membership_and_drain() -> N
         "errors": 4,
         "last_error": "refused",
         "foreign": ["http://10.0.0.9:30000"],
+        "overloaded": [],
     }
     workers = st["workers"]
     assert isinstance(workers, list)

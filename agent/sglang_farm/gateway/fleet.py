@@ -80,6 +80,7 @@ class GatewayFleet:
             last_error="; ".join(errors) or None,
             foreign=tuple(sorted({u for g in each for u in g.foreign})),
             gateways=each,
+            overloaded=tuple(sorted({o for g in each for o in g.overloaded})),
         )
 
     def unconfirmed_out(self, serving: Iterable[int]) -> dict[str, tuple[int, ...]]:
