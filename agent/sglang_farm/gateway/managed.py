@@ -16,6 +16,9 @@ runtime runs. The farm owns the flags below; `extra_args` carries any other smg 
 - `--api-key` when `api_key` is set: the shared key of the serving routes (clients
   send `Authorization: Bearer <key>`); smg also presents it to the workers given by
   `--worker-urls`, and accepts it on `/workers` when no `admin_key` is set.
+- smg's routing opinions (overload protection, exclusion timers, warm-up slice, priority
+  scheduler) when `routing` is set, as the agent always sets it: every one named, from
+  `[gateway]` (`gateway.routing`), so that a later smg's other defaults change nothing.
 
 Keys on a command line can be read by other local users while the launcher starts
 (smg's launcher then renames its process `smg::router`, which hides them), and in a
