@@ -249,7 +249,8 @@ def wedge(stall_window: str | None) -> dict[str, Any]:
             if e.get("worker") == 3 and "wedged" in json.dumps(e):
                 out["farm_stop_event"] = {k: v for k, v in e.items() if not k.startswith("_")}
                 break
-        out["routed_after_wedge"] = samples[-1][1] if samples else None
+        # Until the farm stopped it (smg's count starts over when it is registered again).
+        out["routed_after_wedge"] = max((n for _, n in samples), default=None)
         out["routed_after_wedge_by_s"] = {
             f"{int(t)}s": n for t, n in samples if int(t) in (1, 3, 5, 10, 20, 30, 60, 90, 120)
         }
@@ -280,9 +281,101 @@ def shed(on: bool) -> dict[str, Any]:
     return out
 
 
+SYSTEM_PROMPT = "You are a careful assistant. " * 40  # one long shared prefix
+
+
+class Clients:
+    """`n` clients sending 8-token chat completions through the gateway without pause:
+    every request the same long prompt (`same`), or each its own (a cache miss each)."""
+
+    def __init__(self, url: str, n: int, *, same: bool) -> None:
+        self.url, self.same = url, same
+        self.stop = threading.Event()
+        self.counter = 0
+        self.failed = 0
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=LOAD_TIMEOUT_S, trust_env=False) as c:
+            while not self.stop.is_set():
+                with self._lock:
+                    self.counter += 1
+                    k = self.counter
+                text = "count to three" if self.same else f"{k * 7919 % 100_003} count to three"
+                body = {
+                    "model": MODEL,
+                    "messages": [
+                        {"role": "system", "content": SYSTEM_PROMPT if self.same else f"{k} "},
+                        {"role": "user", "content": text},
+                    ],
+                    "max_tokens": LOAD_TOKENS,
+                }
+                try:
+                    ok = c.post(f"{self.url}/v1/chat/completions", json=body).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if not ok:
+                    with self._lock:
+                        self.failed += 1
+                    time.sleep(0.05)
+
+    def __enter__(self) -> Clients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(LOAD_TIMEOUT_S + 5)
+
+
+WARMUP_WINDOW_S = 45.0
+
+
+def warmup(warmup_secs: int) -> dict[str, Any]:
+    """A restarted worker's share of the traffic in its first `WARMUP_WINDOW_S` in the
+    gateway (smg's own routed counts), with every request the same prompt and with every
+    request its own; `warmup_secs` 60 (smg's and the farm's default) or 0 (no slice)."""
+
+    def adjust(doc: dict[str, Any]) -> None:
+        doc["gateway"]["warmup_secs"] = warmup_secs
+
+    out: dict[str, Any] = {"warmup_secs": warmup_secs}
+    with running(TOKEN_S, adjust) as ff:
+        _settled(ff)
+        w3 = ff.worker_url(3)
+        for same in (True, False):
+            key = "same_prompt" if same else "own_prompts"
+            with Clients(ff.gateway_url, CLIENTS, same=same) as cl:
+                time.sleep(15)  # the siblings' caches warm up on this traffic
+                res = ff.farm.farmctl("restart", "3", timeout=120)
+                if res.returncode != 0:
+                    out[key] = {"error": res.stderr[-500:]}
+                    continue
+                ff.wait_all_in(60)
+                before = ff.gateway_worker_requests()
+                time.sleep(WARMUP_WINDOW_S)
+                after = ff.gateway_worker_requests()
+                delta = {u: after.get(u, 0.0) - before.get(u, 0.0) for u in after}
+                if delta.get(w3, 0.0) < 0:  # its count started over with its registration
+                    delta[w3] = after.get(w3, 0.0)
+                total = sum(max(v, 0.0) for v in delta.values())
+                out[key] = {
+                    "restarted_worker_requests": delta.get(w3, 0.0),
+                    "all_requests": total,
+                    "restarted_share": round(delta.get(w3, 0.0) / total, 3) if total else None,
+                    "fair_share": round(1 / 8, 3),
+                    "per_worker": sorted(round(v) for v in delta.values()),
+                    "client_failures": cl.failed,
+                }
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench gateway-opinions")
-    ap.add_argument("--only", default="overload,wedge,shed")
+    ap.add_argument("--only", default="overload,wedge,shed,warmup")
     ap.add_argument("--stall-window", default=None, help="[health] stall_window for `wedge`")
     ap.add_argument("--out", type=argparse.FileType("w"))
     a = ap.parse_args(argv)
@@ -301,6 +394,7 @@ def main(argv: list[str]) -> int:
         "overload": overload,
         "wedge": lambda: wedge(a.stall_window),
         "shed": lambda: {"off": shed(False), "on": shed(True)},
+        "warmup": lambda: {"on": warmup(60), "off": warmup(0)},
     }
     for key, fn in scenarios.items():
         if key not in only:

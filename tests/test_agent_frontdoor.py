@@ -335,6 +335,8 @@ def test_status_names_a_worker_the_gateway_passes_over_for_overload(tmp: Path) -
             assert isinstance(gateway, dict)
             assert gateway["overloaded"] == [{"worker": 3, "reason": reason}]
             assert f"worker 3 overloaded ({reason})" in _gateway_line(gateway, 8)
+            registry = build_registry(lambda: MetricsState(snapshot_at=0.0, farm=view), version="t")
+            assert registry.get_sample_value("sglang_farm_gateway_overloaded_workers") == 1
             gw.members[u3] = replace(gw.members[u3], waiting=0, token_usage=0.85)
             await asyncio.sleep(25)
             view = f.agent.view()
