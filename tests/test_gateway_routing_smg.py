@@ -177,14 +177,23 @@ async def test_a_worker_past_the_queue_threshold_is_listed_ready_but_not_routed(
                 assert m.routed, m  # listed ready: the farm counts it in the gateway
                 assert routing.overloaded(m.waiting, m.token_usage, r) is protection
                 before = routed_counts(url)
-                sent = [threading.Thread(target=_chat, args=(url, 1)) for _ in range(10)]
-                for t in sent:
-                    t.start()
-                for t in sent:
-                    t.join(timeout=120)
-                after = routed_counts(url)
-                to_a = after.get(a.url, 0) - before.get(a.url, 0)
-                to_b = after.get(b.url, 0) - before.get(b.url, 0)
+                # Counted as smg routes them (not as they are answered: one routed to A
+                # waits behind its queue), sent at once.
+                for _ in range(10):
+                    threading.Thread(target=_fill, args=(url, 1), daemon=True).start()
+
+                def routed() -> tuple[float, float]:
+                    after = routed_counts(url)
+                    return (
+                        after.get(a.url, 0) - before.get(a.url, 0),
+                        after.get(b.url, 0) - before.get(b.url, 0),
+                    )
+
+                end = time.monotonic() + 60
+                while sum(routed()) < 10:
+                    assert time.monotonic() < end, f"smg routed {routed()} of 10 requests"
+                    await asyncio.sleep(0.1)
+                to_a, to_b = routed()
                 if protection:
                     assert (to_a, to_b) == (0, 10)
                 else:
