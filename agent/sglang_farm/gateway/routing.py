@@ -59,7 +59,8 @@ REASONS: Mapping[str, str] = {
         "requests means a saturated worker"
     ),
     "overload_token_usage": (
-        "smg's 0.8, kept: above it SGLang starts retracting running requests to make room"
+        "smg's 0.8, kept: a worker whose KV cache is that full has little room for a new "
+        "request, and near a full cache SGLang retracts running requests to make room"
     ),
     "overload_shed": (
         "off, smg's default: a batch that fills every worker would otherwise have the "
@@ -67,16 +68,17 @@ REASONS: Mapping[str, str] = {
     ),
     "stall_secs": "smg's 2, kept: a transport failure already fails over by retry",
     "wedge_secs": (
-        "smg's 3, kept: it only stops new requests; the farm's own stall check "
-        "([health] stall_window) is what restarts a wedged worker"
+        "smg's 3, kept: it only holds back new requests (measured: it slowed, did not stop, "
+        "those to a wedged simulator); the farm's own stall check ([health] stall_window) "
+        "is what takes a wedged worker out and restarts it"
     ),
     "stale_secs": (
         "smg's 15, kept: it applies only to workers that push KV-event load records, "
         "which the farm's SGLang workers do not"
     ),
     "warmup_secs": (
-        "smg's 60, kept: a restarted worker (a canary) gets cache misses to build its "
-        "cache instead of idling behind warm siblings (docs/canary.md)"
+        "smg's 60, kept: a restarted worker (a canary) is offered cache misses to build its "
+        "cache; measured, it changed no restarted worker's share (docs/benchmarks.md)"
     ),
     "warmup_blocks": "smg's 1024, kept, with warmup_secs",
     "warmup_share": "smg's 0.25, kept, with warmup_secs",
