@@ -26,8 +26,14 @@ half streaming), one scenario per farm:
    farm's default: routed to the least loaded, so they wait in a queue) and on (503 with
    Retry-After at once). Two farms.
 
-Simulator figures, not SGLang's. Prints one line per figure and writes JSON with
-`--out`; `--only overload,wedge,shed` picks scenarios. About five minutes; run it alone.
+4. `warmup`: a restarted worker's share of smg's routed requests in its first 45 s back
+   in the gateway, every request the same long prompt and every request its own, with
+   `warmup_secs` 60 (the default) and 0 (no warm-up slice). Two farms.
+
+Simulator figures, not SGLang's. Prints one line per scenario and writes JSON with
+`--out`; `--only overload,wedge,shed,warmup` picks scenarios. About fifteen minutes in
+all (the wedge waits out `[health] stall_window`, 120 s; `--stall-window` shortens it);
+run it alone.
 """
 
 from __future__ import annotations
