@@ -449,6 +449,10 @@ if __name__ == "__main__":
         from bench import idle
 
         raise SystemExit(idle.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["gateway-opinions"]:  # issue 34 §3: smg's routing opinions
+        from bench import gateway_opinions
+
+        raise SystemExit(gateway_opinions.main(sys.argv[2:]))
     if sys.argv[1:2] == ["gateway-mesh"]:  # issue 26: every gateway, or a mesh
         from bench import gateway_mesh
 

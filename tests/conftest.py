@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "test_systemd_staging.py",
     "test_liveness_e2e.py",
     "test_gateway_multi_e2e.py",  # two smg and two farms: ~35 s alone
+    "test_gateway_routing_smg.py",  # four smg, two with a filled simulator: ~20 s alone
     "test_systemd_runtime.py",
     "test_exporter_farm.py",
     "test_gateway_child.py",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from agent_harness import (
@@ -309,5 +310,43 @@ def test_a_refused_removal_of_a_foreign_member_leaves_the_managed_gateway_up(tmp
             view = f.agent.view()
             assert view.gateway is not None and view.gateway.up
             assert view.gateway.foreign == (rogue,)
+
+    run_virtual(scenario())
+
+
+def test_status_names_a_worker_the_gateway_passes_over_for_overload(tmp: Path) -> None:
+    """Issue 34 §3: smg's overload protection leaves a worker out of routing while it
+    still lists it ready, so the farm counts it in the gateway; status says which worker
+    smg passes over and why (its queue against [gateway] overload_waiting_requests), and
+    stops saying so once its queue is short again."""
+    gw = FakeGateway()
+
+    async def scenario() -> None:
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: f.gateway.routed() == urls(range(8)))
+            (u3,) = urls([3])
+            gw.members[u3] = replace(gw.members[u3], waiting=12, token_usage=0.25)
+            await asyncio.sleep(25)  # two reconciles
+            view = f.agent.view()
+            reason = "12 requests waiting (overload_waiting_requests 8)"
+            assert view.gateway is not None and view.gateway.overloaded == ((3, reason),)
+            assert next(w for w in view.workers if w.id == 3).in_gateway
+            gateway = status_result(view, [], version="t", now=0.0)["gateway"]
+            assert isinstance(gateway, dict)
+            assert gateway["overloaded"] == [{"worker": 3, "reason": reason}]
+            assert f"worker 3 overloaded ({reason})" in _gateway_line(gateway, 8)
+            registry = build_registry(lambda: MetricsState(snapshot_at=0.0, farm=view), version="t")
+            assert registry.get_sample_value("sglang_farm_gateway_overloaded_workers") == 1
+            gw.members[u3] = replace(gw.members[u3], waiting=0, token_usage=0.85)
+            await asyncio.sleep(25)
+            view = f.agent.view()
+            assert view.gateway is not None
+            assert view.gateway.overloaded == ((3, "KV cache 85% used (overload_token_usage 0.8)"),)
+            gw.members[u3] = replace(gw.members[u3], waiting=1, token_usage=0.5)
+            await asyncio.sleep(25)
+            view = f.agent.view()
+            assert view.gateway is not None and view.gateway.overloaded == ()
+            line = _gateway_line(status_result(view, [], version="t", now=0.0)["gateway"], 8)  # type: ignore[arg-type]
+            assert "overloaded" not in line
 
     run_virtual(scenario())

@@ -226,6 +226,7 @@ async def test_status_endpoints_and_why_report_the_gateway() -> None:
             "errors": 0,
             "last_error": None,
             "foreign": [],
+            "overloaded": [],
         }
         workers = st["workers"]
         assert isinstance(workers, list)

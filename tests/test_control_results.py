@@ -234,6 +234,7 @@ def test_status_carries_the_gateway_and_each_workers_membership_and_drain() -> N
         "errors": 4,
         "last_error": "refused",
         "foreign": ["http://10.0.0.9:30000"],
+        "overloaded": [],
     }
     workers = st["workers"]
     assert isinstance(workers, list)
@@ -313,6 +314,20 @@ def test_why_of_a_ready_worker_out_of_the_gateway_says_why() -> None:
     assert results.why_result(_worker(Phase.READY, in_gateway=True), GW)["state_note"] is None
     assert results.why_result(w)["state_note"] is None
     assert results.why_result(_worker(Phase.STOPPED, in_gateway=False), GW)["state_note"] is None
+
+
+def test_why_of_a_ready_worker_the_gateway_passes_over_for_overload_says_so() -> None:
+    """Issue 34 §3: in the gateway (smg lists it ready), yet routed nothing new while its
+    queue is over smg's threshold: `why` says so, and what it means for a drain."""
+    reason = "13 requests waiting (overload_waiting_requests 8)"
+    gw = replace(GW, overloaded=((3, reason),))
+    note = results.why_result(_worker(Phase.READY, in_gateway=True), gw)["state_note"]
+    assert note == (
+        f"ready and in the gateway, but the gateway routes it no new request while it is "
+        f"overloaded ({reason}; smg's overload protection, [gateway] overload_*): its "
+        "queue drains into its running slots, and a drain of it waits for that queue"
+    )
+    assert results.why_result(_worker(Phase.READY, in_gateway=True), GW)["state_note"] is None
 
 
 # --- quarantine ---------------------------------------------------------------------------

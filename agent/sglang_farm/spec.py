@@ -146,6 +146,37 @@ class MetricsSpec:
     gpu_source: str = "nvml"
 
 
+# ---- [gateway]'s routing opinions (issue 34 §3) --------------------------------------
+# What smg 1.13 decides by itself about routing, set by the farm on purpose on the managed
+# gateway's command line; `gateway.routing` says why each default is what it is and
+# renders them. smg's own defaults, kept unless a measurement said otherwise
+# (docs/gateway.md, "smg's routing opinions").
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRouting:
+    """`[gateway]` overload_*, stall/wedge/stale_secs, warmup_*, priority_scheduler."""
+
+    # A worker with this many queued requests, or this share of its KV cache in use, is
+    # left out of routing while another worker is under both (smg's overload protection).
+    overload_protection: bool = True
+    overload_waiting_requests: int = 8
+    overload_token_usage: float = 0.8
+    # Every candidate overloaded: answer 503 (True) or route to the least loaded (False).
+    overload_shed: bool = False
+    # Exclusion timers (whole seconds, as smg takes them): no contact after a transport
+    # failure; no progress while loaded; no contact from a worker that pushes load records.
+    stall_secs: int = 2
+    wedge_secs: int = 3
+    stale_secs: int = 15
+    # cache_aware's warm-up slice for a worker that just became routable.
+    warmup_secs: int = 60
+    warmup_blocks: int = 1024
+    warmup_share: float = 0.25
+    # smg's priority-aware admission (classes system | interactive | default | bulk).
+    priority_scheduler: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySpec:
     """`[gateway]`: SGLang's gateway (smg) in front of the workers (docs/gateway.md).
@@ -171,6 +202,8 @@ class GatewaySpec:
     worker_host: str | None = None
     # A planned stop waits at most this long for a worker's requests to finish.
     drain_timeout: float = 60.0
+    # managed: smg's routing opinions, set on purpose (issue 34 §3).
+    routing: GatewayRouting = GatewayRouting()
 
     @property
     def enabled(self) -> bool:

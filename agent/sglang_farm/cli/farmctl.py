@@ -394,6 +394,12 @@ def _gateway_line(gw: Mapping[str, Any], n_workers: int) -> str:
             f" · {len(foreign)} member{'s' if len(foreign) != 1 else ''} not of this "
             f"farm: {', '.join(foreign)}"
         )
+    for o in gw.get("overloaded") or ():
+        if isinstance(o, Mapping):
+            state += (
+                f" · worker {o.get('worker')} overloaded ({o.get('reason')}): the gateway "
+                "routes new requests to other workers while it is"
+            )
     return f"gateway {gw.get('url')} · {state}"
 
 

@@ -36,6 +36,7 @@ from sglang_farm.config.values import (
     _str_list,
     _url_path,
 )
+from sglang_farm.gateway import routing as gateway_routing
 from sglang_farm.gateway.managed import OWNED_FLAGS as GATEWAY_OWNED_FLAGS
 from sglang_farm.gateway.managed import POLICIES as GATEWAY_POLICIES
 from sglang_farm.gateway.managed import is_loopback
@@ -44,6 +45,7 @@ from sglang_farm.spec import (
     BatchSpec,
     ControlSpec,
     FarmSection,
+    GatewayRouting,
     GatewaySpec,
     HealthPolicy,
     MetricsSpec,
@@ -208,6 +210,7 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
             "api_key_file",
             "worker_host",
             "drain_timeout",
+            *gateway_routing.KEYS,
         ),
     )
     g = GatewaySpec(
@@ -224,6 +227,7 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
         drain_timeout=reader.get(
             tbl, path, "drain_timeout", _duration(allow_zero=True), d.drain_timeout
         ),
+        routing=_gateway_routing(reader, tbl, path),
     )
     if g.mode == "external" and g.url is None and not g.urls and "urls" not in tbl:
         reader.problems.add(
@@ -253,6 +257,13 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
                     f"{flag} is set by the farm from [gateway] "
                     "(listen, policy, metrics_listen, the key files); remove it",
                 )
+            elif key := gateway_routing.owned_flag(arg):
+                reader.problems.add(
+                    (*path, "extra_args"),
+                    f"{flag} is set by the farm from [gateway] {key} "
+                    f"(default {_toml(getattr(d.routing, key))}); remove it from extra_args "
+                    f"and set {key} instead",
+                )
         host = g.listen.host
         # The worker API always has a key (admin_key_file, else one the agent generates:
         # gateway/adminkey.py); only users' requests may be open.
@@ -264,6 +275,56 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
                 "api_key_file to require a key, or listen on 127.0.0.1",
             )
     return g
+
+
+# ---- [gateway]'s routing opinions (issue 34 §3; gateway/routing.py) ----------------------
+
+
+def _toml(v: object) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else repr(v)
+
+
+def _number(v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _ConversionError(f"expected a number, got {_show(v)}")
+    return float(v)
+
+
+def _whole(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _ConversionError(
+            f"expected whole seconds as an integer (smg takes no fractions or units), "
+            f"got {_show(v)}"
+        )
+    return v
+
+
+def _gateway_routing(reader: _Reader, tbl: _Table, path: tuple[str, ...]) -> GatewayRouting:
+    """smg's routing opinions from `[gateway]`: types here, ranges in `gateway.routing`
+    (the same checks `smg_argv` makes), each problem on its own key."""
+    d = GatewayRouting()
+    r = GatewayRouting(
+        overload_protection=reader.get(
+            tbl, path, "overload_protection", _bool, d.overload_protection
+        ),
+        overload_waiting_requests=reader.get(
+            tbl, path, "overload_waiting_requests", _int(), d.overload_waiting_requests
+        ),
+        overload_token_usage=reader.get(
+            tbl, path, "overload_token_usage", _number, d.overload_token_usage
+        ),
+        overload_shed=reader.get(tbl, path, "overload_shed", _bool, d.overload_shed),
+        stall_secs=reader.get(tbl, path, "stall_secs", _whole, d.stall_secs),
+        wedge_secs=reader.get(tbl, path, "wedge_secs", _whole, d.wedge_secs),
+        stale_secs=reader.get(tbl, path, "stale_secs", _whole, d.stale_secs),
+        warmup_secs=reader.get(tbl, path, "warmup_secs", _whole, d.warmup_secs),
+        warmup_blocks=reader.get(tbl, path, "warmup_blocks", _int(), d.warmup_blocks),
+        warmup_share=reader.get(tbl, path, "warmup_share", _number, d.warmup_share),
+        priority_scheduler=reader.get(tbl, path, "priority_scheduler", _bool, d.priority_scheduler),
+    )
+    for key, message in gateway_routing.problems(r):
+        reader.problems.add((*path, key), message)
+    return r
 
 
 def _model(reader: _Reader, doc: _Table) -> ModelSpec | None:

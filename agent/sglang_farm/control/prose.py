@@ -137,6 +137,14 @@ def state_note(
                 + "; the farm retries and adds it when the gateway is back"
             )
         return "ready, but not in the gateway yet: the farm is adding it"
+    over = dict(gateway.overloaded) if gateway is not None else {}
+    if w.phase is Phase.READY and w.in_gateway and w.id in over:
+        # Issue 34 §3: smg lists it ready (so it is in), but routes it nothing new.
+        return (
+            "ready and in the gateway, but the gateway routes it no new request while it is "
+            f"overloaded ({over[w.id]}; smg's overload protection, [gateway] overload_*): its "
+            "queue drains into its running slots, and a drain of it waits for that queue"
+        )
     return None
 
 

@@ -112,6 +112,7 @@ def gateway_result(g: GatewayStatus | None) -> Result | None:
         "errors": g.errors,
         "last_error": g.last_error,
         "foreign": list(g.foreign),
+        "overloaded": [{"worker": w, "reason": r} for w, r in g.overloaded],
     }
 
 

@@ -16,6 +16,9 @@ runtime runs. The farm owns the flags below; `extra_args` carries any other smg 
 - `--api-key` when `api_key` is set: the shared key of the serving routes (clients
   send `Authorization: Bearer <key>`); smg also presents it to the workers given by
   `--worker-urls`, and accepts it on `/workers` when no `admin_key` is set.
+- smg's routing opinions (overload protection, exclusion timers, warm-up slice, priority
+  scheduler) when `routing` is set, as the agent always sets it: every one named, from
+  `[gateway]` (`gateway.routing`), so that a later smg's other defaults change nothing.
 
 Keys on a command line can be read by other local users while the launcher starts
 (smg's launcher then renames its process `smg::router`, which hides them), and in a
@@ -30,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from sglang_farm.spec import GatewaySpec
+from sglang_farm.gateway import routing as routing_flags
+from sglang_farm.spec import GatewayRouting, GatewaySpec
 
 # smg 1.13.0 on SIGTERM (docs/gateway.md, "The gateway process"): it keeps its listener
 # open for a 5 s load-balancer propagation window, then waits for requests in flight
@@ -96,6 +100,9 @@ class ManagedGateway:
     api_key: str | None = None
     admin_key: str | None = None
     extra_args: tuple[str, ...] = field(default=())
+    # smg's routing opinions (gateway.routing), all named on the command line; None: the
+    # farm names none of them and smg's own defaults apply (a test's or bench's gateway).
+    routing: GatewayRouting | None = None
 
     @property
     def url(self) -> str:
@@ -142,6 +149,13 @@ def problems(spec: ManagedGateway, *, keyed: bool = False) -> list[str]:
                 f"extra_args: {flag} is set by the farm from the gateway config; "
                 "remove it from extra_args"
             )
+        elif spec.routing is not None and (key := routing_flags.owned_flag(arg)):
+            out.append(
+                f"extra_args: {flag} is set by the farm from [gateway] {key}; "
+                f"remove it from extra_args and set {key} instead"
+            )
+    if spec.routing is not None:
+        out += [f"{key}: {msg}" for key, msg in routing_flags.problems(spec.routing)]
     return out
 
 
@@ -186,6 +200,8 @@ def smg_argv(
             "--control-plane-api-keys",
             f"{ADMIN_KEY_ID}:{ADMIN_KEY_ID}:admin:{spec.admin_key}",
         ]
+    if spec.routing is not None:
+        argv += routing_flags.smg_flags(spec.routing)
     return argv + list(spec.extra_args)
 
 
@@ -202,6 +218,7 @@ def from_spec(gateway: GatewaySpec) -> ManagedGateway:
         metrics_port=gateway.metrics_listen.port,
         metrics_host=gateway.metrics_listen.host,
         extra_args=tuple(gateway.extra_args),
+        routing=gateway.routing,
     )
 
 

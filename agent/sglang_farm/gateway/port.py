@@ -33,6 +33,10 @@ class Member:
     status: str  # smg: pending, ready, not_ready, failed, draining
     model_id: str | None = None
     load: int = 0  # requests the gateway has in flight to it
+    # The engine's figures smg last polled (its `engine_load`): queued requests (summed
+    # over DP ranks) and mean KV usage; None: not reported (yet), or not smg.
+    waiting: int | None = None
+    token_usage: float | None = None
 
     @property
     def routed(self) -> bool:

@@ -39,6 +39,7 @@ from sglang_farm.gateway.port import (
     Member,
     normalize_url,
 )
+from sglang_farm.gateway.routing import engine_figures
 
 
 class KeyGuard(Protocol):
@@ -342,6 +343,7 @@ def parse_members(body: object) -> list[Member]:
             status = "ready" if w.get("is_healthy") is True else "not_ready"
         model = w.get("model_id")
         load = w.get("load")
+        waiting, usage = engine_figures(w.get("engine_load"))
         members.append(
             Member(
                 url=url.rstrip("/"),
@@ -349,6 +351,8 @@ def parse_members(body: object) -> list[Member]:
                 status=status,
                 model_id=model if isinstance(model, str) else None,
                 load=load if isinstance(load, int) else 0,
+                waiting=waiting,
+                token_usage=usage,
             )
         )
     return members

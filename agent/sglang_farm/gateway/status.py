@@ -29,6 +29,10 @@ class GatewayStatus:
     # The farm's workers this gateway confirmed it routes to; None: not told (a summary
     # of several, or a hand-made status), each worker's `in_gateway` says.
     routed: tuple[int, ...] | None = None
+    # Issue 34 §3: the farm's workers this gateway lists ready but leaves out of routing
+    # for overload (smg's overload protection), each with why (its figure and threshold),
+    # as of the last reconcile.
+    overloaded: tuple[tuple[int, str], ...] = ()
 
     @property
     def each(self) -> tuple[GatewayStatus, ...]:

@@ -80,6 +80,10 @@ class GatewayFleet:
             last_error="; ".join(errors) or None,
             foreign=tuple(sorted({u for g in each for u in g.foreign})),
             gateways=each,
+            # A worker once (the first gateway's reason), as `foreign` names a URL once.
+            overloaded=tuple(
+                sorted({w: r for g in reversed(each) for w, r in g.overloaded}.items())
+            ),
         )
 
     def unconfirmed_out(self, serving: Iterable[int]) -> dict[str, tuple[int, ...]]:

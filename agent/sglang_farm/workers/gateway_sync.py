@@ -41,6 +41,7 @@ import structlog
 
 from sglang_farm.errors import GatewayError, GatewayErrorCode
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
+from sglang_farm.gateway.routing import overload_reason, overloaded
 from sglang_farm.gateway.status import GatewayStatus
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.supervisor import WorkerState, wants_in_gateway
@@ -81,6 +82,9 @@ class MembershipSync:
         self._confirmations: dict[int, int] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
+        # The farm's workers the gateway leaves out of routing for overload, with why
+        # (as of the last reconcile; issue 34 §3).
+        self.overloaded: dict[int, str] = {}
         self._spec = spec
         self._states = states
         self._on_member = on_member
@@ -118,6 +122,7 @@ class MembershipSync:
             error,
             self.foreign,
             routed=routed,
+            overloaded=tuple(sorted((w, r) for w, r in self.overloaded.items() if w in states)),
         )
 
     def start(self) -> None:
@@ -275,6 +280,7 @@ class MembershipSync:
         self._mark_up()
         # Managed: the farm runs it, so no member but the farm's belongs there.
         self._foreign(members, set(ours), managed=spec.gateway.mode == "managed")
+        self._overloaded(members, ours, spec)
         listed = {_url(m) for m in members if m.routed}
         known = {_url(m) for m in members}
         states = self._states()
@@ -304,6 +310,37 @@ class MembershipSync:
                 self._on_member(wid, now_in)
         self._retry_at.clear()  # a reconcile is a fresh attempt for every worker
         self.update()
+
+    def _overloaded(self, members: list[Member], ours: Mapping[str, int], spec: FarmSpec) -> None:
+        """Note which of the farm's routed workers the gateway passes over for overload:
+        smg lists them ready (so they are in the gateway for the farm) but sends new
+        requests to their siblings while they are over a threshold. Judged from smg's
+        own polled figures with `[gateway]`'s thresholds (what a managed gateway was
+        started with; for an external one, what the operator says it runs with)."""
+        r = spec.gateway.routing
+        now: dict[int, str] = {}
+        for m in members:
+            wid = ours.get(_url(m))
+            if wid is not None and m.routed and overloaded(m.waiting, m.token_usage, r):
+                now[wid] = overload_reason(m.waiting, m.token_usage, r)
+        for wid in sorted(now.keys() - self.overloaded.keys()):
+            log.info(
+                "gateway_worker_overloaded",
+                worker=wid,
+                gpu=self._gpu(wid),
+                gateway=self._gateway.url,
+                reason=now[wid],
+            )
+        for wid in sorted(self.overloaded.keys() - now.keys()):
+            log.info(
+                "gateway_worker_not_overloaded",
+                worker=wid,
+                gpu=self._gpu(wid),
+                gateway=self._gateway.url,
+            )
+        if now != self.overloaded:
+            self.overloaded = now
+            self._on_status()
 
     def _foreign(self, members: list[Member], ours: set[str], *, managed: bool) -> None:
         """Note the members that are not the farm's; on a managed gateway, remove them."""

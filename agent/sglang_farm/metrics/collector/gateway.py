@@ -53,3 +53,10 @@ def gateway(gw: GatewayStatus) -> Iterator[Metric]:
     )
     foreign.add_metric([], len(gw.foreign))
     yield foreign
+    overloaded = new_gauge(
+        "sglang_farm_gateway_overloaded_workers",
+        "The farm's workers the gateway lists ready but leaves out of routing for overload "
+        "(smg's overload protection; farmctl status names them), as of the last reconcile.",
+    )
+    overloaded.add_metric([], len({w for w, _ in gw.overloaded}))
+    yield overloaded
