@@ -24,8 +24,8 @@ from sglang_farm.runtime.batch_child import (
     ensure_key,
     next_start,
 )
-from sglang_farm.runtime.gateway_child import RESTART_INITIAL_S
 from sglang_farm.runtime.children import ChildRecords, record_file
+from sglang_farm.runtime.gateway_child import RESTART_INITIAL_S
 from sglang_farm.spec import FarmSpec
 
 pytestmark = pytest.mark.anyio
