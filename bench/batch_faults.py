@@ -223,10 +223,12 @@ def schedule(kills: int, extras: bool) -> list[str]:
     return out
 
 
-def run(n: int, kills: int, extras: bool, token_s: float) -> dict[str, Any]:
+def run(n: int, plan: list[str], token_s: float) -> dict[str, Any]:
+    """The batch of `n` requests with the faults of `plan` at progress spread evenly over
+    its first 80 % (the faults that block, an agent's restart, a restart all, a canary's
+    verdict, take their time while the batch runs on)."""
     tmp = Path(tempfile.mkdtemp(prefix="sfbf"))
     events: list[Event] = []
-    plan = schedule(kills, extras)
     demo = DemoFarm(
         tmp,
         env={"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_TOKEN_SECONDS": str(token_s)},
@@ -251,7 +253,7 @@ def run(n: int, kills: int, extras: bool, token_s: float) -> dict[str, Any]:
             bid = r.stdout.split()[0]
             started = time.time()
             for i, what in enumerate(plan):
-                at = int(n * (i + 1) / (len(plan) + 1))
+                at = int(0.8 * n * (i + 1) / (len(plan) + 1))
 
                 def reached(at: int = at) -> tuple[bool, int]:
                     return watch.now() >= at, watch.now()
@@ -259,6 +261,11 @@ def run(n: int, kills: int, extras: bool, token_s: float) -> dict[str, Any]:
                 wait_for(f"{at} results", reached, 900)
                 if watch.now() >= n:
                     break
+                # Each fault on a settled farm (every worker ready and routed): a fault's
+                # resume is its own, not the last one's (a kill of the service just after
+                # an undrain-host would count the workers' return too).
+                settled = demo.farmctl("wait", "--timeout", "300", timeout=320)
+                assert settled.returncode == 0, settled.stdout + settled.stderr
                 if what == "service":
                     ev = kill_service(demo, watch)
                 elif what == "worker":
@@ -313,6 +320,7 @@ def run(n: int, kills: int, extras: bool, token_s: float) -> dict[str, Any]:
         "requests": n,
         "token_s": token_s,
         "plan": plan,
+        "faults_done": len(events),
         "events": [asdict(e) for e in events],
         "lost": sum(1 for i in ids if seen[i] == 0),
         "duplicated": sum(1 for v in seen.values() if v > 1),
@@ -341,9 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--no-extras", action="store_true", help="kill -9s only")
     p.add_argument("--token-s", type=float, default=0.002, help="simulator seconds per token")
+    p.add_argument(
+        "--plan",
+        default="",
+        help="the faults in order instead (service,worker,agent,"
+        "restart-all,rollback,drain-host), comma-separated",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args.requests, args.kills, not args.no_extras, args.token_s)
+    plan = args.plan.split(",") if args.plan else schedule(args.kills, not args.no_extras)
+    result = run(args.requests, plan, args.token_s)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
