@@ -89,6 +89,9 @@ def admits(metrics_url: str) -> dict[str, float]:
     except httpx.HTTPError:
         return {}
     found: dict[str, float] = {}
+    if "smg_scheduler" not in text:
+        names = sorted({ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln})
+        print(json.dumps({"no smg_scheduler series at": metrics_url, "names": names[:80]}))
     for line in text.splitlines():
         if line.startswith("smg_scheduler_admit_total"):
             series, _, value = line.rpartition(" ")
@@ -106,22 +109,14 @@ def summary(xs: list[float]) -> dict[str, float]:
     }
 
 
-def run(n: int, batch_n: int, token_s: float) -> dict[str, Any]:
+def run(n: int, batch_n: int, token_s: float, extra_smg: list[str]) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="sfbi"))
     slots = 8 * MAX_RUNNING
     demo = DemoFarm(
         tmp,
         env={"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_TOKEN_SECONDS": str(token_s)},
         sglang={"max_running_requests": MAX_RUNNING},
-        gateway={
-            "extra_args": [
-                "--priority-scheduler-enabled",
-                "--max-concurrent-requests",
-                str(slots),
-                "--queue-size",
-                "4096",
-            ]
-        },
+        gateway={"extra_args": ["--priority-scheduler-enabled", *extra_smg]},
         batch={"priority": "none"},
     )
     doc = tomllib.loads(demo.config.read_text())
@@ -167,7 +162,10 @@ def run(n: int, batch_n: int, token_s: float) -> dict[str, Any]:
                 def full(seen: dict[str, int] = seen) -> tuple[bool, Any]:
                     """The runner keeps every slot busy (its in-flight gauge at the farm's
                     slots) for a few readings in a row."""
-                    m = httpx.get(demo.batch_url + "/metrics", timeout=10).text
+                    try:
+                        m = httpx.get(demo.batch_url + "/metrics", timeout=10).text
+                    except httpx.HTTPError:
+                        return False, "the service not answering yet"
                     v = next(
                         (
                             float(x.split()[1])
@@ -176,7 +174,7 @@ def run(n: int, batch_n: int, token_s: float) -> dict[str, Any]:
                         ),
                         0.0,
                     )
-                    seen["n"] = seen["n"] + 1 if v >= slots else 0
+                    seen["n"] = seen["n"] + 1 if v >= slots - 8 else 0
                     return seen["n"] >= 3, v
 
                 wait_for("the batch filling every slot", full, 120)
@@ -202,7 +200,7 @@ def run(n: int, batch_n: int, token_s: float) -> dict[str, Any]:
         "interactive_requests": n,
         "token_s": token_s,
         "max_running_requests": MAX_RUNNING,
-        "smg_max_concurrent_requests": slots,
+        "smg_extra_args": ["--priority-scheduler-enabled", *extra_smg],
         "phases": phases,
         "p99_over_idle": {k: v["p99_ms"] / idle for k, v in phases.items()},
         "cpus": os.cpu_count(),
@@ -214,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=200, help="interactive requests a phase")
     p.add_argument("--batch", type=int, default=40_000, help="the batch's requests")
     p.add_argument("--token-s", type=float, default=0.01, help="simulator seconds per token")
+    p.add_argument("--smg-arg", action="append", default=[], help="another smg flag (repeat it)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args.requests, args.batch, args.token_s)
+    result = run(args.requests, args.batch, args.token_s, args.smg_arg)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
