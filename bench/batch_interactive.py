@@ -1,15 +1,15 @@
 """I/O: issue 33's interactive figure (docs/benchmarks.md, "Batch jobs: users first"),
 simulator figures.
 
-    python -m bench.batch_interactive                  # 200 interactive requests a phase
+    python -m bench.batch_interactive --requests 150              # the scheduler on
+    python -m bench.batch_interactive --requests 150 --no-scheduler
 
 The demo's farm (tests/batchfarm.DemoFarm: 8 simulator workers behind the managed smg, the
-batch service run by the agent) with smg's priority scheduler on
-(`--priority-scheduler-enabled`) and its admission bound at the farm's running-request
-slots (`--max-concurrent-requests` = 8 workers x `max_running_requests`, `--queue-size`
-beyond it): smg then queues what the workers cannot start, and admits from its queue by
-class. An interactive client (the `openai` package, streaming chat, one request at a time,
-no priority header: smg's `default` class) measures its time to the first token (TTFT)
+batch service run by the agent), each worker at 8 running requests (`max_running_requests`,
+which the simulator enforces, queueing the rest, as SGLang does), with smg's priority
+scheduler on (`--priority-scheduler-enabled`, its built-in class defaults; `--no-scheduler`
+leaves it off). An interactive client (the `openai` package, streaming chat, one
+request at a time, no priority header: smg's `default` class) measures its time to the first token (TTFT)
 through the same front door:
 
 1. idle: no batch;
@@ -89,9 +89,6 @@ def admits(metrics_url: str) -> dict[str, float]:
     except httpx.HTTPError:
         return {}
     found: dict[str, float] = {}
-    if "smg_scheduler" not in text:
-        names = sorted({ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln})
-        print(json.dumps({"no smg_scheduler series at": metrics_url, "names": names[:80]}))
     for line in text.splitlines():
         if line.startswith("smg_scheduler_admit_total"):
             series, _, value = line.rpartition(" ")
@@ -109,14 +106,17 @@ def summary(xs: list[float]) -> dict[str, float]:
     }
 
 
-def run(n: int, batch_n: int, token_s: float, extra_smg: list[str]) -> dict[str, Any]:
+def run(
+    n: int, batch_n: int, token_s: float, extra_smg: list[str], *, scheduler_on: bool = True
+) -> dict[str, Any]:
+    scheduler = ["--priority-scheduler-enabled"] if scheduler_on else []
     tmp = Path(tempfile.mkdtemp(prefix="sfbi"))
     slots = 8 * MAX_RUNNING
     demo = DemoFarm(
         tmp,
         env={"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_TOKEN_SECONDS": str(token_s)},
         sglang={"max_running_requests": MAX_RUNNING},
-        gateway={"extra_args": ["--priority-scheduler-enabled", *extra_smg]},
+        gateway={"extra_args": [*scheduler, *extra_smg]},
         batch={"priority": "none"},
     )
     doc = tomllib.loads(demo.config.read_text())
@@ -181,7 +181,9 @@ def run(n: int, batch_n: int, token_s: float, extra_smg: list[str]) -> dict[str,
                 before = admits(metrics_url)
                 done0 = demo.done()
                 load = os.getloadavg()[0]
+                t0 = time.monotonic()
                 got = ttfts(demo.gateway_url, model, n)
+                seconds = time.monotonic() - t0
                 after = admits(metrics_url)
                 done1 = demo.done()
                 assert done1 < batch_n, "the batch ended during the phase: make it longer"
@@ -189,6 +191,8 @@ def run(n: int, batch_n: int, token_s: float, extra_smg: list[str]) -> dict[str,
                     **summary(got),
                     "load_avg": load,
                     "batch_results_during": done1 - done0,
+                    "phase_seconds": seconds,
+                    "batch_requests_per_s": (done1 - done0) / seconds,
                     "admits_during": {k: after[k] - before.get(k, 0.0) for k in after},
                 }
                 print(json.dumps({label: phases[label]}), flush=True)
@@ -200,7 +204,7 @@ def run(n: int, batch_n: int, token_s: float, extra_smg: list[str]) -> dict[str,
         "interactive_requests": n,
         "token_s": token_s,
         "max_running_requests": MAX_RUNNING,
-        "smg_extra_args": ["--priority-scheduler-enabled", *extra_smg],
+        "smg_extra_args": [*scheduler, *extra_smg],
         "phases": phases,
         "p99_over_idle": {k: v["p99_ms"] / idle for k, v in phases.items()},
         "cpus": os.cpu_count(),
@@ -213,9 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=40_000, help="the batch's requests")
     p.add_argument("--token-s", type=float, default=0.01, help="simulator seconds per token")
     p.add_argument("--smg-arg", action="append", default=[], help="another smg flag (repeat it)")
+    p.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="smg's priority scheduler off (the header is then ignored)",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = run(args.requests, args.batch, args.token_s, args.smg_arg)
+    result = run(
+        args.requests, args.batch, args.token_s, args.smg_arg, scheduler_on=not args.no_scheduler
+    )
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
