@@ -9,8 +9,8 @@ batch service run by the agent), each worker at 8 running requests (`max_running
 which the simulator enforces, queueing the rest, as SGLang does), with smg's priority
 scheduler on (`--priority-scheduler-enabled`, its built-in class defaults; `--no-scheduler`
 leaves it off). An interactive client (the `openai` package, streaming chat, one
-request at a time, no priority header: smg's `default` class) measures its time to the first token (TTFT)
-through the same front door:
+request at a time, no priority header: smg's `default` class) measures its time to the
+first token (TTFT) through the same front door:
 
 1. idle: no batch;
 2. a saturating batch (the runner keeps every slot full) sent without a class
