@@ -131,6 +131,13 @@ def agent_event_after(demo: DemoFarm, name: str, after_mono: float) -> float | N
     return None
 
 
+def fresh_done(demo: DemoFarm) -> int:
+    """The store's result count read now (again while it is mid-commit)."""
+    while (n := demo.done()) < 0:
+        time.sleep(0.01)
+    return n
+
+
 def settled(demo: DemoFarm) -> tuple[bool, Any]:
     """Every worker ready and in the gateway, the host not held out (the agent's status)."""
     st = demo.farmctl_json("status")
@@ -148,7 +155,7 @@ def settled(demo: DemoFarm) -> tuple[bool, Any]:
 def kill_service(demo: DemoFarm, watch: DoneWatch) -> Event:
     pid = demo.service_pid()
     assert pid is not None, "no batch service runs"
-    before = watch.now()
+    before = fresh_done(demo)  # read now: the watch's last reading may be 50 ms old
     mono, t = time.monotonic(), time.time()
     os.kill(pid, signal.SIGKILL)
     ev = Event("kill -9 batch service", before, t)
@@ -183,7 +190,7 @@ def kill_worker(demo: DemoFarm, watch: DoneWatch, wid: int) -> Event:
 
 
 def kill_agent(demo: DemoFarm, watch: DoneWatch) -> Event:
-    ev = Event("kill -9 agent", watch.now(), time.time())
+    ev = Event("kill -9 agent", fresh_done(demo), time.time())
     demo.kill_agent()
     demo.start()
     demo.wait_serving(300)
@@ -241,7 +248,7 @@ def run(n: int, plan: list[str], token_s: float) -> dict[str, Any]:
     """The batch of `n` requests with the faults of `plan` at progress spread evenly over
     its first 80 % (the faults that block, an agent's restart, a restart all, a canary's
     verdict, take their time while the batch runs on)."""
-    tmp = Path(tempfile.mkdtemp(prefix="sfbf"))
+    tmp = Path(tempfile.mkdtemp(prefix="sfbf", dir=os.environ.get("SF_BENCH_TMP")))
     events: list[Event] = []
     demo = DemoFarm(
         tmp,
@@ -339,7 +346,7 @@ def run(n: int, plan: list[str], token_s: float) -> dict[str, Any]:
         "events": [asdict(e) for e in events],
         "lost": sum(1 for i in ids if seen[i] == 0),
         "duplicated": sum(1 for v in seen.values() if v > 1),
-        "not_in_input": sum(1 for k in seen if k not in set(ids)),
+        "not_in_input": len(set(seen) - set(ids)),
         "counts": b["request_counts"],
         "status": b["status"],
         "batch_seconds": ended - started,

@@ -110,7 +110,7 @@ def run(
     n: int, batch_n: int, token_s: float, extra_smg: list[str], *, scheduler_on: bool = True
 ) -> dict[str, Any]:
     scheduler = ["--priority-scheduler-enabled"] if scheduler_on else []
-    tmp = Path(tempfile.mkdtemp(prefix="sfbi"))
+    tmp = Path(tempfile.mkdtemp(prefix="sfbi", dir=os.environ.get("SF_BENCH_TMP")))
     slots = 8 * MAX_RUNNING
     demo = DemoFarm(
         tmp,
