@@ -150,8 +150,10 @@ class Runner:
         return await asyncio.to_thread(fn, *args, **kw)
 
     async def run(self) -> None:
-        """Until cancelled: on start, what this owner had in flight goes back to pending."""
-        released = await asyncio.to_thread(self._store.release_owner, self._s.owner)
+        """Until cancelled: on start, what a dead process had in flight goes back to
+        pending (`Store.release_at_start`: every claim in the embedded store, this owner's
+        in a shared one)."""
+        released = await asyncio.to_thread(self._store.release_at_start, self._s.owner)
         if released:
             log.info("batch_resumed", requests_sent_again=released, owner=self._s.owner)
         tls = ssl.create_default_context()  # one CA bundle read, not one per client
