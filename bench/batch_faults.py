@@ -19,6 +19,9 @@ the batch service, the time to resume: from the kill to the next result the stor
 and where those seconds went: the agent seeing the exit, its restart delay, the new
 process up to its own `batch_service_started` line, and from there to the first result.
 
+`SF_BENCH_TMP` names the folder the farm's own temporary folder is made in (default: the
+system's).
+
 The simulator is not SGLang and these are not SGLang's figures; on a shared machine every
 figure is as noisy as the machine (the load average is printed with them).
 """

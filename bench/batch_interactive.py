@@ -20,6 +20,9 @@ first token (TTFT) through the same front door:
 Goal: phase 3's p99 <= 1.5x phase 1's. smg's own admission counters by class
 (`smg_scheduler_admit_total`) are read after each phase, to show what class it saw.
 
+`SF_BENCH_TMP` names the folder the farm's own temporary folder is made in (default: the
+system's).
+
 The simulator is not SGLang and these are not SGLang's figures; on a shared machine every
 figure is as noisy as the machine (the load average is printed with them).
 """
