@@ -3,3 +3,12 @@
 Each benchmark prints figures and never asserts on time: these machines are shared
 and noisy, so every comparison is a ratio measured in the same run.
 """
+
+import sys
+from pathlib import Path
+
+# The benchmarks share the tests' harnesses (tests/farmproc.py, tests/batchfarm.py, ...),
+# imported by their own names, as the tests import them: one module each, never two.
+_TESTS = str(Path(__file__).resolve().parent.parent / "tests")
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)

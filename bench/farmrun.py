@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 if str(ROOT / "tests") not in sys.path:  # tests.farmproc imports its sibling farmtoml
     sys.path.append(str(ROOT / "tests"))
 
-from tests.farmproc import Farm, block_is_free, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
+from farmproc import Farm, block_is_free, free_port_block, marked_pids, new_marker, tmpdir  # noqa: E402 -- after sys.path
 
 __all__ = [
     "Farm",

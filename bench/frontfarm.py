@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.farmproc import marked_pids, new_marker, tmpdir
 
 from bench.farmrun import ROOT, Farm, free_port_block, sim_env
+from farmproc import marked_pids, new_marker, tmpdir
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
 
 DEMO = ROOT / "etc" / "sglang-farm" / "demo.toml"

@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
-from tests.smgproc import Smg, key_file
+
+from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmpdir
+from smgproc import Smg, key_file
 
 MODEL = "sim/Qwen3.6-27B"
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 from prometheus_client.exposition import choose_encoder, generate_latest
-from tests.metrics_fixtures import GiB, gpu
 
 from bench.stats import summary
+from metrics_fixtures import GiB, gpu
 from sglang_farm.farm_view import FarmView, Phase, WorkerView
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess
 from sglang_farm.metrics import exposition

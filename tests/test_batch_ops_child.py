@@ -16,8 +16,16 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sglang_farm.runtime.batch_child import RECORD, ChildBatch, batch_argv, ensure_key
+from sglang_farm.runtime.batch_child import (
+    KILLED_RESTART_S,
+    RECORD,
+    ChildBatch,
+    batch_argv,
+    ensure_key,
+    next_start,
+)
 from sglang_farm.runtime.children import ChildRecords, record_file
+from sglang_farm.runtime.gateway_child import RESTART_INITIAL_S
 from sglang_farm.spec import FarmSpec
 
 pytestmark = pytest.mark.anyio
@@ -117,12 +125,18 @@ async def test_the_child_is_recorded_restarted_after_kill_9_and_stopped(tmp_path
         assert second is not None
         await _wait_for(lambda: str(second) in _text(record), "the new pid recorded")
         await _wait_for(lambda: f"up {second}" in _text(log_path), "its output in the log")
+        # killed again at once: the service lost nothing, so no back-off grows
+        os.kill(second, signal.SIGKILL)
+        await _wait_for(lambda: child.pid not in (None, second), "restarted again")
+        second = child.pid
+        assert second is not None
+        await _wait_for(lambda: f"up {second}" in _text(log_path), "its output in the log")
         await child.close()
-    assert waits == [1.0]
+    assert waits == [KILLED_RESTART_S, KILLED_RESTART_S]
     events = [e["event"] for e in logs]
-    assert events.count("batch_service_started") == 2
+    assert events.count("batch_service_started") == 3
     exited = next(e for e in logs if e["event"] == "batch_service_exited")
-    assert exited["status"] == -signal.SIGKILL and exited["retry_in_s"] == 1.0
+    assert exited["status"] == -signal.SIGKILL and exited["retry_in_s"] == KILLED_RESTART_S
     assert "resumes every batch from its store" in exited["hint"]
     assert events[-1] == "batch_service_stopped"
     # Stopped: the process is gone and off the record.
@@ -132,6 +146,25 @@ async def test_the_child_is_recorded_restarted_after_kill_9_and_stopped(tmp_path
     text = log_path.read_text()
     assert f"up {first}" in text and f"up {second}" in text
     assert stat.S_IMODE(log_path.stat().st_mode) == 0o640
+
+
+def test_a_killed_service_comes_back_at_once_and_one_failing_by_itself_backs_off() -> None:
+    """A kill -9 (an operator's, the OOM killer's) says nothing about the next start and
+    costs no result: the service is started again at once, and the back-off starts over.
+    A service that ends by itself before it has run a minute backs off, doubling."""
+    killed = -signal.SIGKILL
+    assert next_start(None, 5.0, killed) == (KILLED_RESTART_S, None)
+    assert next_start(8.0, 5.0, killed) == (KILLED_RESTART_S, None)  # the back-off starts over
+    assert KILLED_RESTART_S < RESTART_INITIAL_S
+    waits: list[float] = []
+    state: float | None = None
+    for _ in range(3):  # a start that fails: exit 2 within a second
+        wait, state = next_start(state, 0.5, 2)
+        waits.append(wait)
+    assert waits == [1.0, 2.0, 4.0]
+    assert next_start(4.0, 3600.0, 1) == (1.0, 1.0)  # a crash after a long run: from 1 s
+    assert next_start(4.0, 0.5, None)[0] == 8.0  # could not be run at all (no status)
+    assert next_start(4.0, 0.5, -signal.SIGSEGV)[0] == 8.0  # a crash of its own
 
 
 async def test_a_service_that_cannot_be_run_says_why_once_per_step(tmp_path: Path) -> None:

@@ -463,3 +463,25 @@ async def test_the_tokens_count_only_answers_whose_claim_still_held(
     assert sorted(out_ids(store, "output")) == sorted(f"req-{i}" for i in range(20))
     assert sample(metrics, "sglang_farm_batch_tokens_total", kind="prompt") == 20 * 7
     assert sample(metrics, "sglang_farm_batch_tokens_total", kind="completion") == 20 * 2
+
+
+# smg 1.13's answer when no worker is routable for the model (all drained, or restarting in
+# a wave), as it comes from the real gateway (tests/test_batch_smg.py asks one).
+SMG_NO_WORKER = (
+    b'{"error":{"type":"invalid_request_error","code":"model_not_found",'
+    b'"message":"No worker available for model \'sim/model\'","param":null}}'
+)
+
+
+def test_smg_s_no_worker_available_is_retried_not_the_request_s_error_line() -> None:
+    from sglang_farm.batch.retry import Outcome, Reason
+    from sglang_farm.batch.runner import read_answer
+
+    assert read_answer(404, SMG_NO_WORKER, "rid") == (Outcome.RETRY, Reason.UNROUTABLE, None)
+    # any other 404 is still the engine's answer about the request itself
+    outcome, _, r = read_answer(404, b'{"detail":"Not Found"}', None)
+    assert outcome is Outcome.FAIL and r is not None and r.error_code == "http_404"
+    other = SMG_NO_WORKER.replace(b"No worker available", b"Unknown model")
+    assert read_answer(404, other, None)[0] is Outcome.FAIL
+    # the same words with another status are that status's
+    assert read_answer(400, SMG_NO_WORKER, None)[0] is Outcome.FAIL

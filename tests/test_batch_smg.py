@@ -91,3 +91,65 @@ def test_a_batch_through_smg_goes_in_at_the_bulk_class_and_survives_a_dead_worke
     default = 'smg_scheduler_admit_total{class="default",outcome="admitted"}'
     assert after.get(default, 0) == before.get(default, 0)
     assert not any(k.startswith("smg_scheduler_unknown_priority") for k in after)
+
+
+def retries(svc: BatchService, reason: str) -> float:
+    for line in svc.metrics().splitlines():
+        if line.startswith(f'sglang_farm_batch_retries_total{{reason="{reason}"}} '):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_gateway_with_no_worker_routable_holds_the_batch_and_fails_no_request(
+    tmp_path: Path,
+) -> None:
+    """smg with no worker to route to (all drained, or restarting in a wave) answers 404
+    "No worker available for model ..."; that is the farm's moment, not the request's
+    fault: retried, and the batch completes once a worker is back."""
+    n = 20
+    with Sims(1) as sims:
+        port = free_port_block(2)
+        with Smg(tmp_path, key_file(tmp_path), port) as smg:
+            cfg = write_config(
+                tmp_path,
+                workers=1,
+                base_port=sims.base,
+                gateway={"mode": "external", "url": smg.url},
+                batch={"max_attempts": 1000, "retry_backoff_s": 0.2},
+            )
+            with BatchService(cfg) as svc:
+                c = openai.OpenAI(base_url=svc.url + "/v1", api_key=API_KEY, max_retries=0)
+                f = c.files.create(file=("p.jsonl", jsonl(chat_lines(n))), purpose="batch")
+                b = c.batches.create(
+                    input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+                )
+
+                def failed() -> int:
+                    rc = c.batches.retrieve(b.id).request_counts
+                    return rc.failed if rc is not None else 0
+
+                wait_until(
+                    lambda: retries(svc, "unroutable") >= n or failed() > 0,
+                    60,
+                    "each request refused once, or a request failed",
+                )
+                held = c.batches.retrieve(b.id)
+                assert held.status == "in_progress", held
+                assert held.request_counts is not None and held.request_counts.failed == 0
+                r = httpx.post(
+                    f"{smg.url}/workers",
+                    json={"url": sims.url(0)},
+                    headers={"Authorization": f"Bearer {smg.key}"},
+                    timeout=30,
+                )
+                assert r.status_code == 202, r.text
+                deadline = time.monotonic() + 120
+                while (done := c.batches.retrieve(b.id)).status != "completed":
+                    assert time.monotonic() < deadline, done
+                    time.sleep(0.1)
+                assert done.output_file_id is not None and done.error_file_id is not None
+                out = c.files.content(done.output_file_id).text.splitlines()
+                assert sorted(json.loads(x)["custom_id"] for x in out) == sorted(
+                    f"req-{i}" for i in range(n)
+                )
+                assert c.files.content(done.error_file_id).text == ""

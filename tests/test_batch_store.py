@@ -248,6 +248,30 @@ def test_release_owner_gives_back_what_a_dead_runner_held(store: Store) -> None:
     assert [c.line for c in store.claim("dead", 10, now=NOW + 1, lease_s=600)] == [1, 2, 3, 5]
 
 
+def test_at_start_the_embedded_store_frees_every_claim_and_a_shared_one_only_its_own(
+    store: Store,
+) -> None:
+    """SQLite is held by one service alone (its lock file): whatever is in flight at its
+    start was claimed by a dead process, whatever name it had (an owner file lost or
+    rewritten), and is sent again at once. A shared PostgreSQL store's other claimants may
+    be alive on other hosts: theirs wait for their lease."""
+    loaded(store, 5)
+    store.claim("an-old-name", 2, now=NOW, lease_s=600)
+    store.claim("me", 1, now=NOW, lease_s=600)
+    released = store.release_at_start("me")
+    if store.sole_claimant:
+        assert released == 3 and store.batch("batch_a").in_flight == 0
+        assert [c.line for c in store.claim("me", 10, now=NOW + 1, lease_s=600)] == [1, 2, 3, 4, 5]
+    else:
+        assert released == 1 and store.batch("batch_a").in_flight == 2
+        assert [c.line for c in store.claim("me", 10, now=NOW + 1, lease_s=600)] == [3, 4, 5]
+
+
+def test_only_the_embedded_store_is_its_sole_claimant(opener: Opener) -> None:
+    store = opener()
+    assert store.sole_claimant is isinstance(store, SqliteStore)
+
+
 def test_completion_gives_output_and_error_files_each_custom_id_once(store: Store) -> None:
     loaded(store, 4)
     cs = store.claim("a", 4, now=NOW, lease_s=60)

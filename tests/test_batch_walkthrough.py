@@ -17,7 +17,6 @@ read 2,000. The README says so too.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from batchfarm import batch_service_pid
 from farmproc import Farm, free_port_block, new_marker, tmp_fixture  # noqa: F401 (a fixture)
 from farmtoml import rewritten
 
@@ -144,20 +144,6 @@ def check(walk: Walk, out: str, promises: tuple[str, ...], command: str) -> None
     for promise in promises:
         want = walk.text(promise)
         assert promise_pattern(want).search(out), f"{command!r} did not print `{want}`:\n{out}"
-
-
-def batch_service_pid(config: Path) -> int | None:
-    """The batch service run on `config` (this test's only: the config path is its own)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"sglang_farm.batch" in argv and os.fsencode(str(config)) in argv:
-            return int(entry)
-    return None
 
 
 @pytest.fixture

@@ -1096,3 +1096,25 @@ def test_help_names_the_process_titles_ps_shows(sims: StartSim) -> None:
     out = " ".join(sim_help("--help").stdout.split())
     for title in titles:
         assert re.search(rf"{title}(?!_TP)\b", out), f"{title} (what ps shows) not in --help"
+
+
+def test_a_prompt_over_the_context_length_is_refused_with_400_as_sglang_does(
+    sims: StartSim,
+) -> None:
+    sim = sims("--context-length", "64", env=FAST)
+    sim.wait_ready()
+    long_text = "word " * 100  # 500 characters: about 125 tokens, over 64
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_text}]}),
+            ("/v1/completions", {"prompt": long_text}),
+            ("/generate", {"text": long_text}),
+        ):
+            r = client.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            message = r.json()["message"]
+            assert "is longer than the model's context length (64 tokens)" in message, path
+        ok = client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert ok.status_code == 200

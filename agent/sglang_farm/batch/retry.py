@@ -2,12 +2,14 @@
 
 A 2xx is a result. What the farm did to the request (a worker that died, a drain, a
 restart in a wave, a gateway with nowhere to route) shows as a connection error, a
-timeout, a 5xx, 429 or 408: retried, with bounded attempts. What the engine said about the
-request itself (a prompt over the context length, a bad body: 400, 404, 413, 422 and the
-other 4xx) would get the same answer again: that request's line in the error file, the
-batch goes on. 429 and 503 also tell `capacity` the farm is full (`overloaded`). 401 and
-403 say the front door refuses the service's own key (`[batch] gateway_key_file`): no
-request's fault, so the runner pauses and counts no attempt (`uncounted`).
+timeout, a 5xx, 429 or 408, or smg's 404 "No worker available for model ..." (its answer
+while no worker is routable: all drained, or restarting in a wave; `unroutable`): retried,
+with bounded attempts. What the engine said about the request itself (a prompt over the
+context length, a bad body: 400, any other 404, 413, 422 and the other 4xx) would get the
+same answer again: that request's line in the error file, the batch goes on. 429 and 503
+also tell `capacity` the farm is full (`overloaded`). 401 and 403 say the front door
+refuses the service's own key (`[batch] gateway_key_file`): no request's fault, so the
+runner pauses and counts no attempt (`uncounted`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"  # 429
     BAD_ANSWER = "bad_answer"  # a 2xx whose body is not JSON: cut short
     UNAUTHORIZED = "unauthorized"  # 401, 403: the front door refuses the service's key
+    UNROUTABLE = "unroutable"  # smg's 404 "No worker available": nothing routable now
 
 
 _RETRY_STATUS = {
@@ -53,6 +56,23 @@ def classify_status(status: int) -> tuple[Outcome, Reason | None]:
     if status >= 500:
         return Outcome.RETRY, Reason.SERVER_ERROR
     return Outcome.FAIL, None
+
+
+# smg 1.13's words when it has no worker to route the request's model to (404, error code
+# model_not_found): its workers are drained, restarting, or not added yet.
+SMG_NO_WORKER = "No worker available"
+
+
+def unroutable(status: int, error_code: object, message: object) -> bool:
+    """smg's answer that no worker is routable for the model now: the farm's moment, not
+    the request's fault (a model the farm never serves gets the same answer, and so ends
+    as `attempts_exhausted` naming it)."""
+    return (
+        status == 404
+        and error_code == "model_not_found"
+        and isinstance(message, str)
+        and message.startswith(SMG_NO_WORKER)
+    )
 
 
 def uncounted(reason: Reason | None) -> bool:

@@ -29,7 +29,14 @@ from sglang_farm.batch import capacity, lifecycle
 from sglang_farm.batch.lifecycle import BatchStatus
 from sglang_farm.batch.metrics import BatchMetrics
 from sglang_farm.batch.requeststate import Next, RequestState, after_attempt
-from sglang_farm.batch.retry import Outcome, Reason, classify_status, overloaded, uncounted
+from sglang_farm.batch.retry import (
+    Outcome,
+    Reason,
+    classify_status,
+    overloaded,
+    uncounted,
+    unroutable,
+)
 from sglang_farm.batch.store import Attempt, BatchRow, Claimed, Result, Store, StoreError, StoreFull
 
 log = structlog.get_logger("sglang_farm.batch.runner")
@@ -143,8 +150,10 @@ class Runner:
         return await asyncio.to_thread(fn, *args, **kw)
 
     async def run(self) -> None:
-        """Until cancelled: on start, what this owner had in flight goes back to pending."""
-        released = await asyncio.to_thread(self._store.release_owner, self._s.owner)
+        """Until cancelled: on start, what a dead process had in flight goes back to
+        pending (`Store.release_at_start`: every claim in the embedded store, this owner's
+        in a shared one)."""
+        released = await asyncio.to_thread(self._store.release_at_start, self._s.owner)
         if released:
             log.info("batch_resumed", requests_sent_again=released, owner=self._s.owner)
         tls = ssl.create_default_context()  # one CA bundle read, not one per client
@@ -373,7 +382,12 @@ class Runner:
                 None,
                 error_code="attempts_exhausted",
                 error_message=f"no answer after {nxt.attempts} attempts (last: {reason}); "
-                "raise [batch] max_attempts or check the farm",
+                + (
+                    "the gateway had no worker for the body's model: check that it names a "
+                    "model the farm serves, or raise [batch] max_attempts"
+                    if reason is Reason.UNROUTABLE
+                    else "raise [batch] max_attempts or check the farm"
+                ),
             )
         return Attempt(
             c,
@@ -395,7 +409,10 @@ def read_answer(
         return outcome, reason, None
     if outcome is Outcome.FAIL:
         text = content.decode("utf-8", "replace")
-        message = _message(text) or f"the engine answered {status}"
+        code, message = _error(text)
+        if unroutable(status, code, message):
+            return Outcome.RETRY, Reason.UNROUTABLE, None
+        message = message or f"the engine answered {status}"
         return outcome, None, Result(status, request_id, text, f"http_{status}", message)
     try:
         text = content.decode("utf-8")
@@ -420,19 +437,20 @@ def read_answer(
     )
 
 
-def _message(text: str) -> str | None:
-    """The engine's own error message (OpenAI's {"error": {"message"}} or {"message"})."""
+def _error(text: str) -> tuple[object, str | None]:
+    """The engine's own error code and message (OpenAI's {"error": {"code", "message"}} or
+    {"message"})."""
     try:
         doc = json.loads(text)
     except ValueError:
-        return text[:500] or None
+        return None, text[:500] or None
     if isinstance(doc, dict):
         err = doc.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
+            return err.get("code"), str(err["message"])
         if isinstance(doc.get("message"), str):
-            return str(doc["message"])
-    return None
+            return doc.get("code"), str(doc["message"])
+    return None, None
 
 
 def frontdoors(

@@ -14,6 +14,10 @@ from sglang_farm.batch.sqlstore import SqlStore
 
 
 class SqliteStore(SqlStore):
+    # One service holds the database (its lock file): whatever is in flight when it
+    # starts was claimed by a process that is gone, whatever owner name it had.
+    sole_claimant = True
+
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # 0600 from its first byte
         os.close(fd)

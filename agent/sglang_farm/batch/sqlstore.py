@@ -527,19 +527,31 @@ class SqlStore:
                     (f, c, x, p, k, batch_id),
                 )
 
+    # A store several services share (PostgreSQL): another claimant may be alive.
+    sole_claimant = False
+
     def release_owner(self, owner: str) -> int:
+        return self._release("owner = ? AND ", (owner,))
+
+    def release_at_start(self, owner: str) -> int:
+        if self.sole_claimant:
+            return self._release("", ())
+        return self.release_owner(owner)
+
+    def _release(self, where: str, params: tuple[object, ...]) -> int:
+        """Requests in flight (`where` narrows them) back to pending; how many."""
         with self._tx() as cur:
             rows = self._x(
                 cur,
-                "SELECT batch_id, count(*) FROM requests WHERE owner = ? AND state = 'in_flight' "
+                f"SELECT batch_id, count(*) FROM requests WHERE {where}state = 'in_flight' "
                 "GROUP BY batch_id",
-                (owner,),
+                params,
             ).fetchall()
             self._x(
                 cur,
                 "UPDATE requests SET state = 'pending', token = NULL, lease_until = NULL "
-                "WHERE owner = ? AND state = 'in_flight'",
-                (owner,),
+                f"WHERE {where}state = 'in_flight'",
+                params,
             )
             for batch_id, k in rows:
                 self._x(

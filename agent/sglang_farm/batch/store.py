@@ -140,8 +140,19 @@ class Store(Protocol):
 
     # Requests
     def claim(self, owner: str, n: int, *, now: float, lease_s: float) -> list[Claimed]: ...
+
+    sole_claimant: bool
+    """True where one service alone claims from the store (the embedded SQLite, held by
+    its lock file); False where services on several hosts share it (PostgreSQL)."""
+
     def release_owner(self, owner: str) -> int:
-        """At start: what this owner held in flight when it died goes back to pending."""
+        """What this owner held in flight when it died goes back to pending."""
+        ...
+
+    def release_at_start(self, owner: str) -> int:
+        """At the service's start: what a dead process held in flight goes back to pending
+        at once, not after its lease: every claim where the store is `sole_claimant`
+        (an owner file lost or rewritten changes nothing), else this owner's own."""
         ...
 
     def record(self, outcomes: Sequence[Attempt], *, now: float) -> list[bool]:

@@ -2,8 +2,12 @@
 process runtime and the demo (issue 33).
 
 Like the managed gateway's child (runtime/gateway_child): started once the agent runs,
-restarted with the same back-off if it exits (`restart_delay`: 1 s doubling to 10 min,
-starting over after a minute up), stopped with the agent (SIGTERM, SIGKILL after
+restarted with the same back-off if it exits by itself (`restart_delay`: 1 s doubling to
+10 min, starting over after a minute up), but at once, the back-off started over, after
+a `kill -9` (an operator's, the OOM killer's: `next_start`): that says nothing about the
+next start, and a batch waits for every second of it (the fault bench's resume after a
+kill was 1, 2, 4, 8 ... s of back-off for kills less than a minute apart, the median
+7.3 s; docs/benchmarks.md). Stopped with the agent (SIGTERM, SIGKILL after
 `STOP_TIMEOUT_S`), dying with it (`PR_SET_PDEATHSIG`) and on record in
 `<state_dir>/children` as "batch", so a next agent stops one that outlived a `kill -9`.
 Nothing is lost by any of these: the service keeps every request's state in its store
@@ -37,6 +41,9 @@ log = structlog.get_logger("sglang_farm.batch_child")
 
 RECORD = "batch"  # its name in <state_dir>/children
 LOG_NAME = "batch.log"
+# After a kill -9: its listening socket and the store's lock went with the process, so
+# nothing is to wait for.
+KILLED_RESTART_S = 0.1
 STOP_TIMEOUT_S = 15.0  # it stops sending at SIGTERM; what is in flight is sent again later
 _KEY_BYTES = 32
 
@@ -69,6 +76,19 @@ def ensure_key(path: Path) -> bool:
         raise
     os.close(fd)
     return True
+
+
+def next_start(
+    backoff: float | None, ran_s: float, status: int | None
+) -> tuple[float, float | None]:
+    """Pure: (the wait before the next start, the back-off to carry) after a run of `ran_s`
+    seconds that ended with `status` (the exit status, negative for a signal; None: it
+    could not be run) and followed the back-off `backoff` (None: none yet). Killed by
+    SIGKILL: at once, the back-off forgotten. Otherwise `restart_delay`'s back-off."""
+    if status == -signal.SIGKILL:
+        return KILLED_RESTART_S, None
+    delay = restart_delay(backoff, ran_s)
+    return delay, delay
 
 
 class ChildBatch:
@@ -106,17 +126,17 @@ class ChildBatch:
             code, why = await self._run_once()
             if self._closing:
                 return
-            delay = restart_delay(delay, loop.time() - started)
+            wait, delay = next_start(delay, loop.time() - started, code)
             log.warning(
                 "batch_service_exited" if why is None else "batch_service_not_started",
                 status=code,
                 error=why,
                 log=str(self._log_path),
-                retry_in_s=delay,
+                retry_in_s=wait,
                 hint="the farm starts it again and it resumes every batch from its store; "
                 "its log says why it stopped",
             )
-            await self._sleep(delay)
+            await self._sleep(wait)
 
     async def _run_once(self) -> tuple[int | None, str | None]:
         try:

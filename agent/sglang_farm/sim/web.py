@@ -175,6 +175,18 @@ def _prompt_tokens(text: str) -> int:
     return max(1, len(text) // 4)  # about four characters per token
 
 
+def _within_context(prompt_tokens: int, context_length: int) -> int:
+    """`prompt_tokens`, or BadRequest with SGLang's words for an input that does not fit
+    (its tokenizer manager refuses an input of the context length or more, before it is
+    scheduled; the OpenAI routes and /generate answer 400 with the message)."""
+    if prompt_tokens >= context_length:
+        raise BadRequest(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+            f"({context_length} tokens)."
+        )
+    return prompt_tokens
+
+
 def _script(settings: SimSettings, prompt: object, max_new: int) -> tuple[replies.Script, int]:
     """What the reply says, and how many tokens it makes: an arithmetic question in a
     text prompt is answered with one token (when any is asked for); else " sim" each."""
@@ -617,6 +629,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 prompt = _prompt_tokens(text)
             else:
                 raise BadRequest("Either text or input_ids should be provided.")
+            prompt = _within_context(prompt, state.opts.context_length)
             script, max_new = _script(state.settings, text, max_new)
             rid = uuid.uuid4().hex
             if body.get("stream"):
@@ -698,7 +711,9 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             max_new = _int_field(body, "max_completion_tokens", "max_tokens")
             include_usage = _include_usage(body)
             text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            prompt = _prompt_tokens(text) + 4 * len(messages)
+            prompt = _within_context(
+                _prompt_tokens(text) + 4 * len(messages), state.opts.context_length
+            )
             script, max_new = _script(state.settings, text, max_new)
 
             def events(s: _OpenAIStream) -> Iterator[bytes]:
@@ -724,7 +739,9 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             self._openai(body, prompt, max_new, replies.chat_body, events, script)
 
         def _completions(self, body: dict[str, Any]) -> None:
-            prompt = _completion_prompt(body.get("prompt"))
+            prompt = _within_context(
+                _completion_prompt(body.get("prompt")), state.opts.context_length
+            )
             max_new = _int_field(body, "max_tokens", default=_COMPLETIONS_MAX_TOKENS)
             script, max_new = _script(state.settings, body.get("prompt"), max_new)
             include_usage = _include_usage(body)
