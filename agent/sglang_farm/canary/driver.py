@@ -38,7 +38,17 @@ from typing import Any
 import httpx
 import structlog
 
-from sglang_farm.canary import evalfile, evalrun, evalset, figures, promtext, record, rollout, store
+from sglang_farm.canary import (
+    evalfile,
+    evalrun,
+    evalset,
+    figures,
+    probe,
+    promtext,
+    record,
+    rollout,
+    store,
+)
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -170,8 +180,12 @@ class CanaryDriver:
         scrape: Scrape | None = None,
         caps: Mapping[int, tuple[int, int]] | None = None,
         gate: Gate | None = None,
+        send: probe.Send | None = None,
     ) -> None:
         self._scrape = scrape or http_scrape
+        self._send = send  # the paired probes' requests (None: HTTP; tests give a fake)
+        self._prober: probe.Prober | None = None
+        self._probe_task: asyncio.Task[Any] | None = None
         self._gate = gate or evalrun.run_gate
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
@@ -615,8 +629,41 @@ class CanaryDriver:
             baseline=list(base),
         )
         self._show(CanaryState.ANALYSING, f"the window runs: {a.window_s:g} s")
+        self._prober = None
         self._task = h.spawn(self._window(a))
+        self._start_probes(a, base)
         h.refresh()
+
+    def _start_probes(self, a: Analysis, base: Sequence[int]) -> None:
+        """`[rollout] probe_concurrency` > 0: paired probes to the canary and the baseline
+        for the window (canary/probe.py); an extension goes on with the same pairs."""
+        h = self._host
+        assert h is not None
+        spec = self._candidate or h.spec()
+        n = spec.rollout.probe_concurrency
+        if n <= 0 or not base or self._probe_task is not None:
+            return
+        if self._prober is None:
+            flags = spec.worker(a.canary).flags.get("served_model_name")
+            self._prober = probe.Prober(
+                record.short(a.change),
+                probe.Target(
+                    a.canary, spec.worker(a.canary).base_url, worker_api_key(spec, a.canary)
+                ),
+                [probe.Target(w, spec.worker(w).base_url, worker_api_key(spec, w)) for w in base],
+                concurrency=n,
+                model=flags if isinstance(flags, str) else None,
+                send=self._send,
+            )
+            log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).info(
+                "canary_probes_started", concurrency=n, baseline=list(base)
+            )
+        self._probe_task = h.spawn(self._prober.run())
+
+    def _stop_probes(self) -> None:
+        t, self._probe_task = self._probe_task, None
+        if t is not None and not t.done():
+            t.cancel()
 
     def _stopped(self, a: Analysis) -> None:
         """The canary stopped on purpose: no verdict, nothing recorded, the waves stay
@@ -715,7 +762,10 @@ class CanaryDriver:
                 if w in start and w in end
             ]
         )
-        v: Verdict = judge(canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete)
+        probes = figures.probe_figures(self._prober.pairs) if self._prober is not None else None
+        v: Verdict = judge(
+            canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete, probes=probes
+        )
         return v.outcome, v.evidence, v.checks
 
     async def _judge(self, a: Analysis) -> None:
@@ -759,6 +809,7 @@ class CanaryDriver:
             self._task = None
             if extended is not None and self._analysis is extended:
                 self._task = h.spawn(self._window(extended, fresh=False))
+                self._start_probes(extended, self._base)
 
     def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
         """The window ended short of traffic: say so, and judge for another window."""
@@ -833,6 +884,7 @@ class CanaryDriver:
             h.apply(h.supervisor.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
 
     def _cancel(self) -> None:
+        self._stop_probes()
         t, self._task = self._task, None
         if t is not None and not t.done() and t is not asyncio.current_task():
             t.cancel()
