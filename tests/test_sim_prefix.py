@@ -165,3 +165,22 @@ def test_a_prefill_cost_makes_the_cold_request_slower_over_http(sims: StartSim) 
     assert cold.elapsed.total_seconds() > 0.5
     assert warm.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 250
     assert warm.elapsed.total_seconds() < cold.elapsed.total_seconds()
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback_in_the_log(
+    sims: StartSim,
+) -> None:
+    # A traceback on a worker's stderr reads as the worker failing (the farm's log
+    # classifier: fatal_traceback); a client's reset is no failure of the server's.
+    import socket
+    import struct
+
+    sim = sims()
+    sim.wait_ready()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", sim.port)) as s:
+            s.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.recv(10)  # part of the answer; the connection stays open (keep-alive)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert httpx.get(sim.url + "/ready", timeout=10).status_code == 200
+    assert "Traceback" not in sim.log and "Connection reset" not in sim.log, sim.log

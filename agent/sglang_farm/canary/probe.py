@@ -94,12 +94,13 @@ async def http_send(
                 await r.aread()
                 return ProbeResult(None, False, None, f"HTTP {r.status_code}")
             last = ""
+            # Read to the body's end (not only to [DONE]): a connection closed with its
+            # last chunk unread is reset, and a worker's server logs the reset.
             async for line in r.aiter_lines():
-                if not line.startswith("data: "):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    last = line or last
                     continue
                 last = line
-                if line == "data: [DONE]":
-                    break
                 try:
                     chunk = json.loads(line[6:])
                 except ValueError:

@@ -26,6 +26,7 @@ import itertools
 import json
 import socket
 import socketserver
+import sys
 import threading
 import time
 import uuid
@@ -818,6 +819,14 @@ class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 2048  # uvicorn's default backlog
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset or dropped its connection is no server error (uvicorn logs
+        nothing for it): only other exceptions get socketserver's traceback on stderr,
+        which the farm's log classifier would read as the server failing."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup that can stall startup.
