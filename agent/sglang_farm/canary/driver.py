@@ -143,8 +143,9 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
     return s.last_failure, s.last_failure_at
 
 
-def _obs(s: WorkerState) -> CanaryObs:
-    """What rollout.observe needs of the canary's supervisor state."""
+def _obs(s: WorkerState, others: Sequence[WorkerState] = ()) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state (and of the other
+    workers': how many of them missed their latest health probe too)."""
     stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
     failure, failure_at = _failure(s)
     return CanaryObs(
@@ -155,6 +156,7 @@ def _obs(s: WorkerState) -> CanaryObs:
         last_failure=failure,
         last_failure_at=failure_at,
         stop_intent=s.stop_intent,
+        baseline_unhealthy=sum(1 for o in others if o.phase is Phase.UNHEALTHY and not o.busy),
     )
 
 
@@ -501,7 +503,8 @@ class CanaryDriver:
         a = self._analysis
         if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        obs = _obs(h.supervisor.workers[a.canary])
+        others = [s for w, s in h.supervisor.workers.items() if w != a.canary]
+        obs = _obs(h.supervisor.workers[a.canary], others)
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -781,8 +784,9 @@ class CanaryDriver:
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
             if a.canary in h.supervisor.workers:
+                others = [s for w, s in h.supervisor.workers.items() if w != a.canary]
                 a2, step = rollout.observe(
-                    a, _obs(h.supervisor.workers[a.canary]), h.clock(), gateway=h.gateway
+                    a, _obs(h.supervisor.workers[a.canary], others), h.clock(), gateway=h.gateway
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False

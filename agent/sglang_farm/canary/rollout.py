@@ -108,6 +108,10 @@ class CanaryObs:
     # Why the supervisor is stopping it (WorkerState.stop_intent): an operator's stop,
     # a restart (an operator's, or a config restart), its GPU set aside, or a failure.
     stop_intent: StopIntent | None = None
+    # Baseline workers whose latest health probe failed too, now: the host (load, a stall
+    # of the machine) rather than the change; then one missed probe of the canary's is
+    # not a rollback, and the supervisor's failure_threshold decides as for any worker.
+    baseline_unhealthy: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +215,7 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
             replace(a, window_start=None, failure_mark=c.last_failure_at, extensions=0),
             Wait(),
         )
-    if c.phase is Phase.UNHEALTHY and not c.busy:
+    if c.phase is Phase.UNHEALTHY and not c.busy and not c.baseline_unhealthy:
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
         if c.phase in (Phase.FAILED, Phase.STOPPED):
