@@ -120,3 +120,47 @@ def test_a_canary_the_gateway_routes_nothing_is_judged_on_its_paired_probes(tmp:
     assert ttft.canary is not None and abs(ttft.canary - PROBE_TTFT_S) < 0.1 * PROBE_TTFT_S
     # Bounded: at most 2 pairs in flight, so at most 2 x the window / PROBE_S pairs.
     assert m.probes[0] <= 2 * 60 / PROBE_S + 4
+
+
+def _missed_probe(tmp: Path, failing: set[int]) -> str:
+    """A harmless change whose canary misses health probes for 3 s of its window, with the
+    workers `failing` (the canary among them)."""
+    new = _toml(tmp, {"HARMLESS": "1"})
+    m = Metrics()
+    out: dict[str, str] = {}
+
+    async def scenario() -> None:
+        async with farm(
+            tmp, text=_toml(tmp), loader=lambda: load_spec(new, source="test.toml"), scrape=m
+        ) as f:
+            await _start(f, m)
+            assert (await f.ops.reload()).applied
+            await f.until(lambda: _state(f) is CanaryState.ANALYSING and _started(f), within=200)
+            await asyncio.sleep(10)
+            f.prober.failing |= failing
+            await asyncio.sleep(3)
+            f.prober.failing -= failing
+            await f.until(
+                lambda: _state(f) in (CanaryState.PROMOTED, CanaryState.ROLLED_BACK), within=400
+            )
+            v = f.agent.view().canary
+            assert v is not None
+            out["evidence"] = v.evidence
+
+    run_virtual(scenario())
+    return out["evidence"]
+
+
+def _started(f: Farm) -> bool:
+    v = f.agent.view().canary
+    return v is not None and v.ends_at is not None
+
+
+def test_a_canary_that_alone_misses_a_health_probe_is_rolled_back(tmp: Path) -> None:
+    evidence = _missed_probe(tmp, {0})
+    assert evidence.startswith("rolled back: canary health_failed"), evidence
+
+
+def test_a_missed_probe_the_baseline_misses_too_is_the_hosts_not_the_changes(tmp: Path) -> None:
+    evidence = _missed_probe(tmp, {0, 2})
+    assert evidence.startswith("promoted: "), evidence

@@ -143,9 +143,9 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
     return s.last_failure, s.last_failure_at
 
 
-def _obs(s: WorkerState, others: Sequence[WorkerState] = ()) -> CanaryObs:
-    """What rollout.observe needs of the canary's supervisor state (and of the other
-    workers': how many of them missed their latest health probe too)."""
+def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
+    worker missed a health probe within the last stretch too (`CanaryDriver._host_missed`)."""
     stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
     failure, failure_at = _failure(s)
     return CanaryObs(
@@ -156,7 +156,7 @@ def _obs(s: WorkerState, others: Sequence[WorkerState] = ()) -> CanaryObs:
         last_failure=failure,
         last_failure_at=failure_at,
         stop_intent=s.stop_intent,
-        baseline_unhealthy=sum(1 for o in others if o.phase is Phase.UNHEALTHY and not o.busy),
+        baseline_unhealthy=int(host_missed),
     )
 
 
@@ -188,6 +188,7 @@ class CanaryDriver:
         self._send = send  # the paired probes' requests (None: HTTP; tests give a fake)
         self._prober: probe.Prober | None = None
         self._probe_task: asyncio.Task[Any] | None = None
+        self._others_missed_at: float | None = None  # a non-canary worker last unhealthy
         self._gate = gate or evalrun.run_gate
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
@@ -503,8 +504,7 @@ class CanaryDriver:
         a = self._analysis
         if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        others = [s for w, s in h.supervisor.workers.items() if w != a.canary]
-        obs = _obs(h.supervisor.workers[a.canary], others)
+        obs = _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary))
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -517,6 +517,24 @@ class CanaryDriver:
             self._act(a2, step)
         finally:
             self._busy = False
+
+    def _host_missed(self, canary: int) -> bool:
+        """Whether a worker other than the canary missed a health probe (unhealthy, not
+        excused as busy) within the last `failure_threshold` probe periods: the stretch in
+        which the supervisor would restart a worker that stays unhealthy. The workers'
+        probes are staggered, so "at the same moment" is this stretch, not an instant."""
+        h = self._host
+        assert h is not None
+        now = h.clock()
+        if any(
+            s.phase is Phase.UNHEALTHY and not s.busy
+            for w, s in h.supervisor.workers.items()
+            if w != canary
+        ):
+            self._others_missed_at = now
+        hp = h.spec().health
+        stretch = hp.period * hp.failure_threshold
+        return self._others_missed_at is not None and now - self._others_missed_at <= stretch
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
@@ -784,9 +802,11 @@ class CanaryDriver:
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
             if a.canary in h.supervisor.workers:
-                others = [s for w, s in h.supervisor.workers.items() if w != a.canary]
                 a2, step = rollout.observe(
-                    a, _obs(h.supervisor.workers[a.canary], others), h.clock(), gateway=h.gateway
+                    a,
+                    _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary)),
+                    h.clock(),
+                    gateway=h.gateway,
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False

@@ -108,9 +108,9 @@ class CanaryObs:
     # Why the supervisor is stopping it (WorkerState.stop_intent): an operator's stop,
     # a restart (an operator's, or a config restart), its GPU set aside, or a failure.
     stop_intent: StopIntent | None = None
-    # Baseline workers whose latest health probe failed too, now: the host (load, a stall
-    # of the machine) rather than the change; then one missed probe of the canary's is
-    # not a rollback, and the supervisor's failure_threshold decides as for any worker.
+    # Other workers that missed a health probe too, in the same stretch: the host (load,
+    # a stall of the machine) rather than the change; then one missed probe of the
+    # canary's is not a rollback, and the supervisor's failure_threshold decides.
     baseline_unhealthy: int = 0
 
 
