@@ -215,7 +215,16 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
             replace(a, window_start=None, failure_mark=c.last_failure_at, extensions=0),
             Wait(),
         )
-    if c.phase is Phase.UNHEALTHY and not c.busy and not c.baseline_unhealthy:
+    if (
+        c.phase is Phase.UNHEALTHY
+        and not c.busy
+        and not c.baseline_unhealthy
+        and a.window_start is not None
+    ):
+        # One missed probe fails the change only in the window, where the canary serves
+        # traffic: before it (the eval gate, the gateway's join) it serves none, and a
+        # freshly started process on a loaded host is the slowest to answer; there the
+        # supervisor's failure_threshold decides (a restart for it is a Fail above).
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
         if c.phase in (Phase.FAILED, Phase.STOPPED):
