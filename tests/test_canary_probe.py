@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 
 from sglang_farm.canary import probe
@@ -21,6 +22,9 @@ from sglang_farm.canary.figures import (
 from sglang_farm.canary.verdict import CanaryPolicy, Outcome, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
+from test_sim import FAST, StartSim, sims
+
+__all__ = ["sims"]  # the fixture, used by name
 
 # SGLang's TTFT buckets (0.1 ... 400 s) up to 2 s.
 TTFT_BOUNDS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0)
@@ -152,3 +156,28 @@ def test_probe_concurrency_is_read_and_bounded(tmp_path: Any) -> None:
     assert load_spec(base, source="t.toml", gpu_count=2).rollout.probe_concurrency == 0
     with pytest.raises(ConfigError, match="probe_concurrency"):
         load_spec(base + "[rollout]\nprobe_concurrency = -1\n", source="t.toml", gpu_count=2)
+
+
+def test_http_send_measures_a_real_simulators_first_token_and_cached_tokens(
+    sims: StartSim,
+) -> None:
+    env = {**FAST, "SGLANG_SIM_PREFILL_TOKEN_SECONDS": "0.001"}
+    sim = sims("--enable-cache-report", "--api-key", "k", env=env)
+    sim.wait_ready()
+
+    async def two() -> tuple[ProbeResult, ProbeResult, ProbeResult]:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            payload = probe.body("sha256:abc", 0, None)
+            cold = await probe.http_send(client, sim.url, "k", payload)
+            warm = await probe.http_send(client, sim.url, "k", payload)
+            refused = await probe.http_send(client, sim.url, "wrong", payload)
+            return cold, warm, refused
+
+    cold, warm, refused = asyncio.run(two())
+    assert cold.ok and warm.ok, (cold, warm)
+    assert cold.cached_tokens == 0 and warm.cached_tokens is not None and warm.cached_tokens > 200
+    assert cold.ttft_s is not None and warm.ttft_s is not None
+    assert cold.ttft_s > 0.2 > warm.ttft_s  # ~300 uncached tokens at 1 ms each, then a hit
+    assert not refused.ok and refused.error == "HTTP 401"
+    # Each stream was read to its end: no connection reset, no traceback in the log.
+    assert "Traceback" not in sim.log, sim.log
