@@ -32,14 +32,15 @@ class Probed(Metrics):
     all, and every worker counts the probes sent to it (one request, 8 tokens of 10-20 ms
     each), as SGLang counts any request on its port."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_s: float = PROBE_S) -> None:
         super().__init__()
+        self.probe_s = probe_s
         self.probes: Counter[int] = Counter()  # worker -> probe requests answered
         self.sent: list[tuple[str, str | None, dict[str, Any]]] = []
 
     async def send(self, url: str, key: str | None, payload: dict[str, Any]) -> ProbeResult:
         self.sent.append((url, key, payload))
-        await asyncio.sleep(PROBE_S)
+        await asyncio.sleep(self.probe_s)
         self.probes[int(url.rsplit(":", 1)[1]) - 30000] += 1
         return ProbeResult(PROBE_TTFT_S, True, 0)
 
@@ -64,15 +65,19 @@ def _state(f: Farm) -> CanaryState | None:
     return None if v is None else v.state
 
 
-def _run(tmp: Path, concurrency: int) -> tuple[Probed, str, tuple[CheckView, ...], list[str]]:
-    new = _toml(tmp, {"UNROUTED": "1"}, probe_concurrency=concurrency, max_extensions=0)
-    m = Probed()
+def _run(
+    tmp: Path, concurrency: int, *, probe_s: float = PROBE_S, max_extensions: int = 0
+) -> tuple[Probed, str, tuple[CheckView, ...], list[str]]:
+    new = _toml(
+        tmp, {"UNROUTED": "1"}, probe_concurrency=concurrency, max_extensions=max_extensions
+    )
+    m = Probed(probe_s)
     out: dict[str, Any] = {}
 
     async def scenario() -> None:
         async with farm(
             tmp,
-            text=_toml(tmp, probe_concurrency=concurrency, max_extensions=0),
+            text=_toml(tmp, probe_concurrency=concurrency, max_extensions=max_extensions),
             loader=lambda: load_spec(new, source="test.toml"),
             scrape=m,
             probe_send=m.send,
@@ -164,3 +169,15 @@ def test_a_canary_that_alone_misses_a_health_probe_is_rolled_back(tmp: Path) -> 
 def test_a_missed_probe_the_baseline_misses_too_is_the_hosts_not_the_changes(tmp: Path) -> None:
     evidence = _missed_probe(tmp, {0, 2})
     assert evidence.startswith("promoted: "), evidence
+
+
+def test_the_probes_go_on_through_an_extension_and_count_from_the_windows_start(
+    tmp: Path,
+) -> None:
+    # One pair at a time, 1.5 s each: 40 in the 60 s window (50 needed), 80 by the end of
+    # the first extension, which is judged on all of them.
+    m, evidence, _checks, events = _run(tmp, 1, probe_s=1.5, max_extensions=2)
+    assert "canary_analysis_extended" in events
+    assert events.count("canary_probes_started") == 1  # the same pairs, carried on
+    assert evidence.startswith("promoted: ") and "over 120 s" in evidence, evidence
+    assert 70 <= m.probes[0] <= 90
