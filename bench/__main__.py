@@ -356,6 +356,20 @@ def main() -> int:
         help="with perf: also measure the 64-worker farm and farmctl as of COMMIT (git archive), "
         "or of an agent/ folder (a copy without git history)",
     )
+    ap.add_argument(
+        "--prompts",
+        choices=["distinct", "same", "system"],
+        default="distinct",
+        help="canary-matrix: the load's prompts: each its own, all the same, or most sharing a "
+        "long system prompt (prefix-heavy; the simulators' prefill then costs per uncached token)",
+    )
+    ap.add_argument(
+        "--probes", type=int, default=0, help="canary-matrix: [rollout] probe_concurrency"
+    )
+    ap.add_argument("--workers", type=int, default=8, help="canary-matrix: workers")
+    ap.add_argument(
+        "--changes", default="", help="canary-matrix: only these change keys, comma-separated"
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     a.only = a.only or a.what
@@ -380,7 +394,16 @@ def main() -> int:
         section(
             results,
             "canary_matrix",
-            lambda: canary_matrix.run(say, reduced=a.reduced, repeat=repeat, window=a.window),
+            lambda: canary_matrix.run(
+                say,
+                reduced=a.reduced,
+                repeat=repeat,
+                window=a.window,
+                workers=a.workers,
+                only=[c for c in a.changes.split(",") if c],
+                prompts=a.prompts,
+                probes=a.probes,
+            ),
         )
         if "summary" in results["canary_matrix"]:
             print(canary_matrix.table(results["canary_matrix"]))

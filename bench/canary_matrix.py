@@ -35,6 +35,14 @@ workers that ever ran the change: every process of the farm is watched in /proc
 (`ProcWatch`), and a worker ran the change when a process with its port carried the
 trial's nonce in its environment (the agent's `worker_launching` events give the
 relaunched workers, as a cross-check). Simulator figures, not SGLang's.
+
+Prefix-heavy traffic (issue 34 §1): `prompts="same"` (every request the same long system
+prompt and question) or `"system"` (9 in 10 requests share a long system prompt), with
+the simulator's prefix cache costing `PREFILL_S` per uncached prompt token, so that a
+freshly restarted canary's cold cache and the gateway's cache-aware routing show; and
+`probes` sets `[rollout] probe_concurrency` (the farm's paired probes; 0: none), the
+before and after of the canary judged like with like. Each trial records the machine's
+load average at its start and end.
 """
 
 from __future__ import annotations
@@ -53,13 +61,17 @@ from typing import Any
 
 from bench.farmrun import ROOT, event_time
 from bench.frontfarm import MODEL, FrontFarm, running, toml_dumps
-from bench.loadgen import Load, LoadSpec, report, window
+from bench.loadgen import PROMPTS, Load, LoadSpec, report, window
 
 TOKEN_S = 0.01  # the simulator's default SGLANG_SIM_TOKEN_SECONDS: the "1x" of the matrix
 MAX_TOKENS = 8
 CLIENTS = 16
 EVAL = ROOT / "etc" / "sglang-farm" / "eval" / "arith.jsonl"
 NONCE = "SF_BENCH_TRIAL"
+# Prefill per uncached prompt token under prefix-heavy traffic: a miss on the ~500-token
+# system prompt then costs 0.5 s before the first token, a hit almost nothing (an
+# assumption of the bench, stated with its figures; SGLANG_SIM_PREFILL_TOKEN_SECONDS).
+PREFILL_S = 0.001
 VERDICT_EVENTS = ("canary_promoted", "canary_rolled_back", "canary_held")
 EXIT = {0: "promoted", 5: "rolled back", 6: "held"}
 
@@ -198,6 +210,7 @@ class Trial:
     ran_change: list[int] = field(default_factory=list)  # from /proc
     relaunched: list[int] = field(default_factory=list)  # from worker_launching events
     span_s: float = 0.0
+    load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start, at end
     requests: int = 0
     failed: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
@@ -281,6 +294,7 @@ class Matrix:
     def trial(self, c: Change, repeat: int, window_s: float) -> Trial:
         nonce = f"{c.key}-{repeat}-{int(time.time() * 1000) % 10**8}"
         t = Trial(c.key, c.label, c.group, c.bad, repeat, nonce)
+        load0 = os.getloadavg()[0]
         self.all_ready(180)
         time.sleep(1.0)  # the gateway's view settles
         doc, text = self.doc_for(c, nonce)
@@ -326,6 +340,7 @@ class Matrix:
         r = report(outs, t_end - t0)
         t.span_s, t.requests = t_end - t0, r["requests"]
         t.failed, t.reasons = r["failed"], r["reasons"]
+        t.load_avg = (load0, os.getloadavg()[0])
         return t
 
 
@@ -337,12 +352,24 @@ def has_smg() -> bool:
 
 
 def adjust(
-    workers: int, window: str, gateway: bool, eval_gate: bool, min_requests: int | None = None
+    workers: int,
+    window: str,
+    gateway: bool,
+    eval_gate: bool,
+    min_requests: int | None = None,
+    probes: int = 0,
+    prefill_s: float = 0.0,
 ) -> Callable[[dict[str, Any]], None]:
     """The demo's config with the matrix's changes: `workers` of them, the window, the
-    eval gate, `[rollout] min_requests` when given (else the default, 50), no gateway."""
+    eval gate, `[rollout] min_requests` when given (else the default, 50), no gateway;
+    `[rollout] probe_concurrency = probes`; the simulators' prefill cost per uncached
+    prompt token (`[farm] env`, SGLANG_SIM_PREFILL_TOKEN_SECONDS) when above 0."""
 
     def go(doc: dict[str, Any]) -> None:
+        doc["rollout"] = {**doc.get("rollout", {}), "probe_concurrency": probes}
+        if prefill_s > 0:
+            farm_env = doc["farm"].get("env", {})
+            doc["farm"]["env"] = {**farm_env, "SGLANG_SIM_PREFILL_TOKEN_SECONDS": f"{prefill_s:g}"}
         doc["workers"]["gpus"] = list(range(workers))
         doc["startup"]["parallel"] = max(1, min(int(doc["startup"]["parallel"]), workers // 2))
         doc["rollout"] = {**doc.get("rollout", {}), "analysis_window": window}
@@ -357,11 +384,11 @@ def adjust(
 
 
 @contextlib.contextmanager
-def _loads(ff: FrontFarm, gateway: bool, max_s: float) -> Iterator[Load]:
+def _loads(ff: FrontFarm, gateway: bool, max_s: float, prompts: str) -> Iterator[Load]:
     url = ff.gateway_url if gateway else ff.worker_url(0)
     spec = LoadSpec(
         url, MODEL, clients=CLIENTS, max_tokens=MAX_TOKENS, max_s=max_s,
-        max_requests=10**8, all_streaming=True,
+        max_requests=10**8, all_streaming=True, prompts=prompts,
     )  # fmt: skip
     with Load(spec) as load:
         yield load
@@ -378,8 +405,15 @@ def run(
     eval_gate: bool = True,
     min_requests: int | None = None,
     only: Sequence[str] = (),
+    prompts: str = "distinct",
+    probes: int = 0,
 ) -> dict[str, Any]:
-    """The matrix on one farm; every trial recorded, a failed one with its error."""
+    """The matrix on one farm; every trial recorded, a failed one with its error.
+    `prompts`: the load's prompt mode (loadgen.PROMPTS; prefix-heavy ones turn on the
+    simulators' prefill cost); `probes`: `[rollout] probe_concurrency`."""
+    if prompts not in PROMPTS:
+        raise ValueError(f"prompts {prompts!r}: one of {', '.join(PROMPTS)}")
+    prefill_s = PREFILL_S if prompts != "distinct" else 0.0
     window_s = float(window.rstrip("s"))
     gateway = has_smg()
     kinds = select(changes(crash_after_s), reduced)
@@ -397,6 +431,10 @@ def run(
             "token_s": TOKEN_S,
             "eval": str(EVAL) if eval_gate else None,
             "min_requests": min_requests or 50,
+            "prompts": prompts,
+            "probe_concurrency": probes,
+            "prefill_token_s": prefill_s,
+            "load_avg_start": os.getloadavg(),
             "gateway": "smg (managed)" if gateway else "none: smg is not installed",
             "changes": [asdict(c) for c in kinds],
         },
@@ -406,13 +444,17 @@ def run(
         say("smg is not installed: a process farm WITHOUT a gateway; the load goes to worker 0")
     say(f"canary matrix: {workers} workers, window {window}, {len(kinds)} changes x {repeat}")
     t_start = time.monotonic()
-    with running(TOKEN_S, adjust(workers, window, gateway, eval_gate, min_requests)) as ff:
+    setup = adjust(workers, window, gateway, eval_gate, min_requests, probes, prefill_s)
+    with running(TOKEN_S, setup) as ff:
         ff.farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=180)
         all_ready(ff, gateway, 120)
         out["config"]["parallel"] = int(ff.doc["startup"]["parallel"])
         out["config"]["policy"] = ff.doc.get("gateway", {}).get("policy")
         est = len(kinds) * repeat * (window_s + 120) + 600
-        with ProcWatch(ff.farm.marker, ff.ports.workers) as procs, _loads(ff, gateway, est) as load:
+        with (
+            ProcWatch(ff.farm.marker, ff.ports.workers) as procs,
+            _loads(ff, gateway, est, prompts) as load,
+        ):
             time.sleep(2.0)
             m = Matrix(ff, load, procs, gateway, say)
             for r in range(repeat):
@@ -440,6 +482,7 @@ def run(
             out["load"] = report(load.snapshot())
             out["load"].pop("failure_times", None)
     out["duration_s"] = time.monotonic() - t_start
+    out["config"]["load_avg_end"] = os.getloadavg()
     out["summary"] = summarize(out["trials"], kinds)
     out["goals"] = goals(out["trials"])
     return out

@@ -21,6 +21,7 @@ from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
 from farmtoml import Table, merged, sim_farm, toml_text
 from sglang_farm.agent import Agent
 from sglang_farm.canary.driver import Gate, Scrape
+from sglang_farm.canary.probe import Send
 from sglang_farm.collaborators import Collaborators
 from sglang_farm.config import load_spec
 from sglang_farm.farm_view import FarmView
@@ -119,6 +120,7 @@ async def farm(
     scrape: Scrape | None = None,
     gate: Gate | None = None,
     port_state: Callable[[str, int], PortState] | None = None,
+    probe_send: Send | None = None,
 ) -> AsyncIterator[Farm]:
     """The real Agent over the fakes, running on the test's loop until the block ends.
 
@@ -129,7 +131,8 @@ async def farm(
     `more_gateways`: the others of `[gateway] urls` (issue 26), beside `gateway`;
     `scrape`: the canary analysis's /metrics reader (url, key) -> Prometheus text;
     `gate`: its eval gate (evalrun.run_gate's signature); `port_state`: whether a worker's
-    port is free at launch (default: always free).
+    port is free at launch (default: always free); `probe_send`: the canary's paired
+    probes' requests (canary/probe.py's Send).
     """
     loop = asyncio.get_running_loop()
     spec = load_spec(text or farm_toml(tmp), source="test.toml")
@@ -161,6 +164,7 @@ async def farm(
         observers=observers,
         canary_scrape=scrape,
         canary_gate=gate,
+        canary_probe_send=probe_send,
     )
     agent = Agent(
         spec,

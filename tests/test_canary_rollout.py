@@ -86,6 +86,17 @@ def test_failed_health_leaving_serving_quarantine_and_a_stop() -> None:
     assert isinstance(step, Fail) and step.event.kind is LivenessKind.HEALTH_FAILED
     # A busy worker's slow probe is excused (its counters advance).
     assert observe(a, _obs(Phase.UNHEALTHY, busy=True), 125.0, gateway=False)[1] == Wait()
+    # ... and so is one missed while a baseline worker missed its own (the host, not the
+    # change: issue 34 §1's liveness under load); the supervisor's threshold decides.
+    both = _obs(Phase.UNHEALTHY, baseline_unhealthy=1)
+    assert observe(a, both, 125.0, gateway=False)[1] == Wait()
+    # Before the window (no traffic served yet) one missed probe is the supervisor's to
+    # judge; a restart for missed probes is then a failure like any other.
+    assert observe(A, _obs(Phase.UNHEALTHY), 125.0, gateway=False)[1] == Wait()
+    hung = Failure(FailureKind.HANG, "no answer to 3 health probes", "")
+    restarted = _obs(Phase.STOPPING, last_failure=hung, last_failure_at=126.0)
+    _, step = observe(A, restarted, 126.0, gateway=False)
+    assert isinstance(step, Fail) and step.event.kind is LivenessKind.HUNG
     _, step = observe(a, _obs(Phase.FAILED), 125.0, gateway=False)
     assert isinstance(step, Fail) and step.event.kind is LivenessKind.CRASHED
     assert isinstance(observe(a, _obs(Phase.QUARANTINED), 125.0, gateway=False)[1], Inconclusive)

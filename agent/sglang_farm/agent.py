@@ -136,7 +136,11 @@ class Agent:
         collaborators = collaborators or Collaborators()
         c = collaborators
         self._canary = CanaryDriver(
-            spec, scrape=c.canary_scrape, caps=c.compute_caps, gate=c.canary_gate
+            spec,
+            scrape=c.canary_scrape,
+            caps=c.compute_caps,
+            gate=c.canary_gate,
+            send=c.canary_probe_send,
         )
         spec = self._spec = self._canary.spec
         self.clock = clock

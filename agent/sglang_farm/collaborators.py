@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_farm.canary.driver import Gate, Scrape
+from sglang_farm.canary.probe import Send
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.farm_view import FarmView
 from sglang_farm.gateway.port import Gateway
@@ -69,6 +70,8 @@ class Collaborators:
     # how it runs the eval gate (None: `canary.evalrun.run_gate`).
     canary_scrape: Scrape | None = None
     canary_gate: Gate | None = None
+    # How the paired probes send a request (None: HTTP; tests: a fake on the loop's clock).
+    canary_probe_send: Send | None = None
     observers: Sequence[Callable[[FarmView], None]] = ()
     stats: StatsReaders = StatsReaders()
     port_state: Callable[[str, int], PortState] = port_state

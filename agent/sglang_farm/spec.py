@@ -253,6 +253,9 @@ class RolloutSpec:
     # A window that ends short of traffic (nothing failed) is judged for another window,
     # this many times at most, before on_inconclusive applies; 0: at once.
     max_extensions: int = 2
+    # Paired probes during the window (canary/probe.py): this many pairs in flight at
+    # once, each the same prompt to the canary and to a baseline worker; 0: none.
+    probe_concurrency: int = 0
     eval: str | None = None  # an eval set (JSON Lines) asked of the canary before traffic
     eval_tolerance: float = 0.05
     min_requests: int = 50

@@ -38,7 +38,17 @@ from typing import Any
 import httpx
 import structlog
 
-from sglang_farm.canary import evalfile, evalrun, evalset, figures, promtext, record, rollout, store
+from sglang_farm.canary import (
+    evalfile,
+    evalrun,
+    evalset,
+    figures,
+    probe,
+    promtext,
+    record,
+    rollout,
+    store,
+)
 from sglang_farm.canary.rollout import (
     Analysis,
     CanaryObs,
@@ -133,8 +143,9 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
     return s.last_failure, s.last_failure_at
 
 
-def _obs(s: WorkerState) -> CanaryObs:
-    """What rollout.observe needs of the canary's supervisor state."""
+def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
+    worker missed a health probe within the last stretch too (`CanaryDriver._host_missed`)."""
     stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
     failure, failure_at = _failure(s)
     return CanaryObs(
@@ -145,6 +156,7 @@ def _obs(s: WorkerState) -> CanaryObs:
         last_failure=failure,
         last_failure_at=failure_at,
         stop_intent=s.stop_intent,
+        baseline_unhealthy=int(host_missed),
     )
 
 
@@ -170,8 +182,13 @@ class CanaryDriver:
         scrape: Scrape | None = None,
         caps: Mapping[int, tuple[int, int]] | None = None,
         gate: Gate | None = None,
+        send: probe.Send | None = None,
     ) -> None:
         self._scrape = scrape or http_scrape
+        self._send = send  # the paired probes' requests (None: HTTP; tests give a fake)
+        self._prober: probe.Prober | None = None
+        self._probe_task: asyncio.Task[Any] | None = None
+        self._others_missed_at: float | None = None  # a non-canary worker last unhealthy
         self._gate = gate or evalrun.run_gate
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
@@ -487,7 +504,7 @@ class CanaryDriver:
         a = self._analysis
         if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        obs = _obs(h.supervisor.workers[a.canary])
+        obs = _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary))
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -500,6 +517,24 @@ class CanaryDriver:
             self._act(a2, step)
         finally:
             self._busy = False
+
+    def _host_missed(self, canary: int) -> bool:
+        """Whether a worker other than the canary missed a health probe (unhealthy, not
+        excused as busy) within the last `failure_threshold` probe periods: the stretch in
+        which the supervisor would restart a worker that stays unhealthy. The workers'
+        probes are staggered, so "at the same moment" is this stretch, not an instant."""
+        h = self._host
+        assert h is not None
+        now = h.clock()
+        if any(
+            s.phase is Phase.UNHEALTHY and not s.busy
+            for w, s in h.supervisor.workers.items()
+            if w != canary
+        ):
+            self._others_missed_at = now
+        hp = h.spec().health
+        stretch = hp.period * hp.failure_threshold
+        return self._others_missed_at is not None and now - self._others_missed_at <= stretch
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
@@ -615,8 +650,41 @@ class CanaryDriver:
             baseline=list(base),
         )
         self._show(CanaryState.ANALYSING, f"the window runs: {a.window_s:g} s")
+        self._prober = None
         self._task = h.spawn(self._window(a))
+        self._start_probes(a, base)
         h.refresh()
+
+    def _start_probes(self, a: Analysis, base: Sequence[int]) -> None:
+        """`[rollout] probe_concurrency` > 0: paired probes to the canary and the baseline
+        for the window (canary/probe.py); an extension goes on with the same pairs."""
+        h = self._host
+        assert h is not None
+        spec = self._candidate or h.spec()
+        n = spec.rollout.probe_concurrency
+        if n <= 0 or not base or self._probe_task is not None:
+            return
+        if self._prober is None:
+            flags = spec.worker(a.canary).flags.get("served_model_name")
+            self._prober = probe.Prober(
+                record.short(a.change),
+                probe.Target(
+                    a.canary, spec.worker(a.canary).base_url, worker_api_key(spec, a.canary)
+                ),
+                [probe.Target(w, spec.worker(w).base_url, worker_api_key(spec, w)) for w in base],
+                concurrency=n,
+                model=flags if isinstance(flags, str) else None,
+                send=self._send,
+            )
+            log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).info(
+                "canary_probes_started", concurrency=n, baseline=list(base)
+            )
+        self._probe_task = h.spawn(self._prober.run())
+
+    def _stop_probes(self) -> None:
+        t, self._probe_task = self._probe_task, None
+        if t is not None and not t.done():
+            t.cancel()
 
     def _stopped(self, a: Analysis) -> None:
         """The canary stopped on purpose: no verdict, nothing recorded, the waves stay
@@ -715,7 +783,10 @@ class CanaryDriver:
                 if w in start and w in end
             ]
         )
-        v: Verdict = judge(canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete)
+        probes = figures.probe_figures(self._prober.pairs) if self._prober is not None else None
+        v: Verdict = judge(
+            canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete, probes=probes
+        )
         return v.outcome, v.evidence, v.checks
 
     async def _judge(self, a: Analysis) -> None:
@@ -732,7 +803,10 @@ class CanaryDriver:
             # quarantine of the canary meanwhile is seen now, before any verdict.
             if a.canary in h.supervisor.workers:
                 a2, step = rollout.observe(
-                    a, _obs(h.supervisor.workers[a.canary]), h.clock(), gateway=h.gateway
+                    a,
+                    _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary)),
+                    h.clock(),
+                    gateway=h.gateway,
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
@@ -759,6 +833,7 @@ class CanaryDriver:
             self._task = None
             if extended is not None and self._analysis is extended:
                 self._task = h.spawn(self._window(extended, fresh=False))
+                self._start_probes(extended, self._base)
 
     def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
         """The window ended short of traffic: say so, and judge for another window."""
@@ -833,6 +908,7 @@ class CanaryDriver:
             h.apply(h.supervisor.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
 
     def _cancel(self) -> None:
+        self._stop_probes()
         t, self._task = self._task, None
         if t is not None and not t.done() and t is not asyncio.current_task():
             t.cancel()

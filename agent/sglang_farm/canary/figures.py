@@ -367,3 +367,67 @@ def combined(sides: Sequence[Figures]) -> Figures | None:
     for f in sides[1:]:
         out = out.plus(f)
     return out
+
+
+# ---- paired probes (canary/probe.py sends them; docs/canary.md, "Like with like") --------
+
+# The probes' TTFT is measured by the farm itself (not bucketed by SGLang): these bounds,
+# 1 ms to about 60 s in steps of 10 %, keep a quantile within 10 % of the true one.
+PROBE_BOUNDS = tuple(round(0.001 * 1.1**k, 9) for k in range(116))
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probe request to one worker: its time to first token (None: no token came),
+    whether it was answered in full, the cached prompt tokens the answer reported."""
+
+    ttft_s: float | None
+    ok: bool
+    cached_tokens: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePair:
+    """The same prompt sent at the same moment to the canary and to one baseline worker."""
+
+    canary: ProbeResult
+    baseline: ProbeResult
+    baseline_worker: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFigures:
+    """The pairs both sides answered, as the TTFT of each side (one observation a pair)."""
+
+    pairs: int  # pairs both answered with a first token
+    canary_ttft: Histogram
+    baseline_ttft: Histogram
+    failed_canary: int  # pairs whose canary side failed (for the record; errors are the
+    failed_baseline: int  # workers' own counters': a probe's 5xx is counted there)
+
+
+def probe_histogram(values: Sequence[float]) -> Histogram:
+    """`values` (seconds) in PROBE_BOUNDS' buckets."""
+    counts = [0.0] * (len(PROBE_BOUNDS) + 1)
+    for v in values:
+        i = next((i for i, b in enumerate(PROBE_BOUNDS) if v <= b), len(PROBE_BOUNDS))
+        counts[i] += 1
+    return Histogram.from_counts(PROBE_BOUNDS, counts, float(sum(values)))
+
+
+def probe_figures(pairs: Sequence[ProbePair]) -> ProbeFigures:
+    """The paired probes' figures: only pairs where both sides gave a first token count,
+    so each side is judged on exactly the same prompts, sent at the same moments."""
+    both = [
+        (p.canary.ttft_s, p.baseline.ttft_s)
+        for p in pairs
+        if p.canary.ttft_s is not None and p.baseline.ttft_s is not None
+    ]
+    return ProbeFigures(
+        pairs=len(both),
+        canary_ttft=probe_histogram([c for c, _ in both]),
+        baseline_ttft=probe_histogram([b for _, b in both]),
+        failed_canary=sum(1 for p in pairs if not p.canary.ok),
+        failed_baseline=sum(1 for p in pairs if not p.baseline.ok),
+    )

@@ -108,6 +108,10 @@ class CanaryObs:
     # Why the supervisor is stopping it (WorkerState.stop_intent): an operator's stop,
     # a restart (an operator's, or a config restart), its GPU set aside, or a failure.
     stop_intent: StopIntent | None = None
+    # Other workers that missed a health probe too, in the same stretch: the host (load,
+    # a stall of the machine) rather than the change; then one missed probe of the
+    # canary's is not a rollback, and the supervisor's failure_threshold decides.
+    baseline_unhealthy: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +215,16 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
             replace(a, window_start=None, failure_mark=c.last_failure_at, extensions=0),
             Wait(),
         )
-    if c.phase is Phase.UNHEALTHY and not c.busy:
+    if (
+        c.phase is Phase.UNHEALTHY
+        and not c.busy
+        and not c.baseline_unhealthy
+        and a.window_start is not None
+    ):
+        # One missed probe fails the change only in the window, where the canary serves
+        # traffic: before it (the eval gate, the gateway's join) it serves none, and a
+        # freshly started process on a loaded host is the slowest to answer; there the
+        # supervisor's failure_threshold decides (a restart for it is a Fail above).
         return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
         if c.phase in (Phase.FAILED, Phase.STOPPED):

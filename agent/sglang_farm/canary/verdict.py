@@ -61,7 +61,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sglang_farm.canary.figures import ErrorSource, Figures, Histogram, common, quantile
+from sglang_farm.canary.figures import (
+    ErrorSource,
+    Figures,
+    Histogram,
+    ProbeFigures,
+    common,
+    quantile,
+)
 from sglang_farm.sglang.failures import Failure, FailureKind
 
 
@@ -254,9 +261,10 @@ def _latency_check(
     limit: float,
     confidence: float,
     min_observations: int,
+    on: str = "",
 ) -> Check:
     name = f"{label.lower()}_{_qname(q)}"
-    what = f"{label} {_qname(q)}"
+    what = f"{label} {_qname(q)}{on}"
     if canary is None or baseline is None or canary.count <= 0 or baseline.count <= 0:
         return Check(name, None, None, None, None, None, limit, f"no {label} data")
     c_lo, c, _ = quantile_bounds(q, canary, min(canary_n, canary.count), confidence)
@@ -335,10 +343,15 @@ def judge(
     policy: CanaryPolicy,
     *,
     complete: bool = True,
+    probes: ProbeFigures | None = None,
 ) -> Verdict:
     """The verdict on `canary` against `baseline` (None: no worker left on the old config,
     so latency cannot be compared). `complete`: the window is over; before that, only a
-    ROLLBACK is final and anything else comes back INCONCLUSIVE."""
+    ROLLBACK is final and anything else comes back INCONCLUSIVE. `probes`: the window's
+    paired probes (the same prompts to the canary and to baseline workers at the same
+    moments): with any pair answered, TTFT is judged on them alone, like with like,
+    instead of on the gateway's traffic, whose mix and prefix-cache hits differ between
+    a freshly restarted canary and warm baseline workers (docs/canary.md)."""
     seconds = canary.seconds
     if baseline is not None:
         canary, baseline = common(canary, baseline)  # one source for both sides' errors
@@ -367,12 +380,22 @@ def judge(
                     policy.itl_max_ratio, policy.confidence, policy.min_observations,
                 )
             )  # fmt: skip
-        checks.append(
-            _latency_check(
-                "TTFT", policy.ttft_quantile, canary.ttft, canary.requests, baseline.ttft,
-                base_n, policy.ttft_max_ratio, policy.confidence, policy.min_observations,
-            )
-        )  # fmt: skip
+        if probes is not None and probes.pairs > 0:
+            n = float(probes.pairs)
+            checks.append(
+                _latency_check(
+                    "TTFT", policy.ttft_quantile, probes.canary_ttft, n, probes.baseline_ttft,
+                    n, policy.ttft_max_ratio, policy.confidence, policy.min_observations,
+                    on=f" on {_count(n)} paired probes",
+                )
+            )  # fmt: skip
+        else:
+            checks.append(
+                _latency_check(
+                    "TTFT", policy.ttft_quantile, canary.ttft, canary.requests, baseline.ttft,
+                    base_n, policy.ttft_max_ratio, policy.confidence, policy.min_observations,
+                )
+            )  # fmt: skip
     # A failed check stands on its own evidence (its bounds, its binomial test, its
     # observations per metric); `min_requests` is what promoting needs.
     failed = [c for c in checks if c.passed is False]

@@ -21,6 +21,7 @@ _KEYS = (
     "analysis_window",
     "on_inconclusive",
     "max_extensions",
+    "probe_concurrency",
     "eval",
     "eval_tolerance",
     "min_requests",
@@ -69,6 +70,9 @@ def _rollout(reader: _Reader, doc: _Table) -> RolloutSpec:
             tbl, path, "on_inconclusive", _choice(*ON_INCONCLUSIVE), d.on_inconclusive
         ),
         max_extensions=reader.get(tbl, path, "max_extensions", _int(0), d.max_extensions),
+        probe_concurrency=reader.get(
+            tbl, path, "probe_concurrency", _int(0, 64), d.probe_concurrency
+        ),
         eval=reader.get(tbl, path, "eval", _abs_path, d.eval),
         eval_tolerance=reader.get(tbl, path, "eval_tolerance", _number(0.0, 1.0), d.eval_tolerance),
         min_requests=reader.get(tbl, path, "min_requests", _int(1), d.min_requests),

@@ -14,6 +14,12 @@ SGLang's scheduler sends the tokenizer: each token of a streamed request, a fini
 request, the probe's own token. Non-streamed requests send nothing until they finish, so
 under a full batch of long non-streamed requests the probe waits for a request to finish
 or for a running slot, however fast the tokens flow.
+
+The prefix cache (prefix.py): at admission a request's prompt blocks are looked up; its
+prefill then takes `prefill_token_seconds` per uncached prompt token before its first
+token (so a hit makes the time to first token shorter, as in SGLang), and the published
+`cache_hit_rate` is the share of prompt tokens found cached over the prefills since the
+previous publish (SGLang's is its last prefill batches'; it keeps its value while none ran).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from sglang_farm.sim.prefix import Hit, HitRate, PrefixCache
 from sglang_farm.sim.snapshots import HistogramSnapshot, SchedulerStats, TokenizerStats
 
 # SGLang's default buckets (observability/metrics_collector.py), docs/reference/sglang.md §9.
@@ -127,6 +134,7 @@ class Completion:
     e2e_s: float
     ttft_s: float
     queue_s: float
+    cached_tokens: int = 0  # of prompt_tokens, found in the prefix cache
 
 
 class QueueFull(Exception):
@@ -143,6 +151,8 @@ class Engine:
         max_queued: int | None,
         max_total_tokens: int,
         token_seconds: float,
+        prefill_token_seconds: float = 0.0,
+        prefix_cache_tokens: int = 0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -151,6 +161,10 @@ class Engine:
         self._max_queued = max_queued
         self._max_total = max_total_tokens
         self._token_s = token_seconds
+        self._prefill_s = prefill_token_seconds
+        self._cache = PrefixCache(prefix_cache_tokens)
+        self._hits = HitRate()  # since the last publish
+        self._hit_rate = 0.0
         self._clock = clock
         self._wall = wall
         self._sleep = sleep
@@ -178,15 +192,23 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int) -> Completion:
-        """Queue, run and finish one request; raises QueueFull when the queue limit is reached."""
-        steps = self.stream(prompt_tokens, max_new_tokens, streamed=False)
+    def generate(
+        self, prompt_tokens: int, max_new_tokens: int, *, blocks: Sequence[bytes] = ()
+    ) -> Completion:
+        """Queue, run and finish one request; raises QueueFull when the queue limit is reached.
+        `blocks`: the prompt's block names (prefix.blocks) for the prefix cache."""
+        steps = self.stream(prompt_tokens, max_new_tokens, streamed=False, blocks=blocks)
         for _ in steps:
             pass
         return steps.completion
 
     def stream(
-        self, prompt_tokens: int, max_new_tokens: int, *, streamed: bool = True
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        streamed: bool = True,
+        blocks: Sequence[bytes] = (),
     ) -> Generation:
         """One request, token by token: iterate it (each step sleeps one token's time).
 
@@ -194,11 +216,12 @@ class Engine:
         is reached. Closing it before the last token aborts the request, as a client
         that hangs up does in SGLang (`sglang:num_aborted_requests_total`). `streamed`:
         each token reaches the tokenizer as it is made (else only the finished request).
+        `blocks`: the prompt's block names for the prefix cache (none: nothing cached).
         """
-        return Generation(self, prompt_tokens, max_new_tokens, streamed=streamed)
+        return Generation(self, prompt_tokens, max_new_tokens, streamed=streamed, blocks=blocks)
 
-    def _admit(self, prompt_tokens: int) -> float:
-        """Wait for a running slot; returns the time spent queued."""
+    def _admit(self, prompt_tokens: int, blocks: Sequence[bytes] = ()) -> tuple[float, Hit]:
+        """Wait for a running slot; returns the time spent queued and the prefix cache's hit."""
         t0 = self._clock()
         with self._cond:
             busy = self._running >= self._max_running or self._stuck
@@ -215,7 +238,22 @@ class Engine:
             self._used += prompt_tokens
             queue_s = self._clock() - t0
             self._queue_hist = self._queue_hist.observe(queue_s)
-        return queue_s
+            hit = self._cache.admit(blocks, prompt_tokens)
+            self._hits = self._hits.plus(hit)
+        return queue_s, hit
+
+    def _prefill(self, hit: Hit) -> None:
+        """The prefill of the uncached part of a prompt."""
+        if self._prefill_s > 0 and hit.uncached_tokens > 0:
+            self._sleep(self._prefill_s * hit.uncached_tokens)
+
+    def flush_cache(self) -> bool:
+        """SGLang's /flush_cache: the prefix cache emptied, unless requests run or wait."""
+        with self._cond:
+            if self._running or self._queued:
+                return False
+            self._cache.clear()
+            return True
 
     @property
     def _stuck(self) -> bool:
@@ -371,6 +409,8 @@ class Engine:
             self._history.popleft()
         t_old, g_old = self._history[0]
         throughput = (self._generated - g_old) / (now - t_old) if now > t_old else 0.0
+        if self._hits.rate is not None:
+            self._hit_rate, self._hits = self._hits.rate, HitRate()
         return SchedulerStats(
             timestamp=self._wall(),
             num_running_reqs=self._running,
@@ -381,7 +421,7 @@ class Engine:
             max_running_requests=self._max_running,
             token_usage=round(self._used / self._max_total, 4) if self._max_total else 0.0,
             gen_throughput=round(throughput, 2),
-            cache_hit_rate=0.0,
+            cache_hit_rate=round(self._hit_rate, 4),
             utilization=round(self._running / self._max_running, 4) if self._max_running else 0.0,
             queue_time=self._queue_hist,
         )
@@ -401,10 +441,18 @@ class Generation(Iterator[int]):
     """
 
     def __init__(
-        self, engine: Engine, prompt_tokens: int, max_new_tokens: int, *, streamed: bool = True
+        self,
+        engine: Engine,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        streamed: bool = True,
+        blocks: Sequence[bytes] = (),
     ) -> None:
         self._engine = engine
         self._streamed = streamed
+        self._blocks = blocks
+        self.cached_tokens = 0  # known once admitted (the first next())
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self._t0 = 0.0
@@ -425,8 +473,14 @@ class Generation(Iterator[int]):
             raise StopIteration
         if self._produced < 0:
             self._t0 = eng._clock()
-            self._queue_s = eng._admit(self.prompt_tokens)  # may raise QueueFull
+            self._queue_s, hit = eng._admit(self.prompt_tokens, self._blocks)  # may raise QueueFull
+            self.cached_tokens = hit.cached_tokens
             self._produced = 0
+            try:
+                eng._prefill(hit)
+            except BaseException:
+                self.close()
+                raise
         if self._produced >= self.max_new_tokens:
             self._end()
             raise StopIteration
@@ -452,7 +506,7 @@ class Generation(Iterator[int]):
         ttft = self._ttft if self.max_new_tokens else e2e
         eng._finish(self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._gaps)
         self._completion = Completion(
-            self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._queue_s
+            self.prompt_tokens, self.max_new_tokens, e2e, ttft, self._queue_s, self.cached_tokens
         )
 
     def close(self) -> None:

@@ -58,6 +58,8 @@ class ServerOptions:
     log_level_http: str | None
     uvicorn_access_log_exclude_prefixes: tuple[str, ...]
     watchdog_timeout: float
+    disable_radix_cache: bool = False  # no prefix cache: every prompt token is prefilled
+    enable_cache_report: bool = False  # usage.prompt_tokens_details.cached_tokens in answers
 
     def server_args_repr(self) -> str:
         """The `ServerArgs(...)` text SGLang logs at startup (secrets redacted)."""
@@ -208,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="paths whose access lines are not logged",
     )
     add("--watchdog-timeout", type=float, default=300.0, help=shown)
+    add(
+        "--disable-radix-cache",
+        action="store_true",
+        help="no prefix cache: every prompt token is prefilled, no cached_tokens",
+    )
+    add(
+        "--enable-cache-report",
+        action="store_true",
+        help="answers report usage.prompt_tokens_details.cached_tokens",
+    )
     # Modelled only so that the removed `--cuda-graph-max-bs` is ambiguous, as in SGLang.
     ambiguity = "accepted, no effect (makes --cuda-graph-max-bs ambiguous, as in SGLang)"
     add("--cuda-graph-max-bs-decode", type=int, help=ambiguity)
@@ -271,5 +283,7 @@ def parse_options(argv: Sequence[str]) -> tuple[ServerOptions, list[str]]:
         log_level_http=ns.log_level_http,
         uvicorn_access_log_exclude_prefixes=tuple(ns.uvicorn_access_log_exclude_prefixes),
         watchdog_timeout=ns.watchdog_timeout,
+        disable_radix_cache=ns.disable_radix_cache,
+        enable_cache_report=ns.enable_cache_report,
     )
     return opts, unknown

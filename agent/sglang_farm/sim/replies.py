@@ -79,12 +79,17 @@ def chat_delta(token: int, script: Script = PLAIN) -> str:
     return text.lstrip() if token == 1 else text
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `cached` (with --enable-cache-report, as SGLang reports it):
+    `prompt_tokens_details.cached_tokens`, the prompt tokens found in the prefix cache."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def generate_body(
@@ -95,6 +100,7 @@ def generate_body(
     finished: bool,
     e2e_s: float,
     script: Script = PLAIN,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """A `/generate` answer (non-streaming) or one stream event after `tokens` tokens."""
     finish = script.finish_json(tokens) if finished else None
@@ -106,14 +112,20 @@ def generate_body(
             "finish_reason": finish,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": tokens,
-            "cached_tokens": 0,
+            "cached_tokens": cached_tokens,
             "e2e_latency": round(e2e_s, 4),
         },
     }
 
 
 def chat_body(
-    rid: str, created: int, model: str, prompt_tokens: int, tokens: int, script: Script = PLAIN
+    rid: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    tokens: int,
+    script: Script = PLAIN,
+    cached: int | None = None,
 ) -> dict[str, Any]:
     """A non-streaming `/v1/chat/completions` answer."""
     return {
@@ -129,7 +141,7 @@ def chat_body(
                 "logprobs": None,
             }
         ],
-        "usage": usage(prompt_tokens, tokens),
+        "usage": usage(prompt_tokens, tokens, cached),
     }
 
 
@@ -166,7 +178,13 @@ def chat_chunk(
 
 
 def usage_chunk(
-    rid: str, created: int, model: str, obj: str, prompt_tokens: int, tokens: int
+    rid: str,
+    created: int,
+    model: str,
+    obj: str,
+    prompt_tokens: int,
+    tokens: int,
+    cached: int | None = None,
 ) -> dict[str, Any]:
     """The last chunk of a stream asked for `stream_options.include_usage`: no choices."""
     return {
@@ -175,16 +193,22 @@ def usage_chunk(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, tokens),
+        "usage": usage(prompt_tokens, tokens, cached),
     }
 
 
 def completion_body(
-    rid: str, created: int, model: str, prompt_tokens: int, tokens: int, script: Script = PLAIN
+    rid: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    tokens: int,
+    script: Script = PLAIN,
+    cached: int | None = None,
 ) -> dict[str, Any]:
     """A non-streaming `/v1/completions` answer: the whole text in one chunk, plus usage."""
     body = completion_chunk(rid, created, model, script.text(tokens), script.finish)
-    body["usage"] = usage(prompt_tokens, tokens)
+    body["usage"] = usage(prompt_tokens, tokens, cached)
     return body
 
 

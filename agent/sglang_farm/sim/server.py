@@ -283,6 +283,12 @@ class Launcher:
             max_queued=o.max_queued_requests,
             max_total_tokens=o.max_total_tokens,
             token_seconds=s.token_seconds,
+            prefill_token_seconds=s.prefill_token_seconds,
+            prefix_cache_tokens=0
+            if o.disable_radix_cache
+            else (
+                s.prefix_cache_tokens if s.prefix_cache_tokens is not None else o.max_total_tokens
+            ),
         )
         ctx = MetricContext(
             model_name=o.served_model_name,

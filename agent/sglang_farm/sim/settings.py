@@ -41,6 +41,10 @@ class SimSettings:
     health_delay: float = 1.0
     health_timeout: float = 20.0
     token_seconds: float = 0.01
+    # The prefill of each prompt token the prefix cache did not hold (0: prefill is free).
+    prefill_token_seconds: float = 0.0
+    # The prefix cache's capacity in tokens; None: the KV pool's (--max-total-tokens).
+    prefix_cache_tokens: int | None = None
     drain_seconds: float | None = None  # None: drain with no bound, as SGLang does
     force_shutdown: bool = False  # SGLang's SGL_FORCE_SHUTDOWN: SIGTERM skips the drain
     fail: FailMode | None = None
@@ -97,6 +101,15 @@ def _seed(env: Mapping[str, str], name: str) -> int:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not an integer; give e.g. 42") from None
+
+
+def _tokens(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise SettingsError(f"{name}={raw!r} is not a number of tokens; give e.g. 65536 (0: none)")
+    return int(raw)
 
 
 _YES = frozenset({"1", "true", "yes"})
@@ -163,6 +176,8 @@ def load_settings(env: Mapping[str, str]) -> SimSettings:
         health_delay=num("SGLANG_SIM_HEALTH_DELAY", d.health_delay),
         health_timeout=num("SGLANG_HEALTH_CHECK_TIMEOUT", d.health_timeout),
         token_seconds=num("SGLANG_SIM_TOKEN_SECONDS", d.token_seconds),
+        prefill_token_seconds=num("SGLANG_SIM_PREFILL_TOKEN_SECONDS", d.prefill_token_seconds),
+        prefix_cache_tokens=_tokens(env, "SGLANG_SIM_PREFIX_CACHE_TOKENS"),
         drain_seconds=_float(env, "SGLANG_SIM_DRAIN_SECONDS", d.drain_seconds),
         force_shutdown=env.get("SGL_FORCE_SHUTDOWN", "").strip().lower() in {"1", "true"},
         fail=fail,

@@ -58,6 +58,22 @@ CONTROLS: tuple[Control, ...] = (
         "seconds per generated token, per request",
     ),
     Control(
+        "SGLANG_SIM_PREFILL_TOKEN_SECONDS",
+        "prefill_token_seconds",
+        "seconds of prefill per prompt token the prefix cache did not hold, before a "
+        "request's first token (0: prefill is free); a cache hit makes the time to first "
+        "token shorter, as in SGLang",
+    ),
+    Control(
+        "SGLANG_SIM_PREFIX_CACHE_TOKENS",
+        None,
+        "N: the prefix (radix) cache holds N tokens of prompts, least recently used "
+        "evicted, in blocks of 16 tokens (4 characters a token); 0 or --disable-radix-cache: "
+        "none. Hits show in sglang:cache_hit_rate and, with --enable-cache-report, in "
+        "usage.prompt_tokens_details.cached_tokens",
+        unset="unset: the KV pool's --max-total-tokens",
+    ),
+    Control(
         "SGLANG_SIM_DRAIN_SECONDS",
         None,
         "the most seconds a SIGTERM drain waits for in-flight requests",

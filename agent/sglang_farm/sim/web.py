@@ -26,6 +26,7 @@ import itertools
 import json
 import socket
 import socketserver
+import sys
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from sglang_farm.sim import regress, replies
+from sglang_farm.sim import prefix, regress, replies
 from sglang_farm.sim.engine import Completion, Engine, Generation, QueueFull
 from sglang_farm.sim.exposition import (
     HttpStats,
@@ -207,6 +208,7 @@ class _OpenAIStream:
     model: str
     first: int  # tokens when the stream opened: 0 only when max_tokens is 0
     tokens: Iterator[int]  # the token count after each token, from `first` on
+    cached: int | None  # prompt tokens the prefix cache held (None: no --enable-cache-report)
 
 
 def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
@@ -505,7 +507,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             self._send(200, text.encode(), _METRICS_TYPE)
 
         def flush_cache(self, _q: dict[str, list[str]], _b: dict[str, Any]) -> None:
-            if state.engine.inflight():
+            if not state.engine.flush_cache():
                 self._send(
                     400,
                     b"Cache not flushed. Please check backend logs for more details. "
@@ -521,14 +523,16 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 "text/plain",
             )
 
-        def _run(self, prompt_tokens: int, max_new: int) -> Completion | None:
+        def _run(
+            self, prompt_tokens: int, max_new: int, blocks: tuple[bytes, ...] = ()
+        ) -> Completion | None:
             """Run a generation; returns None when an error response was already sent.
 
             Admitted while draining too: SGLang's SIGTERM flag gates only /health
             (`http_server.py::health_generate`); every generation route keeps admitting.
             """
             try:
-                return state.engine.generate(prompt_tokens, max_new)
+                return state.engine.generate(prompt_tokens, max_new, blocks=blocks)
             except QueueFull as exc:
                 self._queue_full(exc)
                 return None
@@ -623,17 +627,19 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             max_new = _int_field(params, "max_new_tokens")
             ids = body.get("input_ids")
             text = body.get("text")
+            blocks: tuple[bytes, ...] = ()
             if isinstance(ids, list) and ids:
                 prompt = len(ids)
             elif isinstance(text, str):
                 prompt = _prompt_tokens(text)
+                blocks = prefix.blocks(text)
             else:
                 raise BadRequest("Either text or input_ids should be provided.")
             prompt = _within_context(prompt, state.opts.context_length)
             script, max_new = _script(state.settings, text, max_new)
             rid = uuid.uuid4().hex
             if body.get("stream"):
-                gen = state.engine.stream(prompt, max_new)
+                gen = state.engine.stream(prompt, max_new, blocks=blocks)
                 t0 = time.monotonic()
 
                 def events() -> Iterator[bytes]:
@@ -643,7 +649,13 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                             elapsed = time.monotonic() - t0
                             yield replies.sse(
                                 replies.generate_body(
-                                    rid, prompt, n, finished=done, e2e_s=elapsed, script=script
+                                    rid,
+                                    prompt,
+                                    n,
+                                    finished=done,
+                                    e2e_s=elapsed,
+                                    script=script,
+                                    cached_tokens=gen.cached_tokens,
                                 )
                             )
                         if max_new == 0:
@@ -657,7 +669,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 # /generate answers 200 at once; errors then travel as an event.
                 self._stream(gen, events(), started=False)
                 return
-            c = self._run(prompt, max_new)
+            c = self._run(prompt, max_new, blocks)
             if c is None:
                 return
             self._json(
@@ -669,6 +681,7 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                     finished=True,
                     e2e_s=c.e2e_s,
                     script=script,
+                    cached_tokens=c.cached_tokens,
                 ),
             )
 
@@ -677,31 +690,42 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             body: dict[str, Any],
             prompt: int,
             max_new: int,
-            answer: Callable[[str, int, str, int, int, replies.Script], dict[str, Any]],
+            answer: Callable[..., dict[str, Any]],
             events: Callable[[_OpenAIStream], Iterator[bytes]],
             script: replies.Script,
+            blocks: tuple[bytes, ...] = (),
         ) -> None:
             """Answer an OpenAI route whole, or as server-sent chunks with `"stream": true`.
 
-            `answer(rid, created, model, prompt_tokens, tokens, script)` builds the whole body;
+            `answer(rid, created, model, prompt_tokens, tokens, script, cached)` builds the
+            whole body (`cached`: the prompt tokens the prefix cache held, reported with
+            --enable-cache-report, else None);
             `events` makes the chunks once the first token is out (see `_kick`).
             """
             rid = uuid.uuid4().hex
             model = body.get("model") or state.opts.served_model_name
+            report = state.opts.enable_cache_report
             if not body.get("stream"):
-                c = self._run(prompt, max_new)
+                c = self._run(prompt, max_new, blocks)
                 if c is not None:
                     body_out = answer(
-                        rid, int(time.time()), model, c.prompt_tokens, c.completion_tokens, script
+                        rid,
+                        int(time.time()),
+                        model,
+                        c.prompt_tokens,
+                        c.completion_tokens,
+                        script,
+                        c.cached_tokens if report else None,
                     )
                     self._json(200, body_out)
                 return
-            gen = state.engine.stream(prompt, max_new)
+            gen = state.engine.stream(prompt, max_new, blocks=blocks)
             first = self._kick(gen)
             if first is None:
                 return
             tokens = itertools.chain([first] if first else [], gen)
-            opened = _OpenAIStream(rid, int(time.time()), model, first, tokens)
+            cached = gen.cached_tokens if report else None
+            opened = _OpenAIStream(rid, int(time.time()), model, first, tokens, cached)
             self._stream(gen, events(opened), started=False)
 
         def _chat(self, body: dict[str, Any]) -> None:
@@ -713,6 +737,12 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             prompt = _within_context(
                 _prompt_tokens(text) + 4 * len(messages), state.opts.context_length
+            )
+            # The chat template's text, as the prefix cache sees it: roles and contents in order.
+            templated = "".join(
+                f"<|{m.get('role', '')}|>{m.get('content', '')}\n"
+                for m in messages
+                if isinstance(m, dict)
             )
             script, max_new = _script(state.settings, text, max_new)
 
@@ -732,11 +762,19 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 if include_usage:
                     yield replies.sse(
                         replies.usage_chunk(
-                            s.rid, s.created, s.model, "chat.completion.chunk", prompt, max_new
+                            s.rid,
+                            s.created,
+                            s.model,
+                            "chat.completion.chunk",
+                            prompt,
+                            max_new,
+                            s.cached,
                         )
                     )
 
-            self._openai(body, prompt, max_new, replies.chat_body, events, script)
+            self._openai(
+                body, prompt, max_new, replies.chat_body, events, script, prefix.blocks(templated)
+            )
 
         def _completions(self, body: dict[str, Any]) -> None:
             prompt = _within_context(
@@ -759,11 +797,15 @@ def make_handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
                 if include_usage:
                     yield replies.sse(
                         replies.usage_chunk(
-                            s.rid, s.created, s.model, "text_completion", prompt, max_new
+                            s.rid, s.created, s.model, "text_completion", prompt, max_new, s.cached
                         )
                     )
 
-            self._openai(body, prompt, max_new, replies.completion_body, events, script)
+            raw = body.get("prompt")
+            if isinstance(raw, list) and len(raw) == 1:
+                raw = raw[0]
+            blocks = prefix.blocks(raw) if isinstance(raw, str) else ()
+            self._openai(body, prompt, max_new, replies.completion_body, events, script, blocks)
 
     _ROUTES: dict[
         tuple[str, str], Callable[[Handler, dict[str, list[str]], dict[str, Any]], None]
@@ -794,6 +836,14 @@ class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 2048  # uvicorn's default backlog
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset or dropped its connection is no server error (uvicorn logs
+        nothing for it): only other exceptions get socketserver's traceback on stderr,
+        which the farm's log classifier would read as the server failing."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup that can stall startup.
