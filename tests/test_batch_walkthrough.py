@@ -222,13 +222,15 @@ def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Pat
     assert code == 0, waited
     # The prose's promises about the wait's output, as the README has them.
     prose = section(readme).split("```", 4)[4]
-    for promise in (
-        "the batch service ... does not answer; waiting",
-        "answers again",
-        "batch batch_... completed: 10,000 of 10,000 requests succeeded",
-    ):
+    gap = ("the batch service ... does not answer; waiting", "answers again")
+    done = "batch batch_... completed: 10,000 of 10,000 requests succeeded"
+    for promise in (*gap, done):
         assert f"`{promise}`" in prose.replace("\n", " "), promise
-        check(walk, waited, (promise,), first[2].command)
+    # The service is back within a fraction of a second: the wait says the gap only when
+    # one of its polls fell in it, and then says it ended too.
+    if promise_pattern(walk.text(gap[0])).search(waited):
+        check(walk, waited, gap, first[2].command)
+    check(walk, waited, (done,), first[2].command)
     # The killed service came back: the agent started it again, a new process.
     assert batch_service_pid(config) not in (None, service)
     assert len(farm.named("batch_service_started")) >= 2
