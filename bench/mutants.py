@@ -170,6 +170,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.canary.record",
         ("tests/test_canary_record.py", "tests/test_canary_rollout.py"),
     ),
+    "canary.startchoice": (
+        "sglang_farm.canary.startchoice",
+        ("tests/test_canary_startchoice.py",),
+    ),
     "canary.evalset": (
         "sglang_farm.canary.evalset",
         ("tests/test_canary_evalset.py", "tests/test_mutation_canary_evalset.py"),

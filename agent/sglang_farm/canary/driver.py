@@ -47,6 +47,7 @@ from sglang_farm.canary import (
     promtext,
     record,
     rollout,
+    startchoice,
     store,
 )
 from sglang_farm.canary.rollout import (
@@ -218,65 +219,40 @@ class CanaryDriver:
     # ---- agent start -----------------------------------------------------------------------
 
     def _start_spec(self, spec: FarmSpec) -> FarmSpec:
-        """The config the agent starts on: the file's, unless the canary record says its
-        change was rejected (then the accepted one, HELD) or was never accepted (then
-        the accepted one first, and the file's change rolls as a reload would: canary
-        first, judged). With analysis off, the file's, as before issue 23, unless its
-        change was rejected: a rejected change never runs, whatever the window. A
-        rejected change with no usable accepted config starts nothing (ConfigError)."""
+        """The config the agent starts on (canary.startchoice decides), with its log line
+        and, for a held change, the verdict `status` shows."""
         desired = rollout.spec_change(spec, self._caps)
-        acc = self._record.accepted
-        rejection = self._record.rejected.rejection(desired)
-        if rejection is None and (
-            spec.rollout.analysis_window <= 0 or acc is None or acc.change == desired
-        ):
-            self._accept(spec, desired)
-            return spec
-        accepted = None
-        why = "no accepted config is recorded"
-        if acc is not None and acc.text is None:
-            why = "the accepted config's text was not recorded"
-        if acc is not None and acc.text is not None:
-            try:
-                accepted = _load(acc.text, spec.source, _gpu_count(spec))
-            except ConfigError as exc:
-                why = "the accepted config no longer loads: " + "; ".join(exc.problems)
-                log.error("canary_accepted_config_unusable", problems=list(exc.problems))
-        if accepted is not None and accepted.worker_ids != spec.worker_ids:
-            why = "the accepted config has other workers than the file's"
-            accepted = None
-        if accepted is not None:
-            # [gateway] is not a change a canary judges (the workers run the same): it is
-            # set up at the agent's start, and only a start applies it (a reload refuses
-            # it), so the file's is taken; else its worker change could never roll.
-            accepted = replace(accepted, gateway=spec.gateway)
-        if accepted is None:
-            if rejection is not None:
-                problem = (
-                    f"{spec.source}: change {record.short(desired)} was rejected by its canary "
-                    f"at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
-                    f"{rejection.evidence}; the accepted config cannot be run instead ({why}) "
-                    f"so nothing starts: put the config file back on the accepted config, or "
-                    f"remove the change's entry from {Path(self._state_dir) / store.FILE} "
-                    "to run it anyway"
-                )
+        choice = startchoice.start_choice(
+            spec,
+            desired,
+            self._record.accepted,
+            self._record.rejected,
+            lambda text: _load(text, spec.source, _gpu_count(spec)),
+            str(Path(self._state_dir) / store.FILE),
+        )
+        match choice:
+            case startchoice.Refused(problem=problem):
                 log.error("canary_rejected_change_not_started", change=record.short(desired))
                 raise ConfigError(spec.source, [problem])
-            log.error(
-                "canary_accepted_config_unusable",
-                change=record.short(desired),
-                why=why,
-                hint="the config file runs as it is: its change is not judged by a canary",
-            )
-            self._accept(spec, desired)
-            return spec
+            case startchoice.OnFile(unjudged=why):
+                if why is not None:
+                    log.error(
+                        "canary_accepted_config_unusable",
+                        change=record.short(desired),
+                        why=why,
+                        hint="the config file runs as it is: its change is not judged by a canary",
+                    )
+                self._accept(spec, desired)
+                return spec
+            case startchoice.OnAccepted(accepted=accepted, held=rejection):
+                pass
         self._accepted = accepted
         if rejection is not None:
             self._candidate = spec
             evidence = (
                 f"held: change {record.short(desired)} was rejected at "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
-                f"{rejection.evidence}; edit the config to retry"
+                f"{startchoice.utc(rejection.at)}: {rejection.evidence}; edit the config to "
+                "retry"
             )
             log.warning("canary_change_held", change=record.short(desired), evidence=evidence)
             canary = spec.startup.canary if spec.startup.canary is not None else -1
@@ -308,7 +284,7 @@ class CanaryDriver:
         text = loaded[1] if loaded is not None and loaded[0] == change else None
         if text is None:
             text = _read_text(spec, change, self._caps)
-        self._record = replace(self._record, accepted=store.Accepted(change, text, time.time()))
+        self._record = replace(self._record, accepted=record.Accepted(change, text, time.time()))
         self._save()
 
     def _save(self) -> None:
@@ -391,7 +367,7 @@ class CanaryDriver:
             return None
         return (
             f"{new.source}: change {record.short(desired)} was rejected by its canary at "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rejection.at))}: "
+            f"{startchoice.utc(rejection.at)}: "
             f"{rejection.evidence}; the farm stays on the accepted config: edit the config "
             "to retry"
         )

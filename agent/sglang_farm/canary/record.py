@@ -85,6 +85,15 @@ def workload(
 
 
 @dataclass(frozen=True, slots=True)
+class Accepted:
+    """The change the baseline runs, as recorded (canary.store keeps it in canary.json)."""
+
+    change: str  # change_hash of what the workers run
+    text: str | None  # the config's TOML text (None: it could not be read back)
+    at: float  # wall clock
+
+
+@dataclass(frozen=True, slots=True)
 class Rejection:
     change: str  # the hash
     evidence: str  # the verdict's line

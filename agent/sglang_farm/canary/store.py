@@ -29,20 +29,13 @@ from pathlib import Path
 
 import structlog
 
-from sglang_farm.canary.record import PREFIX, RejectedChanges
+from sglang_farm.canary.record import PREFIX, Accepted, RejectedChanges
 from sglang_farm.host.atomicfile import copy_path, write_with_copy
 from sglang_farm.state_alerts import AlertKind, StateAlert
 
 log = structlog.get_logger("sglang_farm.canary")
 
 FILE = "canary.json"
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    change: str  # record.change_hash of what the workers run
-    text: str | None  # the config's TOML text (None: it could not be read back)
-    at: float  # wall clock
 
 
 @dataclass(frozen=True, slots=True)
