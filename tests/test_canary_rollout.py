@@ -22,6 +22,7 @@ from sglang_farm.canary.rollout import (
     Wait,
     conclude,
     observe,
+    others_missed,
     policy,
     resolve,
     spec_change,
@@ -355,3 +356,13 @@ def test_an_operators_restart_inside_an_extension_starts_the_analysis_over() -> 
         a1, _obs(Phase.DRAINING, stop_intent=StopIntent.RESTART), 200.0, gateway=False
     )
     assert step == Wait() and a2.window_start is None and a2.extensions == 0
+
+
+def test_another_workers_missed_probe_counts_for_the_stretch_after_it_and_no_longer() -> None:
+    """rollout.others_missed: a miss by another worker is remembered for `stretch`
+    (inclusive) after it was last seen, then forgotten; no miss ever: none."""
+    assert others_missed(False, None, 100.0, 15.0) == (False, None)
+    assert others_missed(True, None, 100.0, 15.0) == (True, 100.0)
+    assert others_missed(True, 90.0, 100.0, 15.0) == (True, 100.0)  # the latest miss counts
+    assert others_missed(False, 100.0, 115.0, 15.0) == (True, 100.0)  # the stretch's end
+    assert others_missed(False, 100.0, 115.5, 15.0) == (False, 100.0)  # past it

@@ -146,7 +146,7 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
 
 def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
     """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
-    worker missed a health probe within the last stretch too (`CanaryDriver._host_missed`)."""
+    worker missed a health probe within the last stretch too (`rollout.others_missed`)."""
     stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
     failure, failure_at = _failure(s)
     return CanaryObs(
@@ -495,22 +495,21 @@ class CanaryDriver:
             self._busy = False
 
     def _host_missed(self, canary: int) -> bool:
-        """Whether a worker other than the canary missed a health probe (unhealthy, not
-        excused as busy) within the last `failure_threshold` probe periods: the stretch in
-        which the supervisor would restart a worker that stays unhealthy. The workers'
-        probes are staggered, so "at the same moment" is this stretch, not an instant."""
+        """rollout.others_missed, on the supervisor's workers other than the canary."""
         h = self._host
         assert h is not None
-        now = h.clock()
-        if any(
-            s.phase is Phase.UNHEALTHY and not s.busy
-            for w, s in h.supervisor.workers.items()
-            if w != canary
-        ):
-            self._others_missed_at = now
         hp = h.spec().health
-        stretch = hp.period * hp.failure_threshold
-        return self._others_missed_at is not None and now - self._others_missed_at <= stretch
+        missed, self._others_missed_at = rollout.others_missed(
+            any(
+                s.phase is Phase.UNHEALTHY and not s.busy
+                for w, s in h.supervisor.workers.items()
+                if w != canary
+            ),
+            self._others_missed_at,
+            h.clock(),
+            hp.period * hp.failure_threshold,
+        )
+        return missed
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host

@@ -243,6 +243,19 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
     return a, Wait()
 
 
+def others_missed(
+    missing_now: bool, last_at: float | None, now: float, stretch: float
+) -> tuple[bool, float | None]:
+    """Whether a worker other than the canary missed a health probe (unhealthy, not
+    excused as busy) within the last `stretch` (`failure_threshold` probe periods: the
+    stretch in which the supervisor would restart a worker that stays unhealthy), and
+    when one last did. `missing_now`: one is missing now. The workers' probes are
+    staggered, so "at the same moment" is this stretch, not an instant."""
+    if missing_now:
+        last_at = now
+    return last_at is not None and now - last_at <= stretch, last_at
+
+
 class Resolution(StrEnum):
     PROMOTE = "promote"  # release the gate: the next waves proceed
     ROLLBACK = "rollback"  # the canary back on the accepted config, the other waves dropped
