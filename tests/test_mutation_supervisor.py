@@ -382,6 +382,13 @@ def test_next_deadline_is_the_earliest_time_rule() -> None:
     assert sup.next_deadline(0.0) == 550.0  # 450 + load_timeout
     sup.workers[1] = WorkerState(1, Phase.READY, launched_at=10.0)
     assert sup.next_deadline(0.0) is None
+    # READY with failures counted: its back-off resets reset_after (600 s) after ready.
+    sup.workers[1] = WorkerState(1, Phase.READY, failures=2, ready_since=300.0)
+    assert sup.next_deadline(0.0) == 300.0 + 600.0
+    sup.workers[1] = WorkerState(1, Phase.UNHEALTHY, failures=2, ready_since=300.0)
+    assert sup.next_deadline(0.0) is None  # not READY: the reset waits
+    sup.workers[1] = WorkerState(1, Phase.READY, ready_since=300.0)  # nothing to reset
+    assert sup.next_deadline(0.0) is None
     # A rolling wave in flight: it times out after load + stop + drain.
     sup.rolling = (RollingRestart(RestartReason.MANUAL, (), wave=(1,), wave_started=1000.0),)
     assert sup.next_deadline(0.0) == 1000.0 + 100.0 + 7.0 + GW

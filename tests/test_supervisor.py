@@ -155,6 +155,19 @@ def test_backoff_resets_after_a_stable_period() -> None:
     assert step(s, Tick(), 50.0, p).state.failures == 0
 
 
+def test_the_back_off_reset_is_a_deadline_the_ticker_wakes_for() -> None:
+    """A worker READY long enough has its back-off reset when it is due, not at the
+    ticker's 5 s safety tick: next_deadline names that moment, and a tick then resets it."""
+    sup = Supervisor([0, 1], policy())  # reset_after 50 s
+    sup.workers[0] = WorkerState(0, phase=Phase.READY, failures=2, ready_since=0.1)
+    sup.workers[1] = WorkerState(1, phase=Phase.READY, ready_since=0.0)  # nothing to reset
+    due = sup.next_deadline(1.0)
+    assert due == 0.1 + 50.0
+    sup.tick(due)
+    assert sup.workers[0].failures == 0
+    assert sup.next_deadline(due) is None  # reset: no deadline left
+
+
 def test_backoff_delay_is_capped() -> None:
     r = RestartPolicy(backoff_initial=5.0, backoff_max=300.0)
     assert [backoff_delay(n, r) for n in (1, 2, 3, 7, 20)] == [5.0, 10.0, 20.0, 300.0, 300.0]

@@ -909,15 +909,20 @@ def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
     if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
         # BACKOFF -> PENDING: the back-off delay has passed.
         return Decision(s.enter(Phase.PENDING, now, retry_at=None))
-    if (
-        s.phase is Phase.READY
-        and s.failures
-        and s.ready_since is not None
-        and now - s.ready_since >= policy.restart.reset_after
-    ):
+    reset_at = backoff_reset_due(s, policy)
+    if reset_at is not None and now >= reset_at:
         # READY, stable for reset_after: the back-off starts over.
         return Decision(replace(s, failures=0), (Note("backoff_reset"),))
     return Decision(s)
+
+
+def backoff_reset_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick resets the worker's back-off: READY with failures counted, `reset_after`
+    after it became ready; None: no reset pending. The tick applies it, `next_deadline`
+    wakes for it: one rule, so the reset is never left to the ticker's safety tick."""
+    if s.phase is not Phase.READY or not s.failures or s.ready_since is None:
+        return None
+    return s.ready_since + policy.restart.reset_after
 
 
 def _crash(status: int | None) -> Failure:
@@ -1338,9 +1343,13 @@ class Supervisor:
         return actions
 
     def next_deadline(self, now: float) -> float | None:
-        """The earliest time a Tick could change something (back-off end, load deadline)."""
+        """The earliest time a Tick could change something (back-off end, load deadline,
+        drain budget, back-off reset, wave timeout)."""
         times: list[float] = []
         for s in self.workers.values():
+            reset_at = backoff_reset_due(s, self.policy)
+            if reset_at is not None:
+                times.append(reset_at)
             if s.phase is Phase.BACKOFF and s.retry_at is not None:
                 times.append(s.retry_at)
             if s.phase is Phase.STARTING and s.launched_at is not None:
