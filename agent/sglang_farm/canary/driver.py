@@ -69,6 +69,7 @@ from sglang_farm.sglang.failures import Failure, RestartReason
 from sglang_farm.spec import FarmSpec
 from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import LEAVING
 from sglang_farm.workers.supervisor import (
     Action,
     RestartRequested,
@@ -146,7 +147,7 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
 def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
     """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
     worker missed a health probe within the last stretch too (`CanaryDriver._host_missed`)."""
-    stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+    stopping = s.stop_intent is StopIntent.STOP and s.phase in LEAVING
     failure, failure_at = _failure(s)
     return CanaryObs(
         phase=s.phase,

@@ -12,14 +12,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sglang_farm.farm_view import FarmView, Phase
+from sglang_farm.farm_view import FarmView
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.sglang.load import WorkerStats
-
-# Phases in which a worker serves HTTP, so its polled figures mean something. A draining
-# worker is out of the gateway but still finishing its requests: its running and queued
-# figures falling to 0 are the drain itself.
-SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
 
 
 @dataclass(frozen=True, slots=True)
