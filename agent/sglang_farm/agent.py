@@ -705,7 +705,7 @@ class Agent:
             self._spec,
             self.supervisor.workers,
             runtime=self.runtime.name,
-            rollout=str(self.supervisor.rollout),
+            rollout=self.supervisor.rollout,
             rollout_reason=self.supervisor.rollout_reason,
             started_at=self._started_at,
             mono_to_wall=self._wall() - self.clock(),
