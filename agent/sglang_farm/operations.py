@@ -22,7 +22,7 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.load import RecentAnswers
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.gpu_health import not_quarantined, quarantined_on
 from sglang_farm.workers.logs import WorkerLogs
@@ -256,7 +256,7 @@ class FarmControl:
         if problems:
             log.warning(
                 "gpu_release_refused",
-                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
+                gpu=gpu_field(gpus),
                 workers=list(held),
                 problems=problems,
             )

@@ -66,7 +66,7 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure, RestartReason
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import LEAVING
@@ -171,8 +171,7 @@ def _load(text: str, source: str, gpu_count: int) -> FarmSpec:
 
 
 def _gpu(spec: FarmSpec, worker: int) -> str | int:
-    gpus = spec.worker(worker).gpus
-    return gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus))
+    return gpu_field(spec.worker(worker).gpus)
 
 
 class CanaryDriver:
