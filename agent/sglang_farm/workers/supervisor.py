@@ -35,6 +35,7 @@ Worker phases (phase.Phase):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -873,11 +874,8 @@ def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -
 
 
 def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
-    if (
-        s.phase is Phase.STARTING
-        and s.launched_at is not None
-        and now - s.launched_at > policy.startup.load_timeout
-    ):
+    load_at = load_deadline_due(s, policy)
+    if load_at is not None and now >= load_at:
         # STARTING -> STOPPING: not ready within startup.load_timeout.
         failure = Failure(
             FailureKind.LOAD_TIMEOUT,
@@ -901,6 +899,16 @@ def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
         # READY, stable for reset_after: the back-off starts over.
         return Decision(replace(s, failures=0), (Note("backoff_reset"),))
     return Decision(s)
+
+
+def load_deadline_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick stops a loading worker not ready in time: the first clock reading past
+    `startup.load_timeout` after its launch (past it, not at it); None: not loading. The
+    tick applies it, `next_deadline` wakes for it: a deadline the tick did not act on had
+    the ticker wake at once, again and again, until the clock moved past it."""
+    if s.phase is not Phase.STARTING or s.launched_at is None:
+        return None
+    return math.nextafter(s.launched_at + policy.startup.load_timeout, math.inf)
 
 
 def backoff_reset_due(s: WorkerState, policy: Policy) -> float | None:
@@ -1339,8 +1347,9 @@ class Supervisor:
                 times.append(reset_at)
             if s.phase is Phase.BACKOFF and s.retry_at is not None:
                 times.append(s.retry_at)
-            if s.phase is Phase.STARTING and s.launched_at is not None:
-                times.append(s.launched_at + self.policy.startup.load_timeout)
+            load_at = load_deadline_due(s, self.policy)
+            if load_at is not None:
+                times.append(load_at)
             if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
                 times.append(s.since + self.policy.drain_timeout)
         times += [
