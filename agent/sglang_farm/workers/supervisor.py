@@ -884,11 +884,8 @@ def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
             "startup.load_timeout if the model simply needs longer",
         )
         return _terminate_for(s, failure, now)
-    if (
-        s.phase is Phase.DRAINING
-        and policy.drain_timeout is not None
-        and now - s.since >= policy.drain_timeout
-    ):
+    drain_at = drain_deadline_due(s, policy)
+    if drain_at is not None and now >= drain_at:
         # DRAINING -> STOPPING: the drain budget is spent; stop it with what it runs.
         return _end_drain(s, now, "drain_budget_expired")
     if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
@@ -909,6 +906,21 @@ def load_deadline_due(s: WorkerState, policy: Policy) -> float | None:
     if s.phase is not Phase.STARTING or s.launched_at is None:
         return None
     return math.nextafter(s.launched_at + policy.startup.load_timeout, math.inf)
+
+
+def drain_deadline_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick stops a draining worker with what it still runs: its drain budget after
+    the drain began; None: not draining, or no budget. One rule for the tick and
+    `next_deadline` (`now - since >= budget` could miss the deadline by a rounding)."""
+    if s.phase is not Phase.DRAINING or policy.drain_timeout is None:
+        return None
+    return s.since + policy.drain_timeout
+
+
+def wave_timeout_due(r: RollingRestart, policy: Policy) -> float | None:
+    """When a rolling restart's wave in flight has run out of time (`wave_budget`) and the
+    next one goes, settled or not; None: no wave in flight."""
+    return r.wave_started + wave_budget(policy) if r.wave else None
 
 
 def backoff_reset_due(s: WorkerState, policy: Policy) -> float | None:
@@ -1273,7 +1285,8 @@ class Supervisor:
         kept: list[RollingRestart] = []
         for r in self.rolling:
             settled = all(self._settled(w) for w in r.wave)
-            if r.wave and not settled and now - r.wave_started < wave_budget(self.policy):
+            timeout_at = wave_timeout_due(r, self.policy)
+            if timeout_at is not None and not settled and now < timeout_at:
                 kept.append(r)
                 continue
             if r.gated and r.wave:  # issue 23: the canary's verdict releases the next wave
@@ -1350,11 +1363,12 @@ class Supervisor:
             load_at = load_deadline_due(s, self.policy)
             if load_at is not None:
                 times.append(load_at)
-            if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
-                times.append(s.since + self.policy.drain_timeout)
-        times += [
-            r.wave_started + wave_budget(self.policy)
-            for r in self.rolling
-            if r.wave and not r.gated  # issue 23: a gated wave waits for a verdict, not time
-        ]
+            drain_at = drain_deadline_due(s, self.policy)
+            if drain_at is not None:
+                times.append(drain_at)
+        for r in self.rolling:
+            timeout_at = wave_timeout_due(r, self.policy)
+            # Issue 23: a gated wave waits for a verdict, not time.
+            if timeout_at is not None and not r.gated:
+                times.append(timeout_at)
         return min(times) if times else None
