@@ -5,7 +5,14 @@ from __future__ import annotations
 import dataclasses
 from types import MappingProxyType
 
-from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
+from sglang_farm.farm_view import (
+    FarmView,
+    GatewayStatus,
+    Phase,
+    Quarantine,
+    Rollout,
+    WorkerView,
+)
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuProcess, GpuSnapshot
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus
 from sglang_farm.sglang.load import WorkerStats
@@ -67,7 +74,7 @@ def farm() -> FarmView:
         runtime="process",
         config_source="/etc/sglang-farm/farm.toml",
         started_at=NOW - 3600,
-        rollout="done",
+        rollout=Rollout.DONE,
         workers=(
             WorkerView(
                 id=0,

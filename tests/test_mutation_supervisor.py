@@ -3,6 +3,7 @@ fails when the rule is broken: docs/testing.md names the mutant each one kills."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -379,8 +380,16 @@ def test_next_deadline_is_the_earliest_time_rule() -> None:
     sup.workers[0] = WorkerState(0, Phase.STOPPED, retry_at=100.0)  # not backing off
     assert sup.next_deadline(0.0) == 510.0  # 480 + the drain budget
     sup.workers[2] = WorkerState(2, Phase.READY, since=100.0)
-    assert sup.next_deadline(0.0) == 550.0  # 450 + load_timeout
+    # Just past 450 + load_timeout: the tick stops it past the timeout, not at it.
+    assert sup.next_deadline(0.0) == math.nextafter(550.0, math.inf)
     sup.workers[1] = WorkerState(1, Phase.READY, launched_at=10.0)
+    assert sup.next_deadline(0.0) is None
+    # READY with failures counted: its back-off resets reset_after (600 s) after ready.
+    sup.workers[1] = WorkerState(1, Phase.READY, failures=2, ready_since=300.0)
+    assert sup.next_deadline(0.0) == 300.0 + 600.0
+    sup.workers[1] = WorkerState(1, Phase.UNHEALTHY, failures=2, ready_since=300.0)
+    assert sup.next_deadline(0.0) is None  # not READY: the reset waits
+    sup.workers[1] = WorkerState(1, Phase.READY, ready_since=300.0)  # nothing to reset
     assert sup.next_deadline(0.0) is None
     # A rolling wave in flight: it times out after load + stop + drain.
     sup.rolling = (RollingRestart(RestartReason.MANUAL, (), wave=(1,), wave_started=1000.0),)

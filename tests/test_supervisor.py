@@ -30,6 +30,7 @@ from sglang_farm.workers.supervisor import (
     ReleaseRequested,
     RemapsPending,
     RestartRequested,
+    RollingRestart,
     Rollout,
     StartRequested,
     StopIntent,
@@ -153,6 +154,19 @@ def test_backoff_resets_after_a_stable_period() -> None:
 
     assert step(s, Tick(), 49.9, p).state.failures == 2
     assert step(s, Tick(), 50.0, p).state.failures == 0
+
+
+def test_the_back_off_reset_is_a_deadline_the_ticker_wakes_for() -> None:
+    """A worker READY long enough has its back-off reset when it is due, not at the
+    ticker's 5 s safety tick: next_deadline names that moment, and a tick then resets it."""
+    sup = Supervisor([0, 1], policy())  # reset_after 50 s
+    sup.workers[0] = WorkerState(0, phase=Phase.READY, failures=2, ready_since=0.1)
+    sup.workers[1] = WorkerState(1, phase=Phase.READY, ready_since=0.0)  # nothing to reset
+    due = sup.next_deadline(1.0)
+    assert due == 0.1 + 50.0
+    sup.tick(due)
+    assert sup.workers[0].failures == 0
+    assert sup.next_deadline(due) is None  # reset: no deadline left
 
 
 def test_backoff_delay_is_capped() -> None:
@@ -624,6 +638,36 @@ def test_a_wave_that_outlives_its_budget_gives_way_to_the_next() -> None:
     budget = p.startup.load_timeout + 30.0 + p.restart.stop_timeout  # a load after a stop
     assert Drain(1) not in sup.tick(2.0 + budget - 1)
     assert Drain(1) in sup.tick(2.0 + budget)
+
+
+# Clock readings where (t + budget) - t falls short of the budget in floating point: a
+# tick at the deadline next_deadline named must act on it all the same (issue 32 §2).
+DRAIN_AT = 131063.18761917001  # with a 30 s drain budget
+WAVE_AT = 131058.91484918354  # with a 190 s wave budget (100 load + 30 drain + 60 stop)
+
+
+def test_a_tick_at_the_drain_deadline_ends_the_drain() -> None:
+    sup = Supervisor([0], gateway_policy())  # drain budget 30 s
+    sup.workers[0] = WorkerState(
+        0, Phase.DRAINING, since=DRAIN_AT, pid=7, stop_intent=StopIntent.STOP
+    )
+    due = sup.next_deadline(DRAIN_AT)
+    assert due is not None and due - DRAIN_AT == pytest.approx(30.0)
+    assert Terminate(0) in sup.tick(due)
+
+
+def test_a_tick_at_the_wave_deadline_issues_the_next_wave() -> None:
+    p = gateway_policy()
+    assert wave_budget(p) == 190.0
+    sup = Supervisor([0, 1], p)
+    sup.workers = {w: WorkerState(w, Phase.READY, pid=7 + w) for w in (0, 1)}
+    sup.workers[0] = WorkerState(0, Phase.STARTING, pid=7, launched_at=WAVE_AT + 1e6)
+    sup.rolling = (RollingRestart(RestartReason.MANUAL, ((1,),), wave=(0,), wave_started=WAVE_AT),)
+    due = sup.next_deadline(WAVE_AT)
+    assert due is not None and due - WAVE_AT == pytest.approx(190.0)
+    assert sup.rolling[0].wave == (0,)
+    sup.tick(due)
+    assert sup.rolling[0].wave == (1,)  # the wave ran out of time: the next one goes
 
 
 def test_a_stop_is_done_once_each_worker_runs_nothing_and_starts_nothing() -> None:

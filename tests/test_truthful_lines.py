@@ -395,7 +395,7 @@ def test_the_pollers_give_each_simulated_worker_what_its_own_flags_hold() -> Non
     """The agent's GPU poll puts each worker's process on its simulated GPU: with the
     size its command line now (the ladder's step applied) makes it."""
     from sglang_farm.config import load_spec
-    from sglang_farm.farm_view import build_view
+    from sglang_farm.farm_view import Rollout, build_view
     from sglang_farm.gpus.simulated import DEFAULT_PROCESS_BYTES, FakeGpuPoller, process_bytes_for
     from sglang_farm.metrics.pollers import MetricPollers
 
@@ -407,7 +407,7 @@ def test_the_pollers_give_each_simulated_worker_what_its_own_flags_hold() -> Non
         spec,
         {},
         runtime="process",
-        rollout="done",
+        rollout=Rollout.DONE,
         rollout_reason=None,
         started_at=0.0,
         mono_to_wall=0.0,

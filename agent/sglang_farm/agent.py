@@ -50,7 +50,7 @@ from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.health import HttpProber
 from sglang_farm.sglang.ladder import next_step
 from sglang_farm.sglang.load import WorkerStats
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.runner import thread_stager
@@ -339,8 +339,9 @@ class Agent:
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)
-        gpu = w.gpus[0] if len(w.gpus) == 1 else ",".join(map(str, w.gpus))
-        bound: structlog.typing.FilteringBoundLogger = log.bind(worker=worker, gpu=gpu)
+        bound: structlog.typing.FilteringBoundLogger = log.bind(
+            worker=worker, gpu=gpu_field(w.gpus)
+        )
         return bound
 
     def worker_state(self, worker: int) -> WorkerState | None:
@@ -705,7 +706,7 @@ class Agent:
             self._spec,
             self.supervisor.workers,
             runtime=self.runtime.name,
-            rollout=str(self.supervisor.rollout),
+            rollout=self.supervisor.rollout,
             rollout_reason=self.supervisor.rollout_reason,
             started_at=self._started_at,
             mono_to_wall=self._wall() - self.clock(),

@@ -21,7 +21,7 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.state_alerts import StateAlert
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import WorkerState
+from sglang_farm.workers.supervisor import Rollout, WorkerState
 
 __all__ = [
     "FarmView",
@@ -29,6 +29,7 @@ __all__ = [
     "Phase",
     "Quarantine",
     "RestartRecord",
+    "Rollout",
     "WorkerView",
     "build_view",
 ]
@@ -116,7 +117,7 @@ class FarmView:
     workers: tuple[WorkerView, ...]
     config_source: str
     started_at: float  # wall clock of the agent's start
-    rollout: str  # "idle" | "canary" | "rolling" | "done" | "halted"
+    rollout: Rollout  # on the wire its value: "idle", "canary", "rolling", "done", "halted"
     rollout_reason: str | None = None  # why a rollout halted
     gateway: GatewayStatus | None = None  # None: no [gateway]
     staging: StagingView | None = None  # None: no [model]
@@ -149,7 +150,7 @@ def build_view(
     workers: Mapping[int, WorkerState],
     *,
     runtime: str,
-    rollout: str,
+    rollout: Rollout,
     rollout_reason: str | None,
     started_at: float,
     mono_to_wall: float,

@@ -22,11 +22,11 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.load import RecentAnswers
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.gpu_health import not_quarantined, quarantined_on
 from sglang_farm.workers.logs import WorkerLogs
-from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import SERVING
 from sglang_farm.workers.supervisor import (
     STOP_SLACK_S,
     Action,
@@ -190,9 +190,7 @@ class FarmControl:
             await farm.save_state(
                 "the host is held out of the gateway now", "put it back in the gateway"
             )
-            serving = [
-                w for w, s in sup.workers.items() if s.phase in (Phase.READY, Phase.UNHEALTHY)
-            ]
+            serving = [w for w, s in sup.workers.items() if s.phase in SERVING]
         budget = timeout if timeout is not None else (sup.policy.drain_timeout or 0.0)
         began = farm.clock()
         left = await farm.drains.host_idle(serving, budget)
@@ -258,7 +256,7 @@ class FarmControl:
         if problems:
             log.warning(
                 "gpu_release_refused",
-                gpu=gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus)),
+                gpu=gpu_field(gpus),
                 workers=list(held),
                 problems=problems,
             )

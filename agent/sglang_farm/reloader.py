@@ -28,7 +28,7 @@ from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.state import StageResult
 from sglang_farm.workers.loading import loading
-from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.reload_plan import (
     ModelChange,
     Refused,
@@ -155,10 +155,7 @@ class Reloader:
             for wid in plan.removed:
                 farm.feed(wid, StopRequested())
             await farm.wait_until(
-                lambda: all(
-                    sup.workers[w].phase in (Phase.STOPPED, Phase.FAILED, Phase.QUARANTINED)
-                    for w in plan.removed
-                ),
+                lambda: all(sup.workers[w].phase in HELD for w in plan.removed),
                 stop_budget(sup.policy) + STOP_SLACK_S,
             )
         # The canary's verdict may have come during the awaits above (its rollback does

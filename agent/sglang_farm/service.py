@@ -26,7 +26,7 @@ from sglang_farm.config import check_spec_file
 from sglang_farm.control.farm_api import GpuMemory
 from sglang_farm.doctor.cache import DoctorReportCache
 from sglang_farm.errors import ConfigError
-from sglang_farm.farm_view import FarmView
+from sglang_farm.farm_view import FarmView, Rollout
 from sglang_farm.gateway.managed import ManagedGateway
 from sglang_farm.gateway.rotation import KeyRotation
 from sglang_farm.gateway.smg import SmgGateway
@@ -152,7 +152,7 @@ def status_line(view: FarmView) -> str:
     if view.gateway is not None and unrouted and view.held_out_since is None:
         # Issue 31: ready is not yet what users get.
         text += f", {len(unrouted)} not yet routed by the gateway"
-    if view.rollout == "halted" and view.rollout_reason:
+    if view.rollout is Rollout.HALTED and view.rollout_reason:
         text += f"; rollout halted: {view.rollout_reason}"
     return text
 

@@ -7,7 +7,7 @@ Durations are seconds (floats); the config accepts "30s", "5m", "1h30m" or numbe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -305,6 +305,18 @@ class ControlSpec:
 
     socket: str = DEFAULT_SOCKET
     group: str = "sglang-farm"
+
+
+def gpu_label(gpus: Sequence[int]) -> str:
+    """A worker's GPUs as one word, "3" or "0,1" (a worker spanning GPUs 0 and 1): the
+    metrics' `gpu` label, and how the farm's texts name a worker's GPUs."""
+    return ",".join(str(g) for g in gpus)
+
+
+def gpu_field(gpus: Sequence[int]) -> int | str:
+    """The `gpu` field of a worker's log lines: the GPU's index when it has one, a number
+    as in the lines about one GPU (`gpu_failing`), else `gpu_label`; the same text."""
+    return gpus[0] if len(gpus) == 1 else gpu_label(gpus)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,8 @@ from sglang_farm.farm_view import Phase
 from sglang_farm.host.atomicfile import copy_path, write_with_copy
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.state_alerts import AlertKind, StateAlert
+from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.supervisor import (
-    HELD_PHASES,
     FailurePast,
     GpuQuarantine,
     Supervisor,
@@ -53,7 +53,7 @@ def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
     """The persisted part of a worker's state; monotonic times become wall-clock times."""
     return {
         # Only phases an agent restart must not undo; the rest is observed anew.
-        "phase": str(s.phase) if s.phase in HELD_PHASES else None,
+        "phase": str(s.phase) if s.phase in HELD else None,
         "quarantine": {
             "gpu": s.quarantine.gpu,
             "reason": s.quarantine.reason,

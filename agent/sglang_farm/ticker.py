@@ -1,5 +1,5 @@
 """I/O: when the supervisor's time-based rules run (back-off end, load deadline, drain
-budget, wave timeout).
+budget, back-off reset, wave timeout).
 
 The loop sleeps until the supervisor's next deadline, or until woken (an action may have
 set a nearer one), and never longer than `TICK_MAX_S`: an idle farm wakes it every few

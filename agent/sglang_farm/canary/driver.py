@@ -67,9 +67,10 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure, RestartReason
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import LEAVING
 from sglang_farm.workers.supervisor import (
     Action,
     RestartRequested,
@@ -147,7 +148,7 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
 def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
     """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
     worker missed a health probe within the last stretch too (`rollout.others_missed`)."""
-    stopping = s.stop_intent is StopIntent.STOP and s.phase in (Phase.DRAINING, Phase.STOPPING)
+    stopping = s.stop_intent is StopIntent.STOP and s.phase in LEAVING
     failure, failure_at = _failure(s)
     return CanaryObs(
         phase=s.phase,
@@ -171,8 +172,7 @@ def _load(text: str, source: str, gpu_count: int) -> FarmSpec:
 
 
 def _gpu(spec: FarmSpec, worker: int) -> str | int:
-    gpus = spec.worker(worker).gpus
-    return gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus))
+    return gpu_field(spec.worker(worker).gpus)
 
 
 class CanaryDriver:

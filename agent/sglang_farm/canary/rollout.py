@@ -43,6 +43,7 @@ from sglang_farm.sglang.commands import worker_commands
 from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, RolloutSpec
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import LEAVING, set_aside
 from sglang_farm.workers.supervisor import StopIntent
 
 __all__ = [
@@ -195,10 +196,10 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
     """The analysis after looking at the canary `now`; `gateway`: the farm has one, so the
     canary must be routed to before its window starts."""
     after = 0.0 if a.window_start is None else max(0.0, now - a.window_start)
-    leaving = c.phase in (Phase.DRAINING, Phase.STOPPING)
+    leaving = c.phase in LEAVING
     if c.stopping or (leaving and c.stop_intent is StopIntent.STOP):
         return a, Stopped()
-    if c.phase is Phase.QUARANTINED or c.stop_intent is StopIntent.QUARANTINE:
+    if set_aside(c.phase, c.stop_intent):
         # Its GPU is set aside (draining or stopping for it, or already aside): says
         # nothing about the change, whatever the process did on its way out.
         return a, Inconclusive(f"canary worker {a.canary}'s GPU was set aside (quarantined)")

@@ -1,6 +1,6 @@
 """Pure: what every collector of the farm's `/metrics` reads and writes with: the state a
 scrape shows (`MetricsState`), a `Section` of families, the labels' spellings
-(`gpu_label`, `public_url`, `model_from_argv`) and the family builders.
+(`gpu_label`, from `spec`; `public_url`, `model_from_argv`) and the family builders.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sglang_farm.farm_view import FarmView, Phase
+from sglang_farm.farm_view import FarmView
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.sglang.load import WorkerStats
-
-# Phases in which a worker serves HTTP, so its polled figures mean something. A draining
-# worker is out of the gateway but still finishing its requests: its running and queued
-# figures falling to 0 are the drain itself.
-SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
+from sglang_farm.spec import gpu_label as gpu_label  # re-exported: the collectors' label
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +50,6 @@ class MetricsState:
     # Worker id -> its main pid and descendants (gpu_snapshot.process_tree), for memory attribution.
     worker_pids: Mapping[int, frozenset[int]] = field(default_factory=_no_pids)
     probes: Mapping[str, ProbeStatus] = field(default_factory=_no_probes)
-
-
-def gpu_label(gpus: tuple[int, ...]) -> str:
-    """The `gpu` label of a worker: "3", or "0,1" for a worker spanning GPUs 0 and 1."""
-    return ",".join(str(g) for g in gpus)
 
 
 def model_from_argv(argv: tuple[str, ...]) -> str | None:

@@ -40,7 +40,7 @@ from sglang_farm.runtime.unit_syntax import (
 from sglang_farm.sglang.argv import API_KEY_CREDENTIAL as WORKER_KEY_CREDENTIAL
 from sglang_farm.sglang.argv import Command, build_command
 from sglang_farm.sglang.ready_route import readiness_routes
-from sglang_farm.spec import FarmSpec, WorkerSpec
+from sglang_farm.spec import FarmSpec, WorkerSpec, gpu_label
 
 DROPIN_NAME = "50-farm.conf"
 # The batch service's unit (issue 33) is static too: it reads [batch] itself.
@@ -142,7 +142,7 @@ def render_worker_dropin(
     """
     cmd = command if command is not None else build_command(spec.farm, worker)
     python = python or gateway_python(agent_bin)
-    gpus = ",".join(str(g) for g in worker.gpus)
+    gpus = gpu_label(worker.gpus)
     gpu_word = "GPU" if len(worker.gpus) == 1 else "GPUs"
     lines = [
         *_header(config_path),

@@ -26,6 +26,7 @@ import httpx
 
 from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import SERVING
 from sglang_farm.workers.supervisor import Drained, Event, WorkerState
 
 POLL_S = 0.25  # how often the worker's load is read while draining
@@ -113,7 +114,7 @@ async def wait_host_idle(
 
     async def look(w: int) -> None:
         s = state(w)
-        if s is None or s.phase not in (Phase.READY, Phase.UNHEALTHY):
+        if s is None or s.phase not in SERVING:
             pending.discard(w)  # not serving any more: nothing to wait for
             return
         if s.in_gateway and not gateway_routes_nothing():

@@ -43,7 +43,7 @@ from sglang_farm.errors import GatewayError, GatewayErrorCode
 from sglang_farm.gateway.port import Gateway, Member, normalize_url
 from sglang_farm.gateway.routing import overload_reason, overloaded
 from sglang_farm.gateway.status import GatewayStatus
-from sglang_farm.spec import FarmSpec
+from sglang_farm.spec import FarmSpec, gpu_label
 from sglang_farm.workers.supervisor import WorkerState, wants_in_gateway
 
 log = structlog.get_logger("sglang_farm.gateway.sync")
@@ -389,7 +389,7 @@ class MembershipSync:
         spec = self._spec()
         if wid not in spec.worker_ids:
             return "?"
-        return ",".join(map(str, spec.worker(wid).gpus))
+        return gpu_label(spec.worker(wid).gpus)
 
 
 @contextlib.asynccontextmanager

@@ -24,7 +24,7 @@ reports their results as events.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import structlog
@@ -36,11 +36,10 @@ from sglang_farm.sglang.health import Prober, ProbeResult
 from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import SERVING
 from sglang_farm.workers.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
 
 log = structlog.get_logger("sglang_farm.workers.liveness")
-
-_PROBED = (Phase.READY, Phase.UNHEALTHY)
 
 
 class LivenessWatcher:
@@ -84,7 +83,7 @@ class LivenessWatcher:
                     return  # removed from the farm by a reload
                 if s.phase is Phase.STARTING:
                     await self._readiness(s)
-                elif s.phase in _PROBED:
+                elif s.phase in SERVING:
                     await self._liveness(s)
                 else:
                     await self._wait_change(self.worker, None)
@@ -101,7 +100,7 @@ class LivenessWatcher:
         spec = self._spec()
         return spec.worker(self.worker).base_url + spec.health.path
 
-    def _same_process(self, launched: float | None, phases: tuple[Phase, ...]) -> bool:
+    def _same_process(self, launched: float | None, phases: Collection[Phase]) -> bool:
         cur = self._state(self.worker)
         return cur is not None and cur.launched_at == launched and cur.phase in phases
 
@@ -176,7 +175,7 @@ class LivenessWatcher:
         started = self._clock()
         done: set[Any]
         done, _ = await asyncio.wait({self._pending}, timeout=hp.period)
-        if not self._same_process(s.launched_at, _PROBED):
+        if not self._same_process(s.launched_at, SERVING):
             return
         if self._runtime.exit_pending(self.worker):
             # Its exit is known, only its last log lines are awaited: a failed probe now
@@ -204,7 +203,7 @@ class LivenessWatcher:
             )
         elif res.ok:
             ev = await self._beat_owner()
-            if self._same_process(s.launched_at, _PROBED):
+            if self._same_process(s.launched_at, SERVING):
                 self._feed(self.worker, ev)
         else:
             self._feed(self.worker, HealthFailed(res.detail, self._sent_at))

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase_sets import LOADS_MODEL
 from sglang_farm.workers.supervisor import WorkerState
-
-# The phases of a worker whose process loaded (or is loading) a copy of the model.
-LOADS_MODEL = frozenset(
-    {Phase.STARTING, Phase.READY, Phase.UNHEALTHY, Phase.DRAINING, Phase.BACKOFF}
-)
 
 
 def loading(workers: Mapping[int, WorkerState]) -> list[int]:

@@ -1,4 +1,5 @@
-"""Pure: a worker's phase, the supervisor's one word for where a worker stands."""
+"""Pure: a worker's phase, the supervisor's one word for where a worker stands, and why
+it is being stopped."""
 
 from __future__ import annotations
 
@@ -18,3 +19,12 @@ class Phase(StrEnum):
     BACKOFF = "backoff"  # exited; a restart is scheduled after the back-off delay
     QUARANTINED = "quarantined"  # its GPU is failing: stopped, not restarted until released
     FAILED = "failed"  # given up: crash-loop limit, a deterministic failure, or a failed canary
+
+
+class StopIntent(StrEnum):
+    """Why a worker is being stopped: what becomes of it once its process has exited."""
+
+    STOP = "stop"  # operator stop: stay stopped
+    RESTART = "restart"  # operator or config restart: start again at once
+    FAILURE = "failure"  # the farm stopped it (hang, load timeout, OOM while serving)
+    QUARANTINE = "quarantine"  # its GPU is failing: stay stopped until the GPU is released

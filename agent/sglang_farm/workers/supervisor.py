@@ -35,6 +35,7 @@ Worker phases (phase.Phase):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -42,6 +43,8 @@ from enum import StrEnum
 from sglang_farm.sglang.failures import Failure, FailureKind, RestartReason, port_taken
 from sglang_farm.spec import FarmSpec, HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase import StopIntent as StopIntent  # re-exported
+from sglang_farm.workers.phase_sets import HELD, LEAVING, RUNNING, SERVING, set_aside
 
 RESTART_HISTORY = 20  # restart records kept per worker (status shows them; totals are separate)
 
@@ -115,13 +118,6 @@ def drifted_workers(
         for w in adopted
         if w in secrets_changed or ((found := argv.get(w)) is not None and found != argv_now(w))
     )
-
-
-class StopIntent(StrEnum):
-    STOP = "stop"  # operator stop: stay stopped
-    RESTART = "restart"  # operator or config restart: start again at once
-    FAILURE = "failure"  # the farm stopped it (hang, load timeout, OOM while serving)
-    QUARANTINE = "quarantine"  # its GPU is failing: stay stopped until the GPU is released
 
 
 class FailurePast(StrEnum):
@@ -412,13 +408,6 @@ class IllegalTransition(ValueError):
     """An event that makes no sense in the worker's phase; the state is left unchanged."""
 
 
-_RUNNING = frozenset({Phase.STARTING, Phase.READY, Phase.UNHEALTHY})
-# Serving: in the gateway (when there is one) and answering; a planned stop drains these.
-_SERVING = frozenset({Phase.READY, Phase.UNHEALTHY})
-# Phases a restarted agent keeps for a worker that is not running (see Supervisor.adopt).
-HELD_PHASES = frozenset({Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED})
-
-
 # What a waiter for stops allows beyond `stop_budget`: the exit's report, the runtime's reaping.
 STOP_SLACK_S = 15.0
 
@@ -591,8 +580,7 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
 
 
 def _set_aside(s: WorkerState) -> bool:
-    """QUARANTINED, or stopping to become so: only a release brings it back."""
-    return s.phase is Phase.QUARANTINED or s.stop_intent is StopIntent.QUARANTINE
+    return set_aside(s.phase, s.stop_intent)
 
 
 def _on_gpu_failing(s: WorkerState, event: GpuFailing, now: float) -> Decision:
@@ -607,7 +595,7 @@ def _on_gpu_failing(s: WorkerState, event: GpuFailing, now: float) -> Decision:
         last_action=f"GPU {gpu} quarantined ({reason}); not restarted until released",
     )
     note = Note("gpu_quarantined", {"reason": reason, "detail": detail})
-    if s.phase in (*_RUNNING, Phase.DRAINING):
+    if s.phase in (*RUNNING, Phase.DRAINING):
         # RUNNING -> STOPPING: out of service; its exit leads to QUARANTINED.
         s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.QUARANTINE)
         return Decision(s, (Terminate(s.id), note))
@@ -673,13 +661,13 @@ def _on_stop(s: WorkerState, event: StopRequested, now: float, policy: Policy) -
         # Stopped already, or stopping for its GPU: it must end set aside (QUARANTINED),
         # never STOPPED with its quarantine still recorded (a start would then run it).
         return Decision(s)
-    if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+    if s.phase in SERVING and drain and policy.drain_timeout is not None:
         # READY -> DRAINING: out of the gateway, its requests finish, then the stop.
         return _begin_drain(s, now, StopIntent.STOP, None)
     if s.phase is Phase.DRAINING:
         s = replace(s, stop_intent=StopIntent.STOP)
         return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
-    if s.phase in _RUNNING:
+    if s.phase in RUNNING:
         # RUNNING -> STOPPING: operator stop.
         return Decision(
             s.enter(Phase.STOPPING, now, stop_intent=StopIntent.STOP), (Terminate(s.id),)
@@ -698,13 +686,13 @@ def _on_restart(s: WorkerState, event: RestartRequested, now: float, policy: Pol
         # QUARANTINED stays (and a stop for its GPU goes on): only a release, after the
         # GPU's checks, starts it again.
         return Decision(s, (Note("worker_quarantined_not_started"),))
-    if s.phase in _SERVING and drain and policy.drain_timeout is not None:
+    if s.phase in SERVING and drain and policy.drain_timeout is not None:
         # READY -> DRAINING: out of the gateway, its requests finish, then the restart.
         return _begin_drain(s, now, StopIntent.RESTART, reason)
     if s.phase is Phase.DRAINING:
         s = replace(s, stop_intent=StopIntent.RESTART, next_reason=reason)
         return Decision(s) if drain else _end_drain(s, now, "drain_skipped")
-    if s.phase in _RUNNING:
+    if s.phase in RUNNING:
         # RUNNING -> STOPPING: restart = stop, then start at once.
         s = s.enter(Phase.STOPPING, now, stop_intent=StopIntent.RESTART, next_reason=reason)
         return Decision(s, (Terminate(s.id),))
@@ -754,11 +742,11 @@ def _on_health_passed(s: WorkerState, now: float) -> Decision:
 
 
 def _on_progress(s: WorkerState, now: float) -> Decision:
-    return Decision(replace(s, progress_at=now) if s.phase in _SERVING else s)
+    return Decision(replace(s, progress_at=now) if s.phase in SERVING else s)
 
 
 def _on_wedged(s: WorkerState, event: Wedged, now: float) -> Decision:
-    if s.phase not in _SERVING:
+    if s.phase not in SERVING:
         return Decision(s)  # loading, stopping or gone: the load deadline and exits judge it
     # READY -> STOPPING: requests run, nothing advances: a wedged engine.
     failure = Failure(
@@ -773,7 +761,7 @@ def _on_wedged(s: WorkerState, event: Wedged, now: float) -> Decision:
 def _busy(s: WorkerState, event: HealthFailed, now: float, policy: Policy) -> bool:
     """Its counters advanced after the failed probe was sent, within the busy window."""
     return (
-        s.phase in _SERVING
+        s.phase in SERVING
         and s.progress_at is not None
         and event.started is not None
         and s.progress_at > event.started
@@ -790,7 +778,7 @@ def _on_health_failed(s: WorkerState, event: HealthFailed, now: float, policy: P
         if s.phase is Phase.UNHEALTHY:
             return Decision(s.enter(Phase.READY, now, busy=True, health_failures=0), busy_note)
         return Decision(replace(s, busy=True, health_failures=0), busy_note)
-    if s.phase in (Phase.READY, Phase.UNHEALTHY):
+    if s.phase in SERVING:
         n = s.health_failures + 1
         if n >= policy.health.failure_threshold:
             # UNHEALTHY -> STOPPING: `failure_threshold` failed probes in a row: a hang.
@@ -812,7 +800,7 @@ def _on_health_failed(s: WorkerState, event: HealthFailed, now: float, policy: P
 
 
 def _on_port_taken(s: WorkerState, event: PortTaken, now: float) -> Decision:
-    if s.phase not in _RUNNING:
+    if s.phase not in RUNNING:
         return Decision(s)  # a verdict on a process already being stopped, or gone
     # RUNNING -> STOPPING: another process holds its port; SGLang cannot bind it
     # (a load that would fail at its end), and whatever answers is not the worker.
@@ -821,13 +809,13 @@ def _on_port_taken(s: WorkerState, event: PortTaken, now: float) -> Decision:
 
 def _on_failure_seen(s: WorkerState, event: FailureSeen, now: float) -> Decision:
     failure = event.failure
-    if s.phase in _RUNNING and failure.oom_kind is not None and s.ever_ready:
+    if s.phase in RUNNING and failure.oom_kind is not None and s.ever_ready:
         # READY -> STOPPING: SGLang may survive a CUDA OOM while serving; the farm restarts
         # (with the next OOM-ladder step, decided when the exit is handled).
         return _terminate_for(s, failure, now)
     return Decision(
         replace(s, last_failure=failure, last_failure_at=now, failure_past=None)
-        if s.phase in _RUNNING
+        if s.phase in RUNNING
         else s
     )
 
@@ -845,7 +833,7 @@ def _on_membership(s: WorkerState, event: GatewayMembership) -> Decision:
 
 def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -> Decision:
     status, failure = event.status, event.failure
-    if s.phase in (Phase.STOPPING, Phase.DRAINING):
+    if s.phase in LEAVING:
         # (a draining worker that exits on its own has done what was asked)
         intent = s.stop_intent
         if intent is StopIntent.QUARANTINE:
@@ -879,18 +867,15 @@ def _on_exit(s: WorkerState, event: ProcessExited, now: float, policy: Policy) -
                 )
             )
         return _after_failure(s, s.pending_failure or _crash(status), now, policy)
-    if s.phase in _RUNNING:
+    if s.phase in RUNNING:
         # RUNNING -> failure handling: it exited on its own.
         return _after_failure(s, failure or _crash(status), now, policy)
     return Decision(s)  # a late exit report for a process already accounted for
 
 
 def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
-    if (
-        s.phase is Phase.STARTING
-        and s.launched_at is not None
-        and now - s.launched_at > policy.startup.load_timeout
-    ):
+    load_at = load_deadline_due(s, policy)
+    if load_at is not None and now >= load_at:
         # STARTING -> STOPPING: not ready within startup.load_timeout.
         failure = Failure(
             FailureKind.LOAD_TIMEOUT,
@@ -899,25 +884,52 @@ def _on_tick(s: WorkerState, now: float, policy: Policy) -> Decision:
             "startup.load_timeout if the model simply needs longer",
         )
         return _terminate_for(s, failure, now)
-    if (
-        s.phase is Phase.DRAINING
-        and policy.drain_timeout is not None
-        and now - s.since >= policy.drain_timeout
-    ):
+    drain_at = drain_deadline_due(s, policy)
+    if drain_at is not None and now >= drain_at:
         # DRAINING -> STOPPING: the drain budget is spent; stop it with what it runs.
         return _end_drain(s, now, "drain_budget_expired")
     if s.phase is Phase.BACKOFF and s.retry_at is not None and now >= s.retry_at:
         # BACKOFF -> PENDING: the back-off delay has passed.
         return Decision(s.enter(Phase.PENDING, now, retry_at=None))
-    if (
-        s.phase is Phase.READY
-        and s.failures
-        and s.ready_since is not None
-        and now - s.ready_since >= policy.restart.reset_after
-    ):
+    reset_at = backoff_reset_due(s, policy)
+    if reset_at is not None and now >= reset_at:
         # READY, stable for reset_after: the back-off starts over.
         return Decision(replace(s, failures=0), (Note("backoff_reset"),))
     return Decision(s)
+
+
+def load_deadline_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick stops a loading worker not ready in time: the first clock reading past
+    `startup.load_timeout` after its launch (past it, not at it); None: not loading. The
+    tick applies it, `next_deadline` wakes for it: a deadline the tick did not act on had
+    the ticker wake at once, again and again, until the clock moved past it."""
+    if s.phase is not Phase.STARTING or s.launched_at is None:
+        return None
+    return math.nextafter(s.launched_at + policy.startup.load_timeout, math.inf)
+
+
+def drain_deadline_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick stops a draining worker with what it still runs: its drain budget after
+    the drain began; None: not draining, or no budget. One rule for the tick and
+    `next_deadline` (`now - since >= budget` could miss the deadline by a rounding)."""
+    if s.phase is not Phase.DRAINING or policy.drain_timeout is None:
+        return None
+    return s.since + policy.drain_timeout
+
+
+def wave_timeout_due(r: RollingRestart, policy: Policy) -> float | None:
+    """When a rolling restart's wave in flight has run out of time (`wave_budget`) and the
+    next one goes, settled or not; None: no wave in flight."""
+    return r.wave_started + wave_budget(policy) if r.wave else None
+
+
+def backoff_reset_due(s: WorkerState, policy: Policy) -> float | None:
+    """When a tick resets the worker's back-off: READY with failures counted, `reset_after`
+    after it became ready; None: no reset pending. The tick applies it, `next_deadline`
+    wakes for it: one rule, so the reset is never left to the ticker's safety tick."""
+    if s.phase is not Phase.READY or not s.failures or s.ready_since is None:
+        return None
+    return s.ready_since + policy.restart.reset_after
 
 
 def _crash(status: int | None) -> Failure:
@@ -1068,7 +1080,7 @@ class Supervisor:
         """
         held: set[int] = set()
         for wid, phase in remembered.items():
-            if wid not in self.workers or wid in running or phase not in HELD_PHASES:
+            if wid not in self.workers or wid in running or phase not in HELD:
                 continue
             if running or phase is Phase.QUARANTINED:
                 # (remembered) -> FAILED/STOPPED/QUARANTINED: kept as it was before the agent
@@ -1216,7 +1228,7 @@ class Supervisor:
             if wid == source or s.oom_step >= step:
                 continue
             self.workers[wid] = replace(s, oom_step=step)
-            if s.phase in _RUNNING:
+            if s.phase in RUNNING:
                 running.append(wid)
         note = Note("oom_step_spread", {"worker": source, "step": step, "restart": running})
         if running:
@@ -1234,11 +1246,11 @@ class Supervisor:
     def stopped(self, worker_ids: Collection[int]) -> bool:
         """Each of `worker_ids` still configured runs nothing and starts nothing by itself:
         STOPPED, FAILED or QUARANTINED (what a wait for a stop waits for)."""
-        return all(self.workers[w].phase in HELD_PHASES for w in worker_ids if w in self.workers)
+        return all(self.workers[w].phase in HELD for w in worker_ids if w in self.workers)
 
     def stopping(self) -> bool:
         """A stop is under way for some worker: it drains or its process tree is stopping."""
-        return any(s.phase in (Phase.STOPPING, Phase.DRAINING) for s in self.workers.values())
+        return any(s.phase in LEAVING for s in self.workers.values())
 
     def reset_oom(self, worker_id: int) -> None:
         s = self.workers[worker_id]
@@ -1261,7 +1273,7 @@ class Supervisor:
         """A worker of a rolling wave is done: serving again (and back in the gateway when
         there is one, unless its host is held out of it), or failed, or stopped."""
         s = self.workers.get(worker)
-        if s is None or s.phase in (Phase.FAILED, Phase.STOPPED, Phase.QUARANTINED):
+        if s is None or s.phase in HELD:
             return True
         return s.phase is Phase.READY and (
             self.policy.drain_timeout is None or s.in_gateway or s.held_out
@@ -1273,7 +1285,8 @@ class Supervisor:
         kept: list[RollingRestart] = []
         for r in self.rolling:
             settled = all(self._settled(w) for w in r.wave)
-            if r.wave and not settled and now - r.wave_started < wave_budget(self.policy):
+            timeout_at = wave_timeout_due(r, self.policy)
+            if timeout_at is not None and not settled and now < timeout_at:
                 kept.append(r)
                 continue
             if r.gated and r.wave:  # issue 23: the canary's verdict releases the next wave
@@ -1338,18 +1351,24 @@ class Supervisor:
         return actions
 
     def next_deadline(self, now: float) -> float | None:
-        """The earliest time a Tick could change something (back-off end, load deadline)."""
+        """The earliest time a Tick could change something (back-off end, load deadline,
+        drain budget, back-off reset, wave timeout)."""
         times: list[float] = []
         for s in self.workers.values():
+            reset_at = backoff_reset_due(s, self.policy)
+            if reset_at is not None:
+                times.append(reset_at)
             if s.phase is Phase.BACKOFF and s.retry_at is not None:
                 times.append(s.retry_at)
-            if s.phase is Phase.STARTING and s.launched_at is not None:
-                times.append(s.launched_at + self.policy.startup.load_timeout)
-            if s.phase is Phase.DRAINING and self.policy.drain_timeout is not None:
-                times.append(s.since + self.policy.drain_timeout)
-        times += [
-            r.wave_started + wave_budget(self.policy)
-            for r in self.rolling
-            if r.wave and not r.gated  # issue 23: a gated wave waits for a verdict, not time
-        ]
+            load_at = load_deadline_due(s, self.policy)
+            if load_at is not None:
+                times.append(load_at)
+            drain_at = drain_deadline_due(s, self.policy)
+            if drain_at is not None:
+                times.append(drain_at)
+        for r in self.rolling:
+            timeout_at = wave_timeout_due(r, self.policy)
+            # Issue 23: a gated wave waits for a verdict, not time.
+            if timeout_at is not None and not r.gated:
+                times.append(timeout_at)
         return min(times) if times else None

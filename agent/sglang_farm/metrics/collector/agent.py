@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from sglang_farm.farm_view import FarmView
+from sglang_farm.farm_view import FarmView, Rollout
 from sglang_farm.metrics.families import (
     MetricsState,
     new_counter,
@@ -16,7 +16,7 @@ from sglang_farm.metrics.families import (
 )
 from sglang_farm.state_alerts import AlertKind
 
-ROLLOUT_STATES = ("idle", "canary", "rolling", "done", "halted")
+ROLLOUT_STATES = tuple(str(r) for r in Rollout)  # the state set's label values
 
 
 def agent(version: str, st: MetricsState) -> Iterator[Metric]:

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from sglang_farm.metrics.families import (
-    SERVING,
     WORKER_LABELS,
     MetricsState,
     gpu_label,
@@ -15,6 +14,7 @@ from sglang_farm.metrics.families import (
     new_counter,
     new_gauge,
 )
+from sglang_farm.workers.phase_sets import SERVING_OR_DRAINING
 
 
 def worker_stats(st: MetricsState) -> Iterator[Metric]:
@@ -83,7 +83,7 @@ def worker_stats(st: MetricsState) -> Iterator[Metric]:
         model = (stats.model_name if stats else None) or model_from_argv(w.argv) or ""
         version = (stats.sglang_version if stats else None) or ""
         info.add_metric([*lv, str(w.port), model, version], 1)
-        serving = w.phase in SERVING
+        serving = w.phase in SERVING_OR_DRAINING
         up.add_metric(lv, 1 if serving and stats is not None and stats.up else 0)
         if not serving or stats is None:
             continue
