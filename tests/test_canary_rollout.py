@@ -21,6 +21,7 @@ from sglang_farm.canary.rollout import (
     Stopped,
     Wait,
     conclude,
+    kept_out_of_gateway,
     observe,
     others_missed,
     policy,
@@ -366,3 +367,14 @@ def test_another_workers_missed_probe_counts_for_the_stretch_after_it_and_no_lon
     assert others_missed(True, 90.0, 100.0, 15.0) == (True, 100.0)  # the latest miss counts
     assert others_missed(False, 100.0, 115.0, 15.0) == (True, 100.0)  # the stretch's end
     assert others_missed(False, 100.0, 115.5, 15.0) == (False, 100.0)  # past it
+
+
+def test_only_a_canary_waiting_for_its_eval_gate_is_kept_out_of_the_gateway() -> None:
+    """rollout.kept_out_of_gateway: the canary while its eval gate has not passed, no one
+    once it has, or with no gate, or with no analysis (issue 32 §1: a set of workers the
+    gateways leave out, not a phase shown as STARTING)."""
+    a = Analysis("sha256:c", 3, 60.0, 0.0, None, needs_eval=True)
+    assert kept_out_of_gateway(a) == frozenset({3})
+    assert kept_out_of_gateway(replace(a, evaluated=True)) == frozenset()
+    assert kept_out_of_gateway(replace(a, needs_eval=False)) == frozenset()
+    assert kept_out_of_gateway(None) == frozenset()

@@ -169,8 +169,9 @@ class Agent:
             GatewayFleet(  # issue 26: one sync per gateway ([gateway] urls)
                 collaborators.gateways,
                 spec=lambda: self._spec,
+                states=lambda: self.supervisor.workers,
                 # Issue 23: a canary waiting for its eval gate is kept out of the gateway.
-                states=lambda: self._canary.gateway_states(self.supervisor.workers),
+                kept_out=lambda: self._canary.kept_out_of_gateway(),
                 feed=self.feed,
                 on_status=self.republish,
             )

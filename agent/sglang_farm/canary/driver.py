@@ -11,8 +11,8 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   the reload's last await (a verdict meanwhile), then `begin`, which says whether the
   rolling restart is gated;
 - on every state change, `observe`; for each launch, `spec_for` (the baseline keeps the
-  accepted config); for the gateway's membership, `gateway_states` (a canary waiting for
-  its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
+  accepted config); for the gateway's membership, `kept_out_of_gateway` (a canary waiting
+  for its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
   task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
 The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
 supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
@@ -545,16 +545,9 @@ class CanaryDriver:
             case _:
                 pass
 
-    def gateway_states(self, workers: Mapping[int, WorkerState]) -> Mapping[int, WorkerState]:
-        """The states the gateway's membership follows: a canary waiting for its eval
-        gate is kept out (shown as loading), so it takes no traffic before it passes."""
-        a = self._analysis
-        if a is None or not a.needs_eval or a.evaluated or a.canary not in workers:
-            return workers
-        s = workers[a.canary]
-        if s.phase is not Phase.READY:
-            return workers
-        return {**workers, a.canary: replace(s, phase=Phase.STARTING)}
+    def kept_out_of_gateway(self) -> frozenset[int]:
+        """The workers no gateway routes to whatever their state (rollout.kept_out_of_gateway)."""
+        return rollout.kept_out_of_gateway(self._analysis)
 
     async def _eval(self, a: Analysis) -> None:
         """The eval gate on the canary and one baseline worker; passed -> the canary may

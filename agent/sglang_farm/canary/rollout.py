@@ -244,6 +244,14 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
     return a, Wait()
 
 
+def kept_out_of_gateway(a: Analysis | None) -> frozenset[int]:
+    """The workers the gateways must not route to, whatever their phase: the canary
+    while its eval gate has not passed, so it takes no traffic before it does."""
+    if a is None or not a.needs_eval or a.evaluated:
+        return frozenset()
+    return frozenset((a.canary,))
+
+
 def others_missed(
     missing_now: bool, last_at: float | None, now: float, stretch: float
 ) -> tuple[bool, float | None]:

@@ -17,7 +17,7 @@ With one gateway this is that gateway's sync and the same events, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from sglang_farm.gateway.membership import combined
 from sglang_farm.gateway.port import Gateway
@@ -40,10 +40,14 @@ class GatewayFleet:
         states: Callable[[], Mapping[int, WorkerState]],
         feed: Callable[[int, Event], None],
         on_status: Callable[[], None] = lambda: None,
+        kept_out: Callable[[], Collection[int]] = frozenset,
     ) -> None:
+        """`kept_out`: workers no gateway routes to whatever their state (a canary
+        waiting for its eval gate: canary.rollout.kept_out_of_gateway)."""
         if not gateways:
             raise ValueError("GatewayFleet needs at least one gateway")
         self._states, self._feed, self._on_status = states, feed, on_status
+        self._kept_out = kept_out
         self._settling = False
         self._again = False
         self.syncs = tuple(
@@ -51,6 +55,7 @@ class GatewayFleet:
                 g,
                 spec=spec,
                 states=states,
+                kept_out=kept_out,
                 on_member=lambda _w, _m: self._settle(),
                 on_status=self._status_changed,
             )
@@ -132,12 +137,13 @@ class GatewayFleet:
             self._again, passes = True, 0
             while self._again and passes < SETTLE_PASSES:
                 self._again, passes = False, passes + 1
+                kept_out = self._kept_out()
                 for wid in list(self._states()):
                     s = self._states().get(wid)  # fresh: a feed may have changed it
                     if s is None:
                         continue
                     word = combined(
-                        wants_in_gateway(s),
+                        wants_in_gateway(s) and wid not in kept_out,
                         (sync.confirmed.get(wid) for sync in self.syncs if sync.up),
                     )
                     if word is not None and word != s.in_gateway:

@@ -1,12 +1,14 @@
 """I/O: keeps one gateway's membership equal to what the supervisor decides.
 
 The decision is the pure core's (`supervisor.wants_in_gateway`: a worker is routed to
-only while READY). This module carries it out against one gateway and reports what
-that gateway confirmed (`confirmed`, and `on_member` on each change); `workers.gateway_fleet`
-runs one of these per gateway and turns their confirmations into the supervisor's
-`GatewayMembership` events (`gateway.membership.combined`: in every gateway that
-answers, out of all of them), so the supervisor knows when a draining worker is really
-out and when a restarted one is back in.
+only while READY; and not while the farm keeps it out: `kept_out`, a canary waiting for
+its eval gate, canary.rollout.kept_out_of_gateway). This module carries it out against
+one gateway and reports what that gateway confirmed (`confirmed`, and `on_member` on
+each change); `workers.gateway_fleet` runs one of these per gateway and turns their
+confirmations into the supervisor's `GatewayMembership` events
+(`gateway.membership.combined`: in every gateway that answers, out of all of them), so
+the supervisor knows when a draining worker is really out and when a restarted one is
+back in.
 
 It is level-triggered, not edge-triggered: every change of the farm's state, and a
 periodic reconcile, compare what should be with what the gateway lists, so a failed
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 import structlog
 
@@ -68,6 +70,7 @@ class MembershipSync:
         states: Callable[[], Mapping[int, WorkerState]],
         on_member: Callable[[int, bool], None],
         on_status: Callable[[], None] = lambda: None,
+        kept_out: Callable[[], Collection[int]] = frozenset,
     ) -> None:
         self._gateway = gateway
         # What this gateway last confirmed per worker: True routed, False not; a worker
@@ -87,6 +90,7 @@ class MembershipSync:
         self.overloaded: dict[int, str] = {}
         self._spec = spec
         self._states = states
+        self._kept_out = kept_out  # workers the farm keeps out whatever their state
         self._on_member = on_member
         self._on_status = on_status
         self._busy: set[int] = set()
@@ -142,8 +146,9 @@ class MembershipSync:
     def update(self) -> None:
         """Compare each worker's wanted membership with the confirmed one; fix the gaps."""
         loop = asyncio.get_running_loop()
+        kept_out = self._kept_out()
         for wid, s in self._states().items():
-            want = wants_in_gateway(s)
+            want = wants_in_gateway(s) and wid not in kept_out
             # Not known yet counts as out here: a worker that should not be routed is not
             # removed blindly (the reconcile, at start, lists what the gateway holds).
             if want == self.confirmed.get(wid, False):
@@ -283,7 +288,7 @@ class MembershipSync:
         self._overloaded(members, ours, spec)
         listed = {_url(m) for m in members if m.routed}
         known = {_url(m) for m in members}
-        states = self._states()
+        states, kept_out = self._states(), self._kept_out()
         for url, wid in ours.items():
             s = states.get(wid)
             if s is None or wid in self._busy:
@@ -301,7 +306,7 @@ class MembershipSync:
                 )
             self.confirmed[wid] = now_in
             self.held[wid] = url in known
-            if url in known and not wants_in_gateway(s):
+            if url in known and not (wants_in_gateway(s) and wid not in kept_out):
                 self._busy.add(wid)
                 task = asyncio.create_task(self._change(wid, False))
                 self._tasks.add(task)
