@@ -1,0 +1,163 @@
+"""A worker's API key goes only to the worker's own listener (`host.keyguard`).
+
+While a worker is down any local user may bind its port. The canary's paired probes and
+the metrics pollers send the worker's key there: each asks the guard first, and sends
+nothing to a listener that is not the worker's. The other user is `nobody` for real; what
+it was sent is what its socket received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from asuser import popen_as_nobody, require
+from sglang_farm.canary import probe
+from sglang_farm.host.keyguard import KeyGuard
+from sglang_farm.host.portowner import ProcPortOwner
+from sglang_farm.metrics.pollers import MetricPollers
+from sglang_farm.sglang.health import LocalHttp
+
+KEY = "k-worker-secret-0123456789"
+
+# Accepts connections and prints every byte it is sent (one repr per line), answering
+# each request with an empty 200: what a squatter would do to collect keys.
+SQUATTER = """
+import socket, sys
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        data = c.recv(65536)
+    except OSError:
+        data = b''
+    print(repr(data), flush=True)
+    try:
+        c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n')
+    except OSError:
+        pass
+    c.close()
+"""
+
+
+@pytest.fixture
+def squatter() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    require()
+    proc = popen_as_nobody([sys.executable, "-I", "-c", SQUATTER])
+    try:
+        assert proc.stdout is not None
+        yield proc, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+def received(proc: subprocess.Popen[str]) -> str:
+    proc.kill()
+    out, _ = proc.communicate(timeout=10)
+    return out
+
+
+async def worker_pids(_worker: int) -> frozenset[int]:
+    """The worker's processes: this test's own (the squatter is not among them)."""
+    return frozenset({os.getpid()})
+
+
+def guard() -> KeyGuard:
+    return KeyGuard(worker_pids, ProcPortOwner(), gpu=lambda w: w)
+
+
+async def test_a_probe_sends_no_key_to_a_listener_of_another_user(
+    squatter: tuple[subprocess.Popen[str], int],
+) -> None:
+    proc, port = squatter
+    url = f"http://127.0.0.1:{port}"
+    prober = probe.Prober(
+        "c0ffee",
+        probe.Target(3, url, KEY),
+        [probe.Target(4, url, KEY)],
+        concurrency=1,
+        model=None,
+        timeout_s=5,
+        guard=guard(),
+    )
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.ensure_future(prober.run())
+        for _ in range(200):  # a give-up bound
+            if prober.pairs:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    got = received(proc)
+    assert "Authorization" not in got and KEY not in got
+    assert got == ""  # no request at all: a stranger's answer is no figure of the worker
+    pair = prober.pairs[0]
+    assert not pair.canary.ok and not pair.baseline.ok
+    assert f"PID {proc.pid} (user nobody)" in pair.canary.error
+    assert "not by worker 3" in pair.canary.error
+    warned = [e for e in logs if e["event"] == "worker_key_withheld"]
+    # Once per worker for this squatter, naming the worker, GPU, port and the holder.
+    assert sorted(e["worker"] for e in warned) == [3, 4]
+    assert {(e["port"], e["owner_uid"], e["owner_pid"]) for e in warned} == {
+        (port, 65534, proc.pid)
+    }
+    assert {e["gpu"] for e in warned} == {3, 4}
+
+
+async def test_the_poller_sends_no_key_to_a_listener_of_another_user(
+    squatter: tuple[subprocess.Popen[str], int],
+) -> None:
+    from metrics_fixtures import farm
+    from sglang_farm.farm_view import Phase
+
+    proc, port = squatter
+    view = farm()
+    w = dataclasses.replace(view.workers[0], phase=Phase.READY, base_url=f"http://127.0.0.1:{port}")
+    polling = MetricPollers(
+        lambda: None,  # type: ignore[arg-type,return-value]
+        None,
+        dataclasses.replace(view, workers=(w,)),
+        guard=guard(),
+    )
+    kept = guard()
+    with structlog.testing.capture_logs() as logs:
+        samples = [
+            await polling._guarded_poll(
+                LocalHttp(), w.base_url, 5, worker=w.id, known_version=None, api_key=KEY
+            )
+            for _ in range(3)
+        ]
+        assert await kept.refusal(w.id, w.base_url) is not None
+    got = received(proc)
+    assert "Authorization" not in got and KEY not in got and got == ""
+    assert all(not x.ok and f"PID {proc.pid} (user nobody)" in x.error for x in samples)
+    # Said once for this worker and this squatter, not at every poll.
+    assert len([e for e in logs if e["event"] == "worker_key_withheld"]) == 2
+
+
+async def test_the_workers_own_listener_gets_the_poll_with_its_key() -> None:
+    """The guard lets through what is the worker's: here this test's own socket."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        g = guard()
+        assert await g.refusal(0, f"http://127.0.0.1:{port}") is None
+        # A second check costs no walk of descriptors: the inode is remembered.
+        assert await g.refusal(0, f"http://127.0.0.1:{port}") is None
+    fresh = guard()  # a reading of its own, after the socket closed
+    assert "nothing listens" in (await fresh.refusal(0, f"http://127.0.0.1:{port}") or "")
