@@ -161,3 +161,51 @@ async def test_the_workers_own_listener_gets_the_poll_with_its_key() -> None:
         assert await g.refusal(0, f"http://127.0.0.1:{port}") is None
     fresh = guard()  # a reading of its own, after the socket closed
     assert "nothing listens" in (await fresh.refusal(0, f"http://127.0.0.1:{port}") or "")
+
+
+async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
+    """The canary's `/metrics` scrapes carry the worker's key: a squatted port is skipped
+    (its worker has no sample), the others are scraped as before."""
+    from fake_runtime import FakePortOwner
+    from sglang_farm.canary.driver import CanaryDriver, Host
+    from sglang_farm.config import load_spec
+    from sglang_farm.workers.supervisor import Supervisor
+    from test_pollers import TOML
+
+    spec = load_spec(TOML, source="t.toml")  # worker 1 has api_key "k-worker-1"
+    scraped: list[tuple[str, str | None]] = []
+
+    async def scrape(url: str, key: str | None) -> str:
+        scraped.append((url, key))
+        return ""
+
+    owner = FakePortOwner()
+    owner.squat(30001)
+    driver = CanaryDriver(spec, scrape=scrape)
+
+    def unused(*_a: object) -> None:
+        raise AssertionError("not asked by a scrape")
+
+    driver.attach(
+        Host(
+            spec=lambda: spec,
+            set_spec=unused,
+            supervisor=Supervisor(spec.worker_ids, None),  # type: ignore[arg-type]
+            apply=unused,
+            spawn=unused,  # type: ignore[arg-type]
+            refresh=unused,
+            reload=unused,  # type: ignore[arg-type]
+            startup_done=lambda: True,
+            clock=lambda: 0.0,
+            wall=lambda: 0.0,
+            gateway=False,
+            restore_model=unused,
+            key_guard=KeyGuard(worker_pids, owner, gpu=lambda w: w),
+        )
+    )
+    with structlog.testing.capture_logs() as logs:
+        await driver._samples([0, 1])
+    assert scraped == [("http://127.0.0.1:30000/metrics", None)]
+    assert "k-worker-1" not in repr(logs)
+    [warned] = [e for e in logs if e["event"] == "worker_key_withheld"]
+    assert (warned["worker"], warned["port"], warned["owner_pid"]) == (1, 30001, 4242)
