@@ -24,7 +24,6 @@ from sglang_farm.canary import probe
 from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.metrics.pollers import MetricPollers
-from sglang_farm.sglang.health import LocalHttp
 
 KEY = "k-worker-secret-0123456789"
 
@@ -119,32 +118,54 @@ async def test_a_probe_sends_no_key_to_a_listener_of_another_user(
 async def test_the_poller_sends_no_key_to_a_listener_of_another_user(
     squatter: tuple[subprocess.Popen[str], int],
 ) -> None:
+    """The worker loop of the metrics pollers, as the service builds it (`guard=`)."""
     from metrics_fixtures import farm
+    from sglang_farm.config import load_spec
     from sglang_farm.farm_view import Phase
 
     proc, port = squatter
+    spec = load_spec(
+        f"""
+[farm]
+python = "{sys.executable}"
+module = "sglang_farm.sim"
+[workers]
+gpus = [0]
+host = "127.0.0.1"
+base_port = {port}
+[metrics]
+gpu_source = "none"
+worker_poll_interval = "0.1s"
+[sglang]
+model_path = "sim/model"
+api_key = "{KEY}"
+""",
+        source="t.toml",
+    )
     view = farm()
     w = dataclasses.replace(view.workers[0], phase=Phase.READY, base_url=f"http://127.0.0.1:{port}")
     polling = MetricPollers(
-        lambda: None,  # type: ignore[arg-type,return-value]
-        None,
-        dataclasses.replace(view, workers=(w,)),
-        guard=guard(),
+        lambda: spec, None, dataclasses.replace(view, workers=(w,)), guard=guard()
     )
-    kept = guard()
     with structlog.testing.capture_logs() as logs:
-        samples = [
-            await polling._guarded_poll(
-                LocalHttp(), w.base_url, 5, worker=w.id, known_version=None, api_key=KEY
-            )
-            for _ in range(3)
-        ]
-        assert await kept.refusal(w.id, w.base_url) is not None
+        loop = asyncio.ensure_future(polling._worker_loop())
+        for _ in range(200):  # a give-up bound: three polls, 0.1 s apart
+            if polling._stats:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # more polls of the same squatter
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
     got = received(proc)
     assert "Authorization" not in got and KEY not in got and got == ""
-    assert all(not x.ok and f"PID {proc.pid} (user nobody)" in x.error for x in samples)
+    # The worker has no figures, and its error says whose the port is.
+    assert f"PID {proc.pid} (user nobody)" in (polling._stats[w.id].error or "")
+    warned = [e for e in logs if e["event"] == "worker_key_withheld"]
     # Said once for this worker and this squatter, not at every poll.
-    assert len([e for e in logs if e["event"] == "worker_key_withheld"]) == 2
+    assert len(warned) == 1 and f"PID {proc.pid} (user nobody)" in warned[0]["why"]
+    assert (warned[0]["worker"], warned[0]["gpu"], warned[0]["port"]) == (0, 0, port)
+    assert warned[0]["owner_uid"] == 65534 and warned[0]["owner_pid"] == proc.pid
 
 
 async def test_the_workers_own_listener_gets_the_poll_with_its_key() -> None:
