@@ -889,8 +889,7 @@ def test_the_eval_gate_is_not_sent_to_a_canary_port_that_is_not_its_own(tmp: Pat
             assert (await f.ops.reload()).applied
             await f.until(
                 lambda: (
-                    (v := f.agent.view().canary) is not None
-                    and v.state is CanaryState.ROLLED_BACK
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
                 ),
                 within=300,
             )
