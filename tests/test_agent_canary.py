@@ -852,3 +852,50 @@ def test_the_canarys_failure_is_the_one_it_is_being_stopped_for_else_its_last() 
     for later in (Phase.STARTING, Phase.READY, Phase.STOPPED):
         assert _failure(replace(s, phase=later, stop_intent=None)) == (old, 2.0)
     assert _failure(replace(s, pending_failure=None)) == (old, 2.0)
+
+
+def test_the_eval_gate_is_not_sent_to_a_canary_port_that_is_not_its_own(tmp: Path) -> None:
+    """The eval carries the workers' keys: while the canary's port is held by another
+    process (`host.keyguard` says so) nothing is sent, and the change cannot pass."""
+    eval_file = Path(__file__).parent.parent / "etc/sglang-farm/eval/arith.jsonl"
+    old = farm_toml(tmp, workers=4, gateway=GATEWAY, rollout={**WINDOW, "eval": str(eval_file)})
+    new = farm_toml(
+        tmp,
+        workers=4,
+        gateway=GATEWAY,
+        farm={"state_dir": str(tmp), "env": {"CHANGED": "1"}},
+        rollout={**WINDOW, "eval": str(eval_file)},
+    )
+    m, gate, gw = Metrics(), FakeGate(40), FakeGateway()
+    gate.gateway = gw
+    held = "port 30000 is held by PID 4242 (user nobody), not by worker 0"
+
+    async def scenario() -> None:
+        async with farm(
+            tmp,
+            text=old,
+            loader=lambda: load_spec(new, source="test.toml"),
+            scrape=m,
+            gateway=gw,
+            gate=gate,
+        ) as f:
+            await _start(f, m)
+            await f.until(lambda: gw.routed() == urls(range(4)))
+
+            async def refusal(worker: int, url: str) -> str | None:
+                return held if worker == 0 else None
+
+            f.agent.key_guard.refusal = refusal  # type: ignore[method-assign]
+            assert (await f.ops.reload()).applied
+            await f.until(
+                lambda: (
+                    (v := f.agent.view().canary) is not None and v.state is CanaryState.ROLLED_BACK
+                ),
+                within=300,
+            )
+            view = f.agent.view().canary
+            assert view is not None
+            assert view.evidence == f"rolled back: eval: not run on the canary: {held}"
+            assert gate.calls == []
+
+    run_virtual(scenario())

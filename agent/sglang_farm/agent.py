@@ -40,6 +40,7 @@ from sglang_farm.collaborators import Collaborators
 from sglang_farm.errors import AgentCrashed
 from sglang_farm.farm_view import FarmView, build_view
 from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.publisher import Publisher
 from sglang_farm.reloader import Reloader
@@ -152,6 +153,8 @@ class Agent:
         self.supervisor = Supervisor(spec.worker_ids, self._policy(spec))
         self._prober = collaborators.prober or HttpProber()
         self._port_owner = collaborators.port_owner or ProcPortOwner()
+        # Every sender of a worker's API key asks this first (host.keyguard).
+        self.key_guard = KeyGuard(self.runtime.worker_pids, self._port_owner, gpu=self._gpus_of)
         self._launcher = Launcher(
             self.runtime,
             state=self.worker_state,
@@ -245,6 +248,7 @@ class Agent:
                 wall=self._wall,
                 gateway=self._spec.gateway.enabled,
                 restore_model=self._stages.restore_old_copy,
+                key_guard=self.key_guard,
             )
         )
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
@@ -337,6 +341,14 @@ class Agent:
             exc_info=exc,
         )
         self._crashed.set()
+
+    def _gpus_of(self, worker: int) -> str | int | None:
+        """The worker's GPU (its GPUs, comma-joined), None for one not (or no longer) known."""
+        try:
+            gpus = self._spec.worker(worker).gpus
+        except KeyError:
+            return None
+        return gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus))
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)

@@ -248,6 +248,7 @@ async def serve(config_path: str, runtime_kind: str, *, gpu_count: int | None = 
         agent.view(),
         on_fleet=agent.observe_fleet,
         on_stats=agent.observe_stats,
+        guard=agent.key_guard,  # a worker's key goes to its own listener only
     )
 
     stop = asyncio.Event()

@@ -65,6 +65,7 @@ from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
+from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure, RestartReason
 from sglang_farm.spec import FarmSpec, gpu_field
@@ -121,6 +122,9 @@ class Host:
     # A rolled-back change of [model]: the previous copy back in model_path (kept beside
     # it since the reload's swap: staging.driver.StageDriver.restore_old_copy).
     restore_model: Callable[[FarmSpec], None]
+    # Every request carrying a worker's key (probes, scrapes, the eval gate) goes only to
+    # the worker's own listener (host.keyguard); None: no check (tests without /proc's).
+    key_guard: KeyGuard | None = None
 
 
 def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]]) -> str | None:
@@ -559,8 +563,14 @@ class CanaryDriver:
             base = self._baseline(a.canary)
             wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
             checks: tuple[Check, ...] = ()
-            if not base:
-                wlog.warning("canary_eval_skipped", why="no ready worker on the old config")
+            refused = await self._refusal(a.canary, spec) if base else None
+            base_refused = await self._refusal(base[0], spec) if base else None
+            if refused is not None:
+                # The canary's port is not its own: no eval is sent there, and no eval passes.
+                passed, evidence = False, f"eval: not run on the canary: {refused}"
+            elif not base or base_refused is not None:
+                why = base_refused or "no ready worker on the old config"
+                wlog.warning("canary_eval_skipped", why=why)
                 passed, evidence = True, ""
             else:
                 flags = spec.worker(a.canary).flags.get("served_model_name")
@@ -643,6 +653,7 @@ class CanaryDriver:
                 concurrency=n,
                 model=flags if isinstance(flags, str) else None,
                 send=self._send,
+                guard=h.key_guard,
             )
             log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).info(
                 "canary_probes_started", concurrency=n, baseline=list(base)
@@ -693,12 +704,23 @@ class CanaryDriver:
         for w in workers:
             try:
                 ws = spec.worker(w)
+                refused = await self._refusal(w, spec)
+                if refused is not None:
+                    log.warning("canary_scrape_failed", worker=w, error=refused)
+                    continue
                 body = await self._scrape(ws.base_url + "/metrics", worker_api_key(spec, w))
                 url = spec.gateway_url_of(w)
                 out[w] = figures.worker_sample(promtext.parse(body, source=f"worker {w}"), gw, url)
             except Exception as exc:  # a worker without a sample is left out
                 log.warning("canary_scrape_failed", worker=w, error=repr(exc))
         return out
+
+    async def _refusal(self, worker: int, spec: FarmSpec) -> str | None:
+        """Why `worker`'s key must not go to its port now (`KeyGuard.refusal`), or None."""
+        h = self._host
+        if h is None or h.key_guard is None:
+            return None
+        return await h.key_guard.refusal(worker, spec.worker(worker).base_url)
 
     async def _window(self, a: Analysis, fresh: bool = True) -> None:
         """Wait out `a`'s window, judging early; `fresh`: scrape the window's start (an

@@ -32,6 +32,7 @@ import httpx
 import structlog
 
 from sglang_farm.canary.figures import ProbePair, ProbeResult
+from sglang_farm.host.keyguard import KeyGuard
 
 log = structlog.get_logger("sglang_farm.canary")
 
@@ -133,7 +134,10 @@ class Prober:
         model: str | None,
         send: Send | None = None,
         timeout_s: float = TIMEOUT_S,
+        guard: KeyGuard | None = None,
     ) -> None:
+        """`guard`: each probe goes to a worker only while its port is the worker's own
+        (`host.keyguard`); a refused one is a failed side, nothing sent."""
         if not baseline:
             raise ValueError("paired probes need at least one baseline worker")
         self.change = change
@@ -143,6 +147,7 @@ class Prober:
         self.model = model
         self.timeout_s = timeout_s
         self._send = send
+        self._guard = guard
         self.pairs: list[ProbePair] = []
         self._n = 0
 
@@ -176,6 +181,10 @@ class Prober:
                 await asyncio.sleep(FAIL_PAUSE_S)
 
     async def _bounded(self, send: Send, t: Target, payload: dict[str, Any]) -> ProbeResult:
+        if self._guard is not None:
+            why = await self._guard.refusal(t.worker, t.url)
+            if why is not None:
+                return ProbeResult(None, False, None, why)
         try:
             return await asyncio.wait_for(send(t.url, t.key, payload), self.timeout_s)
         except TimeoutError:

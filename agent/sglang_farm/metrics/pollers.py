@@ -25,6 +25,7 @@ from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.gpus.nvml import choose_gpu_poller, read_ppid_map
 from sglang_farm.gpus.simulated import FakeGpuPoller, process_bytes_for
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_trees
+from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.sglang.argv import worker_api_key
@@ -79,14 +80,18 @@ class MetricPollers:
         on_stats: Callable[[Mapping[int, WorkerStats]], None] | None = None,
         poll: PollWorker = poll_worker,
         read_ppids: Callable[[], Mapping[int, int]] = read_ppid_map,
+        guard: KeyGuard | None = None,
     ) -> None:
         """`config`: the config in force (the agent's `spec`), read at every poll: a
         reload's workers, `[metrics]` intervals and API keys apply from the next poll on
         (issue 32, 4.1: the pollers kept the config they started with). `view`: the farm as
         it stands now; `on_view` keeps it current. `on_fleet` gets every GPU snapshot (the
         agent's GPU-health rules). `poll` polls one worker. `read_ppids`: every process's
-        parent, read from /proc once per GPU poll for all workers (a test counts it)."""
+        parent, read from /proc once per GPU poll for all workers (a test counts it).
+        `guard`: a worker is polled only while its port is its own (`host.keyguard`: its
+        API key goes to no other listener); None only where no key is sent (tests)."""
         self._config = config
+        self._guard = guard
         self.poller = poller
         self._poll = poll
         self._read_ppids = read_ppids
@@ -194,6 +199,26 @@ class MetricPollers:
 
     # ---- worker loop ---------------------------------------------------------------
 
+    async def _guarded_poll(
+        self,
+        client: LocalHttp,
+        base_url: str,
+        timeout: float,
+        *,
+        worker: int,
+        known_version: str | None,
+        api_key: str | None,
+    ) -> WorkerSample:
+        """`_poll`, once the listener on the worker's port is shown to be the worker's
+        own; else a failed sample saying whose it is, and nothing sent there."""
+        if self._guard is not None:
+            why = await self._guard.refusal(worker, base_url)
+            if why is not None:
+                return WorkerSample(worker=worker, taken_at=time.time(), ok=False, error=why)
+        return await self._poll(
+            client, base_url, timeout, worker=worker, known_version=known_version, api_key=api_key
+        )
+
     async def _worker_loop(self) -> None:
         client = LocalHttp()  # plain HTTP to local workers: a tenth of httpx's CPU per GET
         while True:
@@ -211,7 +236,7 @@ class MetricPollers:
                     _after(
                         k * gap,
                         functools.partial(
-                            self._poll,
+                            self._guarded_poll,
                             client,
                             w.base_url,
                             timeout,
