@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from sglang_farm.control.farm_api import GpuMemory
-from sglang_farm.farm_view import FarmView, Phase
+from sglang_farm.farm_view import FarmView
 from sglang_farm.gpus.nvml import choose_gpu_poller, read_ppid_map
 from sglang_farm.gpus.simulated import FakeGpuPoller, process_bytes_for
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuPoller, process_trees
@@ -33,11 +33,9 @@ from sglang_farm.sglang.health import LocalHttp
 from sglang_farm.sglang.load import RecentAnswers, WorkerSample, WorkerStats, WorkerStatsTracker
 from sglang_farm.sglang.stats import poll_worker
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.phase_sets import SERVING_OR_DRAINING
 
 log = structlog.get_logger("sglang_farm.metrics.pollers")
-
-# Serving, or finishing its requests before a planned stop (the drain shows them fall).
-_SERVING = (Phase.READY, Phase.UNHEALTHY, Phase.DRAINING)
 
 
 class PollWorker(Protocol):
@@ -227,7 +225,7 @@ class MetricPollers:
             timeout = spec.metrics.worker_poll_timeout
             t0 = time.monotonic()
             view = self._view
-            serving = [w for w in view.workers if w.phase in _SERVING]
+            serving = [w for w in view.workers if w.phase in SERVING_OR_DRAINING]
             # Spread over half the interval, not all at once: a burst of 64 polls held the
             # event loop for tens of ms, the tail of every `status` and scrape landing in it.
             gap = interval / 2 / max(1, len(serving))
