@@ -66,27 +66,32 @@ _CONFIG_TESTS = (
     "tests/test_endpoint.py",
 )
 
+# The supervisor's own tests first, then the real Agent on a virtual clock over the fake
+# runtime (no processes, sockets or sleeps): drains, the gateway, adoption, quarantine.
+# Issue 32 §3 split the supervisor into modules; each is run against all of them.
+_SUPERVISOR_TESTS = (
+    "tests/test_supervisor.py",
+    "tests/test_mutation_supervisor.py",
+    "tests/test_supervisor_gate.py",
+    "tests/test_canary_rollout.py",
+    "tests/test_agent_canary.py",
+    "tests/test_agent_hostdrain.py",
+    "tests/test_port_taken.py",
+    "tests/test_state.py",
+    "tests/test_agent.py",
+    "tests/test_agent_frontdoor.py",
+    "tests/test_agent_gpu_health.py",
+    "tests/test_agent_hardening.py",
+)
+
 # module (as docs/testing.md names it) -> (import name, pytest's arguments: its fast tests)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    # Its own tests first, then the real Agent on a virtual clock over the fake runtime
-    # (no processes, sockets or sleeps): drains, the gateway, adoption, quarantine.
-    "supervisor": (
-        "sglang_farm.workers.supervisor",
-        (
-            "tests/test_supervisor.py",
-            "tests/test_mutation_supervisor.py",
-            "tests/test_supervisor_gate.py",
-            "tests/test_canary_rollout.py",
-            "tests/test_agent_canary.py",
-            "tests/test_agent_hostdrain.py",
-            "tests/test_port_taken.py",
-            "tests/test_state.py",
-            "tests/test_agent.py",
-            "tests/test_agent_frontdoor.py",
-            "tests/test_agent_gpu_health.py",
-            "tests/test_agent_hardening.py",
-        ),
-    ),
+    "supervisor": ("sglang_farm.workers.supervisor", _SUPERVISOR_TESTS),
+    "machine": ("sglang_farm.workers.machine", _SUPERVISOR_TESTS),
+    "budgets": ("sglang_farm.workers.budgets", _SUPERVISOR_TESTS),
+    "records": ("sglang_farm.workers.records", _SUPERVISOR_TESTS),
+    "events": ("sglang_farm.workers.events", _SUPERVISOR_TESTS),
+    "actions": ("sglang_farm.workers.actions", _SUPERVISOR_TESTS),
     "ladder": (
         "sglang_farm.sglang.ladder",
         ("tests/test_ladder.py", "tests/test_mutation_ladder.py"),

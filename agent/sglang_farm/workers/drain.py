@@ -25,9 +25,10 @@ from typing import Protocol
 import httpx
 
 from sglang_farm.sglang.stats import poll_worker
+from sglang_farm.workers.events import Drained, Event
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import SERVING
-from sglang_farm.workers.supervisor import Drained, Event, WorkerState
+from sglang_farm.workers.records import WorkerState
 
 POLL_S = 0.25  # how often the worker's load is read while draining
 UNKNOWN_LIMIT = 3  # polls in a row with no answer: nothing to wait for (it answers nothing)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from sglang_farm.gpus import xid
 from sglang_farm.gpus.snapshot import FleetSnapshot
+from sglang_farm.workers.events import GpuFailing, RemapsPending
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import GpuFailing, RemapsPending, WorkerState
+from sglang_farm.workers.records import WorkerState
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,9 @@ from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.failures import Failure, FailureKind, port_taken
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.events import Event, FailureSeen, ProcessExited
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import Event, FailureSeen, ProcessExited, WorkerState
+from sglang_farm.workers.records import WorkerState
 
 PORT_FREE_WAIT_S = 30.0  # SGLang's SIGKILL "only queues the teardown": ports free within seconds
 PORT_POLL_S = 0.2  # the kernel offers no event for "a port became free"

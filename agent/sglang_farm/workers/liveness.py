@@ -35,9 +35,10 @@ from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.health import Prober, ProbeResult
 from sglang_farm.sglang.ready_route import next_route, readiness_routes
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.events import Event, HealthFailed, HealthPassed, PortTaken
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import SERVING
-from sglang_farm.workers.supervisor import Event, HealthFailed, HealthPassed, PortTaken, WorkerState
+from sglang_farm.workers.records import WorkerState
 
 log = structlog.get_logger("sglang_farm.workers.liveness")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sglang_farm.workers.phase_sets import LOADS_MODEL
-from sglang_farm.workers.supervisor import WorkerState
+from sglang_farm.workers.records import WorkerState
 
 
 def loading(workers: Mapping[int, WorkerState]) -> list[int]:

@@ -12,9 +12,9 @@ from collections.abc import Collection, Mapping
 
 from sglang_farm.gpus.snapshot import FleetSnapshot
 from sglang_farm.sglang.load import WorkerStats
+from sglang_farm.workers.events import Event
 from sglang_farm.workers.gpu_health import busiest_utilization, fleet_events
 from sglang_farm.workers.progress import progress_events
-from sglang_farm.workers.supervisor import Event
 
 
 class Observations:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_farm.sglang.load import WorkerStats
-from sglang_farm.workers.supervisor import ProgressSeen, Wedged
+from sglang_farm.workers.events import ProgressSeen, Wedged
 
 IDLE_GPU_RATIO = 0.05  # below this the GPU is not computing (NVML's utilization sample)
 
