@@ -30,6 +30,7 @@ from sglang_farm.workers.supervisor import (
     ReleaseRequested,
     RemapsPending,
     RestartRequested,
+    RolledBack,
     RollingRestart,
     Rollout,
     StartRequested,
@@ -882,3 +883,25 @@ def test_a_failure_is_past_once_the_worker_served_or_the_operator_reset_it() -> 
     assert failing.state.phase is Phase.STOPPING
     gone = step(step(failing.state, restart, 53.0, p).state, ProcessExited(-15), 54.0, p).state
     assert gone.last_failure_at == 52.0 and gone.failure_past is None
+
+
+def test_a_canary_rolled_back_is_drained_and_restarted_on_its_old_oom_step() -> None:
+    """RolledBack (the canary put back on the accepted config): one event of the core
+    sets the OOM step it had before the change and restarts it, drained first: the
+    canary driver no longer rewrites the supervisor's state (issue 32 §1)."""
+    p = gateway_policy()
+    serving = WorkerState(0, phase=Phase.READY, oom_step=2, in_gateway=True)
+    d = step(serving, RolledBack(oom_step=0), 10.0, p)
+    assert d.state.phase is Phase.DRAINING and d.state.oom_step == 0
+    assert d.state.stop_intent is StopIntent.RESTART
+    assert d.state.next_reason is RestartReason.CONFIG
+    failed = WorkerState(0, phase=Phase.FAILED, oom_step=1, failures=3)
+    d = step(failed, RolledBack(oom_step=0), 10.0, p)  # the change broke it: started at once
+    assert d.state.phase is Phase.PENDING and d.state.oom_step == 0 and d.state.failures == 0
+
+
+def test_a_canary_an_operator_stopped_stays_stopped_when_rolled_back() -> None:
+    """An operator's stop stands: the rollback only puts its OOM step back."""
+    stopped = WorkerState(0, phase=Phase.STOPPED, oom_step=2)
+    d = step(stopped, RolledBack(oom_step=1), 10.0, gateway_policy())
+    assert d.state == replace(stopped, oom_step=1) and d.actions == ()

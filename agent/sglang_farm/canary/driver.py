@@ -67,14 +67,14 @@ from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.sglang.argv import worker_api_key
-from sglang_farm.sglang.failures import Failure, RestartReason
+from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import LEAVING
 from sglang_farm.workers.supervisor import (
     Action,
-    RestartRequested,
+    RolledBack,
     Rollout,
     StopIntent,
     Supervisor,
@@ -890,12 +890,9 @@ class CanaryDriver:
         h.supervisor.drop_gated()
         if canary is None or canary not in h.supervisor.workers:
             return
-        s = h.supervisor.workers[canary]
-        h.supervisor.restore(canary, replace(s, oom_step=self._oom_step))
-        if s.phase is not Phase.STOPPED:  # an operator's stop stands
-            # Drained first; from BACKOFF or FAILED (the change broke it) straight to a
-            # launch, with the accepted config's command (the launcher reads it then).
-            h.apply(h.supervisor.handle(canary, RestartRequested(RestartReason.CONFIG), h.clock()))
+        # Its OOM step as before the change, restarted onto the accepted config (drained
+        # first) unless an operator's stop stands: the core's RolledBack.
+        h.apply(h.supervisor.handle(canary, RolledBack(self._oom_step), h.clock()))
 
     def _cancel(self) -> None:
         self._stop_probes()

@@ -67,6 +67,15 @@ class RestartRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class RolledBack:
+    """The canary put back on the accepted config after its change failed: the OOM step
+    it had before the change, and a restart onto the accepted command (drained first),
+    unless an operator's stop stands."""
+
+    oom_step: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuFailing:
     """The worker's GPU cannot be trusted (a reset-class XID, lost, pending row remaps)."""
 
@@ -137,6 +146,7 @@ Event = (
     | StartRequested
     | StopRequested
     | RestartRequested
+    | RolledBack
     | Drained
     | GatewayMembership
     | GpuFailing

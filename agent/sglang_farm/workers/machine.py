@@ -57,6 +57,7 @@ from sglang_farm.workers.events import (
     ReleaseRequested,
     RemapsPending,
     RestartRequested,
+    RolledBack,
     StartRequested,
     StopRequested,
     Tick,
@@ -212,6 +213,8 @@ def step(s: WorkerState, event: Event, now: float, policy: Policy) -> Decision:
             return _on_stop(s, event, now, policy)
         case RestartRequested():
             return _on_restart(s, event, now, policy)
+        case RolledBack():
+            return _on_rolled_back(s, event, now, policy)
         case Launched():
             return _on_launched(s, event)
         case HealthPassed():
@@ -367,6 +370,17 @@ def _on_restart(s: WorkerState, event: RestartRequested, now: float, policy: Pol
             failure_past=reset_past(s) if s.phase is Phase.FAILED else s.failure_past,
         )
     )
+
+
+def _on_rolled_back(s: WorkerState, event: RolledBack, now: float, policy: Policy) -> Decision:
+    """The canary back on the accepted config: its OOM step as before the change; from
+    serving drained first, from BACKOFF or FAILED (the change broke it) straight to a
+    launch, with the accepted config's command (the launcher reads it then). An
+    operator's stop stands."""
+    s = replace(s, oom_step=event.oom_step)
+    if s.phase is Phase.STOPPED:
+        return Decision(s)
+    return _on_restart(s, RestartRequested(RestartReason.CONFIG), now, policy)
 
 
 def _on_launched(s: WorkerState, event: Launched) -> Decision:
