@@ -109,6 +109,7 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "quarantines_by_reason",
         "start",
         "failure_past",
+        "release",
     ]
 
 

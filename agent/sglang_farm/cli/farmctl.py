@@ -29,6 +29,7 @@ from sglang_farm.cli.startview import (
     start_lines,
 )
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
+from sglang_farm.control.release import release_command
 from sglang_farm.control.wire import Reply
 from sglang_farm.errors import (
     AgentError,
@@ -816,11 +817,22 @@ def _judge(wid: int, final: Mapping[str, Any], timeout: float) -> None:
         raise NotRunning(
             f"worker {wid} is quarantined: GPU {q.get('gpu')} is set aside "
             f"({q.get('reason')}); start and restart leave it stopped until "
-            f"farmctl release-gpu {q.get('gpu')}; see farmctl why {wid}"
+            f"{_release_of(wid, final)}; see farmctl why {wid}"
         )
     f = final.get("last_failure") or {}
     summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
     raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+
+
+def _release_of(wid: int, w: Mapping[str, Any]) -> str:
+    """The command that ends worker `wid`'s quarantine: the agent's `release`, or for an
+    agent older than that key the same builder over its `quarantine` and `gpus`."""
+    said = w.get("release")
+    if isinstance(said, str):
+        return said
+    q = w.get("quarantine") or {}
+    gpu = q.get("gpu")
+    return release_command(wid, gpu if isinstance(gpu, int) else None, w.get("gpus") or ())
 
 
 def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> bool:
@@ -856,8 +868,8 @@ def _change(
     if not ctl.as_json:
         for wid in held:
             click.echo(
-                f"worker {wid} is quarantined and stays stopped: release it with farmctl "
-                f"release-gpu --worker {wid} once its GPU is dealt with (farmctl why {wid})",
+                f"worker {wid} is quarantined and stays stopped: release it with "
+                f"{release_command(wid, None, ())} once its GPU is dealt with (farmctl why {wid})",
                 err=True,
             )
     return list(res.get("workers", [])), float(res.get("issued_at", 0.0)), held

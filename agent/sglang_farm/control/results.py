@@ -17,7 +17,12 @@ from collections.abc import Mapping, Sequence
 from sglang_farm.canary.view import CheckView, RolloutVerdictView
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
-from sglang_farm.control.prose import quarantine_next_step, staging_note, state_note
+from sglang_farm.control.prose import (
+    quarantine_next_step,
+    release_command,
+    staging_note,
+    state_note,
+)
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -59,6 +64,8 @@ def worker_result(w: WorkerView) -> Result:
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "start": start_result(w.start),
         "failure_past": w.failure_past,  # issue 31: "served" / "reset" since the failure
+        # Issue 32: the command that ends its quarantine (null when none), said by farmctl.
+        "release": release_command(w) if w.quarantine is not None else None,
     }
 
 
