@@ -109,6 +109,9 @@ def test_status_result_keys_keep_their_wire_order() -> None:
         "quarantines_by_reason",
         "start",
         "failure_past",
+        "release",
+        "has_process",
+        "failure_shown",
     ]
 
 
@@ -155,6 +158,7 @@ def test_phase_payload_and_command_results() -> None:
         "state": "failed",
         "since": 200.0,
         "elapsed_s": 0.123,
+        "ends_wait": True,
     }
     assert results.change_result((2, 3), 99.5) == {"workers": [2, 3], "issued_at": 99.5}
     assert results.logs_result(1, ("a", "b")) == {"worker": 1, "lines": ["a", "b"]}
@@ -280,6 +284,7 @@ def test_why_of_a_draining_worker_out_of_the_gateway_says_it_waits_for_its_reque
         "start",
         "failure_past",
         "gpus",  # issue 34 §5: what `numa_nodes` is in the order of
+        "state_timed",
     ]
 
 
@@ -377,7 +382,7 @@ def test_status_carries_each_workers_quarantine_and_its_count_by_reason() -> Non
 def test_why_of_a_quarantined_worker_gives_the_reason_and_the_next_step() -> None:
     why = results.why_result(_quarantined())
     json.dumps(why)
-    assert list(why)[-7:-3] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
+    assert list(why)[-8:-4] == ["state_note", "quarantine", "quarantines_by_reason", "next_step"]
     assert why["state"] == "quarantined"
     assert why["quarantine"] == results.quarantine_result(XID_79)
     assert why["state_note"] == (

@@ -28,7 +28,9 @@ from sglang_farm.cli.startview import (
     slow_start_notes,
     start_lines,
 )
+from sglang_farm.control import facts, wire
 from sglang_farm.control.client import CHANGE_TIMEOUT, Client
+from sglang_farm.control.release import release_command
 from sglang_farm.control.wire import Reply
 from sglang_farm.errors import (
     AgentError,
@@ -109,15 +111,15 @@ class HostDrained(FarmctlError):
     exit_code = Exit.DRAINED
 
 
-# `farmctl wait`: what holds the farm (control.results.FAILURE_KINDS) -> its exit.
+# `farmctl wait`: what holds the farm (control.wire.FAILURE_KINDS) -> its exit.
 WAIT_EXITS: Mapping[str, type[FarmctlError]] = {
-    "stage_failed": Halted,
-    "rollout_halted": Halted,
-    "canary_rolled_back": RolledBack,
-    "canary_held": Held,
-    "host_drained": HostDrained,
-    "worker_failed": NotRunning,
-    "worker_quarantined": NotRunning,
+    wire.STAGE_FAILED: Halted,
+    wire.ROLLOUT_HALTED: Halted,
+    wire.CANARY_ROLLED_BACK: RolledBack,
+    wire.CANARY_HELD: Held,
+    wire.HOST_DRAINED: HostDrained,
+    wire.WORKER_FAILED: NotRunning,
+    wire.WORKER_QUARANTINED: NotRunning,
 }
 
 
@@ -173,7 +175,7 @@ def _agent_error(cmd: str, exc: AgentError, as_json: bool) -> FarmctlError:
     what = {
         "forbidden": f"{cmd} refused",
         "busy": f"{cmd} refused (busy)",
-        "failed": f"{cmd} failed",
+        wire.FAILED: f"{cmd} failed",
         "unknown_worker": f"{cmd}",
     }.get(exc.code, f"{cmd} failed ({exc.code})")
     return cls(f"{what}: {exc.message}")
@@ -356,14 +358,10 @@ def _restarts(w: Mapping[str, Any]) -> str:
     return f"{total} ({parts})" if parts else str(total)
 
 
-# States in which a worker has no process: its GPU's figure is not the worker's (and the
-# last poll may predate the stop).
-_NO_PROCESS = frozenset({"stopped", "pending", "backoff", "quarantined", "failed"})
-
-
 def _vram(w: Mapping[str, Any], gpus: Mapping[int, Mapping[str, Any]]) -> str:
     mine = [gpus[g] for g in w.get("gpus", []) if g in gpus]
-    if not mine or w.get("state") in _NO_PROCESS:
+    # No process (facts.has_process): its GPU's figure is not the worker's.
+    if not mine or not facts.has_process_of(w):
         return "-"
     used = sum(g["used_bytes"] for g in mine)
     total = sum(g["total_bytes"] for g in mine)
@@ -416,7 +414,7 @@ def staging_line(sg: Mapping[str, Any]) -> str:
         elapsed = done / float(rate) if rate else 0.0
         progress = StageProgress(sg.get("step") or "checking", done, total, elapsed)
         return f"{head} · staging: {describe(progress)}"
-    if state == "failed":
+    if facts.stage_failed_of(sg):
         return (
             f"{head} · staging FAILED [{sg.get('error_kind')}]: {sg.get('error')}; "
             f"what to do: {sg.get('fix')}; no worker starts until a stage succeeds"
@@ -643,9 +641,7 @@ def format_status(st: Mapping[str, Any]) -> str:
                 f"farmctl why {w['id']}"
             )
         elif (
-            f
-            and not w.get("failure_past")  # issue 31: served or reset since: not its news
-            and w.get("state") in ("failed", "backoff", "starting", "unhealthy")
+            f and facts.failure_shown_of(w)  # issue 31: not once served or reset since
         ):
             step = f", OOM step {w['oom_step']}" if w.get("oom_step") else ""
             notes.append(f"worker {w['id']}: {f.get('summary')}{step} (farmctl why {w['id']})")
@@ -816,11 +812,22 @@ def _judge(wid: int, final: Mapping[str, Any], timeout: float) -> None:
         raise NotRunning(
             f"worker {wid} is quarantined: GPU {q.get('gpu')} is set aside "
             f"({q.get('reason')}); start and restart leave it stopped until "
-            f"farmctl release-gpu {q.get('gpu')}; see farmctl why {wid}"
+            f"{_release_of(wid, final)}; see farmctl why {wid}"
         )
     f = final.get("last_failure") or {}
     summary = f.get("summary") or f"worker {wid} is {final.get('state')}"
     raise NotRunning(f"worker {wid} failed: {summary}; see farmctl why {wid}")
+
+
+def _release_of(wid: int, w: Mapping[str, Any]) -> str:
+    """The command that ends worker `wid`'s quarantine: the agent's `release`, or for an
+    agent older than that key the same builder over its `quarantine` and `gpus`."""
+    said = w.get("release")
+    if isinstance(said, str):
+        return said
+    q = w.get("quarantine") or {}
+    gpu = q.get("gpu")
+    return release_command(wid, gpu if isinstance(gpu, int) else None, w.get("gpus") or ())
 
 
 def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> bool:
@@ -833,7 +840,7 @@ def _print_phase(wid: int, p: Mapping[str, object], issued_at: float) -> bool:
     since = p.get("since")
     if isinstance(since, int | float) and since < issued_at:
         return False
-    if p.get("state") in ("ready", "failed", "quarantined"):
+    if facts.ends_wait_of(p):
         return False
     click.echo(f"worker {wid}: {p.get('state')} ({_since_issue(p, issued_at, 'elapsed_s'):.1f}s)")
     return True
@@ -856,8 +863,8 @@ def _change(
     if not ctl.as_json:
         for wid in held:
             click.echo(
-                f"worker {wid} is quarantined and stays stopped: release it with farmctl "
-                f"release-gpu --worker {wid} once its GPU is dealt with (farmctl why {wid})",
+                f"worker {wid} is quarantined and stays stopped: release it with "
+                f"{release_command(wid, None, ())} once its GPU is dealt with (farmctl why {wid})",
                 err=True,
             )
     return list(res.get("workers", [])), float(res.get("issued_at", 0.0)), held
@@ -1272,29 +1279,29 @@ def wait(ctl: Ctl, timeout: float) -> None:
     said: list[str] = []
     while True:
         res = ctl.call("settled")
-        if res.get("state") in ("settled", "failed") or time.monotonic() >= deadline:
+        if res.get("settled") or res.get("failures") or time.monotonic() >= deadline:
             break
         waiting = _items(res, "waiting")
         if waiting != said and not ctl.as_json:
             click.echo("waiting: " + "; ".join(waiting))
         said = waiting
         time.sleep(min(SETTLED_POLL_S, max(deadline - time.monotonic(), 0.0)))
-    state = res.get("state")
+    failures = [f for f in res.get("failures") or () if isinstance(f, dict)]
     waited = time.monotonic() - began
     if ctl.as_json:
-        ctl.emit_json({**res, "timed_out": state == "waiting", "waited_s": round(waited, 3)})
-    if state == "settled":
+        timed_out = not res.get("settled") and not failures
+        ctl.emit_json({**res, "timed_out": timed_out, "waited_s": round(waited, 3)})
+    if res.get("settled"):
         if not ctl.as_json:
             n, m = res.get("serving"), res.get("should_serve")
             where = " (ready and in the gateway)" if res.get("serving") is not None else ""
             click.echo(f"settled: {n} of {m} workers serving{where}")
         return
-    if state == "failed":
-        failures = [f for f in res.get("failures") or () if isinstance(f, dict)]
+    if failures:
         if not ctl.as_json:
             for msg in _items(res, "failures")[1:]:
                 click.echo(f"  also: {msg}", err=True)
-        first = failures[0] if failures else {}
+        first = failures[0]
         raise WAIT_EXITS.get(str(first.get("kind")), Failed)(f"not settled: {first.get('message')}")
     raise TimedOut(
         f"not settled after {timeout:g}s: waiting for {'; '.join(_items(res, 'waiting'))}; "
@@ -1436,7 +1443,7 @@ def why(ctl: Ctl, worker: int) -> None:
         return
     state = r.get("state")
     since = r.get("since")
-    timed = state in ("draining", "quarantined") and since
+    timed = facts.state_timed_of(r) and since
     for_how_long = f" for {_duration(time.time() - float(since))}" if timed else ""
     click.echo(f"worker {worker}: {state}{for_how_long}")
     if r.get("state_note"):

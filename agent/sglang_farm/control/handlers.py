@@ -380,10 +380,9 @@ class Handlers:
         if not users:
             used = sorted({g for w in view.workers for g in w.gpus})
             # A quarantine on a GPU that a reload took from its worker: released by worker.
-            moved = [w.id for w in view.workers if w.quarantine and w.quarantine.gpu == gpu]
+            moved = [w for w in view.workers if w.quarantine and w.quarantine.gpu == gpu]
             hint = "".join(
-                f"; worker {i}'s quarantine names it: farmctl release-gpu --worker {i}"
-                for i in moved
+                f"; worker {w.id}'s quarantine names it: {prose.release_command(w)}" for w in moved
             )
             raise RequestError(
                 ErrorCode.BAD_REQUEST,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_farm.control import release
 from sglang_farm.farm_view import GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.gpus import xid
 from sglang_farm.staging.state import StageState, StagingView
@@ -26,10 +27,7 @@ def release_command(w: WorkerView) -> str:
     """The farmctl command that ends `w`'s quarantine: by GPU when the quarantine names a
     GPU the worker uses, else by worker (a reload moved the worker to another GPU; the
     GPUs checked are then the ones it will run on)."""
-    q = w.quarantine
-    if q is not None and q.gpu in w.gpus:
-        return f"farmctl release-gpu {q.gpu}"
-    return f"farmctl release-gpu --worker {w.id}"
+    return release.release_command(w.id, w.quarantine.gpu if w.quarantine else None, w.gpus)
 
 
 def quarantined_refusal(w: WorkerView, cmd: str) -> str:

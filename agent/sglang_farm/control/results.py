@@ -15,9 +15,15 @@ import math
 from collections.abc import Mapping, Sequence
 
 from sglang_farm.canary.view import CheckView, RolloutVerdictView
+from sglang_farm.control import facts
 from sglang_farm.control.codec import PROTOCOL_VERSION
 from sglang_farm.control.farm_api import GpuMemory, HostDrainResult, ReloadResult
-from sglang_farm.control.prose import quarantine_next_step, staging_note, state_note
+from sglang_farm.control.prose import (
+    quarantine_next_step,
+    release_command,
+    staging_note,
+    state_note,
+)
 from sglang_farm.farm_view import (
     FarmView,
     GatewayStatus,
@@ -27,7 +33,7 @@ from sglang_farm.farm_view import (
     WorkerView,
 )
 from sglang_farm.sglang.load import RecentAnswers
-from sglang_farm.staging.state import StagingView
+from sglang_farm.staging.state import StageState, StagingView
 
 Result = dict[str, object]
 
@@ -59,6 +65,11 @@ def worker_result(w: WorkerView) -> Result:
         "quarantines_by_reason": {str(k): int(v) for k, v in w.quarantines_by_reason.items()},
         "start": start_result(w.start),
         "failure_past": w.failure_past,  # issue 31: "served" / "reset" since the failure
+        # Issue 32: the command that ends its quarantine (null when none), said by farmctl.
+        "release": release_command(w) if w.quarantine is not None else None,
+        # Facts farmctl renders instead of judging state names (control.facts).
+        "has_process": facts.has_process(str(w.phase)),
+        "failure_shown": facts.failure_shown(str(w.phase), w.last_failure, w.failure_past),
     }
 
 
@@ -138,6 +149,7 @@ def staging_result(s: StagingView | None) -> Result | None:
         "fix": s.fix,
         "last_copied_bytes": s.last_copied_bytes,
         "last_duration_s": s.last_duration_s,
+        "failed": s.state is StageState.FAILED,  # the fact farmctl renders (control.facts)
     }
 
 
@@ -355,6 +367,7 @@ def why_result(
     if canary is not None and canary.canary == w.id:
         result["canary"] = canary_result(canary)
     result["gpus"] = list(w.gpus)  # what `numa_nodes` is in the order of
+    result["state_timed"] = facts.state_timed(str(w.phase))  # farmctl says for how long
     serving = w.phase in _QUEUE_PHASES
     return _with_readings(
         result, answers if serving else None, worker_numa_nodes(w, gpu_nodes or {})
@@ -398,7 +411,13 @@ def line_payload(line: str) -> Result:
 
 def phase_payload(w: WorkerView, elapsed: float) -> Result:
     """A `wait-ready` progress message's body."""
-    return {"worker": w.id, "state": str(w.phase), "since": w.since, "elapsed_s": round(elapsed, 3)}
+    return {
+        "worker": w.id,
+        "state": str(w.phase),
+        "since": w.since,
+        "elapsed_s": round(elapsed, 3),
+        "ends_wait": facts.ends_wait(str(w.phase)),  # the final reply reports this phase
+    }
 
 
 # How long `wait-ready` waits, once a worker is ready, for the gateway to route to it (the

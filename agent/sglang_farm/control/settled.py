@@ -2,29 +2,18 @@
 
 Settled: every worker that should serve is ready and routed by every gateway, and no
 stage, rollout, canary analysis, rolling restart, drain or stop is under way; else what
-the farm waits for, and what holds it that will not change by itself (`FAILURE_KINDS`).
+the farm waits for, and what holds it that will not change by itself (`wire.FAILURE_KINDS`).
 """
 
 from __future__ import annotations
 
 from sglang_farm.canary.view import CanaryState
+from sglang_farm.control import wire
 from sglang_farm.control.prose import release_command
 from sglang_farm.control.results import Result
+from sglang_farm.control.wire import FAILURE_KINDS
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, WorkerView
 from sglang_farm.staging.state import StageState
-
-# What holds a farm that will not settle by itself, in the order `farmctl wait` names
-# them (its exit code is the first one's: docs/control-protocol.md).
-FAILURE_KINDS = (
-    "stage_failed",
-    "rollout_halted",
-    "canary_rolled_back",
-    "canary_held",
-    "host_drained",
-    "worker_failed",
-    "worker_quarantined",
-)
-
 
 # Phases a worker passes through on its way to serving (or out of it): the farm is busy.
 _UNDER_WAY = frozenset(
@@ -69,7 +58,7 @@ def settled_result(view: FarmView) -> Result:
         if sg.state is StageState.FAILED:
             failures.append(
                 _item(
-                    "stage_failed",
+                    wire.STAGE_FAILED,
                     f"the model could not be staged into {sg.target}: {sg.error}; what to "
                     f"do: {sg.fix}; then farmctl start all",
                 )
@@ -79,7 +68,7 @@ def settled_result(view: FarmView) -> Result:
     if view.rollout == "halted":
         failures.append(
             _item(
-                "rollout_halted",
+                wire.ROLLOUT_HALTED,
                 f"the rollout is halted ({view.rollout_reason or 'the canary failed'}); "
                 "fix the cause (farmctl why on the canary) and farmctl start all",
             )
@@ -93,7 +82,9 @@ def settled_result(view: FarmView) -> Result:
         if cv.state is CanaryState.ANALYSING:
             waiting.append(_item("canary_analysing", f"{where} is being analysed", cv.canary))
         else:
-            kind = "canary_rolled_back" if cv.state is CanaryState.ROLLED_BACK else "canary_held"
+            kind = (
+                wire.CANARY_ROLLED_BACK if cv.state is CanaryState.ROLLED_BACK else wire.CANARY_HELD
+            )
             failures.append(
                 _item(
                     kind,
@@ -108,7 +99,7 @@ def settled_result(view: FarmView) -> Result:
     if view.held_out_since is not None:
         failures.append(
             _item(
-                "host_drained",
+                wire.HOST_DRAINED,
                 "the host is held out of the gateway (farmctl drain-host); its workers "
                 "serve no user until farmctl undrain-host",
             )
@@ -130,7 +121,7 @@ def settled_result(view: FarmView) -> Result:
             what = f"GPU {q.gpu} is quarantined ({q.reason})" if q is not None else "quarantined"
             failures.append(
                 _item(
-                    "worker_quarantined",
+                    wire.WORKER_QUARANTINED,
                     f"worker {w.id}: {what}; farmctl why {w.id}, then {release_command(w)}",
                     w.id,
                 )
@@ -139,7 +130,7 @@ def settled_result(view: FarmView) -> Result:
             why = w.last_failure.summary if w.last_failure else "gave up"
             failures.append(
                 _item(
-                    "worker_failed",
+                    wire.WORKER_FAILED,
                     f"worker {w.id} failed: {why}; farmctl why {w.id}, then farmctl start {w.id}",
                     w.id,
                 )

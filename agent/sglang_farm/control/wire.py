@@ -21,6 +21,31 @@ RequestId = int | str | None
 # The error code of a line that is not a JSON object (codec.ErrorCode.BAD_JSON).
 BAD_JSON: Final = "bad_json"
 
+# The error code of an operation the agent tried and the runtime refused or failed
+# (codec.ErrorCode.FAILED).
+FAILED: Final = "failed"
+
+# What holds a farm that will not settle by itself (`settled`'s `failures[].kind`), in the
+# order `farmctl wait` names them (its exit code is the first one's:
+# docs/control-protocol.md). Named once: control.settled builds them, farmctl maps each to
+# its exit.
+STAGE_FAILED: Final = "stage_failed"
+ROLLOUT_HALTED: Final = "rollout_halted"
+CANARY_ROLLED_BACK: Final = "canary_rolled_back"
+CANARY_HELD: Final = "canary_held"
+HOST_DRAINED: Final = "host_drained"
+WORKER_FAILED: Final = "worker_failed"
+WORKER_QUARANTINED: Final = "worker_quarantined"
+FAILURE_KINDS: Final = (
+    STAGE_FAILED,
+    ROLLOUT_HALTED,
+    CANARY_ROLLED_BACK,
+    CANARY_HELD,
+    HOST_DRAINED,
+    WORKER_FAILED,
+    WORKER_QUARANTINED,
+)
+
 # Every protocol integer (worker ids, line counts, request ids) fits in 64 bits: 20
 # digits. Longer literals are refused before int() sees them: CPython's int() raises a
 # bare ValueError past 4,300 digits (outside json's own errors) and is quadratic below.
