@@ -28,6 +28,7 @@ from sglang_farm.metrics import exposition
 from sglang_farm.metrics.collectors import MetricsState, ProbeStatus, build_registry
 from sglang_farm.metrics.exposition import PROMETHEUS_ACCEPT
 from sglang_farm.sglang.load import WorkerStats
+from sglang_farm.workers.supervisor import Rollout
 
 
 def state(n: int) -> MetricsState:
@@ -80,7 +81,7 @@ def state(n: int) -> MetricsState:
             workers=workers,
             config_source="x",
             started_at=now - 3600,
-            rollout="done",
+            rollout=Rollout.DONE,
         ),
         fleet=fleet,
         workers=MappingProxyType(stats),

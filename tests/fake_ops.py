@@ -24,6 +24,7 @@ from sglang_farm.farm_view import (
 )
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.sglang.load import RecentAnswers
+from sglang_farm.workers.supervisor import Rollout
 
 
 def make_worker(i: int, *, in_gateway: bool = False) -> WorkerView:
@@ -126,7 +127,7 @@ class FakeOps:
         self.drain_unconfirmed: dict[str, tuple[int, ...]] = {}
         self.drain_timeouts: list[float | None] = []
         self.rolling = 0
-        self.rollout = "done"
+        self.rollout = Rollout.DONE
         # Fleet review #2: the config in force (its file and digest; None: not from a file).
         self.config_source = "/etc/sglang-farm/farm.toml"
         self.config_sha256: str | None = None

@@ -279,7 +279,7 @@ def test_a_rejected_change_in_the_file_is_not_run_after_restart_when_edited_duri
 
 
 def _record(tmp: Path, *, accepted_text: str | None, rejected: FarmSpec) -> None:
-    from sglang_farm.canary import store
+    from sglang_farm.canary import record, store
     from sglang_farm.canary.record import RejectedChanges
     from sglang_farm.canary.rollout import spec_change
 
@@ -287,7 +287,7 @@ def _record(tmp: Path, *, accepted_text: str | None, rejected: FarmSpec) -> None
     store.save(
         str(tmp),
         store.CanaryRecord(
-            store.Accepted("sha256:" + "1" * 64, accepted_text, 1.8e9),
+            record.Accepted("sha256:" + "1" * 64, accepted_text, 1.8e9),
             RejectedChanges().reject(bad, "canary ITL p50 5.0x the baseline's", 1.8e9),
         ),
     )

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from asuser import nobody_python, shared_dir
-from sglang_farm.canary import store
+from sglang_farm.canary import record, store
 from sglang_farm.canary.record import RejectedChanges
 
 __all__ = ["shared_dir"]  # the fixture, imported for pytest
@@ -18,7 +18,7 @@ H = "sha256:" + "a" * 64
 
 def test_the_record_round_trips_root_only(tmp_path: Path) -> None:
     rec = store.CanaryRecord(
-        store.Accepted(H, "[farm]\n", 12.5), RejectedChanges().reject(H, "too slow", 13.0)
+        record.Accepted(H, "[farm]\n", 12.5), RejectedChanges().reject(H, "too slow", 13.0)
     )
     store.save(str(tmp_path), rec)
     assert store.load(str(tmp_path)) == rec
@@ -63,7 +63,7 @@ def test_another_users_record_is_refused_kept_aside_and_never_run(shared_dir: Pa
 
 def test_a_symbolic_link_is_not_followed(tmp_path: Path) -> None:
     real = tmp_path / "elsewhere.json"
-    store.save(str(tmp_path), store.CanaryRecord(store.Accepted(H, None, 1.0)))
+    store.save(str(tmp_path), store.CanaryRecord(record.Accepted(H, None, 1.0)))
     (tmp_path / store.FILE).rename(real)
     (tmp_path / (store.FILE + ".copy")).unlink()
     (tmp_path / store.FILE).symlink_to(real)
@@ -74,7 +74,7 @@ def test_a_symbolic_link_is_not_followed(tmp_path: Path) -> None:
 
 def test_a_damaged_record_is_read_from_its_copy_and_written_whole_again(tmp_path: Path) -> None:
     rec = store.CanaryRecord(
-        store.Accepted(H, "[farm]\n", 12.5), RejectedChanges().reject(H, "too slow", 13.0)
+        record.Accepted(H, "[farm]\n", 12.5), RejectedChanges().reject(H, "too slow", 13.0)
     )
     store.save(str(tmp_path), rec)
     path = tmp_path / store.FILE

@@ -20,6 +20,7 @@ from sglang_farm.farm_view import (
     WorkerView,
 )
 from sglang_farm.sglang.failures import Failure, FailureKind
+from sglang_farm.workers.supervisor import Rollout
 
 
 def _view() -> FarmView:
@@ -41,7 +42,7 @@ def _view() -> FarmView:
         oom_step=2,
         oom_step_name="fewer-graphs",
     )
-    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, "halted", "canary failed")
+    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, Rollout.HALTED, "canary failed")
 
 
 def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
@@ -187,7 +188,7 @@ GW = GatewayStatus("http://127.0.0.1:8000", up=True, members=1, errors=0)
 
 
 def _gateway_view(gateway: GatewayStatus | None, *workers: WorkerView) -> FarmView:
-    return FarmView("f", "process", workers, "/etc/x.toml", 50.0, "done", gateway=gateway)
+    return FarmView("f", "process", workers, "/etc/x.toml", 50.0, Rollout.DONE, gateway=gateway)
 
 
 def _worker(phase: Phase, *, in_gateway: bool, last_drain: float | None = None) -> WorkerView:
@@ -362,7 +363,9 @@ def _quarantined(q: Quarantine = XID_79, phase: Phase = Phase.QUARANTINED) -> Wo
 
 
 def test_status_carries_each_workers_quarantine_and_its_count_by_reason() -> None:
-    v = FarmView("f", "process", (_view().worker(0), _quarantined()), "/etc/x.toml", 50.0, "done")
+    v = FarmView(
+        "f", "process", (_view().worker(0), _quarantined()), "/etc/x.toml", 50.0, Rollout.DONE
+    )
     st = results.status_result(v, [], version="9.9", now=1100.0)
     json.dumps(st)  # JSON-ready
     workers = st["workers"]

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
-from sglang_farm.control.settled import FAILURE_KINDS, settled_result
+from sglang_farm.control.settled import settled_result
+from sglang_farm.control.wire import FAILURE_KINDS
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.staging.state import StageState, StagingView

@@ -16,6 +16,7 @@ from sglang_farm.canary.view import CanaryState, RolloutVerdictView
 from sglang_farm.cli import farmctl
 from sglang_farm.cli.farmctl import Exit
 from sglang_farm.farm_view import Phase, Quarantine
+from sglang_farm.workers.supervisor import Rollout
 from test_farmctl import GATEWAY, Agent, serving
 
 
@@ -99,7 +100,7 @@ def test_wait_exits_at_once_with_the_code_of_what_holds_the_farm(
         q = Quarantine(3, "xid 79", "fell off the bus", time.time())
         ops.workers[3] = replace(ops.workers[3], phase=Phase.QUARANTINED, quarantine=q)
     elif hold == "halted":
-        ops.rollout = "halted"
+        ops.rollout = Rollout.HALTED
         monkeypatch.setattr(
             FakeOps,
             "view",

@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 import sglang_farm.cli.farmctl as farmctl
-from sglang_farm.workers.supervisor import Phase
+from sglang_farm.workers.phase import Phase
 
 _PHASES = frozenset(str(p) for p in Phase)
 

@@ -12,11 +12,11 @@ import structlog
 from sglang_farm.farm_view import FarmView
 from sglang_farm.publisher import Publisher
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import WorkerState
+from sglang_farm.workers.supervisor import Rollout, WorkerState
 
 
 def view(n: int) -> FarmView:
-    return FarmView("f", "process", (), "/etc/x.toml", float(n), "idle", None)
+    return FarmView("f", "process", (), "/etc/x.toml", float(n), Rollout.IDLE, None)
 
 
 class Harness:

@@ -666,10 +666,12 @@ def test_kept_alive_replies_are_not_held_back_by_nagle() -> None:
     30 ms, as this test first read, failed on a busy machine."""
     server = web.bind("127.0.0.1", 0, cast(web.ServerState, None))  # setup() reads no state
     try:
-        with socket.create_connection(server.server_address[:2], timeout=10):
+        host, port = server.server_address[:2]
+        with socket.create_connection((str(host), int(port)), timeout=10):
             conn, addr = server.get_request()
             with conn:
-                handler = server.RequestHandlerClass.__new__(server.RequestHandlerClass)
+                handler_class: Any = server.RequestHandlerClass
+                handler = handler_class.__new__(handler_class)
                 handler.request, handler.client_address, handler.server = conn, addr, server
                 handler.setup()  # what the server runs on each accepted connection
                 try:

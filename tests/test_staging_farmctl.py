@@ -10,6 +10,7 @@ from fake_ops import FakeOps
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.state import StageState, StagingView
+from sglang_farm.workers.supervisor import Rollout
 from test_farmctl import serving
 
 FAILED = StagingView(
@@ -31,7 +32,7 @@ class StagingOps(FakeOps):
             self.workers[i] = replace(w, phase=Phase.STOPPED, pid=None)
 
     def view(self) -> FarmView:
-        return replace(super().view(), rollout="idle", staging=self.staging)
+        return replace(super().view(), rollout=Rollout.IDLE, staging=self.staging)
 
     async def start(self, worker_ids: Sequence[int]) -> None:
         if self.staging.state == "failed":

@@ -905,3 +905,24 @@ def test_a_canary_an_operator_stopped_stays_stopped_when_rolled_back() -> None:
     stopped = WorkerState(0, phase=Phase.STOPPED, oom_step=2)
     d = step(stopped, RolledBack(oom_step=1), 10.0, gateway_policy())
     assert d.state == replace(stopped, oom_step=1) and d.actions == ()
+
+
+def test_a_rolled_back_canarys_step_is_its_own_and_spreads_to_no_other_worker() -> None:
+    """With `scope = "all"`, putting the canary back on the OOM step it had before the
+    change (higher than its current one after a `reset-oom` in the window) is no OOM of
+    the farm: no other worker takes it, no rolling restart (the review's finding: the old
+    restore() skipped the spread; the event must too)."""
+    p = Policy(
+        policy().startup,
+        policy().health,
+        policy().restart,
+        oom_next=lambda step, failure: step + 1,
+        oom_all=True,
+    )
+    sup = Supervisor([0, 1, 2], p)
+    for w in (0, 1, 2):
+        sup.workers[w] = WorkerState(w, phase=Phase.READY, ready_since=0.0)
+    actions = sup.handle(0, RolledBack(oom_step=2), 5.0)
+    assert [sup.workers[w].oom_step for w in (0, 1, 2)] == [2, 0, 0]
+    assert not [a for a in actions if isinstance(a, Note) and a.event == "oom_step_spread"]
+    assert sup.rolling == ()

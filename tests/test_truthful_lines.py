@@ -29,6 +29,7 @@ from agent_harness import (
 )
 from fake_gateway import FakeGateway
 from sglang_farm import logsetup
+from sglang_farm.workers.supervisor import Rollout
 from virtual_time import run_virtual
 
 REPO = Path(__file__).resolve().parent.parent
@@ -384,7 +385,7 @@ def test_systemds_status_line_says_when_ready_is_not_yet_routed() -> None:
     )
     gw = GatewayStatus("http://127.0.0.1:8000", up=True, members=7, errors=0)
     routed = tuple(replace(w, in_gateway=w.id != 5) for w in workers)
-    view = FarmView("demo", "systemd", routed, "/etc/x.toml", 0.0, "done", gateway=gw)
+    view = FarmView("demo", "systemd", routed, "/etc/x.toml", 0.0, Rollout.DONE, gateway=gw)
     assert status_line(view) == "8/8 ready, 1 not yet routed by the gateway"
     every = replace(view, workers=tuple(replace(w, in_gateway=True) for w in workers))
     assert status_line(every) == "8/8 ready"

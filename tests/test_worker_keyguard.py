@@ -230,3 +230,12 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
     assert "k-worker-1" not in repr(logs)
     [warned] = [e for e in logs if e["event"] == "worker_key_withheld"]
     assert (warned["worker"], warned["port"], warned["owner_pid"]) == (1, 30001, 4242)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/metrics", "http://127.0.0.1:x/v1"])
+def test_a_url_with_no_usable_port_is_a_refusal_not_an_exception(url: str) -> None:
+    """urlsplit raises on a port out of range or not a number: the guard says why and
+    nothing is sent, rather than ending the poll or probe that asked (the review's
+    finding)."""
+    why = asyncio.run(guard().refusal(0, url))
+    assert why is not None and why.startswith(f"{url}: no port to check the listener of")

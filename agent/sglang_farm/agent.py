@@ -345,10 +345,9 @@ class Agent:
     def _gpus_of(self, worker: int) -> str | int | None:
         """The worker's GPU (its GPUs, comma-joined), None for one not (or no longer) known."""
         try:
-            gpus = self._spec.worker(worker).gpus
+            return gpu_field(self._spec.worker(worker).gpus)
         except KeyError:
             return None
-        return gpus[0] if len(gpus) == 1 else ",".join(map(str, gpus))
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger:
         w = self._spec.worker(worker)

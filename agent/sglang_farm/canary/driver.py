@@ -236,7 +236,11 @@ class CanaryDriver:
         )
         match choice:
             case startchoice.Refused(problem=problem):
-                log.error("canary_rejected_change_not_started", change=record.short(desired))
+                log.error(
+                    "canary_rejected_change_not_started",
+                    change=record.short(desired),
+                    problem=problem,
+                )
                 raise ConfigError(spec.source, [problem])
             case startchoice.OnFile(unjudged=why):
                 if why is not None:

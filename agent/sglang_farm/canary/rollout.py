@@ -42,9 +42,8 @@ from sglang_farm.canary.verdict import (
 from sglang_farm.sglang.commands import worker_commands
 from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, RolloutSpec
-from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase import Phase, StopIntent
 from sglang_farm.workers.phase_sets import LEAVING, set_aside
-from sglang_farm.workers.supervisor import StopIntent
 
 __all__ = [
     "Analysis",

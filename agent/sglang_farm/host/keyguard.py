@@ -57,10 +57,14 @@ class KeyGuard:
     async def refusal(self, worker: int, url: str) -> str | None:
         """None when the listener on `url`'s port is the worker's own; else why the farm
         sends it nothing (the request must not be sent). Warns once per foreign holder."""
-        parts = urlsplit(url)
-        if parts.hostname is None or parts.port is None:
+        try:
+            parts = urlsplit(url)
+            hostname, port = parts.hostname, parts.port
+        except ValueError as exc:  # a port out of range or not a number
+            return f"{url}: no port to check the listener of ({exc}): nothing sent"
+        if hostname is None or port is None:
             return f"{url}: no host and port to check the listener of"
-        host, port = connect_host(parts.hostname), parts.port
+        host = connect_host(hostname)
         try:
             own = await self._owner.check(host, port, lambda: self._pids(worker))
         except Exception as exc:  # an unreadable /proc proves nothing: nothing is sent

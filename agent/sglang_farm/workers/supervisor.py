@@ -379,7 +379,8 @@ class Supervisor:
         step_before = self.workers[worker_id].oom_step
         actions = self._apply(worker_id, event, now)
         step_after = self.workers[worker_id].oom_step
-        if self.policy.oom_all and step_after > step_before:
+        # A rolled-back canary's step is the one it had before the change, no new OOM.
+        if self.policy.oom_all and step_after > step_before and not isinstance(event, RolledBack):
             actions += self._spread_oom_step(worker_id, step_after, now)
         return actions + self._plan(now)
 
