@@ -129,7 +129,12 @@ def test_the_prober_sends_each_prompt_to_both_sides_at_once_and_stays_bounded() 
             send=send,
         )
         task = asyncio.create_task(p.run())
-        await asyncio.sleep(0.2)
+        # Until 6 pairs are answered: a give-up bound (60 s), not a 0.2 s window, which
+        # answered none on a busy machine (CI, 2 cores, 4 test workers).
+        for _ in range(6000):
+            if len(p.pairs) >= 6:
+                break
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
