@@ -23,7 +23,6 @@ from sglang_farm.canary.rollout import (
     conclude,
     kept_out_of_gateway,
     observe,
-    others_missed,
     policy,
     resolve,
     spec_change,
@@ -84,16 +83,21 @@ def test_a_failure_from_before_the_change_does_not_count() -> None:
 
 def test_failed_health_leaving_serving_quarantine_and_a_stop() -> None:
     a, _ = observe(A, _obs(), 120.0, gateway=False)
-    _, step = observe(a, _obs(Phase.UNHEALTHY), 125.0, gateway=False)
-    assert isinstance(step, Fail) and step.event.kind is LivenessKind.HEALTH_FAILED
-    # A busy worker's slow probe is excused (its counters advance).
+    # One missed probe in the window is the supervisor's to judge, as for every worker
+    # (`[health] failure_threshold` in a row restarts it, and that restart fails the change
+    # below): a harmless canary on a loaded host misses one now and then (CI rolled back
+    # harmless changes "health_failed 1 s into the window" on 2 busy cores).
+    assert observe(a, _obs(Phase.UNHEALTHY), 125.0, gateway=False)[1] == Wait()
     assert observe(a, _obs(Phase.UNHEALTHY, busy=True), 125.0, gateway=False)[1] == Wait()
-    # ... and so is one missed while a baseline worker missed its own (the host, not the
-    # change: issue 34 §1's liveness under load); the supervisor's threshold decides.
-    both = _obs(Phase.UNHEALTHY, baseline_unhealthy=1)
-    assert observe(a, both, 125.0, gateway=False)[1] == Wait()
-    # Before the window (no traffic served yet) one missed probe is the supervisor's to
-    # judge; a restart for missed probes is then a failure like any other.
+    # The window does not end on an unhealthy canary: it waits for the supervisor's
+    # threshold (a restart, a failure) or for the canary to answer again.
+    ended = observe(a, _obs(Phase.UNHEALTHY), a.ends_at or 0.0, gateway=False)
+    assert ended[1] == Wait()
+    assert observe(a, _obs(Phase.READY), a.ends_at or 0.0, gateway=False)[1] == EndWindow()
+    # ... a busy one is answering (its counters advance): its window ends as usual.
+    busy_end = observe(a, _obs(Phase.UNHEALTHY, busy=True), a.ends_at or 0.0, gateway=False)
+    assert busy_end[1] == EndWindow()
+    # Before the window (no traffic served yet) likewise.
     assert observe(A, _obs(Phase.UNHEALTHY), 125.0, gateway=False)[1] == Wait()
     hung = Failure(FailureKind.HANG, "no answer to 3 health probes", "")
     restarted = _obs(Phase.STOPPING, last_failure=hung, last_failure_at=126.0)
@@ -357,16 +361,6 @@ def test_an_operators_restart_inside_an_extension_starts_the_analysis_over() -> 
         a1, _obs(Phase.DRAINING, stop_intent=StopIntent.RESTART), 200.0, gateway=False
     )
     assert step == Wait() and a2.window_start is None and a2.extensions == 0
-
-
-def test_another_workers_missed_probe_counts_for_the_stretch_after_it_and_no_longer() -> None:
-    """rollout.others_missed: a miss by another worker is remembered for `stretch`
-    (inclusive) after it was last seen, then forgotten; no miss ever: none."""
-    assert others_missed(False, None, 100.0, 15.0) == (False, None)
-    assert others_missed(True, None, 100.0, 15.0) == (True, 100.0)
-    assert others_missed(True, 90.0, 100.0, 15.0) == (True, 100.0)  # the latest miss counts
-    assert others_missed(False, 100.0, 115.0, 15.0) == (True, 100.0)  # the stretch's end
-    assert others_missed(False, 100.0, 115.5, 15.0) == (False, 100.0)  # past it
 
 
 def test_only_a_canary_waiting_for_its_eval_gate_is_kept_out_of_the_gateway() -> None:

@@ -144,7 +144,7 @@ def test_too_little_traffic_is_inconclusive_unless_errors_already_fail_it() -> N
 
 def test_any_liveness_failure_rolls_back_at_once_whatever_the_figures() -> None:
     events = [
-        LivenessEvent(LivenessKind.HEALTH_FAILED, 14.0),
+        LivenessEvent(LivenessKind.HUNG, 14.0),
         LivenessEvent(LivenessKind.OOM, 10.2, "CUDA out of memory while serving"),
     ]
     v = judge(side(5, seed=2), side(2800, seed=3), events, POLICY, complete=False)

@@ -345,16 +345,40 @@ def test_adopt_finds_running_units_and_close_leaves_them(
     farm: SystemdContainer, sd: SystemdContainer
 ) -> None:
     # Worker 2 stays loading: a slower model load, in a drop-in of the test's own (15 min:
-    # longer than any loaded machine takes to reach the adoption below).
+    # longer than any loaded machine takes to reach the adoption below). An environment
+    # file, not Environment=: the farm's drop-in reads the config's environment from an
+    # EnvironmentFile=, which overrides any Environment= (systemd.exec(5)); a later file
+    # overrides an earlier one. (With Environment= worker 2 loaded in 0.5 s and the test
+    # passed only when adoption came first.)
+    farm.write_file("/run/sf-test-slow-load.env", "SGLANG_SIM_LOAD_SECONDS=900\n")
     farm.write_file(
         "/run/systemd/system/sglang@2.service.d/60-test.conf",
-        "[Service]\nEnvironment=SGLANG_SIM_LOAD_SECONDS=900\n",
+        "[Service]\nEnvironmentFile=/run/sf-test-slow-load.env\n",
     )
     farm.run(["systemctl", "daemon-reload"])
     # Worker 1 is started (and ready) by someone else, as before an agent restart.
     farm.run(["systemctl", "start", "sglang@1"], timeout=30)
     farm.run(["systemctl", "start", "--no-block", "sglang@2"])
     try:
+        # The queued start job runs at once; a give-up bound for a busy machine.
+        end = time.monotonic() + 30
+        state = "inactive"
+        while state == "inactive" and time.monotonic() < end:
+            state = farm.run(["systemctl", "is-active", "sglang@2"], check=False).stdout.strip()
+        assert state == "activating", f"worker 2 should still be loading, is {state}"
+        # What it loads with, once its main process has exec'd (at fork it still has
+        # systemd's environment).
+        env: list[str] = []
+        while time.monotonic() < end and not any(e.startswith("SGLANG_SIM") for e in env):
+            env = farm.run(
+                [
+                    "sh",
+                    "-c",
+                    "tr '\\0' '\\n' < /proc/$(systemctl show -P MainPID sglang@2)/environ",
+                ],
+                check=False,
+            ).stdout.splitlines()
+        assert "SGLANG_SIM_LOAD_SECONDS=900" in env, env
         out = _drive(farm, "adopt", "1", "2")
         assert out["adopted"] == {
             "1": {"pid": out["mainpids"]["1"], "active": True},
@@ -370,6 +394,7 @@ def test_adopt_finds_running_units_and_close_leaves_them(
     finally:
         farm.run(["systemctl", "stop", "sglang@1", "sglang@2"], check=False)
         farm.run(["rm", "-f", "/run/systemd/system/sglang@2.service.d/60-test.conf"])
+        farm.run(["rm", "-f", "/run/sf-test-slow-load.env"])
         farm.run(["systemctl", "daemon-reload"])
 
 

@@ -149,9 +149,8 @@ def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
     return s.last_failure, s.last_failure_at
 
 
-def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
-    """What rollout.observe needs of the canary's supervisor state; `host_missed`: another
-    worker missed a health probe within the last stretch too (`rollout.others_missed`)."""
+def _obs(s: WorkerState) -> CanaryObs:
+    """What rollout.observe needs of the canary's supervisor state."""
     stopping = s.stop_intent is StopIntent.STOP and s.phase in LEAVING
     failure, failure_at = _failure(s)
     return CanaryObs(
@@ -162,7 +161,6 @@ def _obs(s: WorkerState, host_missed: bool = False) -> CanaryObs:
         last_failure=failure,
         last_failure_at=failure_at,
         stop_intent=s.stop_intent,
-        baseline_unhealthy=int(host_missed),
     )
 
 
@@ -193,7 +191,6 @@ class CanaryDriver:
         self._send = send  # the paired probes' requests (None: HTTP; tests give a fake)
         self._prober: probe.Prober | None = None
         self._probe_task: asyncio.Task[Any] | None = None
-        self._others_missed_at: float | None = None  # a non-canary worker last unhealthy
         self._gate = gate or evalrun.run_gate
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
@@ -488,7 +485,7 @@ class CanaryDriver:
         a = self._analysis
         if a is None or self._judging or a.canary not in h.supervisor.workers:
             return
-        obs = _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary))
+        obs = _obs(h.supervisor.workers[a.canary])
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -501,23 +498,6 @@ class CanaryDriver:
             self._act(a2, step)
         finally:
             self._busy = False
-
-    def _host_missed(self, canary: int) -> bool:
-        """rollout.others_missed, on the supervisor's workers other than the canary."""
-        h = self._host
-        assert h is not None
-        hp = h.spec().health
-        missed, self._others_missed_at = rollout.others_missed(
-            any(
-                s.phase is Phase.UNHEALTHY and not s.busy
-                for w, s in h.supervisor.workers.items()
-                if w != canary
-            ),
-            self._others_missed_at,
-            h.clock(),
-            hp.period * hp.failure_threshold,
-        )
-        return missed
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
@@ -798,7 +778,7 @@ class CanaryDriver:
             if a.canary in h.supervisor.workers:
                 a2, step = rollout.observe(
                     a,
-                    _obs(h.supervisor.workers[a.canary], self._host_missed(a.canary)),
+                    _obs(h.supervisor.workers[a.canary]),
                     h.clock(),
                     gateway=h.gateway,
                 )

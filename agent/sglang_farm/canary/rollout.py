@@ -108,10 +108,6 @@ class CanaryObs:
     # Why the supervisor is stopping it (WorkerState.stop_intent): an operator's stop,
     # a restart (an operator's, or a config restart), its GPU set aside, or a failure.
     stop_intent: StopIntent | None = None
-    # Other workers that missed a health probe too, in the same stretch: the host (load,
-    # a stall of the machine) rather than the change; then one missed probe of the
-    # canary's is not a rollback, and the supervisor's failure_threshold decides.
-    baseline_unhealthy: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,17 +211,6 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
             replace(a, window_start=None, failure_mark=c.last_failure_at, extensions=0),
             Wait(),
         )
-    if (
-        c.phase is Phase.UNHEALTHY
-        and not c.busy
-        and not c.baseline_unhealthy
-        and a.window_start is not None
-    ):
-        # One missed probe fails the change only in the window, where the canary serves
-        # traffic: before it (the eval gate, the gateway's join) it serves none, and a
-        # freshly started process on a loaded host is the slowest to answer; there the
-        # supervisor's failure_threshold decides (a restart for it is a Fail above).
-        return a, Fail(LivenessEvent(LivenessKind.HEALTH_FAILED, after, "health check failed"))
     if a.window_start is None:
         if c.phase in (Phase.FAILED, Phase.STOPPED):
             detail = f"the canary is {c.phase} before it served"
@@ -239,6 +224,12 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
         detail = f"the canary left serving ({c.phase})"
         return a, Fail(LivenessEvent(LivenessKind.CRASHED, after, detail))
     if a.ends_at is not None and now >= a.ends_at:
+        if c.phase is Phase.UNHEALTHY and not c.busy:
+            # Missed probes are the supervisor's to judge, in the window as before it and
+            # for every worker (`[health] failure_threshold` in a row restart it, and that
+            # restart fails the change above): no verdict on a canary that is not
+            # answering; it answers again (then judged) or is restarted (then failed).
+            return a, Wait()
         return a, EndWindow()
     return a, Wait()
 
@@ -249,19 +240,6 @@ def kept_out_of_gateway(a: Analysis | None) -> frozenset[int]:
     if a is None or not a.needs_eval or a.evaluated:
         return frozenset()
     return frozenset((a.canary,))
-
-
-def others_missed(
-    missing_now: bool, last_at: float | None, now: float, stretch: float
-) -> tuple[bool, float | None]:
-    """Whether a worker other than the canary missed a health probe (unhealthy, not
-    excused as busy) within the last `stretch` (`failure_threshold` probe periods: the
-    stretch in which the supervisor would restart a worker that stays unhealthy), and
-    when one last did. `missing_now`: one is missing now. The workers' probes are
-    staggered, so "at the same moment" is this stretch, not an instant."""
-    if missing_now:
-        last_at = now
-    return last_at is not None and now - last_at <= stretch, last_at
 
 
 class Resolution(StrEnum):

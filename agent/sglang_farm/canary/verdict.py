@@ -84,7 +84,6 @@ class LivenessKind(StrEnum):
     CRASHED = "crashed"
     OOM = "oom"
     HUNG = "hung"
-    HEALTH_FAILED = "health_failed"
     WEDGED = "wedged"
 
 
