@@ -11,7 +11,7 @@ a harness may share with FakeGateway's to see in which order the agent called th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from sglang_farm.host.listeners import OwnerKind, Ownership
@@ -171,6 +171,7 @@ class FakePortOwner:
         ours: Callable[[], Awaitable[frozenset[int]]],
         *,
         fresh: bool = False,
+        whose: Hashable = None,
     ) -> Ownership:
         self.checks += 1
         if port in self.squatters:

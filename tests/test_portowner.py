@@ -221,3 +221,27 @@ def test_the_beats_of_eight_workers_share_one_reading_of_the_listeners() -> None
         assert len(reads) == 2 + 8
 
     asyncio.run(scenario())
+
+
+def test_a_listener_verified_as_one_workers_is_traced_again_for_another_worker(
+    listening: socket.socket,
+) -> None:
+    """Review of issue 32: the cache of verified listeners was keyed by port alone, so a
+    socket verified as worker 0's answered "ours" when worker 1 (after a reload gave it
+    worker 0's port while worker 0 still listened there) asked: worker 1's API key would
+    have gone to worker 0's process. A verdict holds for the worker it was traced for."""
+    port = listening.getsockname()[1]
+    owner = ProcPortOwner(clock=lambda: 0.0)  # every reading is "still fresh"
+
+    async def mine() -> frozenset[int]:
+        return frozenset({os.getpid()})
+
+    async def another() -> frozenset[int]:
+        return frozenset({1})
+
+    first = asyncio.run(owner.check("127.0.0.1", port, mine, whose=0))
+    assert first.kind is OwnerKind.OURS
+    other = asyncio.run(owner.check("127.0.0.1", port, another, whose=1))
+    assert (other.kind, other.pid) == (OwnerKind.FOREIGN, os.getpid())
+    # Worker 0's own verdict is still remembered.
+    assert asyncio.run(owner.check("127.0.0.1", port, another, whose=0)).kind is OwnerKind.OURS

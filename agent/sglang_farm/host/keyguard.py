@@ -66,7 +66,7 @@ class KeyGuard:
             return f"{url}: no host and port to check the listener of"
         host = connect_host(hostname)
         try:
-            own = await self._owner.check(host, port, lambda: self._pids(worker))
+            own = await self._owner.check(host, port, lambda: self._pids(worker), whose=worker)
         except Exception as exc:  # an unreadable /proc proves nothing: nothing is sent
             return f"port {port}: its listener could not be read ({exc!r}): no key sent"
         if own.kind is OwnerKind.OURS:

@@ -24,7 +24,7 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Protocol
 
 from sglang_farm.host import procfs, sockdiag
@@ -54,11 +54,14 @@ class PortOwner(Protocol):
         ours: Callable[[], Awaitable[frozenset[int]]],
         *,
         fresh: bool = False,
+        whose: Hashable = None,
     ) -> Ownership:
         """`ours`: the worker's own pids (asked only when a listener must be traced).
         `fresh`: read the tables now and trust no earlier verdict (readiness, launch: the
         port may have changed hands since, as when a restarted worker's old socket
-        closed and a squatter bound the port); liveness beats may use a recent reading."""
+        closed and a squatter bound the port); liveness beats may use a recent reading.
+        `whose`: who `ours` stands for (a worker id): a verdict remembered for one is
+        never another's (a reload may give a worker the port another still listens on)."""
         ...
 
 
@@ -236,7 +239,8 @@ class ProcPortOwner:
         self._proc = proc
         self._clock = clock
         self._read = read
-        self._verified: dict[int, frozenset[int]] = {}  # port -> inodes found ours
+        # (port, whose) -> the inodes found to be whose's own
+        self._verified: dict[tuple[int, Hashable], frozenset[int]] = {}
         self._table: tuple[float, list[Listener]] | None = None
 
     async def _listeners(self, *, fresh: bool = False) -> list[Listener]:
@@ -254,24 +258,26 @@ class ProcPortOwner:
         ours: Callable[[], Awaitable[frozenset[int]]],
         *,
         fresh: bool = False,
+        whose: Hashable = None,
     ) -> Ownership:
         # Reads of /proc: in a thread, never on the event loop.
+        key = (port, whose)
         if fresh:
-            self._verified.pop(port, None)
+            self._verified.pop(key, None)
         listeners = await self._listeners(fresh=fresh)
         there = [lst for lst in listeners if reaches(lst, host, port)]
         inodes = frozenset(lst.inode for lst in there)
         if not there:
             return Ownership(OwnerKind.NONE, port)
-        if inodes <= self._verified.get(port, frozenset()):
+        if inodes <= self._verified.get(key, frozenset()):
             # The same sockets as last verified: an inode names one socket while it exists.
             return Ownership(OwnerKind.OURS, port, inodes=inodes)
         pids = await ours()
         verdict = await asyncio.to_thread(self._trace, there, host, port, pids)
         if verdict.kind is OwnerKind.OURS:
-            self._verified[port] = verdict.inodes
+            self._verified[key] = verdict.inodes
         else:
-            self._verified.pop(port, None)
+            self._verified.pop(key, None)
         return verdict
 
     def _trace(

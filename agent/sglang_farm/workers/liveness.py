@@ -165,6 +165,7 @@ class LivenessWatcher:
             w.port,
             lambda: self._runtime.worker_pids(self.worker),
             fresh=fresh,
+            whose=self.worker,
         )
 
     async def _liveness(self, s: WorkerState) -> None:
