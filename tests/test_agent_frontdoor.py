@@ -14,7 +14,7 @@ from agent_harness import (
     urls,
 )
 from fake_gateway import FakeGateway
-from sglang_farm.cli.farmctl import _gateway_line
+from sglang_farm.cli.ctl.status import _gateway_line
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result
 from sglang_farm.gateway import Member

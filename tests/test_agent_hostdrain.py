@@ -234,7 +234,7 @@ def test_drain_host_on_a_full_state_dir_fails_with_the_reason_and_status_says_so
     state.json kept no hold (an agent restart would have put the host back). It now
     fails naming the file and why; status and the metrics say the state is not saved."""
     from fulldisk import fill, small_tmpfs
-    from sglang_farm.cli.farmctl import format_status
+    from sglang_farm.cli.ctl.status import format_status
     from sglang_farm.errors import FarmError
 
     with small_tmpfs(tmp / "state") as state_dir:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from agent_harness import Farm, farm, farm_toml
-from sglang_farm.cli.farmctl import format_status
+from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import status_result, why_result
 from sglang_farm.farm_view import FarmView

@@ -3,7 +3,7 @@ and farmctl's fallback for an older agent (the rule over `state`) says the same.
 
 from __future__ import annotations
 
-from sglang_farm.cli.farmctl import WAIT_EXITS
+from sglang_farm.cli.ctl.wait import WAIT_EXITS
 from sglang_farm.control import facts, results, wire
 from sglang_farm.staging.state import StageState
 from sglang_farm.workers.phase import Phase

@@ -1,4 +1,5 @@
-"""Results of control commands, built from hand-made views (pure; control/results.py)."""
+"""Results of control commands, built from hand-made views (pure; control/results.py);
+when a wait is over is tests/test_control_settled.py's."""
 
 from __future__ import annotations
 
@@ -488,14 +489,9 @@ def test_release_by_worker_result_adds_the_worker_and_the_gpus_checked() -> None
     }
 
 
-def test_a_ready_worker_waits_for_the_gateway_unless_it_is_down_or_the_grace_ran_out() -> None:
+def test_wait_result_says_whether_the_gateway_routes_the_ready_worker() -> None:
     w = replace(_view().worker(0), phase=Phase.READY, since=100.0, in_gateway=False)
     up = GatewayStatus(url="http://gw:8000", up=True, members=3, errors=0)
-    assert results.routed_or_never(w, None, 101.0)  # no gateway: ready is the end
-    assert not results.routed_or_never(w, up, 101.0)  # the farm is adding it
-    assert results.routed_or_never(replace(w, in_gateway=True), up, 101.0)
-    assert results.routed_or_never(w, replace(up, up=False), 101.0)  # down: say so, end
-    assert results.routed_or_never(w, up, 100.0 + results.GATEWAY_JOIN_GRACE_S)
     out = results.wait_result(w, replace(up, up=False), settled=True, elapsed=1.0)
     assert (out["ready"], out["routed"], out["gateway_up"]) == (True, False, False)
     assert results.wait_result(w, None, settled=True, elapsed=1.0)["routed"] is None

@@ -1,5 +1,6 @@
 """`settled` (farmctl wait, issue 26 item 1): when the farm is settled, what it waits for,
-and what holds it; pure, from hand-made views (control/results.py)."""
+and what holds it; and when one worker's `wait-ready` is over; pure, from hand-made views
+(control/settled.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from dataclasses import replace
 import pytest
 
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
-from sglang_farm.control.settled import settled_result
+from sglang_farm.control.settled import (
+    GATEWAY_JOIN_GRACE_S,
+    routed_or_never,
+    settled_result,
+    worker_settled,
+)
 from sglang_farm.control.wire import FAILURE_KINDS
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.sglang.failures import Failure, FailureKind
@@ -208,3 +214,37 @@ def test_a_worker_one_gateway_does_not_route_is_waited_for_by_name() -> None:
     assert isinstance(waiting, list)
     assert waiting[0]["message"] == f"worker 1 is ready; the gateway at {B} does not route it"
     assert r["serving"] == 1
+
+
+# --- one worker's wait-ready ------------------------------------------------------------
+
+
+def test_a_ready_worker_waits_for_the_gateway_unless_it_is_down_or_the_grace_ran_out() -> None:
+    w = worker(0, since=100.0, in_gateway=False)
+    assert routed_or_never(w, None, 101.0)  # no gateway: ready is the end
+    assert not routed_or_never(w, GW, 101.0)  # the farm is adding it
+    assert routed_or_never(replace(w, in_gateway=True), GW, 101.0)
+    assert routed_or_never(w, replace(GW, up=False), 101.0)  # down: say so, end
+    assert routed_or_never(w, GW, 100.0 + GATEWAY_JOIN_GRACE_S)
+
+
+def test_a_worker_wait_ends_on_ready_or_failed_since_the_request_and_on_quarantined() -> None:
+    ready = worker(0, since=100.0)
+    assert worker_settled(ready, farm(ready), after=100.0, now=101.0)
+    # A ready phase from before the request (the restart not yet begun) is not its end.
+    assert not worker_settled(ready, farm(ready), after=100.5, now=101.0)
+    failed = worker(0, Phase.FAILED, since=100.0)
+    assert worker_settled(failed, farm(failed), after=100.0, now=101.0)
+    assert not worker_settled(failed, farm(failed), after=100.5, now=101.0)
+    quarantined = worker(0, Phase.QUARANTINED, since=50.0)  # whenever entered
+    assert worker_settled(quarantined, farm(quarantined), after=100.0, now=101.0)
+    starting = worker(0, Phase.STARTING, since=100.0)
+    assert not worker_settled(starting, farm(starting), after=100.0, now=101.0)
+
+
+def test_a_ready_worker_out_of_the_gateway_ends_its_wait_only_once_routed_or_held_out() -> None:
+    out = worker(0, since=100.0, in_gateway=False)
+    assert not worker_settled(out, farm(out), after=100.0, now=101.0)  # being added
+    held = farm(out, held_out_since=99.0)  # drain-host: it stays out, the wait is over
+    assert worker_settled(out, held, after=100.0, now=101.0)
+    assert worker_settled(out, farm(out), after=100.0, now=100.0 + GATEWAY_JOIN_GRACE_S)

@@ -23,7 +23,10 @@ from click.testing import CliRunner, Result
 from structlog.testing import capture_logs
 
 from fake_ops import FakeOps
-from sglang_farm.cli.farmctl import Exit, _agent_error, cli, format_status
+from sglang_farm.cli.ctl.connection import _agent_error
+from sglang_farm.cli.ctl.exits import Exit
+from sglang_farm.cli.ctl.status import format_status
+from sglang_farm.cli.farmctl import cli
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.control.server import ControlServer
 from sglang_farm.errors import AgentError

@@ -41,7 +41,7 @@ def closed_port() -> int:
 
 
 def test_the_exit_codes_are_farmctls_where_they_mean_the_same() -> None:
-    from sglang_farm.cli.farmctl import Exit
+    from sglang_farm.cli.ctl.exits import Exit
 
     for name in ("OK", "FAILED", "USAGE", "TIMED_OUT"):
         assert int(BatchExit[name]) == int(Exit[name]), name

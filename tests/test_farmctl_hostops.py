@@ -13,8 +13,8 @@ import pytest
 
 from fake_ops import FakeOps
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
-from sglang_farm.cli import farmctl
-from sglang_farm.cli.farmctl import Exit
+from sglang_farm.cli.ctl import wait
+from sglang_farm.cli.ctl.exits import Exit
 from sglang_farm.farm_view import Phase, Quarantine
 from sglang_farm.workers.supervisor import Rollout
 from test_farmctl import GATEWAY, Agent, serving
@@ -22,7 +22,7 @@ from test_farmctl import GATEWAY, Agent, serving
 
 @pytest.fixture
 def gw_agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
-    monkeypatch.setattr(farmctl, "SETTLED_POLL_S", 0.02)
+    monkeypatch.setattr(wait, "SETTLED_POLL_S", 0.02)
     with serving(FakeOps(4, gateway=GATEWAY)) as a:
         yield a
 

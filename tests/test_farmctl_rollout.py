@@ -13,8 +13,9 @@ import pytest
 
 from fake_ops import FakeOps
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
-from sglang_farm.cli import farmctl
-from sglang_farm.cli.farmctl import Exit
+from sglang_farm.cli.ctl import reload
+from sglang_farm.cli.ctl.exits import Exit
+from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.farm_view import FarmView
 from test_farmctl import Agent, serving
@@ -76,7 +77,7 @@ class RolloutOps(FakeOps):
 
 @pytest.fixture(autouse=True)
 def fast_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(farmctl, "ROLLOUT_POLL_S", 0.01)
+    monkeypatch.setattr(reload, "ROLLOUT_POLL_S", 0.01)
 
 
 @contextlib.contextmanager
@@ -251,7 +252,7 @@ def test_status_while_analysing_says_the_time_left() -> None:
     now = time.time()
     cv = verdict(CanaryState.ANALYSING, started_at=now - 18)
     st = {"farm": "f", "now": now, "workers": [], "canary": farmctl_json(cv)}
-    assert farmctl.format_status(st).splitlines()[1] == "canary 2: analysing, 12 s of 30 s left"
+    assert format_status(st).splitlines()[1] == "canary 2: analysing, 12 s of 30 s left"
 
 
 def farmctl_json(cv: RolloutVerdictView) -> dict[str, object]:
@@ -314,6 +315,6 @@ def test_reload_keeps_waiting_through_an_extension_and_says_so() -> None:
     cv = replace(extended, started_at=now - 20, ends_at=now + 40)
     assert farmctl_json(cv)["extensions"] == 1 and farmctl_json(cv)["max_extensions"] == 2
     st = {"farm": "f", "now": now, "workers": [], "canary": farmctl_json(cv)}
-    assert farmctl.format_status(st).splitlines()[1] == (
+    assert format_status(st).splitlines()[1] == (
         f"canary 2: analysing, extended 1 of 2, 40 s of 60 s left ({starved})"
     )

@@ -22,7 +22,7 @@ from agent_harness import (
 )
 from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_gateway import FakeGateway
-from sglang_farm.cli.farmctl import format_status
+from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.config import load_spec
 from sglang_farm.control.results import endpoints_result, status_result
 from sglang_farm.control.settled import settled_result

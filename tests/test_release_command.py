@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from sglang_farm.cli.farmctl import NotRunning, _judge
+from sglang_farm.cli.ctl.exits import NotRunning
+from sglang_farm.cli.ctl.follow import _judge
 
 _Q = {"gpu": 2, "reason": "xid 79", "detail": "fell off the bus", "since": 1.0}
 

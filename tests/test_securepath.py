@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import asuser
 from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_ops import FakeOps
-from sglang_farm.cli.farmctl import Exit
+from sglang_farm.cli.ctl.exits import Exit
 from sglang_farm.cli.farmctl import cli as farmctl
 from sglang_farm.control.server import ControlServer
 from sglang_farm.errors import ControlSocketError

@@ -190,7 +190,7 @@ def test_a_slow_phase_is_kept_with_its_start_and_shown_by_status_and_why() -> No
     """The slow-phase line is not the agent's log alone (issue 34 §4, Done-when): the start
     in the status JSON carries it, `farmctl status` has a note line and `why` says it; a
     new launch of the worker starts with none."""
-    from sglang_farm.cli.farmctl import format_status
+    from sglang_farm.cli.ctl.status import format_status
     from sglang_farm.cli.startview import start_lines
     from sglang_farm.control.results import start_result
     from sglang_farm.farm_view import start_view

@@ -100,7 +100,7 @@ def _status(states: dict[int, tuple[str, bool]], **more: object) -> dict[str, ob
 def test_the_status_header_says_what_users_get_and_names_who_is_not_ready() -> None:
     """After a `kill -9`, `status` said `8/8 ready` while the gateway routed 7 of 8; and
     `7/8 ready` did not name the failed worker."""
-    from sglang_farm.cli.farmctl import format_status
+    from sglang_farm.cli.ctl.status import format_status
 
     def head(st: dict[str, object]) -> str:
         return format_status(st).splitlines()[0]
@@ -149,13 +149,13 @@ def test_wait_names_the_workers_a_gateway_does_not_route_in_one_line() -> None:
     from dataclasses import replace
 
     from fake_ops import FakeOps
-    from sglang_farm.cli import farmctl
+    from sglang_farm.cli.ctl.exits import Exit
     from test_farmctl import GATEWAY, serving
 
     with serving(FakeOps(4, gateway=GATEWAY)) as a:
         a.ops.gateway = replace(GATEWAY, routed=(0,), gateways=(replace(GATEWAY, routed=(0,)),))
         r = a.run("wait", "--timeout", "0.2")
-    assert r.exit_code == farmctl.Exit.TIMED_OUT, r.output
+    assert r.exit_code == Exit.TIMED_OUT, r.output
     line = f"workers 1, 2, 3 are ready; the gateway at {GATEWAY.url} does not route them"
     assert r.output.count("does not route") == 2, r.output  # "waiting:" and the timeout
     assert f"waiting: {line}\n" in r.output

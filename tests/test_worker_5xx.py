@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
 from sglang_farm.canary import figures, promtext
-from sglang_farm.cli.farmctl import format_status
+from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.cli.readings import errors_cell, errors_line
 from sglang_farm.sglang.health import LocalHttp
 from sglang_farm.sglang.load import (

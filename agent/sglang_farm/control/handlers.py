@@ -256,10 +256,9 @@ class Handlers:
         return results.logs_ended_result(a.worker)
 
     async def _wait_ready(self, req: Request, channel: Channel) -> Result:
-        """Stream phase changes until ready (and, with a gateway, routed to: see
-        `results.routed_or_never`; not while the host is held out of it) or failed
-        (entered at or after `after`), quarantined (whenever entered: start and restart
-        leave it so), or timeout.
+        """Stream phase changes until the wait is over (`settled.worker_settled`: ready,
+        with a gateway routed to unless the host is held out of it, or failed, entered at
+        or after `after`; quarantined, whenever entered) or timeout.
 
         Polls `view()` (a reference read): the progress lines need every phase, and
         `after` must skip a ready phase that predates the restart the client just issued.
@@ -277,21 +276,9 @@ class Handlers:
             if (w.phase, w.since) != last:
                 last = (w.phase, w.since)
                 await channel.stream("phase", results.phase_payload(w, elapsed))
-            settled = (
-                (w.phase is Phase.FAILED and w.since >= a.after)
-                or w.phase is Phase.QUARANTINED
-                or (
-                    w.phase is Phase.READY
-                    and w.since >= a.after
-                    and (
-                        results.routed_or_never(w, view.gateway, self._wall_clock())
-                        # issue 26: a drained host's workers stay out of the gateway
-                        or view.held_out_since is not None
-                    )
-                )
-            )
-            if settled or elapsed >= a.timeout:
-                return results.wait_result(w, view.gateway, settled=settled, elapsed=elapsed)
+            done = settled.worker_settled(w, view, after=a.after, now=self._wall_clock())
+            if done or elapsed >= a.timeout:
+                return results.wait_result(w, view.gateway, settled=done, elapsed=elapsed)
             await asyncio.sleep(min(WAIT_POLL, max(a.timeout - elapsed, 0.0)))
 
     # --- state-changing commands -------------------------------------------------

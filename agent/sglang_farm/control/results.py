@@ -6,7 +6,8 @@ Each function turns what the agent reports (`FarmView`, `WorkerView`,
 order are part of protocol version 1: docs/control-protocol.md lists them, and
 removing or renaming one bumps `codec.PROTOCOL_VERSION`; a new key goes after
 the existing ones and keeps the version. No I/O, no clock: times are passed in. The
-sentences they carry are `control.prose`'s; the rule of a settled farm is `control.settled`.
+sentences they carry are `control.prose`'s; when a wait is over (a settled farm, a worker's
+`wait-ready`) is `control.settled`'s rule: these are only the shapes.
 """
 
 from __future__ import annotations
@@ -418,20 +419,6 @@ def phase_payload(w: WorkerView, elapsed: float) -> Result:
         "elapsed_s": round(elapsed, 3),
         "ends_wait": facts.ends_wait(str(w.phase)),  # the final reply reports this phase
     }
-
-
-# How long `wait-ready` waits, once a worker is ready, for the gateway to route to it (the
-# farm adds it within a reconcile or two); past that it ends and says the worker is out.
-GATEWAY_JOIN_GRACE_S = 30.0
-
-
-def routed_or_never(w: WorkerView, gateway: GatewayStatus | None, now: float) -> bool:
-    """Whether a ready worker's wait is over as far as the gateway goes: no gateway, the
-    gateway routes to it, the gateway is down (it will not join soon), or it has been ready
-    for `GATEWAY_JOIN_GRACE_S` without joining (the final reply says it is out)."""
-    return (
-        gateway is None or w.in_gateway or not gateway.up or now - w.since >= GATEWAY_JOIN_GRACE_S
-    )
 
 
 def wait_result(

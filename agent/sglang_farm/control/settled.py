@@ -1,8 +1,11 @@
-"""Pure: `farmctl wait`'s rule of a settled farm (`settled`, issue 26), from the view.
+"""Pure: the rules of when a wait is over, from the view: `farmctl wait`'s settled farm
+(`settled`, issue 26) and one worker's `wait-ready` (`worker_settled`).
 
 Settled: every worker that should serve is ready and routed by every gateway, and no
 stage, rollout, canary analysis, rolling restart, drain or stop is under way; else what
 the farm waits for, and what holds it that will not change by itself (`wire.FAILURE_KINDS`).
+A worker's wait is over once it is ready (and routed, or never soon to be), failed, or
+quarantined. The shapes of the replies are `control.results`'.
 """
 
 from __future__ import annotations
@@ -172,3 +175,37 @@ def settled_result(view: FarmView) -> Result:
         "failures": failures,
         "waiting": waiting,
     }
+
+
+# How long `wait-ready` waits, once a worker is ready, for the gateway to route to it (the
+# farm adds it within a reconcile or two); past that it ends and says the worker is out.
+GATEWAY_JOIN_GRACE_S = 30.0
+
+
+def routed_or_never(w: WorkerView, gateway: GatewayStatus | None, now: float) -> bool:
+    """Whether a ready worker's wait is over as far as the gateway goes: no gateway, the
+    gateway routes to it, the gateway is down (it will not join soon), or it has been ready
+    for `GATEWAY_JOIN_GRACE_S` without joining (the final reply says it is out)."""
+    return (
+        gateway is None or w.in_gateway or not gateway.up or now - w.since >= GATEWAY_JOIN_GRACE_S
+    )
+
+
+def worker_settled(w: WorkerView, view: FarmView, *, after: float, now: float) -> bool:
+    """Whether `wait-ready`'s wait for `w` is over: it failed or became ready at or after
+    `after` (the client's request: a ready phase from before a restart is not its end;
+    ready counts once `routed_or_never`, or while the host is held out of the gateway),
+    or it is quarantined (whenever: start and restart leave it so)."""
+    return (
+        (w.phase is Phase.FAILED and w.since >= after)
+        or w.phase is Phase.QUARANTINED
+        or (
+            w.phase is Phase.READY
+            and w.since >= after
+            and (
+                routed_or_never(w, view.gateway, now)
+                # issue 26: a drained host's workers stay out of the gateway
+                or view.held_out_since is not None
+            )
+        )
+    )
