@@ -24,6 +24,7 @@ from sglang_farm.farm_view import (
 )
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.sglang.load import RecentAnswers
+from sglang_farm.workers.phase import StopIntent
 from sglang_farm.workers.supervisor import Rollout
 
 
@@ -54,6 +55,7 @@ class _Changes(TypedDict, total=False):
     in_gateway: bool
     last_drain_seconds: float | None
     quarantine: Quarantine | None
+    stop_intent: StopIntent | None
 
 
 OOM_FAILURE = Failure(
@@ -302,7 +304,7 @@ class FakeOps:
         if not held:
             return [f"no worker is quarantined on GPU {gpu}"]
         for i in held:
-            self._set(i, Phase.PENDING, quarantine=None)
+            self._set(i, Phase.PENDING, quarantine=None, stop_intent=None)
             self._spawn(self._come_up(i, stop_first=False))
         return []
 
@@ -313,7 +315,7 @@ class FakeOps:
             return [f"worker {worker} is not quarantined (it is {w.phase}): nothing to release"]
         if self.release_problems:
             return list(self.release_problems)
-        self._set(worker, Phase.PENDING, quarantine=None)
+        self._set(worker, Phase.PENDING, quarantine=None, stop_intent=None)
         self._spawn(self._come_up(worker, stop_first=False))
         return []
 
@@ -359,6 +361,8 @@ class FakeOps:
             pid=None,
             in_gateway=False,
             quarantine=Quarantine(g, reason, detail, time.time()),
+            # As the supervisor's: why it stopped (a test may show it still STOPPING).
+            stop_intent=StopIntent.QUARANTINE,
             last_action=f"GPU {g} quarantined ({reason}); not restarted until released",
         )
 

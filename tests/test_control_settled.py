@@ -4,10 +4,12 @@ and what holds it; and when one worker's `wait-ready` is over; pure, from hand-m
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
 
+from farmtoml import sim_farm, toml_text
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
 from sglang_farm.control.settled import (
     GATEWAY_JOIN_GRACE_S,
@@ -19,6 +21,7 @@ from sglang_farm.control.wire import FAILURE_KINDS
 from sglang_farm.farm_view import FarmView, GatewayStatus, Phase, Quarantine, WorkerView
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.staging.state import StageState, StagingView
+from sglang_farm.workers.phase import StopIntent
 
 GW = GatewayStatus("http://gw:8000", True, 2, 0)
 
@@ -91,7 +94,10 @@ def test_a_failed_or_quarantined_worker_holds_the_farm_and_says_the_way_out() ->
         farm(
             worker(0, Phase.FAILED, last_failure=oom),
             worker(1, Phase.QUARANTINED, quarantine=q),
-            worker(2, Phase.STOPPING, quarantine=replace(q, gpu=2)),  # stopping for its GPU
+            # stopping for its GPU
+            worker(
+                2, Phase.STOPPING, quarantine=replace(q, gpu=2), stop_intent=StopIntent.QUARANTINE
+            ),
             worker(3, Phase.STARTING),
         )
     )
@@ -248,3 +254,32 @@ def test_a_ready_worker_out_of_the_gateway_ends_its_wait_only_once_routed_or_hel
     held = farm(out, held_out_since=99.0)  # drain-host: it stays out, the wait is over
     assert worker_settled(out, held, after=100.0, now=101.0)
     assert worker_settled(out, farm(out), after=100.0, now=100.0 + GATEWAY_JOIN_GRACE_S)
+
+
+def test_set_aside_is_the_supervisors_rule_as_the_view_publishes_it() -> None:
+    """Issue 32 §2: one rule of "set aside" (`phase_sets.set_aside`), read by the control
+    socket's handlers (a start or restart skips such a worker) and by `farmctl wait`
+    through `WorkerView.set_aside`, which the view builds from the supervisor's state: a
+    worker stopping for its GPU is set aside already, one stopping for a restart is not."""
+    from sglang_farm.config import load_spec
+    from sglang_farm.farm_view import Rollout, build_view
+    from sglang_farm.workers.supervisor import WorkerState
+
+    spec = load_spec(toml_text(sim_farm(4, sys.executable)), source="t.toml")
+    states = {
+        0: WorkerState(0, Phase.STOPPING, stop_intent=StopIntent.QUARANTINE),
+        1: WorkerState(1, Phase.STOPPING, stop_intent=StopIntent.RESTART),
+        2: WorkerState(2, Phase.QUARANTINED),
+        3: WorkerState(3, Phase.READY),
+    }
+    view = build_view(
+        spec,
+        states,
+        runtime="process",
+        rollout=Rollout.DONE,
+        rollout_reason=None,
+        started_at=0.0,
+        mono_to_wall=0.0,
+        argv={},
+    )
+    assert [w.set_aside for w in view.workers] == [True, False, True, False]

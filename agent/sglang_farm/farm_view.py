@@ -20,7 +20,8 @@ from sglang_farm.sglang.startup import Capacity, SlowPhase, StartPhase, StartTim
 from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.state import StagingView
 from sglang_farm.state_alerts import StateAlert
-from sglang_farm.workers.phase import Phase
+from sglang_farm.workers.phase import Phase, StopIntent
+from sglang_farm.workers.phase_sets import set_aside
 from sglang_farm.workers.supervisor import Rollout, WorkerState
 
 __all__ = [
@@ -104,10 +105,16 @@ class WorkerView:
     quarantine: Quarantine | None = None  # set while its GPU is set aside
     quarantines_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     start: StartView | None = None  # its latest start (None: adopted, or never launched)
+    stop_intent: StopIntent | None = None  # why the farm is stopping it (WorkerState's)
 
     @property
     def ready(self) -> bool:
         return self.phase is Phase.READY
+
+    @property
+    def set_aside(self) -> bool:
+        """Its GPU is set aside (`phase_sets.set_aside`: quarantined, or stopping to be)."""
+        return set_aside(self.phase, self.stop_intent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +216,7 @@ def build_view(
                 if s.quarantine is not None
                 else None,
                 quarantines_by_reason=MappingProxyType(dict(s.quarantines_by_reason)),
+                stop_intent=s.stop_intent,
                 start=start_view(
                     t,
                     mono_to_wall,

@@ -335,7 +335,7 @@ class Handlers:
         (stopped, or stopping for their GPU: the agent leaves them so). One named worker
         that is quarantined is refused with the way out: a release."""
         view = self._ops.view()
-        held = [w.id for w in view.workers if w.id in ids and _quarantined(w)]
+        held = [w.id for w in view.workers if w.id in ids and w.set_aside]
         assert isinstance(req.args, TargetArgs | StopArgs)  # the codec pairs them
         if held and req.args.worker != "all":
             raise RequestError(
@@ -454,14 +454,6 @@ class Handlers:
             restarted=list(r.restarted),
         )
         return results.reload_result(r, issued_at)
-
-
-def _quarantined(w: WorkerView) -> bool:
-    """Set aside: quarantined, or stopping because its GPU is failing (the quarantine is
-    recorded as soon as the farm decides); a start or restart leaves it so."""
-    return w.phase is Phase.QUARANTINED or (
-        w.quarantine is not None and w.phase in (Phase.STOPPING, Phase.DRAINING)
-    )
 
 
 # What tells a changed file apart without reading it: a rename over it (an editor, Ansible)

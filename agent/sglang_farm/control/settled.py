@@ -117,9 +117,7 @@ def settled_result(view: FarmView) -> Result:
             why = f" ({g.last_error})" if g.last_error else ""
             waiting.append(_item("gateway_down", f"the gateway at {g.url} is not answering{why}"))
     for w in view.workers:
-        if w.phase is Phase.QUARANTINED or (
-            w.quarantine is not None and w.phase is not Phase.READY
-        ):
+        if w.set_aside:
             q = w.quarantine
             what = f"GPU {q.gpu} is quarantined ({q.reason})" if q is not None else "quarantined"
             failures.append(
