@@ -64,7 +64,8 @@ def test_a_failure_half_a_second_into_the_window_is_at_half_a_second() -> None:
     _, step = observe(a, obs, 120.5, gateway=False)
     assert isinstance(step, Fail) and step.event.after_s == 0.5
     # At the window's start itself (a clock read twice): 0, never negative.
-    _, step = observe(a, CanaryObs(Phase.UNHEALTHY, in_gateway=False), 119.0, gateway=False)
+    obs = CanaryObs(Phase.BACKOFF, in_gateway=False, last_failure=oom, last_failure_at=121.0)
+    _, step = observe(a, obs, 119.0, gateway=False)
     assert isinstance(step, Fail) and step.event.after_s == 0.0
 
 
