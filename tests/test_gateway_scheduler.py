@@ -56,7 +56,15 @@ def test_the_yaml_names_every_class_and_field_and_holds_slots_for_default_alone(
 
 @pytest.mark.parametrize(
     ("share", "slots", "held"),
-    [(0.125, 64, 8), (0.125, 16, 2), (0.125, 4, 1), (0.3, 10, 3), (0.0, 64, 0), (0.5, 0, 1)],
+    [
+        (0.125, 64, 8),
+        (0.125, 16, 2),
+        (0.125, 4, 1),
+        (0.3, 10, 3),
+        (0.0, 64, 0),
+        (0.5, 0, 1),
+        (0.5, 100_000, scheduler.MAX_FLOOR),  # smg's start-up capacity, before any worker
+    ],
 )
 def test_user_slots_are_the_share_rounded_up_and_at_least_one(
     share: float, slots: int, held: int
@@ -144,6 +152,7 @@ def test_the_launcher_writes_the_yaml_where_only_its_user_can_write(tmp_path: Pa
         ["--scheduler-user-share", "0.1", "launch", "--priority-scheduler-config", "/tmp/y"],
         ["--scheduler-user-share", "1.5", "launch"],
         ["--scheduler-user-share", "0.1", "--scheduler-user-slots", "-1", "launch"],
+        ["--scheduler-user-share", "0.1", "--scheduler-user-slots", "5000", "launch"],
     ],
 )
 def test_the_launcher_refuses_a_second_config_or_a_bad_value(argv: list[str]) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sglang_farm.gateway.managed import ADMIN_KEY_ID
-from sglang_farm.gateway.scheduler import scheduler_yaml
+from sglang_farm.gateway.scheduler import MAX_FLOOR, scheduler_yaml
 
 SCHEDULER_FILE = "priority-scheduler.yaml"
 
@@ -82,10 +82,10 @@ def smg_args(argv: Sequence[str]) -> list[str]:
                 "pass one or the other"
             )
         share, floor = opts.scheduler_user_share, opts.scheduler_user_slots
-        if not (math.isfinite(share) and 0 <= share < 1) or not 0 <= floor <= 65535:
+        if not (math.isfinite(share) and 0 <= share < 1) or not 0 <= floor <= MAX_FLOOR:
             parser.error(
                 "--scheduler-user-share expects a fraction in [0, 1) and "
-                f"--scheduler-user-slots 0..65535, got {share!r} and {floor!r}"
+                f"--scheduler-user-slots 0..{MAX_FLOOR}, got {share!r} and {floor!r}"
             )
         args += ["--priority-scheduler-config", write_scheduler_config(share, floor)]
     if opts.api_key_file:

@@ -29,6 +29,11 @@ from dataclasses import dataclass
 # SGLang sizes its running batch from the KV cache when max_running_requests is unset;
 # the farm counts this many for such a worker (as the batch runner does).
 DEFAULT_MAX_RUNNING = 32
+# smg builds its scheduler before any worker joins, against its fallback capacity (1024:
+# smg 1.13's log says `old=1024 ... old_source=LegacyFallback`), and falls back to its
+# legacy admission (no classes at all) when the reservations exceed it. The floor stays
+# under that; `reserved_per_slot` carries the share past it once the workers are in.
+MAX_FLOOR = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +65,10 @@ def config_slots(max_running: Iterable[int | None]) -> int:
 
 def user_slots(share: float, slots: int) -> int:
     """The slots held for users out of `slots`: `share` of them rounded up, at least one
-    (0 with a share of 0: bulk may take every slot)."""
+    and at most `MAX_FLOOR` (0 with a share of 0: bulk may take every slot)."""
     if share <= 0:
         return 0
-    return max(1, math.ceil(share * slots))
+    return min(MAX_FLOOR, max(1, math.ceil(share * slots)))
 
 
 def classes(share: float, floor: int) -> dict[str, ClassAdmission]:
@@ -89,8 +94,8 @@ def scheduler_yaml(share: float, floor: int) -> str:
     `gateway.routing.problems` makes on the config)."""
     if not (math.isfinite(share) and 0 <= share < 1):
         raise ValueError(f"priority_user_share: expected a fraction in [0, 1), got {share!r}")
-    if floor < 0 or floor > 65535:
-        raise ValueError(f"user slots: expected 0..65535, got {floor!r}")
+    if not 0 <= floor <= MAX_FLOOR:
+        raise ValueError(f"user slots: expected 0..{MAX_FLOOR}, got {floor!r}")
     lines = [
         "# Written by sglang-farm (gateway.scheduler) for smg's --priority-scheduler-config.",
         "classes:",
