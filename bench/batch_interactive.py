@@ -10,7 +10,7 @@ batch service run by the agent), each worker at 8 running requests (`max_running
 which the simulator enforces, queueing the rest, as SGLang does), with smg's priority
 scheduler on (`[gateway] priority_scheduler = true`) and the farm's admission config for it
 (`[gateway] priority_user_share`, `--user-share`: the share of the slots held for users'
-`default` class, 1/8 unless told; gateway.scheduler); `--no-scheduler` leaves it off.
+`default` class, 1/4 unless told; gateway.scheduler); `--no-scheduler` leaves it off.
 (smg's built-in class defaults, measured on 2026-12-02 with an earlier version of this
 bench, cannot be had through the farm any more: it always writes its config.) An
 interactive client (the `openai` package, streaming chat, one
@@ -123,7 +123,7 @@ def run(
     extra_smg: list[str],
     *,
     scheduler_on: bool = True,
-    user_share: float = 0.125,
+    user_share: float = 0.25,
     policy: str | None = None,
 ) -> dict[str, Any]:
     gateway: dict[str, Any] = {"priority_scheduler": scheduler_on}
@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--user-share",
         type=float,
-        default=0.125,
-        help="[gateway] priority_user_share: the slots' share held for users (default 1/8)",
+        default=0.25,
+        help="[gateway] priority_user_share: the slots' share held for users (default 1/4)",
     )
     p.add_argument("--policy", default=None, help="[gateway] policy (default: the demo's)")
     p.add_argument("--out", type=Path, default=None)

@@ -109,14 +109,14 @@ def test_extra_args_may_not_name_the_scheduler_config() -> None:
 def test_the_managed_gateway_is_sized_from_the_workers_max_running_requests() -> None:
     spec = load_spec(farm("priority_scheduler = true\n"), source="farm.toml")
     gw = for_farm(spec)
-    assert gw.user_slots == 8  # 1/8 of 8 workers x 8
+    assert gw.user_slots == 16  # 1/4 of 8 workers x 8
     argv = launch_argv(gw, "/usr/bin/python3")
     head = argv[: argv.index("launch")]
-    assert head[head.index("--scheduler-user-share") + 1] == "0.125"
-    assert head[head.index("--scheduler-user-slots") + 1] == "8"
+    assert head[head.index("--scheduler-user-share") + 1] == "0.25"
+    assert head[head.index("--scheduler-user-slots") + 1] == "16"
     assert "--priority-scheduler-enabled" in argv
     unset = for_farm(load_spec(farm("priority_scheduler = true\n", 2, None), source="f.toml"))
-    assert unset.user_slots == scheduler.user_slots(0.125, 2 * scheduler.DEFAULT_MAX_RUNNING)
+    assert unset.user_slots == scheduler.user_slots(0.25, 2 * scheduler.DEFAULT_MAX_RUNNING)
 
 
 def test_without_the_scheduler_no_admission_config_is_written() -> None:

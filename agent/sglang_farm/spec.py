@@ -177,7 +177,7 @@ class GatewayRouting:
     priority_scheduler: bool = False
     # With it: the share of smg's capacity the `bulk` class may not take, held for users'
     # requests (`default`, no header) (gateway.scheduler).
-    priority_user_share: float = 0.125
+    priority_user_share: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,10 +89,11 @@ REASONS: Mapping[str, str] = {
         "users' (docs/batch.md, 'Priority')"
     ),
     "priority_user_share": (
-        "1 slot in 8 held for users' requests (default class), the rest free for a bulk "
+        "1 slot in 4 held for users' requests (default class), the rest free for a bulk "
         "batch; smg's built-in class defaults hold nearly all of a small farm's capacity "
-        "for classes the farm's users do not use, which left a bulk batch about 2 slots "
-        "(docs/batch.md, 'Priority')"
+        "for classes the farm's users do not use, which left a bulk batch about 2 slots; "
+        "of 1/8, 1/4 and 1/2, a quarter gave users the shortest waits under a batch at the "
+        "batch's best pace (docs/benchmarks.md, 'Batch jobs: users first')"
     ),
 }
 
@@ -155,7 +156,7 @@ def problems(r: GatewayRouting) -> list[tuple[str, str]]:
             (
                 "priority_user_share",
                 f"expected a fraction in [0, 1) of smg's capacity held for users' requests "
-                f"(0.125: one slot in 8; 0: a bulk batch may take every slot; 1 would leave "
+                f"(0.25: one slot in 4; 0: a bulk batch may take every slot; 1 would leave "
                 f"it none), got {p!r}",
             )
         )
