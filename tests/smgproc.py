@@ -56,8 +56,14 @@ class Smg:
         launcher = [sys.executable, "-m", "sglang_farm.gateway.launch", *self._launcher]
         argv = smg_argv(self.spec, smg=[*launcher, "--admin-key-file", str(self._key_file)])
         with self._log.open("a") as out:
+            # TMPDIR: the launcher's scheduler config goes under the test's folder, so a
+            # kill -9 (which skips the launcher's clean-up) leaves nothing in /tmp
             self._proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "TMPDIR": str(self._log.parent)},
             )
         end = time.monotonic() + within
         while time.monotonic() < end:
