@@ -1,14 +1,19 @@
 """I/O: issue 33's interactive figure (docs/benchmarks.md, "Batch jobs: users first"),
 simulator figures.
 
-    python -m bench.batch_interactive --requests 150              # the scheduler on
-    python -m bench.batch_interactive --requests 150 --no-scheduler
+    python -m bench.batch_interactive --requests 80                      # the farm's config
+    python -m bench.batch_interactive --requests 80 --policy least_load
+    python -m bench.batch_interactive --requests 80 --no-scheduler
 
 The demo's farm (tests/batchfarm.DemoFarm: 8 simulator workers behind the managed smg, the
 batch service run by the agent), each worker at 8 running requests (`max_running_requests`,
 which the simulator enforces, queueing the rest, as SGLang does), with smg's priority
-scheduler on (`--priority-scheduler-enabled`, its built-in class defaults; `--no-scheduler`
-leaves it off). An interactive client (the `openai` package, streaming chat, one
+scheduler on (`[gateway] priority_scheduler = true`) and the farm's admission config for it
+(`[gateway] priority_user_share`, `--user-share`: the share of the slots held for users'
+`default` class, 1/4 unless told; gateway.scheduler); `--no-scheduler` leaves it off.
+(smg's built-in class defaults, measured on 2026-12-02 with an earlier version of this
+bench, cannot be had through the farm any more: it always writes its config.) An
+interactive client (the `openai` package, streaming chat, one
 request at a time, no priority header: smg's `default` class) measures its time to the
 first token (TTFT) through the same front door:
 
@@ -86,14 +91,16 @@ def ttfts(front_door: str, model: str, n: int) -> list[float]:
     return out
 
 
-def admits(metrics_url: str) -> dict[str, float]:
+def admits(metrics_url: str, prefix: str = "smg_scheduler_admit_total") -> dict[str, float]:
+    """smg's own series under `prefix` (its admissions by class; or, with
+    "smg_scheduler_inflight", what it runs now by class, sampled every 5 s)."""
     try:
         text = httpx.get(metrics_url, timeout=10).text
     except httpx.HTTPError:
         return {}
     found: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("smg_scheduler_admit_total"):
+        if line.startswith(prefix):
             series, _, value = line.rpartition(" ")
             found[series] = float(value)
     return found
@@ -110,18 +117,30 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def run(
-    n: int, batch_n: int, token_s: float, extra_smg: list[str], *, scheduler_on: bool = True
+    n: int,
+    batch_n: int,
+    token_s: float,
+    extra_smg: list[str],
+    *,
+    scheduler_on: bool = True,
+    user_share: float = 0.25,
+    policy: str | None = None,
 ) -> dict[str, Any]:
-    scheduler = ["--priority-scheduler-enabled"] if scheduler_on else []
+    gateway: dict[str, Any] = {"priority_scheduler": scheduler_on}
+    if policy is not None:
+        gateway["policy"] = policy
+    if scheduler_on:
+        gateway["priority_user_share"] = user_share
     tmp = Path(tempfile.mkdtemp(prefix="sfbi", dir=os.environ.get("SF_BENCH_TMP")))
     slots = 8 * MAX_RUNNING
     demo = DemoFarm(
         tmp,
         env={"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_TOKEN_SECONDS": str(token_s)},
         sglang={"max_running_requests": MAX_RUNNING},
-        gateway={"extra_args": [*scheduler, *extra_smg]},
+        gateway={**gateway, "extra_args": list(extra_smg)},
         batch={"priority": "none"},
     )
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc = tomllib.loads(demo.config.read_text())
     model = doc["sglang"]["model_path"]
     metrics_url = f"http://{doc['gateway']['metrics_listen']}/metrics"
@@ -131,7 +150,11 @@ def run(
             demo.wait_serving(300)
             ttfts(demo.gateway_url, model, 10)  # warm: connections, smg's first routes
             load = os.getloadavg()[0]
-            phases["idle"] = {**summary(ttfts(demo.gateway_url, model, n)), "load_avg": load}
+            phases["idle"] = {
+                **summary(ttfts(demo.gateway_url, model, n)),
+                "load_avg": load,
+                "load_avg_end": os.getloadavg()[0],
+            }
             phases["idle"]["admits"] = admits(metrics_url)
             print(json.dumps({"idle": phases["idle"]}), flush=True)
 
@@ -188,6 +211,7 @@ def run(
                 got = ttfts(demo.gateway_url, model, n)
                 seconds = time.monotonic() - t0
                 after = admits(metrics_url)
+                inflight = admits(metrics_url, "smg_scheduler_inflight")
                 done1 = demo.done()
                 assert done1 < batch_n, "the batch ended during the phase: make it longer"
                 phases[label] = {
@@ -195,8 +219,10 @@ def run(
                     "load_avg": load,
                     "batch_results_during": done1 - done0,
                     "phase_seconds": seconds,
+                    "load_avg_end": os.getloadavg()[0],
                     "batch_requests_per_s": (done1 - done0) / seconds,
                     "admits_during": {k: after[k] - before.get(k, 0.0) for k in after},
+                    "smg_inflight_end": inflight,
                 }
                 print(json.dumps({label: phases[label]}), flush=True)
             demo.farmctl("batch", "cancel", bid)
@@ -207,7 +233,9 @@ def run(
         "interactive_requests": n,
         "token_s": token_s,
         "max_running_requests": MAX_RUNNING,
-        "smg_extra_args": [*scheduler, *extra_smg],
+        "gateway": gateway,
+        "smg_extra_args": list(extra_smg),
+        "started_utc": started,
         "phases": phases,
         "p99_over_idle": {k: v["p99_ms"] / idle for k, v in phases.items()},
         "cpus": os.cpu_count(),
@@ -225,10 +253,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smg's priority scheduler off (the header is then ignored)",
     )
+    p.add_argument(
+        "--user-share",
+        type=float,
+        default=0.25,
+        help="[gateway] priority_user_share: the slots' share held for users (default 1/4)",
+    )
+    p.add_argument("--policy", default=None, help="[gateway] policy (default: the demo's)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     result = run(
-        args.requests, args.batch, args.token_s, args.smg_arg, scheduler_on=not args.no_scheduler
+        args.requests,
+        args.batch,
+        args.token_s,
+        args.smg_arg,
+        scheduler_on=not args.no_scheduler,
+        user_share=args.user_share,
+        policy=args.policy,
     )
     text = json.dumps(result, indent=2)
     print(text)

@@ -3,7 +3,8 @@ operator would run an external one: on a free port of 127.0.0.1, its metrics lis
 the next port (smg's default, 0.0.0.0:29000, would clash between two gateways), with a
 control-plane admin key (`--control-plane-api-keys`, read from a file by
 `sglang_farm.gateway.launch` so that no command line shows it), `round_robin`.
-`extra` adds smg flags (the mesh's). `kill()` is a kill -9 of its process group;
+`extra` adds smg flags (the mesh's), `launcher` options of the farm's launcher
+(`--scheduler-user-share`). `kill()` is a kill -9 of its process group;
 `start()` brings it back on the same ports.
 """
 
@@ -26,7 +27,13 @@ from sglang_farm.gateway.managed import ManagedGateway, smg_argv
 
 class Smg:
     def __init__(
-        self, folder: Path, key_file: Path, port: int, *, extra: Sequence[str] = ()
+        self,
+        folder: Path,
+        key_file: Path,
+        port: int,
+        *,
+        extra: Sequence[str] = (),
+        launcher: Sequence[str] = (),
     ) -> None:
         self.spec = ManagedGateway(
             host="127.0.0.1",
@@ -37,6 +44,7 @@ class Smg:
         )
         self.key = key_file.read_text().strip()
         self._key_file = key_file
+        self._launcher = tuple(launcher)
         self._log = folder / f"smg-{port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -45,11 +53,17 @@ class Smg:
         return self.spec.url
 
     def start(self, within: float = 60.0) -> None:
-        launcher = [sys.executable, "-m", "sglang_farm.gateway.launch"]
+        launcher = [sys.executable, "-m", "sglang_farm.gateway.launch", *self._launcher]
         argv = smg_argv(self.spec, smg=[*launcher, "--admin-key-file", str(self._key_file)])
         with self._log.open("a") as out:
+            # TMPDIR: the launcher's scheduler config goes under the test's folder, so a
+            # kill -9 (which skips the launcher's clean-up) leaves nothing in /tmp
             self._proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "TMPDIR": str(self._log.parent)},
             )
         end = time.monotonic() + within
         while time.monotonic() < end:

@@ -6,6 +6,7 @@ mid-run behind the gateway costs no result."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,72 @@ def test_a_gateway_with_no_worker_routable_holds_the_batch_and_fails_no_request(
                     f"req-{i}" for i in range(n)
                 )
                 assert c.files.content(done.error_file_id).text == ""
+
+
+def gauges(metrics_url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
+        if line.startswith(("smg_scheduler_inflight", "smg_scheduler_queue_depth")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_the_farms_admission_config_gives_bulk_every_slot_but_the_users_share(
+    tmp_path: Path,
+) -> None:
+    """smg's built-in class defaults left a bulk batch about 2 of 16 slots (docs/batch.md);
+    with the farm's config (`[gateway] priority_user_share = 0.125`: 2 of 16 held for the
+    default class) bulk runs 14 at once, and a user's request sent meanwhile is admitted
+    in the held slots, ahead of the bulk requests still queued."""
+    n = 20
+    env = {"SGLANG_SIM_TOKEN_SECONDS": "0.05"}
+    with Sims(2, env=env, args=("--max-running-requests", "8")) as sims:
+        port = free_port_block(2)
+        launcher = ["--scheduler-user-share", "0.125", "--scheduler-user-slots", "2"]
+        extra = ["--priority-scheduler-enabled"]
+        with Smg(tmp_path, key_file(tmp_path), port, extra=extra, launcher=launcher) as smg:
+            for i in range(2):
+                r = httpx.post(
+                    f"{smg.url}/workers",
+                    json={"url": sims.url(i)},
+                    headers={"Authorization": f"Bearer {smg.key}"},
+                    timeout=30,
+                )
+                assert r.status_code == 202, r.text
+            wait_until(lambda: len(smg.routed()) == 2, 60, "both workers routed")
+            metrics_url = f"http://127.0.0.1:{port + 1}/metrics"
+            finished: list[str] = []
+
+            def send(name: str, priority: str | None, max_tokens: int) -> None:
+                headers = {"x-smg-priority": priority} if priority else {}
+                r = httpx.post(
+                    f"{smg.url}/v1/chat/completions",
+                    json={
+                        "model": "sim/model",
+                        "messages": [{"role": "user", "content": name}],
+                        "max_tokens": max_tokens,
+                    },
+                    headers=headers,
+                    timeout=120,
+                )
+                assert r.status_code == 200, r.text
+                finished.append(name)
+
+            bulk = [
+                threading.Thread(target=send, args=(f"bulk-{i}", "bulk", 150)) for i in range(n)
+            ]
+            for t in bulk:
+                t.start()
+            # smg samples its gauges every 5 s; a request takes 7.5 s
+            wait_until(
+                lambda: gauges(metrics_url).get('smg_scheduler_inflight{class="bulk"}') == 14,
+                30,
+                "14 bulk requests in flight at once",
+            )
+            send("user", None, 8)
+            for t in bulk:
+                t.join(120)
+            assert len(finished) == n + 1
+            # the user's went in ahead of the 6 bulk requests waiting in smg's queue
+            assert finished.index("user") < n - 6, finished

@@ -234,5 +234,5 @@ def test_smgs_worker_list_gives_each_members_figures() -> None:
 
 def test_every_key_has_a_reason_and_a_flag() -> None:
     assert set(routing.KEYS) == set(routing.REASONS)
-    assert len(routing.KEYS) == 11
+    assert len(routing.KEYS) == 12
     assert all(flag.startswith("--") for flag in routing.FLAGS)

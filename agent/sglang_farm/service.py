@@ -330,7 +330,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
     g = spec.gateway
     if not g.enabled:
         return None
-    from sglang_farm.gateway.managed import from_spec, launch_argv
+    from sglang_farm.gateway.managed import for_farm, launch_argv
     from sglang_farm.gateway.smg import SmgGateway
 
     runner: GatewayRunner | None = None
@@ -339,7 +339,7 @@ def build_gateway(spec: FarmSpec, kind: str) -> FrontDoor | None:
         from sglang_farm.gateway.keys import managed_admin_key
 
         admin_file, key = managed_admin_key(g, spec.farm.state_dir)
-        managed = from_spec(g)
+        managed = for_farm(spec)
         url = managed.url
         if kind == "systemd":
             from sglang_farm.runtime.gateway_unit import UnitGateway

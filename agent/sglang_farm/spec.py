@@ -155,7 +155,7 @@ class MetricsSpec:
 
 @dataclass(frozen=True, slots=True)
 class GatewayRouting:
-    """`[gateway]` overload_*, stall/wedge/stale_secs, warmup_*, priority_scheduler."""
+    """`[gateway]` overload_*, stall/wedge/stale_secs, warmup_*, priority_*."""
 
     # A worker with this many queued requests, or this share of its KV cache in use, is
     # left out of routing while another worker is under both (smg's overload protection).
@@ -175,6 +175,9 @@ class GatewayRouting:
     warmup_share: float = 0.25
     # smg's priority-aware admission (classes system | interactive | default | bulk).
     priority_scheduler: bool = False
+    # With it: the share of smg's capacity the `bulk` class may not take, held for users'
+    # requests (`default`, no header) (gateway.scheduler).
+    priority_user_share: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)

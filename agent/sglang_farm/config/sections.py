@@ -321,6 +321,9 @@ def _gateway_routing(reader: _Reader, tbl: _Table, path: tuple[str, ...]) -> Gat
         warmup_blocks=reader.get(tbl, path, "warmup_blocks", _int(), d.warmup_blocks),
         warmup_share=reader.get(tbl, path, "warmup_share", _number, d.warmup_share),
         priority_scheduler=reader.get(tbl, path, "priority_scheduler", _bool, d.priority_scheduler),
+        priority_user_share=reader.get(
+            tbl, path, "priority_user_share", _number, d.priority_user_share
+        ),
     )
     for key, message in gateway_routing.problems(r):
         reader.problems.add((*path, key), message)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from sglang_farm.gateway import routing as routing_flags
-from sglang_farm.spec import GatewayRouting, GatewaySpec
+from sglang_farm.gateway import scheduler
+from sglang_farm.spec import FarmSpec, GatewayRouting, GatewaySpec
 
 # smg 1.13.0 on SIGTERM (docs/gateway.md, "The gateway process"): it keeps its listener
 # open for a 5 s load-balancer propagation window, then waits for requests in flight
@@ -103,6 +104,9 @@ class ManagedGateway:
     # smg's routing opinions (gateway.routing), all named on the command line; None: the
     # farm names none of them and smg's own defaults apply (a test's or bench's gateway).
     routing: GatewayRouting | None = None
+    # With routing.priority_scheduler: the slots smg's scheduler holds for users at least
+    # (gateway.scheduler.user_slots of the farm's configured slots); None: one.
+    user_slots: int | None = None
 
     @property
     def url(self) -> str:
@@ -205,13 +209,17 @@ def smg_argv(
     return argv + list(spec.extra_args)
 
 
-def from_spec(gateway: GatewaySpec) -> ManagedGateway:
+def from_spec(gateway: GatewaySpec, *, slots: int | None = None) -> ManagedGateway:
     """The managed gateway of a `[gateway]` section; keys are passed as files (`launch_argv`).
+    `slots`: the farm's configured running-request slots (`for_farm`), which size what
+    smg's priority scheduler holds for users.
 
     Built once by the agent at start (`service.build_gateway`; a reload refuses [gateway]
     changes): the process runtime runs it and the units render it from that one.
     """
+    share = gateway.routing.priority_user_share
     return ManagedGateway(
+        user_slots=None if slots is None else scheduler.user_slots(share, slots),
         host=gateway.listen.host,
         port=gateway.listen.port,
         policy=gateway.policy,
@@ -222,6 +230,13 @@ def from_spec(gateway: GatewaySpec) -> ManagedGateway:
     )
 
 
+def for_farm(spec: FarmSpec) -> ManagedGateway:
+    """`from_spec` of the farm's `[gateway]`, sized by its workers' `max_running_requests`."""
+    runs = [w.flags.get("max_running_requests") for w in spec.workers]
+    slots = scheduler.config_slots(n if isinstance(n, int) else None for n in runs)
+    return from_spec(spec.gateway, slots=slots)
+
+
 def launch_argv(
     gateway: ManagedGateway,
     python: str,
@@ -230,8 +245,20 @@ def launch_argv(
     api_key_file: str | None = None,
 ) -> list[str]:
     """What runs the managed gateway: this package's key-file launcher under `python`
-    (the agent's own, which has smg installed), then smg's `launch` flags."""
+    (the agent's own, which has smg installed), then smg's `launch` flags. With smg's
+    priority scheduler on, the launcher writes its admission config (`gateway.scheduler`)."""
     smg = [python, "-m", "sglang_farm.gateway.launch"]
+    r = gateway.routing
+    if r is not None and r.priority_scheduler:
+        floor = gateway.user_slots
+        if floor is None:
+            floor = scheduler.user_slots(r.priority_user_share, 0)
+        smg += [
+            "--scheduler-user-share",
+            repr(float(r.priority_user_share)),
+            "--scheduler-user-slots",
+            str(floor),
+        ]
     if api_key_file:
         smg += ["--api-key-file", api_key_file]
     if admin_key_file:

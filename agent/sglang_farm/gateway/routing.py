@@ -39,6 +39,8 @@ KEYS: Mapping[str, str] = {
     "warmup_blocks": "--worker-warmup-blocks",
     "warmup_share": "--worker-warmup-share",
     "priority_scheduler": "--priority-scheduler-enabled",
+    # written by the launcher from it (gateway.scheduler)
+    "priority_user_share": "--priority-scheduler-config",
 }
 
 # smg flags the farm sets from these keys: `[gateway] extra_args` may not repeat them.
@@ -85,6 +87,13 @@ REASONS: Mapping[str, str] = {
     "priority_scheduler": (
         "off, smg's default: on, the batch service's bulk requests are admitted after "
         "users' (docs/batch.md, 'Priority')"
+    ),
+    "priority_user_share": (
+        "1 slot in 4 held for users' requests (default class), the rest free for a bulk "
+        "batch; smg's built-in class defaults hold nearly all of a small farm's capacity "
+        "for classes the farm's users do not use, which left a bulk batch about 2 slots; "
+        "of 1/8, 1/4 and 1/2, a quarter gave users the shortest waits under a batch at the "
+        "batch's best pace (docs/benchmarks.md, 'Batch jobs: users first')"
     ),
 }
 
@@ -139,6 +148,16 @@ def problems(r: GatewayRouting) -> list[tuple[str, str]]:
                 "warmup_blocks",
                 f"expected an integer >= 1 (cache blocks a fresh worker must add to count "
                 f"as warm), got {b!r}; to switch the warm-up slice off, set warmup_secs = 0",
+            )
+        )
+    p = r.priority_user_share
+    if not _fraction(p) or p >= 1:
+        out.append(
+            (
+                "priority_user_share",
+                f"expected a fraction in [0, 1) of smg's capacity held for users' requests "
+                f"(0.25: one slot in 4; 0: a bulk batch may take every slot; 1 would leave "
+                f"it none), got {p!r}",
             )
         )
     s = r.warmup_share

@@ -20,7 +20,7 @@ from sglang_farm.gateway.managed import (
     SMG_PROPAGATION_S,
     ManagedGateway,
     admin_key_path,
-    from_spec,
+    for_farm,
     launch_argv,
     smg_stop_timeout,
 )
@@ -331,7 +331,7 @@ def gateway_argv(
     g = spec.gateway
     admin = f"%d/{ADMIN_KEY_CREDENTIAL}"
     api = f"%d/{API_KEY_CREDENTIAL}" if g.api_key_file else None
-    managed = gateway or from_spec(g)
+    managed = gateway or for_farm(spec)
     argv = launch_argv(managed, python, admin_key_file=admin, api_key_file=api)
     argv.insert(1, "-I")
     # Only the launcher's own options (before smg's `launch`) are key files.
