@@ -1150,3 +1150,18 @@ def test_check_config_is_quiet_about_a_world_readable_file_whose_env_holds_no_cr
         assert result.exit_code == 1 and "every local user" in result.stderr, result.output
     finally:
         shutil.rmtree(open_folder, ignore_errors=True)
+
+
+def test_a_managed_gateway_refuses_power_of_two_which_smg_cannot_start_with_no_worker() -> None:
+    """smg 1.13 exits at start with "Power-of-two policy requires at least 2 workers"
+    (tried: `smg launch --policy power_of_two` with no --worker-urls), and the managed
+    gateway always starts with none (workers join as they become ready): the config is
+    refused at load, not a gateway that never starts. An external gateway's own policy is
+    its operator's; `policy` is then unused."""
+    text = MINIMAL + '[gateway]\nmode = "managed"\npolicy = "power_of_two"\n'
+    assert only_problem(text) == (
+        "farm.toml:8: gateway.policy: smg 1.13 refuses to start 'power_of_two' with fewer "
+        "than 2 workers, and the managed gateway starts with none (each worker joins when "
+        "ready): choose 'least_load' (also picks the less loaded worker) or another policy"
+    )
+    assert load(MINIMAL + '[gateway]\nmode = "managed"\npolicy = "least_load"\n')

@@ -39,6 +39,7 @@ from sglang_farm.config.values import (
 from sglang_farm.gateway import routing as gateway_routing
 from sglang_farm.gateway.managed import OWNED_FLAGS as GATEWAY_OWNED_FLAGS
 from sglang_farm.gateway.managed import POLICIES as GATEWAY_POLICIES
+from sglang_farm.gateway.managed import POLICIES_NEEDING_WORKERS as GATEWAY_POLICIES_NEEDING_WORKERS
 from sglang_farm.gateway.managed import is_loopback
 from sglang_farm.spec import (
     PRIORITY_HEADER,
@@ -247,6 +248,13 @@ def _gateway(reader: _Reader, doc: _Table) -> GatewaySpec:
             (*path, "urls"),
             f"urls is for mode = 'external' (the farm registers with gateways it does not "
             f"run); mode is {g.mode!r}: set mode = 'external' or remove urls",
+        )
+    if g.mode == "managed" and g.policy in GATEWAY_POLICIES_NEEDING_WORKERS:
+        reader.problems.add(
+            (*path, "policy"),
+            f"smg 1.13 refuses to start {g.policy!r} with fewer than 2 workers, and the "
+            "managed gateway starts with none (each worker joins when ready): choose "
+            "'least_load' (also picks the less loaded worker) or another policy",
         )
     if g.mode == "managed":
         for arg in g.extra_args:

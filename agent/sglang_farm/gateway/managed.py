@@ -57,6 +57,10 @@ POLICIES = (
     "consistent_hashing",
     "prefix_hash",
 )
+# Those smg 1.13 will not start with fewer than 2 workers ("Power-of-two policy requires
+# at least 2 workers", at `smg launch` without --worker-urls); the managed gateway starts
+# with none, so the config refuses them (docs/gateway.md).
+POLICIES_NEEDING_WORKERS = frozenset({"power_of_two"})
 
 # Flags `smg_argv` sets itself; `extra_args` must not repeat them (argparse would keep
 # the last one silently).
