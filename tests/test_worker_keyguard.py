@@ -190,7 +190,7 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
     from fake_runtime import FakePortOwner
     from sglang_farm.canary.driver import CanaryDriver, Host
     from sglang_farm.config import load_spec
-    from sglang_farm.workers.supervisor import Supervisor
+    from sglang_farm.workers.supervisor import WorkerState
     from test_pollers import TOML
 
     spec = load_spec(TOML, source="t.toml")  # worker 1 has api_key "k-worker-1"
@@ -210,9 +210,9 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
     driver.attach(
         Host(
             spec=lambda: spec,
-            set_spec=unused,
-            supervisor=Supervisor(spec.worker_ids, None),  # type: ignore[arg-type]
-            apply=unused,
+            states=lambda: {w: WorkerState(w) for w in spec.worker_ids},
+            rollout_over=lambda: True,
+            submit=unused,
             spawn=unused,  # type: ignore[arg-type]
             refresh=unused,
             reload=unused,  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -49,7 +50,6 @@ from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.health import HttpProber
-from sglang_farm.sglang.ladder import next_step
 from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.staging.driver import StageDriver
@@ -59,6 +59,7 @@ from sglang_farm.staging.stale import old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
+from sglang_farm.workers.commands import FarmCommand, Reconfigure, RestartRolling, Start
 from sglang_farm.workers.drain import Drains, HttpInFlight
 from sglang_farm.workers.gateway_fleet import GatewayFleet
 from sglang_farm.workers.launcher import Launcher
@@ -84,11 +85,13 @@ from sglang_farm.workers.supervisor import (
     Note,
     Policy,
     ProcessExited,
+    Rollout,
     StopRequested,
     Supervisor,
     Terminate,
     WorkerState,
     drifted_workers,
+    farm_policy,
     stop_budget,
 )
 
@@ -150,7 +153,7 @@ class Agent:
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.runtime = runtime_factory(self._emit)
-        self.supervisor = Supervisor(spec.worker_ids, self._policy(spec))
+        self.supervisor = Supervisor(spec.worker_ids, farm_policy(spec))
         self._prober = collaborators.prober or HttpProber()
         self._port_owner = collaborators.port_owner or ProcPortOwner()
         # Every sender of a worker's API key asks this first (host.keyguard).
@@ -232,14 +235,13 @@ class Agent:
             canary=self._canary,
             stages=self._stages,
             refresh_preflight=collaborators.refresh_preflight,
-            clock=clock,
         )
         self._canary.attach(  # issue 23: what the canary analysis may do to the farm
             CanaryHost(
                 spec=lambda: self._spec,
-                set_spec=self.reconfigure,  # a rollback: the accepted config in force
-                supervisor=self.supervisor,
-                apply=self.apply_actions,
+                states=self.states,
+                rollout_over=self.rollout_over,
+                submit=self.submit,
                 spawn=self.spawn,
                 refresh=self.republish,
                 reload=self.reloader.reload,
@@ -268,13 +270,19 @@ class Agent:
     def spec(self) -> FarmSpec:
         return self._spec
 
-    def reconfigure(
-        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
-    ) -> None:
-        """`spec` in force (a reload's, a canary rollback's): the supervisor's policy and
-        workers; a watcher for each added worker, none left for a removed one."""
-        self._spec = spec
-        self.supervisor.reconfigure(self._policy(spec), added, removed)
+    def submit(self, command: FarmCommand) -> None:
+        """The one way into the core for a farm-level command (`workers.commands`: the
+        operator's, a reload's, the canary analysis's, the start-up's): the core decides,
+        its actions are carried out here and the view published."""
+        actions = self.supervisor.submit(command, self.clock())
+        if isinstance(command, Reconfigure):
+            self._spec = command.spec  # the config in force: what the actions run
+            self._watchers_follow(command.added, command.removed)
+            self._last_refresh = None  # the view is rebuilt: ports and names may differ
+        self.apply_actions(actions)
+
+    def _watchers_follow(self, added: Sequence[int], removed: Sequence[int]) -> None:
+        """A watcher for each added worker, none left for a removed one."""
         for wid in removed:
             self._changed.pop(wid, None)
             t = self._worker_tasks.pop(wid, None)
@@ -285,11 +293,6 @@ class Agent:
             self._worker_tasks[wid] = self.spawn(
                 self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
             )
-
-    @staticmethod
-    def _policy(spec: FarmSpec) -> Policy:
-        steps = spec.oom.steps
-        return Policy.from_spec(spec, lambda current, failure: next_step(current, steps, failure))
 
     def _emit(self, event: RuntimeEvent) -> None:
         """Runtime callback; safe from any thread."""
@@ -438,15 +441,13 @@ class Agent:
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self.apply_actions(self.supervisor.start(list(start), self.clock(), fresh=False))
+        self.submit(Start(list(start), fresh=False))
         if drifted:
             # Adopted, but started with another command line than the config renders now
             # (a config edited while the agent was down), or loaded a model copy that has
             # been replaced since: restarted in waves, drained.
             log.warning("workers_drifted", workers=list(drifted))
-            self.apply_actions(
-                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self.clock())
-            )
+            self.submit(RestartRolling(list(drifted), RestartReason.CONFIG))
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
 
@@ -758,6 +759,20 @@ class Agent:
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""
         return self._startup
+
+    def states(self) -> Mapping[int, WorkerState]:
+        """Each configured worker's state now, read-only (the core's own, live: what a
+        command waits on; `view()` is what readers see)."""
+        return MappingProxyType(self.supervisor.workers)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy in force (the stop and drain budgets a command waits by)."""
+        return self.supervisor.policy
+
+    def rollout_over(self) -> bool:
+        """The rollout is done and no rolling restart is in flight."""
+        return self.supervisor.rollout is Rollout.DONE and not self.supervisor.rolling
 
     async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
         return await self._publisher.wait_until(cond, timeout)

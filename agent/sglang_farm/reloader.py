@@ -13,7 +13,7 @@ what stops, starts and restarts are `workers/reload_plan`'s answers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import structlog
@@ -27,6 +27,7 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.state import StageResult
+from sglang_farm.workers.commands import FarmCommand, Reconfigure, RestartRolling, Start, Stop
 from sglang_farm.workers.loading import loading
 from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.reload_plan import (
@@ -37,37 +38,28 @@ from sglang_farm.workers.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.workers.supervisor import (
-    STOP_SLACK_S,
-    Action,
-    Event,
-    StopRequested,
-    Supervisor,
-    stop_budget,
-)
+from sglang_farm.workers.supervisor import STOP_SLACK_S, Policy, WorkerState, stop_budget
 
 log = structlog.get_logger("sglang_farm.agent")
 
 
 class Farm(Protocol):
-    """What a reload may do to the farm (the agent implements it)."""
-
-    supervisor: Supervisor
+    """What a reload may do to the farm (the agent implements it): its commands go to
+    the agent's one entry (`submit`), its reads are the workers' states and the policy."""
 
     @property
     def spec(self) -> FarmSpec: ...
 
+    @property
+    def policy(self) -> Policy: ...
+
+    def states(self) -> Mapping[int, WorkerState]: ...
+
+    def submit(self, command: FarmCommand) -> None: ...
+
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command: ...
 
-    def feed(self, worker: int, event: Event) -> None: ...
-
-    def apply_actions(self, actions: list[Action]) -> None: ...
-
     async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool: ...
-
-    def reconfigure(
-        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
-    ) -> None: ...
 
     def take_stage_hold(self) -> list[int] | None: ...
 
@@ -88,7 +80,6 @@ class Reloader:
         canary: CanaryDriver,
         stages: StageDriver,
         refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None,
-        clock: Callable[[], float],
     ) -> None:
         self._farm = farm
         self._config_loader = loader
@@ -96,7 +87,6 @@ class Reloader:
         self._canary = canary
         self._stages = stages
         self._refresh_preflight = refresh_preflight
-        self._clock = clock
 
     async def reload(self) -> ReloadResult:
         """Apply the config file if valid. One at a time (the control socket and SIGHUP
@@ -106,7 +96,7 @@ class Reloader:
             return await self._reload()
 
     async def _reload(self) -> ReloadResult:
-        farm, sup = self._farm, self._farm.supervisor
+        farm = self._farm
         if self._config_loader is None:
             return ReloadResult(
                 applied=False, problems=("this agent was started without a config file",)
@@ -139,7 +129,7 @@ class Reloader:
         if change is ModelChange.RESTAGE:
             try:
                 staged = await self._stages.stage(
-                    new, keep_old=bool(loading(sup.workers)), serving=serving
+                    new, keep_old=bool(loading(farm.states())), serving=serving
                 )
             except StageError as exc:
                 return _refused(stage_refused(new, exc))
@@ -152,18 +142,17 @@ class Reloader:
             {w: farm.command_for(w, new) for w in new.worker_ids},
         )
         if plan.removed:
-            for wid in plan.removed:
-                farm.feed(wid, StopRequested())
+            farm.submit(Stop(plan.removed))
             await farm.wait_until(
-                lambda: all(sup.workers[w].phase in HELD for w in plan.removed),
-                stop_budget(sup.policy) + STOP_SLACK_S,
+                lambda: all(farm.states()[w].phase in HELD for w in plan.removed),
+                stop_budget(farm.policy) + STOP_SLACK_S,
             )
         # The canary's verdict may have come during the awaits above (its rollback does
         # not wait for this lock): a change it rejected meanwhile is not put in force.
         if (rejected := self._canary.rejected(new)) is not None:
             log.error("reload_rejected", problems=[rejected])
             return ReloadResult(applied=False, problems=(rejected,), held=rejected)
-        farm.reconfigure(new, plan.added, plan.removed)
+        farm.submit(Reconfigure(new, plan.added, plan.removed))
         log.info(
             "reload_applied",
             restarted=list(plan.changed),
@@ -174,22 +163,18 @@ class Reloader:
         effects = reload_effects(
             plan,
             copy_replaced=staged is not None and not staged.current,
-            loading=loading(sup.workers),
+            loading=loading(farm.states()),
             held=held is not None,
             workers=new.worker_ids,
         )
         gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
         if effects.start:
-            farm.apply_actions(sup.start(list(effects.start), self._clock()))
+            farm.submit(Start(effects.start))
         if effects.restart:
-            farm.apply_actions(
-                sup.restart_rolling(
-                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
-                )
-            )
+            farm.submit(RestartRolling(effects.restart, RestartReason.CONFIG, gated=gated))
         if staged is not None:
             farm.after_swap(staged)
-        farm.republish()  # the spec changed (ports, names): rebuild the view
+        farm.republish()  # the canary's record and view, the stage: not the core's states
         return ReloadResult(
             applied=True,
             restarted=effects.restart,

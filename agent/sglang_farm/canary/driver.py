@@ -15,10 +15,11 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   for its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
   task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
 The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
-supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
-function: the tests feed synthetic Prometheus text), keeps the window's timer, and acts:
-it releases the supervisor's gated waves (promote), or puts the farm back on the accepted
-config and restarts the canary alone (rollback), and keeps the record in the state
+core's; this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic
+Prometheus text), keeps the window's timer, and acts through the agent's one entry
+(`Host.submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
+promote), or puts the farm back on the accepted config (`Reconfigure`) and restarts the
+canary alone (`RollBack`: rollback), and keeps the record in the state
 directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
 reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
 change.
@@ -70,16 +71,10 @@ from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
+from sglang_farm.workers.commands import FarmCommand, Reconfigure, ReleaseGate, RollBack, Start
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import LEAVING
-from sglang_farm.workers.supervisor import (
-    Action,
-    RolledBack,
-    Rollout,
-    StopIntent,
-    Supervisor,
-    WorkerState,
-)
+from sglang_farm.workers.supervisor import StopIntent, WorkerState
 
 log = structlog.get_logger("sglang_farm.canary")
 
@@ -106,14 +101,15 @@ async def http_scrape(url: str, key: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    """What the driver needs of the agent (given once the agent is built)."""
+    """What the driver needs of the agent (given once the agent is built): what it does
+    to the farm goes to the agent's one entry (`submit`); it reads the workers' states."""
 
     spec: Callable[[], FarmSpec]
-    set_spec: Callable[[FarmSpec], None]  # the config in force (a rollback's, a restart's)
-    supervisor: Supervisor
-    apply: Callable[[list[Action]], None]
+    states: Callable[[], Mapping[int, WorkerState]]
+    rollout_over: Callable[[], bool]  # the rollout is done, no rolling restart in flight
+    submit: Callable[[FarmCommand], None]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
-    refresh: Callable[[], None]
+    refresh: Callable[[], None]  # the canary's view changed: the farm's view is rebuilt
     reload: Callable[[], Coroutine[Any, Any, Any]]
     startup_done: Callable[[], bool]
     clock: Callable[[], float]
@@ -397,15 +393,15 @@ class CanaryDriver:
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
         if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.supervisor.workers:
+            if self._analysis is None and canary is not None and canary in h.states():
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
                 # A canary stopped by the operator starts again onto the change first
                 # (a stopped one is not a canary that failed to serve).
-                if h.supervisor.workers[canary].phase is Phase.STOPPED:
+                if h.states()[canary].phase is Phase.STOPPED:
                     log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
-                    h.apply(h.supervisor.start([canary], h.clock()))
-                s = h.supervisor.workers[canary]
+                    h.submit(Start([canary]))
+                s = h.states()[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(
                     change,
@@ -451,7 +447,7 @@ class CanaryDriver:
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
-        s = h.supervisor.workers[canary]
+        s = h.states()[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
         self._analysis = Analysis(
@@ -472,20 +468,16 @@ class CanaryDriver:
         h = self._host
         if h is None or self._busy:
             return
-        if (
-            self._reroll
-            and h.startup_done()
-            and h.supervisor.rollout is Rollout.DONE
-            and not h.supervisor.rolling
-        ):
+        if self._reroll and h.startup_done() and h.rollout_over():
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
-        if a is None or self._judging or a.canary not in h.supervisor.workers:
+        states = h.states()
+        if a is None or self._judging or a.canary not in states:
             return
-        obs = _obs(h.supervisor.workers[a.canary])
+        obs = _obs(states[a.canary])
         self._busy = True
         try:
             a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
@@ -516,7 +508,7 @@ class CanaryDriver:
             case Fail(event=ev):
                 after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
                 evidence = f"canary {ev.kind} {after}: {ev.detail}"
-                s = h.supervisor.workers.get(a2.canary)
+                s = h.states().get(a2.canary)
                 failure = _failure(s)[0] if s is not None else None
                 if failure is not None and failure.summary == ev.detail:
                     evidence += f" [{failure.kind}]"  # the classifier's kind, as `why` shows it
@@ -667,11 +659,7 @@ class CanaryDriver:
     def _baseline(self, canary: int) -> list[int]:
         h = self._host
         assert h is not None
-        return [
-            w
-            for w, s in sorted(h.supervisor.workers.items())
-            if w != canary and s.phase is Phase.READY
-        ]
+        return [w for w, s in sorted(h.states().items()) if w != canary and s.phase is Phase.READY]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
         h = self._host
@@ -775,10 +763,10 @@ class CanaryDriver:
                 return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
-            if a.canary in h.supervisor.workers:
+            if a.canary in (states := h.states()):
                 a2, step = rollout.observe(
                     a,
-                    _obs(h.supervisor.workers[a.canary]),
+                    _obs(states[a.canary]),
                     h.clock(),
                     gateway=h.gateway,
                 )
@@ -843,7 +831,7 @@ class CanaryDriver:
             self._accept(self._candidate, a.change)
             wlog.info("canary_promoted", evidence=evidence)
             self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
-            h.apply(h.supervisor.release_gate(h.clock()))
+            h.submit(ReleaseGate())
         elif res is Resolution.ROLLBACK:
             self._rollbacks += 1
             self._record = replace(
@@ -868,15 +856,12 @@ class CanaryDriver:
         self._cancel()
         candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
-        h.set_spec(self._accepted)
+        h.submit(Reconfigure(self._accepted))
         if candidate is not None and candidate.model != self._accepted.model:
             h.restore_model(self._accepted)  # before the canary's relaunch below
-        h.supervisor.drop_gated()
-        if canary is None or canary not in h.supervisor.workers:
-            return
-        # Its OOM step as before the change, restarted onto the accepted config (drained
-        # first) unless an operator's stop stands: the core's RolledBack.
-        h.apply(h.supervisor.handle(canary, RolledBack(self._oom_step), h.clock()))
+        # The gated waves dropped; the canary's OOM step as before the change, restarted
+        # onto the accepted config (drained first) unless an operator's stop stands.
+        h.submit(RollBack(canary, self._oom_step))
 
     def _cancel(self) -> None:
         self._stop_probes()
