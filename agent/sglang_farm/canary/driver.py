@@ -203,7 +203,6 @@ class CanaryDriver:
         self._oom_step = 0  # the canary's OOM step before the change (a rollback restores it)
         self._task: asyncio.Task[Any] | None = None
         self._judging = False
-        self._busy = False
         self._reroll = False
         self._rollbacks = 0
         self._start: dict[int, figures.WorkerSample] = {}  # the window's first scrape
@@ -465,8 +464,12 @@ class CanaryDriver:
     # ---- every state change ------------------------------------------------------------------
 
     def observe(self) -> None:
+        """The farm's state changed: the analysis looks at its canary. Re-entered when an
+        act's command publishes the view (`Host.submit`, `Host.refresh`): every act sets
+        the analysis before it calls back (a verdict clears it first), so a nested call
+        looks at a settled analysis, as the next change's call would (no guard needed)."""
         h = self._host
-        if h is None or self._busy:
+        if h is None:
             return
         if self._reroll and h.startup_done() and h.rollout_over():
             # The start-up's rollout (on the accepted config) is over: the file's change
@@ -478,18 +481,12 @@ class CanaryDriver:
         if a is None or self._judging or a.canary not in states:
             return
         obs = _obs(states[a.canary])
-        self._busy = True
-        try:
-            a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
-            self._analysis = a2
-            if a.analysing and not a2.analysing:
-                self._cancel()  # restarted in its window: a new window once it serves
-                self._show(
-                    CanaryState.ANALYSING, "the canary restarts: judged again once it serves"
-                )
-            self._act(a2, step)
-        finally:
-            self._busy = False
+        a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
+        self._analysis = a2
+        if a.analysing and not a2.analysing:
+            self._cancel()  # restarted in its window: a new window once it serves
+            self._show(CanaryState.ANALYSING, "the canary restarts: judged again once it serves")
+        self._act(a2, step)
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
@@ -577,16 +574,12 @@ class CanaryDriver:
                 )
             if self._analysis is None or self._analysis.change != a.change:
                 return  # superseded, or failed otherwise, meanwhile
-            self._busy = True
-            try:
-                if passed:
-                    self._analysis = replace(self._analysis, evaluated=True)
-                    wlog.info("canary_eval_passed", evidence=evidence)
-                    self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
-                else:
-                    self._resolve(Resolution.ROLLBACK, evidence, checks)
-            finally:
-                self._busy = False
+            if passed:
+                self._analysis = replace(self._analysis, evaluated=True)
+                wlog.info("canary_eval_passed", evidence=evidence)
+                self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
+            else:
+                self._resolve(Resolution.ROLLBACK, evidence, checks)
             h.refresh()  # the gateway's membership follows: the canary joins it
         finally:
             self._evaluating = False
@@ -713,11 +706,7 @@ class CanaryDriver:
             outcome, evidence, checks = self._verdict(a, now, h.clock() - a.window_start, False)
             if outcome is Outcome.ROLLBACK and self._analysis == a and not self._judging:
                 self._task = None
-                self._busy = True
-                try:
-                    self._resolve(Resolution.ROLLBACK, evidence, checks)
-                finally:
-                    self._busy = False
+                self._resolve(Resolution.ROLLBACK, evidence, checks)
                 return
         # A millisecond past the end: a timer may fire a float's hair early.
         await asyncio.sleep(max(0.0, left) + 0.001)
@@ -773,11 +762,7 @@ class CanaryDriver:
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
                     self._analysis = a2
-                    self._busy = True
-                    try:
-                        self._act(a2, step)
-                    finally:
-                        self._busy = False
+                    self._act(a2, step)
                     return
             res = rollout.conclude(a, verdict_outcome, checks, spec.rollout.on_inconclusive)
             if isinstance(res, Analysis):
@@ -785,11 +770,7 @@ class CanaryDriver:
                 self._analysis = res
                 self._extended(res, evidence, checks)
                 return
-            self._busy = True
-            try:
-                self._resolve(res, evidence, checks)
-            finally:
-                self._busy = False
+            self._resolve(res, evidence, checks)
         finally:
             self._judging = False
             self._task = None
