@@ -202,12 +202,12 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
 
     owner = FakePortOwner()
     owner.squat(30001)
-    driver = CanaryDriver(spec, scrape=scrape)
 
     def unused(*_a: object) -> None:
         raise AssertionError("not asked by a scrape")
 
-    driver.attach(
+    driver = CanaryDriver(
+        spec,
         Host(
             spec=lambda: spec,
             states=lambda: {w: WorkerState(w) for w in spec.worker_ids},
@@ -219,10 +219,11 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
             startup_done=lambda: True,
             clock=lambda: 0.0,
             wall=lambda: 0.0,
-            gateway=False,
+            gateway=lambda: False,
             restore_model=unused,
             key_guard=KeyGuard(worker_pids, owner, gpu=lambda w: w),
-        )
+        ),
+        scrape=scrape,
     )
     with structlog.testing.capture_logs() as logs:
         await driver._samples([0, 1])

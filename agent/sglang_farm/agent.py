@@ -139,8 +139,29 @@ class Agent:
         # config instead of the file's (its change rejected, or not judged yet).
         collaborators = collaborators or Collaborators()
         c = collaborators
+        self._port_owner = collaborators.port_owner or ProcPortOwner()
+        # Every sender of a worker's API key asks this first (host.keyguard); the runtime
+        # it asks is built below, once the config the agent starts on is known.
+        self.key_guard = KeyGuard(
+            lambda w: self.runtime.worker_pids(w), self._port_owner, gpu=self._gpus_of
+        )
         self._canary = CanaryDriver(
             spec,
+            CanaryHost(  # what the canary analysis may do to the farm, once it runs
+                spec=lambda: self._spec,
+                states=self.states,
+                rollout_over=self.rollout_over,
+                submit=self.submit,
+                spawn=self.spawn,
+                refresh=self.republish,
+                reload=lambda: self.reloader.reload(),
+                startup_done=lambda: self._startup is None,
+                clock=clock,
+                wall=wall,
+                gateway=lambda: self._spec.gateway.enabled,
+                restore_model=lambda accepted: self._stages.restore_old_copy(accepted),
+                key_guard=self.key_guard,
+            ),
             scrape=c.canary_scrape,
             caps=c.compute_caps,
             gate=c.canary_gate,
@@ -155,9 +176,6 @@ class Agent:
         self.runtime = runtime_factory(self._emit)
         self.supervisor = Supervisor(spec.worker_ids, farm_policy(spec))
         self._prober = collaborators.prober or HttpProber()
-        self._port_owner = collaborators.port_owner or ProcPortOwner()
-        # Every sender of a worker's API key asks this first (host.keyguard).
-        self.key_guard = KeyGuard(self.runtime.worker_pids, self._port_owner, gpu=self._gpus_of)
         self._launcher = Launcher(
             self.runtime,
             state=self.worker_state,
@@ -235,23 +253,6 @@ class Agent:
             canary=self._canary,
             stages=self._stages,
             refresh_preflight=collaborators.refresh_preflight,
-        )
-        self._canary.attach(  # issue 23: what the canary analysis may do to the farm
-            CanaryHost(
-                spec=lambda: self._spec,
-                states=self.states,
-                rollout_over=self.rollout_over,
-                submit=self.submit,
-                spawn=self.spawn,
-                refresh=self.republish,
-                reload=self.reloader.reload,
-                startup_done=lambda: self._startup is None,
-                clock=self.clock,
-                wall=self._wall,
-                gateway=self._spec.gateway.enabled,
-                restore_model=self._stages.restore_old_copy,
-                key_guard=self.key_guard,
-            )
         )
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
         if sync is not None:

@@ -1,10 +1,10 @@
 """I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
 
 Its surface, each call a line or two in agent.py and reloader.py and nothing else:
-- at construction, `CanaryDriver(spec, ...)` and its `spec`: the config a (re)started
-  agent runs (the accepted one when the file's change was rejected or not yet judged;
-  ConfigError when the change was rejected and no accepted config can run instead);
-  `attach(Host)` once the agent is built;
+- at construction, `CanaryDriver(spec, host, ...)` and its `spec`: the config a
+  (re)started agent runs (the accepted one when the file's change was rejected or not
+  yet judged; ConfigError when the change was rejected and no accepted config can run
+  instead); `host` is what it may do to the farm and read of it (`Host`);
 - at a reload: `loaded` (the file's text as it was loaded, for the record), `held`
   (refused: rejected before), `eval_problems` (refused: an unusable eval set),
   `superseded_by` and `supersede` (a reload during an analysis), `rejected` again after
@@ -101,8 +101,9 @@ async def http_scrape(url: str, key: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    """What the driver needs of the agent (given once the agent is built): what it does
-    to the farm goes to the agent's one entry (`submit`); it reads the workers' states."""
+    """What the driver needs of the agent (given at construction; each a call into the
+    agent made only once it runs): what it does to the farm goes to the agent's one
+    entry (`submit`); it reads the workers' states."""
 
     spec: Callable[[], FarmSpec]
     states: Callable[[], Mapping[int, WorkerState]]
@@ -114,7 +115,7 @@ class Host:
     startup_done: Callable[[], bool]
     clock: Callable[[], float]
     wall: Callable[[], float]
-    gateway: bool  # the farm has a gateway: the canary's window starts once it routes to it
+    gateway: Callable[[], bool]  # a gateway: the canary's window starts once it routes to it
     # A rolled-back change of [model]: the previous copy back in model_path (kept beside
     # it since the reload's swap: staging.driver.StageDriver.restore_old_copy).
     restore_model: Callable[[FarmSpec], None]
@@ -177,6 +178,7 @@ class CanaryDriver:
     def __init__(
         self,
         spec: FarmSpec,
+        host: Host,
         *,
         scrape: Scrape | None = None,
         caps: Mapping[int, tuple[int, int]] | None = None,
@@ -191,7 +193,7 @@ class CanaryDriver:
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
         self._caps = dict(caps or {})
-        self._host: Host | None = None
+        self._host = host
         self._record = store.load(spec.farm.state_dir)
         self._not_saved: StateAlert | None = None
         self._state_dir = spec.farm.state_dir
@@ -326,9 +328,6 @@ class CanaryDriver:
         text = _read_text(new, change, self._caps)
         self._loaded = None if text is None else (change, text)
 
-    def attach(self, host: Host) -> None:
-        self._host = host
-
     # ---- a reload ----------------------------------------------------------------------------
 
     def held(self, new: FarmSpec) -> str | None:
@@ -376,7 +375,7 @@ class CanaryDriver:
         """The config `supersede(new)` would put the farm back on (the accepted one),
         or None when it would change nothing: a reload checks its refusals against it
         before it supersedes anything."""
-        if self._host is None or self._candidate is None or self._accepted is None:
+        if self._candidate is None or self._accepted is None:
             return None
         if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
             return None
@@ -387,7 +386,7 @@ class CanaryDriver:
         the farm goes back to the accepted config first (the canary restarts on it), and
         the reload is then planned from there. Not a rejection: nothing is recorded."""
         h = self._host
-        if h is None or self._candidate is None or self._accepted is None:
+        if self._candidate is None or self._accepted is None:
             return
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
@@ -420,7 +419,6 @@ class CanaryDriver:
         """The reload's rolling restart of `restart` is about to be issued: start an
         analysis when it takes the canary and analysis is on. True: gate the waves."""
         h = self._host
-        assert h is not None
         canary = new.startup.canary
         window = new.rollout.analysis_window
         if not restart:
@@ -469,8 +467,6 @@ class CanaryDriver:
         the analysis before it calls back (a verdict clears it first), so a nested call
         looks at a settled analysis, as the next change's call would (no guard needed)."""
         h = self._host
-        if h is None:
-            return
         if self._reroll and h.startup_done() and h.rollout_over():
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
@@ -481,7 +477,7 @@ class CanaryDriver:
         if a is None or self._judging or a.canary not in states:
             return
         obs = _obs(states[a.canary])
-        a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
+        a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway())
         self._analysis = a2
         if a.analysing and not a2.analysing:
             self._cancel()  # restarted in its window: a new window once it serves
@@ -490,7 +486,6 @@ class CanaryDriver:
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
-        assert h is not None
         match step:
             case RunEval():
                 if not self._evaluating:
@@ -530,7 +525,6 @@ class CanaryDriver:
         """The eval gate on the canary and one baseline worker; passed -> the canary may
         join the gateway; failed -> rolled back like a failed window."""
         h = self._host
-        assert h is not None
         try:
             spec = self._candidate or h.spec()
             base = self._baseline(a.canary)
@@ -586,7 +580,6 @@ class CanaryDriver:
 
     def _start_window(self, a: Analysis) -> None:
         h = self._host
-        assert h is not None
         spec = h.spec()
         base = self._baseline(a.canary)
         h_log = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
@@ -606,7 +599,6 @@ class CanaryDriver:
         """`[rollout] probe_concurrency` > 0: paired probes to the canary and the baseline
         for the window (canary/probe.py); an extension goes on with the same pairs."""
         h = self._host
-        assert h is not None
         spec = self._candidate or h.spec()
         n = spec.rollout.probe_concurrency
         if n <= 0 or not base or self._probe_task is not None:
@@ -639,7 +631,6 @@ class CanaryDriver:
         gated (HELD): a reload judges the change again; an agent restart starts on the
         accepted config and rolls the change canary first."""
         h = self._host
-        assert h is not None
         self._cancel()
         why = "the canary was stopped during the analysis: reload to judge the change again"
         log.bind(worker=a.canary, gpu=_gpu(h.spec(), a.canary)).warning(
@@ -651,12 +642,10 @@ class CanaryDriver:
 
     def _baseline(self, canary: int) -> list[int]:
         h = self._host
-        assert h is not None
         return [w for w, s in sorted(h.states().items()) if w != canary and s.phase is Phase.READY]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
         h = self._host
-        assert h is not None
         spec = h.spec()
         gw = None
         if spec.gateway.mode == "managed":
@@ -683,7 +672,7 @@ class CanaryDriver:
     async def _refusal(self, worker: int, spec: FarmSpec) -> str | None:
         """Why `worker`'s key must not go to its port now (`KeyGuard.refusal`), or None."""
         h = self._host
-        if h is None or h.key_guard is None:
+        if h.key_guard is None:
             return None
         return await h.key_guard.refusal(worker, spec.worker(worker).base_url)
 
@@ -691,7 +680,6 @@ class CanaryDriver:
         """Wait out `a`'s window, judging early; `fresh`: scrape the window's start (an
         extension keeps the first scrape: its figures cover the whole analysis)."""
         h = self._host
-        assert h is not None
         if fresh:
             base = self._baseline(a.canary)
             self._start = await self._samples([a.canary, *base])
@@ -721,7 +709,6 @@ class CanaryDriver:
         complete: bool,
     ) -> tuple[Outcome, str, tuple[Check, ...]]:
         h = self._host
-        assert h is not None
         start = self._start
         spec = self._candidate or h.spec()
         if a.canary not in start or a.canary not in end:
@@ -742,7 +729,6 @@ class CanaryDriver:
 
     async def _judge(self, a: Analysis) -> None:
         h = self._host
-        assert h is not None
         extended: Analysis | None = None
         try:
             end = await self._samples([a.canary, *self._base])
@@ -757,7 +743,7 @@ class CanaryDriver:
                     a,
                     _obs(states[a.canary]),
                     h.clock(),
-                    gateway=h.gateway,
+                    gateway=h.gateway(),
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
@@ -781,7 +767,6 @@ class CanaryDriver:
     def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
         """The window ended short of traffic: say so, and judge for another window."""
         h = self._host
-        assert h is not None
         spec = h.spec()
         log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).warning(
             "canary_analysis_extended",
@@ -801,7 +786,7 @@ class CanaryDriver:
     def _resolve(self, res: Resolution, evidence: str, checks: Sequence[Any]) -> None:
         h = self._host
         a = self._analysis
-        assert h is not None and a is not None
+        assert a is not None
         self._cancel()
         spec = h.spec()
         wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary), change=record.short(a.change))
@@ -833,7 +818,7 @@ class CanaryDriver:
         copy back in model_path (a change of [model]), the canary restarted alone (its OOM
         step as before the change), every other worker untouched."""
         h = self._host
-        assert h is not None and self._accepted is not None
+        assert self._accepted is not None
         self._cancel()
         candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
@@ -861,7 +846,7 @@ class CanaryDriver:
     ) -> None:
         h = self._host
         a = a or self._analysis
-        if h is None or a is None:
+        if a is None:
             return
         to_wall = h.wall() - h.clock()
         start = a.window_start if a.window_start is not None else a.issued_at
