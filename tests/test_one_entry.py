@@ -13,9 +13,7 @@ AGENT = PACKAGE / "agent.py"
 # The names the agent keeps its supervisor under.
 SUPERVISOR_ATTRS = frozenset({"supervisor", "_supervisor"})
 # Where the class itself may be named: its own folder, and the agent that owns it.
-# `state` restores into it once at start and saves from it, handed the agent's own
-# supervisor by the agent (issue 32 §1 leaves the store's seam for later).
-MAY_NAME_THE_CLASS = frozenset({AGENT, PACKAGE / "state.py"})
+MAY_NAME_THE_CLASS = frozenset({AGENT})
 
 
 def _modules() -> list[Path]:

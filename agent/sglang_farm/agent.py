@@ -243,9 +243,11 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(
-            self.supervisor, {w.id: w.gpus for w in spec.workers}
+        remembered = self._store.restore(
+            self.supervisor.workers, {w.id: w.gpus for w in spec.workers}
         )
+        self.supervisor.restore_remembered(remembered.states, remembered.held_out_since)
+        self._remembered = dict(remembered.phases)
         self.reloader = Reloader(
             self,
             loader=config_loader,
@@ -433,7 +435,9 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await self._store.save_from(self.supervisor)  # the last word
+        await self._store.save_from(
+            self.supervisor.workers, self.supervisor.held_out_since
+        )  # the last word
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -740,7 +744,7 @@ class Agent:
         """The publisher's save; a save that starts or ends a run of failures shows in
         the view at once (issue 30: `farmctl status` says the state is not saved)."""
         before = self._store.not_saved is None
-        await self._store.save_from(self.supervisor)
+        await self._store.save_from(self.supervisor.workers, self.supervisor.held_out_since)
         if before != (self._store.not_saved is None):
             self._publisher.view = self._build_view()
 
@@ -748,7 +752,9 @@ class Agent:
         """A command's change saved before it answers (issue 30): raises
         `state.StateNotSaved` naming the file and why (`StateStore.save_now`)."""
         try:
-            await self._store.save_now(self.supervisor, change, undone)
+            await self._store.save_now(
+                self.supervisor.workers, self.supervisor.held_out_since, change, undone
+            )
         finally:
             self._publisher.view = self._build_view()
 

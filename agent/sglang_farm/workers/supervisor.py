@@ -481,6 +481,16 @@ class Supervisor:
         s = self.workers[worker_id]
         self.workers[worker_id] = replace(s, oom_step=0, failure_past=reset_past(s))
 
+    def restore_remembered(
+        self, states: Mapping[int, WorkerState], held_out_since: float | None
+    ) -> None:
+        """What a restarted agent remembers (`state.StateStore.restore`), put back: each
+        worker's state, then the host's hold out of the gateway (it marks every worker)."""
+        for wid, state in states.items():
+            self.restore(wid, state)
+        if held_out_since is not None:
+            self.hold_out(True, held_out_since)
+
     def restore(self, worker_id: int, state: WorkerState) -> None:
         """Put back a worker's remembered state (restarts, back-off, OOM step) at agent start."""
         if state.id != worker_id or worker_id not in self.workers:
