@@ -22,9 +22,9 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.load import RecentAnswers
-from sglang_farm.spec import FarmSpec, gpu_field
+from sglang_farm.spec import gpu_field
 from sglang_farm.workers.commands import (
-    FarmCommand,
+    FarmEntry,
     HoldOut,
     Release,
     ResetOom,
@@ -36,14 +36,15 @@ from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.gpu_health import not_quarantined, quarantined_on
 from sglang_farm.workers.logs import WorkerLogs
 from sglang_farm.workers.phase_sets import HELD, SERVING
-from sglang_farm.workers.supervisor import STOP_SLACK_S, Policy, WorkerState, stop_budget
+from sglang_farm.workers.supervisor import STOP_SLACK_S, stop_budget
 
 log = structlog.get_logger("sglang_farm.agent")
 
 
-class Farm(Protocol):
+class Farm(FarmEntry, Protocol):
     """What the operator's commands may do to the farm (the agent implements it): what
-    changes the core goes to its one entry (`submit`); the workers' states are read-only."""
+    changes the core goes to its one entry (`FarmEntry.submit`); the workers' states are
+    read-only; beside them, the view, the runtime's logs, the stage, the drains' wait."""
 
     runtime: Runtime
     reloader: Reloader
@@ -51,17 +52,7 @@ class Farm(Protocol):
     changes: asyncio.Lock
     clock: Callable[[], float]
 
-    @property
-    def spec(self) -> FarmSpec: ...
-
-    @property
-    def policy(self) -> Policy: ...
-
     def view(self) -> FarmView: ...
-
-    def states(self) -> Mapping[int, WorkerState]: ...
-
-    def submit(self, command: FarmCommand) -> None: ...
 
     def startup_pending(self) -> str | None: ...
 

@@ -13,7 +13,7 @@ what stops, starts and restarts are `workers/reload_plan`'s answers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -27,7 +27,7 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.state import StageResult
-from sglang_farm.workers.commands import FarmCommand, Reconfigure, RestartRolling, Start, Stop
+from sglang_farm.workers.commands import FarmEntry, Reconfigure, RestartRolling, Start, Stop
 from sglang_farm.workers.loading import loading
 from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.reload_plan import (
@@ -38,24 +38,15 @@ from sglang_farm.workers.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.workers.supervisor import STOP_SLACK_S, Policy, WorkerState, stop_budget
+from sglang_farm.workers.supervisor import STOP_SLACK_S, stop_budget
 
 log = structlog.get_logger("sglang_farm.agent")
 
 
-class Farm(Protocol):
+class Farm(FarmEntry, Protocol):
     """What a reload may do to the farm (the agent implements it): its commands go to
-    the agent's one entry (`submit`), its reads are the workers' states and the policy."""
-
-    @property
-    def spec(self) -> FarmSpec: ...
-
-    @property
-    def policy(self) -> Policy: ...
-
-    def states(self) -> Mapping[int, WorkerState]: ...
-
-    def submit(self, command: FarmCommand) -> None: ...
+    the agent's one entry (`FarmEntry.submit`), its reads are the workers' states and the
+    policy; beside them, the command lines, the stage's hold and swap, and the view."""
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command: ...
 

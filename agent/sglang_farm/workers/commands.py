@@ -8,11 +8,13 @@ view, in one place. Events about one worker stay `events` (`Agent.feed`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.records import Policy, WorkerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +102,19 @@ FarmCommand = (
     | ResetOom
     | Reconfigure
 )
+
+
+class FarmEntry(Protocol):
+    """The agent's one way in, as the modules that change the farm see it (the agent
+    implements it; `operations.Farm` and `reloader.Farm` add what else each needs): the
+    config and policy in force, the workers' states read-only, and `submit`."""
+
+    @property
+    def spec(self) -> FarmSpec: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def states(self) -> Mapping[int, WorkerState]: ...
+
+    def submit(self, command: FarmCommand) -> None: ...
