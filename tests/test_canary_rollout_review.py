@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ from sglang_farm.canary.rollout import Analysis, CanaryObs, Fail, Inconclusive, 
 from sglang_farm.canary.view import CanaryState
 from sglang_farm.config import load_spec
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.commands import FarmCommand
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import GpuFailing, StopIntent
+from sglang_farm.workers.supervisor import GpuFailing, StopIntent, WorkerState, farm_policy
 from test_agent_canary import Metrics, _start, _toml
 from virtual_time import run_virtual
 
@@ -295,6 +297,20 @@ def _record(tmp: Path, *, accepted_text: str | None, rejected: FarmSpec) -> None
     )
 
 
+class _IdleFarm:
+    """The agent's entry as the driver sees it, never asked to change anything."""
+
+    def __init__(self, spec: FarmSpec) -> None:
+        self.spec = spec
+        self.policy = farm_policy(spec)
+
+    def states(self) -> Mapping[int, WorkerState]:
+        return {}
+
+    def submit(self, command: FarmCommand) -> None:
+        raise AssertionError(f"the driver acted at construction: {command}")
+
+
 def _idle_host(spec: FarmSpec) -> Host:
     """A host the driver never calls: these tests read only its start-up choice."""
 
@@ -302,10 +318,8 @@ def _idle_host(spec: FarmSpec) -> Host:
         raise AssertionError("the driver acted at construction")
 
     return Host(
-        spec=lambda: spec,
-        states=dict,
+        farm=_IdleFarm(spec),
         rollout_over=never,
-        submit=never,
         spawn=never,
         refresh=never,
         reload=never,

@@ -148,10 +148,8 @@ class Agent:
         self._canary = CanaryDriver(
             spec,
             CanaryHost(  # what the canary analysis may do to the farm, once it runs
-                spec=lambda: self._spec,
-                states=self.states,
+                farm=self,
                 rollout_over=self.rollout_over,
-                submit=self.submit,
                 spawn=self.spawn,
                 refresh=self.republish,
                 reload=lambda: self.reloader.reload(),

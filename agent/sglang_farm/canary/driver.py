@@ -17,7 +17,7 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
 The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
 core's; this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic
 Prometheus text), keeps the window's timer, and acts through the agent's one entry
-(`Host.submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
+(`Host.farm`'s `submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
 promote), or puts the farm back on the accepted config (`Reconfigure`) and restarts the
 canary alone (`RollBack`: rollback), and keeps the record in the state
 directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
@@ -71,7 +71,7 @@ from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
-from sglang_farm.workers.commands import FarmCommand, Reconfigure, ReleaseGate, RollBack, Start
+from sglang_farm.workers.commands import FarmEntry, Reconfigure, ReleaseGate, RollBack, Start
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import LEAVING
 from sglang_farm.workers.supervisor import StopIntent, WorkerState
@@ -105,10 +105,8 @@ class Host:
     agent made only once it runs): what it does to the farm goes to the agent's one
     entry (`submit`); it reads the workers' states."""
 
-    spec: Callable[[], FarmSpec]
-    states: Callable[[], Mapping[int, WorkerState]]
+    farm: FarmEntry  # the config in force, the workers' states, and `submit`
     rollout_over: Callable[[], bool]  # the rollout is done, no rolling restart in flight
-    submit: Callable[[FarmCommand], None]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     refresh: Callable[[], None]  # the canary's view changed: the farm's view is rebuilt
     reload: Callable[[], Coroutine[Any, Any, Any]]
@@ -391,15 +389,15 @@ class CanaryDriver:
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
         if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.states():
+            if self._analysis is None and canary is not None and canary in h.farm.states():
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
                 # A canary stopped by the operator starts again onto the change first
                 # (a stopped one is not a canary that failed to serve).
-                if h.states()[canary].phase is Phase.STOPPED:
+                if h.farm.states()[canary].phase is Phase.STOPPED:
                     log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
-                    h.submit(Start([canary]))
-                s = h.states()[canary]
+                    h.farm.submit(Start([canary]))
+                s = h.farm.states()[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(
                     change,
@@ -444,7 +442,7 @@ class CanaryDriver:
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
-        s = h.states()[canary]
+        s = h.farm.states()[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
         self._analysis = Analysis(
@@ -463,7 +461,7 @@ class CanaryDriver:
 
     def observe(self) -> None:
         """The farm's state changed: the analysis looks at its canary. Re-entered when an
-        act's command publishes the view (`Host.submit`, `Host.refresh`): every act sets
+        act's command publishes the view (`submit`, `Host.refresh`): every act sets
         the analysis before it calls back (a verdict clears it first), so a nested call
         looks at a settled analysis, as the next change's call would (no guard needed)."""
         h = self._host
@@ -473,7 +471,7 @@ class CanaryDriver:
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
-        states = h.states()
+        states = h.farm.states()
         if a is None or self._judging or a.canary not in states:
             return
         obs = _obs(states[a.canary])
@@ -500,7 +498,7 @@ class CanaryDriver:
             case Fail(event=ev):
                 after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
                 evidence = f"canary {ev.kind} {after}: {ev.detail}"
-                s = h.states().get(a2.canary)
+                s = h.farm.states().get(a2.canary)
                 failure = _failure(s)[0] if s is not None else None
                 if failure is not None and failure.summary == ev.detail:
                     evidence += f" [{failure.kind}]"  # the classifier's kind, as `why` shows it
@@ -508,7 +506,7 @@ class CanaryDriver:
             case Stopped():
                 self._stopped(a2)
             case Inconclusive(why=why):
-                spec = self._candidate or h.spec()
+                spec = self._candidate or h.farm.spec
                 self._resolve(
                     rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
                     f"inconclusive: {why}",
@@ -526,7 +524,7 @@ class CanaryDriver:
         join the gateway; failed -> rolled back like a failed window."""
         h = self._host
         try:
-            spec = self._candidate or h.spec()
+            spec = self._candidate or h.farm.spec
             base = self._baseline(a.canary)
             wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
             checks: tuple[Check, ...] = ()
@@ -580,7 +578,7 @@ class CanaryDriver:
 
     def _start_window(self, a: Analysis) -> None:
         h = self._host
-        spec = h.spec()
+        spec = h.farm.spec
         base = self._baseline(a.canary)
         h_log = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
         h_log.info(
@@ -599,7 +597,7 @@ class CanaryDriver:
         """`[rollout] probe_concurrency` > 0: paired probes to the canary and the baseline
         for the window (canary/probe.py); an extension goes on with the same pairs."""
         h = self._host
-        spec = self._candidate or h.spec()
+        spec = self._candidate or h.farm.spec
         n = spec.rollout.probe_concurrency
         if n <= 0 or not base or self._probe_task is not None:
             return
@@ -633,7 +631,7 @@ class CanaryDriver:
         h = self._host
         self._cancel()
         why = "the canary was stopped during the analysis: reload to judge the change again"
-        log.bind(worker=a.canary, gpu=_gpu(h.spec(), a.canary)).warning(
+        log.bind(worker=a.canary, gpu=_gpu(h.farm.spec, a.canary)).warning(
             "canary_held", change=record.short(a.change), evidence=why
         )
         self._show(CanaryState.HELD, f"held: {why}", (), a)
@@ -642,11 +640,13 @@ class CanaryDriver:
 
     def _baseline(self, canary: int) -> list[int]:
         h = self._host
-        return [w for w, s in sorted(h.states().items()) if w != canary and s.phase is Phase.READY]
+        return [
+            w for w, s in sorted(h.farm.states().items()) if w != canary and s.phase is Phase.READY
+        ]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
         h = self._host
-        spec = h.spec()
+        spec = h.farm.spec
         gw = None
         if spec.gateway.mode == "managed":
             try:
@@ -710,7 +710,7 @@ class CanaryDriver:
     ) -> tuple[Outcome, str, tuple[Check, ...]]:
         h = self._host
         start = self._start
-        spec = self._candidate or h.spec()
+        spec = self._candidate or h.farm.spec
         if a.canary not in start or a.canary not in end:
             return Outcome.INCONCLUSIVE, "inconclusive: the canary's /metrics could not be read", ()
         canary_f = figures.window(start[a.canary], end[a.canary], seconds)
@@ -732,13 +732,13 @@ class CanaryDriver:
         extended: Analysis | None = None
         try:
             end = await self._samples([a.canary, *self._base])
-            spec = self._candidate or h.spec()
+            spec = self._candidate or h.farm.spec
             verdict_outcome, evidence, checks = self._verdict(a, end, a.span_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
-            if a.canary in (states := h.states()):
+            if a.canary in (states := h.farm.states()):
                 a2, step = rollout.observe(
                     a,
                     _obs(states[a.canary]),
@@ -767,7 +767,7 @@ class CanaryDriver:
     def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
         """The window ended short of traffic: say so, and judge for another window."""
         h = self._host
-        spec = h.spec()
+        spec = h.farm.spec
         log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).warning(
             "canary_analysis_extended",
             change=record.short(a.change),
@@ -788,7 +788,7 @@ class CanaryDriver:
         a = self._analysis
         assert a is not None
         self._cancel()
-        spec = h.spec()
+        spec = h.farm.spec
         wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary), change=record.short(a.change))
         views = tuple(check_view(c) for c in checks)
         if res is Resolution.PROMOTE:
@@ -797,7 +797,7 @@ class CanaryDriver:
             self._accept(self._candidate, a.change)
             wlog.info("canary_promoted", evidence=evidence)
             self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
-            h.submit(ReleaseGate())
+            h.farm.submit(ReleaseGate())
         elif res is Resolution.ROLLBACK:
             self._rollbacks += 1
             self._record = replace(
@@ -822,12 +822,12 @@ class CanaryDriver:
         self._cancel()
         candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
-        h.submit(Reconfigure(self._accepted))
+        h.farm.submit(Reconfigure(self._accepted))
         if candidate is not None and candidate.model != self._accepted.model:
             h.restore_model(self._accepted)  # before the canary's relaunch below
         # The gated waves dropped; the canary's OOM step as before the change, restarted
         # onto the accepted config (drained first) unless an operator's stop stands.
-        h.submit(RollBack(canary, self._oom_step))
+        h.farm.submit(RollBack(canary, self._oom_step))
 
     def _cancel(self) -> None:
         self._stop_probes()
