@@ -104,6 +104,8 @@ def test_release_gate_and_roll_back() -> None:
     assert all(sup.workers[w].phase is Phase.READY for w in (1, 2))  # nobody else
     sup = _gated()
     assert sup.submit(RollBack(None, oom_step=0), 10_001.0) == [] and sup.rolling == ()
+    sup = _gated()  # a canary a reload removed meanwhile: the gate dropped, nothing else
+    assert sup.submit(RollBack(9, oom_step=0), 10_001.0) == [] and sup.rolling == ()
 
 
 def test_hold_out_reset_oom_release_and_reconfigure() -> None:
