@@ -3,9 +3,12 @@
 Inputs: the runtime's events (a start; a log line and an exit, read by `workers/logs`),
 the liveness probes (`workers/liveness`), the pollers' NVML and worker snapshots
 (`workers/observations`), the gateway (`workers/gateway_sync`, `workers/drain`), the clock (the
-ticker), the operator's commands (`operations.FarmControl`) and a reload (`reloader`),
-each through the narrow surface those modules name. Each becomes an event for the
-supervisor (`Supervisor.handle`); the actions it returns are carried out here (a launch
+ticker), the operator's commands (`operations.FarmControl`), a reload (`reloader`) and
+the canary analysis (`canary.driver`), each through the narrow surface those modules
+name. Each becomes an event about a worker (`feed`: `Supervisor.handle`) or a farm-level
+command (`submit`, the one way in for the modules that change the farm: a
+`workers.commands` command, `Supervisor.submit`; only this module touches the
+supervisor); the actions returned are carried out here (a launch
 through the `Launcher`, a stop through the runtime, a drain watched) and its notes are
 logged (`workers/notes`). After every change a fresh immutable `FarmView` is built
 (`farm_view.build_view`) and swapped in (`publisher`), which the control socket and the
@@ -433,9 +436,8 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await self._store.save_from(
-            self.supervisor.workers, self.supervisor.held_out_since
-        )  # the last word
+        # The last word.
+        await self._store.save_from(self.supervisor.workers, self.supervisor.held_out_since)
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")

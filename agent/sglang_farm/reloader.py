@@ -5,9 +5,11 @@ many of the agent's parts: the config file read (in a thread), the canary analys
 (a change it rejected is refused, one under analysis superseded: `canary.driver`), the
 stage run when the model changes, the removed workers stopped and waited for, the new
 config put in force, then the starts and the rolling restart (gated by the canary
-when it says so) handed to the supervisor. What it may do to the farm is `Farm`, the
-agent's narrow surface. Nothing here decides: refuse, restage or keep the model, and
-what stops, starts and restarts are `workers/reload_plan`'s answers.
+when it says so), each a command of the core (`workers.commands`: `Stop`, `Reconfigure`,
+`Start`, `RestartRolling`) handed to the agent's one entry. What it may do to the farm
+is `Farm`, the agent's narrow surface; it never touches the supervisor. Nothing here
+decides: refuse, restage or keep the model, and what stops, starts and restarts are
+`workers/reload_plan`'s answers.
 """
 
 from __future__ import annotations
