@@ -73,6 +73,7 @@ _SUPERVISOR_TESTS = (
     "tests/test_supervisor.py",
     "tests/test_mutation_supervisor.py",
     "tests/test_supervisor_gate.py",
+    "tests/test_supervisor_commands.py",
     "tests/test_canary_rollout.py",
     "tests/test_agent_canary.py",
     "tests/test_agent_hostdrain.py",

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent_harness import Farm, farm, tmp_fixture  # noqa: F401
+from sglang_farm.canary.driver import Host
 from sglang_farm.canary.rollout import Analysis, CanaryObs, Fail, Inconclusive, Stopped, observe
 from sglang_farm.canary.view import CanaryState
 from sglang_farm.config import load_spec
 from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.commands import FarmCommand
 from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.supervisor import GpuFailing, StopIntent
+from sglang_farm.workers.supervisor import GpuFailing, StopIntent, WorkerState, farm_policy
 from test_agent_canary import Metrics, _start, _toml
 from virtual_time import run_virtual
 
@@ -293,6 +297,40 @@ def _record(tmp: Path, *, accepted_text: str | None, rejected: FarmSpec) -> None
     )
 
 
+class _IdleFarm:
+    """The agent's entry as the driver sees it, never asked to change anything."""
+
+    def __init__(self, spec: FarmSpec) -> None:
+        self.spec = spec
+        self.policy = farm_policy(spec)
+
+    def states(self) -> Mapping[int, WorkerState]:
+        return {}
+
+    def submit(self, command: FarmCommand) -> None:
+        raise AssertionError(f"the driver acted at construction: {command}")
+
+
+def _idle_host(spec: FarmSpec) -> Host:
+    """A host the driver never calls: these tests read only its start-up choice."""
+
+    def never(*_a: object) -> Any:
+        raise AssertionError("the driver acted at construction")
+
+    return Host(
+        farm=_IdleFarm(spec),
+        rollout_over=never,
+        spawn=never,
+        refresh=never,
+        reload=never,
+        startup_done=never,
+        clock=never,
+        wall=never,
+        gateway=never,
+        restore_model=never,
+    )
+
+
 def test_a_rejected_change_with_no_usable_accepted_config_starts_nothing(tmp: Path) -> None:
     from sglang_farm.canary.driver import CanaryDriver
     from sglang_farm.errors import ConfigError
@@ -300,7 +338,7 @@ def test_a_rejected_change_with_no_usable_accepted_config_starts_nothing(tmp: Pa
     bad = load_spec(_toml(tmp, {"SLOW": "1"}), source="test.toml")
     _record(tmp, accepted_text=None, rejected=bad)
     with pytest.raises(ConfigError) as exc:
-        CanaryDriver(bad)
+        CanaryDriver(bad, _idle_host(bad))
     (problem,) = exc.value.problems
     assert "was rejected by its canary" in problem and "nothing starts" in problem
     assert "canary.json" in problem
@@ -312,7 +350,7 @@ def test_a_rejected_change_is_not_started_with_analysis_off_either(tmp: Path) ->
     old_text = _toml(tmp)
     bad = load_spec(_toml(tmp, {"SLOW": "1"}, analysis_window="0s"), source="test.toml")
     _record(tmp, accepted_text=old_text, rejected=bad)
-    d = CanaryDriver(bad)
+    d = CanaryDriver(bad, _idle_host(bad))
     assert d.spec.farm.env.get("SLOW") is None  # the accepted config, held
     assert d.held(bad) is not None and "rejected" in (d.held(bad) or "")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,16 @@ from typing import Any
 from sglang_farm import state
 from sglang_farm.farm_view import Phase
 from sglang_farm.sglang.failures import Failure, FailureKind
-from sglang_farm.workers.supervisor import FailurePast, WorkerState
+from sglang_farm.workers.supervisor import FailurePast, Supervisor, WorkerState
+
+
+def restore_into(
+    store: state.StateStore, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
+) -> dict[int, Phase | None]:
+    """The agent's restore at start: what the store remembers, put back into `sup`."""
+    remembered = store.restore(sup.workers, gpus)
+    sup.restore_remembered(remembered.states, remembered.held_out_since)
+    return dict(remembered.phases)
 
 
 def test_round_trip_keeps_counts_failures_and_oom_step(tmp_path: Path) -> None:
@@ -123,7 +133,7 @@ def test_a_state_file_with_huge_numbers_or_deep_nesting_is_kept_aside_not_fatal(
         path.write_text(text)
         store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
         sup = Supervisor([0, 1], policy)
-        remembered = store.restore(sup, {0: (0,), 1: (1,)})  # must not raise
+        remembered = restore_into(store, sup, {0: (0,), 1: (1,)})  # must not raise
         assert sup.workers[0].failures in (0, 2)
         assert isinstance(remembered, dict)
         kept = sorted(tmp_path.glob("state.json.corrupt-*"))
@@ -154,7 +164,7 @@ def test_restore_drops_a_quarantine_nothing_could_release_and_says_why(tmp_path:
     store = state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0)
     sup = Supervisor([0, 1, 2], Policy(StartupPolicy(), HealthPolicy(), RestartPolicy()))
     with capture_logs() as logs:
-        phases = store.restore(sup, {0: (0,), 1: (5,), 2: (2, 3)})
+        phases = restore_into(store, sup, {0: (0,), 1: (5,), 2: (2, 3)})
     assert phases == {0: Phase.QUARANTINED, 1: None, 2: None}
     assert sup.workers[0].quarantine == GpuQuarantine(0, "xid 79", "fell off the bus", -100.0)
     assert sup.workers[1].quarantine is None and sup.workers[2].quarantine is None
@@ -184,17 +194,17 @@ def test_a_host_held_out_of_the_gateway_stays_held_out_across_an_agent_restart(
     assert json.loads(path.read_text())["host"] == {"held_out_since": 1005.0}
 
     after = Supervisor([0, 1], policy)
-    state.StateStore(path, clock=lambda: 50.0, wall=lambda: 2000.0).restore(after, {0: (0,)})
+    restore_into(state.StateStore(path, clock=lambda: 50.0, wall=lambda: 2000.0), after, {0: (0,)})
     assert after.held_out and after.held_out_since == 1005.0 + 50.0 - 2000.0
     assert all(s.held_out for s in after.workers.values())
 
     after.hold_out(False, 60.0)
     again = state.StateStore(path, clock=lambda: 50.0, wall=lambda: 2000.0)
-    again.restore(Supervisor([0, 1], policy), {})
+    restore_into(again, Supervisor([0, 1], policy), {})
     again.save(after.workers, held_out_since=after.held_out_since)  # only the host changed
     assert json.loads(path.read_text())["host"] == {"held_out_since": None}
     third = Supervisor([0, 1], policy)
-    state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0).restore(third, {})
+    restore_into(state.StateStore(path, clock=lambda: 0.0, wall=lambda: 1000.0), third, {})
     assert not third.held_out and not third.workers[0].held_out
 
 
@@ -240,7 +250,7 @@ def test_a_drain_and_a_quarantine_survive_a_state_file_cut_in_half(tmp_path: Pat
     _cut_in_half(path)
     store, sup = _store_and_sup(path)
     with capture_logs() as logs:
-        store.restore(sup, {0: (0,), 1: (1,)})
+        restore_into(store, sup, {0: (0,), 1: (1,)})
     assert sup.held_out_since is not None
     q = sup.workers[1].quarantine
     assert q is not None and q.gpu == 1 and q.reason == "xid 79"
@@ -264,7 +274,7 @@ def test_with_both_copies_damaged_the_host_stays_held_and_the_loss_is_said(
     _cut_in_half(path)
     _cut_in_half(tmp_path / "state.json.copy")
     store, sup = _store_and_sup(path)
-    store.restore(sup, {0: (0,), 1: (1,)})
+    restore_into(store, sup, {0: (0,), 1: (1,)})
     assert sup.held_out_since is not None  # held: the drain may have been in the file
     assert sup.workers[1].quarantine is None
     (alert,) = store.alerts()
@@ -275,7 +285,7 @@ def test_with_both_copies_damaged_the_host_stays_held_and_the_loss_is_said(
 
 def test_a_missing_file_is_still_a_first_start_held_nothing(tmp_path: Path) -> None:
     store, sup = _store_and_sup(tmp_path / "state.json")
-    store.restore(sup, {0: (0,), 1: (1,)})
+    restore_into(store, sup, {0: (0,), 1: (1,)})
     assert sup.held_out_since is None and store.alerts() == ()
 
 
@@ -288,7 +298,7 @@ def test_a_full_state_dir_is_said_counted_and_cleared_once_a_save_succeeds(
     with small_tmpfs(tmp_path / "state") as d:
         path = d / "state.json"
         store, sup = _store_and_sup(path)
-        store.restore(sup, {0: (0,), 1: (1,)})
+        restore_into(store, sup, {0: (0,), 1: (1,)})
         store.save(sup.workers)
         filler = fill(d)
         sup.hold_out(True, 0.0)

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 import structlog
@@ -24,6 +24,9 @@ from sglang_farm.canary import probe
 from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.host.portowner import ProcPortOwner
 from sglang_farm.metrics.pollers import MetricPollers
+from sglang_farm.spec import FarmSpec
+from sglang_farm.workers.commands import FarmCommand
+from sglang_farm.workers.supervisor import WorkerState, farm_policy
 
 KEY = "k-worker-secret-0123456789"
 
@@ -184,13 +187,26 @@ async def test_the_workers_own_listener_gets_the_poll_with_its_key() -> None:
     assert "nothing listens" in (await fresh.refusal(0, f"http://127.0.0.1:{port}") or "")
 
 
+class _ScrapeOnlyFarm:
+    """The agent's entry as the canary driver sees it: states read, nothing submitted."""
+
+    def __init__(self, spec: FarmSpec) -> None:
+        self.spec = spec
+        self.policy = farm_policy(spec)
+
+    def states(self) -> Mapping[int, WorkerState]:
+        return {w: WorkerState(w) for w in self.spec.worker_ids}
+
+    def submit(self, command: FarmCommand) -> None:
+        raise AssertionError(f"not asked by a scrape: {command}")
+
+
 async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
     """The canary's `/metrics` scrapes carry the worker's key: a squatted port is skipped
     (its worker has no sample), the others are scraped as before."""
     from fake_runtime import FakePortOwner
     from sglang_farm.canary.driver import CanaryDriver, Host
     from sglang_farm.config import load_spec
-    from sglang_farm.workers.supervisor import Supervisor
     from test_pollers import TOML
 
     spec = load_spec(TOML, source="t.toml")  # worker 1 has api_key "k-worker-1"
@@ -202,27 +218,26 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
 
     owner = FakePortOwner()
     owner.squat(30001)
-    driver = CanaryDriver(spec, scrape=scrape)
 
     def unused(*_a: object) -> None:
         raise AssertionError("not asked by a scrape")
 
-    driver.attach(
+    driver = CanaryDriver(
+        spec,
         Host(
-            spec=lambda: spec,
-            set_spec=unused,
-            supervisor=Supervisor(spec.worker_ids, None),  # type: ignore[arg-type]
-            apply=unused,
+            farm=_ScrapeOnlyFarm(spec),
+            rollout_over=lambda: True,
             spawn=unused,  # type: ignore[arg-type]
             refresh=unused,
             reload=unused,  # type: ignore[arg-type]
             startup_done=lambda: True,
             clock=lambda: 0.0,
             wall=lambda: 0.0,
-            gateway=False,
+            gateway=lambda: False,
             restore_model=unused,
             key_guard=KeyGuard(worker_pids, owner, gpu=lambda w: w),
-        )
+        ),
+        scrape=scrape,
     )
     with structlog.testing.capture_logs() as logs:
         await driver._samples([0, 1])

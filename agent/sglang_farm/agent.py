@@ -3,9 +3,12 @@
 Inputs: the runtime's events (a start; a log line and an exit, read by `workers/logs`),
 the liveness probes (`workers/liveness`), the pollers' NVML and worker snapshots
 (`workers/observations`), the gateway (`workers/gateway_sync`, `workers/drain`), the clock (the
-ticker), the operator's commands (`operations.FarmControl`) and a reload (`reloader`),
-each through the narrow surface those modules name. Each becomes an event for the
-supervisor (`Supervisor.handle`); the actions it returns are carried out here (a launch
+ticker), the operator's commands (`operations.FarmControl`), a reload (`reloader`) and
+the canary analysis (`canary.driver`), each through the narrow surface those modules
+name. Each becomes an event about a worker (`feed`: `Supervisor.handle`) or a farm-level
+command (`submit`, the one way in for the modules that change the farm: a
+`workers.commands` command, `Supervisor.submit`; only this module touches the
+supervisor); the actions returned are carried out here (a launch
 through the `Launcher`, a stop through the runtime, a drain watched) and its notes are
 logged (`workers/notes`). After every change a fresh immutable `FarmView` is built
 (`farm_view.build_view`) and swapped in (`publisher`), which the control socket and the
@@ -30,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -49,7 +53,6 @@ from sglang_farm.sglang.argv import Command
 from sglang_farm.sglang.commands import ladder_changes, worker_command, worker_commands
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.health import HttpProber
-from sglang_farm.sglang.ladder import next_step
 from sglang_farm.sglang.load import WorkerStats
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.staging.driver import StageDriver
@@ -59,6 +62,7 @@ from sglang_farm.staging.stale import old_copy_removal
 from sglang_farm.staging.state import StageResult, StagingView
 from sglang_farm.state import StateStore
 from sglang_farm.ticker import Ticker
+from sglang_farm.workers.commands import FarmCommand, Reconfigure, RestartRolling, Start
 from sglang_farm.workers.drain import Drains, HttpInFlight
 from sglang_farm.workers.gateway_fleet import GatewayFleet
 from sglang_farm.workers.launcher import Launcher
@@ -84,11 +88,13 @@ from sglang_farm.workers.supervisor import (
     Note,
     Policy,
     ProcessExited,
+    Rollout,
     StopRequested,
     Supervisor,
     Terminate,
     WorkerState,
     drifted_workers,
+    farm_policy,
     stop_budget,
 )
 
@@ -136,8 +142,27 @@ class Agent:
         # config instead of the file's (its change rejected, or not judged yet).
         collaborators = collaborators or Collaborators()
         c = collaborators
+        self._port_owner = collaborators.port_owner or ProcPortOwner()
+        # Every sender of a worker's API key asks this first (host.keyguard); the runtime
+        # it asks is built below, once the config the agent starts on is known.
+        self.key_guard = KeyGuard(
+            lambda w: self.runtime.worker_pids(w), self._port_owner, gpu=self._gpus_of
+        )
         self._canary = CanaryDriver(
             spec,
+            CanaryHost(  # what the canary analysis may do to the farm, once it runs
+                farm=self,
+                rollout_over=self.rollout_over,
+                spawn=self.spawn,
+                refresh=self.republish,
+                reload=lambda: self.reloader.reload(),
+                startup_done=lambda: self._startup is None,
+                clock=clock,
+                wall=wall,
+                gateway=lambda: self._spec.gateway.enabled,
+                restore_model=lambda accepted: self._stages.restore_old_copy(accepted),
+                key_guard=self.key_guard,
+            ),
             scrape=c.canary_scrape,
             caps=c.compute_caps,
             gate=c.canary_gate,
@@ -150,11 +175,8 @@ class Agent:
         self._queue: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.runtime = runtime_factory(self._emit)
-        self.supervisor = Supervisor(spec.worker_ids, self._policy(spec))
+        self.supervisor = Supervisor(spec.worker_ids, farm_policy(spec))
         self._prober = collaborators.prober or HttpProber()
-        self._port_owner = collaborators.port_owner or ProcPortOwner()
-        # Every sender of a worker's API key asks this first (host.keyguard).
-        self.key_guard = KeyGuard(self.runtime.worker_pids, self._port_owner, gpu=self._gpus_of)
         self._launcher = Launcher(
             self.runtime,
             state=self.worker_state,
@@ -222,9 +244,11 @@ class Agent:
         self._held_by_stage: list[int] | None = None
         # Remembered at once (one small file): status shows the farm's history while the
         # agent adopts, never a blank farm.
-        self._remembered = self._store.restore(
-            self.supervisor, {w.id: w.gpus for w in spec.workers}
+        remembered = self._store.restore(
+            self.supervisor.workers, {w.id: w.gpus for w in spec.workers}
         )
+        self.supervisor.restore_remembered(remembered.states, remembered.held_out_since)
+        self._remembered = dict(remembered.phases)
         self.reloader = Reloader(
             self,
             loader=config_loader,
@@ -232,24 +256,6 @@ class Agent:
             canary=self._canary,
             stages=self._stages,
             refresh_preflight=collaborators.refresh_preflight,
-            clock=clock,
-        )
-        self._canary.attach(  # issue 23: what the canary analysis may do to the farm
-            CanaryHost(
-                spec=lambda: self._spec,
-                set_spec=self.reconfigure,  # a rollback: the accepted config in force
-                supervisor=self.supervisor,
-                apply=self.apply_actions,
-                spawn=self.spawn,
-                refresh=self.republish,
-                reload=self.reloader.reload,
-                startup_done=lambda: self._startup is None,
-                clock=self.clock,
-                wall=self._wall,
-                gateway=self._spec.gateway.enabled,
-                restore_model=self._stages.restore_old_copy,
-                key_guard=self.key_guard,
-            )
         )
         sync, on_view = self._sync, list[Callable[[FarmView], None]]()
         if sync is not None:
@@ -268,13 +274,19 @@ class Agent:
     def spec(self) -> FarmSpec:
         return self._spec
 
-    def reconfigure(
-        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
-    ) -> None:
-        """`spec` in force (a reload's, a canary rollback's): the supervisor's policy and
-        workers; a watcher for each added worker, none left for a removed one."""
-        self._spec = spec
-        self.supervisor.reconfigure(self._policy(spec), added, removed)
+    def submit(self, command: FarmCommand) -> None:
+        """The one way into the core for a farm-level command (`workers.commands`: the
+        operator's, a reload's, the canary analysis's, the start-up's): the core decides,
+        its actions are carried out here and the view published."""
+        actions = self.supervisor.submit(command, self.clock())
+        if isinstance(command, Reconfigure):
+            self._spec = command.spec  # the config in force: what the actions run
+            self._watchers_follow(command.added, command.removed)
+            self._last_refresh = None  # the view is rebuilt: ports and names may differ
+        self.apply_actions(actions)
+
+    def _watchers_follow(self, added: Sequence[int], removed: Sequence[int]) -> None:
+        """A watcher for each added worker, none left for a removed one."""
         for wid in removed:
             self._changed.pop(wid, None)
             t = self._worker_tasks.pop(wid, None)
@@ -285,11 +297,6 @@ class Agent:
             self._worker_tasks[wid] = self.spawn(
                 self._watcher(wid).run(), vital=f"worker {wid}'s liveness watcher", worker=wid
             )
-
-    @staticmethod
-    def _policy(spec: FarmSpec) -> Policy:
-        steps = spec.oom.steps
-        return Policy.from_spec(spec, lambda current, failure: next_step(current, steps, failure))
 
     def _emit(self, event: RuntimeEvent) -> None:
         """Runtime callback; safe from any thread."""
@@ -429,7 +436,8 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sync is not None:
             await self._sync.close()
-        await self._store.save_from(self.supervisor)  # the last word
+        # The last word.
+        await self._store.save_from(self.supervisor.workers, self.supervisor.held_out_since)
         await self.runtime.close()
         await self._prober.aclose()
         log.info("farm_stopped")
@@ -438,15 +446,13 @@ class Agent:
 
     def _begin_rollout(self, start: Sequence[int], drifted: Sequence[int]) -> None:
         # fresh=False: a restarted agent keeps each worker's remembered back-off position.
-        self.apply_actions(self.supervisor.start(list(start), self.clock(), fresh=False))
+        self.submit(Start(list(start), fresh=False))
         if drifted:
             # Adopted, but started with another command line than the config renders now
             # (a config edited while the agent was down), or loaded a model copy that has
             # been replaced since: restarted in waves, drained.
             log.warning("workers_drifted", workers=list(drifted))
-            self.apply_actions(
-                self.supervisor.restart_rolling(list(drifted), RestartReason.CONFIG, self.clock())
-            )
+            self.submit(RestartRolling(list(drifted), RestartReason.CONFIG))
 
     # ---- model staging (docs/staging.md) ---------------------------------------------------
 
@@ -738,7 +744,7 @@ class Agent:
         """The publisher's save; a save that starts or ends a run of failures shows in
         the view at once (issue 30: `farmctl status` says the state is not saved)."""
         before = self._store.not_saved is None
-        await self._store.save_from(self.supervisor)
+        await self._store.save_from(self.supervisor.workers, self.supervisor.held_out_since)
         if before != (self._store.not_saved is None):
             self._publisher.view = self._build_view()
 
@@ -746,7 +752,9 @@ class Agent:
         """A command's change saved before it answers (issue 30): raises
         `state.StateNotSaved` naming the file and why (`StateStore.save_now`)."""
         try:
-            await self._store.save_now(self.supervisor, change, undone)
+            await self._store.save_now(
+                self.supervisor.workers, self.supervisor.held_out_since, change, undone
+            )
         finally:
             self._publisher.view = self._build_view()
 
@@ -758,6 +766,20 @@ class Agent:
     def startup_pending(self) -> str | None:
         """Why state-changing commands must wait now, or None (see control.handlers)."""
         return self._startup
+
+    def states(self) -> Mapping[int, WorkerState]:
+        """Each configured worker's state now, read-only (the core's own, live: what a
+        command waits on; `view()` is what readers see)."""
+        return MappingProxyType(self.supervisor.workers)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy in force (the stop and drain budgets a command waits by)."""
+        return self.supervisor.policy
+
+    def rollout_over(self) -> bool:
+        """The rollout is done and no rolling restart is in flight."""
+        return self.supervisor.rollout is Rollout.DONE and not self.supervisor.rolling
 
     async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
         return await self._publisher.wait_until(cond, timeout)

@@ -1,7 +1,7 @@
 """I/O: the operator's commands (`control.farm_api.FarmOps`) carried out on the agent.
 
-The control socket and SIGHUP call these; each turns a command into supervisor events
-or actions through `Farm`, the agent's narrow surface, and waits where the command
+The control socket and SIGHUP call these; each turns a command into one of the core's
+(`workers.commands`) handed to the agent's one entry (`Farm.submit`), and waits where the command
 says it waits (a stop until the workers are gone). State changes wait for the agent's
 `changes` lock: one at a time, and never before the start-up's restore and adoption.
 Nothing here decides: what a release, a stop or a restart does is the supervisor's.
@@ -22,46 +22,41 @@ from sglang_farm.reloader import Reloader
 from sglang_farm.runtime import Runtime
 from sglang_farm.sglang.failures import RestartReason
 from sglang_farm.sglang.load import RecentAnswers
-from sglang_farm.spec import FarmSpec, gpu_field
+from sglang_farm.spec import gpu_field
+from sglang_farm.workers.commands import (
+    FarmEntry,
+    HoldOut,
+    Release,
+    ResetOom,
+    RestartRolling,
+    Start,
+    Stop,
+)
 from sglang_farm.workers.drain import Drains
 from sglang_farm.workers.gpu_health import not_quarantined, quarantined_on
 from sglang_farm.workers.logs import WorkerLogs
-from sglang_farm.workers.phase_sets import SERVING
-from sglang_farm.workers.supervisor import (
-    STOP_SLACK_S,
-    Action,
-    Event,
-    ReleaseRequested,
-    StopRequested,
-    Supervisor,
-    stop_budget,
-)
+from sglang_farm.workers.phase_sets import HELD, SERVING
+from sglang_farm.workers.supervisor import STOP_SLACK_S, stop_budget
 
 log = structlog.get_logger("sglang_farm.agent")
 
 
-class Farm(Protocol):
-    """What the operator's commands may do to the farm (the agent implements it)."""
+class Farm(FarmEntry, Protocol):
+    """What the operator's commands may do to the farm (the agent implements it): what
+    changes the core goes to its one entry (`FarmEntry.submit`); the workers' states are
+    read-only; beside them, the view, the runtime's logs, the stage, the drains' wait."""
 
-    supervisor: Supervisor
     runtime: Runtime
     reloader: Reloader
     worker_logs: WorkerLogs
     changes: asyncio.Lock
     clock: Callable[[], float]
 
-    @property
-    def spec(self) -> FarmSpec: ...
-
     def view(self) -> FarmView: ...
 
     def startup_pending(self) -> str | None: ...
 
     async def save_state(self, change: str, undone: str) -> None: ...
-
-    def feed(self, worker: int, event: Event) -> None: ...
-
-    def apply_actions(self, actions: list[Action]) -> None: ...
 
     async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool: ...
 
@@ -70,8 +65,6 @@ class Farm(Protocol):
     def worker_gpus(self) -> dict[int, tuple[int, ...]]: ...
 
     def log_for(self, worker: int) -> structlog.typing.FilteringBoundLogger: ...
-
-    def refresh(self) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
@@ -113,24 +106,21 @@ class FarmControl:
             stale = await farm.restage()
             if self._collaborators.refresh_preflight is not None:
                 await self._collaborators.refresh_preflight(farm.spec)
-            ids = [w for w in worker_ids if w in farm.supervisor.workers]
-            farm.apply_actions(farm.supervisor.start(ids, farm.clock()))
+            ids = [w for w in worker_ids if w in farm.states()]
+            farm.submit(Start(ids))
             if stale:
                 # Adopted workers still on the previous copy roll to the staged one.
                 log.warning("workers_on_old_model_copy", workers=stale)
-                farm.apply_actions(
-                    farm.supervisor.restart_rolling(stale, RestartReason.CONFIG, farm.clock())
-                )
+                farm.submit(RestartRolling(stale, RestartReason.CONFIG))
 
     async def stop(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         farm = self._farm
         async with farm.changes:
-            ids = [w for w in worker_ids if w in farm.supervisor.workers]
-            for wid in ids:
-                farm.feed(wid, StopRequested(drain))
+            ids = [w for w in worker_ids if w in farm.states()]
+            farm.submit(Stop(ids, drain))
         await farm.wait_until(
-            lambda: farm.supervisor.stopped(ids),
-            stop_budget(farm.supervisor.policy, drain=drain) + STOP_SLACK_S,
+            lambda: all(s.phase in HELD for w, s in farm.states().items() if w in ids),
+            stop_budget(farm.policy, drain=drain) + STOP_SLACK_S,
         )
         # Issue 30: a stop an agent restart would undo is said so.
         await farm.save_state(f"worker(s) {_ids(ids)} stopped", "start them again")
@@ -138,11 +128,7 @@ class FarmControl:
     async def restart(self, worker_ids: Sequence[int], *, drain: bool = True) -> None:
         farm = self._farm
         async with farm.changes:
-            farm.apply_actions(
-                farm.supervisor.restart_rolling(
-                    list(worker_ids), RestartReason.MANUAL, farm.clock(), drain=drain
-                )
-            )
+            farm.submit(RestartRolling(list(worker_ids), RestartReason.MANUAL, drain))
 
     async def logs(self, worker_id: int, lines: int) -> Sequence[str]:
         # In a thread: under systemd this runs journalctl, which must not stall the loop.
@@ -154,11 +140,10 @@ class FarmControl:
     async def reset_oom(self, worker_id: int) -> None:
         farm = self._farm
         async with farm.changes:  # a state change, as the module says (issue 32, 4.4)
-            if worker_id not in farm.supervisor.workers:
+            if worker_id not in farm.states():
                 return  # removed by a reload meanwhile
-            farm.supervisor.reset_oom(worker_id)
+            farm.submit(ResetOom(worker_id))
             farm.log_for(worker_id).info("oom_ladder_reset")
-            farm.refresh()
 
     def reload_on_signal(self) -> None:
         """SIGHUP: reload, unless the start-up (adoption, the first stage) is still under way:
@@ -184,19 +169,18 @@ class FarmControl:
         workers, and no worker that becomes ready joins until `undrain_host`."""
         farm = self._farm
         async with farm.changes:
-            sup = farm.supervisor
-            farm.apply_actions(sup.hold_out(True, farm.clock()))
+            farm.submit(HoldOut(True))
             # Issue 30: a hold an agent restart would drop is not "drained".
             await farm.save_state(
                 "the host is held out of the gateway now", "put it back in the gateway"
             )
-            serving = [w for w, s in sup.workers.items() if s.phase in SERVING]
-        budget = timeout if timeout is not None else (sup.policy.drain_timeout or 0.0)
+            serving = [w for w, s in farm.states().items() if s.phase in SERVING]
+        budget = timeout if timeout is not None else (farm.policy.drain_timeout or 0.0)
         began = farm.clock()
         left = await farm.drains.host_idle(serving, budget)
         waited = farm.clock() - began
         result = HostDrainResult(
-            tuple(sorted(sup.workers)),
+            tuple(sorted(farm.states())),
             tuple(w for w in serving if w not in left),
             left,
             waited,
@@ -224,11 +208,11 @@ class FarmControl:
         """The host back in the gateway (`FarmOps.undrain_host`)."""
         farm = self._farm
         async with farm.changes:
-            farm.apply_actions(farm.supervisor.hold_out(False, farm.clock()))
+            farm.submit(HoldOut(False))
             await farm.save_state(  # issue 30
                 "the host is back in the gateway now", "hold it out of the gateway again"
             )
-            return tuple(sorted(farm.supervisor.workers))
+            return tuple(sorted(farm.states()))
 
     async def release_gpu(self, gpu: int) -> list[str]:
         """Start the workers quarantined on `gpu` again, once NVML says it is clear.
@@ -236,7 +220,7 @@ class FarmControl:
         Returns what keeps it set aside (its quarantine then stays); empty when released.
         """
         farm = self._farm
-        held, problems = quarantined_on(gpu, farm.supervisor.workers, farm.worker_gpus())
+        held, problems = quarantined_on(gpu, farm.states(), farm.worker_gpus())
         if not held:
             return problems
         return await self._release(held, [gpu])
@@ -244,7 +228,7 @@ class FarmControl:
     async def release_worker(self, worker: int) -> list[str]:
         """Start `worker` again out of its quarantine, whichever GPU the quarantine names,
         once NVML says each GPU it uses now is clear (a reload may have moved it)."""
-        problems = not_quarantined(worker, self._farm.supervisor.workers[worker])
+        problems = not_quarantined(worker, self._farm.states()[worker])
         if problems:
             return problems
         return await self._release([worker], self._farm.spec.worker(worker).gpus)
@@ -262,8 +246,7 @@ class FarmControl:
             )
             return problems
         async with self._farm.changes:
-            for wid in held:
-                self._farm.feed(wid, ReleaseRequested())
+            self._farm.submit(Release(held))
             await self._farm.save_state(  # issue 30
                 f"worker(s) {_ids(held)} released from quarantine",
                 "quarantine them again (farmctl release-gpu again releases them)",

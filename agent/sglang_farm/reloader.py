@@ -5,15 +5,17 @@ many of the agent's parts: the config file read (in a thread), the canary analys
 (a change it rejected is refused, one under analysis superseded: `canary.driver`), the
 stage run when the model changes, the removed workers stopped and waited for, the new
 config put in force, then the starts and the rolling restart (gated by the canary
-when it says so) handed to the supervisor. What it may do to the farm is `Farm`, the
-agent's narrow surface. Nothing here decides: refuse, restage or keep the model, and
-what stops, starts and restarts are `workers/reload_plan`'s answers.
+when it says so), each a command of the core (`workers.commands`: `Stop`, `Reconfigure`,
+`Start`, `RestartRolling`) handed to the agent's one entry. What it may do to the farm
+is `Farm`, the agent's narrow surface; it never touches the supervisor. Nothing here
+decides: refuse, restage or keep the model, and what stops, starts and restarts are
+`workers/reload_plan`'s answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -27,6 +29,7 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.driver import StageDriver
 from sglang_farm.staging.failure import StageError
 from sglang_farm.staging.state import StageResult
+from sglang_farm.workers.commands import FarmEntry, Reconfigure, RestartRolling, Start, Stop
 from sglang_farm.workers.loading import loading
 from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.reload_plan import (
@@ -37,37 +40,19 @@ from sglang_farm.workers.reload_plan import (
     reload_effects,
     stage_refused,
 )
-from sglang_farm.workers.supervisor import (
-    STOP_SLACK_S,
-    Action,
-    Event,
-    StopRequested,
-    Supervisor,
-    stop_budget,
-)
+from sglang_farm.workers.supervisor import STOP_SLACK_S, stop_budget
 
 log = structlog.get_logger("sglang_farm.agent")
 
 
-class Farm(Protocol):
-    """What a reload may do to the farm (the agent implements it)."""
-
-    supervisor: Supervisor
-
-    @property
-    def spec(self) -> FarmSpec: ...
+class Farm(FarmEntry, Protocol):
+    """What a reload may do to the farm (the agent implements it): its commands go to
+    the agent's one entry (`FarmEntry.submit`), its reads are the workers' states and the
+    policy; beside them, the command lines, the stage's hold and swap, and the view."""
 
     def command_for(self, worker: int, spec: FarmSpec | None = None) -> Command: ...
 
-    def feed(self, worker: int, event: Event) -> None: ...
-
-    def apply_actions(self, actions: list[Action]) -> None: ...
-
     async def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool: ...
-
-    def reconfigure(
-        self, spec: FarmSpec, added: Sequence[int] = (), removed: Sequence[int] = ()
-    ) -> None: ...
 
     def take_stage_hold(self) -> list[int] | None: ...
 
@@ -88,7 +73,6 @@ class Reloader:
         canary: CanaryDriver,
         stages: StageDriver,
         refresh_preflight: Callable[[FarmSpec], Awaitable[None]] | None,
-        clock: Callable[[], float],
     ) -> None:
         self._farm = farm
         self._config_loader = loader
@@ -96,7 +80,6 @@ class Reloader:
         self._canary = canary
         self._stages = stages
         self._refresh_preflight = refresh_preflight
-        self._clock = clock
 
     async def reload(self) -> ReloadResult:
         """Apply the config file if valid. One at a time (the control socket and SIGHUP
@@ -106,7 +89,7 @@ class Reloader:
             return await self._reload()
 
     async def _reload(self) -> ReloadResult:
-        farm, sup = self._farm, self._farm.supervisor
+        farm = self._farm
         if self._config_loader is None:
             return ReloadResult(
                 applied=False, problems=("this agent was started without a config file",)
@@ -139,7 +122,7 @@ class Reloader:
         if change is ModelChange.RESTAGE:
             try:
                 staged = await self._stages.stage(
-                    new, keep_old=bool(loading(sup.workers)), serving=serving
+                    new, keep_old=bool(loading(farm.states())), serving=serving
                 )
             except StageError as exc:
                 return _refused(stage_refused(new, exc))
@@ -152,18 +135,17 @@ class Reloader:
             {w: farm.command_for(w, new) for w in new.worker_ids},
         )
         if plan.removed:
-            for wid in plan.removed:
-                farm.feed(wid, StopRequested())
+            farm.submit(Stop(plan.removed))
             await farm.wait_until(
-                lambda: all(sup.workers[w].phase in HELD for w in plan.removed),
-                stop_budget(sup.policy) + STOP_SLACK_S,
+                lambda: all(farm.states()[w].phase in HELD for w in plan.removed),
+                stop_budget(farm.policy) + STOP_SLACK_S,
             )
         # The canary's verdict may have come during the awaits above (its rollback does
         # not wait for this lock): a change it rejected meanwhile is not put in force.
         if (rejected := self._canary.rejected(new)) is not None:
             log.error("reload_rejected", problems=[rejected])
             return ReloadResult(applied=False, problems=(rejected,), held=rejected)
-        farm.reconfigure(new, plan.added, plan.removed)
+        farm.submit(Reconfigure(new, plan.added, plan.removed))
         log.info(
             "reload_applied",
             restarted=list(plan.changed),
@@ -174,22 +156,18 @@ class Reloader:
         effects = reload_effects(
             plan,
             copy_replaced=staged is not None and not staged.current,
-            loading=loading(sup.workers),
+            loading=loading(farm.states()),
             held=held is not None,
             workers=new.worker_ids,
         )
         gated = self._canary.begin(old, new, effects.restart)  # issue 23: canary analysis
         if effects.start:
-            farm.apply_actions(sup.start(list(effects.start), self._clock()))
+            farm.submit(Start(effects.start))
         if effects.restart:
-            farm.apply_actions(
-                sup.restart_rolling(
-                    list(effects.restart), RestartReason.CONFIG, self._clock(), gated=gated
-                )
-            )
+            farm.submit(RestartRolling(effects.restart, RestartReason.CONFIG, gated=gated))
         if staged is not None:
             farm.after_swap(staged)
-        farm.republish()  # the spec changed (ports, names): rebuild the view
+        farm.republish()  # the canary's record and view, the stage: not the core's states
         return ReloadResult(
             applied=True,
             restarted=effects.restart,

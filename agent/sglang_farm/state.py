@@ -40,13 +40,22 @@ from sglang_farm.workers.phase_sets import HELD
 from sglang_farm.workers.supervisor import (
     FailurePast,
     GpuQuarantine,
-    Supervisor,
     WorkerState,
     restored_quarantine,
 )
 
 log = structlog.get_logger("sglang_farm.state")
 FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """What the file remembers, for the agent to put back into the core at start (the
+    store reads and judges it; only the agent changes the supervisor's state)."""
+
+    states: Mapping[int, WorkerState]  # each remembered worker's state, history restored
+    phases: Mapping[int, Phase | None]  # the phase each was left in (a held one, or None)
+    held_out_since: float | None = None  # the host stays held out of the gateway since
 
 
 def worker_to_dict(s: WorkerState, mono_to_wall: float) -> dict[str, Any]:
@@ -278,16 +287,24 @@ class StateStore:
         self.not_saved: StateAlert | None = None
         self.save_failures = 0
 
-    async def save_from(self, sup: Supervisor) -> None:
+    async def save_from(
+        self, workers: Mapping[int, WorkerState], held_out_since: float | None
+    ) -> None:
         """The supervisor's workers and the host's hold out of the gateway (drain-host):
         read on the event loop, written in a thread."""
-        await asyncio.to_thread(self.save, dict(sup.workers), held_out_since=sup.held_out_since)
+        await asyncio.to_thread(self.save, dict(workers), held_out_since=held_out_since)
 
-    async def save_now(self, sup: Supervisor, change: str, undone: str) -> None:
+    async def save_now(
+        self,
+        workers: Mapping[int, WorkerState],
+        held_out_since: float | None,
+        change: str,
+        undone: str,
+    ) -> None:
         """A command's change saved before it answers: raises StateNotSaved naming the
         file and why when it cannot be (`change`: what is in force now, `undone`: what an
         agent restart would do then)."""
-        await self.save_from(sup)
+        await self.save_from(workers, held_out_since)
         bad = self.not_saved
         if bad is not None:
             raise StateNotSaved(
@@ -301,14 +318,15 @@ class StateStore:
         return tuple(a for a in (self.start_alert, self.not_saved) if a is not None)
 
     def restore(
-        self, sup: Supervisor, gpus: Mapping[int, Sequence[int]]
-    ) -> dict[int, Phase | None]:
-        """Put each remembered worker's history back; returns the phases it was left in.
+        self, workers: Mapping[int, WorkerState], gpus: Mapping[int, Sequence[int]]
+    ) -> Remembered:
+        """Each remembered worker's history on its state in `workers` (the fresh ones),
+        the phases they were left in, and the host's hold (`Remembered`).
 
         `gpus` are each worker's GPUs in the config now: a remembered quarantine that
         names none of them, or none at all, is dropped (`supervisor.restored_quarantine`
         says why), with a warning naming the worker and both GPUs. A host held out of the
-        gateway (`farmctl drain-host`) stays held out (`Supervisor.hold_out`).
+        gateway (`farmctl drain-host`) stays held out (`Remembered.held_out_since`).
         """
         got = read_state(self.path)
         saved, host = got.workers, got.host
@@ -316,8 +334,10 @@ class StateStore:
         if got.problem is not None:
             self._keep_aside(got)
         phases: dict[int, Phase | None] = {}
+        states: dict[int, WorkerState] = {}
+        held_out_since: float | None = None
         for wid, d in saved.items():
-            if wid not in sup.workers:
+            if wid not in workers:
                 continue
             launch = d.get("launch")
             if isinstance(launch, dict):
@@ -327,9 +347,9 @@ class StateStore:
             try:
                 raw = d.get("phase")
                 remembered = Phase(raw) if isinstance(raw, str) else None
-                was = restore_worker(sup.workers[wid], d, offset)
+                was = restore_worker(workers[wid], d, offset)
                 restored, phase, dropped = restored_quarantine(was, remembered, gpus.get(wid, ()))
-                sup.restore(wid, restored)
+                states[wid] = restored
                 phases[wid] = phase
                 if dropped is not None:
                     mine = gpus.get(wid, ())
@@ -353,9 +373,9 @@ class StateStore:
         if got.lost:
             # Fail closed: a drain-host hold may have been in this file. The host stays
             # out of the gateway until an operator says it may serve.
-            sup.hold_out(True, self._clock())
+            held_out_since = self._clock()
         elif isinstance(since, (int, float)) and not isinstance(since, bool):
-            sup.hold_out(True, float(since) + offset)
+            held_out_since = float(since) + offset
             log.warning(
                 "host_still_held_out",
                 since=since,
@@ -368,7 +388,7 @@ class StateStore:
         self._persisted_host = host if got.source == self.path else {}
         if saved:
             log.info("state_restored", path=str(got.source), workers=len(saved))
-        return phases
+        return Remembered(states, phases, held_out_since)
 
     def _keep_aside(self, got: Loaded) -> None:
         """The unusable file moved aside for a post-mortem (never read or overwritten

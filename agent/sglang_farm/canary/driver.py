@@ -1,10 +1,10 @@
 """I/O: the agent's side of the canary analysis (issue 23; docs/canary.md).
 
 Its surface, each call a line or two in agent.py and reloader.py and nothing else:
-- at construction, `CanaryDriver(spec, ...)` and its `spec`: the config a (re)started
-  agent runs (the accepted one when the file's change was rejected or not yet judged;
-  ConfigError when the change was rejected and no accepted config can run instead);
-  `attach(Host)` once the agent is built;
+- at construction, `CanaryDriver(spec, host, ...)` and its `spec`: the config a
+  (re)started agent runs (the accepted one when the file's change was rejected or not
+  yet judged; ConfigError when the change was rejected and no accepted config can run
+  instead); `host` is what it may do to the farm and read of it (`Host`);
 - at a reload: `loaded` (the file's text as it was loaded, for the record), `held`
   (refused: rejected before), `eval_problems` (refused: an unusable eval set),
   `superseded_by` and `supersede` (a reload during an analysis), `rejected` again after
@@ -15,10 +15,11 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   for its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
   task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
 The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
-supervisor's (`release_gate`, `drop_gated`); this shell scrapes /metrics (a `Scrape`
-function: the tests feed synthetic Prometheus text), keeps the window's timer, and acts:
-it releases the supervisor's gated waves (promote), or puts the farm back on the accepted
-config and restarts the canary alone (rollback), and keeps the record in the state
+core's; this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic
+Prometheus text), keeps the window's timer, and acts through the agent's one entry
+(`Host.farm`'s `submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
+promote), or puts the farm back on the accepted config (`Reconfigure`) and restarts the
+canary alone (`RollBack`: rollback), and keeps the record in the state
 directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
 reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
 change.
@@ -70,16 +71,10 @@ from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
+from sglang_farm.workers.commands import FarmEntry, Reconfigure, ReleaseGate, RollBack, Start
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.phase_sets import LEAVING
-from sglang_farm.workers.supervisor import (
-    Action,
-    RolledBack,
-    Rollout,
-    StopIntent,
-    Supervisor,
-    WorkerState,
-)
+from sglang_farm.workers.supervisor import StopIntent, WorkerState
 
 log = structlog.get_logger("sglang_farm.canary")
 
@@ -106,19 +101,19 @@ async def http_scrape(url: str, key: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    """What the driver needs of the agent (given once the agent is built)."""
+    """What the driver needs of the agent (given at construction; each a call into the
+    agent made only once it runs): what it does to the farm goes to the agent's one
+    entry (`submit`); it reads the workers' states."""
 
-    spec: Callable[[], FarmSpec]
-    set_spec: Callable[[FarmSpec], None]  # the config in force (a rollback's, a restart's)
-    supervisor: Supervisor
-    apply: Callable[[list[Action]], None]
+    farm: FarmEntry  # the config in force, the workers' states, and `submit`
+    rollout_over: Callable[[], bool]  # the rollout is done, no rolling restart in flight
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
-    refresh: Callable[[], None]
+    refresh: Callable[[], None]  # the canary's view changed: the farm's view is rebuilt
     reload: Callable[[], Coroutine[Any, Any, Any]]
     startup_done: Callable[[], bool]
     clock: Callable[[], float]
     wall: Callable[[], float]
-    gateway: bool  # the farm has a gateway: the canary's window starts once it routes to it
+    gateway: Callable[[], bool]  # a gateway: the canary's window starts once it routes to it
     # A rolled-back change of [model]: the previous copy back in model_path (kept beside
     # it since the reload's swap: staging.driver.StageDriver.restore_old_copy).
     restore_model: Callable[[FarmSpec], None]
@@ -181,6 +176,7 @@ class CanaryDriver:
     def __init__(
         self,
         spec: FarmSpec,
+        host: Host,
         *,
         scrape: Scrape | None = None,
         caps: Mapping[int, tuple[int, int]] | None = None,
@@ -195,7 +191,7 @@ class CanaryDriver:
         self._eval_items: tuple[evalset.EvalItem, ...] = ()
         self._evaluating = False
         self._caps = dict(caps or {})
-        self._host: Host | None = None
+        self._host = host
         self._record = store.load(spec.farm.state_dir)
         self._not_saved: StateAlert | None = None
         self._state_dir = spec.farm.state_dir
@@ -207,7 +203,6 @@ class CanaryDriver:
         self._oom_step = 0  # the canary's OOM step before the change (a rollback restores it)
         self._task: asyncio.Task[Any] | None = None
         self._judging = False
-        self._busy = False
         self._reroll = False
         self._rollbacks = 0
         self._start: dict[int, figures.WorkerSample] = {}  # the window's first scrape
@@ -331,9 +326,6 @@ class CanaryDriver:
         text = _read_text(new, change, self._caps)
         self._loaded = None if text is None else (change, text)
 
-    def attach(self, host: Host) -> None:
-        self._host = host
-
     # ---- a reload ----------------------------------------------------------------------------
 
     def held(self, new: FarmSpec) -> str | None:
@@ -381,7 +373,7 @@ class CanaryDriver:
         """The config `supersede(new)` would put the farm back on (the accepted one),
         or None when it would change nothing: a reload checks its refusals against it
         before it supersedes anything."""
-        if self._host is None or self._candidate is None or self._accepted is None:
+        if self._candidate is None or self._accepted is None:
             return None
         if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
             return None
@@ -392,20 +384,20 @@ class CanaryDriver:
         the farm goes back to the accepted config first (the canary restarts on it), and
         the reload is then planned from there. Not a rejection: nothing is recorded."""
         h = self._host
-        if h is None or self._candidate is None or self._accepted is None:
+        if self._candidate is None or self._accepted is None:
             return
         change = rollout.spec_change(self._candidate, self._caps)
         canary = self._on_change
         if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.supervisor.workers:
+            if self._analysis is None and canary is not None and canary in h.farm.states():
                 # The same change again while it is held (inconclusive, or its canary
                 # stopped): judged again, on the canary that runs it, in a new window.
                 # A canary stopped by the operator starts again onto the change first
                 # (a stopped one is not a canary that failed to serve).
-                if h.supervisor.workers[canary].phase is Phase.STOPPED:
+                if h.farm.states()[canary].phase is Phase.STOPPED:
                     log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
-                    h.apply(h.supervisor.start([canary], h.clock()))
-                s = h.supervisor.workers[canary]
+                    h.farm.submit(Start([canary]))
+                s = h.farm.states()[canary]
                 window = new.rollout.analysis_window
                 self._analysis = Analysis(
                     change,
@@ -425,7 +417,6 @@ class CanaryDriver:
         """The reload's rolling restart of `restart` is about to be issued: start an
         analysis when it takes the canary and analysis is on. True: gate the waves."""
         h = self._host
-        assert h is not None
         canary = new.startup.canary
         window = new.rollout.analysis_window
         if not restart:
@@ -451,7 +442,7 @@ class CanaryDriver:
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
-        s = h.supervisor.workers[canary]
+        s = h.farm.states()[canary]
         self._oom_step = s.oom_step
         change = rollout.spec_change(new, self._caps)
         self._analysis = Analysis(
@@ -469,39 +460,30 @@ class CanaryDriver:
     # ---- every state change ------------------------------------------------------------------
 
     def observe(self) -> None:
+        """The farm's state changed: the analysis looks at its canary. Re-entered when an
+        act's command publishes the view (`submit`, `Host.refresh`): every act sets
+        the analysis before it calls back (a verdict clears it first), so a nested call
+        looks at a settled analysis, as the next change's call would (no guard needed)."""
         h = self._host
-        if h is None or self._busy:
-            return
-        if (
-            self._reroll
-            and h.startup_done()
-            and h.supervisor.rollout is Rollout.DONE
-            and not h.supervisor.rolling
-        ):
+        if self._reroll and h.startup_done() and h.rollout_over():
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
         a = self._analysis
-        if a is None or self._judging or a.canary not in h.supervisor.workers:
+        states = h.farm.states()
+        if a is None or self._judging or a.canary not in states:
             return
-        obs = _obs(h.supervisor.workers[a.canary])
-        self._busy = True
-        try:
-            a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway)
-            self._analysis = a2
-            if a.analysing and not a2.analysing:
-                self._cancel()  # restarted in its window: a new window once it serves
-                self._show(
-                    CanaryState.ANALYSING, "the canary restarts: judged again once it serves"
-                )
-            self._act(a2, step)
-        finally:
-            self._busy = False
+        obs = _obs(states[a.canary])
+        a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway())
+        self._analysis = a2
+        if a.analysing and not a2.analysing:
+            self._cancel()  # restarted in its window: a new window once it serves
+            self._show(CanaryState.ANALYSING, "the canary restarts: judged again once it serves")
+        self._act(a2, step)
 
     def _act(self, a2: Analysis, step: rollout.Step) -> None:
         h = self._host
-        assert h is not None
         match step:
             case RunEval():
                 if not self._evaluating:
@@ -516,7 +498,7 @@ class CanaryDriver:
             case Fail(event=ev):
                 after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
                 evidence = f"canary {ev.kind} {after}: {ev.detail}"
-                s = h.supervisor.workers.get(a2.canary)
+                s = h.farm.states().get(a2.canary)
                 failure = _failure(s)[0] if s is not None else None
                 if failure is not None and failure.summary == ev.detail:
                     evidence += f" [{failure.kind}]"  # the classifier's kind, as `why` shows it
@@ -524,7 +506,7 @@ class CanaryDriver:
             case Stopped():
                 self._stopped(a2)
             case Inconclusive(why=why):
-                spec = self._candidate or h.spec()
+                spec = self._candidate or h.farm.spec
                 self._resolve(
                     rollout.resolve(Outcome.INCONCLUSIVE, spec.rollout.on_inconclusive),
                     f"inconclusive: {why}",
@@ -541,9 +523,8 @@ class CanaryDriver:
         """The eval gate on the canary and one baseline worker; passed -> the canary may
         join the gateway; failed -> rolled back like a failed window."""
         h = self._host
-        assert h is not None
         try:
-            spec = self._candidate or h.spec()
+            spec = self._candidate or h.farm.spec
             base = self._baseline(a.canary)
             wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
             checks: tuple[Check, ...] = ()
@@ -585,24 +566,19 @@ class CanaryDriver:
                 )
             if self._analysis is None or self._analysis.change != a.change:
                 return  # superseded, or failed otherwise, meanwhile
-            self._busy = True
-            try:
-                if passed:
-                    self._analysis = replace(self._analysis, evaluated=True)
-                    wlog.info("canary_eval_passed", evidence=evidence)
-                    self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
-                else:
-                    self._resolve(Resolution.ROLLBACK, evidence, checks)
-            finally:
-                self._busy = False
+            if passed:
+                self._analysis = replace(self._analysis, evaluated=True)
+                wlog.info("canary_eval_passed", evidence=evidence)
+                self._show(CanaryState.ANALYSING, evidence or "eval skipped", checks)
+            else:
+                self._resolve(Resolution.ROLLBACK, evidence, checks)
             h.refresh()  # the gateway's membership follows: the canary joins it
         finally:
             self._evaluating = False
 
     def _start_window(self, a: Analysis) -> None:
         h = self._host
-        assert h is not None
-        spec = h.spec()
+        spec = h.farm.spec
         base = self._baseline(a.canary)
         h_log = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary))
         h_log.info(
@@ -621,8 +597,7 @@ class CanaryDriver:
         """`[rollout] probe_concurrency` > 0: paired probes to the canary and the baseline
         for the window (canary/probe.py); an extension goes on with the same pairs."""
         h = self._host
-        assert h is not None
-        spec = self._candidate or h.spec()
+        spec = self._candidate or h.farm.spec
         n = spec.rollout.probe_concurrency
         if n <= 0 or not base or self._probe_task is not None:
             return
@@ -654,10 +629,9 @@ class CanaryDriver:
         gated (HELD): a reload judges the change again; an agent restart starts on the
         accepted config and rolls the change canary first."""
         h = self._host
-        assert h is not None
         self._cancel()
         why = "the canary was stopped during the analysis: reload to judge the change again"
-        log.bind(worker=a.canary, gpu=_gpu(h.spec(), a.canary)).warning(
+        log.bind(worker=a.canary, gpu=_gpu(h.farm.spec, a.canary)).warning(
             "canary_held", change=record.short(a.change), evidence=why
         )
         self._show(CanaryState.HELD, f"held: {why}", (), a)
@@ -666,17 +640,13 @@ class CanaryDriver:
 
     def _baseline(self, canary: int) -> list[int]:
         h = self._host
-        assert h is not None
         return [
-            w
-            for w, s in sorted(h.supervisor.workers.items())
-            if w != canary and s.phase is Phase.READY
+            w for w, s in sorted(h.farm.states().items()) if w != canary and s.phase is Phase.READY
         ]
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
         h = self._host
-        assert h is not None
-        spec = h.spec()
+        spec = h.farm.spec
         gw = None
         if spec.gateway.mode == "managed":
             try:
@@ -702,7 +672,7 @@ class CanaryDriver:
     async def _refusal(self, worker: int, spec: FarmSpec) -> str | None:
         """Why `worker`'s key must not go to its port now (`KeyGuard.refusal`), or None."""
         h = self._host
-        if h is None or h.key_guard is None:
+        if h.key_guard is None:
             return None
         return await h.key_guard.refusal(worker, spec.worker(worker).base_url)
 
@@ -710,7 +680,6 @@ class CanaryDriver:
         """Wait out `a`'s window, judging early; `fresh`: scrape the window's start (an
         extension keeps the first scrape: its figures cover the whole analysis)."""
         h = self._host
-        assert h is not None
         if fresh:
             base = self._baseline(a.canary)
             self._start = await self._samples([a.canary, *base])
@@ -725,11 +694,7 @@ class CanaryDriver:
             outcome, evidence, checks = self._verdict(a, now, h.clock() - a.window_start, False)
             if outcome is Outcome.ROLLBACK and self._analysis == a and not self._judging:
                 self._task = None
-                self._busy = True
-                try:
-                    self._resolve(Resolution.ROLLBACK, evidence, checks)
-                finally:
-                    self._busy = False
+                self._resolve(Resolution.ROLLBACK, evidence, checks)
                 return
         # A millisecond past the end: a timer may fire a float's hair early.
         await asyncio.sleep(max(0.0, left) + 0.001)
@@ -744,9 +709,8 @@ class CanaryDriver:
         complete: bool,
     ) -> tuple[Outcome, str, tuple[Check, ...]]:
         h = self._host
-        assert h is not None
         start = self._start
-        spec = self._candidate or h.spec()
+        spec = self._candidate or h.farm.spec
         if a.canary not in start or a.canary not in end:
             return Outcome.INCONCLUSIVE, "inconclusive: the canary's /metrics could not be read", ()
         canary_f = figures.window(start[a.canary], end[a.canary], seconds)
@@ -765,31 +729,26 @@ class CanaryDriver:
 
     async def _judge(self, a: Analysis) -> None:
         h = self._host
-        assert h is not None
         extended: Analysis | None = None
         try:
             end = await self._samples([a.canary, *self._base])
-            spec = self._candidate or h.spec()
+            spec = self._candidate or h.farm.spec
             verdict_outcome, evidence, checks = self._verdict(a, end, a.span_s, True)
             if self._analysis is not a and self._analysis != a:
                 return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
-            if a.canary in h.supervisor.workers:
+            if a.canary in (states := h.farm.states()):
                 a2, step = rollout.observe(
                     a,
-                    _obs(h.supervisor.workers[a.canary]),
+                    _obs(states[a.canary]),
                     h.clock(),
-                    gateway=h.gateway,
+                    gateway=h.gateway(),
                 )
                 if a2 != a or not isinstance(step, EndWindow):
                     self._judging = False
                     self._analysis = a2
-                    self._busy = True
-                    try:
-                        self._act(a2, step)
-                    finally:
-                        self._busy = False
+                    self._act(a2, step)
                     return
             res = rollout.conclude(a, verdict_outcome, checks, spec.rollout.on_inconclusive)
             if isinstance(res, Analysis):
@@ -797,11 +756,7 @@ class CanaryDriver:
                 self._analysis = res
                 self._extended(res, evidence, checks)
                 return
-            self._busy = True
-            try:
-                self._resolve(res, evidence, checks)
-            finally:
-                self._busy = False
+            self._resolve(res, evidence, checks)
         finally:
             self._judging = False
             self._task = None
@@ -812,8 +767,7 @@ class CanaryDriver:
     def _extended(self, a: Analysis, evidence: str, checks: Sequence[Any]) -> None:
         """The window ended short of traffic: say so, and judge for another window."""
         h = self._host
-        assert h is not None
-        spec = h.spec()
+        spec = h.farm.spec
         log.bind(worker=a.canary, gpu=_gpu(spec, a.canary)).warning(
             "canary_analysis_extended",
             change=record.short(a.change),
@@ -832,9 +786,9 @@ class CanaryDriver:
     def _resolve(self, res: Resolution, evidence: str, checks: Sequence[Any]) -> None:
         h = self._host
         a = self._analysis
-        assert h is not None and a is not None
+        assert a is not None
         self._cancel()
-        spec = h.spec()
+        spec = h.farm.spec
         wlog = log.bind(worker=a.canary, gpu=_gpu(spec, a.canary), change=record.short(a.change))
         views = tuple(check_view(c) for c in checks)
         if res is Resolution.PROMOTE:
@@ -843,7 +797,7 @@ class CanaryDriver:
             self._accept(self._candidate, a.change)
             wlog.info("canary_promoted", evidence=evidence)
             self._show(CanaryState.PROMOTED, f"promoted: {evidence}", views, a)
-            h.apply(h.supervisor.release_gate(h.clock()))
+            h.farm.submit(ReleaseGate())
         elif res is Resolution.ROLLBACK:
             self._rollbacks += 1
             self._record = replace(
@@ -864,19 +818,16 @@ class CanaryDriver:
         copy back in model_path (a change of [model]), the canary restarted alone (its OOM
         step as before the change), every other worker untouched."""
         h = self._host
-        assert h is not None and self._accepted is not None
+        assert self._accepted is not None
         self._cancel()
         candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
-        h.set_spec(self._accepted)
+        h.farm.submit(Reconfigure(self._accepted))
         if candidate is not None and candidate.model != self._accepted.model:
             h.restore_model(self._accepted)  # before the canary's relaunch below
-        h.supervisor.drop_gated()
-        if canary is None or canary not in h.supervisor.workers:
-            return
-        # Its OOM step as before the change, restarted onto the accepted config (drained
-        # first) unless an operator's stop stands: the core's RolledBack.
-        h.apply(h.supervisor.handle(canary, RolledBack(self._oom_step), h.clock()))
+        # The gated waves dropped; the canary's OOM step as before the change, restarted
+        # onto the accepted config (drained first) unless an operator's stop stands.
+        h.farm.submit(RollBack(canary, self._oom_step))
 
     def _cancel(self) -> None:
         self._stop_probes()
@@ -895,7 +846,7 @@ class CanaryDriver:
     ) -> None:
         h = self._host
         a = a or self._analysis
-        if h is None or a is None:
+        if a is None:
             return
         to_wall = h.wall() - h.clock()
         start = a.window_start if a.window_start is not None else a.issued_at

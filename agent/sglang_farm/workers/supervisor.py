@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from sglang_farm.sglang.failures import RestartReason
+from sglang_farm.sglang.ladder import next_step
+from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.actions import Action, Drain, Launch, Note, Terminate
 from sglang_farm.workers.budgets import (
     STOP_SLACK_S,
@@ -28,6 +30,18 @@ from sglang_farm.workers.budgets import (
     stop_budget,
     wave_budget,
     wave_timeout_due,
+)
+from sglang_farm.workers.commands import (
+    FarmCommand,
+    HoldOut,
+    Reconfigure,
+    Release,
+    ReleaseGate,
+    ResetOom,
+    RestartRolling,
+    RollBack,
+    Start,
+    Stop,
 )
 from sglang_farm.workers.events import (
     Drained,
@@ -113,6 +127,7 @@ __all__ = [
     "backoff_reset_due",
     "drain_deadline_due",
     "drifted_workers",
+    "farm_policy",
     "launch",
     "load_deadline_due",
     "plan_waves",
@@ -186,6 +201,13 @@ def _tag(worker_id: int, actions: Sequence[Action]) -> list[Action]:
     ]
 
 
+def farm_policy(spec: FarmSpec) -> Policy:
+    """The policy `spec` puts in force: its start-up, health and restart rules, its OOM
+    ladder (`sglang.ladder.next_step` over `[oom] steps`) and its drain budget."""
+    steps = spec.oom.steps
+    return Policy.from_spec(spec, lambda current, failure: next_step(current, steps, failure))
+
+
 class Supervisor:
     """The farm: worker states plus the rollout. Deterministic; the clock comes in as `now`."""
 
@@ -199,6 +221,42 @@ class Supervisor:
         self.held_out_since: float | None = None
 
     # -- commands ---------------------------------------------------------------------
+
+    def submit(self, command: FarmCommand, now: float) -> list[Action]:
+        """One farm-level command (`workers.commands`): what it does, as actions."""
+        match command:
+            case Start(workers=ws, fresh=fresh):
+                return self.start(list(ws), now, fresh=fresh)
+            case Stop(workers=ws, drain=drain):
+                return self._each(ws, StopRequested(drain), now)
+            case RestartRolling(workers=ws, reason=reason, drain=drain, gated=gated):
+                return self.restart_rolling(list(ws), reason, now, drain=drain, gated=gated)
+            case Release(workers=ws):
+                return self._each(ws, ReleaseRequested(), now)
+            case HoldOut(held=held):
+                return self.hold_out(held, now)
+            case ReleaseGate():
+                return self.release_gate(now)
+            case RollBack(canary=canary, oom_step=oom_step):
+                self.drop_gated()
+                if canary is None or canary not in self.workers:
+                    return []
+                return self.handle(canary, RolledBack(oom_step), now)
+            case ResetOom(worker=w):
+                if w in self.workers:  # removed by a reload meanwhile: nothing to reset
+                    self.reset_oom(w)
+                return []
+            case Reconfigure(spec=spec, added=added, removed=removed):
+                self.reconfigure(farm_policy(spec), added, removed)
+                return []
+
+    def _each(self, worker_ids: Sequence[int], event: Event, now: float) -> list[Action]:
+        """`event` fed to each of `worker_ids` still configured, in turn."""
+        actions: list[Action] = []
+        for w in worker_ids:
+            if w in self.workers:
+                actions += self.handle(w, event, now)
+        return actions
 
     def start(self, worker_ids: Sequence[int], now: float, *, fresh: bool = True) -> list[Action]:
         """Want these workers running; from idle or a halt, this begins a rollout."""
@@ -422,6 +480,16 @@ class Supervisor:
     def reset_oom(self, worker_id: int) -> None:
         s = self.workers[worker_id]
         self.workers[worker_id] = replace(s, oom_step=0, failure_past=reset_past(s))
+
+    def restore_remembered(
+        self, states: Mapping[int, WorkerState], held_out_since: float | None
+    ) -> None:
+        """What a restarted agent remembers (`state.StateStore.restore`), put back: each
+        worker's state, then the host's hold out of the gateway (it marks every worker)."""
+        for wid, state in states.items():
+            self.restore(wid, state)
+        if held_out_since is not None:
+            self.hold_out(True, held_out_since)
 
     def restore(self, worker_id: int, state: WorkerState) -> None:
         """Put back a worker's remembered state (restarts, back-off, OOM step) at agent start."""
