@@ -657,6 +657,18 @@ def test_a_tick_at_the_drain_deadline_ends_the_drain() -> None:
     assert Terminate(0) in sup.tick(due)
 
 
+def test_a_tick_at_the_load_deadline_stops_the_loading_worker() -> None:
+    """Mutant machine _on_tick/GtE->Gt (`now > load_at`): the tick at the very deadline
+    `next_deadline` wakes for did nothing, and the ticker woke again at once."""
+    p = gateway_policy()
+    sup = Supervisor([0], p)
+    sup.workers[0] = WorkerState(0, Phase.STARTING, since=WAVE_AT, pid=7, launched_at=WAVE_AT)
+    due = sup.next_deadline(WAVE_AT)
+    assert due is not None and due - WAVE_AT == pytest.approx(p.startup.load_timeout)
+    assert Terminate(0) in sup.tick(due)
+    assert sup.workers[0].phase is Phase.STOPPING
+
+
 def test_a_tick_at_the_wave_deadline_issues_the_next_wave() -> None:
     p = gateway_policy()
     assert wave_budget(p) == 190.0
