@@ -33,6 +33,10 @@ from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.launcher import Preflight
 from sglang_farm.workers.phase import Phase
 
+# A gateway table of two external gateways (issue 26).
+A, B = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+TWO = {"mode": "external", "urls": [A, B], "drain_timeout": "30s"}
+
 OOM_LINE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
     "total capacity of 79.11 GiB of which 1.00 GiB is free."

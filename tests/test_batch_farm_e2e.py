@@ -18,7 +18,7 @@ import pytest
 
 from batchsvc import API_KEY, BatchService, chat_lines, jsonl, wait_until
 from farmproc import farm_config, free_port_block, new_marker, tmp_fixture
-from test_frontdoor import gateway_section, running_farm
+from frontdoor_farm import gateway_section, running_farm
 
 pytestmark = pytest.mark.slow
 _ = tmp_fixture

@@ -22,7 +22,7 @@ from sglang_farm.canary.figures import (
 from sglang_farm.canary.verdict import CanaryPolicy, Outcome, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
-from test_sim import FAST, StartSim, sims
+from simproc import FAST, StartSim, sims
 
 __all__ = ["sims"]  # the fixture, used by name
 

@@ -25,10 +25,10 @@ import pytest
 
 from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from frontdoor_farm import running_farm, until, worker_urls
+from managed_gateway import managed_section, routed
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
-from test_frontdoor import running_farm, until, worker_urls
-from test_gateway_trust import managed_section, routed
 
 pytestmark = [
     pytest.mark.slow,

@@ -28,7 +28,7 @@ from farmproc import (
     new_marker,
     tmp_fixture,  # noqa: F401 (the fixture `tmp`)
 )
-from test_frontdoor import ADMIN_KEY, chat, routed, until
+from frontdoor_farm import ADMIN_KEY, chat, routed, until
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_sim import StartSim, sims  # noqa: F401
+from simproc import StartSim, sims  # noqa: F401
 
 AGENT = Path(__file__).resolve().parent.parent / "agent" / "sglang_farm"
 REMOVED = ("/get_load", "/get_weight_version", "/weight_version")

@@ -25,7 +25,7 @@ import pytest
 from asuser import NOBODY_UID, as_nobody, nobody_owned, nobody_python, shared_dir
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.manifest import MANIFEST_NAME
-from test_staging import AGENT_DIR, MODEL, make_source, roomy, spec_text, tree
+from staging_tree import AGENT_DIR, MODEL, make_source, roomy, spec_text, tree
 
 __all__ = ["shared_dir"]  # the fixture, imported for pytest
 

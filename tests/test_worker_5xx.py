@@ -27,7 +27,7 @@ from sglang_farm.sglang.load import (
     recent_answers,
 )
 from sglang_farm.sglang.stats import parse_metrics_text, poll_worker
-from test_sim import StartSim, sims  # noqa: F401
+from simproc import StartSim, sims  # noqa: F401
 
 GIVE_UP_S = 120.0  # a simulator starts in about 1 s here; far above, on a busy machine
 FAST = {"SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_TOKEN_SECONDS": "0"}
