@@ -1,14 +1,6 @@
-"""The preflight doctor against fake SGLang environments built here, on a fake SM 12.0 host.
-
-The fake environment (fake_sglang_env.py) is a directory tree put on the probe's PYTHONPATH: a `torch`
-reporting a version, CUDA build, arch list and device capability; an `sgl_kernel`
-shipping `sm90/` + `sm100/` whose import raises the real "[sgl_kernel] CRITICAL" text
-when the variant it loads does not cover the GPU; a `deep_gemm` that asserts
-`cuda_home is not None` like the real one; a `sglang` (0.5.23 by default, or the seed
-host's 0.5.12) whose `srt/server_args.py` builds an argparse parser (allow_abbrev=True)
-with that version's spelling of the renamed flags (0.5.23: --mamba-radix-cache-strategy
-and --cuda-graph-max-bs-decode/-prefill; 0.5.12: --mamba-scheduler-strategy and
---cuda-graph-max-bs); optionally `flashinfer`. The probe runs for real, with this
+"""The preflight doctor against fake SGLang environments (fake_sglang_env.py), on a fake
+SM 12.0 host: a `torch`, an `sgl_kernel`, a `deep_gemm` and a `sglang` put on the probe's
+PYTHONPATH (that module says what each fakes). The probe runs for real, with this
 interpreter, as the doctor runs it on a host.
 """
 
