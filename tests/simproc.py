@@ -157,8 +157,10 @@ class StartSim(Protocol):
     ) -> Sim: ...
 
 
-@pytest.fixture
-def sims() -> Iterator[StartSim]:
+@contextlib.contextmanager
+def started_sims() -> Iterator[StartSim]:
+    """The `sims` fixture's starter (conftest.py): every simulator it started is closed
+    when the block ends."""
     started: list[Sim] = []
 
     def start(*flags: str, env: dict[str, str] | None = None, port: int | None = None) -> Sim:
@@ -166,9 +168,11 @@ def sims() -> Iterator[StartSim]:
         started.append(sim)
         return sim
 
-    yield start
-    for sim in started:
-        sim.close()
+    try:
+        yield start
+    finally:
+        for sim in started:
+            sim.close()
 
 
 def sim_help(*argv: str) -> subprocess.CompletedProcess[str]:

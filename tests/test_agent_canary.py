@@ -18,15 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent_harness import (
-    GATEWAY,
-    OOM_LINE,
-    Farm,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, OOM_LINE, Farm, farm, farm_toml, urls
 from canary_farm import ANSWERED_200, WINDOW, Metrics, _start, _toml
 from fake_gateway import FakeGateway
 from sglang_farm.canary.evalrun import EvalGate, EvalRun

@@ -16,7 +16,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from agent_harness import Farm, farm, tmp_fixture  # noqa: F401 (the fixture `tmp`)
+from agent_harness import Farm, farm
 from canary_farm import ANSWERED_200, Metrics, _start, _toml
 from sglang_farm.canary.figures import ProbeResult
 from sglang_farm.canary.view import CanaryState, CheckView

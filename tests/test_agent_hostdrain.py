@@ -7,13 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm.control.results import status_result
 from sglang_farm.control.settled import settled_result

@@ -16,9 +16,7 @@ import pytest
 from sglang_farm.canary.evalrun import EvalOptions, request_body, run_eval, run_gate
 from sglang_farm.canary.evalset import EvalItem, load
 from sglang_farm.sim import regress
-from simproc import FAST, StartSim, sims
-
-__all__ = ["sims"]  # the fixture, imported for pytest
+from simproc import FAST, StartSim
 
 SHIPPED = Path(__file__).resolve().parent.parent / "etc" / "sglang-farm" / "eval" / "arith.jsonl"
 ITEMS = load(SHIPPED.read_text(encoding="utf-8"), source=str(SHIPPED))

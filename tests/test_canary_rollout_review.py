@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import Farm, farm, tmp_fixture  # noqa: F401
+from agent_harness import Farm, farm
 from canary_farm import Metrics, _start, _toml
 from sglang_farm.canary.rollout import Analysis, CanaryObs, Fail, Inconclusive, Stopped, observe
 from sglang_farm.canary.view import CanaryState

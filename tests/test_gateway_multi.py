@@ -13,17 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import (
-    GATEWAY,
-    TWO,
-    A,
-    B,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
-from asuser import shared_dir  # noqa: F401 (a fixture)
+from agent_harness import GATEWAY, TWO, A, B, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm.cli.farmctl import format_status
 from sglang_farm.config import load_spec

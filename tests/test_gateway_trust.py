@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from asuser import as_nobody, nobody_python, require, shared_dir  # noqa: F401 (fixture)
+from asuser import as_nobody, nobody_python, require
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
 from farmtoml import rewritten
 from frontdoor_farm import running_farm
@@ -79,7 +79,7 @@ def test_the_generated_admin_key_is_root_only_and_kept(tmp_path: Path) -> None:
     assert ensure_admin_key(path) == key  # the next start reuses it
 
 
-def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None:
     """A state folder others can write (like /tmp): nobody plants its own key there
     before the farm's first start. The farm must not adopt a key nobody knows."""
     path = shared_dir / GENERATED_ADMIN_KEY_NAME
@@ -94,7 +94,7 @@ def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None
     assert "owned by uid 65534" in str(err.value) and str(path) in str(err.value)
 
 
-def test_a_planted_link_is_never_followed(shared_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_planted_link_is_never_followed(shared_dir: Path, tmp_path: Path) -> None:
     """nobody points the key's name at a root-only file (to have it overwritten or read
     as the key) and at a path it will read later: neither is written or trusted."""
     secret = tmp_path / "root-only"

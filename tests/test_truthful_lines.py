@@ -20,13 +20,7 @@ from pathlib import Path
 import structlog
 from structlog.testing import capture_logs
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm import logsetup
 from sglang_farm.workers.supervisor import Rollout
