@@ -34,14 +34,8 @@ from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.spec import FarmSpec, FlagValue
 
 REPO = Path(__file__).resolve().parent.parent
-
-
 SEED_TOML = REPO / "etc" / "sglang-farm" / "farm.toml"
-
-
 GIB = 1024**3
-
-
 _TORCH_INIT = """
 import json as _json, os as _os
 _conf = _json.load(open(_os.path.join(_os.path.dirname(__file__), "..", "fakeconf.json")))

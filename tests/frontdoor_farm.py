@@ -16,8 +16,6 @@ import httpx
 from farmproc import Farm, marked_pids
 
 MODEL = "sim/Qwen3.6-27B"
-
-
 ADMIN_KEY = "test-admin-key-0123456789"
 
 

@@ -14,8 +14,6 @@ from sglang_farm.config import load_spec
 from sglang_farm.spec import FarmSpec
 
 API_KEY = "sk-farm-secret-4f1c"
-
-
 TOKEN = "hf_token_secret_9a7e"
 
 

@@ -19,11 +19,7 @@ import httpx
 import pytest
 
 MODEL = "sim/Qwen3.6-27B"
-
-
 HAS_SMG = importlib.util.find_spec("smg") is not None
-
-
 needs_smg = pytest.mark.skipif(
     not HAS_SMG, reason="smg is not installed (pip install smg; scripts/setup installs it)"
 )
