@@ -2,19 +2,17 @@
 
 `farm(...)` runs an Agent on the test's loop; `run_virtual` (virtual_time.py) makes
 minutes of farm time take milliseconds. No processes, no sockets, no real sleeps.
-`farm_toml` is its config; the `tmp` fixture its folder (the test_agent* modules import it).
+`farm_toml` is its config; conftest.py's `tmp` fixture its folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from fake_gateway import FakeGateway
 from fake_runtime import FakeInFlight, FakePortOwner, FakeProber, FakeRuntime
@@ -32,6 +30,10 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.staging.runner import Stager
 from sglang_farm.workers.launcher import Preflight
 from sglang_farm.workers.phase import Phase
+
+# A gateway table of two external gateways (issue 26).
+A, B = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+TWO = {"mode": "external", "urls": [A, B], "drain_timeout": "30s"}
 
 OOM_LINE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
@@ -92,13 +94,6 @@ class Farm:
 
     def all_ready(self) -> bool:
         return all(p is Phase.READY for p in self.phases().values())
-
-
-@pytest.fixture(name="tmp")
-def tmp_fixture(tmp_path: Path) -> Iterator[Path]:
-    """`tmp`, the farm's folder (state, control socket): a test module imports
-    `tmp_fixture` and names `tmp` among its test's arguments."""
-    yield tmp_path
 
 
 @asynccontextmanager

@@ -7,6 +7,7 @@ Each such test plays the other user for real: a process run through
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -64,8 +65,8 @@ def popen_as_nobody(argv: list[str]) -> subprocess.Popen[str]:
     )
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
+@contextlib.contextmanager
+def shared_folder() -> Iterator[Path]:
     """A root-owned folder like /tmp or /dev/shm (01777: anyone creates, the sticky bit).
 
     pytest's tmp_path lies under a 0700 folder; another user's files must live where that

@@ -1,5 +1,9 @@
 """Shared pytest options and fixtures; the order modules run in; a note on long silences.
 
+The fixtures two or more test modules use are defined here (at the end), pytest gives
+them to every module; a test module imports no fixture and no other test module
+(test_test_tree.py holds it).
+
 `./scripts/test` runs the suite on several pytest-xdist workers, a whole module per
 worker (`--dist loadfile --no-loadscopereorder`: module fixtures such as one systemd
 container, one farm or one .deb are set up once and their steps stay in file order).
@@ -14,12 +18,19 @@ still running and for how long.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from asuser import shared_folder
+from farmproc import tmpdir
+from sdcontainer import SystemdContainer, booted
+from simproc import StartSim, started_sims
 
 # The slowest modules, slowest first (measured: `pytest --durations=80` on the 2-core CI
 # machine; the .deb's first build compiles pystemd and lxml). Only the order changes: a
@@ -168,3 +179,61 @@ def sockets() -> Iterator[list[socket.socket]]:
     yield held
     for s in held:
         s.close()
+
+
+# -- the fixtures test modules share (a module imports no fixture: test_test_tree.py) ------
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    """The farm's folder (state, control socket) for a test on the harness's virtual clock
+    (agent_harness.py): pytest's `tmp_path`, kept after the run for a look at a failure.
+    Its path is long: nothing binds a socket in it there."""
+    yield tmp_path
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """The folder of a farm run as real processes (farmproc.py): short (`tmpdir`), since
+    the agent binds its control socket in it and an AF_UNIX path must stay under 107
+    bytes (pytest's `tmp_path` can be longer); removed afterwards."""
+    d = tmpdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A root-owned folder anyone may write, as /tmp is (asuser.shared_folder), for the
+    trust tests that play another local user."""
+    with shared_folder() as d:
+        yield d
+
+
+@pytest.fixture
+def sims() -> Iterator[StartSim]:
+    """Start a simulator process with these flags (simproc.Sim); each is killed at teardown."""
+    with started_sims() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def sd_container() -> Iterator[SystemdContainer]:
+    """One booted systemd container per test module (booting costs seconds; sdcontainer.py)."""
+    with booted() as c:
+        yield c
+
+
+@pytest.fixture
+def sd(
+    sd_container: SystemdContainer, request: pytest.FixtureRequest
+) -> Iterator[SystemdContainer]:
+    """The module's container; prints its journal when the test using it fails."""
+    failed_before = request.session.testsfailed
+    yield sd_container
+    # The call phase's report is logged before teardown runs, so a failure is counted by now.
+    if request.session.testsfailed > failed_before:
+        print(f"===== journal of container {sd_container.name} =====")
+        print(sd_container.journal(lines=150))

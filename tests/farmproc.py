@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,11 +17,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from farmtoml import Table, merged, sim_farm, toml_text
 
@@ -262,14 +259,6 @@ def new_marker() -> str:
 
 
 def tmpdir() -> Path:
-    # Short: the control socket path must stay under 107 bytes.
+    """A new folder under the system's temporary folder, its path short (the `short_tmp`
+    fixture's, conftest.py): the control socket path must stay under 107 bytes."""
     return Path(tempfile.mkdtemp(prefix="sf"))
-
-
-@pytest.fixture(name="tmp")
-def tmp_fixture() -> Iterator[Path]:
-    """`tmp`, the farm's folder (`tmpdir`), removed afterwards: a test module imports
-    `tmp_fixture` and names `tmp` among its test's arguments."""
-    d = tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)

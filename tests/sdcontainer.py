@@ -1,4 +1,5 @@
-"""I/O: a throwaway systemd container for tests, and its fixture (docs/reference/machines.md §2).
+"""I/O: a throwaway systemd container for tests (docs/reference/machines.md §2);
+conftest.py's `sd_container` and `sd` fixtures boot one per test module.
 
 The container boots a real systemd (with D-Bus and journald) over an overlay whose
 lower layer is the host's root, so the host's packages, this checkout and its
@@ -463,23 +464,3 @@ def booted(**kw: object) -> Iterator[SystemdContainer]:
     with SystemdContainer(**kw) as c:  # type: ignore[arg-type]  # the fixture's kwargs
         print(f"container {c.name} booted in {c.boot_seconds:.2f}s", file=sys.stderr)
         yield c
-
-
-@pytest.fixture(scope="module")
-def sd_container() -> Iterator[SystemdContainer]:
-    """One booted container per test module (booting costs seconds)."""
-    with booted() as c:
-        yield c
-
-
-@pytest.fixture
-def sd(
-    sd_container: SystemdContainer, request: pytest.FixtureRequest
-) -> Iterator[SystemdContainer]:
-    """The module's container; prints its journal when the test using it fails."""
-    failed_before = request.session.testsfailed
-    yield sd_container
-    # The call phase's report is logged before teardown runs, so a failure is counted by now.
-    if request.session.testsfailed > failed_before:
-        print(f"===== journal of container {sd_container.name} =====")
-        print(sd_container.journal(lines=150))

@@ -13,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import (
-    OOM_LINE,
-    READY_LINE,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
+from agent_harness import OOM_LINE, READY_LINE, farm, farm_toml
 from sglang_farm.config import load_spec
 from sglang_farm.runtime import Running
 from sglang_farm.workers.phase import Phase

@@ -18,17 +18,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent_harness import (
-    GATEWAY,
-    OOM_LINE,
-    Farm,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, OOM_LINE, Farm, farm, farm_toml, urls
+from canary_farm import ANSWERED_200, WINDOW, Metrics, _start, _toml
 from fake_gateway import FakeGateway
-from fake_runtime import FakeRuntime
 from sglang_farm.canary.evalrun import EvalGate, EvalRun
 from sglang_farm.canary.evalset import EvalItem, Score, eval_verdict
 from sglang_farm.canary.view import CanaryState
@@ -37,55 +29,9 @@ from sglang_farm.sglang.argv import Command
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
-WINDOW = {"analysis_window": "60s"}
-
-
-def _toml(tmp: Path, env: dict[str, str] | None = None, **rollout: object) -> str:
-    tables: dict[str, dict[str, object]] = {"rollout": {**WINDOW, **rollout}}
-    if env:
-        tables["farm"] = {"state_dir": str(tmp), "env": env}
-    return farm_toml(tmp, workers=4, **tables)
-
-
-ANSWERED_200 = 'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="200"}'
-
-
-class Metrics:
-    """Each worker's /metrics: 10 requests a second of 10 tokens each since the test began;
-    tokens take 10-20 ms, or 50-100 ms on a worker whose process runs SLOW=1; every one
-    answered 200 (`sglang:http_responses_total`)."""
-
-    def __init__(self) -> None:
-        self.runtime: FakeRuntime | None = None
-        self.t0 = 0.0
-        self.scrapes: list[str] = []
-
-    async def __call__(self, url: str, key: str | None) -> str:
-        self.scrapes.append(url)
-        assert self.runtime is not None
-        port = int(url.rsplit(":", 1)[1].split("/")[0])
-        proc = self.runtime.procs.get(port - 30000)
-        if proc is None:
-            raise ConnectionRefusedError(url)
-        n = 10 * (asyncio.get_running_loop().time() - self.t0)
-        slow = proc.command.env_dict.get("SLOW") == "1"
-        buckets = (0, 0, 0, 10 * n, 10 * n) if slow else (0, 10 * n, 10 * n, 10 * n, 10 * n)
-        lines = [f"sglang:num_requests_total {n}", "sglang:num_aborted_requests_total 0"]
-        lines.append(f"{ANSWERED_200} {n}")  # SGLang 0.5.20+: the error source (issue 30)
-        for le, v in zip(("0.01", "0.02", "0.05", "0.1", "+Inf"), buckets, strict=True):
-            lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}"}} {v}')
-        lines.append(f"sglang:inter_token_latency_seconds_sum {0.01 * n}")
-        return "\n".join(lines) + "\n"
-
 
 def _env(f: Farm, worker: int) -> dict[str, str]:
     return f.runtime.procs[worker].command.env_dict
-
-
-async def _start(f: Farm, m: Metrics) -> None:
-    m.runtime = f.runtime
-    m.t0 = asyncio.get_running_loop().time()
-    await f.until(f.all_ready)
 
 
 def test_a_passing_canary_holds_the_next_waves_for_the_window_then_promotes(tmp: Path) -> None:

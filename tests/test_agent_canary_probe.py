@@ -16,11 +16,11 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from agent_harness import Farm, farm, tmp_fixture  # noqa: F401 (the fixture `tmp`)
+from agent_harness import Farm, farm
+from canary_farm import ANSWERED_200, Metrics, _start, _toml
 from sglang_farm.canary.figures import ProbeResult
 from sglang_farm.canary.view import CanaryState, CheckView
 from sglang_farm.config import load_spec
-from test_agent_canary import ANSWERED_200, Metrics, _start, _toml
 from virtual_time import run_virtual
 
 PROBE_S = 0.1  # a probe's answer takes this long (the loop's seconds)

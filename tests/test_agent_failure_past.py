@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent_harness import farm, farm_toml, tmp_fixture  # noqa: F401 (the fixture `tmp`)
+from agent_harness import farm, farm_toml
 from sglang_farm.control.results import why_result
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual

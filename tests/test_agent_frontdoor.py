@@ -6,13 +6,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm.cli.ctl.status import _gateway_line
 from sglang_farm.config import load_spec

@@ -12,11 +12,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from agent_harness import (
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
+from agent_harness import farm, farm_toml
 from sglang_farm.config import load_spec
 from sglang_farm.gpus.snapshot import FleetSnapshot, GpuSnapshot
 from sglang_farm.runtime import Running

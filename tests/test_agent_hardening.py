@@ -6,12 +6,7 @@ import asyncio
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
+from agent_harness import GATEWAY, farm, farm_toml
 from sglang_farm.config import load_spec
 from sglang_farm.runtime import Running
 from sglang_farm.sglang.failures import Failure, FailureKind

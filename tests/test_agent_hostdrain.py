@@ -7,13 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm.control.results import status_result
 from sglang_farm.control.settled import settled_result
@@ -116,9 +110,9 @@ def test_a_reload_on_a_drained_host_judges_its_canary_only_once_it_is_back_in(
     """The upgrade's reload while drained: the canary restarts on the change, ready and
     out of the gateway; its window waits for undrain-host (a canary without traffic cannot
     be judged), then the verdict, then the waves; farmctl wait's rule follows it."""
+    from canary_farm import WINDOW, Metrics, _start
     from sglang_farm.canary.view import CanaryState
     from sglang_farm.config import load_spec
-    from test_agent_canary import WINDOW, Metrics, _start
 
     def text(env: dict[str, str] | None = None) -> str:
         farm_t = {"state_dir": str(tmp), **({"env": env} if env else {})}
@@ -157,7 +151,7 @@ def test_a_drain_past_a_frozen_gateway_names_it_as_unconfirmed(tmp: Path) -> Non
     """Issue 30 item 11: of two gateways, one freezes (its calls never answer): the drain
     goes on without it once its calls time out, but the result names it with every
     worker it never confirmed out, and the one that answered is not named."""
-    from test_gateway_multi import TWO, A, B
+    from agent_harness import TWO, A, B
 
     async def scenario() -> None:
         a, b = FakeGateway(A), FakeGateway(B)

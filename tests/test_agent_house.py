@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import (
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
+from agent_harness import farm, farm_toml
 from sglang_farm.errors import FarmError
 from sglang_farm.workers.supervisor import Event, ProcessExited
 from virtual_time import run_virtual

@@ -27,10 +27,8 @@ import openai
 import pytest
 
 from batchfarm import REPO, DemoFarm, wait_for
-from farmproc import tmp_fixture
 
 pytestmark = pytest.mark.slow
-_ = tmp_fixture
 
 COUNT = 1_000
 CONTEXT = 4_096
@@ -68,10 +66,10 @@ def lines(c: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
 
 
 def test_two_batches_complete_each_request_once_through_every_kill_and_a_restart_all(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     demo = DemoFarm(
-        tmp,
+        short_tmp,
         env={"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_TOKEN_SECONDS": "0.01"},
         sglang={"max_running_requests": 2, "context_length": CONTEXT},
     )
@@ -80,16 +78,16 @@ def test_two_batches_complete_each_request_once_through_every_kill_and_a_restart
         import tomllib
 
         model = tomllib.loads(demo.config.read_text())["sglang"]["model_path"]
-        ids = example(tmp / "a.jsonl", model)
-        example(tmp / "b.jsonl", model)
+        ids = example(short_tmp / "a.jsonl", model)
+        example(short_tmp / "b.jsonl", model)
         total = 2 * len(ids)
 
-        submit = demo.farmctl("batch", "submit", str(tmp / "a.jsonl"))
+        submit = demo.farmctl("batch", "submit", str(short_tmp / "a.jsonl"))
         assert submit.returncode == 0, submit.stdout + submit.stderr
         first = submit.stdout.split()[0]
         assert first.startswith("batch_"), submit.stdout
         c = openai.OpenAI(base_url=demo.batch_url + "/v1", api_key=demo.api_key, max_retries=3)
-        with open(tmp / "b.jsonl", "rb") as fh:
+        with open(short_tmp / "b.jsonl", "rb") as fh:
             f = c.files.create(file=fh, purpose="batch")
         second = c.batches.create(
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -155,8 +153,8 @@ def test_two_batches_complete_each_request_once_through_every_kill_and_a_restart
             assert (b.request_counts.completed, b.request_counts.failed) == (COUNT, 1)
 
         # farmctl's own results command writes the same two files
-        res = demo.farmctl("batch", "results", first, "-o", str(tmp / "results.jsonl"))
+        res = demo.farmctl("batch", "results", first, "-o", str(short_tmp / "results.jsonl"))
         assert res.returncode == 0, res.stdout + res.stderr
-        got = (tmp / "results.jsonl").read_text().splitlines()
+        got = (short_tmp / "results.jsonl").read_text().splitlines()
         assert len(got) == COUNT
-        assert len((tmp / "results.errors.jsonl").read_text().splitlines()) == 1
+        assert len((short_tmp / "results.errors.jsonl").read_text().splitlines()) == 1

@@ -17,11 +17,10 @@ import openai
 import pytest
 
 from batchsvc import API_KEY, BatchService, chat_lines, jsonl, wait_until
-from farmproc import farm_config, free_port_block, new_marker, tmp_fixture
-from test_frontdoor import gateway_section, running_farm
+from farmproc import farm_config, free_port_block, new_marker
+from frontdoor_farm import gateway_section, running_farm
 
 pytestmark = pytest.mark.slow
-_ = tmp_fixture
 
 ADMIN_KEY = "batch-e2e-admin-key-0123456789"
 MODEL = "sim/Qwen3.6-27B"  # farm_config's [sglang] model_path: the model smg routes
@@ -34,17 +33,19 @@ def target(svc: BatchService) -> float:
     raise AssertionError("no sglang_farm_batch_concurrency_target")
 
 
-def test_a_batch_on_the_farm_follows_its_workers_and_survives_stops_and_kills(tmp: Path) -> None:
-    key = tmp / "admin.key"
+def test_a_batch_on_the_farm_follows_its_workers_and_survives_stops_and_kills(
+    short_tmp: Path,
+) -> None:
+    key = short_tmp / "admin.key"
     key.write_text(ADMIN_KEY)
     key.chmod(0o600)
-    api_key = tmp / "batch.key"
+    api_key = short_tmp / "batch.key"
     api_key.write_text(API_KEY)
     api_key.chmod(0o600)
     port = free_port_block(2)
     marker = new_marker()
     config = farm_config(
-        tmp,
+        short_tmp,
         workers=4,
         parallel=4,
         marker=marker,
@@ -54,7 +55,7 @@ def test_a_batch_on_the_farm_follows_its_workers_and_survives_stops_and_kills(tm
             "enabled": True,
             "listen": f"127.0.0.1:{free_port_block(1)}",
             "api_key_file": str(api_key),
-            "state_dir": str(tmp / "batch"),
+            "state_dir": str(short_tmp / "batch"),
             "retry_backoff_s": 0.05,
         },
     )

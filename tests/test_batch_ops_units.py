@@ -37,7 +37,7 @@ def test_the_unit_is_shipped_static_and_rendered_with_the_others() -> None:
     assert UNIT in STATIC_UNITS
     text = static_unit(UNIT)
     assert text == (ROOT / "agent" / "sglang_farm" / "units" / UNIT).read_text()
-    from test_units import demo_spec
+    from demospec import demo_spec
 
     assert render(demo_spec(n=1))[PurePosixPath(UNIT)] == text
     assert PurePosixPath(UNIT) not in render(demo_spec(n=1), static=False)

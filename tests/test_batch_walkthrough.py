@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import pytest
 
 from batchfarm import batch_service_pid
-from farmproc import Farm, free_port_block, new_marker, tmp_fixture  # noqa: F401 (a fixture)
+from farmproc import Farm, free_port_block, new_marker
 from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
@@ -147,23 +147,23 @@ def check(walk: Walk, out: str, promises: tuple[str, ...], command: str) -> None
 
 
 @pytest.fixture
-def demo_copy(tmp: Path) -> Iterator[tuple[Path, Farm]]:
+def demo_copy(short_tmp: Path) -> Iterator[tuple[Path, Farm]]:
     """demo.toml with this test's own ports and folders, running as `./scripts/demo` runs it."""
     base = free_port_block(20)
     text = rewritten(
         (REPO / DEMO).read_text(),
-        farm={"state_dir": f"{tmp}/state"},
+        farm={"state_dir": f"{short_tmp}/state"},
         workers={"base_port": base, "nccl_base_port": base + 8},
         metrics={"listen": f"127.0.0.1:{base + 16}"},
-        control={"socket": f"{tmp}/control.sock"},
+        control={"socket": f"{short_tmp}/control.sock"},
         gateway={"listen": f"127.0.0.1:{base + 17}", "metrics_listen": f"127.0.0.1:{base + 18}"},
         batch={
             "listen": f"127.0.0.1:{base + 19}",
-            "api_key_file": f"{tmp}/batch-api.key",
-            "state_dir": f"{tmp}/batch",
+            "api_key_file": f"{short_tmp}/batch-api.key",
+            "state_dir": f"{short_tmp}/batch",
         },
     )
-    config = tmp / "demo.toml"
+    config = short_tmp / "demo.toml"
     config.write_text(text)
     farm = Farm(config, new_marker())
     try:
@@ -172,9 +172,11 @@ def demo_copy(tmp: Path) -> Iterator[tuple[Path, Farm]]:
         farm.stop(signal.SIGINT, timeout=60)
 
 
-def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Path, Farm]) -> None:
+def test_the_readme_batch_walkthrough_as_written(
+    short_tmp: Path, demo_copy: tuple[Path, Farm]
+) -> None:
     config, farm = demo_copy
-    walk = Walk(tmp, config)
+    walk = Walk(short_tmp, config)
     readme = (REPO / "README.md").read_text()
     first, kills, last = (steps(b) for b in section_blocks(readme))
 
@@ -185,17 +187,17 @@ def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Pat
         return n == 8 and answers, (n, answers)
 
     wait_until("8/8 ready and the batch service answering", ready, 180)
-    key = tmp / "batch-api.key"
+    key = short_tmp / "batch-api.key"
     assert oct(key.stat().st_mode & 0o777) == "0o600"  # made by the agent at its start
 
     walk.run(first[0].command)  # the example
-    assert len((tmp / "prompts.jsonl").read_text().splitlines()) == COUNT
+    assert len((short_tmp / "prompts.jsonl").read_text().splitlines()) == COUNT
     out = walk.run(first[1].command)  # submit
     check(walk, out, first[1].promises, first[1].command)
     batch_id = out.split()[0]
     assert batch_id.startswith("batch_")
     wait_cmd = walk.text(first[2].command.replace(BATCH_ID, batch_id))
-    wait_log = tmp / "wait.log"
+    wait_log = short_tmp / "wait.log"
     with open(wait_log, "w") as log:
         waiting = subprocess.Popen(["bash", "-c", wait_cmd], cwd=REPO, stdout=log, stderr=log)
     try:
@@ -237,8 +239,8 @@ def test_the_readme_batch_walkthrough_as_written(tmp: Path, demo_copy: tuple[Pat
     for s in last:
         out = walk.run(s.command.replace(BATCH_ID, batch_id))
         check(walk, out, s.promises, s.command)
-    results = [json.loads(ln) for ln in (tmp / "results.jsonl").read_text().splitlines()]
+    results = [json.loads(ln) for ln in (short_tmp / "results.jsonl").read_text().splitlines()]
     assert sorted(r["custom_id"] for r in results) == sorted(
-        json.loads(ln)["custom_id"] for ln in (tmp / "prompts.jsonl").read_text().splitlines()
+        json.loads(ln)["custom_id"] for ln in (short_tmp / "prompts.jsonl").read_text().splitlines()
     )
     assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in results)

@@ -25,8 +25,8 @@ import pytest
 
 from sglang_farm.canary import figures, promtext
 from sglang_farm.canary.verdict import CanaryPolicy, Outcome, judge
-from test_gateway_smg import wait_http
-from test_sim import free_port
+from simproc import free_port
+from smgsims import wait_http
 
 MODEL = "sim/canary"
 pytestmark = pytest.mark.skipif(

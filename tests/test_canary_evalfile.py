@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import farm, farm_toml, tmp_fixture  # noqa: F401 (the fixture `tmp`)
-from asuser import as_nobody, nobody_python, shared_dir  # noqa: F401 (a fixture)
+from agent_harness import farm, farm_toml
+from asuser import as_nobody, nobody_python
 from sglang_farm.canary import evalfile
 from sglang_farm.config import load_spec
 from sglang_farm.workers.phase import Phase
@@ -51,14 +51,14 @@ def _read_in_thread(path: Path) -> BaseException | str:
     return out[0]
 
 
-def test_a_root_file_is_read(shared_dir: Path) -> None:  # noqa: F811
+def test_a_root_file_is_read(shared_dir: Path) -> None:
     path = shared_dir / "eval.jsonl"
     path.write_text(SET)
     os.chmod(path, 0o644)
     assert evalfile.read(str(path)) == SET
 
 
-def test_a_file_nobody_made_is_refused_naming_its_owner(shared_dir: Path) -> None:  # noqa: F811
+def test_a_file_nobody_made_is_refused_naming_its_owner(shared_dir: Path) -> None:
     path = shared_dir / "eval.jsonl"
     _nobody_writes(path, 0o644)
     with pytest.raises(evalfile.EvalFileRefused) as exc:
@@ -69,7 +69,7 @@ def test_a_file_nobody_made_is_refused_naming_its_owner(shared_dir: Path) -> Non
     assert f"chown root:root {path} && chmod 0644 {path}" in msg
 
 
-def test_a_root_file_others_can_write_is_refused_with_its_mode(shared_dir: Path) -> None:  # noqa: F811
+def test_a_root_file_others_can_write_is_refused_with_its_mode(shared_dir: Path) -> None:
     path = shared_dir / "eval.jsonl"
     path.write_text(SET)
     os.chmod(path, 0o666)
@@ -77,7 +77,7 @@ def test_a_root_file_others_can_write_is_refused_with_its_mode(shared_dir: Path)
         evalfile.read(str(path))
 
 
-def test_a_link_nobody_made_is_not_followed(shared_dir: Path) -> None:  # noqa: F811
+def test_a_link_nobody_made_is_not_followed(shared_dir: Path) -> None:
     good = shared_dir / "good.jsonl"
     good.write_text(SET)
     os.chmod(good, 0o644)
@@ -87,7 +87,7 @@ def test_a_link_nobody_made_is_not_followed(shared_dir: Path) -> None:  # noqa: 
         evalfile.read(str(link))
 
 
-def test_a_fifo_nobody_made_is_refused_without_blocking(shared_dir: Path) -> None:  # noqa: F811
+def test_a_fifo_nobody_made_is_refused_without_blocking(shared_dir: Path) -> None:
     fifo = shared_dir / "eval.jsonl"
     as_nobody(["mkfifo", "-m", "0644", str(fifo)])
     got = _read_in_thread(fifo)
@@ -95,7 +95,7 @@ def test_a_fifo_nobody_made_is_refused_without_blocking(shared_dir: Path) -> Non
     assert "is not a regular file" in str(got)
 
 
-def test_a_root_fifo_is_refused_without_blocking(shared_dir: Path) -> None:  # noqa: F811
+def test_a_root_fifo_is_refused_without_blocking(shared_dir: Path) -> None:
     fifo = shared_dir / "eval.jsonl"
     os.mkfifo(fifo, 0o644)
     got = _read_in_thread(fifo)
@@ -103,7 +103,7 @@ def test_a_root_fifo_is_refused_without_blocking(shared_dir: Path) -> None:  # n
     assert f"{fifo} is not a regular file" in str(got)
 
 
-def test_a_file_past_the_size_cap_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_a_file_past_the_size_cap_is_refused(shared_dir: Path) -> None:
     path = shared_dir / "eval.jsonl"
     path.write_text(SET * (evalfile.MAX_BYTES // len(SET) + 1))
     os.chmod(path, 0o644)
@@ -113,7 +113,7 @@ def test_a_file_past_the_size_cap_is_refused(shared_dir: Path) -> None:  # noqa:
 
 def test_a_reload_naming_nobodys_eval_file_is_refused_naming_the_owner(
     tmp: Path,
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     path = shared_dir / "eval.jsonl"
     _nobody_writes(path, 0o666)
@@ -138,7 +138,7 @@ def test_a_reload_naming_nobodys_eval_file_is_refused_naming_the_owner(
 
 def test_a_reload_naming_a_fifo_is_refused_without_blocking_the_agent(
     tmp: Path,
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     """A FIFO where the eval set should be (root's own, so that only its kind is wrong):
     opened without waiting for a writer and refused. Run in a thread so that a reload
@@ -183,7 +183,7 @@ def test_a_reload_naming_a_fifo_is_refused_without_blocking_the_agent(
 
 def test_a_reload_naming_an_unusable_eval_set_is_refused_as_a_config_problem_not_held(
     tmp: Path,
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     """Issue 30 #12: an eval set that cannot be used is a problem of the config (farmctl
     reload exits 1, as for any config problem), not a change held by its canary (exit 6:

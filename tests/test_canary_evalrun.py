@@ -16,9 +16,7 @@ import pytest
 from sglang_farm.canary.evalrun import EvalOptions, request_body, run_eval, run_gate
 from sglang_farm.canary.evalset import EvalItem, load
 from sglang_farm.sim import regress
-from test_sim import FAST, StartSim, sims
-
-__all__ = ["sims"]  # the fixture, imported for pytest
+from simproc import FAST, StartSim
 
 SHIPPED = Path(__file__).resolve().parent.parent / "etc" / "sglang-farm" / "eval" / "arith.jsonl"
 ITEMS = load(SHIPPED.read_text(encoding="utf-8"), source=str(SHIPPED))
@@ -144,7 +142,7 @@ def test_a_request_past_its_timeout_is_a_failed_answer() -> None:
 
 
 def test_a_worker_that_is_not_there_fails_every_request_without_raising() -> None:
-    from test_sim import free_port
+    from simproc import free_port
 
     run = asyncio.run(run_eval(f"http://127.0.0.1:{free_port()}", ITEMS[:3]))
     assert (run.score.correct, run.score.failed) == (0, 3)

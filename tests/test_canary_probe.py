@@ -22,9 +22,7 @@ from sglang_farm.canary.figures import (
 from sglang_farm.canary.verdict import CanaryPolicy, Outcome, judge
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
-from test_sim import FAST, StartSim, sims
-
-__all__ = ["sims"]  # the fixture, used by name
+from simproc import FAST, StartSim
 
 # SGLang's TTFT buckets (0.1 ... 400 s) up to 2 s.
 TTFT_BOUNDS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0)

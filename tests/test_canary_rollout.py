@@ -259,7 +259,7 @@ def test_a_gated_rolling_restart_issues_the_canary_alone_and_waits_for_its_relea
 
 def _verdict(canary_requests: int, *, errors: int = 0, itl: float = 0.02) -> Verdict:
     """The real verdict on a canary of `canary_requests` against a busy baseline."""
-    from test_canary_verdict import side
+    from canary_sides import side
 
     return judge(
         side(canary_requests, errors=errors, itl=itl, seed=2),
@@ -337,7 +337,7 @@ def test_only_too_little_traffic_is_extended() -> None:
 
 
 def side_of(requests: int) -> Figures:
-    from test_canary_verdict import side
+    from canary_sides import side
 
     return side(requests, seed=requests)
 

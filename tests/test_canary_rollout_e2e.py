@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmproc import Farm, farm_config, new_marker
 from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
@@ -53,10 +53,10 @@ def load(urls: list[str], per_worker: int = 3) -> Iterator[list[int]]:
             t.join(15)
 
 
-def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Path) -> None:
+def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(short_tmp: Path) -> None:
     marker = new_marker()
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=3,
         parallel=2,
         load_seconds=0.5,
@@ -123,11 +123,11 @@ def test_a_reload_making_tokens_5x_slower_is_rolled_back_from_the_canary(tmp: Pa
 
 
 def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     marker = new_marker()
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=3,
         parallel=2,
         load_seconds=0.5,
@@ -171,7 +171,7 @@ def test_a_harmless_reload_is_promoted_from_the_canary_and_reaches_every_worker(
         assert farm.stop() == 0
 
 
-def test_a_canary_that_dies_of_a_cuda_oom_is_rolled_back_naming_the_oom(tmp: Path) -> None:
+def test_a_canary_that_dies_of_a_cuda_oom_is_rolled_back_naming_the_oom(short_tmp: Path) -> None:
     """Issue 31 item 3: `SGLANG_SIM_FAIL_AFTER` (a CUDA OOM in the simulator's log, then
     its exit) gave `canary crashed 6 s into the window: the canary left serving
     (stopping)`, and `farmctl why 0` ended with `no failure recorded`."""
@@ -183,7 +183,7 @@ def test_a_canary_that_dies_of_a_cuda_oom_is_rolled_back_naming_the_oom(tmp: Pat
         "SGLANG_FARM_TEST_MARKER": marker,
     }
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=2,
         parallel=1,
         load_seconds=0.5,

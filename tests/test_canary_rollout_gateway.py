@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmp_fixture  # noqa: F401
+from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker
 from farmtoml import rewritten
 
 pytestmark = [
@@ -144,12 +144,12 @@ def base_env(text: str) -> dict[str, str]:
 
 
 def test_bad_changes_are_rolled_back_and_a_harmless_one_rolls_with_no_failed_request(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     marker = new_marker()
     port = free_port_block(2)
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=WORKERS,
         parallel=2,
         load_seconds=0.5,

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_harness import Farm, farm, tmp_fixture  # noqa: F401
+from agent_harness import Farm, farm
+from canary_farm import Metrics, _start, _toml
 from sglang_farm.canary.driver import Host
 from sglang_farm.canary.rollout import Analysis, CanaryObs, Fail, Inconclusive, Stopped, observe
 from sglang_farm.canary.view import CanaryState
@@ -22,7 +23,6 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.commands import FarmCommand
 from sglang_farm.workers.phase import Phase
 from sglang_farm.workers.supervisor import GpuFailing, StopIntent, WorkerState, farm_policy
-from test_agent_canary import Metrics, _start, _toml
 from virtual_time import run_virtual
 
 
@@ -382,7 +382,7 @@ def test_a_rejected_change_reloaded_with_a_window_of_0s_is_refused(tmp: Path) ->
 
 def test_a_refused_reload_during_an_analysis_leaves_the_canary_on_the_change(tmp: Path) -> None:
     from agent_harness import farm_toml
-    from test_agent_canary import WINDOW
+    from canary_farm import WINDOW
 
     new = _toml(tmp, {"HARMLESS": "1"})
     refused = farm_toml(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import farm_toml, tmp_fixture  # noqa: F401
+from agent_harness import farm_toml
 from sglang_farm.canary import record, rollout
 from sglang_farm.canary.record import Accepted, RejectedChanges
 from sglang_farm.canary.startchoice import OnAccepted, OnFile, Refused, start_choice

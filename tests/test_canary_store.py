@@ -7,11 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from asuser import nobody_python, shared_dir
+from asuser import nobody_python
 from sglang_farm.canary import record, store
 from sglang_farm.canary.record import RejectedChanges
-
-__all__ = ["shared_dir"]  # the fixture, imported for pytest
 
 H = "sha256:" + "a" * 64
 

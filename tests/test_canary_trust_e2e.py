@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 import asuser
-from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker, tmp_fixture  # noqa: F401
+from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker
 from farmtoml import rewritten
 from smgproc import Smg, key_file
 
@@ -201,11 +201,11 @@ def _cleanup(farm: Farm, marker: str) -> None:
 
 
 def test_nobodys_aborted_streams_neither_veto_a_harmless_change_nor_promote_a_bad_one(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     asuser.require()
     marker, port = new_marker(), free_port_block(2)
-    cfg = _config(tmp, marker, managed(port))
+    cfg = _config(short_tmp, marker, managed(port))
     farm = Farm(cfg, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=120)
@@ -237,13 +237,13 @@ def test_nobodys_aborted_streams_neither_veto_a_harmless_change_nor_promote_a_ba
 
 
 def test_behind_external_gateways_a_change_failing_20_percent_is_never_promoted(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
-    key = key_file(tmp)
+    key = key_file(short_tmp)
     ports = free_port_block(4)
-    with Smg(tmp, key, ports) as g1, Smg(tmp, key, ports + 2) as g2:
+    with Smg(short_tmp, key, ports) as g1, Smg(short_tmp, key, ports + 2) as g2:
         marker = new_marker()
-        cfg = _config(tmp, marker, external([g1.url, g2.url], key))
+        cfg = _config(short_tmp, marker, external([g1.url, g2.url], key))
         farm = Farm(cfg, marker)
         try:
             farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=120)

@@ -3,12 +3,11 @@ noise margin, TTFT weighed less, the error floors, too little traffic, liveness.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
+from canary_sides import hist, side
 from sglang_farm.canary import figures
-from sglang_farm.canary.figures import Figures, Histogram
+from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.rollout import starved_of_traffic
 from sglang_farm.canary.verdict import (
     CanaryPolicy,
@@ -20,39 +19,9 @@ from sglang_farm.canary.verdict import (
     quantile_bounds,
 )
 from sglang_farm.sglang.failures import Failure, FailureKind
-from sglang_farm.sim.engine import ITL_BUCKETS, TTFT_BUCKETS
+from sglang_farm.sim.engine import ITL_BUCKETS
 
 POLICY = CanaryPolicy()
-
-
-def hist(bounds: tuple[float, ...], values: list[float]) -> Histogram:
-    counts = [0.0] * (len(bounds) + 1)
-    for v in values:
-        i = next((i for i, b in enumerate(bounds) if v <= b), len(bounds))
-        counts[i] += 1
-    return Histogram.from_counts(bounds, counts, sum(values))
-
-
-def side(
-    requests: int,
-    *,
-    itl: float = 0.02,
-    ttft: float = 0.3,
-    errors: int = 0,
-    seed: int = 1,
-    tokens: int = 20,
-) -> Figures:
-    """`requests` requests of `tokens` tokens, each request's ITL drawn around `itl`."""
-    rng = random.Random(seed)
-    gaps: list[float] = []
-    firsts: list[float] = []
-    for _ in range(requests):
-        r = itl * rng.lognormvariate(0, 0.15)
-        gaps += [r * rng.lognormvariate(0, 0.1) for _ in range(tokens)]
-        firsts.append(ttft * rng.lognormvariate(0, 0.3))
-    return Figures(
-        30.0, float(requests), float(errors), hist(ITL_BUCKETS, gaps), hist(TTFT_BUCKETS, firsts)
-    )
 
 
 def test_harmless_change_is_promoted_with_its_figures() -> None:

@@ -20,15 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from asuser import as_nobody, nobody_owned, shared_dir  # noqa: F401 (a fixture)
-from farmproc import (
-    Farm,
-    farm_config,
-    free_port_block,
-    marked_pids,
-    new_marker,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
+from asuser import as_nobody, nobody_owned
+from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker
 from sglang_farm.runtime.children import (
     ChildRecord,
     ChildRecords,
@@ -153,7 +146,7 @@ def test_a_recorded_leftover_is_stopped_with_its_group_and_a_reused_pid_is_not(
             os.kill(p, signal.SIGKILL)
 
 
-def test_records_in_a_folder_another_user_owns_are_never_acted_on(shared_dir: Path) -> None:  # noqa: F811
+def test_records_in_a_folder_another_user_owns_are_never_acted_on(shared_dir: Path) -> None:
     """nobody plants a record naming a root process (its pid and start time are public in
     /proc): the agent refuses the folder and the process lives."""
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -196,13 +189,17 @@ def _gateway_section(base: int) -> str:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_agent_leaves_nothing_and_the_next_agent_serves_again(tmp: Path) -> None:
+def test_kill_9_of_the_agent_leaves_nothing_and_the_next_agent_serves_again(
+    short_tmp: Path,
+) -> None:
     """The issue's scenario: `kill -9` of the agent (process runtime, managed smg); no
     worker and no smg is left (PDEATHSIG), and the next agent on the same config brings
     every worker back ready and routed."""
     marker = new_marker()
     gateway = _gateway_section(free_port_block(2))
-    config = farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=gateway)
+    config = farm_config(
+        short_tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=gateway
+    )
     farm = Farm(config, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
@@ -233,23 +230,28 @@ def test_kill_9_of_the_agent_leaves_nothing_and_the_next_agent_serves_again(tmp:
 
 @pytest.mark.slow
 def test_the_next_agent_stops_leftovers_on_its_ports_and_brings_all_workers_and_smg_up(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     """What PDEATHSIG could not catch (here: started by an "agent" that exits without it),
     on record, holding worker 0's port and the gateway's: reclaimed, not a conflict."""
     marker = new_marker()
     gw = free_port_block(2)
     config = farm_config(
-        tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker, extra=_gateway_section(gw)
+        short_tmp,
+        workers=2,
+        parallel=2,
+        load_seconds=0.3,
+        marker=marker,
+        extra=_gateway_section(gw),
     )
     base = int(
         next(ln for ln in config.read_text().splitlines() if ln.startswith("base_port")).split("=")[
             1
         ]
     )
-    (tmp / "state").mkdir(mode=0o700)
+    (short_tmp / "state").mkdir(mode=0o700)
     env = {"SGLANG_FARM_TEST_MARKER": marker}
-    children = tmp / "state" / "children"
+    children = short_tmp / "state" / "children"
     worker_left = _left_by_a_dead_agent(children, "worker 0", _holder(base), env)
     gateway_left = _left_by_a_dead_agent(children, "gateway", _holder(gw), env)
     farm = Farm(config, marker)

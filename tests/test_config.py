@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from textwrap import dedent
 
 import pytest
 
+from configtext import MINIMAL, load, only_problem, problems
 from sglang_farm.config import (
     check_spec,
     check_spec_file,
@@ -23,7 +23,6 @@ from sglang_farm.sglang.ready_route import readiness_routes
 from sglang_farm.spec import (
     ControlSpec,
     FarmSection,
-    FarmSpec,
     HealthPolicy,
     MetricsSpec,
     OomAdjust,
@@ -32,31 +31,6 @@ from sglang_farm.spec import (
 )
 
 ETC = Path(__file__).resolve().parent.parent / "etc" / "sglang-farm"
-
-MINIMAL = """\
-[workers]
-gpus = [0, 1]
-
-[sglang]
-model_path = "/models/m"
-"""
-
-
-def load(text: str, *, gpu_count: int | None = None) -> FarmSpec:
-    return load_spec(dedent(text), source="farm.toml", gpu_count=gpu_count)
-
-
-def problems(text: str, *, gpu_count: int | None = None) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load(text, gpu_count=gpu_count)
-    assert info.value.source == "farm.toml"
-    return list(info.value.problems)
-
-
-def only_problem(text: str, *, gpu_count: int | None = None) -> str:
-    found = problems(text, gpu_count=gpu_count)
-    assert len(found) == 1, found
-    return found[0]
 
 
 # --- the shipped files ----------------------------------------------------------------

@@ -3,11 +3,11 @@ and farmctl's fallback for an older agent (the rule over `state`) says the same.
 
 from __future__ import annotations
 
+from farm_views import _view, _worker
 from sglang_farm.cli.ctl.wait import WAIT_EXITS
 from sglang_farm.control import facts, results, wire
 from sglang_farm.staging.state import StageState
 from sglang_farm.workers.phase import Phase
-from test_control_results import _view, _worker
 
 _PHASES = {str(p) for p in Phase}
 

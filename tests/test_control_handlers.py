@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from fake_channel import Channel
 from fake_ops import FakeOps
 from sglang_farm.config.load import text_digest
 from sglang_farm.control.codec import (
@@ -28,23 +29,6 @@ from sglang_farm.control.codec import (
 )
 from sglang_farm.control.handlers import ClientGone, Handlers
 from sglang_farm.farm_view import GatewayStatus, Phase
-
-
-class Channel:
-    """Records stream messages; `leave()` plays the client hanging up."""
-
-    def __init__(self) -> None:
-        self.streamed: list[tuple[str, dict[str, object]]] = []
-        self._gone = asyncio.Event()
-
-    async def stream(self, kind: str, payload: Mapping[str, object]) -> None:
-        self.streamed.append((kind, dict(payload)))
-
-    async def hangup(self) -> None:
-        await self._gone.wait()
-
-    def leave(self) -> None:
-        self._gone.set()
 
 
 @pytest.fixture

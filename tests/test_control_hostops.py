@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from fake_channel import Channel
 from fake_ops import FakeOps
 from sglang_farm.control import codec
 from sglang_farm.control.codec import (
@@ -24,7 +25,6 @@ from sglang_farm.control.codec import (
 )
 from sglang_farm.control.handlers import Handlers
 from sglang_farm.farm_view import GatewayStatus
-from test_control_handlers import Channel
 
 GW = GatewayStatus("http://127.0.0.1:8000", up=True, members=0, errors=0)
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from farm_views import _view, _worker
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.control import codec, prose, results
 from sglang_farm.control.farm_api import GpuMemory, ReloadResult
@@ -17,33 +18,9 @@ from sglang_farm.farm_view import (
     GatewayStatus,
     Phase,
     Quarantine,
-    RestartRecord,
     WorkerView,
 )
-from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.workers.supervisor import Rollout
-
-
-def _view() -> FarmView:
-    f = Failure(FailureKind.CUDA_OOM_LOAD, "OOM while loading", "lower mem fraction", ("l1", "l2"))
-    w0 = WorkerView(0, (0,), 30000, "http://127.0.0.1:30000", Phase.READY, 100.0, 11)
-    w1 = WorkerView(
-        1,
-        (1, 2),
-        30001,
-        "http://127.0.0.1:30001",
-        Phase.FAILED,
-        200.0,
-        None,
-        restarts=(RestartRecord(150.0, "oom"), RestartRecord(190.0, "crash")),
-        restarts_by_reason={"oom": 2, "crash": 1},
-        last_failure=f,
-        last_failure_at=199.0,
-        last_action="gave up after 5 failures",
-        oom_step=2,
-        oom_step_name="fewer-graphs",
-    )
-    return FarmView("f", "process", (w0, w1), "/etc/x.toml", 50.0, Rollout.HALTED, "canary failed")
 
 
 def test_status_result_carries_protocol_version_workers_and_gpus() -> None:
@@ -190,20 +167,6 @@ GW = GatewayStatus("http://127.0.0.1:8000", up=True, members=1, errors=0)
 
 def _gateway_view(gateway: GatewayStatus | None, *workers: WorkerView) -> FarmView:
     return FarmView("f", "process", workers, "/etc/x.toml", 50.0, Rollout.DONE, gateway=gateway)
-
-
-def _worker(phase: Phase, *, in_gateway: bool, last_drain: float | None = None) -> WorkerView:
-    return WorkerView(
-        3,
-        (3,),
-        30003,
-        "http://127.0.0.1:30003",
-        phase,
-        250.0,
-        33,
-        in_gateway=in_gateway,
-        last_drain_seconds=last_drain,
-    )
 
 
 def test_status_without_a_gateway_says_null_and_workers_are_out() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from configtext import MINIMAL
 from sglang_farm.config import load_spec, parse_endpoint
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.managed import from_spec
 from sglang_farm.spec import Endpoint, GatewaySpec, MetricsSpec
-from test_config import MINIMAL
 
 
 @pytest.mark.parametrize(

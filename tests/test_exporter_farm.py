@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from farmproc import Farm, farm_config, new_marker, tmpdir
-from test_prometheus_e2e import _query, _start_prometheus, _wait_for
+from promproc import _query, _start_prometheus, _wait_for
 
 pytestmark = pytest.mark.slow
 

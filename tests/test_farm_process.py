@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmproc import Farm, farm_config, marked_pids, new_marker
 from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
@@ -31,9 +31,13 @@ def _intervals(farm: Farm) -> dict[int, list[tuple[float, float]]]:
     return out
 
 
-def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(tmp: Path) -> None:
+def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(
+    short_tmp: Path,
+) -> None:
     marker = new_marker()
-    farm = Farm(farm_config(tmp, workers=8, parallel=4, load_seconds=1.0, marker=marker), marker)
+    farm = Farm(
+        farm_config(short_tmp, workers=8, parallel=4, load_seconds=1.0, marker=marker), marker
+    )
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=90)
         # Every worker's ready line, however the log's lines interleave on a busy machine.
@@ -65,9 +69,11 @@ def test_demo_farm_comes_up_canary_first_in_waves_and_shutdown_leaves_nothing(tm
     assert marked_pids(marker) == []
 
 
-def test_worker_killed_with_sigkill_comes_back_with_reason_crash(tmp: Path) -> None:
+def test_worker_killed_with_sigkill_comes_back_with_reason_crash(short_tmp: Path) -> None:
     marker = new_marker()
-    farm = Farm(farm_config(tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker), marker)
+    farm = Farm(
+        farm_config(short_tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker), marker
+    )
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
         pid = farm.named("worker_launched", worker=2)[-1]["pid"]
@@ -100,10 +106,10 @@ def test_worker_killed_with_sigkill_comes_back_with_reason_crash(tmp: Path) -> N
         assert farm.stop() == 0
 
 
-def test_canary_cuda_oom_halts_rollout_and_names_the_reason(tmp: Path) -> None:
+def test_canary_cuda_oom_halts_rollout_and_names_the_reason(short_tmp: Path) -> None:
     marker = new_marker()
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=4,
         load_seconds=0.3,
         marker=marker,
@@ -124,10 +130,12 @@ def test_canary_cuda_oom_halts_rollout_and_names_the_reason(tmp: Path) -> None:
     assert marked_pids(marker) == []
 
 
-def test_sigstopped_worker_is_restarted_with_reason_hang(tmp: Path) -> None:
+def test_sigstopped_worker_is_restarted_with_reason_hang(short_tmp: Path) -> None:
     marker = new_marker()
     # period 0.5 s x threshold 3: restart issued within 1.5 s + one period of the last answer.
-    farm = Farm(farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker), marker)
+    farm = Farm(
+        farm_config(short_tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker), marker
+    )
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)
         pid = farm.named("worker_launched", worker=1)[-1]["pid"]
@@ -159,9 +167,9 @@ def test_sigstopped_worker_is_restarted_with_reason_hang(tmp: Path) -> None:
     assert marked_pids(marker) == []
 
 
-def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(tmp: Path) -> None:
+def test_farmctl_restart_waits_and_reload_applies_only_valid_changes(short_tmp: Path) -> None:
     marker = new_marker()
-    cfg = farm_config(tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker)
+    cfg = farm_config(short_tmp, workers=3, parallel=2, load_seconds=0.5, marker=marker)
     farm = Farm(cfg, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)

@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 import asuser
-from asuser import shared_dir  # noqa: F401 (a fixture)
 from sglang_farm.cli.batchctl import BatchExit, connect_url, errors_path, service_from_config
 from sglang_farm.cli.farmctl import cli
 
@@ -116,7 +115,7 @@ def test_a_service_that_is_not_running_is_exit_11_with_where_and_what_to_do(
 
 
 def test_a_key_only_the_farms_group_may_read_is_refused_to_another_user_with_the_fix(
-    shared_dir: Path,  # noqa: F811 (the fixture)
+    shared_dir: Path,
 ) -> None:
     tmp_path = shared_dir / "farm"
     tmp_path.mkdir(mode=0o755)

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 
 from fake_ops import FakeOps
+from ops_socket import GATEWAY, Agent, serving
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView
 from sglang_farm.cli.ctl import wait
 from sglang_farm.cli.ctl.exits import Exit
 from sglang_farm.farm_view import Phase, Quarantine
 from sglang_farm.workers.supervisor import Rollout
-from test_farmctl import GATEWAY, Agent, serving
 
 
 @pytest.fixture

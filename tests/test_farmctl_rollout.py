@@ -12,13 +12,13 @@ from dataclasses import replace
 import pytest
 
 from fake_ops import FakeOps
+from ops_socket import Agent, serving
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.cli.ctl import reload
 from sglang_farm.cli.ctl.exits import Exit
 from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.control.farm_api import ReloadResult
 from sglang_farm.farm_view import FarmView
-from test_farmctl import Agent, serving
 
 FUTURE = 4e9  # a window that started after any reload of the test (the agent's clock)
 

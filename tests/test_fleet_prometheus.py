@@ -24,10 +24,10 @@ import httpx
 import pytest
 
 from metrics_fixtures import gateway_state
+from promproc import SGLANG_TEXT, _query, _start_prometheus, _wait_for
 from sglang_farm.metrics.collectors import MetricsState, build_registry
 from sglang_farm.metrics.exporter import Exporter
 from sglang_farm.spec import Endpoint
-from test_prometheus_e2e import SGLANG_TEXT, _query, _start_prometheus, _wait_for
 
 PROM = Path(__file__).resolve().parent.parent / "etc" / "prometheus"
 FLEET = PROM / "fleet.yml"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from asuser import as_nobody, nobody_owned, shared_dir  # noqa: F401 (a fixture)
+from asuser import as_nobody, nobody_owned
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.gateway.managed import ManagedGateway, launch_argv
 from sglang_farm.runtime.gateway_child import (
@@ -141,7 +141,7 @@ def test_an_oversized_gateway_log_keeps_its_last_part(tmp_path: Path) -> None:
 
 
 def test_a_symlink_planted_by_nobody_as_the_gateway_log_is_never_followed(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     """The demo's state folder under /tmp: nobody made it (0777) and plants gateway.log
     as a link to a root-only file. Root's agent refuses it, naming it and the fix; the
@@ -158,14 +158,14 @@ def test_a_symlink_planted_by_nobody_as_the_gateway_log_is_never_followed(
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
 
 
-def test_a_gateway_log_another_user_made_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_a_gateway_log_another_user_made_is_refused(shared_dir: Path) -> None:
     state = nobody_owned(shared_dir, "state", 0o777)
     as_nobody(["sh", "-c", f"umask 0; : > {state}/gateway.log"])
     with pytest.raises(RuntimeFailure, match="not a plain file of the agent's own"):
         open_log(state / "gateway.log")
 
 
-async def test_the_agent_starts_no_gateway_into_a_planted_log(shared_dir: Path) -> None:  # noqa: F811
+async def test_the_agent_starts_no_gateway_into_a_planted_log(shared_dir: Path) -> None:
     secret = shared_dir / "root-only"
     secret.write_text("root's\n")
     os.chmod(secret, 0o600)

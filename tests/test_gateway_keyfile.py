@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import asuser
-from asuser import shared_dir  # noqa: F401 (a fixture)
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.keyfile import read_gateway_key
@@ -54,7 +53,7 @@ def test_an_admin_key_others_can_read_or_write_is_refused(tmp_path: Path, mode: 
     assert f"chown root: {key} && chmod 0600 {key}" in problem and "k-0123" not in problem
 
 
-def test_an_admin_key_of_another_user_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_an_admin_key_of_another_user_is_refused(shared_dir: Path) -> None:
     key = shared_dir / "gateway.key"
     asuser.nobody_python(
         "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600);"
@@ -110,7 +109,7 @@ def test_a_key_file_replaced_once_opened_is_refused(
 
 
 def test_a_key_in_another_users_folder_is_refused_even_if_it_vanishes_once_opened(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """nobody's folder holds a root-owned 0600 key; nobody removes it right after the

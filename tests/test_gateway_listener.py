@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from asuser import popen_as_nobody, require
+from async_wait import wait_until
 from sglang_farm.errors import GatewayError, GatewayErrorCode
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.listener import ListenerGuard, read_listening
@@ -27,7 +28,6 @@ from sglang_farm.gateway.rotation import KeyRotation
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.host.portowner import read_listeners
 from sglang_farm.runtime.gateway_child import ChildGateway
-from test_process_runtime import wait_until
 
 
 def listening(port: int = 0) -> socket.socket:

@@ -13,14 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
-from asuser import shared_dir  # noqa: F401 (a fixture)
+from agent_harness import GATEWAY, TWO, A, B, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.config import load_spec
@@ -34,8 +27,6 @@ from sglang_farm.spec import FarmSpec
 from sglang_farm.workers.phase import Phase
 from virtual_time import run_virtual
 
-A, B = "http://127.0.0.1:8000", "http://127.0.0.1:8001"
-TWO = {"mode": "external", "urls": [A, B], "drain_timeout": "30s"}
 HEAD = "[workers]\ngpus = [0, 1]\n[sglang]\nmodel_path = '/models/m'\n[gateway]\n"
 
 

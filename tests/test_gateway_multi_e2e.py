@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from frontdoor_farm import running_farm
 from smgproc import Smg, key_file
-from test_frontdoor import running_farm
 
 pytestmark = [
     pytest.mark.slow,

@@ -31,7 +31,7 @@ from sglang_farm.gateway import routing
 from sglang_farm.gateway.managed import ManagedGateway, smg_argv
 from sglang_farm.gateway.smg import SmgGateway
 from sglang_farm.spec import GatewayRouting
-from test_gateway_smg import MODEL, Sim, kill_group, needs_smg, stop_sim, wait_http
+from smgsims import MODEL, Sim, kill_group, needs_smg, stop_sim, wait_http
 
 pytestmark = [pytest.mark.slow, needs_smg]
 

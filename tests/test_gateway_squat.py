@@ -23,12 +23,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
+from asuser import popen_as_nobody
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from frontdoor_farm import running_farm, until, worker_urls
+from managed_gateway import managed_section, routed
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
-from test_frontdoor import running_farm, until, worker_urls
-from test_gateway_trust import managed_section, routed
 
 pytestmark = [
     pytest.mark.slow,
@@ -70,7 +70,7 @@ srv.serve_forever()
 
 
 def test_a_squatter_on_the_managed_gateways_port_gets_no_key_and_no_up(
-    shared_dir: Path,  # noqa: F811  (the fixture imported above)
+    shared_dir: Path,
 ) -> None:
     tmp = tmpdir()
     port = free_port_block(2)

@@ -26,13 +26,14 @@ from typing import Any
 import httpx
 import pytest
 
-from asuser import as_nobody, nobody_python, require, shared_dir  # noqa: F401 (fixture)
+from asuser import as_nobody, nobody_python, require
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
 from farmtoml import rewritten
+from frontdoor_farm import running_farm
+from managed_gateway import managed_section, members, routed
 from sglang_farm.errors import ConfigError
 from sglang_farm.gateway.adminkey import ensure_admin_key
 from sglang_farm.gateway.managed import GENERATED_ADMIN_KEY_NAME
-from test_frontdoor import running_farm
 
 needs_smg = pytest.mark.skipif(
     importlib.util.find_spec("smg") is None,
@@ -78,7 +79,7 @@ def test_the_generated_admin_key_is_root_only_and_kept(tmp_path: Path) -> None:
     assert ensure_admin_key(path) == key  # the next start reuses it
 
 
-def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None:
     """A state folder others can write (like /tmp): nobody plants its own key there
     before the farm's first start. The farm must not adopt a key nobody knows."""
     path = shared_dir / GENERATED_ADMIN_KEY_NAME
@@ -93,7 +94,7 @@ def test_a_key_file_planted_by_another_user_is_refused(shared_dir: Path) -> None
     assert "owned by uid 65534" in str(err.value) and str(path) in str(err.value)
 
 
-def test_a_planted_link_is_never_followed(shared_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_planted_link_is_never_followed(shared_dir: Path, tmp_path: Path) -> None:
     """nobody points the key's name at a root-only file (to have it overwritten or read
     as the key) and at a path it will read later: neither is written or trusted."""
     secret = tmp_path / "root-only"
@@ -120,17 +121,6 @@ def test_a_key_file_others_may_read_is_refused(tmp_path: Path) -> None:
 # --- against the real smg ----------------------------------------------------------------
 
 
-def members(gw: str, key: str) -> list[dict[str, object]]:
-    r = httpx.get(f"{gw}/workers", headers={"Authorization": f"Bearer {key}"}, timeout=5)
-    r.raise_for_status()
-    out: list[dict[str, object]] = r.json()["workers"]
-    return out
-
-
-def routed(gw: str, key: str) -> set[str]:
-    return {str(w["url"]) for w in members(gw, key) if w.get("status", "ready") == "ready"}
-
-
 def until(cond: Callable[[], bool], within: float, what: str) -> None:
     end = time.monotonic() + within
     last: object = None
@@ -146,15 +136,6 @@ def until(cond: Callable[[], bool], within: float, what: str) -> None:
 
 def event(name: str, worker: int) -> Callable[[dict[str, Any]], bool]:
     return lambda e: e.get("event") == name and e.get("worker") == worker
-
-
-def managed_section(port: int) -> str:
-    # No admin_key_file, no api_key_file: the demo's and the sample's set-up.
-    return (
-        '[gateway]\nmode = "managed"\n'
-        f'listen = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{port + 1}"\n'
-        'policy = "round_robin"\ndrain_timeout = "5s"\n'
-    )
 
 
 @contextlib.contextmanager

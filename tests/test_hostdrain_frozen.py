@@ -17,8 +17,8 @@ import signal
 import pytest
 
 from farmproc import farm_config, free_port_block, new_marker, tmpdir
+from frontdoor_farm import running_farm, until, worker_urls
 from smgproc import Smg, key_file
-from test_frontdoor import running_farm, until, worker_urls
 
 pytestmark = [
     pytest.mark.slow,

@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 import asuser
-from asuser import shared_dir  # noqa: F401 (a fixture)
 from sglang_farm.cli.main import cli
 from sglang_farm.config import load_spec
 from sglang_farm.doctor.checks import CheckId, Observations, Status
@@ -45,7 +44,7 @@ def _keys(folder: Path) -> tuple[Path, Path]:
 
 
 def test_check_config_refuses_gateway_key_files_others_can_read_or_replace(
-    shared_dir: Path,  # noqa: F811 (the fixture)
+    shared_dir: Path,
 ) -> None:
     """The agent refuses these at start (`gateway.keyfile`): check-config fails on them
     (exit 1), so Ansible's `validate:` keeps the old config, and says the fix."""
@@ -102,7 +101,7 @@ def _doctor_exposure(spec: FarmSpec) -> dict[str, Status]:
     return {c.message: c.status for c in evaluate(spec, obs).checks if c.id is CheckId.EXPOSURE}
 
 
-def test_the_doctor_warns_of_the_same_key_files(shared_dir: Path) -> None:  # noqa: F811
+def test_the_doctor_warns_of_the_same_key_files(shared_dir: Path) -> None:
     admin, api = _keys(shared_dir)
     spec = load_spec(_config(shared_dir, admin, api).read_text(), source="farm.toml")
     found = _doctor_exposure(spec)
@@ -147,7 +146,7 @@ CREDENTIALS = (
 
 
 def test_check_config_fails_on_credentials_in_a_file_every_user_can_read(
-    shared_dir: Path,  # noqa: F811 (the fixture imported above)
+    shared_dir: Path,
 ) -> None:
     """Issue 30, item 7: check-config only warned of credentials in a world-readable
     farm.toml, so Ansible's `validate:` passed a 0644 file holding an api_key. It fails,

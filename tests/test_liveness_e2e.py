@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, marked_pids, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmproc import Farm, farm_config, marked_pids, new_marker
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +87,10 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_busy_worker_is_kept_and_wedged_worker_restarted(tmp: Path) -> None:
+def test_busy_worker_is_kept_and_wedged_worker_restarted(short_tmp: Path) -> None:
     marker = new_marker()
     config = farm_config(
-        tmp,
+        short_tmp,
         workers=3,
         parallel=3,
         load_seconds=0.3,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from configtext import MINIMAL, load, only_problem, problems
 from sglang_farm.config import (
     MAX_DURATION_S,
     check_spec,
@@ -16,7 +17,6 @@ from sglang_farm.config import (
 )
 from sglang_farm.errors import ConfigError
 from sglang_farm.spec import FarmSpec
-from test_config import MINIMAL, load, only_problem, problems
 
 
 def test_backoff_max_may_equal_but_not_undercut_backoff_initial() -> None:

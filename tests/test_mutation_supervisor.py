@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from configtext import MINIMAL, load
 from sglang_farm.sglang.failures import Failure, FailureKind, RestartReason
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.workers.phase import Phase
@@ -44,7 +45,6 @@ from sglang_farm.workers.supervisor import (
     step,
     wants_in_gateway,
 )
-from test_config import MINIMAL, load
 
 
 def policy(canary: int | None = None, parallel: int = 2) -> Policy:

@@ -4,31 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from poller_farm import TOML
 from sglang_farm.config import load_spec
 from sglang_farm.sglang.argv import worker_api_key
 from sglang_farm.sglang.load import WorkerSample
-
-TOML = f"""
-[farm]
-python = "{sys.executable}"
-module = "sglang_farm.sim"
-[workers]
-gpus = [0, 1]
-host = "127.0.0.1"
-base_port = 30000
-[workers.overrides.1]
-sglang = {{ api_key = "k-worker-1" }}
-[metrics]
-gpu_source = "none"
-[sglang]
-model_path = "sim/model"
-"""
 
 
 def test_the_poller_sends_the_key_a_worker_was_started_with() -> None:

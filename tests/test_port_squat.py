@@ -19,16 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from asuser import popen_as_nobody, shared_dir  # noqa: F401  (shared_dir: a fixture)
-from farmproc import (
-    Farm,
-    farm_config,
-    free_port_block,
-    marked_pids,
-    new_marker,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-)
-from test_frontdoor import ADMIN_KEY, chat, routed, until
+from asuser import popen_as_nobody
+from farmproc import Farm, farm_config, free_port_block, marked_pids, new_marker
+from frontdoor_farm import ADMIN_KEY, chat, routed, until
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,10 +59,10 @@ srv.serve_forever()
 
 
 def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(
-    tmp: Path,
-    shared_dir: Path,  # noqa: F811  (the fixture imported above)
+    short_tmp: Path,
+    shared_dir: Path,
 ) -> None:
-    key = tmp / "admin.key"
+    key = short_tmp / "admin.key"
     key.write_text(ADMIN_KEY)
     key.chmod(0o600)
     gw_port = free_port_block(2)
@@ -81,7 +74,9 @@ def test_a_squatter_on_a_restarting_workers_port_never_makes_it_ready(
     )
     marker = new_marker()
     # A 4 s load: the window in which the port is free and the squatter binds it.
-    config = farm_config(tmp, workers=2, parallel=2, load_seconds=4.0, marker=marker, extra=gateway)
+    config = farm_config(
+        short_tmp, workers=2, parallel=2, load_seconds=4.0, marker=marker, extra=gateway
+    )
     import tomllib
 
     base = tomllib.loads(config.read_text())["workers"]["base_port"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import GATEWAY, farm, farm_toml, tmp_fixture, urls  # noqa: F401 (fixture)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from sglang_farm.sglang.failures import FailureKind
 from sglang_farm.spec import HealthPolicy, RestartPolicy, StartupPolicy
 from sglang_farm.workers.phase import Phase

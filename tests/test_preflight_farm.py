@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from farmproc import ROOT, SGLANG_FARM, Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
+from farmproc import ROOT, SGLANG_FARM, Farm, farm_config, new_marker
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_reload_and_the_doctor_on_a_running_farm_report_no_port_conflict(tmp: Path) -> None:
+def test_a_reload_and_the_doctor_on_a_running_farm_report_no_port_conflict(short_tmp: Path) -> None:
     marker = new_marker()
-    cfg = farm_config(tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker)
+    cfg = farm_config(short_tmp, workers=2, parallel=2, load_seconds=0.3, marker=marker)
     farm = Farm(cfg, marker)
     try:
         farm.wait_for(lambda e: e.get("event") == "rollout_done", timeout=60)

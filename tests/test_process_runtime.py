@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from async_wait import wait_until
 from sglang_farm.errors import RuntimeFailure
 from sglang_farm.runtime import Exited, LogLine, RuntimeEvent, Started
 from sglang_farm.runtime.process import ProcessRuntime, worker_identity
@@ -81,13 +81,6 @@ class Recorder:
         started = [e.pid for e in self.events if isinstance(e, Started)]
         assert started and started[0] is not None
         return started[0]
-
-
-async def wait_until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "timed out waiting"
-        await asyncio.sleep(0.02)
 
 
 def proc_state(pid: int) -> str | None:

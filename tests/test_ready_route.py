@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
+from farmproc import Farm, farm_config, new_marker
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.runtime.waitready import WaitExit, wait_url
@@ -137,14 +137,14 @@ def test_the_gate_alone_on_ready_never_passes_a_0512_worker(sim_port: int) -> No
 
 
 @pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
-def test_the_agent_brings_workers_of_either_version_to_ready(tmp: Path, version: str) -> None:
+def test_the_agent_brings_workers_of_either_version_to_ready(short_tmp: Path, version: str) -> None:
     """The agent's own readiness probe (process runtime): two simulated workers as 0.5.12
     become ready through /health after /ready's 404, saying so once per worker; as 0.5.23
     through /ready, with no such line. Liveness, once ready, is /health on either version
     (the generating check: /ready does not see a wedged scheduler)."""
     marker = new_marker()
     env = {"SGLANG_SIM_VERSION": version}
-    cfg = farm_config(tmp, workers=2, marker=marker, worker_env={0: env, 1: env})
+    cfg = farm_config(short_tmp, workers=2, marker=marker, worker_env={0: env, 1: env})
     farm = Farm(cfg, marker)
 
     def gets() -> list[str]:

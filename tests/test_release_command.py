@@ -41,9 +41,9 @@ def test_wait_ready_says_the_release_the_agent_sends() -> None:
 
 
 def test_the_agent_sends_the_release_of_a_moved_worker_in_its_result() -> None:
+    from farm_views import _worker
     from sglang_farm.control import prose, results
     from sglang_farm.farm_view import Phase, Quarantine
-    from test_control_results import _worker
 
     q = Quarantine(gpu=2, reason="xid 79", detail="", since=1.0)
     moved = replace(_worker(Phase.QUARANTINED, in_gateway=False), id=2, gpus=(5,), quarantine=q)

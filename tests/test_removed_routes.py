@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_sim import StartSim, sims  # noqa: F401
+from simproc import StartSim
 
 AGENT = Path(__file__).resolve().parent.parent / "agent" / "sglang_farm"
 REMOVED = ("/get_load", "/get_weight_version", "/weight_version")
@@ -32,7 +32,7 @@ def test_no_module_of_the_agent_names_a_removed_route() -> None:
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.12"])
 def test_the_simulator_answers_the_removed_routes_404(
-    sims: StartSim,  # noqa: F811
+    sims: StartSim,
     version: str,
 ) -> None:
     sim = sims(env={"SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_VERSION": version})

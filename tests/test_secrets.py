@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from keyed_spec import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 from sglang_farm.config import load_spec
 from sglang_farm.runtime.unit_files import write_secrets
 from sglang_farm.runtime.unit_secrets import (
@@ -24,7 +25,6 @@ from sglang_farm.runtime.unit_secrets import (
 from sglang_farm.runtime.units import render
 from sglang_farm.sglang.argv import API_KEY_ENV, build_command
 from sglang_farm.sglang.commands import worker_commands
-from test_secrets_argv import API_KEY, TOKEN, _free_port, _wait_healthy, keyed_spec
 
 
 def test_rendered_units_hold_no_secret_value_and_name_where_systemd_gets_them() -> None:

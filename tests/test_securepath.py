@@ -16,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 
 import asuser
-from asuser import shared_dir  # noqa: F401 (a fixture)
 from fake_ops import FakeOps
 from sglang_farm.cli.ctl.exits import Exit
 from sglang_farm.cli.farmctl import cli as farmctl
@@ -82,7 +81,7 @@ def _config(folder: Path, state_dir: Path) -> Path:
     return config
 
 
-def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) -> None:  # noqa: F811
+def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) -> None:
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
     config = _config(shared_dir, state)
     run = _run_agent(config)
@@ -96,7 +95,7 @@ def test_the_agent_refuses_a_state_folder_another_user_made(shared_dir: Path) ->
     assert list(state.iterdir()) == []  # nothing written there
 
 
-def test_check_config_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:  # noqa: F811
+def test_check_config_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:
     from sglang_farm.cli.main import cli
 
     state = asuser.nobody_owned(shared_dir, "state", 0o755)
@@ -109,7 +108,7 @@ def test_check_config_warns_of_the_folders_the_agent_would_refuse(shared_dir: Pa
 
 
 def test_a_shared_folder_is_refused_as_the_state_folder_even_with_its_sticky_bit(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     problem = folder_problem(str(shared_dir), "the state folder", "[farm] state_dir")
     assert problem is not None
@@ -120,7 +119,7 @@ def test_a_missing_state_folder_under_a_root_folder_is_fine(tmp_path: Path) -> N
     assert folder_problem(str(tmp_path / "new" / "state"), "the state folder", "k") is None
 
 
-def test_a_link_another_user_made_on_the_way_is_refused(shared_dir: Path) -> None:  # noqa: F811
+def test_a_link_another_user_made_on_the_way_is_refused(shared_dir: Path) -> None:
     mine = shared_dir / "root-only"
     mine.mkdir(mode=0o755)
     link = shared_dir / "state-link"
@@ -130,7 +129,7 @@ def test_a_link_another_user_made_on_the_way_is_refused(shared_dir: Path) -> Non
 
 
 async def test_the_control_socket_is_not_created_in_a_folder_another_user_owns(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
 ) -> None:
     folder = asuser.nobody_owned(shared_dir, "run", 0o755)
     srv = ControlServer(FakeOps(1), str(folder / "control.sock"), None, version="x")
@@ -171,7 +170,7 @@ def _swapped_socket(path: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("where", ["nobody's folder", "a shared sticky folder"])
 def test_farmctl_does_not_talk_to_a_socket_another_user_put_there(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
     where: str,
 ) -> None:
     folder = (
@@ -215,7 +214,7 @@ def test_folders_the_farm_makes_are_0755_whatever_the_umask(tmp_path: Path) -> N
     assert folder_problem(str(tmp_path / "a" / "b" / "state"), "the state folder", "k") is None
 
 
-def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:  # noqa: F811
+def test_the_doctor_warns_of_the_folders_the_agent_would_refuse(shared_dir: Path) -> None:
     from sglang_farm.config import load_spec
     from sglang_farm.doctor.checks import CheckId, Observations, Status
     from sglang_farm.doctor.gather import farm_folder_problems
@@ -253,7 +252,7 @@ def _run_agent(config: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_agent_refuses_a_config_another_user_could_have_written(
-    shared_dir: Path,  # noqa: F811
+    shared_dir: Path,
     tmp_path: Path,
 ) -> None:
     """The config names the interpreter and module the agent (root) runs: one another user

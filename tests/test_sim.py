@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -30,34 +26,7 @@ from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
 from sglang_farm.sim.options import build_parser, human_readable_int, parse_options
 from sglang_farm.sim.settings import FailMode, SettingsError, load_settings
-
-FAST = {
-    "SGLANG_SIM_LOAD_SECONDS": "0.3",
-    "SGLANG_SIM_WARMUP_SECONDS": "0.2",
-    "SGLANG_SIM_HEALTH_DELAY": "0.05",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = 10.0) -> object:
-    """Poll `check` until it returns something truthy; fail with the last observation."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}; last observation: {last!r}")
+from simproc import FAST, StartSim, metric_values, post_stream, sim_help, wait_until
 
 
 def children_of(pid: int) -> list[int]:
@@ -83,128 +52,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-class Sim:
-    """One simulator process in its own session, with its stderr collected line by line."""
-
-    def __init__(self, *flags: str, env: dict[str, str] | None = None, port: int | None = None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "sglang_farm.sim",
-            "--model-path",
-            "/models/llama-3-8b",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--nccl-port",
-            str(free_port()),
-            *flags,
-        ]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SIM_")}
-        full_env.update(FAST if env is None else env)
-        self.proc = subprocess.Popen(
-            argv,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def wait_log(self, text: str, timeout: float = 10.0) -> None:
-        wait_until(f"log line {text!r}", lambda: text in self.log, timeout)
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        # A give-up bound, not a timing goal: a simulator starts in about a second, but a
-        # CI run loads the 2 cores with the .deb build and two systemd containers at once
-        # (one start took over 10 s there).
-        self.wait_log("The server is fired up and ready to roll!", timeout)
-
-    def wait(self, timeout: float = 15.0) -> int:
-        code = self.proc.wait(timeout)
-        self._reader.join(5)
-        return code
-
-    def close(self) -> None:
-        """SIGKILL whatever is left of the session, then release the pipe."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self._reader.join(5)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
-
-
-# One decoded `data:` payload: a JSON value, or the string "[DONE]". Any on purpose: each
-# test asserts the shape of SGLang's events by indexing into them, and a wrong shape fails there.
-SseEvent = Any
-
-
-def sse_frames(body: bytes) -> list[SseEvent]:
-    """Split a text/event-stream body into its `data:` payloads, checking SGLang's framing.
-
-    Every event is exactly `data: <payload>\\n\\n`; JSON payloads are decoded, `[DONE]` is kept.
-    """
-    assert body.endswith(b"\n\n"), body[-80:]
-    frames: list[SseEvent] = []
-    for raw in body[:-2].split(b"\n\n"):
-        assert raw.startswith(b"data: "), raw
-        payload = raw.removeprefix(b"data: ")
-        frames.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
-    return frames
-
-
-def post_stream(
-    client: httpx.Client, path: str, body: dict[str, object]
-) -> tuple[str, list[SseEvent]]:
-    """POST a streaming request; returns the content type and the decoded events."""
-    with client.stream("POST", path, json=body) as r:
-        assert r.status_code == 200, r.read()
-        return r.headers["content-type"], sse_frames(r.read())
-
-
-def metric_values(client: httpx.Client) -> dict[str, float]:
-    fams = text_string_to_metric_families(client.get("/metrics").text)
-    return {s.name: s.value for f in fams for s in f.samples}
-
-
-class StartSim(Protocol):
-    """The `sims` fixture: start a simulator with these flags; it is killed at teardown."""
-
-    def __call__(
-        self, *flags: str, env: dict[str, str] | None = None, port: int | None = None
-    ) -> Sim: ...
-
-
-@pytest.fixture
-def sims() -> Iterator[StartSim]:
-    started: list[Sim] = []
-
-    def start(*flags: str, env: dict[str, str] | None = None, port: int | None = None) -> Sim:
-        sim = Sim(*flags, env=env, port=port)
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.close()
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -244,18 +91,6 @@ def sim_environment_variables() -> set[str]:
     }
     assert "SGLANG_SIM_FAIL" in env.asked and "SGL_FORCE_SHUTDOWN" in env.asked
     return env.asked | named
-
-
-def sim_help(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SIM_")}
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_farm.sim", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def test_help_is_the_simulators_own_and_names_every_control_flag_and_failure_mode() -> None:

@@ -8,9 +8,7 @@ import pytest
 from sglang_farm.sim.engine import Engine
 from sglang_farm.sim.prefix import BLOCK_TOKENS, CHARS_PER_TOKEN, PrefixCache, blocks
 from sglang_farm.sim.settings import SettingsError, load_settings
-from test_sim import FAST, StartSim, metric_values, sims, wait_until
-
-__all__ = ["sims"]  # the fixture, used by name
+from simproc import FAST, StartSim, metric_values, wait_until
 
 BLOCK_CHARS = BLOCK_TOKENS * CHARS_PER_TOKEN
 SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: 18 whole blocks

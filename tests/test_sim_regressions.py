@@ -11,9 +11,7 @@ from sglang_farm.sim import regress
 from sglang_farm.sim.engine import ITL_BUCKETS, Engine
 from sglang_farm.sim.exposition import MetricContext, render_metrics
 from sglang_farm.sim.settings import SettingsError, load_settings
-from test_sim import FAST, StartSim, metric_values, post_stream, sim_help, sims
-
-__all__ = ["sims"]  # the fixture, imported for pytest
+from simproc import FAST, StartSim, metric_values, post_stream, sim_help
 
 # -- pure parts ----------------------------------------------------------------------------
 

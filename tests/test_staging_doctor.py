@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_farm.doctor import CheckId, Status, preflight_blocking, run_doctor
-from sglang_farm.spec import ModelSpec
-from test_preflight import (
+from fake_sglang_env import (
     Sm120Poller,
     _by_id,
     _fails,
@@ -17,6 +15,8 @@ from test_preflight import (
     make_fake_env,
     seed_spec,
 )
+from sglang_farm.doctor import CheckId, Status, preflight_blocking, run_doctor
+from sglang_farm.spec import ModelSpec
 
 
 def test_missing_model_in_shm_says_model_section_fixes_it(tmp_path: Path) -> None:

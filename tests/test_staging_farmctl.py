@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fake_ops import FakeOps
+from ops_socket import serving
 from sglang_farm.farm_view import FarmView, Phase
 from sglang_farm.staging.failure import StageError, StageFailureKind
 from sglang_farm.staging.state import StageState, StagingView
 from sglang_farm.workers.supervisor import Rollout
-from test_farmctl import serving
 
 FAILED = StagingView(
     source="/srv/models/Qwen3.6-27B",

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
+from farmproc import Farm, farm_config, new_marker
 from farmtoml import rewritten
 from sglang_farm.sglang.startup import (
     Capacity,
@@ -115,7 +115,7 @@ def test_a_phase_is_slow_only_well_above_its_siblings(
         assert got.text() == "loading weights took 95 s, against 41 s for its 3 siblings (median)"
 
 
-def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(tmp: Path) -> None:
+def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(short_tmp: Path) -> None:
     """Three simulated workers (process runtime); worker 2 loads its weights 20 times slower
     and settles on 37 running requests where its siblings have 72. The status JSON and
     `farmctl status`/`why` show each start's phases and capacity, the metrics export them,
@@ -123,7 +123,7 @@ def test_a_farm_shows_each_start_phase_by_phase_and_names_the_slow_one(tmp: Path
     marker = new_marker()
     slow = {"SGLANG_SIM_LOAD_SECONDS": "20", "SGLANG_FARM_TEST_MARKER": marker}
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=3,
         parallel=3,
         marker=marker,

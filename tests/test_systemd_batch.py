@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import sdcontainer
 from farmtoml import Table
 from sdcontainer import VENV_PYTHON, SystemdContainer
 from sdfarm import (
@@ -35,8 +34,6 @@ from sglang_farm.runtime.units import static_unit
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = "sglang-farm-batch.service"

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-import sdcontainer
 from sdcontainer import SystemdContainer
 from sdfarm import (
     AGENT,
@@ -45,10 +44,6 @@ from sdfarm import (
 )
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
-
-# The harness's fixtures, bound here so that pytest finds them in this module.
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 N = 6
 IDS = range(N)

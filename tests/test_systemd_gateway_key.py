@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import sdcontainer
 from sdcontainer import SystemdContainer
 from sdfarm import (
     AGENT,
@@ -31,8 +30,6 @@ from sdfarm import (
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 IDS = range(2)
 LISTEN = "127.0.0.1:8000"

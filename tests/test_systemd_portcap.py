@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-import sdcontainer
 from sdcontainer import SystemdContainer
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 BIND = (
     "import socket, sys\n"

@@ -24,13 +24,8 @@ from typing import Any
 
 import pytest
 
-import sdcontainer
 from sdcontainer import VENV_PYTHON, SystemdContainer
 from sglang_farm.runtime.systemd import SystemdRuntime
-
-# The harness's fixtures, bound here so that pytest finds them in this module.
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 # -- unit installs -------------------------------------------------------------------
 

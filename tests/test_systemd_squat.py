@@ -13,14 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-import sdcontainer
 from sdcontainer import SystemdContainer
 from sdfarm import AGENT, BASE_PORT, SdFarm, farm_toml, install_farm
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 SQUATTER = r"""
 import http.server, sys

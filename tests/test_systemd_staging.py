@@ -18,15 +18,10 @@ from typing import Any
 
 import pytest
 
-import sdcontainer
 from sdcontainer import SystemdContainer
 from sdfarm import AGENT, CONFIG, TARGET, SdFarm, farm_toml, install_farm
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
-
-# The harness's fixtures, bound here so that pytest finds them in this module.
-sd_container = sdcontainer.sd_container
-sd = sdcontainer.sd
 
 N = 4
 IDS = range(N)

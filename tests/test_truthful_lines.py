@@ -20,13 +20,7 @@ from pathlib import Path
 import structlog
 from structlog.testing import capture_logs
 
-from agent_harness import (
-    GATEWAY,
-    farm,
-    farm_toml,
-    tmp_fixture,  # noqa: F401 (the fixture `tmp`)
-    urls,
-)
+from agent_harness import GATEWAY, farm, farm_toml, urls
 from fake_gateway import FakeGateway
 from sglang_farm import logsetup
 from sglang_farm.workers.supervisor import Rollout
@@ -130,7 +124,7 @@ def test_endpoints_lists_no_worker_while_the_host_is_drained() -> None:
     """`farmctl endpoints` listed every worker while drain-host held the host out: a
     router fed it sent users to a host drained for its reboot."""
     from fake_ops import FakeOps
-    from test_farmctl import GATEWAY, serving
+    from ops_socket import GATEWAY, serving
 
     with serving(FakeOps(4, gateway=GATEWAY)) as a:
         assert a.run("endpoints").stdout.count("\n") == 4
@@ -149,8 +143,8 @@ def test_wait_names_the_workers_a_gateway_does_not_route_in_one_line() -> None:
     from dataclasses import replace
 
     from fake_ops import FakeOps
+    from ops_socket import GATEWAY, serving
     from sglang_farm.cli.ctl.exits import Exit
-    from test_farmctl import GATEWAY, serving
 
     with serving(FakeOps(4, gateway=GATEWAY)) as a:
         a.ops.gateway = replace(GATEWAY, routed=(0,), gateways=(replace(GATEWAY, routed=(0,)),))
@@ -196,7 +190,7 @@ def test_the_demo_workers_logs_hold_no_line_for_the_gateways_load_polls() -> Non
 
     import httpx
 
-    from test_sim import Sim
+    from simproc import Sim
 
     demo = tomllib.loads((REPO / "etc/sglang-farm/demo.toml").read_text())
     prefixes = demo["sglang"]["uvicorn_access_log_exclude_prefixes"]
@@ -359,10 +353,10 @@ def test_a_managed_gateway_starting_is_no_alarm_at_info(tmp: Path) -> None:
 
 def test_the_preflights_count_names_each_warning() -> None:
     """`"warn": 1` in the agent's preflight line said not which: it names each warning."""
+    from fake_sglang_env import _demo_with_gateway
     from farmproc import free_port_block
     from sglang_farm.doctor.cache import DoctorReportCache
     from sglang_farm.gpus.simulated import FakeGpuPoller
-    from test_preflight import _demo_with_gateway
 
     verdict = DoctorReportCache(FakeGpuPoller(count=8))
     with capture_logs() as logs:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from demospec import demo_spec
 from sglang_farm.gateway.managed import from_spec, launch_argv, smg_stop_timeout
 from sglang_farm.runtime.unit_files import UnitChanges, render_to_dir, write_secrets, write_units
 from sglang_farm.runtime.unit_secrets import credentials_dir, render_secrets
@@ -47,52 +48,6 @@ if TYPE_CHECKING:
 GOLDEN = Path(__file__).parent / "golden" / "units"
 DEFAULT_CONFIG = "/etc/sglang-farm/farm.toml"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-
-
-def demo_spec(
-    *,
-    n: int = 8,
-    python: str = "/opt/sglang-farm/venv/bin/python3",
-    user: str = "sglang",
-    group: str = "sglang",
-) -> FarmSpec:
-    """A spec like etc/sglang-farm/demo.toml: n simulated workers, one GPU each."""
-    flags: Mapping[str, FlagValue] = MappingProxyType(
-        {
-            "model_path": "/srv/models/Qwen2.5-7B-Instruct",
-            "served_model_name": "qwen-7b",
-            "mem_fraction_static": 0.88,
-            "enable_metrics": True,
-            "disable_radix_cache": False,
-            "cuda_graph_bs": (1, 2, 4, 8),
-            "sim_load_seconds": 3,
-        }
-    )
-    workers = tuple(
-        WorkerSpec(
-            id=i,
-            gpus=(i,),
-            host="127.0.0.1",
-            port=30000 + i,
-            nccl_port=31000 + i,
-            flags=flags,
-            env=MappingProxyType({"SGLANG_ENABLE_JIT_DEEPGEMM": "0"}),
-        )
-        for i in range(n)
-    )
-    return FarmSpec(
-        source="/etc/sglang-farm/demo.toml",
-        farm=FarmSection(
-            name="demo",
-            python=python,
-            module="sglang_farm.sim",
-            user=user,
-            group=group,
-        ),
-        workers=workers,
-        startup=StartupPolicy(load_timeout=600.0),
-        restart=RestartPolicy(stop_timeout=45.5),
-    )
 
 
 # --- golden files -------------------------------------------------------------------

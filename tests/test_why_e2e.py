@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401 (fixture)
+from farmproc import Farm, farm_config, new_marker
 from farmtoml import rewritten
 
 pytestmark = pytest.mark.slow
 
 
-def test_why_of_a_worker_that_served_since_its_crash_loop_says_so(tmp: Path) -> None:
+def test_why_of_a_worker_that_served_since_its_crash_loop_says_so(short_tmp: Path) -> None:
     marker = new_marker()
     env = {
         "SGLANG_SIM_LOAD_SECONDS": "0.3",
@@ -28,7 +28,7 @@ def test_why_of_a_worker_that_served_since_its_crash_loop_says_so(tmp: Path) -> 
         "SGLANG_FARM_TEST_MARKER": marker,
     }
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=2,
         parallel=2,
         load_seconds=0.3,

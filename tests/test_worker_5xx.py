@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from farmproc import Farm, farm_config, new_marker, tmp_fixture  # noqa: F401
+from farmproc import Farm, farm_config, new_marker
 from sglang_farm.canary import figures, promtext
 from sglang_farm.cli.ctl.status import format_status
 from sglang_farm.cli.readings import errors_cell, errors_line
@@ -27,7 +27,7 @@ from sglang_farm.sglang.load import (
     recent_answers,
 )
 from sglang_farm.sglang.stats import parse_metrics_text, poll_worker
-from test_sim import StartSim, sims  # noqa: F401
+from simproc import StartSim
 
 GIVE_UP_S = 120.0  # a simulator starts in about 1 s here; far above, on a busy machine
 FAST = {"SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_TOKEN_SECONDS": "0"}
@@ -104,7 +104,7 @@ async def _poll(url: str) -> WorkerSample:
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.12"])
 def test_a_poll_of_the_simulator_counts_its_500s_as_its_sglang_version_does(
-    sims: StartSim,  # noqa: F811
+    sims: StartSim,
     version: str,
 ) -> None:
     """SGLANG_SIM_ERROR_RATE's 500s, counted by the worker's own counter as 0.5.23;
@@ -132,7 +132,7 @@ def test_a_poll_of_the_simulator_counts_its_500s_as_its_sglang_version_does(
 
 @pytest.mark.slow
 def test_status_why_and_metrics_show_each_workers_recent_5xx_and_none_for_0512(
-    tmp: Path,
+    short_tmp: Path,
 ) -> None:
     """A farm of a 0.5.23 worker answering some 500s and a 0.5.12 one: status JSON and table
     carry worker 0's recent 5xx from its counter, `why 0` says it, the exporter has its
@@ -140,7 +140,7 @@ def test_status_why_and_metrics_show_each_workers_recent_5xx_and_none_for_0512(
     marker = new_marker()
     errors = {"SGLANG_SIM_ERROR_RATE": "0.4", "SGLANG_SIM_SEED": "3"}
     cfg = farm_config(
-        tmp,
+        short_tmp,
         workers=2,
         marker=marker,
         worker_env={0: errors, 1: {**errors, "SGLANG_SIM_VERSION": "0.5.12"}},

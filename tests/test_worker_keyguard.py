@@ -205,9 +205,9 @@ async def test_the_canary_scrapes_no_worker_whose_port_is_not_its_own() -> None:
     """The canary's `/metrics` scrapes carry the worker's key: a squatted port is skipped
     (its worker has no sample), the others are scraped as before."""
     from fake_runtime import FakePortOwner
+    from poller_farm import TOML
     from sglang_farm.canary.driver import CanaryDriver, Host
     from sglang_farm.config import load_spec
-    from test_pollers import TOML
 
     spec = load_spec(TOML, source="t.toml")  # worker 1 has api_key "k-worker-1"
     scraped: list[tuple[str, str | None]] = []

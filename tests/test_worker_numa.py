@@ -11,8 +11,8 @@ from typing import Any
 
 from fake_ops import FakeOps
 from numa_fakes import facts, report, spec
+from ops_socket import serving
 from sglang_farm.cli.readings import numa_line
-from test_farmctl import serving
 
 
 def _report_nodes(tmp_path: Path, *, simulated: bool = False, **sysfs: Any) -> dict[int, int]:

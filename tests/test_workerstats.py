@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from http_fakes import Sent, endless_body_server
 from sglang_farm.sglang.health import LocalHttp
 from sglang_farm.sglang.load import WorkerSample, WorkerStats, WorkerStatsTracker
 from sglang_farm.sglang.stats import BODY_LIMIT, parse_metrics_text, poll_worker
-from test_health import Sent, endless_body_server
 
 # What SGLang 0.5.23 serves with --enable-metrics and --dp-size 2 (docs/reference/sglang.md §9):
 # scheduler gauges per dp_rank, tokenizer counters, an HTTP counter that moves on every scrape.
