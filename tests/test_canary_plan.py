@@ -20,6 +20,7 @@ from sglang_farm.canary.rollout import (
     Resolution,
     Stopped,
     Wait,
+    observe,
 )
 from sglang_farm.canary.verdict import CanaryPolicy, Check, LivenessEvent, LivenessKind, Outcome
 from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
@@ -415,7 +416,7 @@ def test_the_paired_probes_are_judged_when_they_ran() -> None:
     ]
     start, end = _samples(0.02)
     assert _verdict(start, end)[0] is Outcome.PROMOTE
-    outcome, evidence, checks = _verdict(start, end, probes=slow)
+    outcome, evidence, _ = _verdict(start, end, probes=slow)
     assert "on 80 paired probes" in evidence, evidence
     assert outcome is Outcome.ROLLBACK, evidence
 
@@ -498,7 +499,7 @@ def test_a_window_short_of_traffic_is_extended() -> None:
     a = replace(ENDED, max_extensions=1)
     got = _judge(current=a, a=a, outcome=Outcome.INCONCLUSIVE, checks=STARVED)
     assert got == plan.Extend(replace(a, extensions=1))
-    assert isinstance(plan.observe(a, SERVING, 180.0, gateway=True)[1], EndWindow)
+    assert isinstance(observe(a, SERVING, 180.0, gateway=True)[1], EndWindow)
 
 
 # ---- the view ---------------------------------------------------------------------------------
@@ -507,9 +508,7 @@ def test_a_window_short_of_traffic_is_extended() -> None:
 def test_an_analysis_under_way_is_shown_with_its_end_on_the_wall_clock() -> None:
     views = (CheckView("itl_p99", 0.05, 0.01, 5.0, 1.5, False),)
     a = replace(ENDED, extensions=1, max_extensions=2)
-    v = plan.verdict_view(
-        CanaryState.ANALYSING, a, "extended", views, to_wall=1000.0, rollbacks=3
-    )
+    v = plan.verdict_view(CanaryState.ANALYSING, a, "extended", views, to_wall=1000.0, rollbacks=3)
     assert v == RolloutVerdictView(
         state=CanaryState.ANALYSING,
         change=CHANGE[:19],

@@ -14,13 +14,14 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   accepted config); for the gateway's membership, `kept_out_of_gateway` (a canary waiting
   for its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
   task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
-The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
-core's; this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic
-Prometheus text), keeps the window's timer, and acts through the agent's one entry
-(`Host.farm`'s `submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
-promote), or puts the farm back on the accepted config (`Reconfigure`) and restarts the
-canary alone (`RollBack`: rollback), and keeps the record in the state
-directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
+The decisions are canary/plan.py's, canary/rollout.py's, canary/startchoice.py's and
+canary/verdict.py's, and the gate's is the core's (issue 32 §1: it holds none); this
+shell scrapes /metrics (a `Scrape` function: the tests feed synthetic Prometheus text),
+keeps the window's timer, and acts through the agent's one entry (`Host.farm`'s
+`submit`, the core's commands): it releases the gated waves (`ReleaseGate`: promote), or
+puts the farm back on the accepted config (`Reconfigure`) and restarts the canary alone
+(`RollBack`: rollback), and keeps the record in the state directory (canary/store.py).
+Its rollback does not take the agent's `changes` lock: the
 reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
 change.
 """
