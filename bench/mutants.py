@@ -188,6 +188,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "sglang_farm.canary.rollout",
         ("tests/test_canary_rollout.py", "tests/test_mutation_canary_rollout.py"),
     ),
+    "canary.plan": (
+        "sglang_farm.canary.plan",
+        ("tests/test_canary_plan.py",),
+    ),
 }
 
 

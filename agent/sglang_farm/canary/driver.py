@@ -14,13 +14,14 @@ Its surface, each call a line or two in agent.py and reloader.py and nothing els
   accepted config); for the gateway's membership, `kept_out_of_gateway` (a canary waiting
   for its eval gate is kept out); for the farm's view, `view`. (`close` cancels its window
   task; nothing calls it yet: the agent's shutdown leaves the task to the loop's end.)
-The decisions are canary/rollout.py's and canary/verdict.py's, and the gate's is the
-core's; this shell scrapes /metrics (a `Scrape` function: the tests feed synthetic
-Prometheus text), keeps the window's timer, and acts through the agent's one entry
-(`Host.farm`'s `submit`, the core's commands): it releases the gated waves (`ReleaseGate`:
-promote), or puts the farm back on the accepted config (`Reconfigure`) and restarts the
-canary alone (`RollBack`: rollback), and keeps the record in the state
-directory (canary/store.py). Its rollback does not take the agent's `changes` lock: the
+The decisions are canary/plan.py's, canary/rollout.py's, canary/startchoice.py's and
+canary/verdict.py's, and the gate's is the core's (issue 32 §1: it holds none); this
+shell scrapes /metrics (a `Scrape` function: the tests feed synthetic Prometheus text),
+keeps the window's timer, and acts through the agent's one entry (`Host.farm`'s
+`submit`, the core's commands): it releases the gated waves (`ReleaseGate`: promote), or
+puts the farm back on the accepted config (`Reconfigure`) and restarts the canary alone
+(`RollBack`: rollback), and keeps the record in the state directory (canary/store.py).
+Its rollback does not take the agent's `changes` lock: the
 reloader asks `rejected` again after its awaits, and `_accept` never records a rejected
 change.
 """
@@ -44,6 +45,7 @@ from sglang_farm.canary import (
     evalrun,
     evalset,
     figures,
+    plan,
     probe,
     promtext,
     record,
@@ -51,9 +53,11 @@ from sglang_farm.canary import (
     startchoice,
     store,
 )
+from sglang_farm.canary.plan import EARLY_POLL_MIN_S, EARLY_POLLS
+from sglang_farm.canary.plan import canary_obs as _obs
+from sglang_farm.canary.plan import failure_of as _failure
 from sglang_farm.canary.rollout import (
     Analysis,
-    CanaryObs,
     EndWindow,
     Fail,
     Inconclusive,
@@ -62,19 +66,15 @@ from sglang_farm.canary.rollout import (
     StartWindow,
     Stopped,
 )
-from sglang_farm.canary.verdict import Check, Outcome, Verdict, judge
+from sglang_farm.canary.verdict import Check, Outcome
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
 from sglang_farm.config import load_spec
 from sglang_farm.errors import ConfigError
 from sglang_farm.host.keyguard import KeyGuard
 from sglang_farm.sglang.argv import worker_api_key
-from sglang_farm.sglang.failures import Failure
 from sglang_farm.spec import FarmSpec, gpu_field
 from sglang_farm.state_alerts import AlertKind, StateAlert
 from sglang_farm.workers.commands import FarmEntry, Reconfigure, ReleaseGate, RollBack, Start
-from sglang_farm.workers.phase import Phase
-from sglang_farm.workers.phase_sets import LEAVING
-from sglang_farm.workers.supervisor import StopIntent, WorkerState
 
 log = structlog.get_logger("sglang_farm.canary")
 
@@ -84,11 +84,7 @@ Scrape = Callable[[str, str | None], Awaitable[str]]
 Gate = Callable[..., Awaitable[evalrun.EvalGate]]
 
 SCRAPE_TIMEOUT_S = 5.0
-# Inside the window the canary is judged early (only a certain rollback acts) this many
-# times, but not more often than every EARLY_POLL_MIN_S: a 5-minute window polls every
-# 30 s, each poll one /metrics scrape per worker.
-EARLY_POLLS = 10
-EARLY_POLL_MIN_S = 5.0
+__all__ = ["EARLY_POLLS", "EARLY_POLL_MIN_S", "CanaryDriver", "Host", "http_scrape"]
 
 
 async def http_scrape(url: str, key: str | None) -> str:
@@ -131,32 +127,6 @@ def _read_text(spec: FarmSpec, change: str, caps: Mapping[int, tuple[int, int]])
     except (OSError, UnicodeDecodeError, ConfigError):
         return None
     return text if rollout.spec_change(again, caps) == change else None
-
-
-def _failure(s: WorkerState) -> tuple[Failure | None, float | None]:
-    """The canary's latest failure and when: the one the farm is stopping it for (a CUDA
-    OOM its log showed while it served: recorded only once the process is gone; also
-    when a restart was asked meanwhile), else its last one. Issue 31: the first was
-    missed, the verdict said "left serving". A pending failure outside STOPPING is an
-    earlier stop's leftover, never news."""
-    if s.phase is Phase.STOPPING and s.pending_failure is not None:
-        return s.pending_failure, s.since  # since: when the farm began stopping it for it
-    return s.last_failure, s.last_failure_at
-
-
-def _obs(s: WorkerState) -> CanaryObs:
-    """What rollout.observe needs of the canary's supervisor state."""
-    stopping = s.stop_intent is StopIntent.STOP and s.phase in LEAVING
-    failure, failure_at = _failure(s)
-    return CanaryObs(
-        phase=s.phase,
-        in_gateway=s.in_gateway,
-        busy=s.busy,
-        stopping=stopping,
-        last_failure=failure,
-        last_failure_at=failure_at,
-        stop_intent=s.stop_intent,
-    )
 
 
 def _gpu_count(spec: FarmSpec) -> int:
@@ -249,15 +219,9 @@ class CanaryDriver:
         self._accepted = accepted
         if rejection is not None:
             self._candidate = spec
-            evidence = (
-                f"held: change {record.short(desired)} was rejected at "
-                f"{startchoice.utc(rejection.at)}: {rejection.evidence}; edit the config to "
-                "retry"
-            )
-            log.warning("canary_change_held", change=record.short(desired), evidence=evidence)
-            canary = spec.startup.canary if spec.startup.canary is not None else -1
-            self._view = RolloutVerdictView(
-                CanaryState.HELD, record.short(desired), canary, rejection.at, 0.0, None, evidence
+            self._view = plan.held_view(desired, spec.startup.canary, rejection)
+            log.warning(
+                "canary_change_held", change=record.short(desired), evidence=self._view.evidence
             )
         else:
             log.warning(
@@ -271,17 +235,21 @@ class CanaryDriver:
 
     def _accept(self, spec: FarmSpec, change: str | None = None) -> None:
         change = change or rollout.spec_change(spec, self._caps)
-        if self._record.rejected.rejection(change) is not None:
+        what = plan.accept_plan(
+            change,
+            rejected=self._record.rejected.rejection(change) is not None,
+            acc=self._record.accepted,
+            loaded=self._loaded,
+        )
+        if isinstance(what, plan.NotAccepted):
             # Never: a rejected change is not the baseline (the reloader re-asks
             # `rejected` after its awaits; this is the last guard).
             log.error("canary_rejected_change_not_accepted", change=record.short(change))
             return
         self._accepted, self._candidate, self._on_change = spec, None, None
-        acc = self._record.accepted
-        if acc is not None and acc.change == change and acc.text is not None:
+        if isinstance(what, plan.AlreadyRecorded):
             return
-        loaded = self._loaded
-        text = loaded[1] if loaded is not None and loaded[0] == change else None
+        text = what.text
         if text is None:
             text = _read_text(spec, change, self._caps)
         self._record = replace(self._record, accepted=record.Accepted(change, text, time.time()))
@@ -309,13 +277,15 @@ class CanaryDriver:
         """The config `worker` runs when the agent's `current` one is in force: while a
         change is analysed (or held), only the canary runs it; every other worker keeps
         the accepted config, also when it restarts (a crash, an operator's restart)."""
-        if (
-            current is self._candidate
-            and self._accepted is not None
-            and worker != self._on_change
-            and worker in self._accepted.worker_ids
+        acc = self._accepted
+        if plan.runs_accepted(
+            worker,
+            on_candidate=current is self._candidate,
+            accepted=acc.worker_ids if acc is not None else None,
+            on_change=self._on_change,
         ):
-            return self._accepted
+            assert acc is not None  # runs_accepted: an accepted config
+            return acc
         return current
 
     def loaded(self, new: FarmSpec) -> None:
@@ -359,55 +329,58 @@ class CanaryDriver:
         `analysis_window`: a window of 0 s does not roll a rejected change), or None.
         Asked again after a reload's last await: a verdict may have come meanwhile."""
         desired = rollout.spec_change(new, self._caps)
-        rejection = self._record.rejected.rejection(desired)
-        if rejection is None:
-            return None
-        return (
-            f"{new.source}: change {record.short(desired)} was rejected by its canary at "
-            f"{startchoice.utc(rejection.at)}: "
-            f"{rejection.evidence}; the farm stays on the accepted config: edit the config "
-            "to retry"
-        )
+        return plan.rejection_text(new.source, desired, self._record.rejected.rejection(desired))
 
     def superseded_by(self, new: FarmSpec) -> FarmSpec | None:
         """The config `supersede(new)` would put the farm back on (the accepted one),
         or None when it would change nothing: a reload checks its refusals against it
         before it supersedes anything."""
+        if plan.supersedes(self._candidate_change(), rollout.spec_change(new, self._caps)):
+            return self._accepted
+        return None
+
+    def _candidate_change(self) -> str | None:
+        """The change analysed or held, when there is an accepted config to go back to."""
         if self._candidate is None or self._accepted is None:
             return None
-        if rollout.spec_change(new, self._caps) == rollout.spec_change(self._candidate, self._caps):
-            return None
-        return self._accepted
+        return rollout.spec_change(self._candidate, self._caps)
 
     def supersede(self, new: FarmSpec) -> None:
         """A reload while a change is analysed (or held): unless it is the same change,
         the farm goes back to the accepted config first (the canary restarts on it), and
         the reload is then planned from there. Not a rejection: nothing is recorded."""
         h = self._host
-        if self._candidate is None or self._accepted is None:
-            return
-        change = rollout.spec_change(self._candidate, self._caps)
+        change = self._candidate_change()
         canary = self._on_change
-        if rollout.spec_change(new, self._caps) == change:
-            if self._analysis is None and canary is not None and canary in h.farm.states():
-                # The same change again while it is held (inconclusive, or its canary
-                # stopped): judged again, on the canary that runs it, in a new window.
-                # A canary stopped by the operator starts again onto the change first
-                # (a stopped one is not a canary that failed to serve).
-                if h.farm.states()[canary].phase is Phase.STOPPED:
-                    log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
-                    h.farm.submit(Start([canary]))
-                s = h.farm.states()[canary]
-                window = new.rollout.analysis_window
-                self._analysis = Analysis(
-                    change,
-                    canary,
-                    window,
-                    h.clock(),
-                    s.last_failure_at,
-                    max_extensions=new.rollout.max_extensions,
-                )
-                self._show(CanaryState.ANALYSING, "judged again: the window starts")
+        s = h.farm.states().get(canary) if change is not None and canary is not None else None
+        what = plan.supersede_plan(
+            change,
+            rollout.spec_change(new, self._caps),
+            analysing=self._analysis is not None,
+            canary=canary,
+            canary_phase=s.phase if s is not None else None,
+        )
+        if what is plan.Supersede.NOTHING:
+            return
+        assert change is not None  # supersede_plan: a change analysed or held
+        if what is not plan.Supersede.BACK_TO_ACCEPTED:
+            # The same change again while it is held (inconclusive, or its canary
+            # stopped): judged again, on the canary that runs it, in a new window.
+            assert canary is not None  # supersede_plan: its canary is a worker
+            if what is plan.Supersede.RESTART_AND_JUDGE:
+                log.info("canary_restarted_to_judge", worker=canary, gpu=_gpu(new, canary))
+                h.farm.submit(Start([canary]))
+            s = h.farm.states()[canary]
+            window = new.rollout.analysis_window
+            self._analysis = Analysis(
+                change,
+                canary,
+                window,
+                h.clock(),
+                s.last_failure_at,
+                max_extensions=new.rollout.max_extensions,
+            )
+            self._show(CanaryState.ANALYSING, "judged again: the window starts")
             return
         log.info("canary_superseded", change=record.short(change), worker=canary)
         self._back_to_accepted(canary)
@@ -419,26 +392,34 @@ class CanaryDriver:
         h = self._host
         canary = new.startup.canary
         window = new.rollout.analysis_window
-        if not restart:
-            if self._candidate is None:
-                self._accept(new)  # e.g. workers added: what runs is the new config's
+        what = plan.begin_plan(
+            restart,
+            canary=canary,
+            window_s=window,
+            same_workers=old.worker_ids == new.worker_ids,
+            candidate=self._candidate is not None,
+        )
+        if what is plan.Begin.KEEP:
             return False
-        if window <= 0 or canary is None or canary not in restart:
+        if what is plan.Begin.ACCEPT:
+            self._accept(new)  # e.g. workers added: what runs is the new config's
+            return False
+        if what is plan.Begin.SKIP_NOT_CANARY:
             self._accept(new)
-            if window > 0:
-                log.info(
-                    "canary_analysis_skipped",
-                    why="the change does not restart the canary worker ([startup] canary)",
-                    workers=list(restart),
-                )
+            log.info(
+                "canary_analysis_skipped",
+                why="the change does not restart the canary worker ([startup] canary)",
+                workers=list(restart),
+            )
             return False
-        if old.worker_ids != new.worker_ids:
+        if what is plan.Begin.SKIP_WORKERS_CHANGED:
             self._accept(new)
             log.warning(
                 "canary_analysis_skipped",
                 why="the reload adds or removes workers: no baseline on the same workers",
             )
             return False
+        assert canary is not None  # begin_plan: the canary restarts
         if self._accepted is None:
             self._accepted = old
         self._candidate, self._on_change = new, canary
@@ -451,11 +432,11 @@ class CanaryDriver:
             window,
             h.clock(),
             s.last_failure_at,
-            needs_eval=new.rollout.eval is not None and bool(self._eval_items),
+            needs_eval=plan.needs_eval(new.rollout.eval, len(self._eval_items)),
             max_extensions=new.rollout.max_extensions,
         )
         self._show(CanaryState.ANALYSING, "the canary restarts onto the change")
-        return len(restart) > 1
+        return what is plan.Begin.ANALYSE_GATED
 
     # ---- every state change ------------------------------------------------------------------
 
@@ -465,19 +446,19 @@ class CanaryDriver:
         the analysis before it calls back (a verdict clears it first), so a nested call
         looks at a settled analysis, as the next change's call would (no guard needed)."""
         h = self._host
-        if self._reroll and h.startup_done() and h.rollout_over():
+        if plan.reroll_due(self._reroll, h.startup_done(), h.rollout_over()):
             # The start-up's rollout (on the accepted config) is over: the file's change
             # now rolls as a reload would, canary first, judged.
             self._reroll = False
             h.spawn(h.reload())
-        a = self._analysis
         states = h.farm.states()
-        if a is None or self._judging or a.canary not in states:
+        a = plan.observed(self._analysis, self._judging, list(states))
+        if a is None:
             return
         obs = _obs(states[a.canary])
         a2, step = rollout.observe(a, obs, h.clock(), gateway=h.gateway())
         self._analysis = a2
-        if a.analysing and not a2.analysing:
+        if plan.restarted_in_window(a, a2):
             self._cancel()  # restarted in its window: a new window once it serves
             self._show(CanaryState.ANALYSING, "the canary restarts: judged again once it serves")
         self._act(a2, step)
@@ -496,12 +477,9 @@ class CanaryDriver:
                 self._cancel()
                 self._task = h.spawn(self._judge(a2))
             case Fail(event=ev):
-                after = f"{ev.after_s:.0f} s into the window" if a2.analysing else "at start"
-                evidence = f"canary {ev.kind} {after}: {ev.detail}"
                 s = h.farm.states().get(a2.canary)
                 failure = _failure(s)[0] if s is not None else None
-                if failure is not None and failure.summary == ev.detail:
-                    evidence += f" [{failure.kind}]"  # the classifier's kind, as `why` shows it
+                evidence = plan.fail_evidence(ev, a2.analysing, failure)
                 self._resolve(Resolution.ROLLBACK, evidence, ())
             case Stopped():
                 self._stopped(a2)
@@ -530,42 +508,35 @@ class CanaryDriver:
             checks: tuple[Check, ...] = ()
             refused = await self._refusal(a.canary, spec) if base else None
             base_refused = await self._refusal(base[0], spec) if base else None
-            if refused is not None:
-                # The canary's port is not its own: no eval is sent there, and no eval passes.
-                passed, evidence = False, f"eval: not run on the canary: {refused}"
-            elif not base or base_refused is not None:
-                why = base_refused or "no ready worker on the old config"
-                wlog.warning("canary_eval_skipped", why=why)
-                passed, evidence = True, ""
-            else:
-                flags = spec.worker(a.canary).flags.get("served_model_name")
-                gate = await self._gate(
-                    self._eval_items,
-                    canary_url=spec.worker(a.canary).base_url,
-                    baseline_url=spec.worker(base[0]).base_url,
-                    tolerance=spec.rollout.eval_tolerance,
-                    canary_key=worker_api_key(spec, a.canary),
-                    baseline_key=worker_api_key(spec, base[0]),
-                    options=evalrun.EvalOptions(model=flags if isinstance(flags, str) else None),
-                    canary_worker=a.canary,
-                    baseline_worker=base[0],
-                )
-                v = gate.verdict
-                passed, evidence = v.passed, v.evidence_line  # "eval: ...", said once
-                checks = (
-                    Check(
-                        "eval",
-                        v.passed,
-                        v.canary_score,
-                        v.baseline_score,
-                        v.canary_score / v.baseline_score if v.baseline_score else None,
-                        None,
-                        spec.rollout.eval_tolerance,
-                        v.evidence_line,
-                    ),
-                )
-            if self._analysis is None or self._analysis.change != a.change:
+            match plan.eval_plan(refused, base, base_refused):
+                case plan.EvalFail(evidence=evidence):
+                    # The canary's port is not its own: no eval is sent there, and no
+                    # eval passes.
+                    passed = False
+                case plan.EvalSkip(why=why):
+                    wlog.warning("canary_eval_skipped", why=why)
+                    passed, evidence = True, ""
+                case plan.EvalRun(baseline=b):
+                    flags = spec.worker(a.canary).flags.get("served_model_name")
+                    gate = await self._gate(
+                        self._eval_items,
+                        canary_url=spec.worker(a.canary).base_url,
+                        baseline_url=spec.worker(b).base_url,
+                        tolerance=spec.rollout.eval_tolerance,
+                        canary_key=worker_api_key(spec, a.canary),
+                        baseline_key=worker_api_key(spec, b),
+                        options=evalrun.EvalOptions(
+                            model=flags if isinstance(flags, str) else None
+                        ),
+                        canary_worker=a.canary,
+                        baseline_worker=b,
+                    )
+                    v = gate.verdict
+                    passed, evidence = v.passed, v.evidence_line  # "eval: ...", said once
+                    checks = (plan.eval_check(v, spec.rollout.eval_tolerance),)
+            if not plan.same_change(self._analysis, a):
                 return  # superseded, or failed otherwise, meanwhile
+            assert self._analysis is not None  # same_change: an analysis in force
             if passed:
                 self._analysis = replace(self._analysis, evaluated=True)
                 wlog.info("canary_eval_passed", evidence=evidence)
@@ -599,7 +570,7 @@ class CanaryDriver:
         h = self._host
         spec = self._candidate or h.farm.spec
         n = spec.rollout.probe_concurrency
-        if n <= 0 or not base or self._probe_task is not None:
+        if not plan.probes_wanted(n, base) or self._probe_task is not None:
             return
         if self._prober is None:
             flags = spec.worker(a.canary).flags.get("served_model_name")
@@ -639,10 +610,7 @@ class CanaryDriver:
         h.refresh()
 
     def _baseline(self, canary: int) -> list[int]:
-        h = self._host
-        return [
-            w for w, s in sorted(h.farm.states().items()) if w != canary and s.phase is Phase.READY
-        ]
+        return plan.baseline(canary, {w: s.phase for w, s in self._host.farm.states().items()})
 
     async def _samples(self, workers: Sequence[int]) -> dict[int, figures.WorkerSample]:
         h = self._host
@@ -685,14 +653,14 @@ class CanaryDriver:
             self._start = await self._samples([a.canary, *base])
             self._base = base
         end = a.ends_at if a.ends_at is not None else h.clock()
-        poll = max(EARLY_POLL_MIN_S, a.window_s / EARLY_POLLS)
+        poll = plan.poll_interval(a.window_s)
         while (left := end - h.clock()) > poll:
             # Early: a rollback as soon as one is certain (judge, complete=False).
             await asyncio.sleep(poll)
             assert a.window_start is not None
             now = await self._samples([a.canary, *self._base])
             outcome, evidence, checks = self._verdict(a, now, h.clock() - a.window_start, False)
-            if outcome is Outcome.ROLLBACK and self._analysis == a and not self._judging:
+            if plan.rolls_back_early(outcome, self._analysis, a, self._judging):
                 self._task = None
                 self._resolve(Resolution.ROLLBACK, evidence, checks)
                 return
@@ -708,24 +676,17 @@ class CanaryDriver:
         seconds: float,
         complete: bool,
     ) -> tuple[Outcome, str, tuple[Check, ...]]:
-        h = self._host
-        start = self._start
-        spec = self._candidate or h.farm.spec
-        if a.canary not in start or a.canary not in end:
-            return Outcome.INCONCLUSIVE, "inconclusive: the canary's /metrics could not be read", ()
-        canary_f = figures.window(start[a.canary], end[a.canary], seconds)
-        baseline = figures.combined(
-            [
-                figures.window(start[w], end[w], seconds)
-                for w in self._base
-                if w in start and w in end
-            ]
+        spec = self._candidate or self._host.farm.spec
+        return plan.window_verdict(
+            a.canary,
+            self._base,
+            self._start,
+            end,
+            seconds,
+            policy=rollout.policy(spec.rollout),
+            complete=complete,
+            probes=self._prober.pairs if self._prober is not None else None,
         )
-        probes = figures.probe_figures(self._prober.pairs) if self._prober is not None else None
-        v: Verdict = judge(
-            canary_f, baseline, [], rollout.policy(spec.rollout), complete=complete, probes=probes
-        )
-        return v.outcome, v.evidence, v.checks
 
     async def _judge(self, a: Analysis) -> None:
         h = self._host
@@ -734,29 +695,31 @@ class CanaryDriver:
             end = await self._samples([a.canary, *self._base])
             spec = self._candidate or h.farm.spec
             verdict_outcome, evidence, checks = self._verdict(a, end, a.span_s, True)
-            if self._analysis is not a and self._analysis != a:
-                return  # superseded meanwhile
             # observe() looked away while the end scrape ran: a crash, stop, restart or
             # quarantine of the canary meanwhile is seen now, before any verdict.
-            if a.canary in (states := h.farm.states()):
-                a2, step = rollout.observe(
-                    a,
-                    _obs(states[a.canary]),
-                    h.clock(),
-                    gateway=h.gateway(),
-                )
-                if a2 != a or not isinstance(step, EndWindow):
+            states = h.farm.states()
+            match plan.judge_plan(
+                a,
+                self._analysis,
+                _obs(states[a.canary]) if a.canary in states else None,
+                h.clock(),
+                gateway=h.gateway(),
+                outcome=verdict_outcome,
+                checks=checks,
+                on_inconclusive=spec.rollout.on_inconclusive,
+            ):
+                case plan.Superseded():
+                    return
+                case plan.Act(analysis=a2, step=step):
                     self._judging = False
                     self._analysis = a2
                     self._act(a2, step)
-                    return
-            res = rollout.conclude(a, verdict_outcome, checks, spec.rollout.on_inconclusive)
-            if isinstance(res, Analysis):
-                extended = res  # judged again at its new end, from the same start
-                self._analysis = res
-                self._extended(res, evidence, checks)
-                return
-            self._resolve(res, evidence, checks)
+                case plan.Extend(analysis=res):
+                    extended = res  # judged again at its new end, from the same start
+                    self._analysis = res
+                    self._extended(res, evidence, checks)
+                case plan.Resolve(resolution=res):
+                    self._resolve(res, evidence, checks)
         finally:
             self._judging = False
             self._task = None
@@ -823,7 +786,9 @@ class CanaryDriver:
         candidate = self._candidate
         self._analysis, self._candidate, self._on_change = None, None, None
         h.farm.submit(Reconfigure(self._accepted))
-        if candidate is not None and candidate.model != self._accepted.model:
+        if plan.restores_model(
+            candidate.model if candidate is not None else None, self._accepted.model
+        ):
             h.restore_model(self._accepted)  # before the canary's relaunch below
         # The gated waves dropped; the canary's OOM step as before the change, restarted
         # onto the accepted config (drained first) unless an operator's stop stands.
@@ -848,22 +813,8 @@ class CanaryDriver:
         a = a or self._analysis
         if a is None:
             return
-        to_wall = h.wall() - h.clock()
-        start = a.window_start if a.window_start is not None else a.issued_at
-        self._view = RolloutVerdictView(
-            state=state,
-            change=record.short(a.change),
-            canary=a.canary,
-            started_at=start + to_wall,
-            window_s=a.span_s,
-            ends_at=a.ends_at + to_wall
-            if a.ends_at is not None and state is CanaryState.ANALYSING
-            else None,
-            evidence=evidence,
-            checks=checks,
-            rollbacks_total=self._rollbacks,
-            extensions=a.extensions,
-            max_extensions=a.max_extensions,
+        self._view = plan.verdict_view(
+            state, a, evidence, checks, to_wall=h.wall() - h.clock(), rollbacks=self._rollbacks
         )
 
     def view(self) -> RolloutVerdictView | None:
