@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from sglang_farm.canary import figures
 from sglang_farm.canary.figures import Figures, Histogram
 from sglang_farm.sim.engine import ITL_BUCKETS, TTFT_BUCKETS
 
@@ -38,3 +39,28 @@ def side(
     return Figures(
         30.0, float(requests), float(errors), hist(ITL_BUCKETS, gaps), hist(TTFT_BUCKETS, firsts)
     )
+
+
+def _worker(
+    base: Figures,
+    *,
+    ok: float,
+    failed: float = 0.0,
+    aborted: float = 0.0,
+    gateway: bool = True,
+) -> tuple[figures.WorkerSample, figures.WorkerSample]:
+    """A worker's two samples over a window: `ok` + `failed` answered through the gateway
+    (or, without one, by SGLang alone), `aborted` streams hung up on by their client;
+    the latency histograms are `base`'s."""
+    start = figures.WorkerSample(
+        None, None, 0.0, 0.0, 0.0 if gateway else None, 0.0 if gateway else None
+    )
+    end = figures.WorkerSample(
+        base.itl,
+        base.ttft,
+        ok,
+        aborted,
+        ok if gateway else None,
+        failed if gateway else None,
+    )
+    return start, end

@@ -776,7 +776,7 @@ def test_a_starved_canary_that_crashes_inside_its_extension_is_rolled_back_at_on
 def test_the_canarys_failure_is_the_one_it_is_being_stopped_for_else_its_last() -> None:
     """The failure the analysis reads (issue 31 item 3): the pending one while the farm
     stops the canary for it (whatever stop was asked since), never a leftover one."""
-    from sglang_farm.canary.driver import _failure
+    from sglang_farm.canary.plan import failure_of as _failure
     from sglang_farm.sglang.failures import Failure, FailureKind
     from sglang_farm.workers.supervisor import StopIntent, WorkerState
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from canary_sides import _worker, side
 from sglang_farm.canary import figures, plan
 from sglang_farm.canary.evalset import EvalVerdict
 from sglang_farm.canary.figures import ProbePair, ProbeResult
@@ -27,7 +28,6 @@ from sglang_farm.canary.view import CanaryState, CheckView, RolloutVerdictView
 from sglang_farm.sglang.failures import Failure, FailureKind
 from sglang_farm.workers.phase import Phase, StopIntent
 from sglang_farm.workers.supervisor import WorkerState
-from test_canary_verdict import _worker, side
 
 CHANGE = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

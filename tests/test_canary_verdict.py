@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from canary_sides import hist, side
+from canary_sides import _worker, hist, side
 from sglang_farm.canary import figures
 from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.rollout import starved_of_traffic
@@ -238,31 +238,6 @@ def test_one_error_in_a_starved_canarys_55_requests_is_not_promoted() -> None:
 
 
 # -- issue 30 #1 and #2: one error source, aborts count for nothing -------------------------
-
-
-def _worker(
-    base: Figures,
-    *,
-    ok: float,
-    failed: float = 0.0,
-    aborted: float = 0.0,
-    gateway: bool = True,
-) -> tuple[figures.WorkerSample, figures.WorkerSample]:
-    """A worker's two samples over a window: `ok` + `failed` answered through the gateway
-    (or, without one, by SGLang alone), `aborted` streams hung up on by their client;
-    the latency histograms are `base`'s."""
-    start = figures.WorkerSample(
-        None, None, 0.0, 0.0, 0.0 if gateway else None, 0.0 if gateway else None
-    )
-    end = figures.WorkerSample(
-        base.itl,
-        base.ttft,
-        ok,
-        aborted,
-        ok if gateway else None,
-        failed if gateway else None,
-    )
-    return start, end
 
 
 def test_aborted_streams_on_the_canary_do_not_veto_a_harmless_change() -> None:
