@@ -193,6 +193,20 @@ def test_hang_restarts_after_threshold_with_reason_hang() -> None:
     assert sup.workers[0].restarts_by_reason == {"hang": 1}
 
 
+def test_a_probe_failing_unexcused_clears_the_busy_excuse_of_an_earlier_one() -> None:
+    """Review of issue 32: a worker excused as busy (READY, busy) whose next probe failed
+    with no counter progress went UNHEALTHY still marked busy, so the canary analysis (which
+    ends no window on an unhealthy canary unless it is busy) and the busy gauge read a
+    stale excuse."""
+    sup = Supervisor([0], policy())
+    sup.start([0], 0.0)
+    bring_up(sup, 0, 0.0)
+    sup.workers[0] = replace(sup.workers[0], busy=True, progress_at=1.0)
+    sup.handle(0, HealthFailed("timeout", started=2.0), 3.0)  # no progress since 1.0
+    assert phase(sup, 0) is Phase.UNHEALTHY
+    assert sup.workers[0].busy is False
+
+
 def test_a_passing_probe_clears_unhealthy() -> None:
     sup = Supervisor([0], policy())
     sup.start([0], 0.0)

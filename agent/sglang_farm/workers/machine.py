@@ -460,12 +460,13 @@ def _on_health_failed(s: WorkerState, event: HealthFailed, now: float, policy: P
                 "the farm restarts it; if it recurs, look at `farmctl logs` for a stuck "
                 "scheduler and at GPU health (XID errors)",
             )
-            return _terminate_for(replace(s, health_failures=n), failure, now)
-        # READY -> UNHEALTHY: a probe failed, below the threshold.
+            return _terminate_for(replace(s, health_failures=n, busy=False), failure, now)
+        # READY -> UNHEALTHY: a probe failed, below the threshold, not excused: an earlier
+        # probe's busy excuse no longer holds.
         ns = (
-            s.enter(Phase.UNHEALTHY, now, health_failures=n)
+            s.enter(Phase.UNHEALTHY, now, health_failures=n, busy=False)
             if s.phase is Phase.READY
-            else replace(s, health_failures=n)
+            else replace(s, health_failures=n, busy=False)
         )
         return Decision(ns, (Note("health_failed", {"count": n, "detail": detail}),))
     return Decision(s)  # while loading, a refused connection is normal
