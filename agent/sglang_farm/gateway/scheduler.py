@@ -4,7 +4,7 @@ smg 1.13's scheduler (`--priority-scheduler-enabled`) admits a request only whil
 class has a free slot of smg's capacity, which is the sum of the workers' reported
 `max_running_requests` (64 for a worker that reports none). Its built-in defaults hold
 most of that capacity for the `system` and `interactive` classes, which the farm's
-users do not use: on the demo's 64 slots a `bulk` batch got about 2 at once
+users do not use: on 16 slots (2 workers of 8) a `bulk` batch got 2 at once
 (docs/batch.md, "Priority: users first", with the sources). The farm therefore names
 every class itself (`--priority-scheduler-config`, the YAML `scheduler_yaml` writes):
 
