@@ -11,6 +11,7 @@ from farmtoml import sim_farm, toml_text
 from sglang_farm.canary import record
 from sglang_farm.canary.figures import Figures
 from sglang_farm.canary.rollout import (
+    WINDOW_OVER_UNHEALTHY,
     Analysis,
     CanaryObs,
     EndWindow,
@@ -92,7 +93,7 @@ def test_failed_health_leaving_serving_quarantine_and_a_stop() -> None:
     # The window does not end on an unhealthy canary: it waits for the supervisor's
     # threshold (a restart, a failure) or for the canary to answer again.
     ended = observe(a, _obs(Phase.UNHEALTHY), a.ends_at or 0.0, gateway=False)
-    assert ended[1] == Wait()
+    assert ended[1] == Wait(WINDOW_OVER_UNHEALTHY)  # and the view says why
     assert observe(a, _obs(Phase.READY), a.ends_at or 0.0, gateway=False)[1] == EndWindow()
     # ... a busy one is answering (its counters advance): its window ends as usual.
     busy_end = observe(a, _obs(Phase.UNHEALTHY, busy=True), a.ends_at or 0.0, gateway=False)

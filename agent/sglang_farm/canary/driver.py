@@ -65,6 +65,7 @@ from sglang_farm.canary.rollout import (
     RunEval,
     StartWindow,
     Stopped,
+    Wait,
 )
 from sglang_farm.canary.verdict import Check, Outcome
 from sglang_farm.canary.view import CanaryState, RolloutVerdictView, check_view
@@ -490,6 +491,10 @@ class CanaryDriver:
                     f"inconclusive: {why}",
                     (),
                 )
+            case Wait(why=why) if why and (self._view is None or self._view.evidence != why):
+                # Said once (the refresh's publish observes again, and waits the same).
+                self._show(CanaryState.ANALYSING, why, a=a2)
+                h.refresh()
             case _:
                 pass
 

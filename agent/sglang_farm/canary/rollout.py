@@ -144,7 +144,9 @@ class Analysis:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Nothing to do yet."""
+    """Nothing to do yet; `why`, when the view should say why (else it stays as it is)."""
+
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,11 @@ class Inconclusive:
 
 
 Step = Wait | RunEval | StartWindow | EndWindow | Fail | Stopped | Inconclusive
+
+WINDOW_OVER_UNHEALTHY = (
+    "the window is over but the canary misses its health probes: judged once it answers, "
+    "rolled back if the supervisor restarts it for them ([health] failure_threshold)"
+)
 
 _GONE = (Phase.BACKOFF, Phase.FAILED, Phase.STOPPED, Phase.STOPPING)
 
@@ -229,7 +236,7 @@ def observe(a: Analysis, c: CanaryObs, now: float, *, gateway: bool) -> tuple[An
             # for every worker (`[health] failure_threshold` in a row restart it, and that
             # restart fails the change above): no verdict on a canary that is not
             # answering; it answers again (then judged) or is restarted (then failed).
-            return a, Wait()
+            return a, Wait(WINDOW_OVER_UNHEALTHY)
         return a, EndWindow()
     return a, Wait()
 
