@@ -31,8 +31,8 @@ from dataclasses import dataclass
 DEFAULT_MAX_RUNNING = 32
 # smg builds its scheduler before any worker joins, against its fallback capacity (1024:
 # smg 1.13's log says `old=1024 ... old_source=LegacyFallback`), and falls back to its
-# legacy admission (no classes at all) when the reservations exceed it. The floor stays
-# under that; `reserved_per_slot` carries the share past it once the workers are in.
+# legacy admission (no classes at all) when the reservations exceed it. The floor is at
+# most that; `reserved_per_slot` carries the share past it once the workers are in.
 MAX_FLOOR = 1024
 
 
