@@ -333,8 +333,10 @@ def test_metrics_and_loads_count_running_and_queued_requests(sims: StartSim) -> 
         "--enable-metrics", "--max-running-requests", "2", "--served-model-name", "llama", env=env
     )
     sim.wait_ready()
-    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(5) as pool:
-        body = {"text": "The capital city of France is", "sampling_params": {"max_new_tokens": 20}}
+    with httpx.Client(base_url=sim.url, timeout=60) as client, ThreadPoolExecutor(5) as pool:
+        # 100 tokens of 0.03 s: 2 running and 3 queued for 3 s (with 20 tokens, 0.6 s, CI's
+        # busy cores missed it), waited for with a give-up bound.
+        body = {"text": "The capital city of France is", "sampling_params": {"max_new_tokens": 100}}
         futures = [pool.submit(client.post, "/generate", json=body) for _ in range(5)]
 
         def scrape() -> dict[str, float] | None:
@@ -344,13 +346,13 @@ def test_metrics_and_loads_count_running_and_queued_requests(sims: StartSim) -> 
                 return values
             return None
 
-        wait_until("2 running and 3 queued in /metrics", scrape, timeout=3)
+        wait_until("2 running and 3 queued in /metrics", scrape, timeout=30)
         loads = client.get("/v1/loads").json()["loads"][0]
         assert (loads["num_running_reqs"], loads["num_waiting_reqs"]) == (2, 3)
         assert loads["max_running_requests"] == 2
         replies = [f.result() for f in futures]
         assert [r.status_code for r in replies] == [200] * 5
-        assert replies[0].json()["meta_info"]["completion_tokens"] == 20
+        assert replies[0].json()["meta_info"]["completion_tokens"] == 100
         chat = client.post(
             "/v1/chat/completions",
             json={
@@ -365,12 +367,12 @@ def test_metrics_and_loads_count_running_and_queued_requests(sims: StartSim) -> 
         requests = fams["sglang:num_requests"].samples[0]
         assert requests.labels["model_name"] == "llama"
         assert requests.value == 5 + 1 + 1  # five generates, one chat, SGLang's warmup request
-        assert fams["sglang:generation_tokens"].samples[0].value == 100 + 3 + 8
+        assert fams["sglang:generation_tokens"].samples[0].value == 500 + 3 + 8
         t1 = client.get("/v1/loads").json()["loads"][0]["timestamp"]
         wait_until(
             "a newer /v1/loads timestamp",
             lambda: client.get("/v1/loads").json()["loads"][0]["timestamp"] > t1,
-            2,
+            30,
         )
         assert client.get("/v1/loads", params={"include": "bogus"}).status_code == 400
         models = client.get("/v1/models").json()
@@ -522,18 +524,20 @@ def test_streams_count_as_running_and_queued_in_metrics_until_they_finish(sims: 
     env = {**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"}
     sim = sims("--enable-metrics", "--max-running-requests", "2", env=env)
     sim.wait_ready()
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
-    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(4) as pool:
+    # 100 tokens of 0.03 s: the state waited for lasts 3 s, not 0.6 s (a busy machine's
+    # scrapes missed 0.6 s); the waits are give-up bounds.
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=60) as client, ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(post_stream, client, "/v1/chat/completions", body) for _ in range(4)]
 
         def counts() -> tuple[float, float]:
             v = metric_values(client)
             return v["sglang:num_running_reqs"], v["sglang:num_queue_reqs"]
 
-        wait_until("2 running and 2 queued in /metrics", lambda: counts() == (2, 2), 3)
+        wait_until("2 running and 2 queued in /metrics", lambda: counts() == (2, 2), 30)
         streams = [f.result()[1] for f in futures]
-        assert [len(events) for events in streams] == [1 + 20 + 1 + 1] * 4
-        wait_until("nothing running or queued", lambda: counts() == (0, 0), 2)
+        assert [len(events) for events in streams] == [1 + 100 + 1 + 1] * 4
+        wait_until("nothing running or queued", lambda: counts() == (0, 0), 30)
         assert metric_values(client)["sglang:num_requests_total"] == 4 + 1  # + the warmup
 
 
@@ -698,7 +702,7 @@ def test_health_queues_waits_behind_a_full_long_batch_while_its_counters_advance
             v = metric_values(client)
             return v["sglang:num_running_reqs"], v["sglang:num_queue_reqs"]
 
-        wait_until("2 running and 1 queued", lambda: counts() == (2, 1), 3)
+        wait_until("2 running and 1 queued", lambda: counts() == (2, 1), 30)
         before = progress(client)
         with pytest.raises(httpx.ReadTimeout):  # a farm's probe with a 1 s timeout
             client.get("/health", timeout=1.0)
@@ -720,7 +724,7 @@ def test_health_queues_waits_behind_a_full_long_batch_while_its_counters_advance
         # One streamed request in a full batch sends each token: /health answers at once.
         streams = Streams(sim.url, 1, 200)
         wait_until("a streamed token", lambda: streams.total() > 0, 5)
-        wait_until("the batch full again", lambda: counts()[0] == 2, 2)
+        wait_until("the batch full again", lambda: counts()[0] == 2, 30)
         t = time.monotonic()
         assert client.get("/health").status_code == 200
         assert time.monotonic() - t < 0.5
@@ -809,16 +813,17 @@ def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exi
 ) -> None:
     sim = sims("--enable-metrics", env={**FAST, "SGLANG_SIM_TOKEN_SECONDS": "0.03"})
     sim.wait_ready()
-    body = {"text": "hi", "sampling_params": {"max_new_tokens": 40}, "stream": True}
-    with httpx.Client(base_url=sim.url, timeout=10) as client, ThreadPoolExecutor(2) as pool:
+    # 100 tokens of 0.03 s: both streams run for 3 s, long after a busy machine's scrape.
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 100}, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=60) as client, ThreadPoolExecutor(2) as pool:
         streams = [pool.submit(post_stream, client, "/generate", body) for _ in range(2)]
         wait_until(
             "two streams running",
             lambda: metric_values(client)["sglang:num_running_reqs"] == 2,
-            3,
+            30,
         )
         sim.proc.send_signal(signal.SIGTERM)
-        sim.wait_log("Draining requests and shutting down...", 3)
+        sim.wait_log("Draining requests and shutting down...", 30)
         assert client.get("/health").status_code == 503
         # SGLang's SIGTERM flag gates only /health: a request that still arrives is served.
         late = client.post(
@@ -829,8 +834,8 @@ def test_sigterm_drains_streams_keeps_admitting_then_refuses_connections_and_exi
         for future in streams:
             events = future.result()[1]
             assert events[-1] == "[DONE]"
-            assert events[-2]["meta_info"]["completion_tokens"] == 40
-    assert sim.wait() == 0
+            assert events[-2]["meta_info"]["completion_tokens"] == 100
+    assert sim.wait(timeout=60) == 0
     assert "Gracefully exiting... Remaining number of requests 2." in sim.log
     with pytest.raises(httpx.ConnectError):
         httpx.get(sim.url + "/health", timeout=2)
@@ -847,7 +852,7 @@ def test_sgl_force_shutdown_skips_the_drain(sims: StartSim) -> None:
         wait_until(
             "a running request",
             lambda: httpx.get(sim.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 1,
-            3,
+            8,  # a give-up bound inside the request's 10 s
         )
         t = time.monotonic()
         sim.proc.send_signal(signal.SIGTERM)
