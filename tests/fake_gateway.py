@@ -6,7 +6,9 @@ rotation at once, both are idempotent, URLs are normalized, and every method but
 raises `GatewayError` while the gateway is `down`. Calls are recorded in order;
 `fail_add`/`fail_remove` make a call for that URL raise REFUSED; `others` seeds
 workers registered by someone else (another host's farm); `delay` makes every call take
-that long first (a slow gateway; `float("inf")`: one that never answers). `timeline` gets
+that long first (a slow gateway; `float("inf")`: one that never answers); `hang_add` makes
+an add of that URL register it and then never answer (smg routed it, but its answer to the
+farm's add had not come back when the gateway froze). `timeline` gets
 a line per call too ("gateway remove URL"): a harness shares one list among its fakes, to
 order their calls.
 """
@@ -33,6 +35,7 @@ class FakeGateway:
         self.delay = 0.0
         self.fail_add: set[str] = set()
         self.fail_remove: set[str] = set()
+        self.hang_add: set[str] = set()
         for u in others:
             self._put(normalize_url(u))
 
@@ -62,6 +65,8 @@ class FakeGateway:
         self._check(u, self.fail_add, "add")
         if u not in self.members:
             self._put(u)
+        if u in self.hang_add:
+            await asyncio.Event().wait()
 
     async def remove(self, url: str) -> None:
         await self._slow()

@@ -190,6 +190,27 @@ def test_a_worker_the_gateway_holds_but_does_not_route_is_not_confirmed_out(tmp:
     run_virtual(scenario())
 
 
+def test_a_worker_whose_add_was_sent_but_not_answered_is_not_confirmed_out(tmp: Path) -> None:
+    """CI's flake of `test_hostdrain_frozen` (stop 38): smg routed worker 1 before its
+    answer to the farm's add came back, the test froze it then, and a drain past the
+    frozen gateway named only worker 0: the farm's start-up list, older than the add,
+    said the gateway did not hold worker 1. From the moment an add is sent, the gateway
+    may hold the worker: only a confirmed remove, or a list asked after the add, says out."""
+
+    async def scenario() -> None:
+        gw = FakeGateway()
+        (u1,) = urls([1])
+        gw.hang_add.add(u1)
+        async with farm(tmp, text=farm_toml(tmp, gateway=GATEWAY), gateway=gw) as f:
+            await f.until(lambda: gw.routed() == urls(range(8)))
+            await asyncio.sleep(20)  # reconciles come and go; worker 1's add never answers
+            gw.delay = float("inf")  # then frozen: SIGSTOPped smg
+            r = await f.ops.drain_host(60.0)
+            assert r.unconfirmed == {gw.url: tuple(range(8))}
+
+    run_virtual(scenario())
+
+
 def test_a_drain_survives_a_state_file_cut_in_half_across_an_agent_restart(tmp: Path) -> None:
     """Issue 30 item 9: drain-host, the agent killed, state.json cut in half, start: the
     hold was dropped (`state_unreadable`) and the gateway routed all 8 again. Its second

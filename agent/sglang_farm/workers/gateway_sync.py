@@ -80,8 +80,8 @@ class MembershipSync:
         # it holds but does not route (smg's health check failed it for a moment) is
         # routed again once its check passes, so it is not out of the gateway for a drain.
         self.held: dict[int, bool] = {}
-        # Per worker, how many changes this sync confirmed: a list asked before one and
-        # answered after it is stale for that worker (its word is not taken).
+        # Per worker, how many changes this sync sent or confirmed: a list asked before one
+        # and answered after it is stale for that worker (its word is not taken).
         self._confirmations: dict[int, int] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
@@ -166,6 +166,12 @@ class MembershipSync:
     async def _change(self, wid: int, want: bool) -> None:
         url = self._spec().gateway_url_of(wid)
         blog = log.bind(worker=wid, gpu=self._gpu(wid), gateway=self._gateway.url)
+        # Sent, the add may take effect whatever its answer (smg routes a worker before
+        # its answer comes back; one that times out may register it still): until a
+        # confirmed remove, or a list asked after this call, the gateway may hold it.
+        self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
+        if want:
+            self.held.pop(wid, None)
         try:
             async with _bounded(self._gateway.url, ADD_BOUND_S if want else REMOVE_BOUND_S):
                 if want:
