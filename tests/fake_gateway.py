@@ -8,7 +8,10 @@ raises `GatewayError` while the gateway is `down`. Calls are recorded in order;
 workers registered by someone else (another host's farm); `delay` makes every call take
 that long first (a slow gateway; `float("inf")`: one that never answers); `hang_add` makes
 an add of that URL register it and then never answer (smg routed it, but its answer to the
-farm's add had not come back when the gateway froze). `timeline` gets
+farm's add had not come back when the gateway froze); `refuse_after_add` makes an add of that
+URL register it and then answer REFUSED (smg's add timeout for a slow worker, which it
+registers all the same); `list_lag` makes a list take that long after it has read the
+members (its answer is the gateway as it was when asked). `timeline` gets
 a line per call too ("gateway remove URL"): a harness shares one list among its fakes, to
 order their calls.
 """
@@ -36,6 +39,8 @@ class FakeGateway:
         self.fail_add: set[str] = set()
         self.fail_remove: set[str] = set()
         self.hang_add: set[str] = set()
+        self.refuse_after_add: set[str] = set()
+        self.list_lag = 0.0
         for u in others:
             self._put(normalize_url(u))
 
@@ -67,6 +72,8 @@ class FakeGateway:
             self._put(u)
         if u in self.hang_add:
             await asyncio.Event().wait()
+        if u in self.refuse_after_add:
+            raise GatewayError(self._url, GatewayErrorCode.REFUSED, f"add of {u} timed out (fake)")
 
     async def remove(self, url: str) -> None:
         await self._slow()
@@ -79,7 +86,10 @@ class FakeGateway:
     async def list(self) -> builtins.list[Member]:
         await self._slow()
         self._check("", set(), "list")
-        return list(self.members.values())
+        members = list(self.members.values())
+        if self.list_lag:
+            await asyncio.sleep(self.list_lag)
+        return members
 
     def _put(self, u: str) -> None:
         self.members[u] = Member(url=u, id=f"fake-{next(self._ids)}", status="ready")

@@ -82,7 +82,7 @@ class MembershipSync:
         self.held: dict[int, bool] = {}
         # Per worker, how many changes this sync sent or confirmed: a list asked before one
         # and answered after it is stale for that worker (its word is not taken).
-        self._confirmations: dict[int, int] = {}
+        self._changes: dict[int, int] = {}
         self._evicting: set[str] = set()  # foreign URLs whose removal runs
         self.foreign: tuple[str, ...] = ()  # as of the last reconcile
         # The farm's workers the gateway leaves out of routing for overload, with why
@@ -169,7 +169,7 @@ class MembershipSync:
         # Sent, the add may take effect whatever its answer (smg routes a worker before
         # its answer comes back; one that times out may register it still): until a
         # confirmed remove, or a list asked after this call, the gateway may hold it.
-        self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
+        self._changes[wid] = self._changes.get(wid, 0) + 1
         if want:
             self.held.pop(wid, None)
         try:
@@ -201,7 +201,7 @@ class MembershipSync:
         # which must see the new membership, not start the same call a second time.
         self.confirmed[wid] = want
         self.held[wid] = want
-        self._confirmations[wid] = self._confirmations.get(wid, 0) + 1
+        self._changes[wid] = self._changes.get(wid, 0) + 1
         self._busy.discard(wid)
         self._mark_up()
         if wid in self._states():
@@ -276,7 +276,7 @@ class MembershipSync:
         """
         spec = self._spec()
         ours = {normalize_url(spec.gateway_url_of(w)): w for w in spec.worker_ids}
-        asked = dict(self._confirmations)
+        asked = dict(self._changes)
         try:
             async with _bounded(self._gateway.url, LIST_BOUND_S):
                 members = await self._gateway.list()
@@ -299,7 +299,7 @@ class MembershipSync:
             s = states.get(wid)
             if s is None or wid in self._busy:
                 continue  # a change under way reports what it confirms itself
-            if self._confirmations.get(wid, 0) != asked.get(wid, 0):
+            if self._changes.get(wid, 0) != asked.get(wid, 0):
                 continue  # confirmed while the list was under way: the list is older
             was, now_in = self.confirmed.get(wid), url in listed
             if was and not now_in:
