@@ -410,3 +410,20 @@ def test_the_metrics_parser_reads_labels_with_spaces_and_refuses_a_bad_value() -
     assert (s.running, s.token_usage, s.model_name) == (6.0, 0.5, 'my model "v2"')
     with pytest.raises(ValueError):
         parse_metrics_text(0, 0.0, 'sglang:num_running_reqs{dp_rank="0"} many\n')
+
+
+def test_the_metrics_parser_reads_whole_names_at_a_lines_start_with_any_line_ending() -> None:
+    """The wanted lines are found by name at a line's start (one regex over the body): a
+    longer name that begins with a wanted one, a name inside a comment, CRLF line endings
+    and a last line without its newline all read as the line-by-line parser read them."""
+    text = (
+        "# HELP sglang:num_running_reqs 7\r\n"
+        'sglang:num_running_reqs_extra{dp_rank="0"} 100\r\n'
+        'xsglang:num_running_reqs{dp_rank="0"} 100\r\n'
+        'sglang:num_running_reqs{dp_rank="0"} 4\r\n'
+        "sglang:num_queue_reqs 2"
+    )
+    s = parse_metrics_text(0, 0.0, text)
+    assert (s.running, s.queued) == (4.0, 2.0)
+    with pytest.raises(ValueError, match="without a value"):
+        parse_metrics_text(0, 0.0, "sglang:num_queue_reqs\r\n")

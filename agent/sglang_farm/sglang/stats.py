@@ -57,6 +57,28 @@ _WANTED = frozenset({*PROGRESS_SAMPLES, "sglang:cache_hit_rate"})
 # SGLang's HTTP counters (>= 0.5.20): read as the canary reads them (`sglang.responses`),
 # their labels taken here as the model label is (the canary's general parser costs more).
 _HTTP = frozenset({HTTP_RESPONSES, HTTP_REQUESTS})
+# The wanted lines, found by one regex whose literal start ("\nsglang:") the regex engine
+# searches for quickly: a Python loop over all ~180 lines of a body (histogram buckets
+# mostly) cost 0.33 ms a poll, the largest share of an idle 64-worker agent's polls after
+# the GET itself; this costs a tenth of that. A name is whole: followed by its labels, a
+# space or the end of the line.
+_PREFIX = "sglang:"
+assert all(n.startswith(_PREFIX) for n in (*_WANTED, *_HTTP))
+_WANTED_LINE = re.compile(
+    "\n"
+    + re.escape(_PREFIX)
+    + "(?:"
+    + "|".join(re.escape(n[len(_PREFIX) :]) for n in sorted({*_WANTED, *_HTTP}, key=len)[::-1])
+    + ")(?=[{ \r\n])[^\n]*"
+)
+
+
+def _wanted_lines(text: str) -> Iterator[str]:
+    """The lines of `text` that are samples of a wanted name, without their line ending."""
+    for match in _WANTED_LINE.finditer(f"\n{text}\n"):
+        yield match.group()[1:].rstrip("\r")
+
+
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _MODEL_LABEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
 
@@ -82,9 +104,7 @@ def _unescape(value: str) -> str:
 def _samples(text: str, http: _HttpSeries) -> Iterator[tuple[str, str, float]]:
     """(name, labels text, value) of every wanted sample line; the HTTP counters' samples
     go to `http`. ValueError on a bad value."""
-    for line in text.splitlines():
-        if not line.startswith("sglang:"):
-            continue  # comments, other exporters' names, blank lines
+    for line in _wanted_lines(text):
         brace, space = line.find("{"), line.find(" ")
         if 0 < brace < space or (brace > 0 and space < 0):
             name, close = line[:brace], line.rfind("}")
